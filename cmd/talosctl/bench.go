@@ -1,0 +1,199 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/query"
+	"github.com/talos-audit/talos/schemas"
+)
+
+type benchCmd struct {
+	Calls        int           `name:"calls" default:"20000" help:"Total calls to send."`
+	Concurrency  int           `name:"concurrency" default:"100" help:"Concurrent enforcement points (each its own ep_id)."`
+	Rate         int           `name:"rate" default:"2000" help:"Offered calls/s across all enforcement points; 0 sends as fast as decisions come back."`
+	Inflight     int           `name:"inflight" default:"1" help:"Calls each enforcement point keeps in flight when --rate is 0."`
+	PayloadBytes int           `name:"payload-bytes" default:"2048" help:"Approximate envelope size."`
+	Server       string        `name:"server" default:"files" help:"server_id to call."`
+	Tool         string        `name:"tool" default:"list_directory" help:"Tool to call (a read tool of the registry)."`
+	Connections  int           `name:"connections" default:"4" help:"NATS connections the enforcement points share."`
+	ClickHouse   bool          `name:"clickhouse" default:"true" negatable:"" help:"Also measure end to end: until every receipt is in ClickHouse."`
+	Timeout      time.Duration `name:"timeout" default:"10s" help:"Decision timeout per call (none in time counts as a deny)."`
+}
+
+type benchResult struct {
+	Calls           int     `json:"calls"`
+	Concurrency     int     `json:"concurrency"`
+	OfferedRate     int     `json:"offered_rate"`
+	Allowed         int64   `json:"allowed"`
+	Denied          int64   `json:"denied"`
+	NoDecision      int64   `json:"no_decision"`
+	SendSeconds     float64 `json:"send_seconds"`
+	DecisionsPerSec float64 `json:"decisions_per_sec"`
+	P50ms           float64 `json:"decision_p50_ms"`
+	P90ms           float64 `json:"decision_p90_ms"`
+	P99ms           float64 `json:"decision_p99_ms"`
+	MaxMs           float64 `json:"decision_max_ms"`
+	E2ESeconds      float64 `json:"e2e_seconds,omitempty"`
+	EventsPerSec    float64 `json:"e2e_events_per_sec,omitempty"`
+}
+
+func (b *benchCmd) Run(g *Globals) error {
+	if b.Calls <= 0 || b.Concurrency <= 0 || b.Connections <= 0 {
+		return usage("--calls, --concurrency and --connections must be positive")
+	}
+	run := "bench-" + uuid.NewString()[:8]
+	conns := make([]*nats.Conn, b.Connections)
+	for i := range conns {
+		nc, err := nats.Connect(g.NatsURL, nats.Name("talosctl bench"))
+		if err != nil {
+			return failed("connect %s: %v", g.NatsURL, err)
+		}
+		defer nc.Close()
+		conns[i] = nc
+	}
+	var ch driver.Conn
+	if b.ClickHouse {
+		c, err := query.Open(context.Background(), g.ClickhouseAddr, g.ClickhouseDatabase)
+		if err != nil {
+			return failed("clickhouse %s: %v (use --no-clickhouse to measure decisions only)", g.ClickhouseAddr, err)
+		}
+		defer c.Close()
+		ch = c
+	}
+	pad := strings.Repeat("x", max(0, b.PayloadBytes-700))
+	lat := make([][]time.Duration, b.Concurrency)
+	var allowed, denied, none atomic.Int64
+	var wg sync.WaitGroup
+	perEP := (b.Calls + b.Concurrency - 1) / b.Concurrency
+	var interval time.Duration
+	if b.Rate > 0 {
+		interval = time.Duration(float64(time.Second) * float64(b.Concurrency) / float64(b.Rate))
+	}
+	start := time.Now()
+	sent := atomic.Int64{}
+	for e := 0; e < b.Concurrency; e++ {
+		nc := conns[e%len(conns)]
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		client, err := ingest.NewClient(nc, js, fmt.Sprintf("%s-%d", run, e))
+		if err != nil {
+			return err
+		}
+		defer client.Close()
+		wg.Add(1)
+		go func(e int, client *ingest.Client) {
+			defer wg.Done()
+			inflight := b.Inflight
+			if b.Rate > 0 || inflight < 1 {
+				inflight = 1
+			}
+			// Stagger the enforcement points across one interval.
+			offset := time.Duration(0)
+			if interval > 0 {
+				offset = interval * time.Duration(e) / time.Duration(b.Concurrency)
+			}
+			sem := make(chan struct{}, inflight)
+			var mu sync.Mutex
+			var iwg sync.WaitGroup
+			for k := 0; k < perEP; k++ {
+				if sent.Add(1) > int64(b.Calls) {
+					break
+				}
+				sched := time.Now()
+				if interval > 0 {
+					sched = start.Add(offset + time.Duration(k)*interval)
+					time.Sleep(time.Until(sched))
+				}
+				sem <- struct{}{}
+				iwg.Add(1)
+				go func(sched time.Time) {
+					defer func() { <-sem; iwg.Done() }()
+					call, _ := ingest.NewCall(client.EPID(), b.Server, b.Tool, map[string]any{"path": "/bench", "pad": pad})
+					call.SessionID = run
+					ctx, cancel := context.WithTimeout(context.Background(), b.Timeout)
+					d, err := client.Call(ctx, call)
+					cancel()
+					// Latency counts from the scheduled send time, so a
+					// stalled sender cannot hide queueing (no coordinated omission).
+					l := time.Since(sched)
+					switch {
+					case err != nil:
+						none.Add(1)
+					case d.Decision == schemas.DecisionAllow:
+						allowed.Add(1)
+					default:
+						denied.Add(1)
+					}
+					mu.Lock()
+					lat[e] = append(lat[e], l)
+					mu.Unlock()
+				}(sched)
+			}
+			iwg.Wait()
+		}(e, client)
+	}
+	wg.Wait()
+	sendDur := time.Since(start)
+	var all []time.Duration
+	for _, l := range lat {
+		all = append(all, l...)
+	}
+	slices.Sort(all)
+	pct := func(p float64) float64 {
+		if len(all) == 0 {
+			return 0
+		}
+		i := int(p * float64(len(all)-1))
+		return float64(all[i].Microseconds()) / 1000
+	}
+	res := benchResult{
+		Calls: len(all), Concurrency: b.Concurrency, OfferedRate: b.Rate,
+		Allowed: allowed.Load(), Denied: denied.Load(), NoDecision: none.Load(),
+		SendSeconds: sendDur.Seconds(), DecisionsPerSec: float64(len(all)) / sendDur.Seconds(),
+		P50ms: pct(0.50), P90ms: pct(0.90), P99ms: pct(0.99), MaxMs: pct(1),
+	}
+	if ch != nil {
+		deadline := time.Now().Add(2 * time.Minute)
+		want := uint64(len(all)) - uint64(none.Load())
+		for {
+			n, err := query.CountSessionReceipts(context.Background(), ch, g.ClickhouseDatabase, run)
+			if err == nil && n >= want {
+				break
+			}
+			if time.Now().After(deadline) {
+				return failed("only %d of %d receipts reached ClickHouse within 2 minutes", n, want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		e2e := time.Since(start)
+		res.E2ESeconds = e2e.Seconds()
+		res.EventsPerSec = float64(want) / e2e.Seconds()
+	}
+	if g.JSON {
+		return json.NewEncoder(os.Stdout).Encode(res)
+	}
+	fmt.Printf("calls %d from %d enforcement points, offered %d/s: allowed %d, denied %d, no decision %d\n",
+		res.Calls, res.Concurrency, res.OfferedRate, res.Allowed, res.Denied, res.NoDecision)
+	fmt.Printf("decisions: %.0f/s; latency p50 %.2f ms, p90 %.2f ms, p99 %.2f ms, max %.2f ms\n",
+		res.DecisionsPerSec, res.P50ms, res.P90ms, res.P99ms, res.MaxMs)
+	if ch != nil {
+		fmt.Printf("end to end (publish → signed receipt in ClickHouse): %.2f s, %.0f events/s\n", res.E2ESeconds, res.EventsPerSec)
+	}
+	return nil
+}

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/schemas"
+)
+
+type callCmd struct {
+	Server         string        `name:"server" help:"server_id of the MCP server."`
+	Tool           string        `name:"tool" help:"Tool name."`
+	Args           string        `name:"args" default:"{}" help:"Tool arguments as JSON, or @FILE."`
+	EPID           string        `name:"ep-id" default:"talosctl" help:"Enforcement point id (decisions arrive on talos.decision.<ep-id>)."`
+	Agent          string        `name:"agent" default:"talosctl-agent" help:"actor.agent_id."`
+	Session        string        `name:"session" help:"session_id (default: a new one)."`
+	IdempotencyKey string        `name:"idempotency-key" help:"idempotency_key (required by write tools)."`
+	ToolClass      string        `name:"tool-class" enum:",read,write" default:"" help:"Declared tool_class (informational; a mismatch is denied)."`
+	RegistryDigest string        `name:"registry-digest" help:"registry_digest the enforcement point enforces with."`
+	ExpectHash     []string      `name:"expect-hash" help:"expected_document_hashes entry POINTER=SHA256HEX (repeatable)."`
+	Result         string        `name:"result" help:"After an allow, also send the post event with this CallToolResult JSON (or @FILE)."`
+	File           string        `name:"file" type:"path" help:"Send this envelope file as-is (may be malformed: for testing)."`
+	Timeout        time.Duration `name:"timeout" default:"10s" help:"How long to wait for the decision; none in time means deny (fail closed)."`
+}
+
+func readArg(s string) ([]byte, error) {
+	if strings.HasPrefix(s, "@") {
+		return os.ReadFile(s[1:])
+	}
+	return []byte(s), nil
+}
+
+func (c *callCmd) Run(g *Globals) error {
+	if c.File == "" && (c.Server == "" || c.Tool == "") {
+		return usage("call needs --server and --tool (or --file ENVELOPE)")
+	}
+	nc, err := nats.Connect(g.NatsURL, nats.Name("talosctl call"), nats.Timeout(5*time.Second))
+	if err != nil {
+		return failed("connect %s: %v", g.NatsURL, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	client, err := ingest.NewClient(nc, js, c.EPID)
+	if err != nil {
+		return usage("%v", err)
+	}
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
+	defer cancel()
+
+	if c.File != "" {
+		raw, err := os.ReadFile(c.File)
+		if err != nil {
+			return usage("%v", err)
+		}
+		var ids struct {
+			Phase      string `json:"phase"`
+			ServerID   string `json:"server_id"`
+			ToolCallID string `json:"tool_call_id"`
+		}
+		_ = json.Unmarshal(raw, &ids)
+		if ids.Phase == "" {
+			ids.Phase = schemas.PhasePre
+		}
+		if c.Server != "" {
+			ids.ServerID = c.Server
+		}
+		if !schemas.ValidID(ids.ServerID) {
+			return usage("cannot route %s: give --server", c.File)
+		}
+		d, err := client.Send(ctx, ids.Phase, ids.ServerID, ids.ToolCallID, raw)
+		return printDecision(g, d, err)
+	}
+
+	argText, err := readArg(c.Args)
+	if err != nil {
+		return usage("--args: %v", err)
+	}
+	var args json.RawMessage
+	if err := json.Unmarshal(argText, &args); err != nil {
+		return usage("--args is not JSON: %v", err)
+	}
+	call, err := ingest.NewCall(c.EPID, c.Server, c.Tool, args)
+	if err != nil {
+		return err
+	}
+	call.Actor.AgentID = c.Agent
+	if c.Session != "" {
+		call.SessionID = c.Session
+	}
+	call.IdempotencyKey = c.IdempotencyKey
+	call.ToolClass = c.ToolClass
+	call.RegistryDigest = c.RegistryDigest
+	for _, e := range c.ExpectHash {
+		p, h, ok := strings.Cut(e, "=")
+		if !ok {
+			return usage("--expect-hash %q: want POINTER=SHA256HEX", e)
+		}
+		call.ExpectedDocumentHashes = append(call.ExpectedDocumentHashes, schemas.ExpectedHash{Pointer: p, Hash: h})
+	}
+	started := time.Now()
+	d, err := client.Call(ctx, call)
+	if err != nil || d.Decision != schemas.DecisionAllow || c.Result == "" {
+		return printDecision(g, d, err)
+	}
+	if err := printDecision(g, d, nil); err != nil {
+		return err
+	}
+	resText, err := readArg(c.Result)
+	if err != nil {
+		return usage("--result: %v", err)
+	}
+	var res json.RawMessage
+	if err := json.Unmarshal(resText, &res); err != nil {
+		return usage("--result is not JSON: %v", err)
+	}
+	post, err := ingest.PostOf(call, res, true, started, time.Now())
+	if err != nil {
+		return err
+	}
+	d, err = client.Call(ctx, post)
+	return printDecision(g, d, err)
+}
+
+// printDecision prints a decision; a deny is not a failure, no decision is.
+func printDecision(g *Globals, d *schemas.Decision, err error) error {
+	if errors.Is(err, ingest.ErrNoDecision) {
+		return failed("%v", err)
+	}
+	if err != nil {
+		return failed("%v", err)
+	}
+	if g.JSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(d)
+	}
+	reasons := strings.Join(d.ReasonCodes, ", ")
+	if reasons == "" {
+		reasons = "none"
+	}
+	fmt.Printf("%s (phase %s)\n  tool_call_id    %s\n  reason codes    %s\n  receipt         %s\n  registry digest %s\n",
+		strings.ToUpper(d.Decision), d.Phase, d.ToolCallID, reasons, d.ReceiptID, d.RegistryDigest)
+	for _, det := range d.Details {
+		fmt.Printf("  detail          %s\n", det)
+	}
+	return nil
+}

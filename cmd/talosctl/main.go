@@ -1,0 +1,60 @@
+// Command talosctl is the Talos tool for responders and auditors: it makes
+// keys, acts as an enforcement point (call), verifies the audit trail in
+// ClickHouse or in a file, and benchmarks a running stack.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/alecthomas/kong"
+)
+
+// Globals are the flags every command shares; each also reads TALOS_<FLAG>.
+type Globals struct {
+	NatsURL            string `name:"nats-url" default:"nats://127.0.0.1:4222" help:"NATS URL."`
+	ClickhouseAddr     string `name:"clickhouse-addr" default:"127.0.0.1:9000" help:"ClickHouse native address HOST:PORT."`
+	ClickhouseDatabase string `name:"clickhouse-database" default:"talos" help:"ClickHouse database."`
+	JSON               bool   `name:"json" help:"Print JSON instead of human-readable output."`
+}
+
+type cli struct {
+	Globals
+
+	Keys   keysCmd   `cmd:"" help:"Manage Ed25519 signing keys."`
+	Call   callCmd   `cmd:"" help:"Act as an enforcement point: send one tool call envelope and print the decision."`
+	Verify verifyCmd `cmd:"" help:"Verify receipts (signatures, hash chains, stored columns) in ClickHouse or in a file; exit 1 naming each bad receipt."`
+	Bench  benchCmd  `cmd:"" help:"Measure a running stack: decision latency with N concurrent enforcement points and end-to-end events/s."`
+}
+
+// exitError carries an exit code: 1 for a failed check, 2 for usage.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e exitError) Error() string { return e.err.Error() }
+
+func failed(format string, a ...any) error { return exitError{1, fmt.Errorf(format, a...)} }
+func usage(format string, a ...any) error  { return exitError{2, fmt.Errorf(format, a...)} }
+
+func main() {
+	var c cli
+	k := kong.Parse(&c,
+		kong.Name("talosctl"),
+		kong.Description("Talos control and audit tool. Exit codes: 0 ok, 1 the check or command failed, 2 usage."),
+		kong.DefaultEnvars("TALOS"),
+		kong.UsageOnError(),
+	)
+	err := k.Run(&c.Globals)
+	if err == nil {
+		return
+	}
+	fmt.Fprintln(os.Stderr, "talosctl:", err)
+	var ee exitError
+	if errors.As(err, &ee) {
+		os.Exit(ee.code)
+	}
+	os.Exit(1)
+}

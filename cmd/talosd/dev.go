@@ -1,0 +1,254 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"embed"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/testenv"
+)
+
+//go:embed demo/registry/*.json
+var demoRegistry embed.FS
+
+// devCmd is `talosd dev`: the one-command local stack.
+type devCmd struct {
+	ClickhousePort int  `name:"clickhouse-port" default:"9000" help:"Native port of the private ClickHouse (0: any free port; a busy port falls back to a free one)."`
+	DemoCalls      bool `name:"demo" default:"true" negatable:"" help:"Send a short burst of demo traffic once the stack is up."`
+	ExitAfterDemo  bool `name:"exit-after-demo" help:"Stop after the demo traffic has reached ClickHouse (for scripted checks)."`
+}
+
+func (d *devCmd) Run(f *Flags) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := os.MkdirAll(f.DataDir, 0o755); err != nil {
+		return err
+	}
+	dir, err := filepath.Abs(f.DataDir)
+	if err != nil {
+		return err
+	}
+	f.DataDir = dir
+
+	// Keys: generated once, kept under the data dir.
+	if f.SigningKey == "" {
+		keyDir := filepath.Join(dir, "keys")
+		f.SigningKey = filepath.Join(keyDir, "signing.key")
+		if _, err := os.Stat(f.SigningKey); errors.Is(err, fs.ErrNotExist) {
+			if err := os.MkdirAll(keyDir, 0o700); err != nil {
+				return err
+			}
+			k, err := receipts.GenerateKey()
+			if err != nil {
+				return err
+			}
+			if err := receipts.WriteKeyPair(k, filepath.Join(keyDir, "signing")); err != nil {
+				return err
+			}
+		}
+		if len(f.TrustedKeys) == 0 {
+			f.TrustedKeys = []string{keyDir}
+		}
+	}
+	// Registry: the demo manifests, unless one was given.
+	if f.Registry == "" {
+		regDir := filepath.Join(dir, "registry")
+		if err := os.MkdirAll(regDir, 0o755); err != nil {
+			return err
+		}
+		entries, _ := demoRegistry.ReadDir("demo/registry")
+		for _, e := range entries {
+			b, _ := demoRegistry.ReadFile("demo/registry/" + e.Name())
+			if err := os.WriteFile(filepath.Join(regDir, e.Name()), b, 0o644); err != nil {
+				return err
+			}
+		}
+		f.Registry = regDir
+	}
+	// ClickHouse: a private server under the data dir.
+	if f.ClickhouseAddr == "" {
+		port := d.ClickhousePort
+		if port != 0 && !portFree(port) {
+			fmt.Fprintf(os.Stderr, "port %d is busy; the private ClickHouse takes a free port instead\n", port)
+			port = 0
+		}
+		fmt.Fprintln(os.Stderr, "starting a private clickhouse-server (about 10 s)…")
+		ch, err := testenv.StartClickHouse(ctx, testenv.ClickHouseOptions{Dir: filepath.Join(dir, "clickhouse"), TCPPort: port})
+		if err != nil {
+			return err
+		}
+		defer ch.Stop()
+		f.ClickhouseAddr = ch.Addr()
+	}
+	if d.ExitAfterDemo {
+		f.HTTPAddr = ""
+	}
+	err = runDaemon(ctx, f, func(ctx context.Context, s *stack) error {
+		printBanner(f, s)
+		if !d.DemoCalls {
+			return nil
+		}
+		if err := demoTraffic(ctx, s); err != nil {
+			return fmt.Errorf("demo traffic: %w", err)
+		}
+		if d.ExitAfterDemo {
+			return errExitAfterDemo
+		}
+		fmt.Println("\nThe stack keeps running; Ctrl-C stops it.")
+		return nil
+	})
+	if errors.Is(err, errExitAfterDemo) {
+		return nil
+	}
+	return err
+}
+
+var errExitAfterDemo = errors.New("exit after demo")
+
+func portFree(port int) bool {
+	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		return false
+	}
+	_ = ln.Close()
+	return true
+}
+
+func printBanner(f *Flags, s *stack) {
+	host, port, _ := net.SplitHostPort(f.ClickhouseAddr)
+	fmt.Printf(`
+Talos dev stack is up.
+  NATS:        %s
+  ClickHouse:  %s (database %s)
+  registry:    %s (%s)
+  signing key: %s
+  mode:        %s
+
+Try:
+  go run ./cmd/talosctl --nats-url %s call --server files --tool read_file --args '{"path":"README.md"}'
+  clickhouse-client --host %s --port %s --query "SELECT time, server_id, tool_name, decision, reason_codes FROM %s.v_decisions ORDER BY time"
+  go run ./cmd/talosctl --clickhouse-addr %s verify --trusted-keys %s
+
+`, s.NatsURL, f.ClickhouseAddr, f.ClickhouseDatabase, f.Registry, s.Registry.Digest(), f.SigningKey, f.Mode,
+		s.NatsURL, host, port, f.ClickhouseDatabase, f.ClickhouseAddr, strings.Join(f.TrustedKeys, ","))
+}
+
+// demoCase is one demo call and what it shows.
+type demoCase struct {
+	what   string
+	server string
+	tool   string
+	args   any
+	tweak  func(*schemas.ToolCall)
+	raw    []byte // sent as-is instead of a built envelope
+	result any    // when set, a post event follows an allow
+}
+
+func demoCases() []demoCase {
+	body := "Fixes the flaky test.\n"
+	sum := sha256.Sum256([]byte(body))
+	return []demoCase{
+		{what: "read a file (read tool)", server: "files", tool: "read_file", args: map[string]any{"path": "README.md"},
+			result: map[string]any{"content": []any{map[string]any{"type": "text", "text": "# Talos\n"}}}},
+		{what: "list a directory", server: "files", tool: "list_directory", args: map[string]any{"path": "."},
+			result: map[string]any{"content": []any{map[string]any{"type": "text", "text": "README.md\n"}}}},
+		{what: "write a file with an idempotency key", server: "files", tool: "write_file",
+			args: map[string]any{"path": "notes.txt", "content": "hello\n"}, tweak: func(c *schemas.ToolCall) { c.IdempotencyKey = "demo-write-1" },
+			result: map[string]any{"content": []any{map[string]any{"type": "text", "text": "ok"}}}},
+		{what: "write without an idempotency key", server: "files", tool: "write_file",
+			args: map[string]any{"path": "notes.txt", "content": "hello\n"}},
+		{what: "open a PR whose body hash matches", server: "github", tool: "create-pr",
+			args: map[string]any{"title": "Fix", "body": body, "files": []any{map[string]any{"path": "a.go", "content": "package a\n"}}},
+			tweak: func(c *schemas.ToolCall) {
+				c.IdempotencyKey = "pr-1"
+				c.ExpectedDocumentHashes = []schemas.ExpectedHash{{Pointer: "/body", Hash: hex.EncodeToString(sum[:])}}
+			}},
+		{what: "open a PR whose body was altered", server: "github", tool: "create-pr",
+			args: map[string]any{"title": "Fix", "body": body + "rm -rf /\n", "files": []any{map[string]any{"path": "a.go", "content": "package a\n"}}},
+			tweak: func(c *schemas.ToolCall) {
+				c.IdempotencyKey = "pr-2"
+				c.ExpectedDocumentHashes = []schemas.ExpectedHash{{Pointer: "/body", Hash: hex.EncodeToString(sum[:])}}
+			}},
+		{what: "upload a blob that is not base64", server: "files", tool: "upload_blob",
+			args: map[string]any{"data": "%%% not base64 %%%"}, tweak: func(c *schemas.ToolCall) { c.IdempotencyKey = "blob-1" }},
+		{what: "upload a blob over its size limit", server: "files", tool: "upload_blob",
+			args: map[string]any{"data": base64.StdEncoding.EncodeToString(make([]byte, 70000))}, tweak: func(c *schemas.ToolCall) { c.IdempotencyKey = "blob-2" }},
+		{what: "call a tool missing from the registry", server: "files", tool: "delete_everything", args: map[string]any{}},
+		{what: "declare the wrong tool class", server: "github", tool: "list-prs", args: map[string]any{"repo": "talos"},
+			tweak: func(c *schemas.ToolCall) { c.ToolClass = "write" }},
+		{what: "send an envelope with duplicate keys", server: "files",
+			raw: []byte(`{"schema_version":"talos.tool_call.v1","phase":"pre","phase":"post","tool_call_id":"%s","ep_id":"demo-ep"}`)},
+	}
+}
+
+// demoTraffic sends the demo cases through the real pipeline and waits for
+// their receipts to reach ClickHouse.
+func demoTraffic(ctx context.Context, s *stack) error {
+	c, err := ingest.NewClient(s.NC, s.JS, "demo-ep")
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DEMO CALL\tTOOL\tDECISION\tREASONS\tRECEIPT")
+	for _, dc := range demoCases() {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		var dec *schemas.Decision
+		if dc.raw != nil {
+			id := uuid.Must(uuid.NewV7()).String()
+			dec, err = c.Send(cctx, schemas.PhasePre, dc.server, id, []byte(fmt.Sprintf(string(dc.raw), id)))
+		} else {
+			var call *schemas.ToolCall
+			call, err = ingest.NewCall(c.EPID(), dc.server, dc.tool, dc.args)
+			if err == nil {
+				call.RegistryDigest = s.Registry.Digest()
+				if dc.tweak != nil {
+					dc.tweak(call)
+				}
+				started := time.Now()
+				dec, err = c.Call(cctx, call)
+				if err == nil && dec.Decision == schemas.DecisionAllow && dc.result != nil {
+					var post *schemas.ToolCall
+					if post, err = ingest.PostOf(call, dc.result, true, started, time.Now()); err == nil {
+						_, err = c.Call(cctx, post)
+					}
+				}
+			}
+		}
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%s: %w", dc.what, err)
+		}
+		reasons := strings.Join(dec.ReasonCodes, ",")
+		if reasons == "" {
+			reasons = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\t%s\n", dc.what, dc.server, orDash(dc.tool), dec.Decision, reasons, dec.ReceiptID)
+	}
+	return tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

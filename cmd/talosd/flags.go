@@ -1,0 +1,57 @@
+package main
+
+import (
+	"os"
+	"runtime"
+	"time"
+)
+
+// Flags are talosd's settings (DESIGN.md §4). Zero values mean defaults.
+type Flags struct {
+	NatsURL            string        `name:"nats-url" help:"NATS URL. Empty: start an embedded nats-server with JetStream under --data-dir."`
+	NatsListen         string        `name:"nats-listen" default:"127.0.0.1:4222" help:"Listen address of the embedded nats-server (only without --nats-url)."`
+	ClickhouseAddr     string        `name:"clickhouse-addr" help:"ClickHouse native address HOST:PORT (sink role). In dev, empty starts a private clickhouse-server."`
+	ClickhouseDatabase string        `name:"clickhouse-database" default:"talos" help:"ClickHouse database."`
+	Registry           string        `name:"registry" type:"path" help:"Tool registry: a manifest file or a directory of them (bootstrap pin). Required for the enforce role."`
+	SigningKey         string        `name:"signing-key" type:"path" help:"Ed25519 signing key (.key from 'talosctl keys gen'). Required for the enforce role."`
+	TrustedKeys        []string      `name:"trusted-keys" type:"path" help:"Public keys (.pub files or directories) trusted for verification."`
+	Mode               string        `name:"mode" enum:"prod,dev" default:"prod" help:"prod denies unclassified tools; dev allows them with a warning code."`
+	DataDir            string        `name:"data-dir" default:"./talos-data" type:"path" help:"Where the embedded NATS (and in dev, ClickHouse and keys) keep data."`
+	Instance           string        `name:"instance" help:"Instance name, used in CloudEvent sources and chain ids (default: host name)."`
+	Roles              []string      `name:"roles" default:"enforce,sink" help:"Roles to run: enforce, sink, control, web."`
+	HTTPAddr           string        `name:"http-addr" default:"127.0.0.1:9464" help:"Address for /healthz and /metrics. Empty disables it."`
+	Chains             int           `name:"chains" help:"Hash chains (signing goroutines) per enforce worker (default 4 x GOMAXPROCS)."`
+	Replicas           int           `name:"replicas" default:"1" help:"Stream replicas: 1 on one node, 3 in a NATS cluster."`
+	MaxEnvelopeBytes   int           `name:"max-envelope-bytes" default:"4194304" help:"Largest call envelope accepted; larger ones are denied VAL-HTC-001."`
+	BatchRows          int           `name:"batch-rows" default:"5000" help:"Sink batch: rows."`
+	BatchAge           time.Duration `name:"batch-age" default:"200ms" help:"Sink batch: age."`
+	LogFormat          string        `name:"log-format" enum:"text,json" default:"text" help:"Log format."`
+	LogLevel           string        `name:"log-level" enum:"debug,info,warn,error" default:"info" help:"Log level."`
+}
+
+func (f *Flags) instance() string {
+	if f.Instance != "" {
+		return f.Instance
+	}
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "talosd"
+	}
+	return h
+}
+
+func (f *Flags) chains() int {
+	if f.Chains > 0 {
+		return f.Chains
+	}
+	return 4 * runtime.GOMAXPROCS(0)
+}
+
+func (f *Flags) has(role string) bool {
+	for _, r := range f.Roles {
+		if r == role {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,61 @@
+// Command talosd is the Talos daemon: enforce workers, the ClickHouse sink
+// and (later) the control service and web dashboard, in one binary whose
+// roles are chosen with --roles. `talosd dev` runs the whole pipeline
+// locally with an embedded NATS, a private ClickHouse, a demo registry,
+// generated keys and a burst of demo traffic.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/alecthomas/kong"
+)
+
+// cli is talosd's command line. Every flag also reads TALOS_<FLAG>.
+type cli struct {
+	Flags
+
+	Run runCmd `cmd:"" default:"withargs" help:"Run the daemon with the given roles (default command)."`
+	Dev devCmd `cmd:"" help:"Run the whole pipeline locally: embedded NATS, private ClickHouse, demo registry and keys, demo traffic."`
+}
+
+type runCmd struct{}
+
+func (runCmd) Run(f *Flags) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return runDaemon(ctx, f, nil)
+}
+
+func main() {
+	var c cli
+	k := kong.Parse(&c,
+		kong.Name("talosd"),
+		kong.Description("Talos daemon: decides AI-agent tool calls, signs receipts, projects them into ClickHouse."),
+		kong.DefaultEnvars("TALOS"),
+		kong.UsageOnError(),
+		kong.Bind(&c.Flags),
+	)
+	err := k.Run(&c.Flags)
+	if err != nil {
+		var ue usageError
+		if errors.As(err, &ue) {
+			fmt.Fprintln(os.Stderr, "talosd:", err)
+			os.Exit(2)
+		}
+		fmt.Fprintln(os.Stderr, "talosd:", err)
+		os.Exit(1)
+	}
+}
+
+// usageError is a configuration mistake (exit 2).
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }

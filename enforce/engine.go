@@ -1,0 +1,371 @@
+package enforce
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/gowebpki/jcs"
+	"github.com/talos-audit/talos/schemas"
+)
+
+// Mode says what happens to a tool the registry does not classify.
+type Mode string
+
+const (
+	// ModeProd denies unclassified tools (TOOL_UNCLASSIFIED_DENIED). Default.
+	ModeProd Mode = "prod"
+	// ModeDev allows them with the warning TOOL_UNCLASSIFIED_ALLOWED_DEV.
+	ModeDev Mode = "dev"
+)
+
+// Config configures an Engine. The zero value is valid: prod mode, an empty
+// registry (every tool unclassified) and random UUIDv7 effect ids.
+type Config struct {
+	Mode     Mode
+	Registry *Registry
+	// NewEffectID returns a fresh UUIDv7 string for ToolEffect.effect_id;
+	// nil means uuid.NewV7. Tests inject a deterministic source.
+	NewEffectID func() string
+}
+
+// Engine applies the registry and document rules. It is immutable after New
+// and safe for concurrent use.
+type Engine struct {
+	mode  Mode
+	reg   *Registry
+	newID func() string
+}
+
+// New validates cfg once and returns an Engine.
+func New(cfg Config) (*Engine, error) {
+	e := &Engine{mode: cfg.Mode, reg: cfg.Registry, newID: cfg.NewEffectID}
+	switch e.mode {
+	case "":
+		e.mode = ModeProd
+	case ModeProd, ModeDev:
+	default:
+		return nil, fmt.Errorf("%w %q", ErrMode, string(cfg.Mode))
+	}
+	if e.reg == nil {
+		var err error
+		if e.reg, err = NewRegistry(); err != nil {
+			return nil, err
+		}
+	}
+	if e.newID == nil {
+		e.newID = func() string { return uuid.Must(uuid.NewV7()).String() }
+	}
+	return e, nil
+}
+
+// Mode is the engine's mode.
+func (e *Engine) Mode() Mode { return e.mode }
+
+// Registry is the pinned registry.
+func (e *Engine) Registry() *Registry { return e.reg }
+
+// Outcome is one decision. ReasonCodes lists every reason found, deduplicated,
+// in the order the checks ran; on an allow it holds only warning codes.
+// Details explain the codes for humans and name fields and pointers, never
+// content. ReasonCodes and DocumentHashes are never nil (they marshal as []).
+type Outcome struct {
+	Decision        string
+	ReasonCodes     []string
+	Details         []string
+	ToolClass       string // effective class ("" if unclassified)
+	DocumentHashes  []schemas.DocumentHash
+	BatchTotalBytes int64
+	RequestHash     string // hex sha256(JCS(request))
+	ResponseHash    string // hex sha256(JCS(result)), post only
+	Effect          *schemas.ToolEffect
+}
+
+type verdict struct {
+	out  Outcome
+	seen map[string]bool
+}
+
+func newVerdict() *verdict {
+	return &verdict{out: Outcome{ReasonCodes: []string{}, DocumentHashes: []schemas.DocumentHash{}}, seen: map[string]bool{}}
+}
+
+func (v *verdict) add(code, detail string) {
+	if !v.seen[code] {
+		v.seen[code] = true
+		v.out.ReasonCodes = append(v.out.ReasonCodes, code)
+	}
+	if detail != "" {
+		v.out.Details = append(v.out.Details, detail)
+	}
+}
+
+func (v *verdict) finish() Outcome {
+	v.out.Decision = schemas.DecisionAllow
+	for _, c := range v.out.ReasonCodes {
+		if !schemas.WarningCodes[c] {
+			v.out.Decision = schemas.DecisionDeny
+			break
+		}
+	}
+	return v.out
+}
+
+// InvalidOutcome is the decision for an envelope that failed
+// schemas.ParseToolCall (or could not be canonicalised): deny with
+// VAL-HTC-001 only, since nothing else in it can be trusted. Details come
+// from a *schemas.ValidationError; other errors are not echoed.
+func InvalidOutcome(err error) Outcome {
+	v := newVerdict()
+	var ve *schemas.ValidationError
+	if errors.As(err, &ve) {
+		v.out.Details = append([]string(nil), ve.Details...)
+	}
+	if len(v.out.Details) == 0 {
+		v.out.Details = []string{"envelope: invalid"}
+	}
+	v.add(schemas.CodeEnvelopeInvalid, "")
+	return v.finish()
+}
+
+func hashHex(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// canonicalHash is hex sha256 of the RFC 8785 form of a JSON document.
+func canonicalHash(b []byte) (string, error) {
+	c, err := jcs.Transform(b)
+	if err != nil {
+		return "", err
+	}
+	return hashHex(c), nil
+}
+
+// common runs the checks both phases share: request hash, registry pin and
+// classification. It returns the tool and effective class, or nil if the
+// tool is unclassified (class-dependent checks are then skipped).
+func (e *Engine) common(pc *schemas.ParsedCall, v *verdict) (*schemas.Tool, bool) {
+	call := &pc.Call
+	if call.RequestHash != "" && call.RequestHash != v.out.RequestHash {
+		v.add(schemas.CodeRequestHashMismatch, "request_hash: differs from sha256(JCS(request))")
+	}
+	if call.RegistryDigest != "" && call.RegistryDigest != e.reg.Digest() {
+		v.add(schemas.CodeRegistryVersionMismatch, "registry_digest: differs from the pinned registry "+e.reg.Digest())
+	}
+	tool, ok := e.reg.Lookup(call.ServerID, call.ToolName)
+	if !ok {
+		e.unclassified(v, "tool: {server_id, tool_name} is not in the registry")
+		return nil, false
+	}
+	class := tool.ToolClass
+	if tool.ActionPointer != "" {
+		val, found := resolvePointer(pc.Arguments(), tool.ActionPointer)
+		name, isStr := val.(string)
+		var action *schemas.Action
+		for i := range tool.Actions {
+			if isStr && tool.Actions[i].Name == name {
+				action = &tool.Actions[i]
+				break
+			}
+		}
+		if !found || action == nil {
+			e.unclassified(v, "request.arguments"+tool.ActionPointer+": action missing or not declared in the registry")
+			return nil, false
+		}
+		class = schemas.ClassWrite
+		if action.ReadOnly {
+			class = schemas.ClassRead
+		}
+	}
+	v.out.ToolClass = class
+	if call.ToolClass != "" && call.ToolClass != class {
+		v.add(schemas.CodeToolClassDeclarationMismatch, "tool_class: declared "+call.ToolClass+", registry says "+class)
+	}
+	return tool, true
+}
+
+func (e *Engine) unclassified(v *verdict, detail string) {
+	if e.mode == ModeDev {
+		v.add(schemas.CodeToolUnclassifiedAllowedDev, detail)
+		return
+	}
+	v.add(schemas.CodeToolUnclassifiedDenied, detail)
+	v.add(schemas.CodeUnknownTool, "")
+}
+
+// DecidePre decides a phase-pre envelope: request hash and registry pin,
+// classification (unknown tools, action-based tools, declared class),
+// idempotency key for writes, and the document rules of write document
+// operations (pointers into request.arguments, encoding, sizes, hashes,
+// expected hashes) — all before the tool runs.
+func (e *Engine) DecidePre(pc *schemas.ParsedCall) Outcome {
+	v := newVerdict()
+	req, err := pc.RequestJSON()
+	if err == nil {
+		v.out.RequestHash, err = canonicalHash(req)
+	}
+	if err != nil {
+		return InvalidOutcome(&schemas.ValidationError{Code: schemas.CodeEnvelopeInvalid, Schema: "tool_call",
+			Details: []string{"/request: cannot be canonicalised (RFC 8785)"}})
+	}
+	tool, known := e.common(pc, v)
+	if !known {
+		return v.finish()
+	}
+	write := v.out.ToolClass == schemas.ClassWrite
+	if write && pc.Call.IdempotencyKey == "" {
+		v.add(schemas.CodeIdempotencyKeyRequired, "idempotency_key: required for write tools")
+	}
+	var applied []string
+	if write && tool.IsDocumentOp && tool.DocumentSpec != nil && len(tool.DocumentSpec.WriteContentPointers) > 0 {
+		spec := tool.DocumentSpec
+		_, maxWrite, maxBatch := spec.Limits()
+		applied = spec.WriteContentPointers
+		e.documents(v, pc.Arguments(), "request.arguments", applied, spec.ContentEncoding, maxWrite, "max_write_bytes", maxBatch)
+	}
+	checkExpected(v, pc.Call.ExpectedDocumentHashes, applied)
+	return v.finish()
+}
+
+// DecidePost decides a phase-post envelope: the shared checks, then the
+// document rules of read document operations against result (the MCP
+// CallToolResult), and builds the ToolEffect. A post call that reports a
+// failure (no result with ok=false or error set, or result.isError) has no
+// documents to check.
+func (e *Engine) DecidePost(pc *schemas.ParsedCall) Outcome {
+	v := newVerdict()
+	req, err := pc.RequestJSON()
+	if err == nil {
+		v.out.RequestHash, err = canonicalHash(req)
+	}
+	resRaw, hasResult := resultJSON(pc)
+	if err == nil && hasResult {
+		v.out.ResponseHash, err = canonicalHash(resRaw)
+	}
+	if err != nil {
+		return InvalidOutcome(&schemas.ValidationError{Code: schemas.CodeEnvelopeInvalid, Schema: "tool_call",
+			Details: []string{"/request or /result: cannot be canonicalised (RFC 8785)"}})
+	}
+	tool, known := e.common(pc, v)
+	if known && v.out.ToolClass == schemas.ClassRead && tool.IsDocumentOp && tool.DocumentSpec != nil &&
+		len(tool.DocumentSpec.ReadContentPointers) > 0 && !failedCall(pc, hasResult) {
+		spec := tool.DocumentSpec
+		maxRead, _, maxBatch := spec.Limits()
+		e.documents(v, pc.Result(), "result", spec.ReadContentPointers, spec.ContentEncoding, maxRead, "max_read_bytes", maxBatch)
+	}
+	v.out.Effect = &schemas.ToolEffect{
+		EffectID:        e.newID(),
+		ToolCallID:      pc.Call.ToolCallID,
+		DocumentHashes:  v.out.DocumentHashes,
+		BatchTotalBytes: v.out.BatchTotalBytes,
+		ContentHashAlg:  schemas.ContentHashAlg,
+	}
+	return v.finish()
+}
+
+func resultJSON(pc *schemas.ParsedCall) ([]byte, bool) {
+	if len(pc.Call.Result) > 0 {
+		return pc.Call.Result, true
+	}
+	if r, ok := pc.Doc["result"]; ok {
+		b, err := json.Marshal(r)
+		return b, err == nil
+	}
+	return nil, false
+}
+
+func failedCall(pc *schemas.ParsedCall, hasResult bool) bool {
+	if res, ok := pc.Result().(map[string]any); ok {
+		if isErr, _ := res["isError"].(bool); isErr {
+			return true
+		}
+	}
+	if hasResult {
+		return false
+	}
+	return pc.Call.Error != nil || (pc.Call.OK != nil && !*pc.Call.OK)
+}
+
+// documents extracts, decodes, size-checks and hashes each pointer's
+// content under root. where names root in details ("request.arguments").
+func (e *Engine) documents(v *verdict, root any, where string, pointers []string, encoding string, maxItem int64, maxName string, maxBatch int64) {
+	for _, p := range pointers {
+		val, found := resolvePointer(root, p)
+		if !found {
+			v.add(schemas.CodeDocContentPointerInvalid, where+p+": does not resolve")
+			continue
+		}
+		s, isStr := val.(string)
+		if !isStr {
+			v.add(schemas.CodeDocContentPointerInvalid, where+p+": not a string")
+			continue
+		}
+		data, ok := decodeContent(s, encoding)
+		if !ok {
+			v.add(schemas.CodeDocEncodingInvalid, where+p+": not valid "+encoding)
+			continue
+		}
+		size := int64(len(data))
+		if size > maxItem {
+			v.add(schemas.CodeDocSizeExceeded, fmt.Sprintf("%s%s: %d bytes exceeds %s %d", where, p, size, maxName, maxItem))
+		}
+		v.out.DocumentHashes = append(v.out.DocumentHashes, schemas.DocumentHash{Pointer: p, Hash: hashHex(data), SizeBytes: size})
+		v.out.BatchTotalBytes += size
+	}
+	if v.out.BatchTotalBytes > maxBatch {
+		v.add(schemas.CodeDocSizeExceeded, fmt.Sprintf("%s: batch of %d bytes exceeds max_batch_bytes %d", where, v.out.BatchTotalBytes, maxBatch))
+	}
+}
+
+// decodeContent returns a document's preimage bytes (seed 000): the exact
+// UTF-8 bytes of the string (no newline normalisation), or its standard
+// base64 decoding — padded, canonical, with no whitespace or line breaks.
+func decodeContent(s, encoding string) ([]byte, bool) {
+	switch encoding {
+	case schemas.EncodingUTF8:
+		if !utf8.ValidString(s) {
+			return nil, false
+		}
+		return []byte(s), true
+	case schemas.EncodingBase64:
+		if strings.ContainsAny(s, "\r\n") {
+			return nil, false
+		}
+		b, err := base64.StdEncoding.Strict().DecodeString(s)
+		return b, err == nil
+	}
+	return nil, false
+}
+
+// checkExpected compares the agent's expected_document_hashes with the
+// hashes computed for the applied pointers. A pointer that was not applied
+// (not declared for this call) is a mismatch; a declared pointer whose
+// content could not be read is already denied by its own code.
+func checkExpected(v *verdict, expected []schemas.ExpectedHash, applied []string) {
+	if len(expected) == 0 {
+		return
+	}
+	got := make(map[string]string, len(v.out.DocumentHashes))
+	for _, h := range v.out.DocumentHashes {
+		got[h.Pointer] = h.Hash
+	}
+	declared := make(map[string]bool, len(applied))
+	for _, p := range applied {
+		declared[p] = true
+	}
+	for i, x := range expected {
+		switch h, ok := got[x.Pointer]; {
+		case !declared[x.Pointer]:
+			v.add(schemas.CodeDocHashMismatch, fmt.Sprintf("expected_document_hashes/%d: pointer is not a declared content pointer", i))
+		case ok && h != x.Hash:
+			v.add(schemas.CodeDocHashMismatch, fmt.Sprintf("expected_document_hashes/%d: hash differs for %s", i, x.Pointer))
+		}
+	}
+}

@@ -1,0 +1,15 @@
+// Package ingest is Talos's JetStream plumbing: it creates the three streams,
+// runs the enforce worker loop (fetch a call, decide, seal a receipt into a
+// hash chain, store it in TALOS_AUDIT, answer the enforcement point, ack) and
+// the sink loop (fetch audit records, write them to ClickHouse in bounded
+// batches, ack only after the insert returned).
+//
+// Decisions and receipt signing come in through small interfaces (Decider,
+// Sealer) and the database through Writer, so this package knows nothing of
+// enforcement rules or of ClickHouse.
+//
+// Shutdown order: cancel the context given to Run; the fetch loops stop
+// taking new messages, in-flight messages finish or are left un-acked (they
+// are redelivered after AckWait), then Run returns. Close the NATS
+// connection only after Run has returned.
+package ingest

@@ -1,0 +1,468 @@
+package ingest_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/query"
+	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.RunWithClickHouse(m)) }
+
+// demoRegistry is the registry `talosd dev` ships; the pipeline tests use it
+// so that what the demo shows is what is tested.
+const demoRegistry = "../cmd/talosd/demo/registry"
+
+// stack is a real pipeline: embedded NATS JetStream, a private ClickHouse
+// database, an enforce worker and a sink, and one enforcement point.
+type stack struct {
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	conn   driver.Conn
+	db     string
+	reg    *enforce.Registry
+	keys   receipts.KeySet
+	client *ingest.Client
+}
+
+type stackOptions struct {
+	mode             enforce.Mode
+	maxEnvelopeBytes int
+}
+
+func newStack(t *testing.T, o stackOptions) *stack {
+	t.Helper()
+	addr, db := testenv.NewDatabase(t)
+	ns := testenv.NATSForTest(t)
+	ctx, cancel := context.WithCancel(context.Background())
+
+	conn, err := query.Open(ctx, addr, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if err := query.Migrate(ctx, conn, db); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(ns.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := enforce.LoadRegistry(demoRegistry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine, err := enforce.New(enforce.Config{Mode: o.mode, Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := enforce.NewDecider(engine, enforce.DeciderOptions{MaxEnvelopeBytes: o.maxEnvelopeBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := receipts.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := receipts.KeySet{}
+	keys.Add(key.Public())
+	chains := []*receipts.Chain{receipts.NewChain("test-a", key), receipts.NewChain("test-b", key)}
+	w, err := ingest.NewWorker(nc, js, dec, ingest.WorkerOptions{Chains: chains, Source: "talos://enforce/test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, err := ingest.NewSink(js, query.NewSinkWriter(conn, db), ingest.SinkOptions{BatchAge: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{}, 2)
+	go func() { _ = w.Run(ctx); done <- struct{}{} }()
+	go func() { _ = sink.Run(ctx); done <- struct{}{} }()
+	t.Cleanup(func() { cancel(); <-done; <-done })
+
+	client, err := ingest.NewClient(nc, js, "test-ep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	return &stack{nc: nc, js: js, conn: conn, db: db, reg: reg, keys: keys, client: client}
+}
+
+func (s *stack) call(t *testing.T, c *schemas.ToolCall) *schemas.Decision {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	d, err := s.client.Call(ctx, c)
+	if err != nil {
+		t.Fatalf("call %s/%s: %v", c.ServerID, c.ToolName, err)
+	}
+	checkDecision(t, d)
+	return d
+}
+
+// checkDecision asserts a decision reply is well-formed: it validates
+// against decision.schema.json (which validates the embedded receipt) and
+// its receipt verifies.
+func checkDecision(t *testing.T, d *schemas.Decision) {
+	t.Helper()
+	b, err := json.Marshal(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := schemas.ValidateDecision(b); err != nil {
+		t.Fatalf("decision does not validate: %v\n%s", err, b)
+	}
+}
+
+// waitRows waits until the view holds n rows matching where.
+func (s *stack) waitRows(t *testing.T, view, where string, n uint64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var got uint64
+	for time.Now().Before(deadline) {
+		err := s.conn.QueryRow(context.Background(), fmt.Sprintf("SELECT count() FROM %s.%s WHERE %s", s.db, view, where)).Scan(&got)
+		if err == nil && got >= n {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s WHERE %s: %d rows, want %d", view, where, got, n)
+}
+
+func newCall(t *testing.T, server, tool string, args any) *schemas.ToolCall {
+	t.Helper()
+	c, err := ingest.NewCall("test-ep", server, tool, args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func sha(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:])
+}
+
+// TestPipelineReasonCodes drives every seed-000 code and VAL-HTC-001 through
+// real NATS and ClickHouse: each decision reaches talos.decision.<ep_id>,
+// one signed receipt per call lands in talos.receipts, the whole database
+// verifies, and then a tampered and a deleted row are each named.
+func TestPipelineReasonCodes(t *testing.T) {
+	s := newStack(t, stackOptions{maxEnvelopeBytes: 256 << 10})
+	digest := s.reg.Digest()
+	body := "Fixes the flaky test.\n"
+	prArgs := func(b string) map[string]any {
+		return map[string]any{"title": "Fix", "body": b, "files": []any{map[string]any{"path": "a.go", "content": "package a\n"}}}
+	}
+	cases := []struct {
+		name  string
+		call  *schemas.ToolCall
+		tweak func(*schemas.ToolCall)
+		want  string
+		codes []string
+	}{
+		{name: "allow read", call: newCall(t, "files", "list_directory", map[string]any{"path": "."}),
+			want: "allow", codes: []string{}},
+		{name: "allow write with key and matching hash", call: newCall(t, "github", "create-pr", prArgs(body)),
+			tweak: func(c *schemas.ToolCall) {
+				c.IdempotencyKey = "k1"
+				c.RegistryDigest = digest
+				c.ExpectedDocumentHashes = []schemas.ExpectedHash{{Pointer: "/body", Hash: sha(body)}}
+			}, want: "allow", codes: []string{}},
+		{name: "unknown tool", call: newCall(t, "files", "rm_rf", map[string]any{}),
+			want: "deny", codes: []string{schemas.CodeToolUnclassifiedDenied, schemas.CodeUnknownTool}},
+		{name: "unknown server", call: newCall(t, "nosuch", "anything", map[string]any{}),
+			want: "deny", codes: []string{schemas.CodeToolUnclassifiedDenied, schemas.CodeUnknownTool}},
+		{name: "declared class differs", call: newCall(t, "github", "list-prs", map[string]any{}),
+			tweak: func(c *schemas.ToolCall) { c.ToolClass = "write" },
+			want:  "deny", codes: []string{schemas.CodeToolClassDeclarationMismatch}},
+		{name: "registry digest differs", call: newCall(t, "files", "list_directory", map[string]any{}),
+			tweak: func(c *schemas.ToolCall) { c.RegistryDigest = "sha256:" + strings.Repeat("0", 64) },
+			want:  "deny", codes: []string{schemas.CodeRegistryVersionMismatch}},
+		{name: "write without idempotency key", call: newCall(t, "files", "write_file", map[string]any{"path": "a", "content": "x"}),
+			want: "deny", codes: []string{schemas.CodeIdempotencyKeyRequired}},
+		{name: "document hash mismatch", call: newCall(t, "github", "create-pr", prArgs(body+"rm -rf /\n")),
+			tweak: func(c *schemas.ToolCall) {
+				c.IdempotencyKey = "k2"
+				c.ExpectedDocumentHashes = []schemas.ExpectedHash{{Pointer: "/body", Hash: sha(body)}}
+			}, want: "deny", codes: []string{schemas.CodeDocHashMismatch}},
+		{name: "document pointer missing", call: newCall(t, "github", "create-pr", map[string]any{"title": "x", "body": "y"}),
+			tweak: func(c *schemas.ToolCall) { c.IdempotencyKey = "k3" },
+			want:  "deny", codes: []string{schemas.CodeDocContentPointerInvalid}},
+		{name: "document not base64", call: newCall(t, "files", "upload_blob", map[string]any{"data": "%%% not base64"}),
+			tweak: func(c *schemas.ToolCall) { c.IdempotencyKey = "k4" },
+			want:  "deny", codes: []string{schemas.CodeDocEncodingInvalid}},
+		{name: "document too large", call: newCall(t, "files", "upload_blob", map[string]any{"data": base64.StdEncoding.EncodeToString(make([]byte, 70000))}),
+			tweak: func(c *schemas.ToolCall) { c.IdempotencyKey = "k5" },
+			want:  "deny", codes: []string{schemas.CodeDocSizeExceeded}},
+		{name: "every reason listed", call: newCall(t, "files", "write_file", map[string]any{"path": "a", "content": "x"}),
+			tweak: func(c *schemas.ToolCall) {
+				c.ToolClass = "read"
+				c.RegistryDigest = "sha256:" + strings.Repeat("1", 64)
+			}, want: "deny", codes: []string{schemas.CodeRegistryVersionMismatch, schemas.CodeToolClassDeclarationMismatch, schemas.CodeIdempotencyKeyRequired}},
+	}
+	ids := map[string]string{}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.tweak != nil {
+				tc.tweak(tc.call)
+			}
+			d := s.call(t, tc.call)
+			if d.Decision != tc.want {
+				t.Fatalf("decision %s %v, want %s %v (details %v)", d.Decision, d.ReasonCodes, tc.want, tc.codes, d.Details)
+			}
+			got := slices.Clone(d.ReasonCodes)
+			want := slices.Clone(tc.codes)
+			slices.Sort(got)
+			slices.Sort(want)
+			if !slices.Equal(got, want) {
+				t.Fatalf("reason codes %v, want %v (details %v)", d.ReasonCodes, tc.codes, d.Details)
+			}
+			if d.RegistryDigest != digest {
+				t.Fatalf("registry digest %s, want %s", d.RegistryDigest, digest)
+			}
+			ids[tc.name] = d.ReceiptID
+		})
+	}
+
+	// Malformed envelopes: VAL-HTC-001 and nothing else, with a receipt.
+	valid := newCall(t, "files", "list_directory", map[string]any{})
+	raw, _ := json.Marshal(valid)
+	deep := strings.Repeat(`{"a":`, 200) + "1" + strings.Repeat("}", 200)
+	malformed := []struct {
+		name string
+		raw  []byte
+		id   string
+	}{
+		{"duplicate keys", []byte(strings.Replace(string(raw), `"phase":"pre"`, `"phase":"pre","phase":"pre"`, 1)), valid.ToolCallID},
+		{"schema violation", []byte(strings.Replace(string(raw), `"transport":"mcp"`, `"transport":"carrier-pigeon"`, 1)), valid.ToolCallID},
+		{"unknown field", []byte(strings.Replace(string(raw), `{`, `{"surprise":1,`, 1)), valid.ToolCallID},
+		{"too deep", []byte(strings.Replace(string(raw), `"arguments":{}`, `"arguments":{"x":`+deep+`}`, 1)), valid.ToolCallID},
+		{"too large", []byte(strings.Replace(string(raw), `"arguments":{}`, `"arguments":{"x":"`+strings.Repeat("A", 300<<10)+`"}`, 1)), valid.ToolCallID},
+	}
+	for i, m := range malformed {
+		t.Run("VAL-HTC-001/"+m.name, func(t *testing.T) {
+			// Each envelope reuses one valid call's ids; a fresh id per case
+			// keeps them apart.
+			id := fmt.Sprintf("01900000-0000-7000-8000-%012d", i)
+			body := []byte(strings.ReplaceAll(string(m.raw), m.id, id))
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			d, err := s.client.Send(ctx, schemas.PhasePre, "files", id, body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkDecision(t, d)
+			if d.Decision != "deny" || !slices.Equal(d.ReasonCodes, []string{schemas.CodeEnvelopeInvalid}) {
+				t.Fatalf("got %s %v, want deny [VAL-HTC-001]", d.Decision, d.ReasonCodes)
+			}
+			if len(d.Details) == 0 {
+				t.Fatal("a VAL-HTC-001 deny should say why")
+			}
+		})
+	}
+	// Not JSON at all: no id to answer to, but still a receipt, named by
+	// the hash of what was received.
+	garbage := []byte("this is not json")
+	if err := s.client.Publish(context.Background(), schemas.PhasePre, "files", "", garbage); err != nil {
+		t.Fatal(err)
+	}
+	s.waitRows(t, query.ViewReceipts, fmt.Sprintf("envelope_hash = '%s' AND has(reason_codes, 'VAL-HTC-001')", sha(string(garbage))), 1)
+
+	total := uint64(len(cases) + len(malformed) + 1)
+	s.waitRows(t, query.ViewReceipts, "1", total)
+
+	// Exactly one receipt per call and phase, in the raw table too.
+	var dupCalls uint64
+	if err := s.conn.QueryRow(context.Background(), fmt.Sprintf(
+		"SELECT count() FROM (SELECT tool_call_id, phase, uniqExact(receipt_id) AS n FROM %s.receipts GROUP BY tool_call_id, phase HAVING n > 1)", s.db)).Scan(&dupCalls); err != nil {
+		t.Fatal(err)
+	}
+	if dupCalls != 0 {
+		t.Fatalf("%d calls have more than one receipt", dupCalls)
+	}
+
+	rep, err := query.VerifyDatabase(context.Background(), s.conn, s.db, s.keys, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() || rep.Checked != int(total) {
+		t.Fatalf("untouched database: checked %d (want %d), problems %v", rep.Checked, total, rep.Problems)
+	}
+
+	// Tamper 1: rewrite one signed JSON (turn a deny into an allow).
+	victim := ids["unknown tool"]
+	if err := query.MutateAndWait(context.Background(), s.conn, s.db, query.TableReceipts,
+		fmt.Sprintf(`UPDATE cloudevent = replaceOne(cloudevent, '"decision":"deny"', '"decision":"allow"') WHERE receipt_id = '%s'`, victim)); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = query.VerifyDatabase(context.Background(), s.conn, s.db, s.keys, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !names(rep.Problems, receipts.ProblemBadSignature, victim) {
+		t.Fatalf("edited cloudevent of %s not named: %v", victim, rep.Problems)
+	}
+
+	// Tamper 2: delete one row in the middle of its chain.
+	var gone string
+	var chain string
+	var seq uint64
+	if err := s.conn.QueryRow(context.Background(), fmt.Sprintf(
+		"SELECT receipt_id, chain_id, chain_seq FROM %s.receipts WHERE chain_seq = 2 AND receipt_id != '%s' LIMIT 1", s.db, victim)).Scan(&gone, &chain, &seq); err != nil {
+		t.Fatal(err)
+	}
+	if err := query.MutateAndWait(context.Background(), s.conn, s.db, query.TableReceipts, fmt.Sprintf("DELETE WHERE receipt_id = '%s'", gone)); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = query.VerifyDatabase(context.Background(), s.conn, s.db, s.keys, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, p := range rep.Problems {
+		if p.Kind == receipts.ProblemChainGap && p.ChainID == chain && strings.Contains(p.String(), "2") {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("deleted %s (chain %s seq 2) not reported as a gap: %v", gone, chain, rep.Problems)
+	}
+}
+
+func names(ps []receipts.Problem, kind, id string) bool {
+	for _, p := range ps {
+		if p.Kind == kind && p.ReceiptID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// TestPipelinePostPhase records what a read tool returned: the effect
+// receipt carries the read document's hash and a UUIDv7 effect id.
+func TestPipelinePostPhase(t *testing.T) {
+	s := newStack(t, stackOptions{})
+	pre := newCall(t, "files", "read_file", map[string]any{"path": "README.md"})
+	started := time.Now()
+	if d := s.call(t, pre); d.Decision != "allow" {
+		t.Fatalf("pre: %s %v", d.Decision, d.ReasonCodes)
+	}
+	text := "# Talos\nsecret-free content\n"
+	post, err := ingest.PostOf(pre, map[string]any{"content": []any{map[string]any{"type": "text", "text": text}}}, true, started, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := s.call(t, post)
+	if d.Decision != "allow" || d.Phase != "post" {
+		t.Fatalf("post: %s %s %v", d.Phase, d.Decision, d.ReasonCodes)
+	}
+	ev, err := receipts.VerifyEvent(d.Receipt, s.keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Type != schemas.TypeReceiptEffect || ev.Data.Effect == nil {
+		t.Fatalf("effect receipt: type %s, effect %v", ev.Type, ev.Data.Effect)
+	}
+	hs := ev.Data.Effect.DocumentHashes
+	if len(hs) != 1 || hs[0].Pointer != "/content/0/text" || hs[0].Hash != sha(text) || hs[0].SizeBytes != int64(len(text)) {
+		t.Fatalf("document hashes %+v, want sha256 of the text at /content/0/text", hs)
+	}
+	if ev.Data.ResponseHash == "" || ev.Data.RequestHash == "" {
+		t.Fatal("effect receipt should carry request and response hashes")
+	}
+	if strings.Contains(string(d.Receipt), "secret-free content") {
+		t.Fatal("the receipt must carry hashes, never the result itself")
+	}
+	s.waitRows(t, query.ViewDecisions, fmt.Sprintf("tool_call_id = '%s'", pre.ToolCallID), 2)
+}
+
+// TestPipelineDevMode: an unclassified tool is allowed with a warning code.
+func TestPipelineDevMode(t *testing.T) {
+	s := newStack(t, stackOptions{mode: enforce.ModeDev})
+	d := s.call(t, newCall(t, "files", "rm_rf", map[string]any{}))
+	if d.Decision != "allow" || !slices.Equal(d.ReasonCodes, []string{schemas.CodeToolUnclassifiedAllowedDev}) {
+		t.Fatalf("dev mode: %s %v", d.Decision, d.ReasonCodes)
+	}
+}
+
+// TestPipelineDuplicateCallOneReceipt: the same call stored twice in
+// TALOS_CALLS (as after a redelivery) gets the same decision and receipt,
+// and the dropped duplicate leaves no gap in any chain.
+func TestPipelineDuplicateCallOneReceipt(t *testing.T) {
+	s := newStack(t, stackOptions{})
+	sub, err := s.nc.SubscribeSync(schemas.DecisionSubject("test-ep"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newCall(t, "files", "list_directory", map[string]any{})
+	raw, _ := json.Marshal(c)
+	s.call(t, c)
+	// Publish the same envelope again without a Nats-Msg-Id, so the calls
+	// stream keeps both copies and a worker sees the call a second time.
+	if _, err := s.js.Publish(context.Background(), schemas.CallSubject("pre", "files"), raw); err != nil {
+		t.Fatal(err)
+	}
+	var answers []schemas.Decision
+	for len(answers) < 2 {
+		m, err := sub.NextMsg(15 * time.Second)
+		if err != nil {
+			t.Fatalf("after %d answers: %v", len(answers), err)
+		}
+		var d schemas.Decision
+		if err := json.Unmarshal(m.Data, &d); err != nil {
+			t.Fatal(err)
+		}
+		if d.ToolCallID == c.ToolCallID {
+			answers = append(answers, d)
+		}
+	}
+	if answers[0].ReceiptID != answers[1].ReceiptID || answers[0].Decision != answers[1].Decision {
+		t.Fatalf("second delivery answered %s/%s, first %s/%s", answers[1].Decision, answers[1].ReceiptID, answers[0].Decision, answers[0].ReceiptID)
+	}
+	// More calls so both chains advance past the dropped duplicate.
+	for i := 0; i < 6; i++ {
+		s.call(t, newCall(t, "files", "list_directory", map[string]any{"i": i}))
+	}
+	s.waitRows(t, query.ViewReceipts, "1", 7)
+	var n uint64
+	if err := s.conn.QueryRow(context.Background(), fmt.Sprintf("SELECT uniqExact(receipt_id) FROM %s.receipts WHERE tool_call_id = '%s'", s.db, c.ToolCallID)).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("%d receipts for one call, want 1", n)
+	}
+	rep, err := query.VerifyDatabase(context.Background(), s.conn, s.db, s.keys, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() || rep.Checked != 7 {
+		t.Fatalf("checked %d receipts (want 7); problems %v", rep.Checked, rep.Problems)
+	}
+}

@@ -1,0 +1,184 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/talos-audit/talos/schemas"
+)
+
+// Writer stores a batch of audit records durably. It returns nil only when
+// every record is stored (or, for a record it cannot parse, stored in its
+// dead-letter table); any error means "retry the whole batch". Writes must
+// be idempotent: a redelivered record may be written twice, and the
+// projection deduplicates it by id.
+type Writer interface {
+	Write(ctx context.Context, recs []schemas.AuditRecord) error
+}
+
+// SinkOptions bounds what the sink holds in memory. The zero value of each
+// field means its default.
+type SinkOptions struct {
+	// Consumer is the durable pull consumer on TALOS_AUDIT (default "talos-sink").
+	Consumer string
+	// BatchRows, BatchBytes and BatchAge close a batch: whichever is reached
+	// first (defaults 5,000 rows, 16 MiB, 200 ms).
+	BatchRows  int
+	BatchBytes int
+	BatchAge   time.Duration
+	// AckWait is the consumer's redelivery timer (default 60 s); the sink
+	// marks held messages in progress while a write is being retried.
+	AckWait time.Duration
+	// RetryBackoff is the first wait after a failed write; it doubles up to
+	// 10 s (default 100 ms). A batch is retried until it is written.
+	RetryBackoff time.Duration
+	Logger       *slog.Logger
+}
+
+func (o SinkOptions) withDefaults() SinkOptions {
+	if o.Consumer == "" {
+		o.Consumer = "talos-sink"
+	}
+	if o.BatchRows <= 0 {
+		o.BatchRows = 5000
+	}
+	if o.BatchBytes <= 0 {
+		o.BatchBytes = 16 << 20
+	}
+	if o.BatchAge <= 0 {
+		o.BatchAge = 200 * time.Millisecond
+	}
+	if o.AckWait <= 0 {
+		o.AckWait = 60 * time.Second
+	}
+	if o.RetryBackoff <= 0 {
+		o.RetryBackoff = 100 * time.Millisecond
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Sink projects TALOS_AUDIT into a Writer, acking each message only after
+// the batch holding it was written.
+type Sink struct {
+	js jetstream.JetStream
+	w  Writer
+	o  SinkOptions
+}
+
+// NewSink returns a sink; call Run.
+func NewSink(js jetstream.JetStream, w Writer, o SinkOptions) (*Sink, error) {
+	if w == nil {
+		return nil, errors.New("ingest: sink needs a writer")
+	}
+	return &Sink{js: js, w: w, o: o.withDefaults()}, nil
+}
+
+// Run consumes until ctx is cancelled; a batch being written when ctx is
+// cancelled is abandoned un-acked and will be redelivered.
+func (s *Sink) Run(ctx context.Context) error {
+	cons, err := s.js.CreateOrUpdateConsumer(ctx, schemas.StreamAudit, jetstream.ConsumerConfig{
+		Durable:       s.o.Consumer,
+		Description:   "Talos ClickHouse sink",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       s.o.AckWait,
+		MaxAckPending: 2 * s.o.BatchRows,
+		FilterSubject: schemas.SubjectAuditAll,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("ingest: sink consumer: %w", err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(s.o.BatchRows))
+	if err != nil {
+		return fmt.Errorf("ingest: sink fetch: %w", err)
+	}
+	defer it.Stop()
+	var (
+		msgs  []jetstream.Msg
+		recs  []schemas.AuditRecord
+		size  int
+		first time.Time
+	)
+	for ctx.Err() == nil {
+		wait := s.o.BatchAge
+		if len(msgs) > 0 {
+			wait = s.o.BatchAge - time.Since(first)
+		}
+		if wait > 0 {
+			m, err := it.Next(jetstream.NextMaxWait(wait))
+			switch {
+			case err == nil:
+				md, merr := m.Metadata()
+				var seq uint64
+				if merr == nil {
+					seq = md.Sequence.Stream
+				}
+				if len(msgs) == 0 {
+					first = time.Now()
+				}
+				msgs = append(msgs, m)
+				recs = append(recs, schemas.AuditRecord{Subject: m.Subject(), Data: m.Data(), StreamSeq: seq})
+				size += len(m.Data())
+			case errors.Is(err, jetstream.ErrMsgIteratorClosed):
+				return nil
+			case errors.Is(err, nats.ErrTimeout):
+			default:
+				if ctx.Err() == nil {
+					s.o.Logger.Debug("sink fetch", "err", err)
+				}
+			}
+		}
+		full := len(msgs) >= s.o.BatchRows || size >= s.o.BatchBytes
+		old := len(msgs) > 0 && time.Since(first) >= s.o.BatchAge
+		if !full && !old {
+			continue
+		}
+		if err := s.write(ctx, msgs, recs); err != nil {
+			return nil // stopping; messages are redelivered
+		}
+		for _, m := range msgs {
+			if err := m.Ack(); err != nil {
+				s.o.Logger.Warn("sink ack", "err", err)
+			}
+		}
+		msgs, recs, size = nil, nil, 0
+	}
+	return nil
+}
+
+// write retries the batch until it is written or ctx ends.
+func (s *Sink) write(ctx context.Context, msgs []jetstream.Msg, recs []schemas.AuditRecord) error {
+	backoff := s.o.RetryBackoff
+	lastProgress := time.Now()
+	for {
+		err := s.w.Write(ctx, recs)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		s.o.Logger.Warn("audit write failed; retrying", "rows", len(recs), "err", err, "backoff", backoff)
+		if time.Since(lastProgress) > s.o.AckWait/3 {
+			for _, m := range msgs {
+				_ = m.InProgress()
+			}
+			lastProgress = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 10*time.Second)
+	}
+}

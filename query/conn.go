@@ -1,0 +1,61 @@
+package query
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// Connection pool bounds used by Open.
+const (
+	MaxOpenConns    = 8
+	MaxIdleConns    = 4
+	DialTimeout     = 10 * time.Second
+	ConnMaxLifetime = 30 * time.Minute
+)
+
+// Open connects to the ClickHouse native protocol at addr (host:port) and
+// pings it. database may be "" (the server's default database), which is what
+// Migrate needs when the Talos database does not exist yet.
+func Open(ctx context.Context, addr, database string) (driver.Conn, error) {
+	if database != "" && !ValidName(database) {
+		return nil, fmt.Errorf("query: invalid database name %q", database)
+	}
+	conn, err := clickhouse.Open(&clickhouse.Options{
+		Addr:            []string{addr},
+		Auth:            clickhouse.Auth{Database: database, Username: "default"},
+		DialTimeout:     DialTimeout,
+		MaxOpenConns:    MaxOpenConns,
+		MaxIdleConns:    MaxIdleConns,
+		ConnMaxLifetime: ConnMaxLifetime,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("query: open %s: %w", addr, err)
+	}
+	if err := conn.Ping(ctx); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("query: ping %s: %w", addr, err)
+	}
+	return conn, nil
+}
+
+var namePattern = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// ValidName reports whether s is an acceptable database or table name. Names
+// are spliced into SQL (DDL cannot take parameters), so only these pass.
+func ValidName(s string) bool { return len(s) <= 64 && namePattern.MatchString(s) }
+
+// table returns `database`.`name` after validating both.
+func table(database, name string) (string, error) {
+	if !ValidName(database) {
+		return "", fmt.Errorf("query: invalid database name %q", database)
+	}
+	if !ValidName(name) {
+		return "", fmt.Errorf("query: invalid table name %q", name)
+	}
+	return "`" + database + "`.`" + name + "`", nil
+}

@@ -1,0 +1,294 @@
+package query
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// A migration is a numbered list of statements. Every statement MUST be
+// idempotent on its own (IF NOT EXISTS, or DROP ... IF EXISTS before a
+// re-create), because two processes may migrate at once and a crash may stop
+// a migration half-way; the version row is written only after all of them ran.
+//
+// Version-specific notes, for whoever adds migration 2:
+//   - 18.16 has no CREATE OR REPLACE VIEW; change a view with DROP VIEW IF
+//     EXISTS followed by CREATE VIEW (a short window without the view).
+//   - ALTER TABLE ... ADD COLUMN IF NOT EXISTS exists on both servers.
+//   - 18.16 has no DateTime64, Map, JSON, TTL or (without a setting)
+//     LowCardinality; store milliseconds in a UInt64 next to a DateTime.
+//   - Views name their tables with the database (`{db}`.table): an unqualified
+//     name would resolve against the querying session's current database.
+type migration struct {
+	version    uint32
+	name       string
+	statements []string
+}
+
+// Tables of a Talos database.
+const (
+	TableReceipts         = "receipts"
+	TableToolCalls        = "tool_calls"
+	TableControlEvents    = "control_events"
+	TableArtifacts        = "artifacts"
+	TableCheckpoints      = "checkpoints"
+	TableSchemaMigrations = "schema_migrations"
+	// TableDeadLetters holds audit records the sink could not project (stored
+	// as received, with the reason), so nothing silently leaves the trail.
+	TableDeadLetters = "dead_letters"
+)
+
+// Views of a Talos database; they never double-count a redelivered row.
+const (
+	ViewReceipts        = "v_receipts"          // one row per receipt_id
+	ViewDecisions       = "v_decisions"         // one row per (tool_call_id, phase, kind)
+	ViewDenialsByReason = "v_denials_by_reason" // (hour, server_id, reason_code) -> denials
+)
+
+const (
+	receiptColumnsSQL    = "receipt_id, kind, phase, time, time_ms, tool_call_id, trace_id, session_id, ep_id, server_id, tool_name, tool_class, decision, reason_codes, agent_id, request_hash, envelope_hash, registry_digest, chain_id, chain_seq, prev_hash, receipt_hash, signer_kid, cloudevent, inserted_at"
+	decisionColumnsSQL   = "tool_call_id, phase, kind, decision, reason_codes, receipt_id, time, time_ms, session_id, ep_id, server_id, tool_name, tool_class, agent_id, registry_digest, chain_id, chain_seq"
+	denialsByReasonSQL   = "hour, server_id, reason_code, denials"
+	schemaMigrationsCols = "version, name"
+)
+
+// Deduplication: every table is a ReplacingMergeTree ordered by its record id,
+// so a row the sink inserts twice (redelivery before an ack) collapses to one
+// at the next merge. Merges are eventual, so readers MUST NOT count the raw
+// tables; the v_* views collapse duplicates at read time with LIMIT 1 BY
+// (FINAL would also work on 18.16 but only dedupes by the sorting key, and
+// v_decisions needs a different key). Duplicates of one record carry the same
+// event time, so they always share a partition and can merge.
+var migrations = []migration{{
+	version: 1,
+	name:    "initial schema",
+	statements: []string{
+		`CREATE TABLE IF NOT EXISTS {db}.receipts (
+	receipt_id      String,
+	kind            String,
+	phase           String,
+	time            DateTime('UTC'),
+	time_ms         UInt64,
+	tool_call_id    String,
+	trace_id        String,
+	session_id      String,
+	ep_id           String,
+	server_id       String,
+	tool_name       String,
+	tool_class      String,
+	decision        String,
+	reason_codes    Array(String),
+	agent_id        String,
+	request_hash    String,
+	envelope_hash   String,
+	registry_digest String,
+	chain_id        String,
+	chain_seq       UInt64,
+	prev_hash       String,
+	receipt_hash    String,
+	signer_kid      String,
+	cloudevent      String,
+	inserted_at     DateTime('UTC') DEFAULT now()
+) ENGINE = ReplacingMergeTree()
+PARTITION BY toYYYYMM(time)
+ORDER BY receipt_id`,
+
+		// One ToolCallEvent (FR-EVT-007) per call; event_id is the CloudEvent id.
+		`CREATE TABLE IF NOT EXISTS {db}.tool_calls (
+	event_id        String,
+	time            DateTime('UTC'),
+	time_ms         UInt64,
+	tool_call_id    String,
+	trace_id        String,
+	session_id      String,
+	ep_id           String,
+	server_id       String,
+	tool_name       String,
+	tool_id         String,
+	tool_version    String,
+	transport       String,
+	side_effect     String,
+	ok              UInt8,
+	args_hash       String,
+	result_hash     String,
+	args_ref        String,
+	result_ref      String,
+	error_code      String,
+	started_at      DateTime('UTC'),
+	started_at_ms   UInt64,
+	ended_at        DateTime('UTC'),
+	ended_at_ms     UInt64,
+	duration_ms     UInt64,
+	cloudevent      String,
+	inserted_at     DateTime('UTC') DEFAULT now()
+) ENGINE = ReplacingMergeTree()
+PARTITION BY toYYYYMM(time)
+ORDER BY event_id`,
+
+		// Control events from TALOS_CONTROL; stream_seq is the stream sequence
+		// that workers replay in.
+		`CREATE TABLE IF NOT EXISTS {db}.control_events (
+	event_id        String,
+	type            String,
+	verb            String,
+	time            DateTime('UTC'),
+	time_ms         UInt64,
+	stream_seq      UInt64,
+	actor           String,
+	target          String,
+	reason          String,
+	signer_kid      String,
+	cloudevent      String,
+	inserted_at     DateTime('UTC') DEFAULT now()
+) ENGINE = ReplacingMergeTree()
+PARTITION BY toYYYYMM(time)
+ORDER BY event_id`,
+
+		// Redacted payloads, content-addressed: ref is sha256:<hex> of content.
+		`CREATE TABLE IF NOT EXISTS {db}.artifacts (
+	ref             String,
+	content_type    String,
+	size_bytes      UInt64,
+	content         String,
+	inserted_at     DateTime('UTC') DEFAULT now()
+) ENGINE = ReplacingMergeTree()
+ORDER BY ref`,
+
+		// Signed Merkle roots over a chain range [from_seq, to_seq].
+		`CREATE TABLE IF NOT EXISTS {db}.checkpoints (
+	checkpoint_id   String,
+	time            DateTime('UTC'),
+	time_ms         UInt64,
+	chain_id        String,
+	from_seq        UInt64,
+	to_seq          UInt64,
+	root_hash       String,
+	last_receipt_hash String,
+	signer_kid      String,
+	cloudevent      String,
+	inserted_at     DateTime('UTC') DEFAULT now()
+) ENGINE = ReplacingMergeTree()
+PARTITION BY toYYYYMM(time)
+ORDER BY checkpoint_id`,
+
+		// Audit records without a projection, keyed by their TALOS_AUDIT
+		// stream sequence (a redelivery has the same one).
+		`CREATE TABLE IF NOT EXISTS {db}.dead_letters (
+	subject         String,
+	stream_seq      UInt64,
+	reason          String,
+	data            String,
+	inserted_at     DateTime('UTC') DEFAULT now()
+) ENGINE = ReplacingMergeTree()
+ORDER BY (stream_seq, subject)`,
+
+		`CREATE VIEW IF NOT EXISTS {db}.v_receipts AS
+SELECT ` + receiptColumnsSQL + `
+FROM {db}.receipts
+ORDER BY receipt_id, inserted_at
+LIMIT 1 BY receipt_id`,
+
+		// The first receipt of each (call, phase, kind); control receipts
+		// without a call are left out (they would all share tool_call_id '').
+		`CREATE VIEW IF NOT EXISTS {db}.v_decisions AS
+SELECT ` + decisionColumnsSQL + `
+FROM {db}.v_receipts
+WHERE tool_call_id != ''
+ORDER BY tool_call_id, phase, kind, time_ms, receipt_id
+LIMIT 1 BY tool_call_id, phase, kind`,
+
+		`CREATE VIEW IF NOT EXISTS {db}.v_denials_by_reason AS
+SELECT toStartOfHour(time) AS hour, server_id, arrayJoin(reason_codes) AS reason_code, count() AS denials
+FROM {db}.v_decisions
+WHERE decision = 'deny'
+GROUP BY hour, server_id, reason_code`,
+	},
+}}
+
+// SchemaVersion is the version Migrate brings a database to.
+func SchemaVersion() uint32 { return migrations[len(migrations)-1].version }
+
+// Migrate creates database (if needed) and brings its tables and views to
+// SchemaVersion. It is idempotent and safe to run concurrently with itself.
+// conn may be connected to any database.
+func Migrate(ctx context.Context, conn driver.Conn, database string) error {
+	if !ValidName(database) {
+		return fmt.Errorf("query: invalid database name %q", database)
+	}
+	db := "`" + database + "`"
+	if err := conn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
+		return fmt.Errorf("query: create database %s: %w", database, err)
+	}
+	if err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+db+`.schema_migrations (
+	version    UInt32,
+	name       String,
+	applied_at DateTime('UTC') DEFAULT now()
+) ENGINE = ReplacingMergeTree() ORDER BY version`); err != nil {
+		return fmt.Errorf("query: create schema_migrations: %w", err)
+	}
+	applied, err := appliedVersions(ctx, conn, db)
+	if err != nil {
+		return err
+	}
+	for _, m := range migrations {
+		if applied[m.version] {
+			continue
+		}
+		for i, stmt := range m.statements {
+			if err := conn.Exec(ctx, strings.ReplaceAll(stmt, "{db}", db)); err != nil {
+				return fmt.Errorf("query: migration %d (%s) statement %d: %w", m.version, m.name, i+1, err)
+			}
+		}
+		b, err := conn.PrepareBatch(ctx, "INSERT INTO "+db+".schema_migrations ("+schemaMigrationsCols+")")
+		if err != nil {
+			return fmt.Errorf("query: record migration %d: %w", m.version, err)
+		}
+		if err := b.Append(m.version, m.name); err != nil {
+			b.Abort()
+			return fmt.Errorf("query: record migration %d: %w", m.version, err)
+		}
+		if err := b.Send(); err != nil {
+			return fmt.Errorf("query: record migration %d: %w", m.version, err)
+		}
+	}
+	return nil
+}
+
+func appliedVersions(ctx context.Context, conn driver.Conn, db string) (map[uint32]bool, error) {
+	rows, err := conn.Query(ctx, "SELECT DISTINCT version FROM "+db+".schema_migrations")
+	if err != nil {
+		return nil, fmt.Errorf("query: read schema_migrations: %w", err)
+	}
+	defer rows.Close()
+	applied := map[uint32]bool{}
+	for rows.Next() {
+		var v uint32
+		if err := rows.Scan(&v); err != nil {
+			return nil, fmt.Errorf("query: read schema_migrations: %w", err)
+		}
+		applied[v] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("query: read schema_migrations: %w", err)
+	}
+	return applied, nil
+}
+
+// AppliedVersion is the highest migration version recorded in database
+// (0 when none).
+func AppliedVersion(ctx context.Context, conn driver.Conn, database string) (uint32, error) {
+	if !ValidName(database) {
+		return 0, fmt.Errorf("query: invalid database name %q", database)
+	}
+	applied, err := appliedVersions(ctx, conn, "`"+database+"`")
+	if err != nil {
+		return 0, err
+	}
+	var top uint32
+	for v := range applied {
+		top = max(top, v)
+	}
+	return top, nil
+}

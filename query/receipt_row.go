@@ -1,0 +1,250 @@
+package query
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gowebpki/jcs"
+
+	"github.com/talos-audit/talos/schemas"
+)
+
+// ReceiptRow is one row of the receipts table. Every column except
+// InsertedAt is derived from CloudEvent, the exact signed JSON, by
+// ReceiptRowFromEvent; the columns exist so auditors can query without
+// parsing JSON, and CompareColumns tells when they were altered.
+type ReceiptRow struct {
+	ReceiptID      string    // CloudEvent id
+	Kind           string    // decision | effect | control, from type dev.talos.receipt.<kind>.v1
+	Phase          string    // data.phase
+	Time           time.Time // CloudEvent time, truncated to the second (DateTime)
+	TimeMS         uint64    // CloudEvent time, unix milliseconds
+	ToolCallID     string
+	TraceID        string
+	SessionID      string
+	EPID           string
+	ServerID       string
+	ToolName       string
+	ToolClass      string
+	Decision       string
+	ReasonCodes    []string
+	AgentID        string
+	RequestHash    string
+	EnvelopeHash   string
+	RegistryDigest string
+	ChainID        string
+	ChainSeq       uint64
+	PrevHash       string
+	ReceiptHash    string // hex sha256 of JCS(event without data.signature)
+	SignerKID      string // data.signature.kid
+	CloudEvent     string // the exact signed JSON
+	InsertedAt     time.Time
+}
+
+// receiptInsertColumns are the columns InsertReceipts writes, in the order of
+// ReceiptRow.insertValues. inserted_at is left to its DEFAULT.
+var receiptInsertColumns = []string{
+	"receipt_id", "kind", "phase", "time", "time_ms", "tool_call_id", "trace_id", "session_id",
+	"ep_id", "server_id", "tool_name", "tool_class", "decision", "reason_codes", "agent_id",
+	"request_hash", "envelope_hash", "registry_digest", "chain_id", "chain_seq", "prev_hash",
+	"receipt_hash", "signer_kid", "cloudevent",
+}
+
+func (r *ReceiptRow) insertValues() []any {
+	codes := r.ReasonCodes
+	if codes == nil {
+		codes = []string{}
+	}
+	return []any{
+		r.ReceiptID, r.Kind, r.Phase, r.Time.UTC(), r.TimeMS, r.ToolCallID, r.TraceID, r.SessionID,
+		r.EPID, r.ServerID, r.ToolName, r.ToolClass, r.Decision, codes, r.AgentID,
+		r.RequestHash, r.EnvelopeHash, r.RegistryDigest, r.ChainID, r.ChainSeq, r.PrevHash,
+		r.ReceiptHash, r.SignerKID, r.CloudEvent,
+	}
+}
+
+// scanTargets matches receiptInsertColumns plus inserted_at.
+func (r *ReceiptRow) scanTargets() []any {
+	return []any{
+		&r.ReceiptID, &r.Kind, &r.Phase, &r.Time, &r.TimeMS, &r.ToolCallID, &r.TraceID, &r.SessionID,
+		&r.EPID, &r.ServerID, &r.ToolName, &r.ToolClass, &r.Decision, &r.ReasonCodes, &r.AgentID,
+		&r.RequestHash, &r.EnvelopeHash, &r.RegistryDigest, &r.ChainID, &r.ChainSeq, &r.PrevHash,
+		&r.ReceiptHash, &r.SignerKID, &r.CloudEvent, &r.InsertedAt,
+	}
+}
+
+// ErrNotReceipt is returned by ReceiptRowFromEvent for a CloudEvent that is
+// not a Talos receipt (wrong type, or no id).
+var ErrNotReceipt = errors.New("not a Talos receipt CloudEvent")
+
+const receiptTypePrefix, receiptTypeSuffix = "dev.talos.receipt.", ".v1"
+
+// ReceiptRowFromEvent derives a receipts row from a signed receipt
+// CloudEvent. It checks the JSON is well formed (RFC 8785 rejects duplicate
+// keys) but not the signature or the chain: that is the verifier's job.
+//
+// Cost: one JCS pass to validate, a shallow parse, one struct parse of data
+// and one JCS pass for the receipt hash.
+func ReceiptRowFromEvent(raw []byte) (ReceiptRow, error) {
+	// Validate strictly first: encoding/json silently keeps the last of
+	// duplicate keys, which would let the columns and the hash disagree.
+	if _, err := jcs.Transform(raw); err != nil {
+		return ReceiptRow{}, fmt.Errorf("query: receipt is not canonicalizable JSON: %w", err)
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &top); err != nil {
+		return ReceiptRow{}, fmt.Errorf("query: receipt: %w", err)
+	}
+	var env struct {
+		ID   string `json:"id"`
+		Type string `json:"type"`
+		Time string `json:"time"`
+	}
+	for k, dst := range map[string]*string{"id": &env.ID, "type": &env.Type, "time": &env.Time} {
+		if v, ok := top[k]; ok {
+			if err := json.Unmarshal(v, dst); err != nil {
+				return ReceiptRow{}, fmt.Errorf("query: receipt %s: %w", k, err)
+			}
+		}
+	}
+	rest, okPrefix := strings.CutPrefix(env.Type, receiptTypePrefix)
+	kind, okSuffix := strings.CutSuffix(rest, receiptTypeSuffix)
+	if !okPrefix || !okSuffix || kind == "" || strings.Contains(kind, ".") {
+		return ReceiptRow{}, fmt.Errorf("query: type %q: %w", env.Type, ErrNotReceipt)
+	}
+	if env.ID == "" {
+		return ReceiptRow{}, fmt.Errorf("query: receipt without id: %w", ErrNotReceipt)
+	}
+	t, err := time.Parse(time.RFC3339Nano, env.Time)
+	if err != nil {
+		return ReceiptRow{}, fmt.Errorf("query: receipt %s time: %w", env.ID, err)
+	}
+	if t.Before(time.Unix(0, 0)) {
+		return ReceiptRow{}, fmt.Errorf("query: receipt %s time %s is before 1970", env.ID, env.Time)
+	}
+	dataRaw, ok := top["data"]
+	if !ok {
+		return ReceiptRow{}, fmt.Errorf("query: receipt %s has no data", env.ID)
+	}
+	var rec schemas.Receipt
+	if err := json.Unmarshal(dataRaw, &rec); err != nil {
+		return ReceiptRow{}, fmt.Errorf("query: receipt %s data: %w", env.ID, err)
+	}
+	hash, err := receiptHash(top, dataRaw)
+	if err != nil {
+		return ReceiptRow{}, fmt.Errorf("query: receipt %s hash: %w", env.ID, err)
+	}
+	row := ReceiptRow{
+		ReceiptID:      env.ID,
+		Kind:           kind,
+		Phase:          rec.Phase,
+		Time:           t.UTC().Truncate(time.Second),
+		TimeMS:         uint64(t.UnixMilli()),
+		ToolCallID:     rec.ToolCallID,
+		TraceID:        rec.TraceID,
+		SessionID:      rec.SessionID,
+		EPID:           rec.EPID,
+		ServerID:       rec.ServerID,
+		ToolName:       rec.ToolName,
+		ToolClass:      rec.ToolClass,
+		Decision:       rec.Decision,
+		ReasonCodes:    rec.ReasonCodes,
+		AgentID:        rec.AgentID,
+		RequestHash:    rec.RequestHash,
+		EnvelopeHash:   rec.EnvelopeHash,
+		RegistryDigest: rec.RegistryDigest,
+		ChainID:        rec.Chain.ChainID,
+		ChainSeq:       rec.Chain.Seq,
+		PrevHash:       rec.Chain.PrevHash,
+		ReceiptHash:    hash,
+		CloudEvent:     string(raw),
+	}
+	if row.ReasonCodes == nil {
+		row.ReasonCodes = []string{}
+	}
+	if rec.Signature != nil {
+		row.SignerKID = rec.Signature.KID
+	}
+	return row, nil
+}
+
+// receiptHash is hex sha256 of JCS(event with data.signature removed)
+// (DESIGN.md §3). top and dataRaw come from the event's shallow parse.
+func receiptHash(top map[string]json.RawMessage, dataRaw json.RawMessage) (string, error) {
+	var data map[string]json.RawMessage
+	if err := json.Unmarshal(dataRaw, &data); err != nil {
+		return "", err
+	}
+	delete(data, "signature")
+	unsigned := make(map[string]json.RawMessage, len(top))
+	for k, v := range top {
+		unsigned[k] = v
+	}
+	d, err := json.Marshal(data)
+	if err != nil {
+		return "", err
+	}
+	unsigned["data"] = d
+	b, err := json.Marshal(unsigned)
+	if err != nil {
+		return "", err
+	}
+	canon, err := jcs.Transform(b) // re-sorts keys by UTF-16 and undoes json's HTML escaping
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(canon)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// CompareColumns returns the names of the columns whose stored value in row
+// differs from fromEvent, the row ReceiptRowFromEvent derives from
+// row.CloudEvent; nil means the row agrees with its own signed JSON.
+// inserted_at is not compared (the sink sets it). Time is compared at the
+// DateTime's one-second precision; a nil and an empty reason_codes are equal.
+func CompareColumns(row, fromEvent ReceiptRow) []string {
+	var diff []string
+	check := func(name string, equal bool) {
+		if !equal {
+			diff = append(diff, name)
+		}
+	}
+	check("receipt_id", row.ReceiptID == fromEvent.ReceiptID)
+	check("kind", row.Kind == fromEvent.Kind)
+	check("phase", row.Phase == fromEvent.Phase)
+	check("time", row.Time.Unix() == fromEvent.Time.Unix())
+	check("time_ms", row.TimeMS == fromEvent.TimeMS)
+	check("tool_call_id", row.ToolCallID == fromEvent.ToolCallID)
+	check("trace_id", row.TraceID == fromEvent.TraceID)
+	check("session_id", row.SessionID == fromEvent.SessionID)
+	check("ep_id", row.EPID == fromEvent.EPID)
+	check("server_id", row.ServerID == fromEvent.ServerID)
+	check("tool_name", row.ToolName == fromEvent.ToolName)
+	check("tool_class", row.ToolClass == fromEvent.ToolClass)
+	check("decision", row.Decision == fromEvent.Decision)
+	check("reason_codes", slices.Equal(row.ReasonCodes, fromEvent.ReasonCodes))
+	check("agent_id", row.AgentID == fromEvent.AgentID)
+	check("request_hash", row.RequestHash == fromEvent.RequestHash)
+	check("envelope_hash", row.EnvelopeHash == fromEvent.EnvelopeHash)
+	check("registry_digest", row.RegistryDigest == fromEvent.RegistryDigest)
+	check("chain_id", row.ChainID == fromEvent.ChainID)
+	check("chain_seq", row.ChainSeq == fromEvent.ChainSeq)
+	check("prev_hash", row.PrevHash == fromEvent.PrevHash)
+	check("receipt_hash", row.ReceiptHash == fromEvent.ReceiptHash)
+	check("signer_kid", row.SignerKID == fromEvent.SignerKID)
+	check("cloudevent", row.CloudEvent == fromEvent.CloudEvent)
+	return diff
+}
+
+// sameStored reports whether a and b are the same stored row: every column
+// equal except inserted_at (a sink redelivery inserts identical rows at
+// different times).
+func sameStored(a, b *ReceiptRow) bool {
+	return len(CompareColumns(*a, *b)) == 0
+}

@@ -1,0 +1,108 @@
+package query
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/talos-audit/talos/schemas"
+)
+
+// SinkWriter projects TALOS_AUDIT records into ClickHouse. It implements
+// the ingest sink's Writer: Write returns nil only when every record of
+// the batch is stored. Records it cannot turn into rows are not dropped:
+// they are stored as they are in dead_letters with the reason, so an
+// auditor sees them and `talosctl rebuild` can retry them.
+type SinkWriter struct {
+	conn     driver.Conn
+	database string
+	rows     atomic.Uint64
+}
+
+// NewSinkWriter returns a writer into database.
+func NewSinkWriter(conn driver.Conn, database string) *SinkWriter {
+	return &SinkWriter{conn: conn, database: database}
+}
+
+// Rows is how many records this writer has stored.
+func (w *SinkWriter) Rows() uint64 { return w.rows.Load() }
+
+// Write stores one batch. Inserts are idempotent by id (ReplacingMergeTree),
+// so a batch retried after a partial failure is safe.
+func (w *SinkWriter) Write(ctx context.Context, recs []schemas.AuditRecord) error {
+	var (
+		rows []ReceiptRow
+		dead []DeadLetter
+	)
+	for _, rec := range recs {
+		switch {
+		case strings.HasPrefix(rec.Subject, "talos.audit.receipt."):
+			row, err := ReceiptRowFromEvent(rec.Data)
+			if err != nil {
+				dead = append(dead, DeadLetter{Subject: rec.Subject, StreamSeq: rec.StreamSeq, Reason: err.Error(), Data: string(rec.Data)})
+				continue
+			}
+			rows = append(rows, row)
+		default:
+			dead = append(dead, DeadLetter{Subject: rec.Subject, StreamSeq: rec.StreamSeq,
+				Reason: "no projection for this subject in this version", Data: string(rec.Data)})
+		}
+	}
+	if len(rows) > 0 {
+		if err := InsertReceipts(ctx, w.conn, w.database, rows); err != nil {
+			return err
+		}
+	}
+	if len(dead) > 0 {
+		if err := InsertDeadLetters(ctx, w.conn, w.database, dead); err != nil {
+			return err
+		}
+	}
+	w.rows.Add(uint64(len(recs)))
+	return nil
+}
+
+// DeadLetter is an audit record the projection could not turn into a row.
+type DeadLetter struct {
+	Subject   string
+	StreamSeq uint64
+	Reason    string
+	Data      string
+}
+
+// InsertDeadLetters stores records in database.dead_letters.
+func InsertDeadLetters(ctx context.Context, conn driver.Conn, database string, recs []DeadLetter) error {
+	tbl, err := table(database, TableDeadLetters)
+	if err != nil {
+		return err
+	}
+	batch, err := conn.PrepareBatch(ctx, "INSERT INTO "+tbl+" (subject, stream_seq, reason, data)")
+	if err != nil {
+		return fmt.Errorf("query: dead letters: %w", err)
+	}
+	defer batch.Abort()
+	for _, r := range recs {
+		if err := batch.Append(r.Subject, r.StreamSeq, r.Reason, r.Data); err != nil {
+			return fmt.Errorf("query: dead letters: %w", err)
+		}
+	}
+	if err := batch.Send(); err != nil {
+		return fmt.Errorf("query: dead letters: %w", err)
+	}
+	return nil
+}
+
+// CountSessionReceipts counts distinct receipts of one session (used by
+// `talosctl bench` to see when a run has fully reached ClickHouse).
+func CountSessionReceipts(ctx context.Context, conn driver.Conn, database, sessionID string) (uint64, error) {
+	tbl, err := table(database, TableReceipts)
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	err = conn.QueryRow(ctx, "SELECT uniqExact(receipt_id) FROM "+tbl+" WHERE session_id = ?", sessionID).Scan(&n)
+	return n, err
+}

@@ -1,0 +1,451 @@
+package receipts
+
+import (
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"mime"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/gowebpki/jcs"
+
+	"github.com/talos-audit/talos/schemas"
+)
+
+// Problem kinds reported by the verifier.
+const (
+	ProblemMalformed        = "malformed"          // not a parsable, complete, signed CloudEvent
+	ProblemUnknownKey       = "unknown_key"        // signed by a key not in the trusted set (foreign)
+	ProblemBadSignature     = "bad_signature"      // signature does not match the content
+	ProblemChainGap         = "chain_gap"          // seq jumps: links are missing
+	ProblemDuplicateSeq     = "duplicate_seq"      // seq seen again (identical copy or a fork)
+	ProblemOutOfOrder       = "out_of_order"       // seq lower than one already seen
+	ProblemPrevHashMismatch = "prev_hash_mismatch" // prev_hash is not the previous link's hash
+)
+
+// Sentinels for errors.Is on VerifyEvent errors.
+var (
+	ErrMalformed    = errors.New("receipts: malformed event")
+	ErrUnknownKey   = errors.New("receipts: unknown signing key")
+	ErrBadSignature = errors.New("receipts: bad signature")
+)
+
+// VerifyError is the error of VerifyEvent; Kind is a Problem kind.
+type VerifyError struct {
+	Kind   string
+	Detail string
+}
+
+func (e *VerifyError) Error() string { return "receipts: " + e.Kind + ": " + e.Detail }
+
+// Is matches ErrMalformed, ErrUnknownKey and ErrBadSignature by Kind.
+func (e *VerifyError) Is(target error) bool {
+	switch target {
+	case ErrMalformed:
+		return e.Kind == ProblemMalformed
+	case ErrUnknownKey:
+		return e.Kind == ProblemUnknownKey
+	case ErrBadSignature:
+		return e.Kind == ProblemBadSignature
+	}
+	return false
+}
+
+// Event is a verified (or, next to a signature error, parsed but untrusted)
+// CloudEvent.
+type Event struct {
+	ID, Type, Source, Subject, Time string
+	// Data is the receipt, for receipt types (schemas.TypeReceipt*); it is
+	// zero for other types, whose data is only in RawData.
+	Data schemas.Receipt
+	Hash string // receipt hash: lowercase hex sha256 of the signed bytes
+	KID  string // key id of the signer
+
+	RawData json.RawMessage // canonical data, data.signature included
+}
+
+func isReceiptType(t string) bool {
+	return t == schemas.TypeReceiptDecision || t == schemas.TypeReceiptEffect || t == schemas.TypeReceiptControl
+}
+
+type wireEvent struct {
+	SpecVersion     string  `json:"specversion"`
+	ID              string  `json:"id"`
+	Source          string  `json:"source"`
+	Type            string  `json:"type"`
+	Subject         *string `json:"subject"`
+	Time            *string `json:"time"`
+	DataContentType *string `json:"datacontenttype"`
+}
+
+func malformed(format string, args ...any) error {
+	return &VerifyError{Kind: ProblemMalformed, Detail: fmt.Sprintf(format, args...)}
+}
+
+// VerifyEvent verifies one signed CloudEvent on its own: it parses raw,
+// recomputes the receipt hash over JCS(event without data.signature) and
+// checks the Ed25519 signature against keys. For receipt types it also
+// checks that data.chain is present and well formed (not that it links).
+//
+// The error is a *VerifyError (errors.Is ErrMalformed, ErrUnknownKey or
+// ErrBadSignature). With ErrUnknownKey or ErrBadSignature the Event is
+// returned too, so the caller can name it, but its content is untrusted.
+func VerifyEvent(raw []byte, keys KeySet) (*Event, error) {
+	canon, err := jcs.Transform(raw)
+	if err != nil {
+		return nil, malformed("not canonicalizable JSON: %v", err)
+	}
+	if len(canon) == 0 || canon[0] != '{' {
+		return nil, malformed("not a JSON object")
+	}
+	dm, found, _, err := findMember(canon, 0, "data")
+	if err != nil {
+		return nil, malformed("%v", err)
+	}
+	if !found || canon[dm.valStart] != '{' {
+		return nil, malformed("no data object")
+	}
+	sm, found, _, err := findMember(canon, dm.valStart, "signature")
+	if err != nil {
+		return nil, malformed("%v", err)
+	}
+	if !found {
+		return nil, malformed("unsigned: no data.signature")
+	}
+	sum := sha256.Sum256(removeMember(canon, sm))
+
+	var w wireEvent
+	if err := json.Unmarshal(canon, &w); err != nil {
+		return nil, malformed("CloudEvent attributes: %v", err)
+	}
+	ev := &Event{ID: w.ID, Type: w.Type, Source: w.Source, Hash: hex.EncodeToString(sum[:]),
+		RawData: json.RawMessage(canon[dm.valStart:dm.end])}
+	if w.Subject != nil {
+		ev.Subject = *w.Subject
+	}
+	if w.Time != nil {
+		ev.Time = *w.Time
+	}
+	if isReceiptType(w.Type) {
+		if err := json.Unmarshal(ev.RawData, &ev.Data); err != nil {
+			return nil, malformed("event %s: data is not a receipt: %v", w.ID, err)
+		}
+	}
+	if err := checkContext(&w); err != nil {
+		return nil, err
+	}
+	if isReceiptType(w.Type) {
+		c := ev.Data.Chain
+		if c.ChainID == "" || c.Seq == 0 || !isHexHash(c.PrevHash) {
+			return nil, malformed("event %s: receipt without a valid chain {chain_id, seq ≥ 1, prev_hash}", w.ID)
+		}
+	}
+
+	var sig schemas.Signature
+	if err := json.Unmarshal(canon[sm.valStart:sm.end], &sig); err != nil {
+		return nil, malformed("event %s: data.signature: %v", w.ID, err)
+	}
+	if sig.Alg != schemas.SignatureAlg {
+		return nil, malformed("event %s: signature alg %q, want %q", w.ID, sig.Alg, schemas.SignatureAlg)
+	}
+	ev.KID = sig.KID
+	pub, ok := keys[sig.KID]
+	if !ok {
+		return ev, &VerifyError{Kind: ProblemUnknownKey, Detail: fmt.Sprintf("event %s: kid %q is not a trusted key", w.ID, sig.KID)}
+	}
+	sigBytes, err := base64.RawURLEncoding.DecodeString(sig.Sig)
+	if err != nil || len(sigBytes) != ed25519.SignatureSize {
+		return ev, &VerifyError{Kind: ProblemBadSignature, Detail: fmt.Sprintf("event %s: sig is not a base64url Ed25519 signature", w.ID)}
+	}
+	if !ed25519.Verify(pub, sum[:], sigBytes) {
+		return ev, &VerifyError{Kind: ProblemBadSignature, Detail: fmt.Sprintf("event %s: signature by %s does not match the content", w.ID, sig.KID)}
+	}
+	return ev, nil
+}
+
+func checkContext(w *wireEvent) error {
+	switch {
+	case w.SpecVersion != "1.0":
+		return malformed("event %q: specversion %q, want \"1.0\"", w.ID, w.SpecVersion)
+	case strings.TrimSpace(w.ID) == "":
+		return malformed("event without id")
+	case w.Source == "":
+		return malformed("event %s: no source", w.ID)
+	case w.Type == "":
+		return malformed("event %s: no type", w.ID)
+	case w.Subject != nil && strings.TrimSpace(*w.Subject) == "":
+		return malformed("event %s: empty subject", w.ID)
+	}
+	if w.Time != nil {
+		if _, err := time.Parse(time.RFC3339, *w.Time); err != nil {
+			return malformed("event %s: time %q is not RFC 3339", w.ID, *w.Time)
+		}
+	}
+	if w.DataContentType != nil {
+		if mt, _, err := mime.ParseMediaType(*w.DataContentType); err != nil || mt != ContentType {
+			return malformed("event %s: datacontenttype %q, want %q", w.ID, *w.DataContentType, ContentType)
+		}
+	}
+	return nil
+}
+
+// Problem is one integrity finding, naming the receipt it was found at.
+type Problem struct {
+	Kind      string // a Problem* constant
+	ReceiptID string // CloudEvent id ("" if it could not be read)
+	ChainID   string
+	Seq       uint64
+	Detail    string
+}
+
+func (p Problem) String() string {
+	id := p.ReceiptID
+	if id == "" {
+		id = "(unreadable id)"
+	}
+	where := ""
+	if p.ChainID != "" {
+		where = fmt.Sprintf(" (chain %s seq %d)", p.ChainID, p.Seq)
+	}
+	return fmt.Sprintf("%s: receipt %s%s: %s", p.Kind, id, where, p.Detail)
+}
+
+// ChainSummary is what the verifier saw of one chain.
+type ChainSummary struct {
+	First, Last uint64 // lowest and highest seq walked
+	Count       int    // links fed for this chain, in order or not
+}
+
+// Report is the outcome of a verification run.
+type Report struct {
+	Checked  int // events fed to Add
+	Chains   map[string]ChainSummary
+	Problems []Problem
+}
+
+// OK reports whether no problem was found.
+func (r Report) OK() bool { return len(r.Problems) == 0 }
+
+// Verifier checks a stream of signed events and the hash chains they form.
+// Feed each chain's links in seq order (chains may interleave; see
+// SortForVerify for input in arbitrary order). Memory is O(chains): only
+// each chain's last link is kept, plus the problems found.
+//
+// Signed events that are not receipts (checkpoints, control events) are
+// verified on their own and take no part in chain checks.
+//
+// A Verifier is not safe for concurrent use.
+type Verifier struct {
+	// AllowPartial accepts a chain whose first link seen has seq > 1 (a
+	// range of a longer chain, e.g. after retention). By default such a
+	// chain is reported as a chain_gap from seq 1.
+	AllowPartial bool
+
+	keys     KeySet
+	chains   map[string]*chainState
+	checked  int
+	problems []Problem
+}
+
+type chainState struct {
+	first, last uint64
+	count       int
+	lastHash    string // "" when the last link is a bad one holding its place
+	lastID      string
+	// placeholderPrev is, while lastHash is "", the hash of the link
+	// before the placeholder ("" if unknown too).
+	placeholderPrev string
+}
+
+// NewVerifier returns a Verifier that trusts keys.
+func NewVerifier(keys KeySet) *Verifier {
+	return &Verifier{keys: keys, chains: map[string]*chainState{}}
+}
+
+// Add verifies one event and its link to the previous link of its chain.
+// It returns the event if its signature is good (even when its link is
+// not), and the problems found at it, which are also kept for Finish.
+func (v *Verifier) Add(raw []byte) (*Event, []Problem) {
+	v.checked++
+	ev, err := VerifyEvent(raw, v.keys)
+	var probs []Problem
+	if err != nil {
+		var ve *VerifyError
+		kind := ProblemMalformed
+		if errors.As(err, &ve) {
+			kind = ve.Kind
+		}
+		p := Problem{Kind: kind, Detail: err.Error()}
+		if ve != nil {
+			p.Detail = ve.Detail
+		}
+		if ev != nil {
+			p.ReceiptID, p.ChainID, p.Seq = ev.ID, ev.Data.Chain.ChainID, ev.Data.Chain.Seq
+		} else {
+			p.ReceiptID, p.ChainID, p.Seq = bestEffortIDs(raw)
+		}
+		// A bad link that claims to be the next one holds its place (its
+		// hash unknown), so one tampered receipt is one problem rather than
+		// also a gap or a mismatch at its successor.
+		if cs := v.chains[p.ChainID]; cs != nil && p.Seq == cs.last+1 {
+			cs.placeholderPrev = cs.lastHash
+			cs.last, cs.lastHash, cs.lastID = p.Seq, "", p.ReceiptID
+			cs.count++
+		} else if cs == nil && p.ChainID != "" && p.Seq == 1 {
+			v.chains[p.ChainID] = &chainState{first: 1, last: 1, count: 1, lastID: p.ReceiptID}
+		}
+		probs = append(probs, p)
+		v.problems = append(v.problems, probs...)
+		return nil, probs
+	}
+	if isReceiptType(ev.Type) {
+		probs = v.link(ev)
+	}
+	v.problems = append(v.problems, probs...)
+	return ev, probs
+}
+
+func (v *Verifier) link(ev *Event) []Problem {
+	c := ev.Data.Chain
+	at := func(kind, format string, args ...any) []Problem {
+		return []Problem{{Kind: kind, ReceiptID: ev.ID, ChainID: c.ChainID, Seq: c.Seq, Detail: fmt.Sprintf(format, args...)}}
+	}
+	cs := v.chains[c.ChainID]
+	if cs == nil {
+		v.chains[c.ChainID] = &chainState{first: c.Seq, last: c.Seq, count: 1, lastHash: ev.Hash, lastID: ev.ID}
+		switch {
+		case c.Seq == 1 && c.PrevHash != schemas.GenesisHash:
+			return at(ProblemPrevHashMismatch, "seq 1 has prev_hash %s, want the genesis hash", c.PrevHash)
+		case c.Seq > 1 && !v.AllowPartial:
+			return at(ProblemChainGap, "first link seen is seq %d: seq %s missing before it", c.Seq, seqRange(1, c.Seq-1))
+		}
+		return nil
+	}
+	cs.count++
+	switch {
+	case c.Seq == cs.last+1:
+		var probs []Problem
+		if cs.lastHash != "" && c.PrevHash != cs.lastHash {
+			probs = at(ProblemPrevHashMismatch, "prev_hash %s, but receipt %s (seq %d) has hash %s",
+				c.PrevHash, cs.lastID, cs.last, cs.lastHash)
+		}
+		cs.last, cs.lastHash, cs.lastID = c.Seq, ev.Hash, ev.ID
+		return probs
+	case c.Seq > cs.last+1:
+		probs := at(ProblemChainGap, "seq %s missing between receipt %s (seq %d) and receipt %s (seq %d)",
+			seqRange(cs.last+1, c.Seq-1), cs.lastID, cs.last, ev.ID, c.Seq)
+		cs.last, cs.lastHash, cs.lastID = c.Seq, ev.Hash, ev.ID
+		return probs
+	case c.Seq == cs.last && cs.lastHash == "":
+		// A good link for the place a bad one held: it takes the place.
+		var probs []Problem
+		if cs.placeholderPrev != "" && c.PrevHash != cs.placeholderPrev {
+			probs = at(ProblemPrevHashMismatch, "prev_hash %s, but the link before seq %d has hash %s",
+				c.PrevHash, c.Seq, cs.placeholderPrev)
+		}
+		cs.lastHash, cs.lastID = ev.Hash, ev.ID
+		return probs
+	case c.Seq == cs.last:
+		if ev.Hash == cs.lastHash {
+			return at(ProblemDuplicateSeq, "duplicate of receipt %s (same content)", cs.lastID)
+		}
+		return at(ProblemDuplicateSeq, "conflicts with receipt %s (hash %s), the link already seen at this seq (fork)",
+			cs.lastID, cs.lastHash)
+	default: // c.Seq < cs.last
+		return at(ProblemOutOfOrder, "seq %d arrived after receipt %s (seq %d)", c.Seq, cs.lastID, cs.last)
+	}
+}
+
+func seqRange(from, to uint64) string {
+	if from == to {
+		return fmt.Sprint(from)
+	}
+	return fmt.Sprintf("%d..%d", from, to)
+}
+
+// bestEffortIDs reads what it can of a malformed event to name it.
+func bestEffortIDs(raw []byte) (id, chainID string, seq uint64) {
+	var w struct {
+		ID   any `json:"id"`
+		Data struct {
+			Chain struct {
+				ChainID any `json:"chain_id"`
+				Seq     any `json:"seq"`
+			} `json:"chain"`
+		} `json:"data"`
+	}
+	_ = json.Unmarshal(raw, &w) // partial results are fine
+	if s, ok := w.ID.(string); ok {
+		id = s
+	}
+	if s, ok := w.Data.Chain.ChainID.(string); ok {
+		chainID = s
+	}
+	if f, ok := w.Data.Chain.Seq.(float64); ok && f >= 0 {
+		seq = uint64(f)
+	}
+	return id, chainID, seq
+}
+
+// Finish returns the report of everything added so far.
+func (v *Verifier) Finish() Report {
+	r := Report{Checked: v.checked, Chains: make(map[string]ChainSummary, len(v.chains)),
+		Problems: append([]Problem(nil), v.problems...)}
+	for id, cs := range v.chains {
+		r.Chains[id] = ChainSummary{First: cs.first, Last: cs.last, Count: cs.count}
+	}
+	return r
+}
+
+// SortForVerify orders events given in arbitrary order (a file, a query
+// result) so that a Verifier sees each chain's links in seq order: by
+// chain_id, then seq, then id. Events it cannot read, or that have no
+// chain, come first in their original order. It sorts in place.
+func SortForVerify(events [][]byte) {
+	type key struct {
+		ok      bool
+		chainID string
+		seq     uint64
+		id      string
+	}
+	keys := make([]key, len(events))
+	for i, raw := range events {
+		var w struct {
+			ID   string `json:"id"`
+			Data struct {
+				Chain schemas.Chain `json:"chain"`
+			} `json:"data"`
+		}
+		if json.Unmarshal(raw, &w) == nil && w.Data.Chain.ChainID != "" {
+			keys[i] = key{true, w.Data.Chain.ChainID, w.Data.Chain.Seq, w.ID}
+		}
+	}
+	idx := make([]int, len(events))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(a, b int) bool {
+		ka, kb := keys[idx[a]], keys[idx[b]]
+		if ka.ok != kb.ok {
+			return !ka.ok
+		}
+		if ka.chainID != kb.chainID {
+			return ka.chainID < kb.chainID
+		}
+		if ka.seq != kb.seq {
+			return ka.seq < kb.seq
+		}
+		return ka.id < kb.id
+	})
+	sorted := make([][]byte, len(events))
+	for i, j := range idx {
+		sorted[i] = events[j]
+	}
+	copy(events, sorted)
+}

@@ -1,0 +1,282 @@
+package schemas
+
+import (
+	"bytes"
+	"fmt"
+	"unicode/utf8"
+)
+
+// member is the value span of one object member, as byte offsets into the
+// scanned document.
+type member struct {
+	key        string
+	start, end int
+}
+
+// scanInfo receives the member spans of the top-level object and of its
+// "request" object, so that raw fields (arguments, result, capability) can be
+// sliced out of the input instead of being re-encoded.
+type scanInfo struct {
+	top     []member
+	request []member
+}
+
+// scanError is what the structural scan found; it never carries input bytes.
+type scanError struct {
+	what   string // "duplicate object key", "nesting deeper than N", "unpaired surrogate escape"
+	offset int
+}
+
+func (e *scanError) Error() string { return fmt.Sprintf("%s at byte offset %d", e.what, e.offset) }
+
+type scanFrame struct {
+	obj     bool
+	capture int // 0: none, 1: top-level object, 2: top-level "request" object
+	keys    []string
+	set     map[string]struct{}
+	lastKey string
+}
+
+// keyListMax is the object size above which duplicate detection switches from
+// a linear scan to a map, so that a wide object cannot make the scan quadratic.
+const keyListMax = 16
+
+// scanStructure makes one pass over raw, which MUST already be valid JSON
+// (json.Valid), and rejects what encoding/json silently accepts: duplicate
+// object keys (compared after unescaping) at any depth, nesting deeper than
+// maxDepth, and \u escapes that are unpaired UTF-16 surrogates (I-JSON, and
+// RFC 8785 cannot canonicalise them). If info is non-nil it records the value
+// spans of the top-level members and of the top-level "request" members.
+func scanStructure(raw []byte, maxDepth int, info *scanInfo) error {
+	var stack []scanFrame
+	expectKey := false
+	n := len(raw)
+	for i := 0; i < n; {
+		c := raw[i]
+		switch c {
+		case '"':
+			end, escaped, err := scanString(raw, i+1)
+			if err != nil {
+				return err
+			}
+			if expectKey && len(stack) > 0 {
+				f := &stack[len(stack)-1]
+				var key string
+				if escaped {
+					key = unescapeJSON(raw[i+1 : end])
+				} else {
+					key = string(raw[i+1 : end])
+				}
+				if f.hasKey(key) {
+					return &scanError{what: "duplicate object key", offset: i}
+				}
+				f.addKey(key)
+				f.lastKey = key
+				if info != nil {
+					switch f.capture {
+					case 1:
+						info.top = append(info.top, member{key: key, start: -1})
+					case 2:
+						info.request = append(info.request, member{key: key, start: -1})
+					}
+				}
+				expectKey = false
+			}
+			i = end + 1
+		case ':':
+			if info != nil && len(stack) > 0 {
+				if ms := info.list(stack[len(stack)-1].capture); ms != nil {
+					(*ms)[len(*ms)-1].start = i + 1
+				}
+			}
+			i++
+		case ',', '}', ']':
+			if len(stack) > 0 {
+				f := &stack[len(stack)-1]
+				if info != nil && f.obj {
+					if ms := info.list(f.capture); ms != nil && len(*ms) > 0 {
+						m := &(*ms)[len(*ms)-1]
+						if m.end == 0 && m.start > 0 {
+							m.start, m.end = trimSpan(raw, m.start, i)
+						}
+					}
+				}
+				if c == ',' {
+					expectKey = f.obj
+				} else {
+					stack = stack[:len(stack)-1]
+					expectKey = false
+				}
+			}
+			i++
+		case '{', '[':
+			if len(stack) >= maxDepth {
+				return &scanError{what: fmt.Sprintf("nesting deeper than %d", maxDepth), offset: i}
+			}
+			capture := 0
+			if c == '{' {
+				if len(stack) == 0 {
+					capture = 1
+				} else if p := stack[len(stack)-1]; p.capture == 1 && p.obj && p.lastKey == "request" {
+					capture = 2
+				}
+			}
+			if len(stack) < cap(stack) {
+				stack = stack[:len(stack)+1]
+				f := &stack[len(stack)-1]
+				f.obj, f.capture, f.keys, f.set, f.lastKey = c == '{', capture, f.keys[:0], nil, ""
+			} else {
+				stack = append(stack, scanFrame{obj: c == '{', capture: capture})
+			}
+			expectKey = c == '{'
+			i++
+		default:
+			i++
+		}
+	}
+	return nil
+}
+
+func (si *scanInfo) list(capture int) *[]member {
+	switch capture {
+	case 1:
+		return &si.top
+	case 2:
+		return &si.request
+	}
+	return nil
+}
+
+func (f *scanFrame) hasKey(k string) bool {
+	if f.set != nil {
+		_, ok := f.set[k]
+		return ok
+	}
+	for _, x := range f.keys {
+		if x == k {
+			return true
+		}
+	}
+	return false
+}
+
+func (f *scanFrame) addKey(k string) {
+	if f.set != nil {
+		f.set[k] = struct{}{}
+		return
+	}
+	f.keys = append(f.keys, k)
+	if len(f.keys) > keyListMax {
+		f.set = make(map[string]struct{}, 2*len(f.keys))
+		for _, x := range f.keys {
+			f.set[x] = struct{}{}
+		}
+	}
+}
+
+func trimSpan(raw []byte, a, b int) (int, int) {
+	for a < b && isSpace(raw[a]) {
+		a++
+	}
+	for b > a && isSpace(raw[b-1]) {
+		b--
+	}
+	return a, b
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+// scanString returns the offset of the closing quote of the string whose
+// contents start at i, whether it contains escapes, and an error for an
+// unpaired surrogate escape.
+func scanString(raw []byte, i int) (end int, escaped bool, err error) {
+	for {
+		q := bytes.IndexByte(raw[i:], '"')
+		if q < 0 {
+			return len(raw), escaped, &scanError{what: "unterminated string", offset: i}
+		}
+		bs := bytes.IndexByte(raw[i:i+q], '\\')
+		if bs < 0 {
+			return i + q, escaped, nil
+		}
+		escaped = true
+		j := i + bs
+		if raw[j+1] != 'u' {
+			i = j + 2
+			continue
+		}
+		r := hex4(raw[j+2 : j+6])
+		switch {
+		case r >= 0xD800 && r < 0xDC00:
+			if j+12 > len(raw) || raw[j+6] != '\\' || raw[j+7] != 'u' {
+				return 0, true, &scanError{what: "unpaired surrogate escape", offset: j}
+			}
+			if lo := hex4(raw[j+8 : j+12]); lo < 0xDC00 || lo > 0xDFFF {
+				return 0, true, &scanError{what: "unpaired surrogate escape", offset: j}
+			}
+			i = j + 12
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return 0, true, &scanError{what: "unpaired surrogate escape", offset: j}
+		default:
+			i = j + 6
+		}
+	}
+}
+
+func hex4(b []byte) rune {
+	var r rune
+	for _, c := range b {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c - 'a' + 10)
+		case c >= 'A' && c <= 'F':
+			r |= rune(c - 'A' + 10)
+		default:
+			return -1
+		}
+	}
+	return r
+}
+
+// unescapeJSON decodes the contents of a valid JSON string whose surrogate
+// escapes are paired (scanString checked both).
+func unescapeJSON(s []byte) string {
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c != '\\' {
+			b = append(b, c)
+			i++
+			continue
+		}
+		switch s[i+1] {
+		case 'b':
+			b = append(b, '\b')
+		case 'f':
+			b = append(b, '\f')
+		case 'n':
+			b = append(b, '\n')
+		case 'r':
+			b = append(b, '\r')
+		case 't':
+			b = append(b, '\t')
+		case 'u':
+			r := hex4(s[i+2 : i+6])
+			i += 6
+			if r >= 0xD800 && r < 0xDC00 {
+				lo := hex4(s[i+2 : i+6])
+				r = 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00)
+				i += 6
+			}
+			b = utf8.AppendRune(b, r)
+			continue
+		default: // '"', '\\', '/'
+			b = append(b, s[i+1])
+		}
+		i += 2
+	}
+	return string(b)
+}

@@ -1,0 +1,78 @@
+package schemas
+
+// Receipt is the data of a signed receipt CloudEvent
+// (schemas/talos/receipt.schema.json). The first block carries seed 002's
+// signed audit fields; the rest is Talos's. Signature covers the whole
+// CloudEvent with data.signature removed (DESIGN.md §3).
+type Receipt struct {
+	// Seed 002 audit event fields.
+	EventType      string `json:"event_type"` // decision | effect | control
+	Tool           string `json:"tool"`       // tool name (control: the verb)
+	CapabilityHash string `json:"capability_hash"`
+	RequestHash    string `json:"request_hash"`
+	ResponseHash   string `json:"response_hash"`
+	AgentID        string `json:"agent_id"`
+	ToolID         string `json:"tool_id"` // <server_id>/<tool_name>
+	Timestamp      string `json:"timestamp"`
+	ResultCode     string `json:"result_code"` // the decision, or the first reason code of a deny
+
+	// EnvelopeHash is sha256 of the envelope bytes exactly as received (also
+	// for malformed envelopes, where it is the only trace of the content).
+	EnvelopeHash string `json:"envelope_hash"`
+
+	ToolCallID      string         `json:"tool_call_id"`
+	TraceID         string         `json:"trace_id"`
+	CorrelationID   string         `json:"correlation_id"`
+	SessionID       string         `json:"session_id"`
+	EPID            string         `json:"ep_id"`
+	ServerID        string         `json:"server_id"`
+	ToolName        string         `json:"tool_name"`
+	Phase           string         `json:"phase"`
+	Mode            string         `json:"mode"` // prod | dev
+	Decision        string         `json:"decision"`
+	ReasonCodes     []string       `json:"reason_codes"`
+	ToolClass       string         `json:"tool_class"`
+	RegistryDigest  string         `json:"registry_digest"`
+	DocumentHashes  []DocumentHash `json:"document_hashes"`
+	BatchTotalBytes int64          `json:"batch_total_bytes"`
+	ContentHashAlg  string         `json:"content_hash_alg"`
+	Effect          *ToolEffect    `json:"effect,omitempty"`
+
+	Chain     Chain      `json:"chain"`
+	Signature *Signature `json:"signature,omitempty"`
+}
+
+// DocumentHash is the sha256 of one document's preimage bytes (seed 000).
+type DocumentHash struct {
+	Pointer   string `json:"pointer"`
+	Hash      string `json:"hash"`
+	SizeBytes int64  `json:"size_bytes"`
+}
+
+// ToolEffect is what a tool did, hashed after execution
+// (schemas/talos/tool_effect.schema.json; seed 000 §9.2.3).
+type ToolEffect struct {
+	EffectID        string         `json:"effect_id"` // strict UUIDv7
+	ToolCallID      string         `json:"tool_call_id"`
+	DocumentHashes  []DocumentHash `json:"document_hashes"`
+	BatchTotalBytes int64          `json:"batch_total_bytes"`
+	ContentHashAlg  string         `json:"content_hash_alg"`
+}
+
+// Chain places a receipt in its signer's hash chain. Seq starts at 1 with
+// no gaps; PrevHash is the receipt hash of seq-1 (64 zeros for seq 1).
+type Chain struct {
+	ChainID  string `json:"chain_id"`
+	Seq      uint64 `json:"seq"`
+	PrevHash string `json:"prev_hash"`
+}
+
+// GenesisHash is the prev_hash of the first link of every chain.
+const GenesisHash = "0000000000000000000000000000000000000000000000000000000000000000"
+
+// Signature is data.signature of a signed CloudEvent.
+type Signature struct {
+	Alg string `json:"alg"` // Ed25519
+	KID string `json:"kid"`
+	Sig string `json:"sig"` // base64url, no padding
+}

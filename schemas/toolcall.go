@@ -1,0 +1,72 @@
+package schemas
+
+import "encoding/json"
+
+// ToolCall is the tool call envelope an enforcement point publishes on
+// talos.call.<phase>.<server_id> (schemas/talos/tool_call.schema.json).
+// Unknown top-level fields are rejected by the schema.
+type ToolCall struct {
+	SchemaVersion string  `json:"schema_version"`
+	Phase         string  `json:"phase"`
+	ToolCallID    string  `json:"tool_call_id"`
+	TraceID       string  `json:"trace_id"`
+	CorrelationID string  `json:"correlation_id"`
+	SessionID     string  `json:"session_id"`
+	EPID          string  `json:"ep_id"`
+	ServerID      string  `json:"server_id"`
+	ToolName      string  `json:"tool_name"`
+	Transport     string  `json:"transport"`
+	Actor         Actor   `json:"actor"`
+	Request       Request `json:"request"`
+	IssuedAt      string  `json:"issued_at"`
+
+	ToolClass              string          `json:"tool_class,omitempty"`
+	IdempotencyKey         string          `json:"idempotency_key,omitempty"`
+	RegistryDigest         string          `json:"registry_digest,omitempty"`
+	Capability             json.RawMessage `json:"capability,omitempty"`
+	RequestHash            string          `json:"request_hash,omitempty"`
+	ExpectedDocumentHashes []ExpectedHash  `json:"expected_document_hashes,omitempty"`
+	ContentHashAlg         string          `json:"content_hash_alg,omitempty"`
+	SenderSignature        json.RawMessage `json:"sender_signature,omitempty"`
+	ParentSpanID           string          `json:"parent_span_id,omitempty"`
+
+	// Phase post only.
+	Result json.RawMessage `json:"result,omitempty"`
+	OK     *bool           `json:"ok,omitempty"`
+	Error  *CallError      `json:"error,omitempty"`
+	Timing *Timing         `json:"timing,omitempty"`
+}
+
+// Actor is who made the call.
+type Actor struct {
+	Kind    string `json:"kind"` // human | agent | system
+	AgentID string `json:"agent_id,omitempty"`
+	ModelID string `json:"model_id,omitempty"`
+}
+
+// Request is the MCP tools/call params.
+type Request struct {
+	Name      string          `json:"name"`
+	Arguments json.RawMessage `json:"arguments,omitempty"`
+	Meta      json.RawMessage `json:"_meta,omitempty"`
+}
+
+// ExpectedHash is a document hash the agent expects for a pointer.
+type ExpectedHash struct {
+	Pointer string `json:"pointer"`
+	Hash    string `json:"hash"`
+}
+
+// CallError is the error an enforcement point reports in a post event.
+type CallError struct {
+	Code      string `json:"code"`
+	Kind      string `json:"kind"`
+	Message   string `json:"message,omitempty"`
+	Retryable *bool  `json:"retryable,omitempty"`
+}
+
+// Timing is when the tool ran, as seen by the enforcement point.
+type Timing struct {
+	StartedAt string `json:"started_at"`
+	EndedAt   string `json:"ended_at"`
+}

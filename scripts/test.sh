@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Quick start, command 2: run every test (this is exactly what CI runs).
+# Installs ClickHouse from the OS packages when missing; NATS is embedded.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+ensure_go
+ensure_clickhouse
+export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
+echo "== go vet"
+go vet ./...
+echo "== go test"
+go test -count=1 -timeout 18m ./... "$@"

@@ -1,0 +1,15 @@
+//go:build unix
+
+package testenv
+
+import "syscall"
+
+// signal sends sig to the server's process group.
+func (c *ClickHouse) signal(sig syscall.Signal) {
+	if c.cmd.Process == nil {
+		return
+	}
+	if err := syscall.Kill(-c.cmd.Process.Pid, sig); err != nil {
+		c.cmd.Process.Signal(sig)
+	}
+}
