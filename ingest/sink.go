@@ -32,7 +32,7 @@ type SinkOptions struct {
 	BatchRows  int
 	BatchBytes int
 	BatchAge   time.Duration
-	// AckWait is the consumer's redelivery timer (default 60 s); the sink
+	// AckWait is the consumer's redelivery timer (default 30 s); the sink
 	// marks held messages in progress while a write is being retried.
 	AckWait time.Duration
 	// RetryBackoff is the first wait after a failed write; it doubles up to
@@ -55,7 +55,7 @@ func (o SinkOptions) withDefaults() SinkOptions {
 		o.BatchAge = 200 * time.Millisecond
 	}
 	if o.AckWait <= 0 {
-		o.AckWait = 60 * time.Second
+		o.AckWait = 30 * time.Second
 	}
 	if o.RetryBackoff <= 0 {
 		o.RetryBackoff = 100 * time.Millisecond
@@ -108,6 +108,13 @@ func (s *Sink) Run(ctx context.Context) error {
 		size  int
 		first time.Time
 	)
+	// On the way out, hand an unwritten batch back so the next sink takes
+	// it at once instead of after AckWait.
+	defer func() {
+		for _, m := range msgs {
+			_ = m.Nak()
+		}
+	}()
 	for ctx.Err() == nil {
 		wait := s.o.BatchAge
 		if len(msgs) > 0 {
@@ -143,7 +150,7 @@ func (s *Sink) Run(ctx context.Context) error {
 			continue
 		}
 		if err := s.write(ctx, msgs, recs); err != nil {
-			return nil // stopping; messages are redelivered
+			return nil // stopping; the deferred Nak hands the batch back
 		}
 		for _, m := range msgs {
 			if err := m.Ack(); err != nil {

@@ -43,6 +43,7 @@ func setShared(addr, skip string) {
 //
 //	func TestMain(m *testing.M) { os.Exit(testenv.RunWithClickHouse(m)) }
 func RunWithClickHouse(m *testing.M) int {
+	defer removeBinaries()
 	if addr := os.Getenv(EnvClickHouseAddr); addr != "" {
 		setShared(addr, "")
 		return m.Run()

@@ -41,13 +41,21 @@ func usage(format string, a ...any) error  { return exitError{2, fmt.Errorf(form
 
 func main() {
 	var c cli
-	k := kong.Parse(&c,
+	parser, err := kong.New(&c,
 		kong.Name("talosctl"),
-		kong.Description("Talos control and audit tool. Exit codes: 0 ok, 1 the check or command failed, 2 usage."),
+		kong.Description("Talos control and audit tool. Exit codes: 0 ok, 1 the check or command failed, 2 usage. Every flag also reads TALOS_<FLAG>."),
 		kong.DefaultEnvars("TALOS"),
-		kong.UsageOnError(),
 	)
-	err := k.Run(&c.Globals)
+	if err != nil {
+		panic(err)
+	}
+	k, err := parser.Parse(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "talosctl:", err)
+		fmt.Fprintln(os.Stderr, "run 'talosctl --help' for usage")
+		os.Exit(2)
+	}
+	err = k.Run(&c.Globals)
 	if err == nil {
 		return
 	}

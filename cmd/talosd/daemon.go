@@ -120,7 +120,11 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.RetryOnFailedConnect(true),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("nats disconnected", "err", err) }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("nats disconnected", "err", err)
+			}
+		}),
 		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats reconnected", "url", c.ConnectedUrl()) }),
 	)
 	if err != nil {
@@ -166,9 +170,10 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 			return err
 		}
 		w, err := ingest.NewWorker(nc, js, dec, ingest.WorkerOptions{
-			Chains: chains,
-			Source: "talos://enforce/" + f.instance(),
-			Logger: log.With("role", "enforce"),
+			Chains:  chains,
+			Source:  "talos://enforce/" + f.instance(),
+			AckWait: f.AckWait,
+			Logger:  log.With("role", "enforce"),
 		})
 		if err != nil {
 			return err
@@ -185,7 +190,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 		}
 		var conn driver.Conn
 		if err := retry(ctx, log, "connect ClickHouse "+f.ClickhouseAddr, func() error {
-			c, err := query.Open(ctx, f.ClickhouseAddr, f.ClickhouseDatabase)
+			c, err := query.Open(ctx, f.ClickhouseAddr, "") // the database may not exist yet
 			if err != nil {
 				return err
 			}
@@ -201,7 +206,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 		defer conn.Close()
 		writer := query.NewSinkWriter(conn, f.ClickhouseDatabase)
 		s, err := ingest.NewSink(js, writer, ingest.SinkOptions{
-			BatchRows: f.BatchRows, BatchAge: f.BatchAge, Logger: log.With("role", "sink"),
+			BatchRows: f.BatchRows, BatchAge: f.BatchAge, AckWait: f.AckWait, Logger: log.With("role", "sink"),
 		})
 		if err != nil {
 			return err

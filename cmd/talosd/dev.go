@@ -21,6 +21,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
@@ -106,8 +107,12 @@ func (d *devCmd) Run(f *Flags) error {
 		if !d.DemoCalls {
 			return nil
 		}
-		if err := demoTraffic(ctx, s); err != nil {
+		n, err := demoTraffic(ctx, s)
+		if err != nil {
 			return fmt.Errorf("demo traffic: %w", err)
+		}
+		if err := demoVerify(ctx, f, n); err != nil {
+			return err
 		}
 		if d.ExitAfterDemo {
 			return errExitAfterDemo
@@ -201,11 +206,13 @@ func demoCases() []demoCase {
 
 // demoTraffic sends the demo cases through the real pipeline and waits for
 // their receipts to reach ClickHouse.
-func demoTraffic(ctx context.Context, s *stack) error {
+// It returns how many receipts the demo produced.
+func demoTraffic(ctx context.Context, s *stack) (int, error) {
 	c, err := ingest.NewClient(s.NC, s.JS, "demo-ep")
 	if err != nil {
-		return err
+		return 0, err
 	}
+	n := 0
 	defer c.Close()
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "DEMO CALL\tTOOL\tDECISION\tREASONS\tRECEIPT")
@@ -229,21 +236,61 @@ func demoTraffic(ctx context.Context, s *stack) error {
 					var post *schemas.ToolCall
 					if post, err = ingest.PostOf(call, dc.result, true, started, time.Now()); err == nil {
 						_, err = c.Call(cctx, post)
+						n++
 					}
 				}
 			}
 		}
 		cancel()
 		if err != nil {
-			return fmt.Errorf("%s: %w", dc.what, err)
+			return n, fmt.Errorf("%s: %w", dc.what, err)
 		}
+		n++
 		reasons := strings.Join(dec.ReasonCodes, ",")
 		if reasons == "" {
 			reasons = "-"
 		}
 		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\t%s\n", dc.what, dc.server, orDash(dc.tool), dec.Decision, reasons, dec.ReceiptID)
 	}
-	return tw.Flush()
+	return n, tw.Flush()
+}
+
+// demoVerify waits until the demo's receipts are in ClickHouse, then
+// verifies the whole database the way `talosctl verify` does.
+func demoVerify(ctx context.Context, f *Flags, want int) error {
+	conn, err := query.Open(ctx, f.ClickhouseAddr, f.ClickhouseDatabase)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var got uint64
+		err := conn.QueryRow(ctx, "SELECT count() FROM "+f.ClickhouseDatabase+".v_receipts WHERE ep_id = 'demo-ep'").Scan(&got)
+		if err == nil && got >= uint64(want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("only %d of %d demo receipts reached ClickHouse in 30 s (err %v)", got, want, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	keys, err := receipts.LoadTrustedKeys(f.TrustedKeys...)
+	if err != nil {
+		return err
+	}
+	rep, err := query.VerifyDatabase(ctx, conn, f.ClickhouseDatabase, keys, false, nil)
+	if err != nil {
+		return err
+	}
+	if !rep.OK() {
+		for _, p := range rep.Problems {
+			fmt.Println(p.String())
+		}
+		return fmt.Errorf("verify: %d problems", len(rep.Problems))
+	}
+	fmt.Printf("\n%d demo receipts are in ClickHouse; verify: OK (%d receipts in %d chains: signatures, chain links, stored columns)\n", want, rep.Checked, len(rep.Chains))
+	return nil
 }
 
 func orDash(s string) string {

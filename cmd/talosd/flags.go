@@ -23,6 +23,7 @@ type Flags struct {
 	Chains             int           `name:"chains" help:"Hash chains (signing goroutines) per enforce worker (default 4 x GOMAXPROCS)."`
 	Replicas           int           `name:"replicas" default:"1" help:"Stream replicas: 1 on one node, 3 in a NATS cluster."`
 	MaxEnvelopeBytes   int           `name:"max-envelope-bytes" default:"4194304" help:"Largest call envelope accepted; larger ones are denied VAL-HTC-001."`
+	AckWait            time.Duration `name:"ack-wait" default:"30s" help:"How long a fetched call or audit record may stay un-acked before JetStream redelivers it (after a crash)."`
 	BatchRows          int           `name:"batch-rows" default:"5000" help:"Sink batch: rows."`
 	BatchAge           time.Duration `name:"batch-age" default:"200ms" help:"Sink batch: age."`
 	LogFormat          string        `name:"log-format" enum:"text,json" default:"text" help:"Log format."`

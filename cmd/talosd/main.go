@@ -34,14 +34,22 @@ func (runCmd) Run(f *Flags) error {
 
 func main() {
 	var c cli
-	k := kong.Parse(&c,
+	parser, err := kong.New(&c,
 		kong.Name("talosd"),
-		kong.Description("Talos daemon: decides AI-agent tool calls, signs receipts, projects them into ClickHouse."),
+		kong.Description("Talos daemon: decides AI-agent tool calls, signs receipts, projects them into ClickHouse. Every flag also reads TALOS_<FLAG>."),
 		kong.DefaultEnvars("TALOS"),
-		kong.UsageOnError(),
 		kong.Bind(&c.Flags),
 	)
-	err := k.Run(&c.Flags)
+	if err != nil {
+		panic(err)
+	}
+	k, err := parser.Parse(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "talosd:", err)
+		fmt.Fprintln(os.Stderr, "run 'talosd --help' for usage")
+		os.Exit(2)
+	}
+	err = k.Run(&c.Flags)
 	if err != nil {
 		var ue usageError
 		if errors.As(err, &ue) {

@@ -1,0 +1,229 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/query"
+	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.RunWithClickHouse(m)) }
+
+// TestDevExitAfterDemo is README command 1, scripted: `talosd dev` brings up
+// embedded NATS and a private ClickHouse, sends the demo calls, and the
+// receipts verify.
+func TestDevExitAfterDemo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a ClickHouse server")
+	}
+	bin := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosd")
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "dev", "--exit-after-demo", "--data-dir", dir,
+		"--clickhouse-port", "0", "--nats-listen", "127.0.0.1:0")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("talosd dev: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{"Talos dev stack is up", "TOOL_UNCLASSIFIED_DENIED,UNKNOWN_TOOL", "DOC_HASH_MISMATCH", "VAL-HTC-001", "verify: OK"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "keys", "signing.key")); err != nil {
+		t.Errorf("dev keys: %v", err)
+	}
+}
+
+// TestUsageErrors: configuration mistakes exit 2 with a message naming the fix.
+func TestUsageErrors(t *testing.T) {
+	bin := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosd")
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--roles", "enforce", "--signing-key", "x.key"}, "--registry"},
+		{[]string{"--roles", "enforce", "--registry", "demo/registry"}, "--signing-key"},
+		{[]string{"--roles", "bogus"}, "unknown role"},
+		{[]string{"--mode", "staging"}, "--mode"},
+	}
+	for _, c := range cases {
+		cmd := exec.Command(bin, c.args...)
+		out, err := cmd.CombinedOutput()
+		ee, ok := err.(*exec.ExitError)
+		if !ok || ee.ExitCode() != 2 {
+			t.Errorf("talosd %v: %v, want exit 2\n%s", c.args, err, out)
+			continue
+		}
+		if !strings.Contains(string(out), c.want) {
+			t.Errorf("talosd %v: output lacks %q:\n%s", c.args, c.want, out)
+		}
+	}
+}
+
+// TestSIGKILLLosesNothing kills talosd with SIGKILL while 2,000 calls are
+// in flight, restarts it, and checks that every call has exactly one
+// receipt in the views and that every chain still verifies.
+func TestSIGKILLLosesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long")
+	}
+	const calls = 2000
+	bin := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosd")
+	addr, db := testenv.NewDatabase(t)
+	ns := testenv.NATSForTest(t)
+	dir := t.TempDir()
+	key, err := receipts.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := receipts.WriteKeyPair(key, filepath.Join(dir, "signer")); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--nats-url", ns.URL(), "--clickhouse-addr", addr, "--clickhouse-database", db,
+		"--registry", "demo/registry", "--signing-key", filepath.Join(dir, "signer.key"),
+		"--http-addr", "", "--ack-wait", "2s", "--chains", "4", "--batch-rows", "200", "--batch-age", "50ms", "--log-format", "json"}
+	start := func(name string) *exec.Cmd {
+		cmd := exec.Command(bin, args...)
+		logf, err := os.Create(filepath.Join(dir, name+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { logf.Close() })
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return cmd
+	}
+
+	nc, err := nats.Connect(ns.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	client, err := ingest.NewClient(nc, js, "crash-ep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	session := "crash-" + fmt.Sprint(time.Now().UnixNano())
+	for i := 0; i < calls; i++ {
+		tool, argsJSON := "list_directory", map[string]any{"path": fmt.Sprint("/d/", i)}
+		if i%4 == 3 {
+			tool = "rm_rf" // a deny, so both kinds of decision are in flight
+		}
+		c, err := ingest.NewCall("crash-ep", "files", tool, argsJSON)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SessionID = session
+		raw, _ := jsonMarshal(c)
+		if err := client.Publish(ctx, c.Phase, c.ServerID, c.ToolCallID, raw); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	first := start("first")
+	audit, err := js.Stream(ctx, schemas.StreamAudit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Kill once some receipts are stored but most calls are still queued.
+	deadline := time.Now().Add(60 * time.Second)
+	var stored uint64
+	for {
+		info, err := audit.Info(ctx)
+		if err == nil {
+			stored = info.State.Msgs
+		}
+		if stored >= 100 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("talosd stored only %d receipts in 60 s", stored)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	info, err := audit.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs >= calls {
+		t.Fatalf("all %d receipts were stored before the kill: nothing was in flight", info.State.Msgs)
+	}
+	t.Logf("SIGKILL with %d of %d receipts stored", info.State.Msgs, calls)
+
+	start("second")
+	conn, err := query.Open(ctx, addr, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var n, distinct uint64
+	deadline = time.Now().Add(90 * time.Second)
+	for {
+		err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(), uniqExact(tool_call_id) FROM %s.v_decisions WHERE session_id = ?", db), session).Scan(&n, &distinct)
+		if err == nil && n >= calls {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after restart: %d decisions in v_decisions, want %d (logs in %s)", n, calls, dir)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Give a late duplicate a moment to show up, then count again.
+	time.Sleep(2 * time.Second)
+	if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(), uniqExact(tool_call_id) FROM %s.v_decisions WHERE session_id = ?", db), session).Scan(&n, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	if n != calls || distinct != calls {
+		t.Fatalf("v_decisions: %d rows for %d calls, want exactly %d of each", n, distinct, calls)
+	}
+	var receiptsPerCall uint64
+	if err := conn.QueryRow(ctx, fmt.Sprintf(
+		"SELECT count() FROM (SELECT tool_call_id, uniqExact(receipt_id) AS r FROM %s.receipts WHERE session_id = ? GROUP BY tool_call_id HAVING r != 1)", db), session).Scan(&receiptsPerCall); err != nil {
+		t.Fatal(err)
+	}
+	if receiptsPerCall != 0 {
+		t.Fatalf("%d calls have other than one receipt", receiptsPerCall)
+	}
+	keys := receipts.KeySet{}
+	keys.Add(key.Public())
+	rep, err := query.VerifyDatabase(ctx, conn, db, keys, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() || rep.Checked != calls {
+		t.Fatalf("verify after the crash: checked %d, problems %v", rep.Checked, rep.Problems)
+	}
+}
