@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/gowebpki/jcs"
+	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -140,6 +141,30 @@ func hashHex(b []byte) string {
 }
 
 // canonicalHash is hex sha256 of the RFC 8785 form of a JSON document.
+// memberHash is hex sha256(JCS(member)) of a top-level envelope member,
+// computed from the parsed tree (no second parse); a ParsedCall built by
+// hand, without a tree, is hashed from its re-marshalled bytes.
+func memberHash(pc *schemas.ParsedCall, key string) (string, error) {
+	if v, ok := pc.Doc[key]; ok {
+		b, err := receipts.CanonicalTree(v)
+		if err != nil {
+			return "", err
+		}
+		return hashHex(b), nil
+	}
+	var raw []byte
+	var err error
+	if key == "request" {
+		raw, err = pc.RequestJSON()
+	} else {
+		raw, _ = resultJSON(pc)
+	}
+	if err != nil {
+		return "", err
+	}
+	return canonicalHash(raw)
+}
+
 func canonicalHash(b []byte) (string, error) {
 	c, err := jcs.Transform(b)
 	if err != nil {
@@ -207,10 +232,8 @@ func (e *Engine) unclassified(v *verdict, detail string) {
 // expected hashes) — all before the tool runs.
 func (e *Engine) DecidePre(pc *schemas.ParsedCall) Outcome {
 	v := newVerdict()
-	req, err := pc.RequestJSON()
-	if err == nil {
-		v.out.RequestHash, err = canonicalHash(req)
-	}
+	var err error
+	v.out.RequestHash, err = memberHash(pc, "request")
 	if err != nil {
 		return InvalidOutcome(&schemas.ValidationError{Code: schemas.CodeEnvelopeInvalid, Schema: "tool_call",
 			Details: []string{"/request: cannot be canonicalised (RFC 8785)"}})
@@ -241,13 +264,11 @@ func (e *Engine) DecidePre(pc *schemas.ParsedCall) Outcome {
 // documents to check.
 func (e *Engine) DecidePost(pc *schemas.ParsedCall) Outcome {
 	v := newVerdict()
-	req, err := pc.RequestJSON()
-	if err == nil {
-		v.out.RequestHash, err = canonicalHash(req)
-	}
-	resRaw, hasResult := resultJSON(pc)
+	var err error
+	v.out.RequestHash, err = memberHash(pc, "request")
+	_, hasResult := resultJSON(pc)
 	if err == nil && hasResult {
-		v.out.ResponseHash, err = canonicalHash(resRaw)
+		v.out.ResponseHash, err = memberHash(pc, "result")
 	}
 	if err != nil {
 		return InvalidOutcome(&schemas.ValidationError{Code: schemas.CodeEnvelopeInvalid, Schema: "tool_call",

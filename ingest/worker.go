@@ -317,7 +317,7 @@ func (w *Worker) reply(d *wireDecision) {
 	if !schemas.ValidID(d.epID) {
 		return
 	}
-	b, err := json.Marshal(d.Decision)
+	b, err := encodeDecision(&d.Decision)
 	if err != nil {
 		w.log.Error("marshal decision", "err", err)
 		return
@@ -352,4 +352,28 @@ func decisionFromReceipt(raw []byte) (*wireDecision, error) {
 		RegistryDigest: r.RegistryDigest,
 		Receipt:        raw,
 	}}, nil
+}
+
+// encodeDecision marshals d with its receipt spliced in as stored:
+// json.Marshal would re-validate and re-compact the receipt's bytes.
+func encodeDecision(d *schemas.Decision) ([]byte, error) {
+	receipt := d.Receipt
+	cp := *d
+	cp.Receipt = nil
+	b, err := json.Marshal(&cp)
+	if err != nil {
+		return nil, err
+	}
+	if len(receipt) == 0 {
+		return b, nil
+	}
+	const hole = `"receipt":null`
+	i := bytes.Index(b, []byte(hole))
+	if i < 0 {
+		return nil, errors.New("decision: no receipt member")
+	}
+	out := make([]byte, 0, len(b)+len(receipt))
+	out = append(out, b[:i+len(hole)-len("null")]...)
+	out = append(out, receipt...)
+	return append(out, b[i+len(hole):]...), nil
 }

@@ -1,8 +1,6 @@
 package query
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,8 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gowebpki/jcs"
-
+	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -89,30 +86,20 @@ const receiptTypePrefix, receiptTypeSuffix = "dev.talos.receipt.", ".v1"
 // CloudEvent. It checks the JSON is well formed (RFC 8785 rejects duplicate
 // keys) but not the signature or the chain: that is the verifier's job.
 //
-// Cost: one JCS pass to validate, a shallow parse, one struct parse of data
-// and one JCS pass for the receipt hash.
+// Cost: one struct parse and one sha256; events in canonical form (as
+// published) are hashed without re-encoding. Duplicate keys and
+// non-canonical forms are the verifier's to report, not the projection's.
 func ReceiptRowFromEvent(raw []byte) (ReceiptRow, error) {
-	// Validate strictly first: encoding/json silently keeps the last of
-	// duplicate keys, which would let the columns and the hash disagree.
-	if _, err := jcs.Transform(raw); err != nil {
-		return ReceiptRow{}, fmt.Errorf("query: receipt is not canonicalizable JSON: %w", err)
+	var ev struct {
+		ID   string           `json:"id"`
+		Type string           `json:"type"`
+		Time string           `json:"time"`
+		Data *schemas.Receipt `json:"data"`
 	}
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &top); err != nil {
+	if err := json.Unmarshal(raw, &ev); err != nil {
 		return ReceiptRow{}, fmt.Errorf("query: receipt: %w", err)
 	}
-	var env struct {
-		ID   string `json:"id"`
-		Type string `json:"type"`
-		Time string `json:"time"`
-	}
-	for k, dst := range map[string]*string{"id": &env.ID, "type": &env.Type, "time": &env.Time} {
-		if v, ok := top[k]; ok {
-			if err := json.Unmarshal(v, dst); err != nil {
-				return ReceiptRow{}, fmt.Errorf("query: receipt %s: %w", k, err)
-			}
-		}
-	}
+	env := &ev
 	rest, okPrefix := strings.CutPrefix(env.Type, receiptTypePrefix)
 	kind, okSuffix := strings.CutSuffix(rest, receiptTypeSuffix)
 	if !okPrefix || !okSuffix || kind == "" || strings.Contains(kind, ".") {
@@ -128,15 +115,11 @@ func ReceiptRowFromEvent(raw []byte) (ReceiptRow, error) {
 	if t.Before(time.Unix(0, 0)) {
 		return ReceiptRow{}, fmt.Errorf("query: receipt %s time %s is before 1970", env.ID, env.Time)
 	}
-	dataRaw, ok := top["data"]
-	if !ok {
+	if ev.Data == nil {
 		return ReceiptRow{}, fmt.Errorf("query: receipt %s has no data", env.ID)
 	}
-	var rec schemas.Receipt
-	if err := json.Unmarshal(dataRaw, &rec); err != nil {
-		return ReceiptRow{}, fmt.Errorf("query: receipt %s data: %w", env.ID, err)
-	}
-	hash, err := receiptHash(top, dataRaw)
+	rec := *ev.Data
+	hash, err := receipts.ReceiptHash(raw)
 	if err != nil {
 		return ReceiptRow{}, fmt.Errorf("query: receipt %s hash: %w", env.ID, err)
 	}
@@ -172,35 +155,6 @@ func ReceiptRowFromEvent(raw []byte) (ReceiptRow, error) {
 		row.SignerKID = rec.Signature.KID
 	}
 	return row, nil
-}
-
-// receiptHash is hex sha256 of JCS(event with data.signature removed)
-// (DESIGN.md §3). top and dataRaw come from the event's shallow parse.
-func receiptHash(top map[string]json.RawMessage, dataRaw json.RawMessage) (string, error) {
-	var data map[string]json.RawMessage
-	if err := json.Unmarshal(dataRaw, &data); err != nil {
-		return "", err
-	}
-	delete(data, "signature")
-	unsigned := make(map[string]json.RawMessage, len(top))
-	for k, v := range top {
-		unsigned[k] = v
-	}
-	d, err := json.Marshal(data)
-	if err != nil {
-		return "", err
-	}
-	unsigned["data"] = d
-	b, err := json.Marshal(unsigned)
-	if err != nil {
-		return "", err
-	}
-	canon, err := jcs.Transform(b) // re-sorts keys by UTF-16 and undoes json's HTML escaping
-	if err != nil {
-		return "", err
-	}
-	sum := sha256.Sum256(canon)
-	return hex.EncodeToString(sum[:]), nil
 }
 
 // CompareColumns returns the names of the columns whose stored value in row

@@ -104,7 +104,7 @@ func (d *devCmd) Run(f *Flags) error {
 	}
 	err = runDaemon(ctx, f, func(ctx context.Context, s *stack) error {
 		printBanner(f, s)
-		if !d.DemoCalls {
+		if !d.DemoCalls || s.Registry == nil {
 			return nil
 		}
 		n, err := demoTraffic(ctx, s)
@@ -139,6 +139,10 @@ func portFree(port int) bool {
 
 func printBanner(f *Flags, s *stack) {
 	host, port, _ := net.SplitHostPort(f.ClickhouseAddr)
+	digest := "no enforce role in this process"
+	if s.Registry != nil {
+		digest = s.Registry.Digest()
+	}
 	fmt.Printf(`
 Talos dev stack is up.
   NATS:        %s
@@ -152,7 +156,7 @@ Try:
   clickhouse-client --host %s --port %s --query "SELECT time, server_id, tool_name, decision, reason_codes FROM %s.v_decisions ORDER BY time"
   go run ./cmd/talosctl --clickhouse-addr %s verify --trusted-keys %s
 
-`, s.NatsURL, f.ClickhouseAddr, f.ClickhouseDatabase, f.Registry, s.Registry.Digest(), f.SigningKey, f.Mode,
+`, s.NatsURL, f.ClickhouseAddr, f.ClickhouseDatabase, f.Registry, digest, f.SigningKey, f.Mode,
 		s.NatsURL, host, port, f.ClickhouseDatabase, f.ClickhouseAddr, strings.Join(f.TrustedKeys, ","))
 }
 

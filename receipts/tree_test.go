@@ -1,0 +1,65 @@
+package receipts
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func decodeTree(t testing.TB, b []byte) any {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// CanonicalTree of a parsed document equals the RFC 8785 vectors.
+func TestCanonicalTreeVectors(t *testing.T) {
+	dir := filepath.Join("..", "..", "shared", "testdata", "jcs")
+	inputs, err := filepath.Glob(filepath.Join(dir, "input", "*.json"))
+	if err != nil || len(inputs) == 0 {
+		t.Skipf("RFC 8785 vectors not found under %s", dir)
+	}
+	for _, in := range inputs {
+		raw, _ := os.ReadFile(in)
+		want, err := os.ReadFile(filepath.Join(dir, "output", filepath.Base(in)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := CanonicalTree(decodeTree(t, raw))
+		if err != nil {
+			t.Fatalf("%s: %v", in, err)
+		}
+		if !bytes.Equal(got, bytes.TrimRight(want, "\n")) {
+			t.Errorf("%s:\n got %s\nwant %s", filepath.Base(in), got, want)
+		}
+	}
+}
+
+func FuzzCanonicalTree(f *testing.F) {
+	f.Add([]byte(`{"b":[1,2.50,-0,1e21,"\u00e9"],"a":{"\ud83d\ude00":true,"z":null}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		want, err := Canonicalize(b)
+		if err != nil {
+			return
+		}
+		d := json.NewDecoder(bytes.NewReader(b))
+		d.UseNumber()
+		var v any
+		if d.Decode(&v) != nil || d.More() {
+			return
+		}
+		got, err := CanonicalTree(v)
+		if err != nil {
+			return // e.g. invalid UTF-8 that jcs passes through differently
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("tree %s\n jcs %s", got, want)
+		}
+	})
+}
