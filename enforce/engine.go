@@ -213,7 +213,40 @@ func (e *Engine) common(pc *schemas.ParsedCall, v *verdict) (*schemas.Tool, bool
 	if call.ToolClass != "" && call.ToolClass != class {
 		v.add(schemas.CodeToolClassDeclarationMismatch, "tool_class: declared "+call.ToolClass+", registry says "+class)
 	}
+	if class == schemas.ClassWrite && readOnlyCapability(pc.Doc["capability"], 0) {
+		v.add(schemas.CodeToolClassMismatch, "capability: constraints.read_only forbids a write tool")
+	}
 	return tool, true
+}
+
+// readOnlyCapability reports whether any capability in the envelope's
+// capability value (one capability, or a delegation chain) carries
+// constraints.read_only = true (seed 000 rule B). A read-only constraint
+// only ever narrows what a call may do, so it is honoured before the
+// capability's signatures are checked (the capabilities issue adds those):
+// trusting it early can deny, never allow.
+func readOnlyCapability(v any, depth int) bool {
+	if depth > 8 {
+		return false
+	}
+	switch x := v.(type) {
+	case map[string]any:
+		if c, ok := x["constraints"].(map[string]any); ok && c["read_only"] == true {
+			return true
+		}
+		for _, e := range x {
+			if readOnlyCapability(e, depth+1) {
+				return true
+			}
+		}
+	case []any:
+		for _, e := range x {
+			if readOnlyCapability(e, depth+1) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (e *Engine) unclassified(v *verdict, detail string) {

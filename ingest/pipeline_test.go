@@ -221,6 +221,14 @@ func TestPipelineReasonCodes(t *testing.T) {
 		{name: "document too large", call: newCall(t, "files", "upload_blob", map[string]any{"data": base64.StdEncoding.EncodeToString(make([]byte, 70000))}),
 			tweak: func(c *schemas.ToolCall) { c.IdempotencyKey = "k5" },
 			want:  "deny", codes: []string{schemas.CodeDocSizeExceeded}},
+		{name: "read-only capability on a write tool", call: newCall(t, "files", "write_file", map[string]any{"path": "a", "content": "x"}),
+			tweak: func(c *schemas.ToolCall) {
+				c.IdempotencyKey = "k6"
+				c.Capability = json.RawMessage(`{"capability_id":"cap-1","constraints":{"read_only":true}}`)
+			}, want: "deny", codes: []string{schemas.CodeToolClassMismatch}},
+		{name: "request hash differs", call: newCall(t, "files", "list_directory", map[string]any{"path": "."}),
+			tweak: func(c *schemas.ToolCall) { c.RequestHash = sha("something else") },
+			want:  "deny", codes: []string{schemas.CodeRequestHashMismatch}},
 		{name: "every reason listed", call: newCall(t, "files", "write_file", map[string]any{"path": "a", "content": "x"}),
 			tweak: func(c *schemas.ToolCall) {
 				c.ToolClass = "read"

@@ -61,7 +61,7 @@ func TestCLIAgainstRunningStack(t *testing.T) {
 	}
 
 	d := exec.Command(talosd, "--nats-url", ns.URL(), "--clickhouse-addr", addr, "--clickhouse-database", db,
-		"--registry", "../talosd/demo/registry", "--signing-key", filepath.Join(dir, "worker.key"), "--http-addr", "")
+		"--registry", "../talosd/demo/registry", "--signing-key", filepath.Join(dir, "worker.key"), "--http-addr", "", "--chains", "1")
 	logf, _ := os.Create(filepath.Join(dir, "talosd.log"))
 	defer logf.Close()
 	d.Stdout, d.Stderr = logf, logf
@@ -154,6 +154,26 @@ func TestCLIAgainstRunningStack(t *testing.T) {
 	out, code = run(t, talosctl, append(g, "verify", "--trusted-keys", dir)...)
 	if code != 1 || !strings.Contains(out, victim) || !strings.Contains(out, "altered_column") || !strings.Contains(out, "FAILED") {
 		t.Fatalf("verify tampered: exit %d, want 1 naming %s\n%s", code, victim, out)
+	}
+
+	// Edit one signed JSON, and delete a row in the middle of its chain:
+	// verify names both.
+	edited := receiptOf(t, conn, db, "list_directory")
+	if err := query.MutateAndWait(ctx, conn, db, query.TableReceipts,
+		fmt.Sprintf(`UPDATE cloudevent = replaceOne(cloudevent, '"decision":"allow"', '"decision":"deny"') WHERE receipt_id = '%s'`, edited)); err != nil {
+		t.Fatal(err)
+	}
+	var gone, chain string
+	if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT receipt_id, chain_id FROM %s.receipts WHERE chain_seq BETWEEN 2 AND 4 AND receipt_id NOT IN ('%s', '%s') LIMIT 1", db, edited, victim)).Scan(&gone, &chain); err != nil {
+		t.Fatalf("no second link to delete: %v", err)
+	}
+	if err := query.MutateAndWait(ctx, conn, db, query.TableReceipts, fmt.Sprintf("DELETE WHERE receipt_id = '%s'", gone)); err != nil {
+		t.Fatal(err)
+	}
+	out, code = run(t, talosctl, append(g, "verify", "--trusted-keys", dir)...)
+	t.Logf("talosctl verify on a tampered database:\n%s", out)
+	if code != 1 || !strings.Contains(out, edited) || !strings.Contains(out, "bad_signature") || !strings.Contains(out, "chain_gap") || !strings.Contains(out, chain) {
+		t.Fatalf("verify after edit (%s) and delete (%s in %s): exit %d\n%s", edited, gone, chain, code, out)
 	}
 
 	// bench: a short run reports latency percentiles and end-to-end rate.
