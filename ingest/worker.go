@@ -168,7 +168,13 @@ func (w *Worker) Run(ctx context.Context) error {
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
 				break
 			}
+			// NATS unreachable or the consumer is being recreated: back off
+			// rather than spin; undecided calls wait in the stream.
 			w.log.Warn("enforce fetch", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
 			continue
 		}
 		work <- m

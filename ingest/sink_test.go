@@ -1,0 +1,133 @@
+package ingest_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/testenv"
+)
+
+// flakyWriter fails its first `fail` writes, then records what it gets.
+// It stands in for ClickHouse only to test the sink's ack discipline; the
+// pipeline tests use the real database.
+type flakyWriter struct {
+	mu      sync.Mutex
+	fail    int
+	calls   int
+	written map[string]int
+}
+
+func (w *flakyWriter) Write(_ context.Context, recs []schemas.AuditRecord) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls++
+	if w.calls <= w.fail {
+		return errors.New("database unavailable")
+	}
+	for _, r := range recs {
+		w.written[string(r.Data)]++
+	}
+	return nil
+}
+
+func (w *flakyWriter) snapshot() (int, map[string]int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	m := make(map[string]int, len(w.written))
+	for k, v := range w.written {
+		m[k] = v
+	}
+	return w.calls, m
+}
+
+// TestSinkRetriesAndAcksOnlyAfterWrite: while the writer fails, nothing is
+// acked and nothing is dropped; once it recovers every record is written
+// and then acked.
+func TestSinkRetriesAndAcksOnlyAfterWrite(t *testing.T) {
+	ns := testenv.NATSForTest(t)
+	nc, err := nats.Connect(ns.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 50
+	for i := 0; i < n; i++ {
+		if _, err := js.Publish(ctx, schemas.ReceiptSubject("decision", "files"), []byte(fmt.Sprintf(`{"n":%d}`, i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := &flakyWriter{fail: 4, written: map[string]int{}}
+	sink, err := ingest.NewSink(js, w, ingest.SinkOptions{BatchAge: 20 * time.Millisecond, RetryBackoff: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = sink.Run(ctx); close(done) }()
+
+	// While the writer fails, the consumer must hold every record un-acked.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		calls, _ := w.snapshot()
+		if calls >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("sink never tried to write")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cons, err := js.Consumer(ctx, schemas.StreamAudit, "talos-sink")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := cons.Info(ctx); err != nil || info.AckFloor.Stream != 0 {
+		t.Fatalf("acked before a successful write: ack floor %+v, err %v", info.AckFloor, err)
+	}
+
+	for {
+		_, written := w.snapshot()
+		if len(written) == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d records written", len(written), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for {
+		info, err := cons.Info(ctx)
+		if err == nil && info.NumAckPending == 0 && info.AckFloor.Stream == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not all acked after the write: %+v", info)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	calls, written := w.snapshot()
+	if calls <= w.fail {
+		t.Fatalf("writer called %d times", calls)
+	}
+	for k, c := range written {
+		if c != 1 {
+			t.Fatalf("record %s written %d times", k, c)
+		}
+	}
+}
