@@ -302,6 +302,8 @@ func TestPipelineReasonCodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.waitRows(t, query.ViewReceipts, fmt.Sprintf("envelope_hash = '%s' AND has(reason_codes, 'VAL-HTC-001')", sha(string(garbage))), 1)
+	// ...and auditors see it in v_decisions too, although it has no tool_call_id.
+	s.waitRows(t, query.ViewDecisions, "tool_call_id = '' AND decision = 'deny'", 1)
 
 	total := uint64(len(cases) + len(malformed) + 1)
 	s.waitRows(t, query.ViewReceipts, "1", total)
