@@ -59,6 +59,19 @@ func TestCLIAgainstRunningStack(t *testing.T) {
 	if _, code := run(t, talosctl, "keys", "gen", "--out", filepath.Join(dir, "worker")); code != 1 {
 		t.Fatalf("keys gen over an existing key: exit %d, want 1", code)
 	}
+	// docker-compose's keygen job: idempotent, several keys at once.
+	before, _ := os.ReadFile(filepath.Join(dir, "worker.key"))
+	prov := []string{"keys", "gen", "--if-missing", "--out", filepath.Join(dir, "worker"), "--out", filepath.Join(dir, "second")}
+	if out, code := run(t, talosctl, prov...); code != 0 {
+		t.Fatalf("keys gen --if-missing: exit %d\n%s", code, out)
+	}
+	after, _ := os.ReadFile(filepath.Join(dir, "worker.key"))
+	if string(before) != string(after) {
+		t.Fatal("--if-missing replaced an existing key")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "second.pub")); err != nil {
+		t.Fatalf("--if-missing did not create the missing key: %v", err)
+	}
 
 	d := exec.Command(talosd, "--nats-url", ns.URL(), "--clickhouse-addr", addr, "--clickhouse-database", db,
 		"--registry", "../talosd/demo/registry", "--signing-key", filepath.Join(dir, "worker.key"), "--http-addr", "", "--chains", "1")

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -225,5 +228,63 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	}
 	if !rep.OK() || rep.Checked != calls {
 		t.Fatalf("verify after the crash: checked %d, problems %v", rep.Checked, rep.Problems)
+	}
+}
+
+// TestEmbeddedNATSAndHTTP: plain `talosd` with no --nats-url starts its own
+// JetStream server, and serves /healthz and /metrics.
+func TestEmbeddedNATSAndHTTP(t *testing.T) {
+	bin := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosd")
+	dir := t.TempDir()
+	key, _ := receipts.GenerateKey()
+	if err := receipts.WriteKeyPair(key, filepath.Join(dir, "k")); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	httpAddr := ln.Addr().String()
+	ln.Close()
+	cmd := exec.Command(bin, "--roles", "enforce", "--registry", "demo/registry", "--signing-key", filepath.Join(dir, "k.key"),
+		"--data-dir", dir, "--nats-listen", "127.0.0.1:0", "--http-addr", httpAddr)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + httpAddr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		code, body := get("/healthz")
+		if code == 200 && strings.TrimSpace(body) == "ok" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthz: %d %s\n%s", code, body, out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code, body := get("/metrics"); code != 200 || !strings.Contains(body, "talos_enforce_calls_total") {
+		t.Fatalf("/metrics: %d\n%s", code, body)
+	}
+	if !strings.Contains(out.String(), "embedded nats-server with JetStream") {
+		t.Fatalf("no embedded NATS:\n%s", out.String())
+	}
+	// A clean stop on SIGTERM.
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("SIGTERM: %v\n%s", err, out.String())
 	}
 }
