@@ -108,6 +108,10 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 		if err != nil {
 			return usagef("--nats-listen: %v", err)
 		}
+		if port != 0 && !addrFree(f.NatsListen) {
+			return fmt.Errorf("cannot listen on %s for the embedded nats-server: the address is in use "+
+				"(another talosd or nats-server?). Join it with --nats-url nats://%s, or listen elsewhere with --nats-listen HOST:PORT", f.NatsListen, f.NatsListen)
+		}
 		ns, err := testenv.StartNATS(testenv.NATSOptions{Dir: filepath.Join(f.DataDir, "nats"), Host: host, Port: port, ServerName: "talosd-" + chainPrefix(f.instance())})
 		if err != nil {
 			return fmt.Errorf("embedded nats-server: %w", err)
@@ -297,6 +301,16 @@ func chainPrefix(instance string) string {
 		s = s[:40]
 	}
 	return s
+}
+
+// addrFree reports whether a TCP listener could bind addr now.
+func addrFree(addr string) bool {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return false
+	}
+	_ = ln.Close()
+	return true
 }
 
 func splitHostPort(addr string) (string, int, error) {

@@ -84,10 +84,15 @@ func (d *devCmd) Run(f *Flags) error {
 		}
 		f.Registry = regDir
 	}
+	// NATS: a busy default port falls back to a free one (the banner says which).
+	if f.NatsURL == "" && !addrFree(f.NatsListen) {
+		fmt.Fprintf(os.Stderr, "%s is busy; the embedded nats-server takes a free port instead\n", f.NatsListen)
+		f.NatsListen = "127.0.0.1:0"
+	}
 	// ClickHouse: a private server under the data dir.
 	if f.ClickhouseAddr == "" {
 		port := d.ClickhousePort
-		if port != 0 && !portFree(port) {
+		if port != 0 && !addrFree(fmt.Sprintf("127.0.0.1:%d", port)) {
 			fmt.Fprintf(os.Stderr, "port %d is busy; the private ClickHouse takes a free port instead\n", port)
 			port = 0
 		}
@@ -127,15 +132,6 @@ func (d *devCmd) Run(f *Flags) error {
 }
 
 var errExitAfterDemo = errors.New("exit after demo")
-
-func portFree(port int) bool {
-	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-	if err != nil {
-		return false
-	}
-	_ = ln.Close()
-	return true
-}
 
 func printBanner(f *Flags, s *stack) {
 	host, port, _ := net.SplitHostPort(f.ClickhouseAddr)
