@@ -226,8 +226,14 @@ func (w *Worker) handle(ctx context.Context, ch *receipts.Chain, m jetstream.Msg
 	}
 	stored, sealedID, err := w.store(ctx, ch, m, meta, r, schemas.ReceiptSubject(v.Kind, server), msgID)
 	if err != nil {
-		// Only on shutdown: leave the call for another worker.
-		_ = m.Nak()
+		if ctx.Err() != nil {
+			_ = m.Nak() // shutting down: another worker takes the call at once
+			return
+		}
+		// Signing failed: no receipt, so no answer; retry later (the
+		// enforcement point times out and denies meanwhile).
+		w.log.Error("cannot sign receipt", "msg_id", msgID, "err", err)
+		_ = m.NakWithDelay(5 * time.Second)
 		return
 	}
 	if sealedID == "" {

@@ -53,3 +53,11 @@ func TestComposeMatchesFlags(t *testing.T) {
 		t.Fatalf("compose environment parsed as mode %q roles %v replicas %d", c.Mode, c.Roles, c.Replicas)
 	}
 }
+
+func TestChainPrefix(t *testing.T) {
+	for in, want := range map[string]string{"worker1": "worker1", "_Ops.Host-7_": "ops-host-7", "...": "talosd", "ÄÖ node": "node"} {
+		if got := chainPrefix(in); got != want {
+			t.Errorf("chainPrefix(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -29,6 +29,7 @@ import (
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
 
@@ -168,7 +169,11 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 		base := chainPrefix(f.instance()) + "-" + hex.EncodeToString(boot)
 		chains := make([]*receipts.Chain, f.chains())
 		for i := range chains {
-			chains[i] = receipts.NewChain(base+"-"+strconv.Itoa(i), key)
+			id := base + "-" + strconv.Itoa(i)
+			if !schemas.ValidID(id) {
+				return usagef("chain id %q from --instance %q is not a valid subject token", id, f.instance())
+			}
+			chains[i] = receipts.NewChain(id, key)
 		}
 		dec, err := enforce.NewDecider(engine, enforce.DeciderOptions{MaxEnvelopeBytes: f.MaxEnvelopeBytes})
 		if err != nil {
@@ -293,7 +298,7 @@ var notToken = regexp.MustCompile(`[^a-z0-9_-]+`)
 // chainPrefix turns an instance name into a subject-safe chain id prefix.
 func chainPrefix(instance string) string {
 	s := notToken.ReplaceAllString(strings.ToLower(instance), "-")
-	s = strings.Trim(s, "-")
+	s = strings.Trim(s, "-_")
 	if s == "" {
 		s = "talosd"
 	}
