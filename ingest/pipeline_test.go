@@ -46,15 +46,28 @@ type stack struct {
 type stackOptions struct {
 	mode             enforce.Mode
 	maxEnvelopeBytes int
+	// natsURL and chAddr point the stack at servers a test controls (to
+	// stop and restart them); empty means a fresh embedded NATS and a
+	// database on the package's shared ClickHouse.
+	natsURL string
+	chAddr  string
 }
 
 func newStack(t *testing.T, o stackOptions) *stack {
 	t.Helper()
-	addr, db := testenv.NewDatabase(t)
-	ns := testenv.NATSForTest(t)
+	var addr, db string
+	if o.chAddr != "" {
+		addr, db = o.chAddr, "talos_outage"
+	} else {
+		addr, db = testenv.NewDatabase(t)
+	}
+	natsURL := o.natsURL
+	if natsURL == "" {
+		natsURL = testenv.NATSForTest(t).URL()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 
-	conn, err := query.Open(ctx, addr, db)
+	conn, err := query.Open(ctx, addr, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +75,7 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	if err := query.Migrate(ctx, conn, db); err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(ns.URL())
+	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -283,6 +283,18 @@ func (c *ClickHouse) kill() {
 	<-c.done
 }
 
+// Kill stops the server with SIGKILL, as a crash would, and waits for it.
+// The data directory is kept (unless StartClickHouse created it), so a new
+// server started on the same Dir finds its data. Stop after Kill is a no-op.
+func (c *ClickHouse) Kill() {
+	c.stopOnce.Do(func() {
+		c.kill()
+		if c.tempDir {
+			c.stopErr = os.RemoveAll(c.dir)
+		}
+	})
+}
+
 // Exited is closed once the server process has exited.
 func (c *ClickHouse) Exited() <-chan struct{} { return c.done }
 
