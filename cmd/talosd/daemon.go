@@ -232,8 +232,10 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 	if f.HTTPAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg2, promhttp.HandlerOpts{}))
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		if f.Pprof {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		}
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 			if nc.Status() != nats.CONNECTED {
 				http.Error(w, "nats: "+nc.Status().String(), http.StatusServiceUnavailable)

@@ -20,6 +20,7 @@ type Flags struct {
 	Instance           string        `name:"instance" help:"Instance name, used in CloudEvent sources and chain ids (default: host name)."`
 	Roles              []string      `name:"roles" default:"enforce,sink" help:"Roles to run: enforce, sink, control, web."`
 	HTTPAddr           string        `name:"http-addr" default:"127.0.0.1:9464" help:"Address for /healthz and /metrics. Empty disables it."`
+	Pprof              bool          `name:"pprof" help:"Also serve /debug/pprof on --http-addr (profiling; keep that address private)."`
 	Chains             int           `name:"chains" help:"Hash chains (signing goroutines) per enforce worker (default 4 x GOMAXPROCS)."`
 	Replicas           int           `name:"replicas" default:"1" help:"Stream replicas: 1 on one node, 3 in a NATS cluster."`
 	MaxEnvelopeBytes   int           `name:"max-envelope-bytes" default:"4194304" help:"Largest call envelope accepted; larger ones are denied VAL-HTC-001."`
