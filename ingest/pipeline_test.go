@@ -388,6 +388,33 @@ func names(ps []receipts.Problem, kind, id string) bool {
 	return false
 }
 
+// TestMalformedCannotShadowARealCall: garbage sent first with a victim's
+// tool_call_id must not take the victim's receipt, nor hide its decision.
+func TestMalformedCannotShadowARealCall(t *testing.T) {
+	s := newStack(t, stackOptions{})
+	victim := newCall(t, "files", "list_directory", map[string]any{})
+	garbage := fmt.Sprintf(`{"tool_call_id":%q,"ep_id":"test-ep","phase":"pre","phase":"pre"}`, victim.ToolCallID)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	// Without a Nats-Msg-Id, as an attacker would send it.
+	if _, err := s.js.Publish(ctx, schemas.CallSubject("pre", "files"), []byte(garbage)); err != nil {
+		t.Fatal(err)
+	}
+	s.waitRows(t, query.ViewReceipts, fmt.Sprintf("tool_call_id = '%s'", victim.ToolCallID), 1)
+	d := s.call(t, victim)
+	if d.Decision != "allow" {
+		t.Fatalf("the real call got %s %v (receipt %s): shadowed by the malformed one", d.Decision, d.ReasonCodes, d.ReceiptID)
+	}
+	s.waitRows(t, query.ViewDecisions, fmt.Sprintf("tool_call_id = '%s'", victim.ToolCallID), 2)
+	var allow uint64
+	if err := s.conn.QueryRow(ctx, fmt.Sprintf("SELECT count() FROM %s.v_decisions WHERE tool_call_id = '%s' AND decision = 'allow'", s.db, victim.ToolCallID)).Scan(&allow); err != nil {
+		t.Fatal(err)
+	}
+	if allow != 1 {
+		t.Fatalf("v_decisions shows %d allows for the real call, want 1", allow)
+	}
+}
+
 // TestPipelinePostPhase records what a read tool returned: the effect
 // receipt carries the read document's hash and a UUIDv7 effect id.
 func TestPipelinePostPhase(t *testing.T) {

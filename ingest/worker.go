@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -203,17 +204,25 @@ func (w *Worker) handle(ctx context.Context, ch *receipts.Chain, m jetstream.Msg
 		return
 	}
 	r := &v.Receipt
-	// A malformed envelope may have no usable id: name its record after the
-	// stream sequence so redeliveries still deduplicate.
+	// Deduplicate on the call's identity only when the envelope is valid.
+	// A malformed envelope's ids are untrusted: keyed by them, garbage sent
+	// first with a victim's tool_call_id would make the victim's real
+	// receipt look like a duplicate. It is keyed by its TALOS_CALLS stream
+	// sequence instead, which every redelivery of it shares.
+	seqID := "calls-seq-" + strconv.FormatUint(md.Sequence.Stream, 10)
+	dedupeID := r.ToolCallID
+	if dedupeID == "" || slices.Contains(r.ReasonCodes, schemas.CodeEnvelopeInvalid) {
+		dedupeID = seqID
+	}
 	subjectID := r.ToolCallID
 	if subjectID == "" {
-		subjectID = "calls-seq-" + strconv.FormatUint(md.Sequence.Stream, 10)
+		subjectID = seqID
 	}
 	server := r.ServerID
 	if !schemas.ValidID(server) {
 		server = "unknown"
 	}
-	msgID := schemas.AuditMsgID(subjectID, r.Phase, v.Kind)
+	msgID := schemas.AuditMsgID(dedupeID, r.Phase, v.Kind)
 	// Meta is fixed before the first attempt so every retry seals the same
 	// bytes (Ed25519 is deterministic): a retry after an uncertain publish
 	// recognises its own stored receipt.

@@ -191,15 +191,17 @@ ORDER BY receipt_id, inserted_at
 LIMIT 1 BY receipt_id`,
 
 		// The first receipt of each (call, phase, kind), for decision and
-		// effect receipts. An envelope too broken to carry a tool_call_id
-		// (VAL-HTC-001) still appears, keyed by its receipt_id: nothing an
+		// effect receipts. A malformed envelope (VAL-HTC-001) is keyed by
+		// its receipt_id: its tool_call_id, if any, is untrusted, so it
+		// neither collapses with the real call of that id nor hides it, and
+		// an envelope too broken to carry an id still appears. Nothing an
 		// enforcement point sends vanishes from the auditors' view.
 		`CREATE VIEW IF NOT EXISTS {db}.v_decisions AS
 SELECT ` + decisionColumnsSQL + `
 FROM {db}.v_receipts
 WHERE kind IN ('decision', 'effect')
 ORDER BY tool_call_id, phase, kind, time_ms, receipt_id
-LIMIT 1 BY if(tool_call_id = '', receipt_id, tool_call_id), phase, kind`,
+LIMIT 1 BY if(tool_call_id = '' OR has(reason_codes, 'VAL-HTC-001'), receipt_id, tool_call_id), phase, kind`,
 
 		`CREATE VIEW IF NOT EXISTS {db}.v_denials_by_reason AS
 SELECT toStartOfHour(time) AS hour, server_id, arrayJoin(reason_codes) AS reason_code, count() AS denials
