@@ -119,18 +119,23 @@ func checkJSON(raw []byte, lim Limits, info *scanInfo) []string {
 		return []string{"/: not valid UTF-8"}
 	}
 	if !json.Valid(raw) {
-		var v any
-		err := json.Unmarshal(raw, &v)
-		var se *json.SyntaxError
-		if errors.As(err, &se) {
-			return []string{fmt.Sprintf("/: not a single JSON value (syntax error at byte offset %d)", se.Offset)}
-		}
-		return []string{"/: not a single JSON value"}
+		return []string{syntaxDetail(raw)}
 	}
 	if err := scanStructure(raw, lim.MaxDepth, info); err != nil {
 		return []string{"/: " + err.Error()}
 	}
 	return nil
+}
+
+// syntaxDetail says where raw stops being one JSON value.
+func syntaxDetail(raw []byte) string {
+	var v any
+	err := json.Unmarshal(raw, &v)
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return fmt.Sprintf("/: not a single JSON value (syntax error at byte offset %d)", se.Offset)
+	}
+	return "/: not a single JSON value"
 }
 
 func decodeTree(raw []byte) (any, error) {
@@ -139,6 +144,9 @@ func decodeTree(raw []byte) (any, error) {
 	var v any
 	if err := d.Decode(&v); err != nil {
 		return nil, err
+	}
+	if len(bytes.TrimLeft(raw[d.InputOffset():], " \t\r\n")) != 0 {
+		return nil, errors.New("data after the JSON value")
 	}
 	return v, nil
 }
@@ -151,17 +159,26 @@ func decodeTree(raw []byte) (any, error) {
 // *ValidationError with Code CodeEnvelopeInvalid (VAL-HTC-001).
 func ParseToolCall(raw []byte, lim Limits) (*ParsedCall, error) {
 	lim = lim.withDefaults()
+	// The decoder is the one validity pass (a separate json.Valid would scan
+	// the bytes twice on the hot path); the structure scan that finds
+	// duplicate keys and excess depth runs on what it accepted.
+	if len(raw) > lim.MaxBytes {
+		return nil, envelopeInvalid(fmt.Sprintf("/: document is %d bytes, limit %d", len(raw), lim.MaxBytes))
+	}
+	if !utf8.Valid(raw) {
+		return nil, envelopeInvalid("/: not valid UTF-8")
+	}
+	v, err := decodeTree(raw)
+	if err != nil {
+		return nil, envelopeInvalid(syntaxDetail(raw))
+	}
 	var info scanInfo
-	if d := checkJSON(raw, lim, &info); d != nil {
-		return nil, envelopeInvalid(d...)
+	if err := scanStructure(raw, lim.MaxDepth, &info); err != nil {
+		return nil, envelopeInvalid("/: " + err.Error())
 	}
 	cs, err := compiled()
 	if err != nil {
 		return nil, err
-	}
-	v, err := decodeTree(raw)
-	if err != nil {
-		return nil, envelopeInvalid("/: not a single JSON value")
 	}
 	if err := cs.toolCall.Validate(v); err != nil {
 		return nil, envelopeInvalid(cs.schemaDetails(err)...)
