@@ -106,11 +106,13 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	keys := receipts.KeySet{}
 	keys.Add(key.Public())
 	chains := []*receipts.Chain{receipts.NewChain("test-a", key), receipts.NewChain("test-b", key)}
-	w, err := ingest.NewWorker(nc, js, dec, ingest.WorkerOptions{Chains: chains, Source: "talos://enforce/test"})
+	// A short AckWait: a redelivery (after an outage) shows up within the
+	// tests' waits instead of after the 30 s default.
+	w, err := ingest.NewWorker(nc, js, dec, ingest.WorkerOptions{Chains: chains, Source: "talos://enforce/test", AckWait: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sink, err := ingest.NewSink(js, query.NewSinkWriter(conn, db), ingest.SinkOptions{BatchAge: 50 * time.Millisecond})
+	sink, err := ingest.NewSink(js, query.NewSinkWriter(conn, db), ingest.SinkOptions{BatchAge: 50 * time.Millisecond, AckWait: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +158,7 @@ func checkDecision(t *testing.T, d *schemas.Decision) {
 // waitRows waits until the view holds n rows matching where.
 func (s *stack) waitRows(t *testing.T, view, where string, n uint64) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	var got uint64
 	for time.Now().Before(deadline) {
 		err := s.conn.QueryRow(context.Background(), fmt.Sprintf("SELECT count() FROM %s.%s WHERE %s", s.db, view, where)).Scan(&got)

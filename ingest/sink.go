@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/schemas"
@@ -101,7 +100,46 @@ func (s *Sink) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ingest: sink fetch: %w", err)
 	}
-	defer it.Stop()
+	// A reader goroutine keeps draining the iterator while a batch is being
+	// written, into a channel as large as the iterator's buffer: around a
+	// reconnect the client library may pull a fresh batch while its buffer
+	// is still full, and what does not fit would be dropped client-side
+	// (redelivered only after AckWait). Owner: this function; it stops the
+	// iterator and waits for the reader before returning.
+	in := make(chan jetstream.Msg, s.o.BatchRows)
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		defer close(in)
+		for {
+			m, err := it.Next()
+			if err != nil {
+				if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
+					return
+				}
+				s.o.Logger.Debug("sink fetch", "err", err)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				continue
+			}
+			select {
+			case in <- m:
+			case <-ctx.Done():
+				_ = m.Nak()
+				return
+			}
+		}
+	}()
+	defer func() {
+		it.Stop()
+		<-readerDone
+		for m := range in {
+			_ = m.Nak()
+		}
+	}()
 	var (
 		msgs  []jetstream.Msg
 		recs  []schemas.AuditRecord
@@ -121,9 +159,13 @@ func (s *Sink) Run(ctx context.Context) error {
 			wait = s.o.BatchAge - time.Since(first)
 		}
 		if wait > 0 {
-			m, err := it.Next(jetstream.NextMaxWait(wait))
-			switch {
-			case err == nil:
+			timer := time.NewTimer(wait)
+			select {
+			case m, ok := <-in:
+				if !ok {
+					timer.Stop()
+					return nil
+				}
 				md, merr := m.Metadata()
 				var seq uint64
 				if merr == nil {
@@ -135,14 +177,10 @@ func (s *Sink) Run(ctx context.Context) error {
 				msgs = append(msgs, m)
 				recs = append(recs, schemas.AuditRecord{Subject: m.Subject(), Data: m.Data(), StreamSeq: seq})
 				size += len(m.Data())
-			case errors.Is(err, jetstream.ErrMsgIteratorClosed):
-				return nil
-			case errors.Is(err, nats.ErrTimeout):
-			default:
-				if ctx.Err() == nil {
-					s.o.Logger.Debug("sink fetch", "err", err)
-				}
+			case <-timer.C:
+			case <-ctx.Done():
 			}
+			timer.Stop()
 		}
 		full := len(msgs) >= s.o.BatchRows || size >= s.o.BatchBytes
 		old := len(msgs) > 0 && time.Since(first) >= s.o.BatchAge

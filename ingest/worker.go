@@ -142,7 +142,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ingest: enforce fetch: %w", err)
 	}
-	work := make(chan jetstream.Msg, len(w.o.Chains))
+	// work holds as many messages as the iterator's own buffer, so the
+	// fetch loop never blocks on busy chains: around a reconnect the client
+	// library may pull a fresh batch while its buffer is still full, and
+	// what does not fit is dropped client-side (redelivered only after
+	// AckWait).
+	work := make(chan jetstream.Msg, buffer)
 	var wg sync.WaitGroup
 	for _, ch := range w.o.Chains {
 		wg.Add(1)
