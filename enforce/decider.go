@@ -83,7 +83,7 @@ func (d *Decider) Decide(subject string, raw []byte, now time.Time) (schemas.Rec
 	r.EPID = c.EPID
 	r.ToolName = c.ToolName
 	if len(c.Capability) > 0 {
-		if h, err := canonicalHash(c.Capability); err == nil {
+		if h, err := memberHash(pc, "capability"); err == nil {
 			r.CapabilityHash = h
 		}
 	}

@@ -140,10 +140,9 @@ func hashHex(b []byte) string {
 	return hex.EncodeToString(s[:])
 }
 
-// canonicalHash is hex sha256 of the RFC 8785 form of a JSON document.
-// memberHash is hex sha256(JCS(member)) of a top-level envelope member,
-// computed from the parsed tree (no second parse); a ParsedCall built by
-// hand, without a tree, is hashed from its re-marshalled bytes.
+// memberHash is hex sha256(JCS(member)) of a top-level envelope member
+// (request, result, capability), computed from the tree the parser already
+// built; a ParsedCall built by hand, without a tree, is hashed from bytes.
 func memberHash(pc *schemas.ParsedCall, key string) (string, error) {
 	if v, ok := pc.Doc[key]; ok {
 		b, err := receipts.CanonicalTree(v)
@@ -153,18 +152,21 @@ func memberHash(pc *schemas.ParsedCall, key string) (string, error) {
 		return hashHex(b), nil
 	}
 	var raw []byte
-	var err error
-	if key == "request" {
-		raw, err = pc.RequestJSON()
-	} else {
+	switch key {
+	case "request":
+		var err error
+		if raw, err = pc.RequestJSON(); err != nil {
+			return "", err
+		}
+	case "result":
 		raw, _ = resultJSON(pc)
-	}
-	if err != nil {
-		return "", err
+	case "capability":
+		raw = pc.Call.Capability
 	}
 	return canonicalHash(raw)
 }
 
+// canonicalHash is hex sha256 of the RFC 8785 form of a JSON document.
 func canonicalHash(b []byte) (string, error) {
 	c, err := jcs.Transform(b)
 	if err != nil {

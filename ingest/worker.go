@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -27,13 +28,6 @@ import (
 // VAL-HTC-001, never an error. The receipt's EventType is its kind.
 type Decider interface {
 	Decide(subject string, raw []byte, now time.Time) (schemas.Receipt, []string)
-}
-
-// verdict is a Decider's answer for one call message.
-type verdict struct {
-	Kind    string
-	Receipt schemas.Receipt
-	Details []string
 }
 
 // WorkerOptions configures a Worker. The zero value of every field but
@@ -71,8 +65,7 @@ type Worker struct {
 	audit jetstream.Stream
 	log   *slog.Logger
 
-	mu      sync.Mutex
-	handled uint64
+	handled atomic.Uint64
 }
 
 // NewWorker validates the options and returns a worker; call Run.
@@ -108,11 +101,7 @@ func NewWorker(nc *nats.Conn, js jetstream.JetStream, d Decider, o WorkerOptions
 }
 
 // Handled is how many calls this worker has acked.
-func (w *Worker) Handled() uint64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.handled
-}
+func (w *Worker) Handled() uint64 { return w.handled.Load() }
 
 // Run consumes until ctx is cancelled. Messages fetched but not finished
 // are nak'ed so another worker takes them at once.
@@ -200,7 +189,7 @@ func (w *Worker) handle(ctx context.Context, ch *receipts.Chain, m jetstream.Msg
 		return
 	}
 	now := w.o.Now().UTC()
-	v, err := w.decide(m.Subject(), m.Data(), now)
+	receipt, details, err := w.decide(m.Subject(), m.Data(), now)
 	if err != nil {
 		// No decision means no answer: the call stays un-decided and is
 		// retried; the enforcement point times out and denies (fail closed).
@@ -208,7 +197,8 @@ func (w *Worker) handle(ctx context.Context, ch *receipts.Chain, m jetstream.Msg
 		_ = m.NakWithDelay(time.Second)
 		return
 	}
-	r := &v.Receipt
+	r := &receipt
+	kind := r.EventType
 	// Deduplicate on the call's identity only when the envelope is valid.
 	// A malformed envelope's ids are untrusted: keyed by them, garbage sent
 	// first with a victim's tool_call_id would make the victim's real
@@ -227,18 +217,18 @@ func (w *Worker) handle(ctx context.Context, ch *receipts.Chain, m jetstream.Msg
 	if !schemas.ValidID(server) {
 		server = "unknown"
 	}
-	msgID := schemas.AuditMsgID(dedupeID, r.Phase, v.Kind)
+	msgID := schemas.AuditMsgID(dedupeID, r.Phase, kind)
 	// Meta is fixed before the first attempt so every retry seals the same
 	// bytes (Ed25519 is deterministic): a retry after an uncertain publish
 	// recognises its own stored receipt.
 	meta := receipts.Meta{
 		ID:      uuid.Must(uuid.NewV7()).String(),
-		Type:    schemas.ReceiptType(v.Kind),
+		Type:    schemas.ReceiptType(kind),
 		Source:  w.o.Source,
 		Subject: subjectID,
 		Time:    now,
 	}
-	stored, sealedID, err := w.store(ctx, ch, m, meta, r, schemas.ReceiptSubject(v.Kind, server), msgID)
+	stored, sealedID, err := w.store(ctx, ch, m, meta, r, schemas.ReceiptSubject(kind, server), msgID)
 	if err != nil {
 		if ctx.Err() != nil {
 			_ = m.Nak() // shutting down: another worker takes the call at once
@@ -267,29 +257,28 @@ func (w *Worker) handle(ctx context.Context, ch *receipts.Chain, m jetstream.Msg
 			ReceiptID:      sealedID,
 			RegistryDigest: r.RegistryDigest,
 			Receipt:        stored,
-			Details:        v.Details,
+			Details:        details,
 		}})
 	}
 	if err := m.Ack(); err != nil {
 		w.log.Warn("ack call", "msg_id", msgID, "err", err)
 	}
-	w.mu.Lock()
-	w.handled++
-	w.mu.Unlock()
+	w.handled.Add(1)
 }
 
-func (w *Worker) decide(subject string, raw []byte, now time.Time) (v verdict, err error) {
+// decide runs the decider, turning a panic or a receipt of no known kind
+// into an error (no decision: the call is retried, never answered).
+func (w *Worker) decide(subject string, raw []byte, now time.Time) (r schemas.Receipt, details []string, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("panic: %v", p)
 		}
 	}()
-	v.Receipt, v.Details = w.d.Decide(subject, raw, now)
-	v.Kind = v.Receipt.EventType
-	if v.Kind != schemas.KindDecision && v.Kind != schemas.KindEffect {
-		return v, fmt.Errorf("decider returned kind %q", v.Kind)
+	r, details = w.d.Decide(subject, raw, now)
+	if r.EventType != schemas.KindDecision && r.EventType != schemas.KindEffect {
+		return r, nil, fmt.Errorf("decider returned kind %q", r.EventType)
 	}
-	return v, nil
+	return r, details, nil
 }
 
 // store seals r into ch and publishes it with msgID until JetStream has it.

@@ -83,8 +83,8 @@ var ErrNotReceipt = errors.New("not a Talos receipt CloudEvent")
 const receiptTypePrefix, receiptTypeSuffix = "dev.talos.receipt.", ".v1"
 
 // ReceiptRowFromEvent derives a receipts row from a signed receipt
-// CloudEvent. It checks the JSON is well formed (RFC 8785 rejects duplicate
-// keys) but not the signature or the chain: that is the verifier's job.
+// CloudEvent. It checks the JSON is well formed but not the signature or
+// the chain: that is the verifier's job.
 //
 // Cost: one struct parse and one sha256; events in canonical form (as
 // published) are hashed without re-encoding. Duplicate keys and
@@ -99,32 +99,31 @@ func ReceiptRowFromEvent(raw []byte) (ReceiptRow, error) {
 	if err := json.Unmarshal(raw, &ev); err != nil {
 		return ReceiptRow{}, fmt.Errorf("query: receipt: %w", err)
 	}
-	env := &ev
-	rest, okPrefix := strings.CutPrefix(env.Type, receiptTypePrefix)
+	rest, okPrefix := strings.CutPrefix(ev.Type, receiptTypePrefix)
 	kind, okSuffix := strings.CutSuffix(rest, receiptTypeSuffix)
 	if !okPrefix || !okSuffix || kind == "" || strings.Contains(kind, ".") {
-		return ReceiptRow{}, fmt.Errorf("query: type %q: %w", env.Type, ErrNotReceipt)
+		return ReceiptRow{}, fmt.Errorf("query: type %q: %w", ev.Type, ErrNotReceipt)
 	}
-	if env.ID == "" {
+	if ev.ID == "" {
 		return ReceiptRow{}, fmt.Errorf("query: receipt without id: %w", ErrNotReceipt)
 	}
-	t, err := time.Parse(time.RFC3339Nano, env.Time)
+	t, err := time.Parse(time.RFC3339Nano, ev.Time)
 	if err != nil {
-		return ReceiptRow{}, fmt.Errorf("query: receipt %s time: %w", env.ID, err)
+		return ReceiptRow{}, fmt.Errorf("query: receipt %s time: %w", ev.ID, err)
 	}
 	if t.Before(time.Unix(0, 0)) {
-		return ReceiptRow{}, fmt.Errorf("query: receipt %s time %s is before 1970", env.ID, env.Time)
+		return ReceiptRow{}, fmt.Errorf("query: receipt %s time %s is before 1970", ev.ID, ev.Time)
 	}
 	if ev.Data == nil {
-		return ReceiptRow{}, fmt.Errorf("query: receipt %s has no data", env.ID)
+		return ReceiptRow{}, fmt.Errorf("query: receipt %s has no data", ev.ID)
 	}
 	rec := *ev.Data
 	hash, err := receipts.ReceiptHash(raw)
 	if err != nil {
-		return ReceiptRow{}, fmt.Errorf("query: receipt %s hash: %w", env.ID, err)
+		return ReceiptRow{}, fmt.Errorf("query: receipt %s hash: %w", ev.ID, err)
 	}
 	row := ReceiptRow{
-		ReceiptID:      env.ID,
+		ReceiptID:      ev.ID,
 		Kind:           kind,
 		Phase:          rec.Phase,
 		Time:           t.UTC().Truncate(time.Second),

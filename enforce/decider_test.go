@@ -1,0 +1,76 @@
+package enforce
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/talos-audit/talos/schemas"
+)
+
+func sum(b []byte) string {
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
+
+func newTestDecider(t *testing.T) *Decider {
+	t.Helper()
+	d, err := NewDecider(testEngine(t, ModeProd), DeciderOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestDeciderFillsReceipt: the receipt names the call, hashes what was
+// received (envelope, request, capability in RFC 8785 form) and carries
+// the decision.
+func TestDeciderFillsReceipt(t *testing.T) {
+	env := envelope("pre", "files", "list_dir", map[string]any{"path": "/"})
+	// Keys out of order and spaces: the capability hash is of its canonical form.
+	raw, _ := json.Marshal(env)
+	raw = append(raw[:len(raw)-1], []byte(`,"capability":{ "z": 1, "constraints": {"read_only": false}, "a": "x" }}`)...)
+	now := time.Date(2026, 1, 2, 3, 4, 5, 6_000_000, time.UTC)
+	r, details := newTestDecider(t).Decide("talos.call.pre.files", raw, now)
+	if r.Decision != schemas.DecisionAllow || len(r.ReasonCodes) != 0 || details != nil {
+		t.Fatalf("decision %s %v %v", r.Decision, r.ReasonCodes, details)
+	}
+	if r.EnvelopeHash != sum(raw) {
+		t.Errorf("envelope_hash %s, want sha256 of the bytes received", r.EnvelopeHash)
+	}
+	if want := sum([]byte(`{"a":"x","constraints":{"read_only":false},"z":1}`)); r.CapabilityHash != want {
+		t.Errorf("capability_hash %s, want %s", r.CapabilityHash, want)
+	}
+	if want := sum([]byte(`{"arguments":{"path":"/"},"name":"list_dir"}`)); r.RequestHash != want {
+		t.Errorf("request_hash %s, want %s", r.RequestHash, want)
+	}
+	if r.EventType != schemas.KindDecision || r.ToolID != "files/list_dir" || r.ToolCallID != testCallID ||
+		r.EPID != "gw-1" || r.AgentID != "agent-1" || r.Timestamp != "2026-01-02T03:04:05.006Z" || r.ResultCode != "allow" {
+		t.Errorf("receipt fields: %+v", r)
+	}
+}
+
+// TestDeciderDeniesWhatItCannotTrust: an envelope published on a subject
+// it disagrees with, and one that is not JSON, are VAL-HTC-001 and nothing
+// else; ids are kept only where they match their patterns.
+func TestDeciderDeniesWhatItCannotTrust(t *testing.T) {
+	d := newTestDecider(t)
+	raw, _ := json.Marshal(envelope("pre", "files", "list_dir", map[string]any{}))
+	for _, subject := range []string{"talos.call.pre.github", "talos.call.post.files"} {
+		r, details := d.Decide(subject, raw, time.Now())
+		if r.Decision != schemas.DecisionDeny || !slices.Equal(r.ReasonCodes, []string{schemas.CodeEnvelopeInvalid}) || len(details) == 0 {
+			t.Errorf("%s: %s %v %v", subject, r.Decision, r.ReasonCodes, details)
+		}
+		if r.ToolCallID != testCallID || r.ResultCode != schemas.CodeEnvelopeInvalid {
+			t.Errorf("%s: tool_call_id %q result_code %q", subject, r.ToolCallID, r.ResultCode)
+		}
+	}
+	r, _ := d.Decide("talos.call.post.files", []byte("not json"), time.Now())
+	if r.Decision != schemas.DecisionDeny || r.Phase != schemas.PhasePost || r.EventType != schemas.KindEffect ||
+		r.ServerID != "files" || r.ToolCallID != "" || r.EnvelopeHash != sum([]byte("not json")) {
+		t.Errorf("not JSON: %+v", r)
+	}
+}
