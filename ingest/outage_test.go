@@ -118,7 +118,7 @@ func TestNATSOutage(t *testing.T) {
 	for i := 0; i < calls; i++ {
 		c := newCall(t, "files", "list_directory", map[string]any{"i": i})
 		c.SessionID = session
-		raw, _ := jsonMarshal(c)
+		raw, _ := json.Marshal(c)
 		if err := s.client.Publish(ctx, schemas.PhasePre, "files", c.ToolCallID, raw); err != nil {
 			t.Fatal(err)
 		}
@@ -148,5 +148,3 @@ func TestNATSOutage(t *testing.T) {
 	t.Cleanup(ns2.Shutdown)
 	s.checkExactlyOnce(t, session, calls)
 }
-
-func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }

@@ -360,7 +360,7 @@ func TestPipelineReasonCodes(t *testing.T) {
 	var chain string
 	var seq uint64
 	if err := s.conn.QueryRow(context.Background(), fmt.Sprintf(
-		"SELECT receipt_id, chain_id, chain_seq FROM %s.receipts WHERE chain_seq = 2 AND receipt_id != '%s' LIMIT 1", s.db, victim)).Scan(&gone, &chain, &seq); err != nil {
+		"SELECT receipt_id, chain_id, chain_seq FROM %s.receipts WHERE chain_seq = 2 AND receipt_id != '%s' AND chain_id IN (SELECT chain_id FROM %s.receipts WHERE chain_seq = 3) LIMIT 1", s.db, victim, s.db)).Scan(&gone, &chain, &seq); err != nil {
 		t.Fatal(err)
 	}
 	if err := query.MutateAndWait(context.Background(), s.conn, s.db, query.TableReceipts, fmt.Sprintf("DELETE WHERE receipt_id = '%s'", gone)); err != nil {
@@ -372,7 +372,7 @@ func TestPipelineReasonCodes(t *testing.T) {
 	}
 	found := false
 	for _, p := range rep.Problems {
-		if p.Kind == receipts.ProblemChainGap && p.ChainID == chain && strings.Contains(p.String(), "2") {
+		if p.Kind == receipts.ProblemChainGap && p.ChainID == chain && strings.HasPrefix(p.Detail, "seq 2 missing") && p.Seq == 3 {
 			found = true
 		}
 	}

@@ -3,6 +3,7 @@ package receipts
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 
 	"github.com/gowebpki/jcs"
@@ -29,18 +30,34 @@ func ReceiptHash(raw []byte) (string, error) {
 	return hex.EncodeToString(sum[:]), nil
 }
 
-// hashUnsigned hashes canonical event bytes without data.signature.
-func hashUnsigned(canon []byte) ([32]byte, error) {
-	dm, found, _, err := findMember(canon, 0, "data")
-	if err != nil || !found || canon[dm.valStart] != '{' {
-		return [32]byte{}, errNotCanonical
-	}
-	sm, found, _, err := findMember(canon, dm.valStart, "signature")
+var (
+	errNoData      = errors.New("no data object")
+	errNoSignature = errors.New("unsigned: no data.signature")
+)
+
+// signedParts finds data and data.signature in canonical event bytes and
+// hashes the event without the signature: the receipt hash preimage of
+// DESIGN.md §3. The verifier and ReceiptHash share it.
+func signedParts(canon []byte) (data, sig member, sum [32]byte, err error) {
+	data, found, _, err := findMember(canon, 0, "data")
 	if err != nil {
-		return [32]byte{}, err
+		return member{}, member{}, sum, err
+	}
+	if !found || canon[data.valStart] != '{' {
+		return member{}, member{}, sum, errNoData
+	}
+	sig, found, _, err = findMember(canon, data.valStart, "signature")
+	if err != nil {
+		return member{}, member{}, sum, err
 	}
 	if !found {
-		return [32]byte{}, fmt.Errorf("unsigned: no data.signature")
+		return member{}, member{}, sum, errNoSignature
 	}
-	return sha256.Sum256(removeMember(canon, sm)), nil
+	return data, sig, sha256.Sum256(removeMember(canon, sig)), nil
+}
+
+// hashUnsigned is the receipt hash of canonical event bytes.
+func hashUnsigned(canon []byte) ([32]byte, error) {
+	_, _, sum, err := signedParts(canon)
+	return sum, err
 }

@@ -2,7 +2,6 @@ package receipts
 
 import (
 	"crypto/ed25519"
-	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -104,21 +103,10 @@ func VerifyEvent(raw []byte, keys KeySet) (*Event, error) {
 	if len(canon) == 0 || canon[0] != '{' {
 		return nil, malformed("not a JSON object")
 	}
-	dm, found, _, err := findMember(canon, 0, "data")
+	dm, sm, sum, err := signedParts(canon)
 	if err != nil {
 		return nil, malformed("%v", err)
 	}
-	if !found || canon[dm.valStart] != '{' {
-		return nil, malformed("no data object")
-	}
-	sm, found, _, err := findMember(canon, dm.valStart, "signature")
-	if err != nil {
-		return nil, malformed("%v", err)
-	}
-	if !found {
-		return nil, malformed("unsigned: no data.signature")
-	}
-	sum := sha256.Sum256(removeMember(canon, sm))
 
 	var w wireEvent
 	if err := json.Unmarshal(canon, &w); err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -146,7 +147,7 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.SessionID = session
-		raw, _ := jsonMarshal(c)
+		raw, _ := json.Marshal(c)
 		if err := client.Publish(ctx, c.Phase, c.ServerID, c.ToolCallID, raw); err != nil {
 			t.Fatal(err)
 		}
