@@ -144,7 +144,8 @@ func (s *Sink) Run(ctx context.Context) error {
 		msgs  []jetstream.Msg
 		recs  []schemas.AuditRecord
 		size  int
-		first time.Time
+		timer *time.Timer
+		flush <-chan time.Time // fires BatchAge after the open batch's first record
 	)
 	// On the way out, hand an unwritten batch back so the next sink takes
 	// it at once instead of after AckWait.
@@ -153,39 +154,30 @@ func (s *Sink) Run(ctx context.Context) error {
 			_ = m.Nak()
 		}
 	}()
-	for ctx.Err() == nil {
-		wait := s.o.BatchAge
-		if len(msgs) > 0 {
-			wait = s.o.BatchAge - time.Since(first)
-		}
-		if wait > 0 {
-			timer := time.NewTimer(wait)
-			select {
-			case m, ok := <-in:
-				if !ok {
-					timer.Stop()
-					return nil
-				}
-				md, merr := m.Metadata()
-				var seq uint64
-				if merr == nil {
-					seq = md.Sequence.Stream
-				}
-				if len(msgs) == 0 {
-					first = time.Now()
-				}
-				msgs = append(msgs, m)
-				recs = append(recs, schemas.AuditRecord{Subject: m.Subject(), Data: m.Data(), StreamSeq: seq})
-				size += len(m.Data())
-			case <-timer.C:
-			case <-ctx.Done():
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m, ok := <-in:
+			if !ok {
+				return nil
+			}
+			if len(msgs) == 0 {
+				timer = time.NewTimer(s.o.BatchAge)
+				flush = timer.C
+			}
+			var seq uint64
+			if md, err := m.Metadata(); err == nil {
+				seq = md.Sequence.Stream
+			}
+			msgs = append(msgs, m)
+			recs = append(recs, schemas.AuditRecord{Subject: m.Subject(), Data: m.Data(), StreamSeq: seq})
+			size += len(m.Data())
+			if len(msgs) < s.o.BatchRows && size < s.o.BatchBytes {
+				continue
 			}
 			timer.Stop()
-		}
-		full := len(msgs) >= s.o.BatchRows || size >= s.o.BatchBytes
-		old := len(msgs) > 0 && time.Since(first) >= s.o.BatchAge
-		if !full && !old {
-			continue
+		case <-flush:
 		}
 		if err := s.write(ctx, msgs, recs); err != nil {
 			return nil // stopping; the deferred Nak hands the batch back
@@ -195,9 +187,8 @@ func (s *Sink) Run(ctx context.Context) error {
 				s.o.Logger.Warn("sink ack", "err", err)
 			}
 		}
-		msgs, recs, size = nil, nil, 0
+		msgs, recs, size, flush = nil, nil, 0, nil
 	}
-	return nil
 }
 
 // write retries the batch until it is written or ctx ends.

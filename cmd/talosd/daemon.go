@@ -160,8 +160,8 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 			}
 		}()
 	}
-	reg2 := prometheus.NewRegistry()
-	reg2.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := prometheus.NewRegistry()
+	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	if f.has("enforce") {
 		boot := make([]byte, 4)
@@ -188,7 +188,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 		if err != nil {
 			return err
 		}
-		reg2.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "talos_enforce_calls_total", Help: "Calls decided and acked by this worker.",
 		}, func() float64 { return float64(w.Handled()) }))
 		log.Info("enforce role started", "chains", len(chains), "chain_prefix", base, "signer_kid", key.KID, "mode", f.Mode)
@@ -221,7 +221,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 		if err != nil {
 			return err
 		}
-		reg2.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "talos_sink_rows_total", Help: "Audit records written to ClickHouse by this sink.",
 		}, func() float64 { return float64(writer.Rows()) }))
 		log.Info("sink role started", "clickhouse", f.ClickhouseAddr, "database", f.ClickhouseDatabase)
@@ -231,7 +231,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 	var srv *http.Server
 	if f.HTTPAddr != "" {
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg2, promhttp.HandlerOpts{}))
+		mux.Handle("/metrics", promhttp.HandlerFor(metrics, promhttp.HandlerOpts{}))
 		if f.Pprof {
 			mux.HandleFunc("/debug/pprof/", pprof.Index)
 			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
