@@ -1,41 +1,100 @@
 #!/usr/bin/env bash
-# Benchmark harness for BENCHMARKS.md. Starts, on this machine:
-#   - `talosd dev --roles sink`: embedded NATS JetStream, a private ClickHouse
-#     (installed from the OS packages if missing) and the ClickHouse sink;
+# Benchmark harness for BENCHMARKS.md.
+#
+#   bash scripts/bench.sh         latency at 2,000 calls/s and throughput at
+#                                 saturation, CPU per call of each process, and
+#                                 the enforce worker's peak RSS
+#   bash scripts/bench.sh tail    the latency run in three arrangements: no sink,
+#                                 sink at equal CPU priority, sink and ClickHouse
+#                                 at nice 10 (where the p99 tail comes from)
+#
+# Processes, all on this machine:
+#   - `talosd dev`: embedded NATS JetStream and a private ClickHouse (installed
+#     from the OS packages if missing), and, by default, the ClickHouse sink;
 #   - one enforce worker as its own process (`talosd --roles enforce`), so its
-#     resident memory can be read alone;
-# then runs `talosctl bench` twice (latency at an offered rate; throughput at
-# saturation) and prints the worker's peak RSS. Arguments go to both benches.
+#     CPU and memory can be read alone;
+#   - `talosctl bench`, the load generator.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_go
 ensure_clickhouse
+mode=${1:-main}
 work=$(mktemp -d /tmp/talos-bench.XXXXXX)
 mkdir -p "$work/bin"
 go build -o "$work/bin/talosd" ./cmd/talosd
 go build -o "$work/bin/talosctl" ./cmd/talosctl
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+stop_all() {
+  for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+}
+trap 'stop_all; rm -rf "$work"' EXIT
+nats=nats://127.0.0.1:14222
 
-"$work/bin/talosd" dev --no-demo --roles sink --data-dir "$work/dev" --clickhouse-port 0 \
-  --nats-listen 127.0.0.1:14222 --http-addr "" >"$work/dev.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 120); do grep -q "Talos dev stack is up" "$work/dev.log" && break; sleep 0.5; done
-grep -q "Talos dev stack is up" "$work/dev.log" || { cat "$work/dev.log"; exit 1; }
-ch=$(sed -n 's/^  ClickHouse:  \([^ ]*\).*/\1/p' "$work/dev.log")
+# start ROLES [sink-nice]: the dev process with ROLES ("control" runs no
+# pipeline role in this version), an optional separate sink, and a worker.
+start() {
+  local roles=$1 sink_nice=${2:-}
+  rm -rf "$work/dev"
+  "$work/bin/talosd" dev --no-demo --roles "$roles" --data-dir "$work/dev" --clickhouse-port 0 \
+    --nats-listen 127.0.0.1:14222 --http-addr "" >"$work/dev.log" 2>&1 &
+  dev=$!; pids+=($dev)
+  for _ in $(seq 1 120); do grep -q "Talos dev stack is up" "$work/dev.log" && break; sleep 0.5; done
+  grep -q "Talos dev stack is up" "$work/dev.log" || { cat "$work/dev.log"; exit 1; }
+  ch=$(sed -n 's/^  ClickHouse:  \([^ ]*\).*/\1/p' "$work/dev.log")
+  chpid=$(pgrep -f "clickhouse-server.*$work" | head -1)
+  if [ -n "$sink_nice" ]; then
+    renice -n "$sink_nice" -p "$chpid" >/dev/null
+    nice -n "$sink_nice" "$work/bin/talosd" --roles sink --nats-url $nats --clickhouse-addr "$ch" --http-addr "" >"$work/sink.log" 2>&1 &
+    pids+=($!)
+  elif [ "$roles" = control ] && [ "${3:-}" = sink ]; then
+    "$work/bin/talosd" --roles sink --nats-url $nats --clickhouse-addr "$ch" --http-addr "" >"$work/sink.log" 2>&1 &
+    pids+=($!)
+  fi
+  "$work/bin/talosd" --roles enforce --nats-url $nats --registry cmd/talosd/demo/registry \
+    --signing-key "$work/dev/keys/signing.key" --instance bench-worker --http-addr "" >"$work/worker.log" 2>&1 &
+  worker=$!; pids+=($worker)
+  sleep 1
+}
 
-"$work/bin/talosd" --roles enforce --nats-url nats://127.0.0.1:14222 --registry cmd/talosd/demo/registry \
-  --signing-key "$work/dev/keys/signing.key" --instance bench-worker --http-addr "" >"$work/worker.log" 2>&1 &
-worker=$!
-pids+=($worker)
-sleep 1
+cpu() { awk '{print $14+$15}' "/proc/$1/stat"; } # user+system, in clock ticks (1/100 s)
+bench() { "$work/bin/talosctl" --nats-url $nats --clickhouse-addr "$ch" bench "$@"; }
 
-g=(--nats-url nats://127.0.0.1:14222 --clickhouse-addr "$ch")
 echo "== machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(go version | cut -d' ' -f3), ClickHouse $(clickhouse-client --version 2>&1 | grep -o '[0-9][0-9.]*[0-9]' | head -1)"
-echo "== latency: 100 enforcement points, 2,000 calls/s offered, 2 KB envelopes"
-"$work/bin/talosctl" "${g[@]}" bench --calls 30000 --concurrency 100 --rate 2000 "$@"
-echo "== throughput: 100 enforcement points, 4 calls in flight each, 2 KB envelopes"
-"$work/bin/talosctl" "${g[@]}" bench --calls 40000 --concurrency 100 --rate 0 --inflight 4 "$@"
-echo "== enforce worker peak RSS: $(awk '/VmHWM/{printf "%.0f MiB", $2/1024}' /proc/$worker/status)"
+case $mode in
+main)
+  start sink
+  echo "== latency: 100 enforcement points, 2,000 calls/s offered, 2 KB envelopes"
+  bench --calls 30000 --concurrency 100 --rate 2000
+  echo "== throughput: 100 enforcement points, 4 calls in flight each, 2 KB envelopes"
+  calls=40000
+  d0=$(cpu $dev); w0=$(cpu $worker); c0=$(cpu $chpid)
+  TIMEFORMAT='%U %S'
+  { time bench --calls $calls --concurrency 100 --rate 0 --inflight 4 >"$work/tp.out"; } 2>"$work/tp.time"
+  cat "$work/tp.out"
+  d1=$(cpu $dev); w1=$(cpu $worker); c1=$(cpu $chpid)
+  g=$(awk '{printf "%d", ($1+$2)*100}' "$work/tp.time")
+  per() { awk -v t="$1" -v n=$calls 'BEGIN{printf "%.0f", t*10000/n}'; } # ticks → µs per call
+  echo "== CPU per call during the throughput run: enforce worker $(per $((w1-w0))) µs, NATS + sink $(per $((d1-d0))) µs, ClickHouse $(per $((c1-c0))) µs, load generator $(per "$g") µs"
+  echo "== enforce worker peak RSS: $(awk '/VmHWM/{printf "%.0f MiB", $2/1024}' /proc/$worker/status)"
+  ;;
+tail)
+  echo "== latency at 2,000 calls/s with no sink and no ClickHouse load"
+  start control
+  bench --no-clickhouse --calls 30000 --concurrency 100 --rate 2000 | grep p99
+  stop_all
+  echo "== the same with the sink as its own process, equal CPU priority"
+  start control "" sink
+  bench --calls 30000 --concurrency 100 --rate 2000 | grep -E "p99|end to end"
+  stop_all
+  echo "== the same with the sink and ClickHouse at nice 10"
+  start control 10
+  bench --calls 30000 --concurrency 100 --rate 2000 | grep -E "p99|end to end"
+  ;;
+*)
+  echo "usage: bash scripts/bench.sh [tail]" >&2
+  exit 2
+  ;;
+esac
