@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -136,10 +135,7 @@ func (c *callCmd) Run(g *Globals) error {
 
 // printDecision prints a decision; a deny is not a failure, no decision is.
 func printDecision(g *Globals, d *schemas.Decision, err error) error {
-	if errors.Is(err, ingest.ErrNoDecision) {
-		return failed("%v", err)
-	}
-	if err != nil {
+	if err != nil { // includes ingest.ErrNoDecision: no decision is a deny, and a failure
 		return failed("%v", err)
 	}
 	if g.JSON {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,8 +84,10 @@ func TestCLIAgainstRunningStack(t *testing.T) {
 	}
 	defer func() { _ = d.Process.Kill(); _ = d.Wait() }()
 
-	// allow
-	out, code = run(t, talosctl, append(g, "--json", "call", "--server", "files", "--tool", "list_directory", "--args", `{"path":"."}`)...)
+	// allow; an agent id with a quote and a backslash puts JSON escapes in
+	// the signed receipt, which the export below must carry unaltered
+	out, code = run(t, talosctl, append(g, "--json", "call", "--server", "files", "--tool", "list_directory", "--args", `{"path":"."}`,
+		"--agent", `agent "quoted" \ path`)...)
 	if code != 0 {
 		t.Fatalf("call: exit %d\n%s", code, out)
 	}
@@ -131,22 +134,20 @@ func TestCLIAgainstRunningStack(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "OK: 5 receipts") {
 		t.Fatalf("verify untouched: exit %d\n%s", code, out)
 	}
-	// The same receipts as a file verify offline.
-	rows, err := conn.Query(ctx, fmt.Sprintf("SELECT cloudevent FROM %s.v_receipts", db))
+	// The same receipts as a file verify offline, exported with the
+	// README's clickhouse-client command.
+	host, port, _ := net.SplitHostPort(addr)
+	export := exec.Command("clickhouse-client", "--host", host, "--port", port,
+		"--query", fmt.Sprintf("SELECT cloudevent FROM %s.v_receipts FORMAT TSVRaw", db))
+	exported, err := export.Output()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("clickhouse-client export: %v", err)
 	}
-	var lines []string
-	for rows.Next() {
-		var ce string
-		if err := rows.Scan(&ce); err != nil {
-			t.Fatal(err)
-		}
-		lines = append(lines, ce)
+	if !strings.Contains(string(exported), `"agent_id":"agent \"quoted\" \\ path"`) {
+		t.Fatalf("export lacks the escaped agent id:\n%s", exported)
 	}
-	rows.Close()
 	file := filepath.Join(dir, "receipts.jsonl")
-	os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
+	os.WriteFile(file, exported, 0o644)
 	if out, code := run(t, talosctl, "verify", "--trusted-keys", dir, "--file", file); code != 0 {
 		t.Fatalf("verify --file: exit %d\n%s", code, out)
 	}
