@@ -34,7 +34,7 @@ func NewDecider(e *Engine, o DeciderOptions) (*Decider, error) {
 // Decide decides the call raw, received on subject
 // (talos.call.<phase>.<server_id>), at now. The receipt's Chain and
 // Signature are left for the signer.
-func (d *Decider) Decide(subject string, raw []byte, now time.Time) (schemas.Receipt, []string) {
+func (d *Decider) Decide(subject string, raw []byte, now time.Time) (schemas.Receipt, []string, error) {
 	subjPhase, subjServer := splitCallSubject(subject)
 	envHash := sha256.Sum256(raw)
 	r := schemas.Receipt{
@@ -63,7 +63,7 @@ func (d *Decider) Decide(subject string, raw []byte, now time.Time) (schemas.Rec
 		r.ToolCallID, r.EPID, _ = schemas.BestEffortIDs(raw)
 		fill(&r, o)
 		r.EventType = kindOf(r.Phase)
-		return r, o.Details
+		return r, o.Details, nil
 	}
 	c := &pc.Call
 	var o Outcome
@@ -88,7 +88,7 @@ func (d *Decider) Decide(subject string, raw []byte, now time.Time) (schemas.Rec
 		}
 	}
 	fill(&r, o)
-	return r, o.Details
+	return r, o.Details, nil
 }
 
 // fill copies an Outcome into the receipt.

@@ -34,7 +34,7 @@ func TestDeciderFillsReceipt(t *testing.T) {
 	raw, _ := json.Marshal(env)
 	raw = append(raw[:len(raw)-1], []byte(`,"capability":{ "z": 1, "constraints": {"read_only": false}, "a": "x" }}`)...)
 	now := time.Date(2026, 1, 2, 3, 4, 5, 6_000_000, time.UTC)
-	r, details := newTestDecider(t).Decide("talos.call.pre.files", raw, now)
+	r, details, _ := newTestDecider(t).Decide("talos.call.pre.files", raw, now)
 	if r.Decision != schemas.DecisionAllow || len(r.ReasonCodes) != 0 || details != nil {
 		t.Fatalf("decision %s %v %v", r.Decision, r.ReasonCodes, details)
 	}
@@ -60,7 +60,7 @@ func TestDeciderDeniesWhatItCannotTrust(t *testing.T) {
 	d := newTestDecider(t)
 	raw, _ := json.Marshal(envelope("pre", "files", "list_dir", map[string]any{}))
 	for _, subject := range []string{"talos.call.pre.github", "talos.call.post.files"} {
-		r, details := d.Decide(subject, raw, time.Now())
+		r, details, _ := d.Decide(subject, raw, time.Now())
 		if r.Decision != schemas.DecisionDeny || !slices.Equal(r.ReasonCodes, []string{schemas.CodeEnvelopeInvalid}) || len(details) == 0 {
 			t.Errorf("%s: %s %v %v", subject, r.Decision, r.ReasonCodes, details)
 		}
@@ -68,7 +68,7 @@ func TestDeciderDeniesWhatItCannotTrust(t *testing.T) {
 			t.Errorf("%s: tool_call_id %q result_code %q", subject, r.ToolCallID, r.ResultCode)
 		}
 	}
-	r, _ := d.Decide("talos.call.post.files", []byte("not json"), time.Now())
+	r, _, _ := d.Decide("talos.call.post.files", []byte("not json"), time.Now())
 	if r.Decision != schemas.DecisionDeny || r.Phase != schemas.PhasePost || r.EventType != schemas.KindEffect ||
 		r.ServerID != "files" || r.ToolCallID != "" || r.EnvelopeHash != sum([]byte("not json")) {
 		t.Errorf("not JSON: %+v", r)

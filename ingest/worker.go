@@ -23,11 +23,14 @@ import (
 
 // Decider turns one raw call message into unsigned receipt data (Chain and
 // Signature are filled when it is sealed) and, for humans, details that
-// never contain argument values. It must be pure and safe for concurrent
-// use, and it must answer every input: a malformed envelope is a deny with
-// VAL-HTC-001, never an error. The receipt's EventType is its kind.
+// never contain argument values. It must be safe for concurrent use, and
+// it must answer every input: a malformed envelope is a deny with
+// VAL-HTC-001, never an error. An error means no decision could be made
+// (a shared store it consults is unreachable): the call is retried later
+// and the enforcement point, meanwhile, fails closed. The receipt's
+// EventType is its kind.
 type Decider interface {
-	Decide(subject string, raw []byte, now time.Time) (schemas.Receipt, []string)
+	Decide(subject string, raw []byte, now time.Time) (schemas.Receipt, []string, error)
 }
 
 // WorkerOptions configures a Worker. The zero value of every field but
@@ -274,7 +277,10 @@ func (w *Worker) decide(subject string, raw []byte, now time.Time) (r schemas.Re
 			err = fmt.Errorf("panic: %v", p)
 		}
 	}()
-	r, details = w.d.Decide(subject, raw, now)
+	r, details, err = w.d.Decide(subject, raw, now)
+	if err != nil {
+		return r, nil, err
+	}
 	if r.EventType != schemas.KindDecision && r.EventType != schemas.KindEffect {
 		return r, nil, fmt.Errorf("decider returned kind %q", r.EventType)
 	}

@@ -157,6 +157,7 @@ func fullReceiptEvent() map[string]any {
 		EPID: "gw", ServerID: "files", ToolName: "read_file", Phase: PhasePost, Mode: "prod", Decision: DecisionAllow,
 		ReasonCodes: []string{CodeToolUnclassifiedAllowedDev}, ToolClass: ClassRead, RegistryDigest: "sha256:" + strings.Repeat("f", 64),
 		DocumentHashes: eff.DocumentHashes, BatchTotalBytes: 3, ContentHashAlg: ContentHashAlg, Effect: &eff,
+		ControlSeq: 7, Control: fullControlRecord(),
 		Chain:     Chain{ChainID: "worker-1", Seq: 1, PrevHash: GenesisHash},
 		Signature: &Signature{Alg: SignatureAlg, KID: "k1", Sig: strings.Repeat("A", 86)},
 	}
@@ -165,6 +166,17 @@ func fullReceiptEvent() map[string]any {
 		"type": TypeReceiptEffect, "subject": eff.ToolCallID, "time": "2025-01-15T10:20:30.123Z",
 		"datacontenttype": "application/json", "data": r,
 	}
+}
+
+func fullControlRecord() *ControlRecord {
+	return &ControlRecord{CommandID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d71", Verb: VerbKillSwitchSet, Actor: "alice",
+		Reason: "incident 42", Target: "tool:files/write_file", Accepted: true, Code: "", Seq: 7,
+		CommandHash: strings.Repeat("a", 64), ResponderKID: "0123456789abcdef",
+		Command: &ControlCommand{SchemaVersion: ControlCommandVersion, CommandID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d71",
+			Verb: VerbKillSwitchSet, Actor: "alice", Reason: "incident 42", IssuedAt: "2025-01-15T10:20:30.123Z",
+			Scope: "tool:files/write_file", SessionID: "s", Target: "cap-1", Digest: "sha256:" + strings.Repeat("f", 64),
+			CorrelationID: "q3V2bH7pR9sT1uW4xY6zAb", Manifests: []json.RawMessage{json.RawMessage(`{"server_id":"x"}`)},
+			Signature: &Signature{Alg: SignatureAlg, KID: "0123456789abcdef", Sig: strings.Repeat("A", 86)}}}
 }
 
 // assertAllKeys fails if the JSON object b lacks a json key of typ, so that
@@ -214,6 +226,8 @@ func TestFullyPopulatedStructsValidate(t *testing.T) {
 	ev := fullReceiptEvent()
 	b = mustJSON(t, ev)
 	assertAllKeys(t, reflect.TypeFor[Receipt](), mustJSON(t, ev["data"]))
+	assertAllKeys(t, reflect.TypeFor[ControlRecord](), mustJSON(t, fullControlRecord()))
+	assertAllKeys(t, reflect.TypeFor[ControlCommand](), mustJSON(t, fullControlRecord().Command))
 	if err := ValidateReceiptEvent(b); err != nil {
 		t.Errorf("receipt event: %v", err)
 	}

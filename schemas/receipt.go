@@ -37,6 +37,12 @@ type Receipt struct {
 	BatchTotalBytes int64          `json:"batch_total_bytes"`
 	ContentHashAlg  string         `json:"content_hash_alg"`
 	Effect          *ToolEffect    `json:"effect,omitempty"`
+	// ControlSeq is the TALOS_CONTROL sequence whose state (kill switches,
+	// quarantines, registry pin) the decision was made under; 0 (omitted)
+	// means no control event had been applied.
+	ControlSeq uint64 `json:"control_seq,omitempty"`
+	// Control is the command record of a control receipt (event_type control).
+	Control *ControlRecord `json:"control,omitempty"`
 
 	Chain     Chain      `json:"chain"`
 	Signature *Signature `json:"signature,omitempty"`
