@@ -25,7 +25,14 @@ type migration struct {
 	version    uint32
 	name       string
 	statements []string
+	// addColumns are added to existing tables when missing (checked in
+	// system.columns first, so a rerun or a concurrent Migrate is harmless;
+	// 18.16 has no ADD COLUMN IF NOT EXISTS). They run before statements.
+	addColumns []column
 }
+
+// column is one column a migration adds to an existing table.
+type column struct{ table, name, typ string }
 
 // Tables of a Talos database.
 const (
@@ -45,6 +52,7 @@ const (
 	ViewReceipts        = "v_receipts"          // one row per receipt_id
 	ViewDecisions       = "v_decisions"         // one row per (tool_call_id, phase, kind)
 	ViewDenialsByReason = "v_denials_by_reason" // (hour, server_id, reason_code) -> denials
+	ViewControlEvents   = "v_control_events"    // one row per control receipt (event_id)
 )
 
 const (
@@ -52,6 +60,7 @@ const (
 	decisionColumnsSQL   = "tool_call_id, phase, kind, decision, reason_codes, receipt_id, time, time_ms, session_id, ep_id, server_id, tool_name, tool_class, agent_id, registry_digest, chain_id, chain_seq"
 	denialsByReasonSQL   = "hour, server_id, reason_code, denials"
 	schemaMigrationsCols = "version, name"
+	controlColumnsSQL    = "event_id, type, verb, time, time_ms, stream_seq, actor, target, reason, signer_kid, command_id, accepted, code, command_hash, responder_kid, chain_id, chain_seq, cloudevent"
 )
 
 // Deduplication: every table is a ReplacingMergeTree ordered by its record id,
@@ -209,6 +218,27 @@ FROM {db}.v_decisions
 WHERE decision = 'deny'
 GROUP BY hour, server_id, reason_code`,
 	},
+}, {
+	version: 2,
+	name:    "control receipts: command columns and v_control_events",
+	addColumns: []column{
+		{TableControlEvents, "command_id", "String"},
+		{TableControlEvents, "accepted", "UInt8"},
+		{TableControlEvents, "code", "String"},
+		{TableControlEvents, "command_hash", "String"},
+		{TableControlEvents, "responder_kid", "String"},
+		{TableControlEvents, "chain_id", "String"},
+		{TableControlEvents, "chain_seq", "UInt64"},
+	},
+	statements: []string{
+		// Who asked for what, why, and whether it was accepted: one row per
+		// control receipt (accepted or refused), newest first.
+		`CREATE VIEW IF NOT EXISTS {db}.v_control_events AS
+SELECT ` + controlColumnsSQL + `
+FROM {db}.control_events
+ORDER BY event_id, inserted_at
+LIMIT 1 BY event_id`,
+	},
 }}
 
 // SchemaVersion is the version Migrate brings a database to.
@@ -240,6 +270,9 @@ func Migrate(ctx context.Context, conn driver.Conn, database string) error {
 		if applied[m.version] {
 			continue
 		}
+		if err := addColumns(ctx, conn, database, m.addColumns); err != nil {
+			return fmt.Errorf("query: migration %d (%s): %w", m.version, m.name, err)
+		}
 		for i, stmt := range m.statements {
 			if err := conn.Exec(ctx, strings.ReplaceAll(stmt, "{db}", db)); err != nil {
 				return fmt.Errorf("query: migration %d (%s) statement %d: %w", m.version, m.name, i+1, err)
@@ -255,6 +288,34 @@ func Migrate(ctx context.Context, conn driver.Conn, database string) error {
 		}
 		if err := b.Send(); err != nil {
 			return fmt.Errorf("query: record migration %d: %w", m.version, err)
+		}
+	}
+	return nil
+}
+
+// addColumns adds each missing column. A column another Migrate added in
+// the meantime shows up on the re-check and is not an error.
+func addColumns(ctx context.Context, conn driver.Conn, database string, cols []column) error {
+	for _, c := range cols {
+		has := func() (bool, error) {
+			var n uint64
+			err := conn.QueryRow(ctx, "SELECT count() FROM system.columns WHERE database = ? AND table = ? AND name = ?",
+				database, c.table, c.name).Scan(&n)
+			return n > 0, err
+		}
+		ok, err := has()
+		if err != nil {
+			return fmt.Errorf("read columns of %s: %w", c.table, err)
+		}
+		if ok {
+			continue
+		}
+		stmt := "ALTER TABLE `" + database + "`." + c.table + " ADD COLUMN " + c.name + " " + c.typ
+		if err := conn.Exec(ctx, stmt); err != nil {
+			if ok, cerr := has(); cerr == nil && ok {
+				continue
+			}
+			return fmt.Errorf("add column %s.%s: %w", c.table, c.name, err)
 		}
 	}
 	return nil

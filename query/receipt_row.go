@@ -90,6 +90,13 @@ const receiptTypePrefix, receiptTypeSuffix = "dev.talos.receipt.", ".v1"
 // published) are hashed without re-encoding. Duplicate keys and
 // non-canonical forms are the verifier's to report, not the projection's.
 func ReceiptRowFromEvent(raw []byte) (ReceiptRow, error) {
+	row, _, err := receiptRowFromEvent(raw)
+	return row, err
+}
+
+// receiptRowFromEvent is ReceiptRowFromEvent that also returns the parsed
+// receipt data, for projections that need more of it (control receipts).
+func receiptRowFromEvent(raw []byte) (ReceiptRow, *schemas.Receipt, error) {
 	var ev struct {
 		ID   string           `json:"id"`
 		Type string           `json:"type"`
@@ -97,30 +104,30 @@ func ReceiptRowFromEvent(raw []byte) (ReceiptRow, error) {
 		Data *schemas.Receipt `json:"data"`
 	}
 	if err := json.Unmarshal(raw, &ev); err != nil {
-		return ReceiptRow{}, fmt.Errorf("query: receipt: %w", err)
+		return ReceiptRow{}, nil, fmt.Errorf("query: receipt: %w", err)
 	}
 	rest, okPrefix := strings.CutPrefix(ev.Type, receiptTypePrefix)
 	kind, okSuffix := strings.CutSuffix(rest, receiptTypeSuffix)
 	if !okPrefix || !okSuffix || kind == "" || strings.Contains(kind, ".") {
-		return ReceiptRow{}, fmt.Errorf("query: type %q: %w", ev.Type, ErrNotReceipt)
+		return ReceiptRow{}, nil, fmt.Errorf("query: type %q: %w", ev.Type, ErrNotReceipt)
 	}
 	if ev.ID == "" {
-		return ReceiptRow{}, fmt.Errorf("query: receipt without id: %w", ErrNotReceipt)
+		return ReceiptRow{}, nil, fmt.Errorf("query: receipt without id: %w", ErrNotReceipt)
 	}
 	t, err := time.Parse(time.RFC3339Nano, ev.Time)
 	if err != nil {
-		return ReceiptRow{}, fmt.Errorf("query: receipt %s time: %w", ev.ID, err)
+		return ReceiptRow{}, nil, fmt.Errorf("query: receipt %s time: %w", ev.ID, err)
 	}
 	if t.Before(time.Unix(0, 0)) {
-		return ReceiptRow{}, fmt.Errorf("query: receipt %s time %s is before 1970", ev.ID, ev.Time)
+		return ReceiptRow{}, nil, fmt.Errorf("query: receipt %s time %s is before 1970", ev.ID, ev.Time)
 	}
 	if ev.Data == nil {
-		return ReceiptRow{}, fmt.Errorf("query: receipt %s has no data", ev.ID)
+		return ReceiptRow{}, nil, fmt.Errorf("query: receipt %s has no data", ev.ID)
 	}
 	rec := *ev.Data
 	hash, err := receipts.ReceiptHash(raw)
 	if err != nil {
-		return ReceiptRow{}, fmt.Errorf("query: receipt %s hash: %w", ev.ID, err)
+		return ReceiptRow{}, nil, fmt.Errorf("query: receipt %s hash: %w", ev.ID, err)
 	}
 	row := ReceiptRow{
 		ReceiptID:      ev.ID,
@@ -153,7 +160,7 @@ func ReceiptRowFromEvent(raw []byte) (ReceiptRow, error) {
 	if rec.Signature != nil {
 		row.SignerKID = rec.Signature.KID
 	}
-	return row, nil
+	return row, &rec, nil
 }
 
 // CompareColumns returns the names of the columns whose stored value in row

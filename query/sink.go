@@ -34,13 +34,20 @@ func (w *SinkWriter) Rows() uint64 { return w.rows.Load() }
 // so a batch retried after a partial failure is safe.
 func (w *SinkWriter) Write(ctx context.Context, recs []schemas.AuditRecord) error {
 	var (
-		rows []ReceiptRow
-		dead []DeadLetter
+		rows    []ReceiptRow
+		control []ControlEventRow
+		dead    []DeadLetter
 	)
 	for _, rec := range recs {
 		switch {
 		case strings.HasPrefix(rec.Subject, "talos.audit.receipt."):
-			row, err := ReceiptRowFromEvent(rec.Data)
+			row, data, err := receiptRowFromEvent(rec.Data)
+			if err == nil && row.Kind == schemas.KindControl {
+				var c ControlEventRow
+				if c, err = controlRowFromReceipt(&row, data); err == nil {
+					control = append(control, c)
+				}
+			}
 			if err != nil {
 				dead = append(dead, DeadLetter{Subject: rec.Subject, StreamSeq: rec.StreamSeq, Reason: err.Error(), Data: string(rec.Data)})
 				continue
@@ -55,6 +62,11 @@ func (w *SinkWriter) Write(ctx context.Context, recs []schemas.AuditRecord) erro
 		if err := InsertReceipts(ctx, w.conn, w.database, rows); err != nil {
 			return err
 		}
+	}
+	// A control receipt is in both tables; both inserts are idempotent, so
+	// a retry after the first succeeded is harmless.
+	if err := InsertControlEvents(ctx, w.conn, w.database, control); err != nil {
+		return err
 	}
 	if len(dead) > 0 {
 		if err := InsertDeadLetters(ctx, w.conn, w.database, dead); err != nil {

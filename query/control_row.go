@@ -1,0 +1,114 @@
+package query
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/talos-audit/talos/schemas"
+)
+
+// ControlEventRow is one row of control_events: a control receipt (a
+// responder's command, accepted or refused) flattened for auditors. The
+// same receipt is also a row of receipts, where the verifier covers it.
+type ControlEventRow struct {
+	EventID      string // CloudEvent id (= receipt_id)
+	Type         string // CloudEvent type
+	Verb         string
+	Time         time.Time
+	TimeMS       uint64
+	StreamSeq    uint64 // TALOS_CONTROL seq of an accepted mutation; 0 otherwise
+	Actor        string
+	Target       string
+	Reason       string
+	SignerKID    string // the talosd key that signed the receipt
+	CommandID    string
+	Accepted     bool
+	Code         string // refusal code; "" when accepted
+	CommandHash  string
+	ResponderKID string // the responder key that signed the command
+	ChainID      string
+	ChainSeq     uint64
+	CloudEvent   string
+}
+
+var controlInsertColumns = strings.Split(controlColumnsSQL, ", ")
+
+// controlRowFromReceipt derives the control_events row of a control receipt
+// already turned into row (its receipts row) and rec (its data).
+func controlRowFromReceipt(row *ReceiptRow, rec *schemas.Receipt) (ControlEventRow, error) {
+	c := rec.Control
+	if c == nil {
+		return ControlEventRow{}, fmt.Errorf("query: control receipt %s has no data.control", row.ReceiptID)
+	}
+	return ControlEventRow{
+		EventID: row.ReceiptID, Type: schemas.ReceiptType(schemas.KindControl), Verb: c.Verb,
+		Time: row.Time, TimeMS: row.TimeMS, StreamSeq: c.Seq, Actor: c.Actor, Target: c.Target, Reason: c.Reason,
+		SignerKID: row.SignerKID, CommandID: c.CommandID, Accepted: c.Accepted, Code: c.Code,
+		CommandHash: c.CommandHash, ResponderKID: c.ResponderKID, ChainID: row.ChainID, ChainSeq: row.ChainSeq,
+		CloudEvent: row.CloudEvent,
+	}, nil
+}
+
+// InsertControlEvents writes rows to database.control_events in one batch.
+func InsertControlEvents(ctx context.Context, conn driver.Conn, database string, rows []ControlEventRow) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	tbl, err := table(database, TableControlEvents)
+	if err != nil {
+		return err
+	}
+	b, err := conn.PrepareBatch(ctx, "INSERT INTO "+tbl+" ("+controlColumnsSQL+")")
+	if err != nil {
+		return fmt.Errorf("query: insert control events: %w", err)
+	}
+	for _, r := range rows {
+		var accepted uint8
+		if r.Accepted {
+			accepted = 1
+		}
+		if err := b.Append(r.EventID, r.Type, r.Verb, r.Time.UTC(), r.TimeMS, r.StreamSeq, r.Actor, r.Target, r.Reason,
+			r.SignerKID, r.CommandID, accepted, r.Code, r.CommandHash, r.ResponderKID, r.ChainID, r.ChainSeq, r.CloudEvent); err != nil {
+			b.Abort()
+			return fmt.Errorf("query: insert control event %s: %w", r.EventID, err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("query: insert %d control events: %w", len(rows), err)
+	}
+	return nil
+}
+
+// ControlEvents returns the control receipts of database, oldest first
+// (deduplicated), at most limit rows (0 = all).
+func ControlEvents(ctx context.Context, conn driver.Conn, database string, limit int) ([]ControlEventRow, error) {
+	v, err := table(database, ViewControlEvents)
+	if err != nil {
+		return nil, err
+	}
+	q := "SELECT " + controlColumnsSQL + " FROM " + v + " ORDER BY time_ms, event_id"
+	if limit > 0 {
+		q += fmt.Sprintf(" LIMIT %d", limit)
+	}
+	rows, err := conn.Query(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("query: control events: %w", err)
+	}
+	defer rows.Close()
+	var out []ControlEventRow
+	for rows.Next() {
+		var r ControlEventRow
+		var accepted uint8
+		if err := rows.Scan(&r.EventID, &r.Type, &r.Verb, &r.Time, &r.TimeMS, &r.StreamSeq, &r.Actor, &r.Target, &r.Reason,
+			&r.SignerKID, &r.CommandID, &accepted, &r.Code, &r.CommandHash, &r.ResponderKID, &r.ChainID, &r.ChainSeq, &r.CloudEvent); err != nil {
+			return nil, fmt.Errorf("query: control events: %w", err)
+		}
+		r.Accepted = accepted == 1
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
