@@ -3,45 +3,102 @@ package enforce
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/talos-audit/talos/schemas"
 )
 
 // DeciderOptions bounds what a Decider accepts. Zero values mean the
-// schemas.Limits defaults.
+// schemas.Limits defaults and no replay checks.
 type DeciderOptions struct {
 	MaxEnvelopeBytes int
 	MaxDepth         int
+	// Replay, if set, checks every valid phase-pre call's correlation_id
+	// (REPLAY); nil means no replay checks.
+	Replay *ReplayGuard
 }
 
 // Decider turns one raw call message into unsigned receipt data: it parses
-// the envelope (VAL-HTC-001 on any failure), runs the Engine, and fills
-// every receipt field. It answers every input and is safe for concurrent
+// the envelope (VAL-HTC-001 on any failure), runs the Engine of the current
+// State, adds the incident and replay checks, and fills every receipt
+// field. It answers every input it can decide and is safe for concurrent
 // use; it never copies argument or result values into the receipt, only
 // their hashes.
+//
+// The current State is swapped atomically (Apply, SetState): each Decide
+// reads it once, so a decision is made under exactly one control seq,
+// which its receipt names (ControlSeq, RegistryDigest).
 type Decider struct {
-	e   *Engine
-	lim schemas.Limits
+	state  atomic.Pointer[State]
+	lim    schemas.Limits
+	replay *ReplayGuard
 }
 
-// NewDecider returns a Decider over e.
+// NewDecider returns a Decider whose State is the one before any control
+// event, enforcing with e (its mode and registry as the bootstrap).
 func NewDecider(e *Engine, o DeciderOptions) (*Decider, error) {
-	return &Decider{e: e, lim: schemas.Limits{MaxBytes: o.MaxEnvelopeBytes, MaxDepth: o.MaxDepth}}, nil
+	if e == nil {
+		return nil, errors.New("enforce: NewDecider: nil Engine")
+	}
+	d := &Decider{lim: schemas.Limits{MaxBytes: o.MaxEnvelopeBytes, MaxDepth: o.MaxDepth}, replay: o.Replay}
+	d.state.Store(stateFor(e))
+	return d, nil
+}
+
+// State is the State calls are currently decided under.
+func (d *Decider) State() *State { return d.state.Load() }
+
+// SetState makes s the State later calls are decided under (for a worker
+// that rebuilt its State elsewhere). A nil s is ignored.
+func (d *Decider) SetState(s *State) {
+	if s != nil {
+		d.state.Store(s)
+	}
+}
+
+// Apply applies the control event stored at TALOS_CONTROL sequence seq to
+// the current State (State.Apply) and swaps the result in; calls decided
+// after Apply returns see it. It returns State.Apply's error, after
+// swapping in the State it returned (an invalid command still consumes its
+// seq). On an applied replay.flush it also flushes the replay guard's
+// local cache for cmd.SessionID ("" = every session).
+//
+// Apply MUST NOT be called from more than one goroutine at a time (the
+// control consumer owns it); Decide may run concurrently with it.
+func (d *Decider) Apply(seq uint64, rec *schemas.ControlRecord, at time.Time) error {
+	next, err := d.state.Load().Apply(seq, rec, at)
+	if err == nil && d.replay != nil && rec.Command.Verb == schemas.VerbReplayFlush {
+		// Flush before the swap: a call that sees this seq cannot see a
+		// pair the flush removed from the local cache.
+		d.replay.Flush(rec.Command.SessionID)
+	}
+	d.state.Store(next)
+	return err
 }
 
 // Decide decides the call raw, received on subject
 // (talos.call.<phase>.<server_id>), at now. The receipt's Chain and
-// Signature are left for the signer.
+// Signature are left for the signer. A valid envelope gets the incident
+// codes of the State (KILL_SWITCH, SESSION_QUARANTINED) before the
+// Engine's, and in phase pre the replay check (REPLAY); a malformed one
+// gets VAL-HTC-001 only. An error means there is no decision (the replay
+// store could not answer): the caller MUST NOT answer or ack the call, so
+// it is retried (fail closed).
 func (d *Decider) Decide(subject string, raw []byte, now time.Time) (schemas.Receipt, []string, error) {
+	st := d.state.Load()
+	e := st.engine
 	subjPhase, subjServer := splitCallSubject(subject)
 	envHash := sha256.Sum256(raw)
 	r := schemas.Receipt{
 		EnvelopeHash:   hex.EncodeToString(envHash[:]),
 		Timestamp:      now.UTC().Format(schemas.TimeFormat),
-		Mode:           string(d.e.Mode()),
-		RegistryDigest: d.e.Registry().Digest(),
+		Mode:           string(e.Mode()),
+		RegistryDigest: e.Registry().Digest(),
+		ControlSeq:     st.Seq(),
 		ContentHashAlg: schemas.ContentHashAlg,
 		ReasonCodes:    []string{},
 		DocumentHashes: []schemas.DocumentHash{},
@@ -68,9 +125,23 @@ func (d *Decider) Decide(subject string, raw []byte, now time.Time) (schemas.Rec
 	c := &pc.Call
 	var o Outcome
 	if c.Phase == schemas.PhasePost {
-		o = d.e.DecidePost(pc)
+		o = e.DecidePost(pc)
 	} else {
-		o = d.e.DecidePre(pc)
+		o = e.DecidePre(pc)
+	}
+	if !slices.Contains(o.ReasonCodes, schemas.CodeEnvelopeInvalid) {
+		codes, details := st.Check(c)
+		if c.Phase == schemas.PhasePre && d.replay != nil {
+			replayed, err := d.replay.Check(c.SessionID, c.CorrelationID, c.ToolCallID)
+			if err != nil {
+				return schemas.Receipt{}, nil, err
+			}
+			if replayed {
+				codes = append(codes, schemas.CodeReplay)
+				details = append(details, "correlation_id: already used in this session by another tool call")
+			}
+		}
+		o = prepend(o, codes, details)
 	}
 	r.EventType = kindOf(c.Phase)
 	r.Tool = c.ToolName
@@ -89,6 +160,29 @@ func (d *Decider) Decide(subject string, raw []byte, now time.Time) (schemas.Rec
 	}
 	fill(&r, o)
 	return r, o.Details, nil
+}
+
+// prepend puts codes (with their details) before o's, deduplicated, and
+// makes the decision deny if any code is not a warning.
+func prepend(o Outcome, codes, details []string) Outcome {
+	if len(codes) == 0 {
+		return o
+	}
+	merged := make([]string, 0, len(codes)+len(o.ReasonCodes))
+	for _, c := range append(codes, o.ReasonCodes...) {
+		if !slices.Contains(merged, c) {
+			merged = append(merged, c)
+		}
+	}
+	o.ReasonCodes = merged
+	o.Details = append(details, o.Details...)
+	for _, c := range codes {
+		if !schemas.WarningCodes[c] {
+			o.Decision = schemas.DecisionDeny
+			break
+		}
+	}
+	return o
 }
 
 // fill copies an Outcome into the receipt.
