@@ -6,12 +6,14 @@ RUN go mod download
 COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -o /out/talosd ./cmd/talosd && \
     CGO_ENABLED=0 go build -trimpath -o /out/talosctl ./cmd/talosctl && \
-    mkdir -p /out/keys
+    mkdir -p /out/keys /out/secrets
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/talosd /out/talosctl /usr/local/bin/
 # A named volume mounted on /keys starts with this directory's owner, so the
 # nonroot user can write and read the signing keys.
 COPY --from=build --chown=65532:65532 /out/keys /keys
+# Likewise /secrets, where `talosd nats-auth` writes the NATS users.
+COPY --from=build --chown=65532:65532 /out/secrets /secrets
 USER nonroot
 ENTRYPOINT ["/usr/local/bin/talosd"]

@@ -55,8 +55,11 @@ type ControlHooks struct {
 	// Precheck may refuse an otherwise valid mutating command (e.g. pin of
 	// an unknown digest): code "" accepts. A code must look like the Ctl*
 	// codes (upper case, digits, underscores), else CtlInvalid is used.
-	// Called with mutations serialised.
-	Precheck func(cmd *schemas.ControlCommand) (code, detail string)
+	// Called with mutations serialised. lastSeq is the last TALOS_CONTROL
+	// seq when it is called: the hook MUST judge against state that has
+	// applied at least that far (a pin right after its publish), waiting
+	// for its follower if need be, and refuse with CtlInternal if ctx ends.
+	Precheck func(ctx context.Context, cmd *schemas.ControlCommand, lastSeq uint64) (code, detail string)
 	// View is the enforcement state, for killswitch.list, quarantine.list
 	// and registry.show; nil → those verbs answer CtlInternal.
 	View func() schemas.IncidentView
@@ -588,7 +591,10 @@ func (s *ControlService) mutate(ctx context.Context, req *request) *schemas.Cont
 		return s.repeatedLocked(ctx, req, e)
 	}
 	if pre := s.o.Hooks.Precheck; pre != nil {
-		if code, detail := pre(cmd); code != "" {
+		if err := s.catchUpLocked(ctx); err != nil {
+			return s.refuseLocked(ctx, req, schemas.CtlInternal, "cannot read TALOS_CONTROL: "+err.Error())
+		}
+		if code, detail := pre(ctx, cmd, s.lastSeq); code != "" {
 			return s.refuseLocked(ctx, req, code, detail)
 		}
 	}

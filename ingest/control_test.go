@@ -330,7 +330,7 @@ func TestControlAcceptedMutation(t *testing.T) {
 func TestControlRefusals(t *testing.T) {
 	e := newControlEnv(t)
 	e.startControl(t, "control-a", func(o *ingest.ControlOptions) {
-		o.Hooks.Precheck = func(cmd *schemas.ControlCommand) (string, string) {
+		o.Hooks.Precheck = func(_ context.Context, cmd *schemas.ControlCommand, _ uint64) (string, string) {
 			if cmd.Verb == schemas.VerbRegistryPin {
 				return schemas.CtlNotFound, "digest " + cmd.Digest + " was never published"
 			}

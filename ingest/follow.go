@@ -392,3 +392,23 @@ func (b *followBackoff) wait(ctx context.Context) bool {
 		return true
 	}
 }
+
+// Precheck returns a ControlHooks.Precheck that judges a command with check
+// once this follower has applied at least the control service's last seq,
+// so a command is checked against every event before it (a pin right after
+// its publish). It refuses with CtlInternal if the follower has not got
+// there within wait.
+func (f *ControlFollower) Precheck(check func(*schemas.ControlCommand) (code, detail string), wait time.Duration) func(context.Context, *schemas.ControlCommand, uint64) (string, string) {
+	return func(ctx context.Context, cmd *schemas.ControlCommand, lastSeq uint64) (string, string) {
+		ctx, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		for f.Applied() < lastSeq {
+			select {
+			case <-ctx.Done():
+				return schemas.CtlInternal, fmt.Sprintf("control state not caught up (applied %d of %d); retry", f.Applied(), lastSeq)
+			case <-time.After(time.Millisecond):
+			}
+		}
+		return check(cmd)
+	}
+}

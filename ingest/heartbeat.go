@@ -48,6 +48,7 @@ type Heartbeat struct {
 	poke    chan struct{} // capacity 1: a pending poke; more coalesce into it
 
 	running   atomic.Bool
+	stopping  atomic.Bool
 	published atomic.Uint64
 }
 
@@ -93,8 +94,10 @@ func (h *Heartbeat) Published() uint64 { return h.published.Load() }
 // Run publishes one heartbeat at once, then one every Interval and one
 // after each (coalesced) Poke, until ctx ends; then it returns nil. A
 // publish failure (connection closed, not yet reconnected) is logged once
-// per outage, not retried: the next heartbeat carries the newer status. It
-// returns an error only if called twice.
+// per outage, not retried: the next heartbeat carries the newer status.
+// The last heartbeat, when ctx ends, says Stopping, so watchers stop
+// counting this worker as live at once. It returns an error only if called
+// twice.
 func (h *Heartbeat) Run(ctx context.Context) error {
 	if !h.running.CompareAndSwap(false, true) {
 		return errors.New("ingest: Heartbeat.Run called twice")
@@ -116,6 +119,8 @@ func (h *Heartbeat) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
+			h.stopping.Store(true)
+			_ = h.publish()
 			return nil
 		case <-h.poke:
 			beat()
@@ -136,6 +141,7 @@ func (h *Heartbeat) publish() error {
 	if st.IntervalMS == 0 {
 		st.IntervalMS = h.o.Interval.Milliseconds()
 	}
+	st.Stopping = h.stopping.Load()
 	data, err := json.Marshal(&st)
 	if err != nil {
 		return err

@@ -105,6 +105,15 @@ func (w *StatusWatcher) onStatus(m *nats.Msg) {
 	now := w.now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if st.Stopping {
+		// Gone now: WaitApplied reports it missing at once, not after 3 s.
+		if ww := w.workers[st.WorkerID]; ww != nil {
+			ww.last, ww.at = st, now.Add(-ww.window()-time.Millisecond)
+			close(w.changed)
+			w.changed = make(chan struct{})
+		}
+		return
+	}
 	ww := w.workers[st.WorkerID]
 	if ww == nil {
 		if len(w.workers) >= maxWatchedWorkers {

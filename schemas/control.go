@@ -63,6 +63,11 @@ const SubjectCtlAll = "talos.ctl.>"
 // its own replies (JetStream publish acks) and nobody else's.
 func EPInboxPrefix(epID string) string { return "_INBOX.ep." + epID }
 
+// ResponderInboxPrefix is the inbox prefix of a responder's connection
+// (talosctl control commands): responders may read replies there, and not
+// the workers' default inboxes, which carry raw calls.
+const ResponderInboxPrefix = "_INBOX.responder"
+
 // ControlCommandVersion is ControlCommand.schema_version.
 const ControlCommandVersion = "talos.control_command.v1"
 
@@ -251,4 +256,7 @@ type WorkerStatus struct {
 	Handled        uint64 `json:"handled"`  // calls decided
 	Time           string `json:"time"`
 	IntervalMS     int64  `json:"interval_ms"` // heartbeat interval: absent for 3× this means gone
+	// Stopping is set on the last heartbeat of a worker shutting down
+	// cleanly: it is no longer live from that moment.
+	Stopping bool `json:"stopping,omitempty"`
 }

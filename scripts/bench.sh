@@ -47,20 +47,20 @@ start() {
   chpid=$(pgrep -f "clickhouse-server.*$work" | head -1)
   if [ -n "$sink_nice" ]; then
     renice -n "$sink_nice" -p "$chpid" >/dev/null
-    nice -n "$sink_nice" "$work/bin/talosd" --roles sink --nats-url $nats --clickhouse-addr "$ch" --http-addr "" >"$work/sink.log" 2>&1 &
+    nice -n "$sink_nice" "$work/bin/talosd" --roles sink --nats-url $nats --nats-auth "$work/dev/nats-auth.json" --clickhouse-addr "$ch" --http-addr "" >"$work/sink.log" 2>&1 &
     pids+=($!)
   elif [ "$roles" = control ] && [ "${3:-}" = sink ]; then
-    "$work/bin/talosd" --roles sink --nats-url $nats --clickhouse-addr "$ch" --http-addr "" >"$work/sink.log" 2>&1 &
+    "$work/bin/talosd" --roles sink --nats-url $nats --nats-auth "$work/dev/nats-auth.json" --clickhouse-addr "$ch" --http-addr "" >"$work/sink.log" 2>&1 &
     pids+=($!)
   fi
-  "$work/bin/talosd" --roles enforce --nats-url $nats --registry cmd/talosd/demo/registry \
+  "$work/bin/talosd" --roles enforce --nats-url $nats --nats-auth "$work/dev/nats-auth.json" --registry cmd/talosd/demo/registry \
     --signing-key "$work/dev/keys/signing.key" --instance bench-worker --http-addr "" >"$work/worker.log" 2>&1 &
   worker=$!; pids+=($worker)
   sleep 1
 }
 
 cpu() { awk '{print $14+$15}' "/proc/$1/stat"; } # user+system, in clock ticks (1/100 s)
-bench() { "$work/bin/talosctl" --nats-url $nats --clickhouse-addr "$ch" bench "$@"; }
+bench() { "$work/bin/talosctl" --nats-url $nats --nats-auth "$work/dev/nats-auth.json" --clickhouse-addr "$ch" bench "$@"; }
 
 echo "== machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(go version | cut -d' ' -f3), ClickHouse $(clickhouse-client --version 2>&1 | grep -o '[0-9][0-9.]*[0-9]' | head -1)"
 case $mode in

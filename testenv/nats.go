@@ -32,6 +32,10 @@ type NATSOptions struct {
 	ReadyTimeout time.Duration
 	// Logs sends the server's log to stderr (off by default).
 	Logs bool
+	// Users are the only clients the server accepts, each limited to its
+	// Permissions. Nil means no authentication: any client may connect and
+	// use every subject.
+	Users []*server.User
 }
 
 // NATS is a running embedded nats-server with JetStream.
@@ -81,6 +85,7 @@ func StartNATS(opts NATSOptions) (*NATS, error) {
 		MaxPayload: maxPayload,
 		NoSigs:     true,
 		NoLog:      !opts.Logs,
+		Users:      opts.Users,
 	}
 	srv, err := server.NewServer(sopts)
 	if err != nil {

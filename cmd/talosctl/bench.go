@@ -64,9 +64,11 @@ func (b *benchCmd) Run(g *Globals) error {
 	run := "bench-" + uuid.NewString()[:8]
 	conns := make([]*nats.Conn, b.Connections)
 	for i := range conns {
-		nc, err := nats.Connect(g.NatsURL, nats.Name("talosctl bench"))
+		// One NATS user for every simulated enforcement point: the worker
+		// user may read all their decision subjects.
+		nc, err := g.connect(roleWorker, "")
 		if err != nil {
-			return failed("connect %s: %v", g.NatsURL, err)
+			return err
 		}
 		defer nc.Close()
 		conns[i] = nc

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest"
@@ -42,9 +41,9 @@ func (c *callCmd) Run(g *Globals) error {
 	if c.File == "" && (c.Server == "" || c.Tool == "") {
 		return usage("call needs --server and --tool (or --file ENVELOPE)")
 	}
-	nc, err := nats.Connect(g.NatsURL, nats.Name("talosctl call"), nats.Timeout(5*time.Second))
+	nc, err := g.connect(roleEnforcement, c.EPID)
 	if err != nil {
-		return failed("connect %s: %v", g.NatsURL, err)
+		return err
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)

@@ -104,6 +104,14 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 	}
 
 	natsURL := f.NatsURL
+	natsAuth, err := f.prepareNATSAuth(log)
+	if err != nil {
+		return err
+	}
+	natsCreds, err := f.natsConnectOptions(natsAuth)
+	if err != nil {
+		return err
+	}
 	if natsURL == "" {
 		host, port, err := splitHostPort(f.NatsListen)
 		if err != nil {
@@ -113,15 +121,15 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 			return fmt.Errorf("cannot listen on %s for the embedded nats-server: the address is in use "+
 				"(another talosd or nats-server?). Join it with --nats-url nats://%s, or listen elsewhere with --nats-listen HOST:PORT", f.NatsListen, f.NatsListen)
 		}
-		ns, err := testenv.StartNATS(testenv.NATSOptions{Dir: filepath.Join(f.DataDir, "nats"), Host: host, Port: port, ServerName: "talosd-" + chainPrefix(f.instance())})
+		ns, err := testenv.StartNATS(testenv.NATSOptions{Dir: filepath.Join(f.DataDir, "nats"), Host: host, Port: port, ServerName: "talosd-" + chainPrefix(f.instance()), Users: natsAuth.serverUsers()})
 		if err != nil {
 			return fmt.Errorf("embedded nats-server: %w", err)
 		}
 		defer ns.Shutdown()
 		natsURL = ns.URL()
-		log.Info("embedded nats-server with JetStream", "url", natsURL, "store", filepath.Join(f.DataDir, "nats"))
+		log.Info("embedded nats-server with JetStream", "url", natsURL, "store", filepath.Join(f.DataDir, "nats"), "users", f.natsAuthPath())
 	}
-	nc, err := nats.Connect(natsURL,
+	nc, err := nats.Connect(natsURL, append(natsCreds,
 		nats.Name("talosd "+f.instance()),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
@@ -132,7 +140,12 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 			}
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats reconnected", "url", c.ConnectedUrl()) }),
-	)
+		nats.ClosedHandler(func(c *nats.Conn) {
+			if err := c.LastError(); err != nil { // e.g. refused credentials: nats.go gives up
+				log.Error("nats connection closed for good; restart talosd once fixed", "err", err)
+			}
+		}),
+	)...)
 	if err != nil {
 		return fmt.Errorf("connect %s: %w", natsURL, err)
 	}

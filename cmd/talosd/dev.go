@@ -13,12 +13,15 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/query"
@@ -107,12 +110,16 @@ func (d *devCmd) Run(f *Flags) error {
 	if d.ExitAfterDemo {
 		f.HTTPAddr = ""
 	}
+	// The demo traffic logs in as its own enforcement point.
+	if !slices.Contains(f.NatsEPs, demoEP) {
+		f.NatsEPs = append(f.NatsEPs, demoEP)
+	}
 	err = runDaemon(ctx, f, func(ctx context.Context, s *stack) error {
 		printBanner(f, s)
 		if !d.DemoCalls || s.Registry == nil {
 			return nil
 		}
-		n, err := demoTraffic(ctx, s)
+		n, err := demoTraffic(ctx, f, s)
 		if err != nil {
 			return fmt.Errorf("demo traffic: %w", err)
 		}
@@ -135,6 +142,15 @@ var errExitAfterDemo = errors.New("exit after demo")
 
 func printBanner(f *Flags, s *stack) {
 	host, port, _ := net.SplitHostPort(f.ClickhouseAddr)
+	users := "none: NATS authentication is off (--nats-auth none)"
+	talosctl := "go run ./cmd/talosctl --nats-url " + s.NatsURL
+	switch path := f.natsAuthPath(); {
+	case f.NatsURL != "":
+		users = "those of the nats-server at --nats-url"
+	case path != "":
+		users = path + " (talosctl picks its user from it)"
+		talosctl += " --nats-auth " + path
+	}
 	digest := "no enforce role in this process"
 	if s.Registry != nil {
 		digest = s.Registry.Digest()
@@ -142,18 +158,19 @@ func printBanner(f *Flags, s *stack) {
 	fmt.Printf(`
 Talos dev stack is up.
   NATS:        %s
+  NATS users:  %s
   ClickHouse:  %s (database %s)
   registry:    %s (%s)
   signing key: %s
   mode:        %s
 
 Try:
-  go run ./cmd/talosctl --nats-url %s call --server files --tool read_file --args '{"path":"README.md"}'
+  %s call --server files --tool read_file --args '{"path":"README.md"}'
   clickhouse-client --host %s --port %s --query "SELECT time, server_id, tool_name, decision, reason_codes FROM %s.v_decisions ORDER BY time"
   go run ./cmd/talosctl --clickhouse-addr %s verify --trusted-keys %s
 
-`, s.NatsURL, f.ClickhouseAddr, f.ClickhouseDatabase, f.Registry, digest, f.SigningKey, f.Mode,
-		s.NatsURL, host, port, f.ClickhouseDatabase, f.ClickhouseAddr, strings.Join(f.TrustedKeys, ","))
+`, s.NatsURL, users, f.ClickhouseAddr, f.ClickhouseDatabase, f.Registry, digest, f.SigningKey, f.Mode,
+		talosctl, host, port, f.ClickhouseDatabase, f.ClickhouseAddr, strings.Join(f.TrustedKeys, ","))
 }
 
 // demoCase is one demo call and what it shows.
@@ -200,15 +217,44 @@ func demoCases() []demoCase {
 		{what: "declare the wrong tool class", server: "github", tool: "list-prs", args: map[string]any{"repo": "talos"},
 			tweak: func(c *schemas.ToolCall) { c.ToolClass = "write" }},
 		{what: "send an envelope with duplicate keys", server: "files",
-			raw: []byte(`{"schema_version":"talos.tool_call.v1","phase":"pre","phase":"post","tool_call_id":"%s","ep_id":"demo-ep"}`)},
+			raw: []byte(`{"schema_version":"talos.tool_call.v1","phase":"pre","phase":"post","tool_call_id":"%s","ep_id":"` + demoEP + `"}`)},
 	}
 }
 
-// demoTraffic sends the demo cases through the real pipeline and waits for
-// their receipts to reach ClickHouse.
+// demoEP is the ep_id of the demo traffic.
+const demoEP = "demo-ep"
+
+// demoTraffic sends the demo cases through the real pipeline, as
+// enforcement point demoEP with its own NATS user, and waits for their
+// receipts to reach ClickHouse.
 // It returns how many receipts the demo produced.
-func demoTraffic(ctx context.Context, s *stack) (int, error) {
-	c, err := ingest.NewClient(s.NC, s.JS, "demo-ep")
+func demoTraffic(ctx context.Context, f *Flags, s *stack) (int, error) {
+	opts := []nats.Option{nats.Name("talosd dev demo " + demoEP)}
+	if f.NatsURL != "" && f.NatsUser != "" {
+		opts = append(opts, nats.UserInfo(f.NatsUser, f.NatsPassword), nats.CustomInboxPrefix(schemas.EPInboxPrefix(demoEP)))
+	} else if path := f.natsAuthPath(); path != "" {
+		a, err := loadNATSAuth(path)
+		switch {
+		case err == nil:
+			u, ok := a.find(roleEnforcement, demoEP)
+			if !ok {
+				return 0, fmt.Errorf("NATS auth file %s has no user for ep_id %s", path, demoEP)
+			}
+			opts = append(opts, u.connectOptions()...)
+		case f.NatsURL == "" || !errors.Is(err, fs.ErrNotExist):
+			return 0, err
+		}
+	}
+	nc, err := nats.Connect(s.NatsURL, opts...)
+	if err != nil {
+		return 0, fmt.Errorf("connect as enforcement point %s: %w", demoEP, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return 0, err
+	}
+	c, err := ingest.NewClient(nc, js, demoEP)
 	if err != nil {
 		return 0, err
 	}
@@ -266,7 +312,7 @@ func demoVerify(ctx context.Context, f *Flags, want int) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var got uint64
-		err := conn.QueryRow(ctx, "SELECT count() FROM "+f.ClickhouseDatabase+".v_receipts WHERE ep_id = 'demo-ep'").Scan(&got)
+		err := conn.QueryRow(ctx, "SELECT count() FROM "+f.ClickhouseDatabase+".v_receipts WHERE ep_id = '"+demoEP+"'").Scan(&got)
 		if err == nil && got >= uint64(want) {
 			break
 		}

@@ -10,6 +10,10 @@ import (
 type Flags struct {
 	NatsURL            string        `name:"nats-url" help:"NATS URL. Empty: start an embedded nats-server with JetStream under --data-dir."`
 	NatsListen         string        `name:"nats-listen" default:"127.0.0.1:4222" help:"Listen address of the embedded nats-server (only without --nats-url)."`
+	NatsAuth           string        `name:"nats-auth" help:"NATS users file (JSON, mode 0600; default <data-dir>/nats-auth.json). The embedded nats-server admits only its users, each limited to its role; talosd creates the file with random passwords if it is missing. With --nats-url, talosd logs in as its worker user when the file exists. 'none' disables NATS authentication (insecure)."`
+	NatsEPs            []string      `name:"nats-eps" default:"talosctl,demo-ep" help:"Enforcement point ids that get a NATS user (ep-<id>) when talosd creates or completes the --nats-auth file."`
+	NatsUser           string        `name:"nats-user" help:"NATS user for --nats-url (credentials in the URL win; default: the worker user of --nats-auth)."`
+	NatsPassword       string        `name:"nats-password" help:"NATS password for --nats-user (prefer TALOS_NATS_PASSWORD: arguments are visible to other local users)."`
 	ClickhouseAddr     string        `name:"clickhouse-addr" help:"ClickHouse native address HOST:PORT (sink role). In dev, empty starts a private clickhouse-server."`
 	ClickhouseDatabase string        `name:"clickhouse-database" default:"talos" help:"ClickHouse database."`
 	Registry           string        `name:"registry" type:"path" help:"Tool registry: a manifest file or a directory of them (bootstrap pin). Required for the enforce role."`

@@ -23,6 +23,8 @@ type cli struct {
 
 	Run runCmd `cmd:"" default:"withargs" help:"Run the daemon with the given roles (default command)."`
 	Dev devCmd `cmd:"" help:"Run the whole pipeline locally: embedded NATS, private ClickHouse, demo registry and keys, demo traffic."`
+
+	NatsAuthCmd natsAuthCmd `cmd:"" name:"nats-auth" help:"Create or complete the NATS users file (--nats-auth, --nats-eps) without starting anything; --conf also renders it for nats-server."`
 }
 
 type runCmd struct{}

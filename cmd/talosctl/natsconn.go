@@ -1,0 +1,151 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/talos-audit/talos/schemas"
+)
+
+// NATS roles, as in talosd's auth file (cmd/talosd/natsauth.go, which
+// also says what each role may publish and subscribe to).
+const (
+	roleWorker      = "worker"
+	roleResponder   = "responder"
+	roleEnforcement = "enforcement"
+)
+
+// responderInboxPrefix is the inbox prefix of a responder's connection,
+// the only inbox talosd's responder user may read (cmd/talosd/natsauth.go).
+const responderInboxPrefix = schemas.ResponderInboxPrefix
+
+// defaultNATSAuth is where `talosd dev` (scripts/dev.sh) keeps its auth
+// file, relative to the repository root.
+const defaultNATSAuth = "talos-data/nats-auth.json"
+
+// natsAuthUser is one user of the auth file talosd writes.
+type natsAuthUser struct {
+	User     string `json:"user"`
+	Password string `json:"password"`
+	Role     string `json:"role"`
+	EPID     string `json:"ep_id,omitempty"`
+}
+
+// connect opens a NATS connection for work of role (worker, responder or
+// enforcement; epID names the enforcement point). Credentials, first that
+// applies:
+//
+//  1. user and password in --nats-url;
+//  2. --nats-user and --nats-password;
+//  3. the user of that role (and ep_id) in the auth file: --nats-auth, or
+//     talos-data/nats-auth.json when it exists;
+//  4. none.
+//
+// An enforcement connection always uses the inbox prefix
+// schemas.EPInboxPrefix(epID), a responder connection "_INBOX.responder":
+// the only inboxes their NATS users may read (so nc.Request just works).
+// Configuration mistakes are usage errors (exit 2), an unreachable or
+// refusing server is a failure (exit 1).
+func (g *Globals) connect(role, epID string) (*nats.Conn, error) {
+	opts := []nats.Option{nats.Name("talosctl " + role), nats.Timeout(5 * time.Second)}
+	switch role {
+	case roleEnforcement:
+		if !schemas.ValidID(epID) {
+			return nil, usage("ep_id %q must match %s", epID, schemas.IDPattern)
+		}
+		opts = append(opts, nats.CustomInboxPrefix(schemas.EPInboxPrefix(epID)))
+	case roleResponder:
+		opts = append(opts, nats.CustomInboxPrefix(responderInboxPrefix))
+	case roleWorker:
+	default:
+		return nil, usage("unknown NATS role %q", role)
+	}
+	creds, err := g.natsCredentials(role, epID)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(g.NatsURL, append(opts, creds...)...)
+	if err != nil {
+		return nil, failed("connect %s: %v", redactURL(g.NatsURL), err)
+	}
+	return nc, nil
+}
+
+// natsCredentials picks the login for role (see connect).
+func (g *Globals) natsCredentials(role, epID string) ([]nats.Option, error) {
+	if urlHasUser(g.NatsURL) {
+		return nil, nil // nats.go logs in with the URL's userinfo
+	}
+	if g.NatsUser != "" {
+		return []nats.Option{nats.UserInfo(g.NatsUser, g.NatsPassword)}, nil
+	}
+	path := g.NatsAuth
+	switch path {
+	case "none":
+		return nil, nil
+	case "":
+		if _, err := os.Stat(defaultNATSAuth); err != nil {
+			return nil, nil
+		}
+		path = defaultNATSAuth
+	}
+	users, err := readNATSAuth(path)
+	if err != nil {
+		return nil, usage("--nats-auth: %v", err)
+	}
+	for _, u := range users {
+		if u.Role == role && (role != roleEnforcement || u.EPID == epID) {
+			return []nats.Option{nats.UserInfo(u.User, u.Password)}, nil
+		}
+	}
+	if role == roleEnforcement {
+		return nil, usage("%s has no NATS user for enforcement point %q: add it with talosd --nats-eps (or 'talosd nats-auth --nats-eps %s'), or pass --nats-user/--nats-password", path, epID, epID)
+	}
+	return nil, usage("%s has no NATS user with role %s; pass --nats-user/--nats-password", path, role)
+}
+
+// readNATSAuth reads the users of an auth file.
+func readNATSAuth(path string) ([]natsAuthUser, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var f struct {
+		Users []natsAuthUser `json:"users"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return nil, errors.New(path + ": " + err.Error())
+	}
+	return f.Users, nil
+}
+
+// urlHasUser reports whether any URL of a comma-separated NATS URL list
+// carries a user name.
+func urlHasUser(urls string) bool {
+	for _, s := range strings.Split(urls, ",") {
+		if u, err := url.Parse(strings.TrimSpace(s)); err == nil && u.User != nil && u.User.Username() != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// redactURL hides passwords in a NATS URL list for messages.
+func redactURL(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, s := range parts {
+		if u, err := url.Parse(strings.TrimSpace(s)); err == nil && u.User != nil {
+			parts[i] = u.Redacted()
+		}
+	}
+	return strings.Join(parts, ",")
+}
