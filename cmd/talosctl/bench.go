@@ -33,28 +33,49 @@ type benchCmd struct {
 	Connections  int           `name:"connections" default:"4" help:"NATS connections the enforcement points share."`
 	ClickHouse   bool          `name:"clickhouse" default:"true" negatable:"" help:"Also measure end to end: until every receipt is in ClickHouse."`
 	Timeout      time.Duration `name:"timeout" default:"10s" help:"Decision timeout per call (none in time counts as a deny)."`
+	KillSwitch   int           `name:"killswitch" help:"Also measure kill-switch propagation: this many set/clear rounds (each waits until every live worker enforces it), during the call load; with --calls 0, on an idle stack."`
+	signerFlags
 }
 
 type benchResult struct {
-	Calls           int     `json:"calls"`
-	Concurrency     int     `json:"concurrency"`
-	OfferedRate     int     `json:"offered_rate"`
-	Allowed         int64   `json:"allowed"`
-	Denied          int64   `json:"denied"`
-	NoDecision      int64   `json:"no_decision"`
-	SendSeconds     float64 `json:"send_seconds"`
-	DecisionsPerSec float64 `json:"decisions_per_sec"`
-	P50ms           float64 `json:"decision_p50_ms"`
-	P90ms           float64 `json:"decision_p90_ms"`
-	P99ms           float64 `json:"decision_p99_ms"`
-	MaxMs           float64 `json:"decision_max_ms"`
-	E2ESeconds      float64 `json:"e2e_seconds,omitempty"`
-	EventsPerSec    float64 `json:"e2e_events_per_sec,omitempty"`
+	Calls           int       `json:"calls"`
+	Concurrency     int       `json:"concurrency"`
+	OfferedRate     int       `json:"offered_rate"`
+	Allowed         int64     `json:"allowed"`
+	Denied          int64     `json:"denied"`
+	NoDecision      int64     `json:"no_decision"`
+	SendSeconds     float64   `json:"send_seconds"`
+	DecisionsPerSec float64   `json:"decisions_per_sec"`
+	P50ms           float64   `json:"decision_p50_ms"`
+	P90ms           float64   `json:"decision_p90_ms"`
+	P99ms           float64   `json:"decision_p99_ms"`
+	MaxMs           float64   `json:"decision_max_ms"`
+	E2ESeconds      float64   `json:"e2e_seconds,omitempty"`
+	EventsPerSec    float64   `json:"e2e_events_per_sec,omitempty"`
+	KillSwitch      *ksResult `json:"killswitch,omitempty"`
 }
 
 func (b *benchCmd) Run(g *Globals) error {
-	if b.Calls <= 0 || b.Concurrency <= 0 || b.Connections <= 0 {
-		return usage("--calls, --concurrency and --connections must be positive")
+	if b.Calls < 0 || b.Concurrency <= 0 || b.Connections <= 0 || b.KillSwitch < 0 {
+		return usage("--calls and --killswitch must not be negative; --concurrency and --connections must be positive")
+	}
+	if b.Calls == 0 && b.KillSwitch == 0 {
+		return usage("nothing to measure: --calls 0 needs --killswitch N")
+	}
+	var ks *killswitchBench
+	if b.KillSwitch > 0 {
+		var err error
+		if ks, err = newKillswitchBench(g, &ctlFlags{signerFlags: b.signerFlags, Timeout: b.Timeout}, b.KillSwitch); err != nil {
+			return err
+		}
+		defer ks.close()
+		if b.Calls == 0 {
+			res, err := ks.run()
+			if err != nil {
+				return err
+			}
+			return printKillswitch(g, res)
+		}
 	}
 	// The load generator shares the machine with the pipeline it measures:
 	// keep its collector from taking CPU the pipeline could use.
@@ -98,6 +119,16 @@ func (b *benchCmd) Run(g *Globals) error {
 	}
 	start := time.Now()
 	sent := atomic.Int64{}
+	var (
+		ksRes  *ksResult
+		ksErr  error
+		ksDone = make(chan struct{})
+	)
+	if ks != nil {
+		go func() { defer close(ksDone); ksRes, ksErr = ks.run() }()
+	} else {
+		close(ksDone)
+	}
 	for e := 0; e < b.Concurrency; e++ {
 		nc := conns[e%len(conns)]
 		js, err := jetstream.New(nc)
@@ -163,6 +194,10 @@ func (b *benchCmd) Run(g *Globals) error {
 	}
 	wg.Wait()
 	sendDur := time.Since(start)
+	<-ksDone
+	if ksErr != nil {
+		return ksErr
+	}
 	var all []time.Duration
 	for _, l := range lat {
 		all = append(all, l...)
@@ -180,6 +215,7 @@ func (b *benchCmd) Run(g *Globals) error {
 		Allowed: allowed.Load(), Denied: denied.Load(), NoDecision: none.Load(),
 		SendSeconds: sendDur.Seconds(), DecisionsPerSec: float64(len(all)) / sendDur.Seconds(),
 		P50ms: pct(0.50), P90ms: pct(0.90), P99ms: pct(0.99), MaxMs: pct(1),
+		KillSwitch: ksRes,
 	}
 	if ch != nil {
 		deadline := time.Now().Add(2 * time.Minute)
@@ -207,6 +243,9 @@ func (b *benchCmd) Run(g *Globals) error {
 		res.DecisionsPerSec, res.P50ms, res.P90ms, res.P99ms, res.MaxMs)
 	if ch != nil {
 		fmt.Printf("end to end (publish → signed receipt in ClickHouse): %.2f s, %.0f events/s\n", res.E2ESeconds, res.EventsPerSec)
+	}
+	if ksRes != nil {
+		return printKillswitch(g, ksRes)
 	}
 	return nil
 }

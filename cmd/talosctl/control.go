@@ -22,9 +22,14 @@ import (
 // ctlFlags are shared by every control command: who signs and who is named
 // as the actor in the control receipt.
 type ctlFlags struct {
-	ResponderKey string        `name:"responder-key" type:"path" help:"Responder signing key (.key) talosd trusts (default: talos-data/keys/responder.key when it exists)."`
-	Actor        string        `name:"actor" help:"Who is acting, recorded in the control receipt (default: USER@HOST)."`
-	Timeout      time.Duration `name:"timeout" default:"10s" help:"How long to wait for the control service (and, with --wait, for every live worker)."`
+	signerFlags
+	Timeout time.Duration `name:"timeout" default:"10s" help:"How long to wait for the control service (and, with --wait, for every live worker)."`
+}
+
+// signerFlags name the responder key that signs control commands.
+type signerFlags struct {
+	ResponderKey string `name:"responder-key" type:"path" help:"Responder signing key (.key) talosd trusts (default: talos-data/keys/responder.key when it exists)."`
+	Actor        string `name:"actor" help:"Who is acting, recorded in the control receipt (default: USER@HOST)."`
 }
 
 // waitFlags are for commands that change enforcement state.

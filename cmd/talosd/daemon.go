@@ -67,8 +67,8 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 			return usagef("unknown role %q (known: enforce, sink, control, web)", r)
 		}
 	}
-	if f.has("control") || f.has("web") {
-		log.Warn("roles control and web are not part of this version yet; running the others", "roles", f.Roles)
+	if f.has("web") {
+		log.Warn("role web is not part of this version yet; running the others", "roles", f.Roles)
 	}
 	if f.Mode == "dev" {
 		log.Warn("mode dev: unclassified tools are ALLOWED with warning TOOL_UNCLASSIFIED_ALLOWED_DEV; never use dev in production")
@@ -79,12 +79,12 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 		key    *receipts.PrivateKey
 		engine *enforce.Engine
 	)
-	if f.has("enforce") {
+	if f.has("enforce") || f.has("control") {
 		if f.Registry == "" {
-			return usagef("the enforce role needs --registry (a manifest file or a directory of them)")
+			return usagef("the enforce and control roles need --registry (a manifest file or a directory of them: the bootstrap registry until a registry pin)")
 		}
 		if f.SigningKey == "" {
-			return usagef("the enforce role needs --signing-key (create one with 'talosctl keys gen --out NAME')")
+			return usagef("the enforce and control roles need --signing-key (create one with 'talosctl keys gen --out NAME')")
 		}
 		var err error
 		if reg, err = enforce.LoadRegistry(f.Registry); err != nil {
@@ -176,6 +176,17 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 	metrics := prometheus.NewRegistry()
 	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	var (
+		signers  receipts.KeySet
+		replay   *ingest.ReplayStore
+		state    func() *enforce.State
+		follower *ingest.ControlFollower
+	)
+	if key != nil {
+		if signers, err = trustedSigners(f, key); err != nil {
+			return err
+		}
+	}
 	if f.has("enforce") {
 		boot := make([]byte, 4)
 		_, _ = rand.Read(boot)
@@ -188,24 +199,44 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 			}
 			chains[i] = receipts.NewChain(id, key)
 		}
-		dec, err := enforce.NewDecider(engine, enforce.DeciderOptions{MaxEnvelopeBytes: f.MaxEnvelopeBytes})
+		store, err := ingest.NewReplayStore(ctx, js, ingest.ReplayStoreOptions{Window: f.ReplayWindow, Replicas: f.Replicas})
 		if err != nil {
-			return err
+			return fmt.Errorf("replay store: %w", err)
 		}
-		w, err := ingest.NewWorker(nc, js, dec, ingest.WorkerOptions{
-			Chains:  chains,
-			Source:  "talos://enforce/" + f.instance(),
-			AckWait: f.AckWait,
-			Logger:  log.With("role", "enforce"),
+		replay = store
+		dec, err := enforce.NewDecider(engine, enforce.DeciderOptions{
+			MaxEnvelopeBytes: f.MaxEnvelopeBytes,
+			Replay:           enforce.NewReplayGuard(store, enforce.ReplayCacheOptions{}),
 		})
 		if err != nil {
 			return err
 		}
-		metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "talos_enforce_calls_total", Help: "Calls decided and acked by this worker.",
-		}, func() float64 { return float64(w.Handled()) }))
-		log.Info("enforce role started", "chains", len(chains), "chain_prefix", base, "signer_kid", key.KID, "mode", f.Mode)
-		start("enforce", w.Run)
+		enf, err := ingest.NewEnforcer(nc, js, dec, ingest.EnforcerOptions{
+			WorkerID: workerID(f),
+			Worker: ingest.WorkerOptions{
+				Chains:  chains,
+				Source:  "talos://enforce/" + f.instance(),
+				AckWait: f.AckWait,
+			},
+			Keys:              signers,
+			HeartbeatInterval: f.HeartbeatInterval,
+			RegistryDigest:    func() string { return dec.State().Registry().Digest() },
+			Logger:            log.With("role", "enforce"),
+		})
+		if err != nil {
+			return err
+		}
+		state, follower = dec.State, enf.Follower()
+		registerEnforceMetrics(metrics, enf, dec)
+		log.Info("enforce role started", "worker_id", workerID(f), "chains", len(chains), "chain_prefix", base, "signer_kid", key.KID, "mode", f.Mode)
+		start("enforce", enf.Run)
+	}
+	if f.has("control") {
+		run, err := startControl(ctx, f, log.With("role", "control"), nc, js, key, engine, signers, replay, state, follower)
+		if err != nil {
+			return err
+		}
+		start("control", run)
 	}
 	if f.has("sink") {
 		if f.ClickhouseAddr == "" {

@@ -69,8 +69,26 @@ func (d *devCmd) Run(f *Flags) error {
 			}
 		}
 		if len(f.TrustedKeys) == 0 {
-			f.TrustedKeys = []string{keyDir}
+			f.TrustedKeys = []string{filepath.Join(keyDir, "signing.pub")}
 		}
+	}
+	// A responder key for talosctl's control commands (talosctl finds it
+	// at talos-data/keys/responder.key).
+	if len(f.ResponderKeys) == 0 {
+		keyDir := filepath.Join(dir, "keys")
+		if _, err := os.Stat(filepath.Join(keyDir, "responder.key")); errors.Is(err, fs.ErrNotExist) {
+			if err := os.MkdirAll(keyDir, 0o700); err != nil {
+				return err
+			}
+			k, err := receipts.GenerateKey()
+			if err != nil {
+				return err
+			}
+			if err := receipts.WriteKeyPair(k, filepath.Join(keyDir, "responder")); err != nil {
+				return err
+			}
+		}
+		f.ResponderKeys = []string{filepath.Join(keyDir, "responder.pub")}
 	}
 	// Registry: the demo manifests, unless one was given.
 	if f.Registry == "" {
@@ -140,6 +158,14 @@ func (d *devCmd) Run(f *Flags) error {
 
 var errExitAfterDemo = errors.New("exit after demo")
 
+// responderKeyFile is the private key next to the first --responder-keys file.
+func responderKeyFile(f *Flags) string {
+	if len(f.ResponderKeys) == 0 {
+		return "RESPONDER.key"
+	}
+	return strings.TrimSuffix(f.ResponderKeys[0], ".pub") + ".key"
+}
+
 func printBanner(f *Flags, s *stack) {
 	host, port, _ := net.SplitHostPort(f.ClickhouseAddr)
 	users := "none: NATS authentication is off (--nats-auth none)"
@@ -166,11 +192,14 @@ Talos dev stack is up.
 
 Try:
   %s call --server files --tool read_file --args '{"path":"README.md"}'
+  %s killswitch set tool:files/read_file --reason "drill" --wait --responder-key %s
+  %s status --responder-key %s
   clickhouse-client --host %s --port %s --query "SELECT time, server_id, tool_name, decision, reason_codes FROM %s.v_decisions ORDER BY time"
   go run ./cmd/talosctl --clickhouse-addr %s verify --trusted-keys %s
 
 `, s.NatsURL, users, f.ClickhouseAddr, f.ClickhouseDatabase, f.Registry, digest, f.SigningKey, f.Mode,
-		talosctl, host, port, f.ClickhouseDatabase, f.ClickhouseAddr, strings.Join(f.TrustedKeys, ","))
+		talosctl, talosctl, responderKeyFile(f), talosctl, responderKeyFile(f),
+		host, port, f.ClickhouseDatabase, f.ClickhouseAddr, strings.Join(f.TrustedKeys, ","))
 }
 
 // demoCase is one demo call and what it shows.

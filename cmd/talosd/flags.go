@@ -18,11 +18,15 @@ type Flags struct {
 	ClickhouseDatabase string        `name:"clickhouse-database" default:"talos" help:"ClickHouse database."`
 	Registry           string        `name:"registry" type:"path" help:"Tool registry: a manifest file or a directory of them (bootstrap pin). Required for the enforce role."`
 	SigningKey         string        `name:"signing-key" type:"path" help:"Ed25519 signing key (.key from 'talosctl keys gen'). Required for the enforce role."`
-	TrustedKeys        []string      `name:"trusted-keys" type:"path" help:"Public keys (.pub files or directories) trusted for verification."`
+	TrustedKeys        []string      `name:"trusted-keys" type:"path" help:"Public keys (.pub files or directories) of the other talosd instances: control events they signed are applied (this instance's own key is always trusted)."`
+	ResponderKeys      []string      `name:"responder-keys" type:"path" help:"Public keys (.pub files or directories) of the incident responders whose signed control commands the control role accepts."`
+	ReplayWindow       time.Duration `name:"replay-window" default:"24h" help:"How long a correlation_id is remembered for replay detection (shared KV bucket TALOS_REPLAY)."`
+	HeartbeatInterval  time.Duration `name:"heartbeat-interval" default:"1s" help:"Period of the worker status heartbeats on talos.status.<worker_id>."`
+	ControlSkew        time.Duration `name:"control-skew" default:"5m" help:"A control command's issued_at must be within this of the control service's clock."`
 	Mode               string        `name:"mode" enum:"prod,dev" default:"prod" help:"prod denies unclassified tools; dev allows them with a warning code."`
 	DataDir            string        `name:"data-dir" default:"./talos-data" type:"path" help:"Where the embedded NATS (and in dev, ClickHouse and keys) keep data."`
 	Instance           string        `name:"instance" help:"Instance name, used in CloudEvent sources and chain ids (default: host name)."`
-	Roles              []string      `name:"roles" default:"enforce,sink" help:"Roles to run: enforce, sink, control, web."`
+	Roles              []string      `name:"roles" default:"enforce,sink,control" help:"Roles to run: enforce, sink, control, web."`
 	HTTPAddr           string        `name:"http-addr" default:"127.0.0.1:9464" help:"Address for /healthz and /metrics. Empty disables it."`
 	Pprof              bool          `name:"pprof" help:"Also serve /debug/pprof on --http-addr (profiling; keep that address private)."`
 	Chains             int           `name:"chains" help:"Hash chains (signing goroutines) per enforce worker (default 4 x GOMAXPROCS)."`
