@@ -6,14 +6,16 @@ RUN go mod download
 COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -o /out/talosd ./cmd/talosd && \
     CGO_ENABLED=0 go build -trimpath -o /out/talosctl ./cmd/talosctl && \
-    mkdir -p /out/keys /out/secrets
+    mkdir -p /out/keys /out/secrets /out/responder
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/talosd /out/talosctl /usr/local/bin/
 # A named volume mounted on /keys starts with this directory's owner, so the
 # nonroot user can write and read the signing keys.
 COPY --from=build --chown=65532:65532 /out/keys /keys
-# Likewise /secrets, where `talosd nats-auth` writes the NATS users.
+# Likewise /secrets, where `talosd nats-auth` writes the NATS users, and
+# /responder, where the keygen job writes the responder key.
 COPY --from=build --chown=65532:65532 /out/secrets /secrets
+COPY --from=build --chown=65532:65532 /out/responder /responder
 USER nonroot
 ENTRYPOINT ["/usr/local/bin/talosd"]

@@ -89,7 +89,8 @@ func TestCLIAgainstRunningStack(t *testing.T) {
 	out, code = run(t, talosctl, append(g, "--json", "call", "--server", "files", "--tool", "list_directory", "--args", `{"path":"."}`,
 		"--agent", `agent "quoted" \ path`)...)
 	if code != 0 {
-		t.Fatalf("call: exit %d\n%s", code, out)
+		lb, _ := os.ReadFile(filepath.Join(dir, "talosd.log"))
+		t.Fatalf("call: exit %d\n%s\ntalosd log:\n%s", code, out, lb)
 	}
 	var dec schemas.Decision
 	if err := json.Unmarshal([]byte(out), &dec); err != nil || dec.Decision != "allow" {
