@@ -2,8 +2,9 @@
 # Benchmark harness for BENCHMARKS.md.
 #
 #   bash scripts/bench.sh         latency at 2,000 calls/s and throughput at
-#                                 saturation, CPU per call of each process, and
-#                                 the enforce worker's peak RSS
+#                                 saturation, CPU per call of each process, the
+#                                 enforce worker's peak RSS, and kill-switch
+#                                 propagation (idle, and under the 2,000/s load)
 #   bash scripts/bench.sh tail    the latency run in three arrangements: no sink,
 #                                 sink at equal CPU priority, sink and ClickHouse
 #                                 at nice 10 (where the p99 tail comes from)
@@ -65,9 +66,12 @@ bench() { "$work/bin/talosctl" --nats-url $nats --nats-auth "$work/dev/nats-auth
 echo "== machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(go version | cut -d' ' -f3), ClickHouse $(clickhouse-client --version 2>&1 | grep -o '[0-9][0-9.]*[0-9]' | head -1)"
 case $mode in
 main)
-  start sink
-  echo "== latency: 100 enforcement points, 2,000 calls/s offered, 2 KB envelopes"
-  bench --calls 30000 --concurrency 100 --rate 2000
+  start sink,control
+  ks=(--responder-key "$work/dev/keys/responder.key")
+  echo "== kill switch propagation, idle stack: 200 set/clear rounds, each waited for on every live worker"
+  bench --calls 0 --killswitch 100 "${ks[@]}"
+  echo "== latency: 100 enforcement points, 2,000 calls/s offered, 2 KB envelopes; kill switch rounds meanwhile"
+  bench --calls 30000 --concurrency 100 --rate 2000 --killswitch 100 "${ks[@]}"
   echo "== throughput: 100 enforcement points, 4 calls in flight each, 2 KB envelopes"
   calls=40000
   d0=$(cpu $dev); w0=$(cpu $worker); c0=$(cpu $chpid)

@@ -85,7 +85,7 @@ func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn
 	}
 	if replay == nil {
 		var err error
-		if replay, err = ingest.NewReplayStore(ctx, js, ingest.ReplayStoreOptions{Window: f.ReplayWindow, Replicas: f.Replicas}); err != nil {
+		if replay, err = ingest.NewReplayStore(ctx, js, ingest.ReplayStoreOptions{Window: f.ReplayWindow, Replicas: f.Replicas, Memory: f.ReplayStorage == "memory"}); err != nil {
 			return nil, fmt.Errorf("replay store: %w", err)
 		}
 	}

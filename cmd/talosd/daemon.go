@@ -199,7 +199,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 			}
 			chains[i] = receipts.NewChain(id, key)
 		}
-		store, err := ingest.NewReplayStore(ctx, js, ingest.ReplayStoreOptions{Window: f.ReplayWindow, Replicas: f.Replicas})
+		store, err := ingest.NewReplayStore(ctx, js, ingest.ReplayStoreOptions{Window: f.ReplayWindow, Replicas: f.Replicas, Memory: f.ReplayStorage == "memory"})
 		if err != nil {
 			return fmt.Errorf("replay store: %w", err)
 		}
