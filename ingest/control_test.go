@@ -57,20 +57,6 @@ func newControlEnv(t *testing.T) *controlEnv {
 	return e
 }
 
-func connectJS(t *testing.T, url string) (*nats.Conn, jetstream.JetStream) {
-	t.Helper()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return nc, js
-}
-
 // startControl runs a control service with its own connection and chain
 // until the test ends.
 func (e *controlEnv) startControl(t *testing.T, chainID string, mod func(*ingest.ControlOptions)) {
@@ -120,17 +106,6 @@ func (e *controlEnv) startControl(t *testing.T, chainID string, mod func(*ingest
 
 func (e *controlEnv) client() *ingest.ControlClient {
 	return ingest.NewControlClient(e.nc, e.responder, "alice")
-}
-
-func waitFor(t *testing.T, d time.Duration, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s", d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func do(t *testing.T, c *ingest.ControlClient, cmd *schemas.ControlCommand) *schemas.ControlReply {

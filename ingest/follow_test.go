@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest"
@@ -171,20 +170,6 @@ func (a *followApplier) seqs() []uint64 {
 	return out
 }
 
-func followConnect(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
-	t.Helper()
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return nc, js
-}
-
 func followEnsureStreams(t testing.TB, js jetstream.JetStream) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -242,7 +227,7 @@ func followSeqRange(from, to uint64) []uint64 {
 
 func TestFollowReplaysThenTails(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js := followConnect(t, ns.URL())
+	_, js := connectJS(t, ns.URL())
 	followEnsureStreams(t, js)
 	signer := newFollowSigner(t, "talosd-control")
 	const n = 1000
@@ -325,7 +310,7 @@ func TestFollowReplaysThenTails(t *testing.T) {
 
 func TestFollowEmptyStreamAndLateStream(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js := followConnect(t, ns.URL())
+	_, js := connectJS(t, ns.URL())
 	signer := newFollowSigner(t, "talosd-control")
 	a := &followApplier{}
 	f, err := ingest.NewControlFollower(js, a, ingest.FollowerOptions{Keys: signer.keys()})
@@ -374,7 +359,7 @@ func (b *followLogBuffer) String() string {
 
 func TestFollowRejects(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js := followConnect(t, ns.URL())
+	_, js := connectJS(t, ns.URL())
 	followEnsureStreams(t, js)
 	signer := newFollowSigner(t, "talosd-control")
 	stranger := newFollowSigner(t, "talosd-control") // same chain id, untrusted key
@@ -510,7 +495,7 @@ func TestFollowSurvivesNATSRestart(t *testing.T) {
 			ns.Shutdown()
 		}
 	})
-	nc, js := followConnect(t, ns.URL())
+	nc, js := connectJS(t, ns.URL())
 	followEnsureStreams(t, js)
 	signer := newFollowSigner(t, "talosd-control")
 	signer.publishValid(js, 1, 10)
@@ -560,7 +545,7 @@ func TestFollowSurvivesNATSRestart(t *testing.T) {
 
 func TestNewControlFollowerValidates(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js := followConnect(t, ns.URL())
+	_, js := connectJS(t, ns.URL())
 	if _, err := ingest.NewControlFollower(js, &followApplier{}, ingest.FollowerOptions{}); err == nil {
 		t.Fatal("follower without trusted keys")
 	}
@@ -598,7 +583,7 @@ func (c chanApplier) Apply(seq uint64, _ *schemas.ControlRecord, _ time.Time) er
 // reports p50 and p99 in microseconds.
 func BenchmarkFollowTail(b *testing.B) {
 	ns := testenv.NATSForTest(b)
-	_, js := followConnect(b, ns.URL())
+	_, js := connectJS(b, ns.URL())
 	followEnsureStreams(b, js)
 	signer := newFollowSigner(b, "talosd-control")
 	events := make([][]byte, b.N)

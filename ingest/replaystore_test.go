@@ -74,8 +74,8 @@ func TestReplayKey(t *testing.T) {
 // same bucket, as two workers do.
 func TestReplayStoreTwoWorkers(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js1 := followConnect(t, ns.URL())
-	_, js2 := followConnect(t, ns.URL())
+	_, js1 := connectJS(t, ns.URL())
+	_, js2 := connectJS(t, ns.URL())
 	w1 := newReplayStore(t, js1, ingest.ReplayStoreOptions{})
 	w2 := newReplayStore(t, js2, ingest.ReplayStoreOptions{})
 
@@ -159,7 +159,7 @@ func TestReplayStoreTwoWorkers(t *testing.T) {
 // revision), and still only once.
 func TestReplayStoreDeletedKey(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js := followConnect(t, ns.URL())
+	_, js := connectJS(t, ns.URL())
 	s := newReplayStore(t, js, ingest.ReplayStoreOptions{})
 	ctx := context.Background()
 	kv, err := js.KeyValue(ctx, ingest.ReplayBucket)
@@ -213,7 +213,7 @@ func TestReplayStoreWindowExpiry(t *testing.T) {
 		t.Skip("waits for a TTL")
 	}
 	ns := testenv.NATSForTest(t)
-	_, js := followConnect(t, ns.URL())
+	_, js := connectJS(t, ns.URL())
 	s := newReplayStore(t, js, ingest.ReplayStoreOptions{Window: time.Second})
 	claim(t, s, "sess", "corr", "call-a", "call-a")
 	deadline := time.Now().Add(15 * time.Second)
@@ -245,7 +245,7 @@ func TestReplayStoreSurvivesRestart(t *testing.T) {
 	}
 	t.Cleanup(ns.Shutdown) // safe after the Shutdown below
 	port := ns.Server().Addr().(*net.TCPAddr).Port
-	_, js := followConnect(t, ns.URL())
+	_, js := connectJS(t, ns.URL())
 	s := newReplayStore(t, js, ingest.ReplayStoreOptions{})
 	claim(t, s, "sess", "corr", "call-a", "call-a")
 	ns.Shutdown()
@@ -255,7 +255,7 @@ func TestReplayStoreSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(ns2.Shutdown)
-	_, js2 := followConnect(t, ns2.URL())
+	_, js2 := connectJS(t, ns2.URL())
 	s2 := newReplayStore(t, js2, ingest.ReplayStoreOptions{}) // a restarted worker
 	claim(t, s2, "sess", "corr", "call-b", "call-a")
 	check(t, s2, "sess", "corr", "call-a")
@@ -278,7 +278,7 @@ func TestReplayStoreSurvivesRestart(t *testing.T) {
 
 func TestReplayStoreInput(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js := followConnect(t, ns.URL())
+	_, js := connectJS(t, ns.URL())
 	s := newReplayStore(t, js, ingest.ReplayStoreOptions{Memory: true, Window: time.Hour})
 	for _, c := range [][3]string{{"s", "", "call"}, {"s", "c", ""}, {"s", "c", string(make([]byte, 257))}} {
 		if _, err := s.Claim(c[0], c[1], c[2]); !errors.Is(err, ingest.ErrReplayInput) {
@@ -312,7 +312,7 @@ func BenchmarkReplayClaim(b *testing.B) {
 	for _, mem := range []bool{false, true} {
 		b.Run(fmt.Sprintf("new/memory=%v", mem), func(b *testing.B) {
 			ns := testenv.NATSForTest(b)
-			_, js := followConnect(b, ns.URL())
+			_, js := connectJS(b, ns.URL())
 			s := newReplayStore(b, js, ingest.ReplayStoreOptions{Memory: mem})
 			corr := make([]string, b.N)
 			for i := range corr {
@@ -329,7 +329,7 @@ func BenchmarkReplayClaim(b *testing.B) {
 	}
 	b.Run("replay", func(b *testing.B) {
 		ns := testenv.NATSForTest(b)
-		_, js := followConnect(b, ns.URL())
+		_, js := connectJS(b, ns.URL())
 		s := newReplayStore(b, js, ingest.ReplayStoreOptions{})
 		if _, err := s.Claim("bench-session", "corr", "first"); err != nil {
 			b.Fatal(err)
