@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -31,16 +29,9 @@ func TestControlCommandsCLI(t *testing.T) {
 			t.Fatalf("keys gen %s: %s", k, out)
 		}
 	}
-	d := exec.Command(talosd, "--nats-url", ns.URL(), "--clickhouse-addr", addr, "--clickhouse-database", db,
+	startTalosd(t, talosd, dir, "--nats-url", ns.URL(), "--clickhouse-addr", addr, "--clickhouse-database", db,
 		"--registry", "../talosd/demo/registry", "--signing-key", filepath.Join(dir, "worker.key"),
 		"--responder-keys", filepath.Join(dir, "responder.pub"), "--http-addr", "", "--chains", "1", "--instance", "cli-worker")
-	logf, _ := os.Create(filepath.Join(dir, "talosd.log"))
-	defer logf.Close()
-	d.Stdout, d.Stderr = logf, logf
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = d.Process.Kill(); _ = d.Wait() }()
 
 	g := []string{"--nats-url", ns.URL(), "--nats-auth", "none", "--clickhouse-addr", addr, "--clickhouse-database", db}
 	ctl := func(args ...string) (string, int) {

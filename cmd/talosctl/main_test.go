@@ -38,6 +38,22 @@ func run(t *testing.T, bin string, args ...string) (string, int) {
 	return out.String(), 0
 }
 
+// startTalosd runs the talosd binary with args, its log in dir/talosd.log,
+// until the test ends.
+func startTalosd(t *testing.T, bin, dir string, args ...string) {
+	t.Helper()
+	d := exec.Command(bin, args...)
+	logf, err := os.Create(filepath.Join(dir, "talosd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Stdout, d.Stderr = logf, logf
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Process.Kill(); _ = d.Wait(); logf.Close() })
+}
+
 // TestCLIAgainstRunningStack uses the real binaries the way the README
 // does: talosctl keys gen, talosd with that key, talosctl call (allow,
 // deny, malformed), talosctl verify on ClickHouse and on a file, then a
@@ -74,15 +90,8 @@ func TestCLIAgainstRunningStack(t *testing.T) {
 		t.Fatalf("--if-missing did not create the missing key: %v", err)
 	}
 
-	d := exec.Command(talosd, "--nats-url", ns.URL(), "--clickhouse-addr", addr, "--clickhouse-database", db,
+	startTalosd(t, talosd, dir, "--nats-url", ns.URL(), "--clickhouse-addr", addr, "--clickhouse-database", db,
 		"--registry", "../talosd/demo/registry", "--signing-key", filepath.Join(dir, "worker.key"), "--http-addr", "", "--chains", "1")
-	logf, _ := os.Create(filepath.Join(dir, "talosd.log"))
-	defer logf.Close()
-	d.Stdout, d.Stderr = logf, logf
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = d.Process.Kill(); _ = d.Wait() }()
 
 	// allow; an agent id with a quote and a backslash puts JSON escapes in
 	// the signed receipt, which the export below must carry unaltered

@@ -31,18 +31,8 @@ func TestCallWithNATSAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	logPath := filepath.Join(dir, "talosd.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	d := exec.Command(talosd, "--roles", "enforce", "--registry", "../talosd/demo/registry", "--signing-key", filepath.Join(dir, "k.key"),
+	startTalosd(t, talosd, dir, "--roles", "enforce", "--registry", "../talosd/demo/registry", "--signing-key", filepath.Join(dir, "k.key"),
 		"--data-dir", dir, "--nats-listen", "127.0.0.1:0", "--http-addr", "", "--chains", "1")
-	d.Stdout, d.Stderr = logf, logf
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = d.Process.Kill(); _ = d.Wait() }()
 	urlRe := regexp.MustCompile(`embedded nats-server with JetStream"? url=(nats://\S+)`)
 	var natsURL string
 	for deadline := time.Now().Add(20 * time.Second); ; {
@@ -106,7 +96,7 @@ func TestCallWithNATSAuth(t *testing.T) {
 	// A responder (the control commands' connection) can ask talos.ctl.>
 	// and get the reply on its own inbox; a worker answers here.
 	g := &Globals{NatsURL: natsURL, NatsAuth: auth}
-	w, err := g.connect(roleWorker, "")
+	w, err := g.connect(schemas.NATSRoleWorker, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +107,7 @@ func TestCallWithNATSAuth(t *testing.T) {
 	if err := w.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	r, err := g.connect(roleResponder, "")
+	r, err := g.connect(schemas.NATSRoleResponder, "")
 	if err != nil {
 		t.Fatal(err)
 	}
