@@ -163,26 +163,22 @@ func (d *Decider) Decide(subject string, raw []byte, now time.Time) (schemas.Rec
 }
 
 // prepend puts codes (with their details) before o's, deduplicated, and
-// makes the decision deny if any code is not a warning.
+// decides again over all of them (deny if any is not a warning), as the
+// engine's own checks do.
 func prepend(o Outcome, codes, details []string) Outcome {
 	if len(codes) == 0 {
 		return o
 	}
-	merged := make([]string, 0, len(codes)+len(o.ReasonCodes))
-	for _, c := range append(codes, o.ReasonCodes...) {
-		if !slices.Contains(merged, c) {
-			merged = append(merged, c)
-		}
-	}
-	o.ReasonCodes = merged
-	o.Details = append(details, o.Details...)
+	v := &verdict{out: o, seen: map[string]bool{}}
+	v.out.ReasonCodes = make([]string, 0, len(codes)+len(o.ReasonCodes))
+	v.out.Details = append(details, o.Details...)
 	for _, c := range codes {
-		if !schemas.WarningCodes[c] {
-			o.Decision = schemas.DecisionDeny
-			break
-		}
+		v.add(c, "")
 	}
-	return o
+	for _, c := range o.ReasonCodes {
+		v.add(c, "")
+	}
+	return v.finish()
 }
 
 // fill copies an Outcome into the receipt.

@@ -38,7 +38,7 @@ func trustedSigners(f *Flags, key *receipts.PrivateKey) (receipts.KeySet, error)
 // name as a subject token.
 func workerID(f *Flags) string { return chainPrefix(f.instance()) }
 
-func registerEnforceMetrics(reg *prometheus.Registry, e *ingest.Enforcer, dec *enforce.Decider) {
+func registerEnforceMetrics(reg *prometheus.Registry, e *ingest.Enforcer) {
 	w, fol := e.Worker(), e.Follower()
 	reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -62,7 +62,6 @@ func registerEnforceMetrics(reg *prometheus.Registry, e *ingest.Enforcer, dec *e
 			return 0
 		}),
 	)
-	_ = dec
 }
 
 // startControl prepares the control role: the control service answering

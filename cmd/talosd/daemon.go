@@ -227,7 +227,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 			return err
 		}
 		state, follower = dec.State, enf.Follower()
-		registerEnforceMetrics(metrics, enf, dec)
+		registerEnforceMetrics(metrics, enf)
 		log.Info("enforce role started", "worker_id", workerID(f), "chains", len(chains), "chain_prefix", base, "signer_kid", key.KID, "mode", f.Mode)
 		start("enforce", enf.Run)
 	}
