@@ -63,6 +63,21 @@ const SubjectCtlAll = "talos.ctl.>"
 // its own replies (JetStream publish acks) and nobody else's.
 func EPInboxPrefix(epID string) string { return "_INBOX.ep." + epID }
 
+// NATS roles of talosd's users file (talosd --nats-auth), which talosctl
+// reads to log in as the user for what it does. What each may publish and
+// subscribe to is in cmd/talosd/natsauth.go.
+const (
+	// NATSRoleWorker is talosd itself (and other talosd joining the
+	// embedded server): every subject.
+	NATSRoleWorker = "worker"
+	// NATSRoleResponder sends control requests (talos.ctl.>) and reads
+	// worker heartbeats (talos.status.>) and the replies to its requests.
+	NATSRoleResponder = "responder"
+	// NATSRoleEnforcement is one enforcement point: it publishes calls
+	// (talos.call.>) and reads its own decisions and JetStream publish acks.
+	NATSRoleEnforcement = "enforcement"
+)
+
 // ResponderInboxPrefix is the inbox prefix of a responder's connection
 // (talosctl control commands): responders may read replies there, and not
 // the workers' default inboxes, which carry raw calls.

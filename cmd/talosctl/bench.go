@@ -87,7 +87,7 @@ func (b *benchCmd) Run(g *Globals) error {
 	for i := range conns {
 		// One NATS user for every simulated enforcement point: the worker
 		// user may read all their decision subjects.
-		nc, err := g.connect(roleWorker, "")
+		nc, err := g.connect(schemas.NATSRoleWorker, "")
 		if err != nil {
 			return err
 		}

@@ -41,7 +41,7 @@ func (c *callCmd) Run(g *Globals) error {
 	if c.File == "" && (c.Server == "" || c.Tool == "") {
 		return usage("call needs --server and --tool (or --file ENVELOPE)")
 	}
-	nc, err := g.connect(roleEnforcement, c.EPID)
+	nc, err := g.connect(schemas.NATSRoleEnforcement, c.EPID)
 	if err != nil {
 		return err
 	}

@@ -14,18 +14,6 @@ import (
 	"github.com/talos-audit/talos/schemas"
 )
 
-// NATS roles, as in talosd's auth file (cmd/talosd/natsauth.go, which
-// also says what each role may publish and subscribe to).
-const (
-	roleWorker      = "worker"
-	roleResponder   = "responder"
-	roleEnforcement = "enforcement"
-)
-
-// responderInboxPrefix is the inbox prefix of a responder's connection,
-// the only inbox talosd's responder user may read (cmd/talosd/natsauth.go).
-const responderInboxPrefix = schemas.ResponderInboxPrefix
-
 // defaultNATSAuth is where `talosd dev` (scripts/dev.sh) keeps its auth
 // file, relative to the repository root.
 const defaultNATSAuth = "talos-data/nats-auth.json"
@@ -56,14 +44,14 @@ type natsAuthUser struct {
 func (g *Globals) connect(role, epID string) (*nats.Conn, error) {
 	opts := []nats.Option{nats.Name("talosctl " + role), nats.Timeout(5 * time.Second)}
 	switch role {
-	case roleEnforcement:
+	case schemas.NATSRoleEnforcement:
 		if !schemas.ValidID(epID) {
 			return nil, usage("ep_id %q must match %s", epID, schemas.IDPattern)
 		}
 		opts = append(opts, nats.CustomInboxPrefix(schemas.EPInboxPrefix(epID)))
-	case roleResponder:
-		opts = append(opts, nats.CustomInboxPrefix(responderInboxPrefix))
-	case roleWorker:
+	case schemas.NATSRoleResponder:
+		opts = append(opts, nats.CustomInboxPrefix(schemas.ResponderInboxPrefix))
+	case schemas.NATSRoleWorker:
 	default:
 		return nil, usage("unknown NATS role %q", role)
 	}
@@ -101,11 +89,11 @@ func (g *Globals) natsCredentials(role, epID string) ([]nats.Option, error) {
 		return nil, usage("--nats-auth: %v", err)
 	}
 	for _, u := range users {
-		if u.Role == role && (role != roleEnforcement || u.EPID == epID) {
+		if u.Role == role && (role != schemas.NATSRoleEnforcement || u.EPID == epID) {
 			return []nats.Option{nats.UserInfo(u.User, u.Password)}, nil
 		}
 	}
-	if role == roleEnforcement {
+	if role == schemas.NATSRoleEnforcement {
 		return nil, usage("%s has no NATS user for enforcement point %q: add it with talosd --nats-eps (or 'talosd nats-auth --nats-eps %s'), or pass --nats-user/--nats-password", path, epID, epID)
 	}
 	return nil, usage("%s has no NATS user with role %s; pass --nats-user/--nats-password", path, role)

@@ -265,7 +265,7 @@ func demoTraffic(ctx context.Context, f *Flags, s *stack) (int, error) {
 		a, err := loadNATSAuth(path)
 		switch {
 		case err == nil:
-			u, ok := a.find(roleEnforcement, demoEP)
+			u, ok := a.find(schemas.NATSRoleEnforcement, demoEP)
 			if !ok {
 				return 0, fmt.Errorf("NATS auth file %s has no user for ep_id %s", path, demoEP)
 			}

@@ -35,25 +35,6 @@ import (
 	"github.com/talos-audit/talos/schemas"
 )
 
-// NATS roles of the auth file.
-const (
-	// roleWorker is talosd itself (and other talosd joining the embedded
-	// server): every subject.
-	roleWorker = "worker"
-	// roleResponder sends control requests (talos.ctl.>) and reads worker
-	// heartbeats (talos.status.>) and the replies to its requests.
-	roleResponder = "responder"
-	// roleEnforcement is one enforcement point: it publishes calls
-	// (talos.call.>) and reads its own decisions and JetStream publish acks.
-	roleEnforcement = "enforcement"
-)
-
-// responderInboxPrefix is the inbox prefix of a responder's connection
-// (nats.CustomInboxPrefix), the only inbox its user may read: workers
-// use the default _INBOX prefix, and the replies to their JetStream
-// fetches carry raw, unredacted calls.
-const responderInboxPrefix = schemas.ResponderInboxPrefix
-
 // natsAuthNone is the --nats-auth value that disables authentication.
 const natsAuthNone = "none"
 
@@ -76,22 +57,22 @@ type natsUser struct {
 //
 // An enforcement point's connection MUST use the inbox prefix
 // schemas.EPInboxPrefix(ep_id) (nats.CustomInboxPrefix): JetStream sends
-// its publish acks there. A responder's MUST use responderInboxPrefix for
+// its publish acks there. A responder's MUST use schemas.ResponderInboxPrefix for
 // the replies to its requests. Only workers may read other inboxes or use
 // the JetStream API ($JS.API.>).
 func rolePermissions(u natsUser) *server.Permissions {
 	switch u.Role {
-	case roleWorker:
+	case schemas.NATSRoleWorker:
 		return &server.Permissions{
 			Publish:   &server.SubjectPermission{Allow: []string{">"}},
 			Subscribe: &server.SubjectPermission{Allow: []string{">"}},
 		}
-	case roleResponder:
+	case schemas.NATSRoleResponder:
 		return &server.Permissions{
 			Publish:   &server.SubjectPermission{Allow: []string{schemas.SubjectCtlAll}},
-			Subscribe: &server.SubjectPermission{Allow: []string{schemas.SubjectStatusAll, responderInboxPrefix + ".>"}},
+			Subscribe: &server.SubjectPermission{Allow: []string{schemas.SubjectStatusAll, schemas.ResponderInboxPrefix + ".>"}},
 		}
-	case roleEnforcement:
+	case schemas.NATSRoleEnforcement:
 		return &server.Permissions{
 			Publish: &server.SubjectPermission{Allow: []string{schemas.SubjectCallsAll}},
 			Subscribe: &server.SubjectPermission{Allow: []string{
@@ -162,9 +143,9 @@ func (f *Flags) natsConnectOptions(a *natsAuth) ([]nats.Option, error) {
 	if a == nil {
 		return nil, nil
 	}
-	u, ok := a.find(roleWorker, "")
+	u, ok := a.find(schemas.NATSRoleWorker, "")
 	if !ok {
-		return nil, fmt.Errorf("NATS auth file %s has no user with role %q for talosd", f.natsAuthPath(), roleWorker)
+		return nil, fmt.Errorf("NATS auth file %s has no user with role %q for talosd", f.natsAuthPath(), schemas.NATSRoleWorker)
 	}
 	return u.connectOptions(), nil
 }
@@ -175,10 +156,10 @@ func (f *Flags) natsConnectOptions(a *natsAuth) ([]nats.Option, error) {
 func (u natsUser) connectOptions() []nats.Option {
 	opts := []nats.Option{nats.UserInfo(u.User, u.Password)}
 	switch u.Role {
-	case roleEnforcement:
+	case schemas.NATSRoleEnforcement:
 		opts = append(opts, nats.CustomInboxPrefix(schemas.EPInboxPrefix(u.EPID)))
-	case roleResponder:
-		opts = append(opts, nats.CustomInboxPrefix(responderInboxPrefix))
+	case schemas.NATSRoleResponder:
+		opts = append(opts, nats.CustomInboxPrefix(schemas.ResponderInboxPrefix))
 	}
 	return opts
 }
@@ -187,7 +168,7 @@ func (u natsUser) connectOptions() []nats.Option {
 // speaking for epID).
 func (a *natsAuth) find(role, epID string) (natsUser, bool) {
 	for _, u := range a.Users {
-		if u.Role == role && (role != roleEnforcement || u.EPID == epID) {
+		if u.Role == role && (role != schemas.NATSRoleEnforcement || u.EPID == epID) {
 			return u, true
 		}
 	}
@@ -221,12 +202,12 @@ func (a *natsAuth) validate() error {
 			return fmt.Errorf("user %d: user and password are required", i+1)
 		case seen[u.User]:
 			return fmt.Errorf("user %q appears twice", u.User)
-		case u.Role != roleWorker && u.Role != roleResponder && u.Role != roleEnforcement:
-			return fmt.Errorf("user %q: role %q is none of %s, %s, %s", u.User, u.Role, roleWorker, roleResponder, roleEnforcement)
-		case u.Role == roleEnforcement && !schemas.ValidID(u.EPID):
+		case u.Role != schemas.NATSRoleWorker && u.Role != schemas.NATSRoleResponder && u.Role != schemas.NATSRoleEnforcement:
+			return fmt.Errorf("user %q: role %q is none of %s, %s, %s", u.User, u.Role, schemas.NATSRoleWorker, schemas.NATSRoleResponder, schemas.NATSRoleEnforcement)
+		case u.Role == schemas.NATSRoleEnforcement && !schemas.ValidID(u.EPID):
 			return fmt.Errorf("user %q: ep_id %q must match %s", u.User, u.EPID, schemas.IDPattern)
-		case u.Role != roleEnforcement && u.EPID != "":
-			return fmt.Errorf("user %q: ep_id is for role %s only", u.User, roleEnforcement)
+		case u.Role != schemas.NATSRoleEnforcement && u.EPID != "":
+			return fmt.Errorf("user %q: ep_id is for role %s only", u.User, schemas.NATSRoleEnforcement)
 		}
 		seen[u.User] = true
 	}
@@ -285,16 +266,16 @@ func ensureNATSAuth(path string, eps []string) (a *natsAuth, added []string, err
 		return nil
 	}
 	if !exists {
-		if err := newUser("talosd", roleWorker, ""); err != nil {
+		if err := newUser("talosd", schemas.NATSRoleWorker, ""); err != nil {
 			return nil, nil, err
 		}
-		if err := newUser("responder", roleResponder, ""); err != nil {
+		if err := newUser("responder", schemas.NATSRoleResponder, ""); err != nil {
 			return nil, nil, err
 		}
 	}
 	for _, ep := range eps {
-		if _, ok := a.find(roleEnforcement, ep); !ok {
-			if err := newUser(epUserName(ep), roleEnforcement, ep); err != nil {
+		if _, ok := a.find(schemas.NATSRoleEnforcement, ep); !ok {
+			if err := newUser(epUserName(ep), schemas.NATSRoleEnforcement, ep); err != nil {
 				return nil, nil, err
 			}
 		}

@@ -104,7 +104,7 @@ func TestNATSPermissions(t *testing.T) {
 	ns, a := startAuthNATS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	worker := dialAuth(t, ns.URL(), mustUser(t, a, roleWorker, "").connectOptions()...)
+	worker := dialAuth(t, ns.URL(), mustUser(t, a, schemas.NATSRoleWorker, "").connectOptions()...)
 	wjs, err := jetstream.New(worker.Conn)
 	if err != nil {
 		t.Fatal(err)
@@ -112,7 +112,7 @@ func TestNATSPermissions(t *testing.T) {
 	if err := ingest.EnsureStreams(ctx, wjs, ingest.StreamOptions{}); err != nil {
 		t.Fatalf("worker creates the streams: %v", err)
 	}
-	alphaUser := mustUser(t, a, roleEnforcement, "alpha")
+	alphaUser := mustUser(t, a, schemas.NATSRoleEnforcement, "alpha")
 
 	t.Run("enforcement", func(t *testing.T) {
 		ep := dialAuth(t, ns.URL(), alphaUser.connectOptions()...)
@@ -227,7 +227,7 @@ func TestNATSPermissions(t *testing.T) {
 	})
 
 	t.Run("responder", func(t *testing.T) {
-		r := dialAuth(t, ns.URL(), mustUser(t, a, roleResponder, "").connectOptions()...)
+		r := dialAuth(t, ns.URL(), mustUser(t, a, schemas.NATSRoleResponder, "").connectOptions()...)
 		// The control service (a worker) answers talos.ctl.>.
 		if _, err := worker.Subscribe(schemas.SubjectCtlAll, func(m *nats.Msg) { _ = m.Respond([]byte(`{"ok":true}`)) }); err != nil {
 			t.Fatal(err)
@@ -271,7 +271,7 @@ func TestNATSPermissions(t *testing.T) {
 	})
 
 	t.Run("responder without its inbox prefix gets no reply", func(t *testing.T) {
-		u := mustUser(t, a, roleResponder, "")
+		u := mustUser(t, a, schemas.NATSRoleResponder, "")
 		r := dialAuth(t, ns.URL(), nats.UserInfo(u.User, u.Password))
 		if _, err := r.Request(schemas.CtlSubject(schemas.VerbKillSwitchList), []byte(`{}`), time.Second); err == nil {
 			t.Fatal("a reply on the default inbox: the responder can read _INBOX.>")
@@ -302,7 +302,7 @@ func TestNATSPermissions(t *testing.T) {
 	t.Run("refused logins", func(t *testing.T) {
 		for name, opts := range map[string][]nats.Option{
 			"wrong password":      {nats.UserInfo(alphaUser.User, alphaUser.Password+"x")},
-			"another's password":  {nats.UserInfo(alphaUser.User, mustUser(t, a, roleWorker, "").Password)},
+			"another's password":  {nats.UserInfo(alphaUser.User, mustUser(t, a, schemas.NATSRoleWorker, "").Password)},
 			"unknown user":        {nats.UserInfo("mallory", alphaUser.Password)},
 			"no credentials":      nil,
 			"empty user password": {nats.UserInfo(alphaUser.User, "")},
@@ -343,7 +343,7 @@ func TestNATSAuthFile(t *testing.T) {
 		}
 		pws[u.Password] = true
 	}
-	if u, _ := a.find(roleEnforcement, "demo-ep"); u.User != "ep-demo-ep" {
+	if u, _ := a.find(schemas.NATSRoleEnforcement, "demo-ep"); u.User != "ep-demo-ep" {
 		t.Fatalf("enforcement user for demo-ep: %+v", u)
 	}
 	before, _ := os.ReadFile(path)
@@ -482,7 +482,7 @@ func TestDaemonNATSAuth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := a.find(roleEnforcement, "gw-1"); !ok {
+	if _, ok := a.find(schemas.NATSRoleEnforcement, "gw-1"); !ok {
 		t.Fatalf("no user for --nats-eps gw-1: %+v", a.Users)
 	}
 	if nc, err := nats.Connect(url); err == nil {
@@ -509,12 +509,12 @@ func TestDaemonNATSAuth(t *testing.T) {
 			t.Fatalf("call as enforcement point gw-1: %+v %v", d, err)
 		}
 	}
-	decide(url, mustUser(t, a, roleEnforcement, "gw-1").connectOptions()...)
+	decide(url, mustUser(t, a, schemas.NATSRoleEnforcement, "gw-1").connectOptions()...)
 	before, _ := os.ReadFile(path)
 
 	// A second talosd joins with --nats-url: it logs in as the worker user
 	// of --nats-auth, or of --nats-user/--nats-password.
-	worker := mustUser(t, a, roleWorker, "")
+	worker := mustUser(t, a, schemas.NATSRoleWorker, "")
 	join := []string{"--roles", "enforce", "--registry", "demo/registry", "--signing-key", filepath.Join(dir, "k.key"),
 		"--data-dir", filepath.Join(dir, "second"), "--http-addr", "", "--nats-url", url}
 	_, stopJoin := startTalosdLog(t, bin, filepath.Join(dir, "join.log"), append(join, "--nats-auth", path)...)
@@ -552,7 +552,7 @@ func TestDaemonNATSAuth(t *testing.T) {
 	if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
 		t.Fatal("restart rewrote the auth file")
 	}
-	decide(url, mustUser(t, a, roleEnforcement, "gw-1").connectOptions()...)
+	decide(url, mustUser(t, a, schemas.NATSRoleEnforcement, "gw-1").connectOptions()...)
 	stop()
 
 	// --nats-auth none: no authentication, and a loud warning.
