@@ -5,6 +5,10 @@
 #                                 saturation, CPU per call of each process, the
 #                                 enforce worker's peak RSS, and kill-switch
 #                                 propagation (idle, and under the 2,000/s load)
+#   bash scripts/bench.sh replay  latency at 2,000 calls/s and throughput, with no
+#                                 control traffic alongside: the cost of the
+#                                 replay claim (TALOS_REPLAY_STORAGE=memory to
+#                                 compare the bucket in memory)
 #   bash scripts/bench.sh tail    the latency run in three arrangements: no sink,
 #                                 sink at equal CPU priority, sink and ClickHouse
 #                                 at nice 10 (where the p99 tail comes from)
@@ -68,7 +72,7 @@ case $mode in
 main)
   start sink,control
   ks=(--responder-key "$work/dev/keys/responder.key")
-  echo "== kill switch propagation, idle stack: 200 set/clear rounds, each waited for on every live worker"
+  echo "== kill switch propagation, idle stack: 100 set/clear rounds (200 commands), each waited for on every live worker"
   bench --calls 0 --killswitch 100 "${ks[@]}"
   echo "== latency: 100 enforcement points, 2,000 calls/s offered, 2 KB envelopes; kill switch rounds meanwhile"
   bench --calls 30000 --concurrency 100 --rate 2000 --killswitch 100 "${ks[@]}"
@@ -84,6 +88,14 @@ main)
   echo "== CPU per call during the throughput run: enforce worker $(per $((w1-w0))) µs, NATS + sink $(per $((d1-d0))) µs, ClickHouse $(per $((c1-c0))) µs, load generator $(per "$g") µs"
   echo "== enforce worker peak RSS: $(awk '/VmHWM/{printf "%.0f MiB", $2/1024}' /proc/$worker/status)"
   ;;
+replay)
+  start sink,control
+  echo "== replay bucket storage: ${TALOS_REPLAY_STORAGE:-file}"
+  echo "== latency: 100 enforcement points, 2,000 calls/s offered, 2 KB envelopes"
+  bench --calls 20000 --concurrency 100 --rate 2000 | grep -E "p99|end to end"
+  echo "== throughput: 100 enforcement points, 4 calls in flight each"
+  bench --calls 30000 --concurrency 100 --rate 0 --inflight 4 | grep -E "decisions|end to end"
+  ;;
 tail)
   echo "== latency at 2,000 calls/s with no sink and no ClickHouse load"
   start control
@@ -98,7 +110,7 @@ tail)
   bench --calls 30000 --concurrency 100 --rate 2000 | grep -E "p99|end to end"
   ;;
 *)
-  echo "usage: bash scripts/bench.sh [tail]" >&2
+  echo "usage: bash scripts/bench.sh [replay|tail]" >&2
   exit 2
   ;;
 esac
