@@ -37,6 +37,9 @@ type Receipt struct {
 	BatchTotalBytes int64          `json:"batch_total_bytes"`
 	ContentHashAlg  string         `json:"content_hash_alg"`
 	Effect          *ToolEffect    `json:"effect,omitempty"`
+	// CapabilityIDs are the capability ids of the verified chain, root
+	// first (seed 002); empty when the call carried no valid capability.
+	CapabilityIDs []string `json:"capability_ids,omitempty"`
 	// ControlSeq is the TALOS_CONTROL sequence whose state (kill switches,
 	// quarantines, registry pin) the decision was made under; 0 (omitted)
 	// means no control event had been applied.

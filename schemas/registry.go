@@ -47,6 +47,58 @@ type Tool struct {
 	ActionPointer   string          `json:"action_pointer,omitempty"`
 	Actions         []Action        `json:"actions,omitempty"`
 	InputSchema     json.RawMessage `json:"input_schema,omitempty"`
+
+	// Flight recorder metadata (seed 001 FR-EVT-007); see the Effective*
+	// helpers for the defaults.
+	ToolVersion string `json:"tool_version,omitempty"`
+	SideEffect  string `json:"side_effect,omitempty"` // READ|WRITE|EXECUTE
+	Idempotency string `json:"idempotency,omitempty"` // IDEMPOTENT|IDEMPOTENT_WITH_KEY|NON_IDEMPOTENT
+
+	// ResourcePointer locates, in request.arguments, the string a
+	// capability scope's resource:<pattern> is matched against (seed 002).
+	ResourcePointer string `json:"resource_pointer,omitempty"`
+	// PathPointers locate path arguments that must stay inside
+	// WorkspaceRoot (preflight, seed 003 MUST 7).
+	PathPointers  []string `json:"path_pointers,omitempty"`
+	WorkspaceRoot string   `json:"workspace_root,omitempty"`
+	// MaxArgsBytes caps the JCS size of request.arguments; nil means the
+	// worker's default.
+	MaxArgsBytes *int64 `json:"max_args_bytes,omitempty"`
+}
+
+// Side effects and idempotency classes of seed 001.
+const (
+	SideEffectRead    = "READ"
+	SideEffectWrite   = "WRITE"
+	SideEffectExecute = "EXECUTE"
+
+	IdempotencyIdempotent    = "IDEMPOTENT"
+	IdempotencyWithKey       = "IDEMPOTENT_WITH_KEY"
+	IdempotencyNonIdempotent = "NON_IDEMPOTENT"
+)
+
+// EffectiveSideEffect is t.SideEffect, or READ/WRITE from class (the
+// effective class of the call: an action's class for action-based tools).
+func (t *Tool) EffectiveSideEffect(class string) string {
+	if t.SideEffect != "" {
+		return t.SideEffect
+	}
+	if class == ClassRead {
+		return SideEffectRead
+	}
+	return SideEffectWrite
+}
+
+// EffectiveIdempotency is t.Idempotency, or IDEMPOTENT for reads and
+// IDEMPOTENT_WITH_KEY for writes.
+func (t *Tool) EffectiveIdempotency(class string) string {
+	if t.Idempotency != "" {
+		return t.Idempotency
+	}
+	if class == ClassRead {
+		return IdempotencyIdempotent
+	}
+	return IdempotencyWithKey
 }
 
 // DocumentSpec says where a document operation's content lives and its limits.
