@@ -18,11 +18,13 @@ var schemaFiles embed.FS
 
 // Embedded schema file paths (relative to this folder).
 const (
-	FileToolRegistrySchema = "mcp/tool_registry.schema.json"
-	FileToolCallSchema     = "talos/tool_call.schema.json"
-	FileToolEffectSchema   = "talos/tool_effect.schema.json"
-	FileReceiptSchema      = "talos/receipt.schema.json"
-	FileDecisionSchema     = "talos/decision.schema.json"
+	FileToolRegistrySchema  = "mcp/tool_registry.schema.json"
+	FileToolCallSchema      = "talos/tool_call.schema.json"
+	FileToolEffectSchema    = "talos/tool_effect.schema.json"
+	FileReceiptSchema       = "talos/receipt.schema.json"
+	FileDecisionSchema      = "talos/decision.schema.json"
+	FileCapabilitySchema    = "talos/capability.schema.json"
+	FileToolCallEventSchema = "talos/toolcall_event.schema.json"
 )
 
 // schemaBaseURL is the base of every schema's $id; no schema is ever fetched.
@@ -36,6 +38,7 @@ func SchemaFS() fs.FS { return schemaFiles }
 // is immutable afterwards.
 type compiledSet struct {
 	toolCall, registry, effect, receipt, decision *jsonschema.Schema
+	capability, toolCallEvent                     *jsonschema.Schema
 	// names are the property names declared anywhere in the schemas; error
 	// details print instance path tokens only if they are such a name or an
 	// array index, so that an unknown key (input) is never echoed.
@@ -50,7 +53,8 @@ func compileSchemas() (*compiledSet, error) {
 	c.DefaultDraft(jsonschema.Draft2020)
 	c.AssertFormat()
 	set := &compiledSet{names: map[string]bool{}, docs: map[string]any{}}
-	files := []string{FileToolRegistrySchema, FileToolCallSchema, FileToolEffectSchema, FileReceiptSchema, FileDecisionSchema}
+	files := []string{FileToolRegistrySchema, FileToolCallSchema, FileToolEffectSchema, FileReceiptSchema, FileDecisionSchema,
+		FileCapabilitySchema, FileToolCallEventSchema}
 	for _, f := range files {
 		b, err := schemaFiles.ReadFile(f)
 		if err != nil {
@@ -83,6 +87,8 @@ func compileSchemas() (*compiledSet, error) {
 	set.effect = get(FileToolEffectSchema)
 	set.receipt = get(FileReceiptSchema)
 	set.decision = get(FileDecisionSchema)
+	set.capability = get(FileCapabilitySchema)
+	set.toolCallEvent = get(FileToolCallEventSchema)
 	if err != nil {
 		return nil, err
 	}

@@ -400,3 +400,17 @@ func ValidateDecision(raw []byte) error {
 func ValidateToolEffect(raw []byte) error {
 	return validateWith(raw, "tool_effect", func(cs *compiledSet) *jsonschema.Schema { return cs.effect })
 }
+
+// ValidateCapabilityChain checks an envelope's capability member (a
+// CapabilityChain) against capability.schema.json (structure only;
+// signatures, times and scopes are enforce's job).
+func ValidateCapabilityChain(raw []byte) error {
+	return validateWith(raw, "capability", func(cs *compiledSet) *jsonschema.Schema { return cs.capability })
+}
+
+// ValidateToolCallEvent checks a dev.talos.toolcall.v1 CloudEvent against
+// toolcall_event.schema.json, which requires trace_id, tool_call_id,
+// tool_id and tool_version (seed 001).
+func ValidateToolCallEvent(raw []byte) error {
+	return validateWith(raw, "toolcall_event", func(cs *compiledSet) *jsonschema.Schema { return cs.toolCallEvent })
+}
