@@ -157,7 +157,7 @@ func fullReceiptEvent() map[string]any {
 		EPID: "gw", ServerID: "files", ToolName: "read_file", Phase: PhasePost, Mode: "prod", Decision: DecisionAllow,
 		ReasonCodes: []string{CodeToolUnclassifiedAllowedDev}, ToolClass: ClassRead, RegistryDigest: "sha256:" + strings.Repeat("f", 64),
 		DocumentHashes: eff.DocumentHashes, BatchTotalBytes: 3, ContentHashAlg: ContentHashAlg, Effect: &eff,
-		ControlSeq: 7, Control: fullControlRecord(),
+		ControlSeq: 7, Control: fullControlRecord(), CapabilityIDs: []string{"cap-1"},
 		Chain:     Chain{ChainID: "worker-1", Seq: 1, PrevHash: GenesisHash},
 		Signature: &Signature{Alg: SignatureAlg, KID: "k1", Sig: strings.Repeat("A", 86)},
 	}
@@ -207,7 +207,9 @@ func TestFullyPopulatedStructsValidate(t *testing.T) {
 			DocumentSpec: &DocumentSpec{ContentEncoding: EncodingBase64, WriteContentPointers: []string{"/body"},
 				ReadContentPointers: []string{"/content/0/text"}, MaxReadBytes: ptr(int64(1)), MaxWriteBytes: ptr(int64(2)), MaxBatchBytes: ptr(int64(3))},
 			TrustLevel: "internal", RiskCategory: "CRITICAL", NetworkOutbound: ptr(true), BuiltIn: ptr(false), SubagentAccess: "denied",
-			ActionPointer: "/action", Actions: []Action{{Name: "list_prs", ReadOnly: true}}, InputSchema: json.RawMessage(`{"type":"object"}`)}}}
+			ActionPointer: "/action", Actions: []Action{{Name: "list_prs", ReadOnly: true}}, InputSchema: json.RawMessage(`{"type":"object"}`),
+			ToolVersion: "1.2.3", SideEffect: SideEffectExecute, Idempotency: IdempotencyNonIdempotent, ResourcePointer: "/repo",
+			PathPointers: []string{"/path"}, WorkspaceRoot: "/work", MaxArgsBytes: ptr(int64(4))}}}
 	b = mustJSON(t, m)
 	assertAllKeys(t, reflect.TypeFor[Manifest](), b)
 	assertAllKeys(t, reflect.TypeFor[Tool](), mustJSON(t, m.Tools[0]))
