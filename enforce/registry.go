@@ -128,6 +128,24 @@ func (r *Registry) Lookup(serverID, toolName string) (*schemas.Tool, bool) {
 	return t, ok
 }
 
+// ToolVersion is the tool_version a ToolCallEvent names for {server_id,
+// tool_name}: the tool's tool_version, else its manifest's server_version,
+// else schemas.UnregisteredToolVersion (also for unclassified tools).
+func (r *Registry) ToolVersion(serverID, toolName string) string {
+	if t, ok := r.tools[toolKey{serverID, toolName}]; ok && t.ToolVersion != "" {
+		return t.ToolVersion
+	}
+	for i := range r.manifests {
+		if m := &r.manifests[i]; m.ServerID == serverID {
+			if _, ok := r.tools[toolKey{serverID, toolName}]; ok && m.ServerVersion != "" {
+				return m.ServerVersion
+			}
+			break
+		}
+	}
+	return schemas.UnregisteredToolVersion
+}
+
 // Manifests returns the manifests sorted by server_id (a fresh slice; the
 // manifests themselves are shared and MUST NOT be modified).
 func (r *Registry) Manifests() []schemas.Manifest {

@@ -78,6 +78,7 @@ func TestStructsMatchSchemas(t *testing.T) {
 		{reflect.TypeFor[DocumentHash](), FileToolEffectSchema, "/$defs/document_hash"},
 		{reflect.TypeFor[Receipt](), FileReceiptSchema, "/$defs/receipt"},
 		{reflect.TypeFor[Chain](), FileReceiptSchema, "/$defs/chain"},
+		{reflect.TypeFor[IdempotentOf](), FileReceiptSchema, "/$defs/receipt/properties/idempotent_of"},
 		{reflect.TypeFor[Signature](), FileReceiptSchema, "/$defs/signature"},
 		{reflect.TypeFor[Decision](), FileDecisionSchema, ""},
 	}
@@ -158,8 +159,9 @@ func fullReceiptEvent() map[string]any {
 		ReasonCodes: []string{CodeToolUnclassifiedAllowedDev}, ToolClass: ClassRead, RegistryDigest: "sha256:" + strings.Repeat("f", 64),
 		DocumentHashes: eff.DocumentHashes, BatchTotalBytes: 3, ContentHashAlg: ContentHashAlg, Effect: &eff,
 		ControlSeq: 7, Control: fullControlRecord(), CapabilityIDs: []string{"cap-1"},
-		Chain:     Chain{ChainID: "worker-1", Seq: 1, PrevHash: GenesisHash},
-		Signature: &Signature{Alg: SignatureAlg, KID: "k1", Sig: strings.Repeat("A", 86)},
+		IdempotentOf: &IdempotentOf{ToolCallID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d71", ReceiptID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d72"},
+		Chain:        Chain{ChainID: "worker-1", Seq: 1, PrevHash: GenesisHash},
+		Signature:    &Signature{Alg: SignatureAlg, KID: "k1", Sig: strings.Repeat("A", 86)},
 	}
 	return map[string]any{
 		"specversion": "1.0", "id": "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d70", "source": "talos://enforce/worker-1",

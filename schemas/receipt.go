@@ -40,6 +40,9 @@ type Receipt struct {
 	// CapabilityIDs are the capability ids of the verified chain, root
 	// first (seed 002); empty when the call carried no valid capability.
 	CapabilityIDs []string `json:"capability_ids,omitempty"`
+	// IdempotentOf names the earlier call whose idempotency key and request
+	// this allowed call repeats; the decision is that call's.
+	IdempotentOf *IdempotentOf `json:"idempotent_of,omitempty"`
 	// ControlSeq is the TALOS_CONTROL sequence whose state (kill switches,
 	// quarantines, registry pin) the decision was made under; 0 (omitted)
 	// means no control event had been applied.
@@ -49,6 +52,12 @@ type Receipt struct {
 
 	Chain     Chain      `json:"chain"`
 	Signature *Signature `json:"signature,omitempty"`
+}
+
+// IdempotentOf is the earlier call an idempotent retry repeats.
+type IdempotentOf struct {
+	ToolCallID string `json:"tool_call_id"`
+	ReceiptID  string `json:"receipt_id,omitempty"` // "" while that call's receipt was not yet recorded
 }
 
 // DocumentHash is the sha256 of one document's preimage bytes (seed 000).
