@@ -41,6 +41,7 @@ type stack struct {
 	reg    *enforce.Registry
 	keys   receipts.KeySet
 	client *ingest.Client
+	dec    *enforce.Decider
 }
 
 type stackOptions struct {
@@ -51,6 +52,11 @@ type stackOptions struct {
 	// database on the package's shared ClickHouse.
 	natsURL string
 	chAddr  string
+	// registry replaces the demo registry (a manifest file or directory).
+	registry string
+	// configure adds checks to the worker's Decider (capabilities,
+	// ledger, redactor, ...), given the stack's JetStream.
+	configure func(t *testing.T, js jetstream.JetStream, o *enforce.DeciderOptions)
 }
 
 func newStack(t *testing.T, o stackOptions) *stack {
@@ -87,7 +93,11 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	reg, err := enforce.LoadRegistry(demoRegistry)
+	regPath := demoRegistry
+	if o.registry != "" {
+		regPath = o.registry
+	}
+	reg, err := enforce.LoadRegistry(regPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +105,11 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dec, err := enforce.NewDecider(engine, enforce.DeciderOptions{MaxEnvelopeBytes: o.maxEnvelopeBytes})
+	dopts := enforce.DeciderOptions{MaxEnvelopeBytes: o.maxEnvelopeBytes}
+	if o.configure != nil {
+		o.configure(t, js, &dopts)
+	}
+	dec, err := enforce.NewDecider(engine, dopts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +140,7 @@ func newStack(t *testing.T, o stackOptions) *stack {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	return &stack{nc: nc, js: js, conn: conn, db: db, reg: reg, keys: keys, client: client}
+	return &stack{nc: nc, js: js, conn: conn, db: db, reg: reg, keys: keys, client: client, dec: dec}
 }
 
 func (s *stack) call(t *testing.T, c *schemas.ToolCall) *schemas.Decision {

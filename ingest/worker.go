@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -29,8 +30,12 @@ import (
 // (a shared store it consults is unreachable): the call is retried later
 // and the enforcement point, meanwhile, fails closed. The receipt's
 // EventType is its kind.
+//
+// The decision may carry the call's ToolCallEvent (published, signed by
+// the chain's key, once the receipt is stored) and a Commit hook the
+// worker runs with the receipt id before it answers.
 type Decider interface {
-	Decide(subject string, raw []byte, now time.Time) (schemas.Receipt, []string, error)
+	DecideCall(subject string, raw []byte, now time.Time) (*enforce.Decided, error)
 }
 
 // WorkerOptions configures a Worker. The zero value of every field but
@@ -182,8 +187,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	return nil
 }
 
-// handle processes one call message end to end. It returns only after the
-// call is acked, nak'ed for redelivery, or the worker is stopping.
+// handle decides one call, stores its receipt (and ToolCallEvent), answers
+// the enforcement point and acks. A call is acked only after its receipt
+// and event are in TALOS_AUDIT; anything that fails before is retried.
 func (w *Worker) handle(ctx context.Context, ch *receipts.Chain, m jetstream.Msg) {
 	md, err := m.Metadata()
 	if err != nil {
@@ -192,21 +198,14 @@ func (w *Worker) handle(ctx context.Context, ch *receipts.Chain, m jetstream.Msg
 		return
 	}
 	now := w.o.Now().UTC()
-	receipt, details, err := w.decide(m.Subject(), m.Data(), now)
+	out, err := w.decide(m.Subject(), m.Data(), now)
 	if err != nil {
-		// No decision means no answer: the call stays un-decided and is
-		// retried; the enforcement point times out and denies (fail closed).
 		w.log.Error("decider failed", "stream_seq", md.Sequence.Stream, "err", err)
 		_ = m.NakWithDelay(time.Second)
 		return
 	}
-	r := &receipt
+	r := &out.Receipt
 	kind := r.EventType
-	// Deduplicate on the call's identity only when the envelope is valid.
-	// A malformed envelope's ids are untrusted: keyed by them, garbage sent
-	// first with a victim's tool_call_id would make the victim's real
-	// receipt look like a duplicate. It is keyed by its TALOS_CALLS stream
-	// sequence instead, which every redelivery of it shares.
 	seqID := "calls-seq-" + strconv.FormatUint(md.Sequence.Stream, 10)
 	dedupeID := r.ToolCallID
 	if dedupeID == "" || slices.Contains(r.ReasonCodes, schemas.CodeEnvelopeInvalid) {
@@ -221,9 +220,6 @@ func (w *Worker) handle(ctx context.Context, ch *receipts.Chain, m jetstream.Msg
 		server = "unknown"
 	}
 	msgID := schemas.AuditMsgID(dedupeID, r.Phase, kind)
-	// Meta is fixed before the first attempt so every retry seals the same
-	// bytes (Ed25519 is deterministic): a retry after an uncertain publish
-	// recognises its own stored receipt.
 	meta := receipts.Meta{
 		ID:      uuid.Must(uuid.NewV7()).String(),
 		Type:    schemas.ReceiptType(kind),
@@ -233,35 +229,46 @@ func (w *Worker) handle(ctx context.Context, ch *receipts.Chain, m jetstream.Msg
 	}
 	stored, sealedID, err := w.store(ctx, ch, m, meta, r, schemas.ReceiptSubject(kind, server), msgID)
 	if err != nil {
-		if ctx.Err() != nil {
-			_ = m.Nak() // shutting down: another worker takes the call at once
-			return
-		}
-		// Signing failed: no receipt, so no answer; retry later (the
-		// enforcement point times out and denies meanwhile).
-		w.log.Error("cannot sign receipt", "msg_id", msgID, "err", err)
-		_ = m.NakWithDelay(5 * time.Second)
+		w.retryLater(ctx, m, "cannot sign receipt", msgID, err)
 		return
 	}
+	dec := &wireDecision{epID: r.EPID, Decision: schemas.Decision{
+		ToolCallID:     r.ToolCallID,
+		Phase:          r.Phase,
+		Decision:       r.Decision,
+		ReasonCodes:    r.ReasonCodes,
+		ReceiptID:      sealedID,
+		RegistryDigest: r.RegistryDigest,
+		Receipt:        stored,
+		Details:        out.Details,
+	}}
 	if sealedID == "" {
-		// Another delivery of this call already stored its receipt: answer
-		// with that one, so the enforcement point sees the same decision.
-		if dec, err := decisionFromReceipt(stored); err == nil {
-			w.reply(dec)
-		} else {
+		// A redelivery: answer with the receipt the stream already holds.
+		if dec, err = decisionFromReceipt(stored); err != nil {
 			w.log.Error("stored receipt unreadable", "msg_id", msgID, "err", err)
+			dec = nil
 		}
-	} else {
-		w.reply(&wireDecision{epID: r.EPID, Decision: schemas.Decision{
-			ToolCallID:     r.ToolCallID,
-			Phase:          r.Phase,
-			Decision:       r.Decision,
-			ReasonCodes:    r.ReasonCodes,
-			ReceiptID:      sealedID,
-			RegistryDigest: r.RegistryDigest,
-			Receipt:        stored,
-			Details:        details,
-		}})
+	}
+	receiptID := ""
+	if dec != nil {
+		receiptID = dec.ReceiptID
+	}
+	if out.Commit != nil {
+		if err := out.Commit(receiptID); err != nil {
+			w.retryLater(ctx, m, "cannot record the decision in the call ledger", msgID, err)
+			return
+		}
+	}
+	if dec != nil {
+		w.reply(dec)
+	}
+	if ev := out.ToolCall; ev != nil {
+		ev.ReceiptID = receiptID
+		evID := dedupeID
+		if err := w.storeEvent(ctx, ch, m, ev, evID, server, now); err != nil {
+			w.retryLater(ctx, m, "cannot store the ToolCallEvent", msgID, err)
+			return
+		}
 	}
 	if err := m.Ack(); err != nil {
 		w.log.Warn("ack call", "msg_id", msgID, "err", err)
@@ -269,22 +276,70 @@ func (w *Worker) handle(ctx context.Context, ch *receipts.Chain, m jetstream.Msg
 	w.handled.Add(1)
 }
 
-// decide runs the decider, turning a panic or a receipt of no known kind
-// into an error (no decision: the call is retried, never answered).
-func (w *Worker) decide(subject string, raw []byte, now time.Time) (r schemas.Receipt, details []string, err error) {
+// retryLater leaves a call for redelivery: at once when shutting down
+// (another worker takes it), else after a pause.
+func (w *Worker) retryLater(ctx context.Context, m jetstream.Msg, what, msgID string, err error) {
+	if ctx.Err() != nil {
+		_ = m.Nak()
+		return
+	}
+	w.log.Error(what, "msg_id", msgID, "err", err)
+	_ = m.NakWithDelay(5 * time.Second)
+}
+
+// storeEvent signs a ToolCallEvent with the chain's key and publishes it
+// (one per call: Nats-Msg-Id <id>:toolcall), retrying until TALOS_AUDIT
+// takes it or ctx ends.
+func (w *Worker) storeEvent(ctx context.Context, ch *receipts.Chain, m jetstream.Msg, ev *schemas.ToolCallEvent, id, server string, now time.Time) error {
+	subject := ev.ToolCallID
+	if subject == "" {
+		subject = id
+	}
+	sealed, err := ch.SignEvent(receipts.Meta{Type: schemas.TypeToolCall, Source: w.o.Source, Subject: subject, Time: now}, ev)
+	if err != nil {
+		return fmt.Errorf("sign toolcall event: %w", err)
+	}
+	msg := &nats.Msg{Subject: schemas.ToolCallEventSubject(server), Data: sealed.JSON, Header: nats.Header{}}
+	msg.Header.Set(jetstream.MsgIDHeader, schemas.ToolCallEventMsgID(id))
+	backoff := w.o.RetryBackoff
+	lastProgress := time.Now()
+	for {
+		_, err := w.js.PublishMsg(ctx, msg)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		w.log.Warn("toolcall event publish failed; retrying", "tool_call_id", ev.ToolCallID, "err", err, "backoff", backoff)
+		if time.Since(lastProgress) > w.o.AckWait/3 {
+			_ = m.InProgress()
+			lastProgress = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// decide runs the Decider, turning a panic into an error (no decision).
+func (w *Worker) decide(subject string, raw []byte, now time.Time) (out *enforce.Decided, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("panic: %v", p)
 		}
 	}()
-	r, details, err = w.d.Decide(subject, raw, now)
+	out, err = w.d.DecideCall(subject, raw, now)
 	if err != nil {
-		return r, nil, err
+		return nil, err
 	}
-	if r.EventType != schemas.KindDecision && r.EventType != schemas.KindEffect {
-		return r, nil, fmt.Errorf("decider returned kind %q", r.EventType)
+	if k := out.Receipt.EventType; k != schemas.KindDecision && k != schemas.KindEffect {
+		return nil, fmt.Errorf("decider returned kind %q", k)
 	}
-	return r, details, nil
+	return out, nil
 }
 
 // store seals r into ch and publishes it with msgID until JetStream has it.

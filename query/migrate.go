@@ -16,7 +16,8 @@ import (
 // Version-specific notes, for whoever adds migration 2:
 //   - 18.16 has no CREATE OR REPLACE VIEW; change a view with DROP VIEW IF
 //     EXISTS followed by CREATE VIEW (a short window without the view).
-//   - ALTER TABLE ... ADD COLUMN IF NOT EXISTS exists on both servers.
+//   - 18.16 has no ALTER TABLE ... ADD COLUMN IF NOT EXISTS: list new
+//     columns in addColumns instead.
 //   - 18.16 has no DateTime64, Map, JSON, TTL or (without a setting)
 //     LowCardinality; store milliseconds in a UInt64 next to a DateTime.
 //   - Views name their tables with the database (`{db}`.table): an unqualified
@@ -45,6 +46,9 @@ const (
 	// TableDeadLetters holds audit records the sink could not project (stored
 	// as received, with the reason), so nothing silently leaves the trail.
 	TableDeadLetters = "dead_letters"
+	// TableToolCallRejections holds ToolCallEvents the flight recorder
+	// rejected (seed 001), with the missing fields and the reason.
+	TableToolCallRejections = "tool_call_rejections"
 )
 
 // Views of a Talos database; they never double-count a redelivered row.
@@ -53,6 +57,9 @@ const (
 	ViewDecisions       = "v_decisions"         // one row per (tool_call_id, phase, kind)
 	ViewDenialsByReason = "v_denials_by_reason" // (hour, server_id, reason_code) -> denials
 	ViewControlEvents   = "v_control_events"    // one row per control receipt (event_id)
+	ViewToolCalls       = "v_tool_calls"        // one row per tool_call_id
+	ViewSecretUses      = "v_secret_uses"       // one row per (tool_call_id, pseudonym)
+	ViewRedactionCounts = "v_redaction_counts"  // (day, rule) -> redactions
 )
 
 const (
@@ -61,6 +68,17 @@ const (
 	denialsByReasonSQL   = "hour, server_id, reason_code, denials"
 	schemaMigrationsCols = "version, name"
 	controlColumnsSQL    = "event_id, type, verb, time, time_ms, stream_seq, actor, target, reason, signer_kid, command_id, accepted, code, command_hash, responder_kid, chain_id, chain_seq, cloudevent"
+	// toolCallColumnsSQL is every tool_calls column as of migration 3, in
+	// the order of ToolCallRow's insert and scan lists; v_tool_calls has
+	// them all. A migration that adds tool_calls columns MUST leave this
+	// list as it is (migration 3's view uses it on a fresh database) and
+	// recreate v_tool_calls with a new list.
+	toolCallColumnsSQL = "event_id, time, time_ms, tool_call_id, trace_id, session_id, ep_id, server_id, tool_name, " +
+		"tool_id, tool_version, transport, side_effect, ok, args_hash, result_hash, args_ref, result_ref, error_code, " +
+		"started_at, started_at_ms, ended_at, ended_at_ms, duration_ms, phase, decision, reason_codes, receipt_id, " +
+		"idempotency, idempotency_key, actor_kind, agent_id, model_id, error_kind, error_message, error_retryable, " +
+		"capability_ids, parent_span_id, resources_files, resources_urls, flags, redaction_pointers, redaction_rules, " +
+		"redaction_pseudonyms, signer_kid, cloudevent, inserted_at"
 )
 
 // Deduplication: every table is a ReplacingMergeTree ordered by its record id,
@@ -239,6 +257,82 @@ FROM {db}.control_events
 ORDER BY event_id, inserted_at
 LIMIT 1 BY event_id`,
 	},
+}, {
+	version: 3,
+	name:    "capabilities and flight recorder",
+	addColumns: []column{
+		// Seed 002: which capability chain a receipt's call carried.
+		{TableReceipts, "capability_hash", "String"},
+		{TableReceipts, "capability_ids", "Array(String)"},
+		// The rest of FR-EVT-007 and how the call was decided.
+		{TableToolCalls, "phase", "String"},
+		{TableToolCalls, "decision", "String"},
+		{TableToolCalls, "reason_codes", "Array(String)"},
+		{TableToolCalls, "receipt_id", "String"},
+		{TableToolCalls, "idempotency", "String"},
+		{TableToolCalls, "idempotency_key", "String"},
+		{TableToolCalls, "actor_kind", "String"},
+		{TableToolCalls, "agent_id", "String"},
+		{TableToolCalls, "model_id", "String"},
+		{TableToolCalls, "error_kind", "String"},
+		{TableToolCalls, "error_message", "String"},
+		{TableToolCalls, "error_retryable", "UInt8"},
+		{TableToolCalls, "capability_ids", "Array(String)"},
+		{TableToolCalls, "parent_span_id", "String"},
+		{TableToolCalls, "resources_files", "Array(String)"},
+		{TableToolCalls, "resources_urls", "Array(String)"},
+		{TableToolCalls, "flags", "Array(String)"},
+		// Redactions as three parallel arrays (element i of each is one
+		// redaction), so v_secret_uses can ARRAY JOIN them.
+		{TableToolCalls, "redaction_pointers", "Array(String)"},
+		{TableToolCalls, "redaction_rules", "Array(String)"},
+		{TableToolCalls, "redaction_pseudonyms", "Array(String)"},
+		{TableToolCalls, "signer_kid", "String"},
+	},
+	statements: []string{
+		// ToolCallEvents the recorder refused (seed 001: missing trace_id,
+		// tool_call_id, tool_id or tool_version; or a payload that does not
+		// match its hash), kept as received with the reason.
+		`CREATE TABLE IF NOT EXISTS {db}.tool_call_rejections (
+	event_id        String,
+	time            DateTime('UTC'),
+	time_ms         UInt64,
+	subject         String,
+	stream_seq      UInt64,
+	missing         Array(String),
+	reason          String,
+	cloudevent      String,
+	inserted_at     DateTime('UTC') DEFAULT now()
+) ENGINE = ReplacingMergeTree()
+ORDER BY event_id`,
+
+		// One row per call: the first ToolCallEvent of each tool_call_id
+		// (a redelivered call whose second event escaped the stream's
+		// duplicate window, or a sink redelivery, does not double-count).
+		`CREATE VIEW IF NOT EXISTS {db}.v_tool_calls AS
+SELECT ` + toolCallColumnsSQL + `
+FROM {db}.tool_calls
+ORDER BY tool_call_id, time_ms, event_id, inserted_at
+LIMIT 1 BY tool_call_id`,
+
+		// "Every call that used this secret": one row per (call, pseudonym).
+		// ARRAY JOIN over the index keeps the view readable even if a
+		// (tampered) row's three redaction arrays differ in length.
+		`CREATE VIEW IF NOT EXISTS {db}.v_secret_uses AS
+SELECT time, time_ms, tool_call_id, agent_id, server_id, tool_name,
+	redaction_pointers[i] AS pointer, redaction_rules[i] AS rule, redaction_pseudonyms[i] AS pseudonym
+FROM {db}.v_tool_calls
+ARRAY JOIN arrayEnumerate(redaction_pseudonyms) AS i
+ORDER BY tool_call_id, pseudonym, i
+LIMIT 1 BY tool_call_id, pseudonym`,
+
+		// How often each redaction rule fired, per day.
+		`CREATE VIEW IF NOT EXISTS {db}.v_redaction_counts AS
+SELECT toDate(time) AS day, rule, count() AS redactions
+FROM {db}.v_tool_calls
+ARRAY JOIN redaction_rules AS rule
+GROUP BY day, rule`,
+	},
 }}
 
 // SchemaVersion is the version Migrate brings a database to.
@@ -248,6 +342,12 @@ func SchemaVersion() uint32 { return migrations[len(migrations)-1].version }
 // SchemaVersion. It is idempotent and safe to run concurrently with itself.
 // conn may be connected to any database.
 func Migrate(ctx context.Context, conn driver.Conn, database string) error {
+	return migrate(ctx, conn, database, migrations)
+}
+
+// migrate applies the migrations of list not yet recorded in database
+// (tests pass a prefix of migrations to build an older schema).
+func migrate(ctx context.Context, conn driver.Conn, database string, list []migration) error {
 	if !ValidName(database) {
 		return fmt.Errorf("query: invalid database name %q", database)
 	}
@@ -266,7 +366,7 @@ func Migrate(ctx context.Context, conn driver.Conn, database string) error {
 	if err != nil {
 		return err
 	}
-	for _, m := range migrations {
+	for _, m := range list {
 		if applied[m.version] {
 			continue
 		}

@@ -41,6 +41,10 @@ type ReceiptRow struct {
 	ReceiptHash    string // hex sha256 of JCS(event without data.signature)
 	SignerKID      string // data.signature.kid
 	CloudEvent     string // the exact signed JSON
+	// CapabilityHash and CapabilityIDs are seed 002's capability_hash and
+	// the verified chain's capability ids (root first), from data.
+	CapabilityHash string
+	CapabilityIDs  []string
 	InsertedAt     time.Time
 }
 
@@ -50,19 +54,15 @@ var receiptInsertColumns = []string{
 	"receipt_id", "kind", "phase", "time", "time_ms", "tool_call_id", "trace_id", "session_id",
 	"ep_id", "server_id", "tool_name", "tool_class", "decision", "reason_codes", "agent_id",
 	"request_hash", "envelope_hash", "registry_digest", "chain_id", "chain_seq", "prev_hash",
-	"receipt_hash", "signer_kid", "cloudevent",
+	"receipt_hash", "signer_kid", "cloudevent", "capability_hash", "capability_ids",
 }
 
 func (r *ReceiptRow) insertValues() []any {
-	codes := r.ReasonCodes
-	if codes == nil {
-		codes = []string{}
-	}
 	return []any{
 		r.ReceiptID, r.Kind, r.Phase, r.Time.UTC(), r.TimeMS, r.ToolCallID, r.TraceID, r.SessionID,
-		r.EPID, r.ServerID, r.ToolName, r.ToolClass, r.Decision, codes, r.AgentID,
+		r.EPID, r.ServerID, r.ToolName, r.ToolClass, r.Decision, nonNil(r.ReasonCodes), r.AgentID,
 		r.RequestHash, r.EnvelopeHash, r.RegistryDigest, r.ChainID, r.ChainSeq, r.PrevHash,
-		r.ReceiptHash, r.SignerKID, r.CloudEvent,
+		r.ReceiptHash, r.SignerKID, r.CloudEvent, r.CapabilityHash, nonNil(r.CapabilityIDs),
 	}
 }
 
@@ -72,7 +72,7 @@ func (r *ReceiptRow) scanTargets() []any {
 		&r.ReceiptID, &r.Kind, &r.Phase, &r.Time, &r.TimeMS, &r.ToolCallID, &r.TraceID, &r.SessionID,
 		&r.EPID, &r.ServerID, &r.ToolName, &r.ToolClass, &r.Decision, &r.ReasonCodes, &r.AgentID,
 		&r.RequestHash, &r.EnvelopeHash, &r.RegistryDigest, &r.ChainID, &r.ChainSeq, &r.PrevHash,
-		&r.ReceiptHash, &r.SignerKID, &r.CloudEvent, &r.InsertedAt,
+		&r.ReceiptHash, &r.SignerKID, &r.CloudEvent, &r.CapabilityHash, &r.CapabilityIDs, &r.InsertedAt,
 	}
 }
 
@@ -153,6 +153,8 @@ func receiptRowFromEvent(raw []byte) (ReceiptRow, *schemas.Receipt, error) {
 		PrevHash:       rec.Chain.PrevHash,
 		ReceiptHash:    hash,
 		CloudEvent:     string(raw),
+		CapabilityHash: rec.CapabilityHash,
+		CapabilityIDs:  nonNil(rec.CapabilityIDs),
 	}
 	if row.ReasonCodes == nil {
 		row.ReasonCodes = []string{}
@@ -167,7 +169,7 @@ func receiptRowFromEvent(raw []byte) (ReceiptRow, *schemas.Receipt, error) {
 // differs from fromEvent, the row ReceiptRowFromEvent derives from
 // row.CloudEvent; nil means the row agrees with its own signed JSON.
 // inserted_at is not compared (the sink sets it). Time is compared at the
-// DateTime's one-second precision; a nil and an empty reason_codes are equal.
+// DateTime's one-second precision; nil and empty arrays are equal.
 func CompareColumns(row, fromEvent ReceiptRow) []string {
 	var diff []string
 	check := func(name string, equal bool) {
@@ -199,6 +201,8 @@ func CompareColumns(row, fromEvent ReceiptRow) []string {
 	check("receipt_hash", row.ReceiptHash == fromEvent.ReceiptHash)
 	check("signer_kid", row.SignerKID == fromEvent.SignerKID)
 	check("cloudevent", row.CloudEvent == fromEvent.CloudEvent)
+	check("capability_hash", row.CapabilityHash == fromEvent.CapabilityHash)
+	check("capability_ids", slices.Equal(row.CapabilityIDs, fromEvent.CapabilityIDs))
 	return diff
 }
 

@@ -29,6 +29,8 @@ type testReceipt struct {
 	seq      uint64
 	prev     string
 	at       time.Time
+	capHash  string   // data.capability_hash
+	caps     []string // data.capability_ids (omitted when nil)
 }
 
 func (r testReceipt) unsigned() map[string]any {
@@ -36,7 +38,7 @@ func (r testReceipt) unsigned() map[string]any {
 	if codes == nil {
 		codes = []string{}
 	}
-	return map[string]any{
+	ev := map[string]any{
 		"specversion":     "1.0",
 		"id":              r.id,
 		"source":          "talos://enforce/w1",
@@ -47,7 +49,7 @@ func (r testReceipt) unsigned() map[string]any {
 		"data": map[string]any{
 			"event_type":        r.kind,
 			"tool":              "read_file",
-			"capability_hash":   "",
+			"capability_hash":   r.capHash,
 			"request_hash":      strings.Repeat("a", 64),
 			"response_hash":     "",
 			"agent_id":          "agent-7",
@@ -74,6 +76,10 @@ func (r testReceipt) unsigned() map[string]any {
 			"chain":             map[string]any{"chain_id": r.chain, "seq": r.seq, "prev_hash": r.prev},
 		},
 	}
+	if r.caps != nil {
+		ev["data"].(map[string]any)["capability_ids"] = r.caps
+	}
+	return ev
 }
 
 // event returns the signed JSON (with a dummy signature: nothing here
@@ -132,7 +138,7 @@ func TestReceiptRowFromEvent(t *testing.T) {
 	r := testReceipt{id: "0190a1b2-0000-7000-8000-000000000009", kind: "decision",
 		call: "0190a1b2-0000-4000-8000-000000000009", phase: "pre", decision: "deny",
 		codes: []string{"REPLAY", "EXPIRED"}, server: "files", chain: "w1-0", seq: 7,
-		prev: strings.Repeat("f", 64), at: t0}
+		prev: strings.Repeat("f", 64), at: t0, capHash: strings.Repeat("c", 64), caps: []string{"cap-root", "cap-leaf"}}
 	raw, hash := r.event(t)
 	got, err := ReceiptRowFromEvent(raw)
 	if err != nil {
@@ -146,6 +152,7 @@ func TestReceiptRowFromEvent(t *testing.T) {
 		RequestHash: strings.Repeat("a", 64), EnvelopeHash: strings.Repeat("e", 64),
 		RegistryDigest: "sha256:" + strings.Repeat("d", 64), ChainID: "w1-0", ChainSeq: 7,
 		PrevHash: strings.Repeat("f", 64), ReceiptHash: hash, SignerKID: "key-1", CloudEvent: string(raw),
+		CapabilityHash: strings.Repeat("c", 64), CapabilityIDs: []string{"cap-root", "cap-leaf"},
 	}
 	if d := CompareColumns(got, want); d != nil {
 		t.Fatalf("columns differ: %v\ngot  %+v\nwant %+v", d, got, want)
@@ -214,6 +221,9 @@ func TestCompareColumns(t *testing.T) {
 		{"decision", func(r *ReceiptRow) { r.Decision = "deny" }, []string{"decision"}},
 		{"codes and seq", func(r *ReceiptRow) { r.ReasonCodes = []string{"X"}; r.ChainSeq = 9 }, []string{"reason_codes", "chain_seq"}},
 		{"time second", func(r *ReceiptRow) { r.Time = r.Time.Add(time.Second) }, []string{"time"}},
+		{"nil capability ids equal empty", func(r *ReceiptRow) { r.CapabilityIDs = nil }, nil},
+		{"capability columns", func(r *ReceiptRow) { r.CapabilityHash = "x"; r.CapabilityIDs = []string{"cap-forged"} },
+			[]string{"capability_hash", "capability_ids"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := a

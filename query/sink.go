@@ -2,6 +2,7 @@ package query
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -13,9 +14,12 @@ import (
 
 // SinkWriter projects TALOS_AUDIT records into ClickHouse. It implements
 // the ingest sink's Writer: Write returns nil only when every record of
-// the batch is stored. Records it cannot turn into rows are not dropped:
-// they are stored as they are in dead_letters with the reason, so an
-// auditor sees them and `talosctl rebuild` can retry them.
+// the batch is stored. Receipts go to receipts (control receipts also to
+// control_events); ToolCallEvents to tool_calls with their redacted
+// payloads in artifacts, or, when the flight recorder refuses one (seed
+// 001), to tool_call_rejections. Records it cannot turn into rows at all are
+// not dropped: they are stored as they are in dead_letters with the reason,
+// so an auditor sees them and `talosctl rebuild` can retry them.
 type SinkWriter struct {
 	conn     driver.Conn
 	database string
@@ -27,6 +31,10 @@ func NewSinkWriter(conn driver.Conn, database string) *SinkWriter {
 	return &SinkWriter{conn: conn, database: database}
 }
 
+// toolCallSubjectPrefix is the TALOS_AUDIT subject prefix of ToolCallEvents
+// (schemas.ToolCallEventSubject).
+const toolCallSubjectPrefix = "talos.audit.toolcall."
+
 // Rows is how many records this writer has stored.
 func (w *SinkWriter) Rows() uint64 { return w.rows.Load() }
 
@@ -34,9 +42,12 @@ func (w *SinkWriter) Rows() uint64 { return w.rows.Load() }
 // so a batch retried after a partial failure is safe.
 func (w *SinkWriter) Write(ctx context.Context, recs []schemas.AuditRecord) error {
 	var (
-		rows    []ReceiptRow
-		control []ControlEventRow
-		dead    []DeadLetter
+		rows      []ReceiptRow
+		control   []ControlEventRow
+		calls     []ToolCallRow
+		artifacts []Artifact
+		rejected  []ToolCallRejection
+		dead      []DeadLetter
 	)
 	for _, rec := range recs {
 		switch {
@@ -53,6 +64,17 @@ func (w *SinkWriter) Write(ctx context.Context, recs []schemas.AuditRecord) erro
 				continue
 			}
 			rows = append(rows, row)
+		case strings.HasPrefix(rec.Subject, toolCallSubjectPrefix):
+			row, arts, err := ToolCallRowFromEvent(rec.Data)
+			var rej *RejectedToolCall
+			switch {
+			case err == nil:
+				calls, artifacts = append(calls, row), append(artifacts, arts...)
+			case errors.As(err, &rej):
+				rejected = append(rejected, RejectionOf(rec, rej))
+			default:
+				dead = append(dead, DeadLetter{Subject: rec.Subject, StreamSeq: rec.StreamSeq, Reason: err.Error(), Data: string(rec.Data)})
+			}
 		default:
 			dead = append(dead, DeadLetter{Subject: rec.Subject, StreamSeq: rec.StreamSeq,
 				Reason: "no projection for this subject in this version", Data: string(rec.Data)})
@@ -66,6 +88,17 @@ func (w *SinkWriter) Write(ctx context.Context, recs []schemas.AuditRecord) erro
 	// A control receipt is in both tables; both inserts are idempotent, so
 	// a retry after the first succeeded is harmless.
 	if err := InsertControlEvents(ctx, w.conn, w.database, control); err != nil {
+		return err
+	}
+	// Artifacts before the rows that reference them, so that a reader
+	// never sees an args_ref with nothing behind it.
+	if err := InsertArtifacts(ctx, w.conn, w.database, artifacts); err != nil {
+		return err
+	}
+	if err := InsertToolCalls(ctx, w.conn, w.database, calls); err != nil {
+		return err
+	}
+	if err := InsertToolCallRejections(ctx, w.conn, w.database, rejected); err != nil {
 		return err
 	}
 	if len(dead) > 0 {

@@ -59,6 +59,10 @@ func ResumeChain(id string, key *PrivateKey, seq uint64, hash string) (*Chain, e
 // ID returns the chain id.
 func (c *Chain) ID() string { return c.id }
 
+// SignEvent signs an event outside the chain (a ToolCallEvent) with the
+// chain's signing key; see the package-level SignEvent.
+func (c *Chain) SignEvent(meta Meta, v any) (*Sealed, error) { return SignEvent(c.key, meta, v) }
+
 // Head returns the seq and receipt hash of the last committed link (0 and
 // schemas.GenesisHash for an empty chain).
 func (c *Chain) Head() (seq uint64, hash string) {

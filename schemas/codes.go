@@ -41,6 +41,10 @@ const (
 	CodeDenyPathTraversal   = "DENY_PATH_TRAVERSAL"
 	CodeDenyRateLimit       = "DENY_RATE_LIMIT"
 	CodeDenyNoMatchingRule  = "DENY_NO_MATCHING_RULE"
+	// CodeDenySchemaViolation: the arguments break the tool's registry
+	// input_schema other than by an unknown field (seed 003 MUST 7 "schema
+	// validation"; the seed names no code for it).
+	CodeDenySchemaViolation = "DENY_SCHEMA_VIOLATION"
 )
 
 // WarningCodes are codes that may accompany an allow.

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -10,7 +12,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -19,7 +23,7 @@ type callCmd struct {
 	Tool           string        `name:"tool" help:"Tool name."`
 	Args           string        `name:"args" default:"{}" help:"Tool arguments as JSON, or @FILE."`
 	EPID           string        `name:"ep-id" default:"talosctl" help:"Enforcement point id (decisions arrive on talos.decision.<ep-id>)."`
-	Agent          string        `name:"agent" default:"talosctl-agent" help:"actor.agent_id."`
+	Agent          string        `name:"agent" help:"actor.agent_id (default: the --capability chain's holder, else talosctl-agent)."`
 	Session        string        `name:"session" help:"session_id (default: a new one)."`
 	IdempotencyKey string        `name:"idempotency-key" help:"idempotency_key (required by write tools)."`
 	ToolClass      string        `name:"tool-class" enum:",read,write" default:"" help:"Declared tool_class (informational; a mismatch is denied)."`
@@ -28,6 +32,81 @@ type callCmd struct {
 	Result         string        `name:"result" help:"After an allow, also send the post event with this CallToolResult JSON (or @FILE)."`
 	File           string        `name:"file" type:"path" help:"Send this envelope file as-is (may be malformed: for testing)."`
 	Timeout        time.Duration `name:"timeout" default:"10s" help:"How long to wait for the decision; none in time means deny (fail closed)."`
+	Capability     string        `name:"capability" type:"existingfile" help:"Attach this capability chain (JSON, from talosctl cap issue|delegate) with the request_hash."`
+	AgentKey       string        `name:"agent-key" type:"path" help:"Sign the envelope (sender_signature, seed 002) with this agent key (.key): the chain holder's."`
+}
+
+// defaultAgent is actor.agent_id when neither --agent nor a chain names one.
+const defaultAgent = "talosctl-agent"
+
+// capSigner attaches a capability chain and signs envelopes for talosctl
+// call (seed 002).
+type capSigner struct {
+	chain  json.RawMessage // RFC 8785 form, as sent
+	hash   string          // hex sha256 of chain: the envelope's capability_hash
+	holder string
+	key    *receipts.PrivateKey
+}
+
+func (c *callCmd) capSigner() (*capSigner, error) {
+	s := &capSigner{}
+	if c.Capability != "" {
+		raw, err := os.ReadFile(c.Capability)
+		if err != nil {
+			return nil, usage("--capability: %v", err)
+		}
+		canon, err := receipts.Canonicalize(raw)
+		if err != nil {
+			return nil, usage("--capability: not JSON: %v", err)
+		}
+		var chain schemas.CapabilityChain
+		if err := json.Unmarshal(canon, &chain); err != nil {
+			return nil, usage("--capability: not a capability chain: %v", err)
+		}
+		sum := sha256.Sum256(canon)
+		s.chain, s.hash, s.holder = canon, hex.EncodeToString(sum[:]), chain.Capability.Subject
+		if n := len(chain.Delegations); n > 0 {
+			s.holder = chain.Delegations[n-1].DelegateeID
+		}
+	}
+	if c.AgentKey != "" {
+		k, err := receipts.LoadPrivateKey(c.AgentKey)
+		if err != nil {
+			return nil, usage("--agent-key: %v", err)
+		}
+		s.key = k
+	}
+	return s, nil
+}
+
+// apply attaches the chain and request_hash to call and, with a key,
+// signs its fields (again after any change, e.g. for the post event).
+func (s *capSigner) apply(call *schemas.ToolCall) error {
+	if s.chain == nil && s.key == nil {
+		return nil
+	}
+	req, err := receipts.MarshalCanonical(call.Request)
+	if err != nil {
+		return fmt.Errorf("request_hash: %w", err)
+	}
+	sum := sha256.Sum256(req)
+	call.RequestHash = hex.EncodeToString(sum[:])
+	call.Capability = s.chain
+	if s.key == nil {
+		return nil
+	}
+	sig, err := enforce.SignEnvelope(s.key, schemas.EnvelopeSignedFields{
+		CorrelationID: call.CorrelationID, CapabilityHash: s.hash, RequestHash: call.RequestHash,
+		Tool: call.ServerID + ":" + call.ToolName, Method: schemas.MethodToolsCall,
+		Timestamp: call.IssuedAt, SessionID: call.SessionID,
+	})
+	if err != nil {
+		return err
+	}
+	if call.SenderSignature, err = json.Marshal(sig); err != nil {
+		return err
+	}
+	return nil
 }
 
 func readArg(s string) ([]byte, error) {
@@ -90,11 +169,21 @@ func (c *callCmd) Run(g *Globals) error {
 	if err := json.Unmarshal(argText, &args); err != nil {
 		return usage("--args is not JSON: %v", err)
 	}
+	signer, err := c.capSigner()
+	if err != nil {
+		return err
+	}
 	call, err := ingest.NewCall(c.EPID, c.Server, c.Tool, args)
 	if err != nil {
 		return err
 	}
 	call.Actor.AgentID = c.Agent
+	if call.Actor.AgentID == "" {
+		call.Actor.AgentID = signer.holder
+	}
+	if call.Actor.AgentID == "" {
+		call.Actor.AgentID = defaultAgent
+	}
 	if c.Session != "" {
 		call.SessionID = c.Session
 	}
@@ -107,6 +196,9 @@ func (c *callCmd) Run(g *Globals) error {
 			return usage("--expect-hash %q: want POINTER=SHA256HEX", e)
 		}
 		call.ExpectedDocumentHashes = append(call.ExpectedDocumentHashes, schemas.ExpectedHash{Pointer: p, Hash: h})
+	}
+	if err := signer.apply(call); err != nil {
+		return err
 	}
 	started := time.Now()
 	d, err := client.Call(ctx, call)
@@ -126,6 +218,9 @@ func (c *callCmd) Run(g *Globals) error {
 	}
 	post, err := ingest.PostOf(call, res, true, started, time.Now())
 	if err != nil {
+		return err
+	}
+	if err := signer.apply(post); err != nil { // the post event has its own issued_at
 		return err
 	}
 	d, err = client.Call(ctx, post)

@@ -28,6 +28,7 @@ type cli struct {
 	Keys   keysCmd   `cmd:"" help:"Manage Ed25519 signing keys."`
 	Call   callCmd   `cmd:"" help:"Act as an enforcement point: send one tool call envelope and print the decision."`
 	Verify verifyCmd `cmd:"" help:"Verify receipts (signatures, hash chains, stored columns) in ClickHouse or in a file; exit 1 naming each bad receipt."`
+	Query  queryCmd  `cmd:"" help:"Canned auditor questions."`
 	Bench  benchCmd  `cmd:"" help:"Measure a running stack: decision latency with N concurrent enforcement points, end-to-end events/s, kill-switch propagation."`
 
 	Killswitch killswitchCmd `cmd:"" help:"Kill switches: stop calls in a scope on every worker (signed control commands)."`
@@ -36,6 +37,7 @@ type cli struct {
 	Registry   registryCmd   `cmd:"" help:"Publish, pin and show tool registry bundles."`
 	Replay     replayCmd     `cmd:"" help:"The correlation_id replay cache: stats, check, flush."`
 	Status     statusCmd     `cmd:"" help:"Live workers: the control seq each has applied, its registry digest, whether it decides."`
+	Cap        capCmd        `cmd:"" help:"Capabilities (seed 002): issue, delegate and inspect signed capability chains."`
 }
 
 // exitError carries an exit code: 1 for a failed check, 2 for usage.

@@ -204,10 +204,12 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 			return fmt.Errorf("replay store: %w", err)
 		}
 		replay = store
-		dec, err := enforce.NewDecider(engine, enforce.DeciderOptions{
-			MaxEnvelopeBytes: f.MaxEnvelopeBytes,
-			Replay:           enforce.NewReplayGuard(store, enforce.ReplayCacheOptions{}),
-		})
+		opts, err := enforceOptions(ctx, f, log, js)
+		if err != nil {
+			return err
+		}
+		opts.Replay = enforce.NewReplayGuard(store, enforce.ReplayCacheOptions{})
+		dec, err := enforce.NewDecider(engine, opts)
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,440 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/schemas"
+)
+
+// capCmd groups the capability commands (seed 002). They work on files
+// and keys only: no NATS.
+type capCmd struct {
+	Issue    capIssueCmd    `cmd:"" help:"Issue a signed capability to an agent; writes a capability chain (no delegations)."`
+	Delegate capDelegateCmd `cmd:"" help:"Delegate a narrower capability from a chain's holder to another agent; writes the longer chain."`
+	Inspect  capInspectCmd  `cmd:"" help:"Print a capability chain (links, scopes, expiry, hash) and verify it; exit 1 if it is invalid."`
+}
+
+// capLifetime are the flags that set when a capability or delegation
+// expires.
+type capLifetime struct {
+	TTL     time.Duration `name:"ttl" help:"Lifetime from now (issue: default 1h; delegate: default the parent's expiry)."`
+	Expires string        `name:"expires" help:"Expiry as an RFC 3339 time (instead of --ttl)."`
+}
+
+// expiry returns expires_at for a link issued at now; def is used when
+// neither flag is given.
+func (l capLifetime) expiry(now, def time.Time) (time.Time, error) {
+	switch {
+	case l.TTL != 0 && l.Expires != "":
+		return time.Time{}, usage("give --ttl or --expires, not both")
+	case l.TTL < 0:
+		return time.Time{}, usage("--ttl must be positive")
+	case l.TTL > 0:
+		return now.Add(l.TTL), nil
+	case l.Expires != "":
+		t, err := time.Parse(time.RFC3339Nano, l.Expires)
+		if err != nil {
+			return time.Time{}, usage("--expires: not an RFC 3339 time")
+		}
+		return t, nil
+	}
+	return def, nil
+}
+
+// capTime formats a time as the wire does (RFC 3339, milliseconds, UTC).
+func capTime(t time.Time) string { return t.UTC().Format(schemas.TimeFormat) }
+
+// loadAgentKey reads an agent's NAME.pub and returns it in wire form and its kid.
+func loadAgentKey(flag, path string) (string, string, error) {
+	kid, pub, err := receipts.LoadPublicKey(path)
+	if err != nil {
+		return "", "", usage("%s: %v", flag, err)
+	}
+	return enforce.PublicKeyString(pub), kid, nil
+}
+
+// writeChain writes chain as indented JSON to out, or to stdout if out is "".
+func writeChain(g *Globals, chain *schemas.CapabilityChain, out, what string) error {
+	b, err := json.MarshalIndent(chain, "", "  ")
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	if out == "" {
+		_, err := os.Stdout.Write(b)
+		return err
+	}
+	if err := os.WriteFile(out, b, 0o644); err != nil {
+		return failed("%v", err)
+	}
+	h, err := enforce.ChainHash(chain)
+	if err != nil {
+		return err
+	}
+	ids := []string{chain.Capability.CapabilityID}
+	holder := chain.Capability.Subject
+	for _, d := range chain.Delegations {
+		ids = append(ids, d.CapabilityID)
+		holder = d.DelegateeID
+	}
+	if g.JSON {
+		printJSON(os.Stdout, map[string]any{"file": out, "chain_hash": h, "capability_ids": ids, "holder": holder})
+		return nil
+	}
+	fmt.Printf("%s %s\n  capability id %s\n  holder        %s\n  chain hash    %s\n", what, out, ids[len(ids)-1], holder, h)
+	return nil
+}
+
+// --- cap issue ---
+
+type capIssueCmd struct {
+	IssuerKey  string   `name:"issuer-key" required:"" type:"path" help:"The issuer's signing key (.key); talosd trusts its .pub via --capability-issuers."`
+	Issuer     string   `name:"issuer" help:"Issuer name recorded in the capability (default: issuer-<kid>)."`
+	Subject    string   `name:"subject" required:"" help:"Agent id the capability is for."`
+	SubjectKey string   `name:"subject-key" required:"" type:"path" help:"The agent's public key (.pub): it signs the agent's envelopes and delegations."`
+	Scope      []string `name:"scope" required:"" help:"tool:<server_id>:<tool_name>[/method:<action>][/resource:<pattern>] (tool:* and tool:<server_id>:* allowed; repeatable)."`
+	ReadOnly   bool     `name:"read-only" help:"Constrain the capability to read tools (a write tool is TOOL_CLASS_MISMATCH)."`
+	capLifetime
+	ID  string `name:"id" help:"capability_id (default: a new UUID)."`
+	Out string `name:"out" type:"path" help:"Write the chain here (default: stdout)."`
+}
+
+func (c *capIssueCmd) Run(g *Globals) error {
+	key, err := receipts.LoadPrivateKey(c.IssuerKey)
+	if err != nil {
+		return usage("--issuer-key: %v", err)
+	}
+	pub, _, err := loadAgentKey("--subject-key", c.SubjectKey)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	exp, err := c.expiry(now, now.Add(time.Hour))
+	if err != nil {
+		return err
+	}
+	id := c.ID
+	if id == "" {
+		id = uuid.Must(uuid.NewV7()).String()
+	}
+	issuer := c.Issuer
+	if issuer == "" {
+		issuer = "issuer-" + key.KID
+	}
+	capb := schemas.Capability{
+		CapabilityID: id, Issuer: issuer, Subject: c.Subject, SubjectPublicKey: pub, Scopes: c.Scope,
+		IssuedAt: capTime(now), ExpiresAt: capTime(exp),
+	}
+	if c.ReadOnly {
+		capb.Constraints = &schemas.Constraints{ReadOnly: true}
+	}
+	signed, err := enforce.IssueCapability(key, capb)
+	if err != nil {
+		return usage("%v", err)
+	}
+	return writeChain(g, &schemas.CapabilityChain{Capability: signed}, c.Out, "issued")
+}
+
+// --- cap delegate ---
+
+type capDelegateCmd struct {
+	From      string   `name:"from" required:"" type:"existingfile" help:"The capability chain to extend (JSON)."`
+	HolderKey string   `name:"holder-key" required:"" type:"path" help:"The chain holder's signing key (.key)."`
+	To        string   `name:"to" required:"" help:"Agent id of the delegatee."`
+	ToKey     string   `name:"to-key" required:"" type:"path" help:"The delegatee's public key (.pub)."`
+	Scope     []string `name:"scope" required:"" help:"Child scopes, each within the holder's scopes (repeatable)."`
+	ReadOnly  bool     `name:"read-only" help:"Add the read_only constraint (kept automatically if the parent has it)."`
+	capLifetime
+	ID  string `name:"id" help:"capability_id of the delegation (default: a new UUID)."`
+	Out string `name:"out" type:"path" help:"Write the new chain here (default: stdout)."`
+}
+
+func (c *capDelegateCmd) Run(g *Globals) error {
+	chain, err := readChainFile(c.From)
+	if err != nil {
+		return usage("--from: %v", err)
+	}
+	if len(chain.Delegations) >= schemas.MaxDelegationDepth {
+		return failed("the chain already has %d delegations (MAX_DELEGATION_DEPTH)", schemas.MaxDelegationDepth)
+	}
+	key, err := receipts.LoadPrivateKey(c.HolderKey)
+	if err != nil {
+		return usage("--holder-key: %v", err)
+	}
+	pub, _, err := loadAgentKey("--to-key", c.ToKey)
+	if err != nil {
+		return err
+	}
+	var parent any = chain.Capability
+	parentExp, parentRO := chain.Capability.ExpiresAt, chain.Capability.Constraints != nil && chain.Capability.Constraints.ReadOnly
+	if n := len(chain.Delegations); n > 0 {
+		p := chain.Delegations[n-1]
+		parent, parentExp = p, p.ExpiresAt
+		parentRO = parentRO || (p.Constraints != nil && p.Constraints.ReadOnly)
+	}
+	def, err := time.Parse(time.RFC3339Nano, parentExp)
+	if err != nil {
+		return usage("--from: the last link's expires_at is not an RFC 3339 time")
+	}
+	now := time.Now()
+	exp, err := c.expiry(now, def)
+	if err != nil {
+		return err
+	}
+	id := c.ID
+	if id == "" {
+		id = uuid.Must(uuid.NewV7()).String()
+	}
+	d := schemas.Delegation{
+		CapabilityID: id, ChildScope: c.Scope, IssuedAt: capTime(now), ExpiresAt: capTime(exp),
+		DelegateeID: c.To, DelegateePublicKey: pub,
+	}
+	if c.ReadOnly || parentRO {
+		d.Constraints = &schemas.Constraints{ReadOnly: true}
+	}
+	signed, err := enforce.Delegate(key, parent, d)
+	if err != nil {
+		return failed("%v", err)
+	}
+	chain.Delegations = append(chain.Delegations, signed)
+	return writeChain(g, chain, c.Out, "delegated")
+}
+
+// readChainFile decodes a chain file strictly (unknown fields rejected).
+func readChainFile(path string) (*schemas.CapabilityChain, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := schemas.ValidateCapabilityChain(raw); err != nil {
+		return nil, err
+	}
+	var c schemas.CapabilityChain
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// --- cap inspect ---
+
+type capInspectCmd struct {
+	Chain    string   `arg:"" type:"existingfile" help:"Capability chain file (JSON)."`
+	Issuers  []string `name:"issuers" type:"path" help:"Trusted issuer public keys (.pub files or directories); without them no root signature is trusted."`
+	Revoked  []string `name:"revoked" help:"Treat this capability id or agent:<id> as revoked (repeatable; offline check)."`
+	At       string   `name:"at" help:"Check validity at this RFC 3339 time instead of now."`
+	Server   string   `name:"server" help:"Also check that the chain's scopes cover a call to this server_id (with --tool)."`
+	Tool     string   `name:"tool" help:"Tool name for the scope check."`
+	Method   string   `name:"method" help:"Action name for the scope check (action-based tools)."`
+	Resource *string  `name:"resource" help:"Resource (the argument at the tool's resource_pointer) for the scope check."`
+}
+
+// capLinkView is one link as cap inspect prints it.
+type capLinkView struct {
+	Index        int      `json:"index"`
+	Kind         string   `json:"kind"` // capability | delegation
+	CapabilityID string   `json:"capability_id"`
+	Issuer       string   `json:"issuer,omitempty"`
+	Delegator    string   `json:"delegator,omitempty"`
+	Holder       string   `json:"holder"`
+	HolderKID    string   `json:"holder_kid,omitempty"`
+	SignerKID    string   `json:"signer_kid,omitempty"`
+	Scopes       []string `json:"scopes"`
+	ReadOnly     bool     `json:"read_only"`
+	IssuedAt     string   `json:"issued_at"`
+	ExpiresAt    string   `json:"expires_at"`
+	Expiry       string   `json:"expiry"` // "expires in 59m0s" / "expired 3m0s ago"
+}
+
+func (c *capInspectCmd) Run(g *Globals) error {
+	if (c.Server == "") != (c.Tool == "") {
+		return usage("--server and --tool go together")
+	}
+	if c.Server == "" && (c.Method != "" || c.Resource != nil) {
+		return usage("--method and --resource need --server and --tool")
+	}
+	now := time.Now()
+	if c.At != "" {
+		t, err := time.Parse(time.RFC3339Nano, c.At)
+		if err != nil {
+			return usage("--at: not an RFC 3339 time")
+		}
+		now = t
+	}
+	issuers := receipts.KeySet{}
+	if len(c.Issuers) > 0 {
+		ks, err := receipts.LoadTrustedKeys(c.Issuers...)
+		if err != nil {
+			return usage("--issuers: %v", err)
+		}
+		issuers = ks
+	}
+	authz, err := enforce.NewAuthorizer(enforce.CapabilityConfig{Issuers: issuers})
+	if err != nil {
+		return usage("%v", err)
+	}
+	raw, err := os.ReadFile(c.Chain)
+	if err != nil {
+		return usage("%v", err)
+	}
+	revoked := func(s string) bool { return slices.Contains(c.Revoked, s) }
+	res := authz.VerifyChain(json.RawMessage(raw), now, revoked)
+
+	var (
+		links     []capLinkView
+		chainHash string
+		chain     schemas.CapabilityChain
+	)
+	if canon, err := receipts.Canonicalize(raw); err == nil {
+		sum := sha256.Sum256(canon)
+		chainHash = hex.EncodeToString(sum[:])
+	}
+	decoded := json.Unmarshal(raw, &chain) == nil
+	if decoded {
+		links = capLinks(&chain, now)
+	}
+	if c.Server != "" && decoded && len(links) > 0 {
+		leaf := links[len(links)-1]
+		res2 := c.Resource != nil
+		resource := ""
+		if res2 {
+			resource = *c.Resource
+		}
+		if !enforce.ScopesCover(leaf.Scopes, c.Server, c.Tool, c.Method, resource, res2) {
+			res.Codes = appendCode(res.Codes, schemas.CodeScopeMismatch)
+			res.Details = append(res.Details, fmt.Sprintf("capability: no scope of link %d covers this call", leaf.Index))
+		}
+	}
+	if len(issuers) == 0 {
+		res.Details = append(res.Details, "no --issuers given: no issuer is trusted")
+	}
+	valid := len(res.Codes) == 0
+	if g.JSON {
+		out := map[string]any{"file": c.Chain, "chain_hash": chainHash, "holder": res.Holder, "capability_ids": res.CapabilityIDs,
+			"read_only": res.ReadOnly, "links": links, "valid": valid, "codes": nonNil(res.Codes), "details": nonNil(res.Details),
+			"checked_at": capTime(now)}
+		if c.Server != "" {
+			out["call"] = map[string]any{"server_id": c.Server, "tool_name": c.Tool, "method": c.Method, "resource": c.Resource != nil}
+		}
+		printJSON(os.Stdout, out)
+	} else {
+		printChain(c.Chain, chainHash, res, links)
+		if c.Server != "" {
+			fmt.Printf("scope check   %s:%s", c.Server, c.Tool)
+			if c.Method != "" {
+				fmt.Printf(" method %s", c.Method)
+			}
+			if c.Resource != nil {
+				fmt.Print(" (with resource)")
+			}
+			fmt.Println()
+		}
+		if valid {
+			fmt.Printf("verdict       VALID (checked at %s)\n", capTime(now))
+		} else {
+			fmt.Printf("verdict       INVALID: %s (checked at %s)\n", strings.Join(res.Codes, ", "), capTime(now))
+		}
+		for _, d := range res.Details {
+			fmt.Printf("  detail      %s\n", d)
+		}
+	}
+	if !valid {
+		return exitError{1, fmt.Errorf("capability chain is invalid: %s", strings.Join(res.Codes, ", "))}
+	}
+	return nil
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// appendCode adds code once, keeping SCOPE_MISMATCH after the chain codes.
+func appendCode(codes []string, code string) []string {
+	if slices.Contains(codes, code) {
+		return codes
+	}
+	return append(codes, code)
+}
+
+// capLinks describes each link of a decoded chain.
+func capLinks(c *schemas.CapabilityChain, now time.Time) []capLinkView {
+	kidOf := func(s string) string {
+		if pub, err := enforce.ParsePublicKeyString(s); err == nil {
+			return receipts.KeyID(pub)
+		}
+		return "(malformed key)"
+	}
+	signer := func(s *schemas.Signature) string {
+		if s == nil {
+			return "(unsigned)"
+		}
+		return s.KID
+	}
+	root := c.Capability
+	links := []capLinkView{{
+		Index: 0, Kind: "capability", CapabilityID: root.CapabilityID, Issuer: root.Issuer, Holder: root.Subject,
+		HolderKID: kidOf(root.SubjectPublicKey), SignerKID: signer(root.Signature), Scopes: root.Scopes,
+		ReadOnly: root.Constraints != nil && root.Constraints.ReadOnly, IssuedAt: root.IssuedAt, ExpiresAt: root.ExpiresAt,
+		Expiry: expiryText(root.ExpiresAt, now),
+	}}
+	for i, d := range c.Delegations {
+		links = append(links, capLinkView{
+			Index: i + 1, Kind: "delegation", CapabilityID: d.CapabilityID, Delegator: d.DelegatorID, Holder: d.DelegateeID,
+			HolderKID: kidOf(d.DelegateePublicKey), SignerKID: signer(d.Signature), Scopes: d.ChildScope,
+			ReadOnly: d.Constraints != nil && d.Constraints.ReadOnly, IssuedAt: d.IssuedAt, ExpiresAt: d.ExpiresAt,
+			Expiry: expiryText(d.ExpiresAt, now),
+		})
+	}
+	return links
+}
+
+// expiryText says "expires in 59m0s" or "expired 3m0s ago".
+func expiryText(expiresAt string, now time.Time) string {
+	t, err := time.Parse(time.RFC3339Nano, expiresAt)
+	if err != nil {
+		return "expiry unreadable"
+	}
+	d := t.Sub(now).Round(time.Second)
+	if d >= 0 {
+		return "expires in " + d.String()
+	}
+	return "expired " + (-d).String() + " ago"
+}
+
+func printChain(file, hash string, res enforce.AuthResult, links []capLinkView) {
+	fmt.Printf("capability chain %s\n", file)
+	if hash != "" {
+		fmt.Printf("  chain hash  %s\n", hash)
+	}
+	if res.Holder != "" {
+		fmt.Printf("  holder      %s\n", res.Holder)
+	}
+	for _, l := range links {
+		fmt.Printf("link %d  %s  %s\n", l.Index, l.Kind, l.CapabilityID)
+		if l.Kind == "capability" {
+			fmt.Printf("  issuer      %s (signed by kid %s)\n", l.Issuer, l.SignerKID)
+			fmt.Printf("  subject     %s (kid %s)\n", l.Holder, l.HolderKID)
+		} else {
+			fmt.Printf("  delegator   %s (signed by kid %s)\n", l.Delegator, l.SignerKID)
+			fmt.Printf("  delegatee   %s (kid %s)\n", l.Holder, l.HolderKID)
+		}
+		fmt.Printf("  scopes      %s\n", strings.Join(l.Scopes, "\n              "))
+		fmt.Printf("  read_only   %v\n", l.ReadOnly)
+		fmt.Printf("  issued      %s\n", l.IssuedAt)
+		fmt.Printf("  expires     %s (%s)\n", l.ExpiresAt, l.Expiry)
+	}
+}

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/enforce/redact"
+	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/receipts"
+)
+
+// enforceOptions builds the enforce role's checks from the flags:
+// capabilities (seed 002), preflight, policy and rate limits (seed 003),
+// the shared call ledger (idempotency) and the redactor of the flight
+// recorder (seed 001).
+func enforceOptions(ctx context.Context, f *Flags, log *slog.Logger, js jetstream.JetStream) (enforce.DeciderOptions, error) {
+	o := enforce.DeciderOptions{
+		MaxEnvelopeBytes:  f.MaxEnvelopeBytes,
+		RequireCapability: f.Capabilities != "optional",
+		Preflight:         enforce.PreflightConfig{MaxArgsBytes: f.MaxArgsBytes},
+	}
+	issuers := receipts.KeySet{}
+	if len(f.CapabilityIssuers) > 0 {
+		ks, err := receipts.LoadTrustedKeys(f.CapabilityIssuers...)
+		if err != nil {
+			return o, usagef("--capability-issuers: %v", err)
+		}
+		issuers = ks
+	} else if o.RequireCapability {
+		log.Warn("no --capability-issuers: every phase-pre call will be denied (capabilities are required; --capabilities optional turns that off)")
+	}
+	authz, err := enforce.NewAuthorizer(enforce.CapabilityConfig{Issuers: issuers})
+	if err != nil {
+		return o, err
+	}
+	o.Capabilities = authz
+	if f.Policy != "" {
+		p, err := enforce.LoadPolicy(f.Policy)
+		if err != nil {
+			return o, usagef("--policy: %v", err)
+		}
+		o.Policy = p
+		if len(p.RateLimits) > 0 {
+			var maxWindow time.Duration
+			for _, l := range p.RateLimits {
+				maxWindow = max(maxWindow, time.Duration(l.Window))
+			}
+			store, err := ingest.NewKVRateStore(ctx, js, maxWindow)
+			if err != nil {
+				return o, fmt.Errorf("rate store: %w", err)
+			}
+			o.RateLimiter = enforce.NewRateLimiter(p, store)
+		}
+	}
+	ledger, err := ingest.NewLedger(ctx, js, ingest.LedgerOptions{Window: f.ReplayWindow, Replicas: f.Replicas})
+	if err != nil {
+		return o, fmt.Errorf("call ledger: %w", err)
+	}
+	o.Ledger = ledger
+	keyPath := f.RedactionKey
+	if keyPath == "" {
+		keyPath = filepath.Join(f.DataDir, "keys", "redaction.key")
+	}
+	key, kid, err := redact.LoadOrCreateKey(keyPath, true)
+	if err != nil {
+		return o, fmt.Errorf("--redaction-key: %w", err)
+	}
+	red, err := redact.New(redact.Config{Key: key, KeyID: kid, ExtraFieldNames: f.RedactFields})
+	if err != nil {
+		return o, err
+	}
+	o.Redactor = red
+	log.Info("enforce checks", "capabilities", f.Capabilities, "issuers", len(issuers), "policy", f.Policy != "",
+		"redaction_key_id", kid)
+	return o, nil
+}

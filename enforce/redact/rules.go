@@ -1,0 +1,516 @@
+package redact
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/spf13/viper"
+	"github.com/zricethezav/gitleaks/v8/config"
+)
+
+// The detection ruleset is gitleaks' default configuration (the
+// gitleaks.toml embedded in github.com/zricethezav/gitleaks/v8/config,
+// Copyright (c) 2019 Zachary Rice, MIT License), translated by gitleaks'
+// own config.ViperConfig.Translate so that its rules, keywords, entropy
+// thresholds and allowlists mean here what they mean in gitleaks. Upgrading
+// the gitleaks module upgrades the ruleset.
+//
+// Differences from a gitleaks file scan, all because Talos scans JSON
+// values, not files:
+//   - a payload has no file path: path-only rules never apply, and rules
+//     with both a path and a regex (Terraform, NuGet, Kubernetes secret
+//     YAML...) apply to every value, since a tool result often carries the
+//     content of a file whose name Talos does not see;
+//   - composite rules ([[rules.required]]) are treated as standalone rules
+//     (the default ruleset has none; reporting more is the safe side);
+//   - a string value is scanned as the text `"<key>": "<value>"` so that
+//     rules which need the assignment context (generic-api-key and the
+//     vendor rules of the form `<vendor>_key = <value>`) see it, as they
+//     would in the serialized document; only bytes of the value are replaced.
+
+// ruleGeneric is gitleaks' catch-all rule; a finding of a more specific rule
+// covering the same bytes wins over it (gitleaks' own report filter does
+// the same).
+const ruleGeneric = "generic-api-key"
+
+// scanRule is one compiled detection rule.
+type scanRule struct {
+	id          string
+	re          *regexp.Regexp
+	secretGroup int
+	entropy     float64
+	keywords    []string
+	allowlists  []*config.Allowlist
+	generic     bool
+}
+
+// ruleset is the compiled, immutable detection ruleset shared by every
+// Redactor in the process.
+type ruleset struct {
+	rules  []scanRule
+	global []*config.Allowlist
+	kw     *keywordIndex
+	always []int // rules without keywords: run on every long-enough string
+}
+
+// gapFiller is a Talos rule for a kind of secret the gitleaks default
+// ruleset does not cover in tool payloads. why says which gap it fills.
+type gapFiller struct {
+	id          string
+	why         string
+	regex       string
+	secretGroup int
+	entropy     float64
+	keywords    []string
+	allowRegex  []string // allowlist regexes on the secret
+}
+
+// letterOnly mirrors gitleaks' generic-api-key allowlist: a "secret" made of
+// letters, '_', '.' and '-' only is a word, not a credential.
+const letterOnly = `^[a-zA-Z_.-]+$`
+
+var gapFillers = []gapFiller{
+	{
+		id: "url-userinfo-password",
+		why: "gitleaks has no generic rule for a password in a URL's userinfo " +
+			"(postgres://u:p@h/db, https://u:p@host); only a few vendor URLs",
+		regex:       `\b[a-zA-Z][a-zA-Z0-9+.-]{1,20}://[^\s/?#@:'"]{0,256}:([^\s/?#@'"]{1,256})@[^\s/?#@'"]`,
+		secretGroup: 1,
+		keywords:    []string{"://"},
+	},
+	{
+		id: "authorization-header",
+		why: "gitleaks finds Authorization headers only inside curl command " +
+			"lines (curl-auth-header); tool results carry raw HTTP headers and logs",
+		regex: `(?i)\b(?:proxy-)?authorization["']?[ \t]*[:=][ \t]*["']?` +
+			`(?:(?:bearer|basic|token|digest|negotiate|apikey|api-key|sso-key)[ \t]+)?` +
+			`([A-Za-z0-9\-._~+/]{8,}=*)`,
+		secretGroup: 1,
+		entropy:     2.75, // gitleaks' curl-auth-header threshold
+		keywords:    []string{"authorization"},
+		allowRegex:  []string{letterOnly},
+	},
+	{
+		id: "bearer-token",
+		why: "\"Bearer <token>\" outside an Authorization header (error " +
+			"messages, configs, prose); gitleaks has only vendor-specific bearer rules",
+		regex:       `(?i)\bbearer[ \t]+([A-Za-z0-9\-._~+/]{16,}=*)`,
+		secretGroup: 1,
+		entropy:     3,
+		keywords:    []string{"bearer"},
+		allowRegex:  []string{letterOnly},
+	},
+	{
+		id: "private-key-block",
+		why: "gitleaks' private-key rule needs the END line; tool output cut " +
+			"short (head, paging, size limits) leaves a key body without it",
+		regex: `(?i)-----BEGIN[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----` +
+			`(?:[\s\S]*?-----END[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----|[\s\S]*$)`,
+		keywords: []string{"-----begin"},
+	},
+}
+
+// genericContextAllow lists assignment contexts in which generic-api-key
+// fires on identifiers that are not credentials. Each is a Talos protocol
+// field or a well-known identifier recorded in clear elsewhere: the
+// envelope's idempotency_key is a column of talos.tool_calls, and cache,
+// object, partition, sort and routing keys name data, they do not unlock it.
+var genericContextAllow = []string{
+	`(?i)(?:idempotency|cache|object|partition|sort|routing|dedup(?:e|lication)?)[_.-]?key`,
+}
+
+// loadRuleset compiles the default ruleset once per process: the regexes
+// cost tens of milliseconds, and the result is immutable.
+var loadRuleset = sync.OnceValues(func() (*ruleset, error) {
+	return buildRuleset(config.DefaultConfig)
+})
+
+// buildRuleset translates a gitleaks TOML configuration and adds the Talos
+// gap fillers.
+func buildRuleset(toml string) (rs *ruleset, err error) {
+	defer func() {
+		// gitleaks compiles patterns with MustCompile.
+		if p := recover(); p != nil {
+			rs, err = nil, fmt.Errorf("redact: gitleaks ruleset: %v", p)
+		}
+	}()
+	v := viper.New()
+	v.SetConfigType("toml")
+	if err := v.ReadConfig(strings.NewReader(toml)); err != nil {
+		return nil, fmt.Errorf("redact: gitleaks ruleset: %w", err)
+	}
+	var vc config.ViperConfig
+	if err := v.Unmarshal(&vc); err != nil {
+		return nil, fmt.Errorf("redact: gitleaks ruleset: %w", err)
+	}
+	cfg, err := vc.Translate()
+	if err != nil {
+		return nil, fmt.Errorf("redact: gitleaks ruleset: %w", err)
+	}
+
+	rs = &ruleset{global: cfg.Allowlists}
+	for _, id := range cfg.OrderedRules {
+		r, ok := cfg.Rules[id]
+		if !ok || r.Regex == nil || r.SkipReport {
+			continue
+		}
+		sr := scanRule{
+			id:          r.RuleID,
+			re:          r.Regex,
+			secretGroup: r.SecretGroup,
+			entropy:     r.Entropy,
+			keywords:    r.Keywords,
+			allowlists:  r.Allowlists,
+			generic:     strings.Contains(r.RuleID, "generic"),
+		}
+		if r.RuleID == ruleGeneric {
+			al := &config.Allowlist{
+				Description: "talos: non-credential identifiers",
+				RegexTarget: "match",
+				Regexes:     compileAll(genericContextAllow),
+			}
+			if err := al.Validate(); err != nil {
+				return nil, fmt.Errorf("redact: generic allowlist: %w", err)
+			}
+			sr.allowlists = append(append([]*config.Allowlist(nil), sr.allowlists...), al)
+		}
+		rs.rules = append(rs.rules, sr)
+	}
+	if len(rs.rules) == 0 {
+		return nil, errors.New("redact: gitleaks ruleset has no content rules")
+	}
+	for _, g := range gapFillers {
+		sr := scanRule{
+			id:          g.id,
+			re:          regexp.MustCompile(g.regex),
+			secretGroup: g.secretGroup,
+			entropy:     g.entropy,
+			keywords:    g.keywords,
+		}
+		if len(g.allowRegex) > 0 {
+			al := &config.Allowlist{Regexes: compileAll(g.allowRegex)}
+			if err := al.Validate(); err != nil {
+				return nil, fmt.Errorf("redact: %s allowlist: %w", g.id, err)
+			}
+			sr.allowlists = []*config.Allowlist{al}
+		}
+		rs.rules = append(rs.rules, sr)
+	}
+
+	byKeyword := map[string][]int{}
+	for i, r := range rs.rules {
+		if len(r.keywords) == 0 {
+			rs.always = append(rs.always, i)
+			continue
+		}
+		for _, k := range r.keywords {
+			k = strings.ToLower(k)
+			if k != "" {
+				byKeyword[k] = append(byKeyword[k], i)
+			}
+		}
+	}
+	rs.kw = newKeywordIndex(byKeyword)
+	return rs, nil
+}
+
+func compileAll(patterns []string) []*regexp.Regexp {
+	out := make([]*regexp.Regexp, len(patterns))
+	for i, p := range patterns {
+		out[i] = regexp.MustCompile(p)
+	}
+	return out
+}
+
+// ruleHit is one secret found in a scanned text: [start, end) in the
+// caller's value, the rule and the secret bytes.
+type ruleHit struct {
+	start, end int
+	rule       string
+	generic    bool
+	secret     string
+}
+
+// minRegexLen: strings shorter than this are not run through regex rules.
+const minRegexLen = 8
+
+// scan runs the rules whose keywords occur in prefix+value+suffix over that
+// text and returns the secrets that lie in value, with offsets relative to
+// value. prefix carries the assignment context (`"<key>": "`) and suffix
+// closes it; both may be empty.
+func (rs *ruleset) scan(prefix, value, suffix string) []ruleHit {
+	if len(value) < minRegexLen {
+		return nil
+	}
+	var buf [8]uint64
+	words := (len(rs.rules) + 63) / 64
+	var cand []uint64
+	if words <= len(buf) {
+		cand = buf[:words]
+	} else {
+		cand = make([]uint64, words)
+	}
+	st := rs.kw.walk(0, prefix, cand)
+	st = rs.kw.walk(st, value, cand)
+	rs.kw.walk(st, suffix, cand)
+	for _, i := range rs.always {
+		cand[i/64] |= 1 << (i % 64)
+	}
+	any := false
+	for _, w := range cand {
+		if w != 0 {
+			any = true
+			break
+		}
+	}
+	if !any {
+		return nil
+	}
+
+	text := value
+	if prefix != "" || suffix != "" {
+		text = prefix + value + suffix
+	}
+	lo, hi := len(prefix), len(prefix)+len(value)
+	var hits []ruleHit
+	for wi, w := range cand {
+		for w != 0 {
+			bit := w & -w
+			w &^= bit
+			i := wi*64 + trailingZeros(bit)
+			hits = rs.rules[i].find(rs.global, text, lo, hi, hits)
+		}
+	}
+	return hits
+}
+
+// find appends the findings of one rule in text[lo:hi] to hits, applying
+// gitleaks' secret-group, entropy and allowlist semantics.
+func (r *scanRule) find(global []*config.Allowlist, text string, lo, hi int, hits []ruleHit) []ruleHit {
+	for _, m := range r.re.FindAllStringSubmatchIndex(text, -1) {
+		ms, me := m[0], m[1]
+		// gitleaks trims newlines around the match.
+		for ms < me && text[ms] == '\n' {
+			ms++
+		}
+		for me > ms && text[me-1] == '\n' {
+			me--
+		}
+		ss, se := ms, me
+		if n := len(m)/2 - 1; n >= 1 {
+			if r.secretGroup > 0 {
+				if r.secretGroup > n {
+					continue
+				}
+				ss, se = m[2*r.secretGroup], m[2*r.secretGroup+1]
+			} else {
+				for g := 1; g <= n; g++ {
+					if m[2*g] >= 0 && m[2*g+1] > m[2*g] {
+						ss, se = m[2*g], m[2*g+1]
+						break
+					}
+				}
+			}
+		}
+		if ss < 0 || se <= ss {
+			continue
+		}
+		secret := text[ss:se]
+		if r.entropy != 0 && shannonEntropy(secret) <= r.entropy {
+			continue
+		}
+		match := text[ms:me]
+		if allowed(global, secret, match, text, ms, me) || allowed(r.allowlists, secret, match, text, ms, me) {
+			continue
+		}
+		// Keep only the bytes of the value.
+		if ss < lo {
+			ss = lo
+		}
+		if se > hi {
+			se = hi
+		}
+		if se <= ss {
+			continue
+		}
+		hits = append(hits, ruleHit{start: ss - lo, end: se - lo, rule: r.id, generic: r.generic, secret: text[ss:se]})
+	}
+	return hits
+}
+
+// allowed applies gitleaks allowlists to a finding (detect.checkFindingAllowed):
+// with condition AND every configured check must hold, and checks on
+// commits and paths never hold for a payload.
+func allowed(als []*config.Allowlist, secret, match, text string, ms, me int) bool {
+	for _, a := range als {
+		if a == nil {
+			continue
+		}
+		target := secret
+		switch a.RegexTarget {
+		case "match":
+			target = match
+		case "line":
+			target = lineAround(text, ms, me)
+		}
+		regexOK := a.RegexAllowed(target)
+		stopOK, _ := a.ContainsStopWord(secret)
+		if a.MatchCondition == config.AllowlistMatchAnd {
+			ok := len(a.Commits) == 0 && len(a.Paths) == 0
+			if len(a.Regexes) > 0 {
+				ok = ok && regexOK
+			}
+			if len(a.StopWords) > 0 {
+				ok = ok && stopOK
+			}
+			if ok && (len(a.Regexes) > 0 || len(a.StopWords) > 0) {
+				return true
+			}
+			continue
+		}
+		if regexOK || stopOK {
+			return true
+		}
+	}
+	return false
+}
+
+// lineAround returns the line(s) of text containing [ms, me).
+func lineAround(text string, ms, me int) string {
+	start := strings.LastIndexByte(text[:ms], '\n') + 1
+	end := strings.IndexByte(text[me:], '\n')
+	if end < 0 {
+		return text[start:]
+	}
+	return text[start : me+end]
+}
+
+// shannonEntropy is gitleaks' entropy measure (detect.shannonEntropy).
+func shannonEntropy(s string) float64 {
+	if s == "" {
+		return 0
+	}
+	counts := make(map[rune]int, 32)
+	for _, c := range s {
+		counts[c]++
+	}
+	inv := 1 / float64(len(s))
+	var e float64
+	for _, n := range counts {
+		f := float64(n) * inv
+		e -= f * math.Log2(f)
+	}
+	return e
+}
+
+func trailingZeros(x uint64) int {
+	n := 0
+	for x&1 == 0 {
+		x >>= 1
+		n++
+	}
+	return n
+}
+
+// keywordIndex is an Aho-Corasick automaton over the rules' keywords,
+// matched ASCII-case-insensitively: one linear pass over a text yields the
+// set of rules worth running on it (gitleaks' keyword prefilter).
+type keywordIndex struct {
+	class  [256]uint8 // lowercased byte -> symbol class; 0: in no keyword
+	nclass int
+	delta  []int32 // state*nclass + class -> next state (complete DFA)
+	out    [][]int // state -> rules whose keyword ends here (via suffix links)
+}
+
+func newKeywordIndex(byKeyword map[string][]int) *keywordIndex {
+	k := &keywordIndex{nclass: 1}
+	kws := make([]string, 0, len(byKeyword))
+	for w := range byKeyword {
+		kws = append(kws, w)
+	}
+	sort.Strings(kws)
+	for _, w := range kws {
+		for i := 0; i < len(w); i++ {
+			if k.class[w[i]] == 0 {
+				if k.nclass == 256 {
+					break
+				}
+				k.class[w[i]] = uint8(k.nclass)
+				k.nclass++
+			}
+		}
+	}
+	for c := 'A'; c <= 'Z'; c++ {
+		k.class[c] = k.class[c+'a'-'A']
+	}
+	newState := func() int32 {
+		for i := 0; i < k.nclass; i++ {
+			k.delta = append(k.delta, -1)
+		}
+		k.out = append(k.out, nil)
+		return int32(len(k.out) - 1)
+	}
+	newState() // root
+	for _, w := range kws {
+		s := int32(0)
+		for i := 0; i < len(w); i++ {
+			c := int(k.class[w[i]])
+			next := k.delta[int(s)*k.nclass+c]
+			if next < 0 {
+				next = newState()
+				k.delta[int(s)*k.nclass+c] = next
+			}
+			s = next
+		}
+		k.out[s] = append(k.out[s], byKeyword[w]...)
+	}
+	// Breadth-first: failure links, complete transitions, merged outputs.
+	fail := make([]int32, len(k.out))
+	queue := make([]int32, 0, len(k.out))
+	for c := 0; c < k.nclass; c++ {
+		if n := k.delta[c]; n > 0 {
+			fail[n] = 0
+			queue = append(queue, n)
+		} else {
+			k.delta[c] = 0
+		}
+	}
+	for len(queue) > 0 {
+		u := queue[0]
+		queue = queue[1:]
+		for c := 0; c < k.nclass; c++ {
+			v := k.delta[int(u)*k.nclass+c]
+			f := k.delta[int(fail[u])*k.nclass+c]
+			if v < 0 {
+				k.delta[int(u)*k.nclass+c] = f
+				continue
+			}
+			fail[v] = f
+			if len(k.out[f]) > 0 {
+				k.out[v] = append(append([]int(nil), k.out[v]...), k.out[f]...)
+			}
+			queue = append(queue, v)
+		}
+	}
+	return k
+}
+
+// walk advances the automaton over s from state st, setting the bit of
+// every rule whose keyword occurs, and returns the final state.
+func (k *keywordIndex) walk(st int32, s string, bits []uint64) int32 {
+	nc := int32(k.nclass)
+	for i := 0; i < len(s); i++ {
+		st = k.delta[st*nc+int32(k.class[s[i]])]
+		if o := k.out[st]; o != nil {
+			for _, r := range o {
+				bits[r/64] |= 1 << (r % 64)
+			}
+		}
+	}
+	return st
+}
