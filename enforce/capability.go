@@ -328,6 +328,10 @@ func decodeSig(s *schemas.Signature) (parsedSig, bool) {
 	return parsedSig{kid: s.KID, sig: raw}, true
 }
 
+// errNotCanonical is chainTree's error for input without an RFC 8785 form
+// (the underlying error may quote a value, so it is not passed on).
+var errNotCanonical = errors.New("not canonicalizable JSON")
+
 // chainTree turns an accepted Chain value into its decoded tree and its
 // RFC 8785 bytes.
 func chainTree(chain any) (map[string]any, []byte, error) {
@@ -336,7 +340,7 @@ func chainTree(chain any) (map[string]any, []byte, error) {
 	case map[string]any:
 		b, err := receipts.CanonicalTree(c)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, errNotCanonical
 		}
 		return c, b, nil
 	case json.RawMessage:
@@ -351,7 +355,7 @@ func chainTree(chain any) (map[string]any, []byte, error) {
 		}
 		b, err := receipts.MarshalCanonical(c)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, errNotCanonical
 		}
 		raw = b
 	default:
@@ -359,7 +363,7 @@ func chainTree(chain any) (map[string]any, []byte, error) {
 	}
 	canon, err := receipts.Canonicalize(raw) // rejects duplicate keys
 	if err != nil {
-		return nil, nil, errors.New("not canonicalizable JSON")
+		return nil, nil, errNotCanonical
 	}
 	d := json.NewDecoder(bytes.NewReader(canon))
 	d.UseNumber()

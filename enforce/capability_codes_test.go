@@ -223,11 +223,11 @@ func TestVerifyCacheNeverMasks(t *testing.T) {
 	chain := capChain(t, 3)
 	r := capRequest(t, chain)
 	capWantCodes(t, a.Authorize(r))
-	if n := a.verified.Len(); n != 4 {
-		t.Fatalf("cache holds %d verified links, want 4", n)
+	if n := a.verified.Len(); n != 5 {
+		t.Fatalf("cache holds %d entries, want 5 (4 links and the chain's schema check)", n)
 	}
 	capWantCodes(t, a.Authorize(r))
-	if n := a.verified.Len(); n != 4 {
+	if n := a.verified.Len(); n != 5 {
 		t.Fatalf("second call added entries: %d", n)
 	}
 	rr := *r
@@ -242,6 +242,16 @@ func TestVerifyCacheNeverMasks(t *testing.T) {
 	bad := capChain(t, 3)
 	bad.Delegations[2].Signature.Sig = otherTrailingBits(t, bad.Delegations[2].Signature.Sig)
 	capWantCodes(t, a.Authorize(capRequest(t, bad)), schemas.CodeSignatureInvalid)
+	// Failures are not cached: a chain that fails the schema fails again.
+	n := a.verified.Len()
+	for range 2 {
+		bad := capChain(t, 3)
+		bad.Capability.Scopes = []string{"tool:files"}
+		capWantCodes(t, a.Authorize(capRequest(t, bad)), schemas.CodeSignatureInvalid, schemas.CodeDelegationInvalid, schemas.CodeScopeMismatch)
+	}
+	if a.verified.Len() != n {
+		t.Fatalf("a failed check was cached: %d entries, had %d", a.verified.Len(), n)
+	}
 	// A cache of one entry still verifies every link.
 	small, err := NewAuthorizer(CapabilityConfig{Issuers: a.issuers, VerifyCache: 1})
 	if err != nil {

@@ -64,7 +64,7 @@ func TestClickHouseOutage(t *testing.T) {
 	session := "ch-outage"
 	send := func(n int) {
 		for i := 0; i < n; i++ {
-			c := newCall(t, "files", "list_directory", map[string]any{"i": i})
+			c := newCall(t, "files", "list_directory", map[string]any{"path": fmt.Sprintf("dir-%d", i)})
 			c.SessionID = session
 			if d := s.call(t, c); d.Decision != "allow" {
 				t.Fatalf("%s %v", d.Decision, d.ReasonCodes)
@@ -116,7 +116,7 @@ func TestNATSOutage(t *testing.T) {
 	session := "nats-outage"
 	ctx := context.Background()
 	for i := 0; i < calls; i++ {
-		c := newCall(t, "files", "list_directory", map[string]any{"i": i})
+		c := newCall(t, "files", "list_directory", map[string]any{"path": fmt.Sprintf("dir-%d", i)})
 		c.SessionID = session
 		raw, _ := json.Marshal(c)
 		if err := s.client.Publish(ctx, schemas.PhasePre, "files", c.ToolCallID, raw); err != nil {

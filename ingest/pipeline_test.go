@@ -231,7 +231,7 @@ func TestPipelineReasonCodes(t *testing.T) {
 		{name: "declared class differs", call: newCall(t, "github", "list-prs", map[string]any{}),
 			tweak: func(c *schemas.ToolCall) { c.ToolClass = "write" },
 			want:  "deny", codes: []string{schemas.CodeToolClassDeclarationMismatch}},
-		{name: "registry digest differs", call: newCall(t, "files", "list_directory", map[string]any{}),
+		{name: "registry digest differs", call: newCall(t, "files", "list_directory", map[string]any{"path": "."}),
 			tweak: func(c *schemas.ToolCall) { c.RegistryDigest = "sha256:" + strings.Repeat("0", 64) },
 			want:  "deny", codes: []string{schemas.CodeRegistryVersionMismatch}},
 		{name: "write without idempotency key", call: newCall(t, "files", "write_file", map[string]any{"path": "a", "content": "x"}),
@@ -289,7 +289,7 @@ func TestPipelineReasonCodes(t *testing.T) {
 	}
 
 	// Malformed envelopes: VAL-HTC-001 and nothing else, with a receipt.
-	valid := newCall(t, "files", "list_directory", map[string]any{})
+	valid := newCall(t, "files", "list_directory", map[string]any{"path": "."})
 	raw, _ := json.Marshal(valid)
 	deep := strings.Repeat(`{"a":`, 200) + "1" + strings.Repeat("}", 200)
 	malformed := []struct {
@@ -300,8 +300,8 @@ func TestPipelineReasonCodes(t *testing.T) {
 		{"duplicate keys", []byte(strings.Replace(string(raw), `"phase":"pre"`, `"phase":"pre","phase":"pre"`, 1)), valid.ToolCallID},
 		{"schema violation", []byte(strings.Replace(string(raw), `"transport":"mcp"`, `"transport":"carrier-pigeon"`, 1)), valid.ToolCallID},
 		{"unknown field", []byte(strings.Replace(string(raw), `{`, `{"surprise":1,`, 1)), valid.ToolCallID},
-		{"too deep", []byte(strings.Replace(string(raw), `"arguments":{}`, `"arguments":{"x":`+deep+`}`, 1)), valid.ToolCallID},
-		{"too large", []byte(strings.Replace(string(raw), `"arguments":{}`, `"arguments":{"x":"`+strings.Repeat("A", 300<<10)+`"}`, 1)), valid.ToolCallID},
+		{"too deep", []byte(strings.Replace(string(raw), `"arguments":{"path":"."}`, `"arguments":{"x":`+deep+`}`, 1)), valid.ToolCallID},
+		{"too large", []byte(strings.Replace(string(raw), `"arguments":{"path":"."}`, `"arguments":{"x":"`+strings.Repeat("A", 300<<10)+`"}`, 1)), valid.ToolCallID},
 	}
 	for i, m := range malformed {
 		t.Run("VAL-HTC-001/"+m.name, func(t *testing.T) {
@@ -408,7 +408,7 @@ func names(ps []receipts.Problem, kind, id string) bool {
 // tool_call_id must not take the victim's receipt, nor hide its decision.
 func TestMalformedCannotShadowARealCall(t *testing.T) {
 	s := newStack(t, stackOptions{})
-	victim := newCall(t, "files", "list_directory", map[string]any{})
+	victim := newCall(t, "files", "list_directory", map[string]any{"path": "."})
 	garbage := fmt.Sprintf(`{"tool_call_id":%q,"ep_id":"test-ep","phase":"pre","phase":"pre"}`, victim.ToolCallID)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -487,7 +487,7 @@ func TestPipelineDuplicateCallOneReceipt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newCall(t, "files", "list_directory", map[string]any{})
+	c := newCall(t, "files", "list_directory", map[string]any{"path": "."})
 	raw, _ := json.Marshal(c)
 	s.call(t, c)
 	// Publish the same envelope again without a Nats-Msg-Id, so the calls
@@ -514,7 +514,7 @@ func TestPipelineDuplicateCallOneReceipt(t *testing.T) {
 	}
 	// More calls so both chains advance past the dropped duplicate.
 	for i := 0; i < 6; i++ {
-		s.call(t, newCall(t, "files", "list_directory", map[string]any{"i": i}))
+		s.call(t, newCall(t, "files", "list_directory", map[string]any{"path": fmt.Sprintf("dir-%d", i)}))
 	}
 	s.waitRows(t, query.ViewReceipts, "1", 7)
 	var n uint64

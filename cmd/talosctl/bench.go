@@ -105,7 +105,7 @@ func (b *benchCmd) Run(g *Globals) error {
 	}
 	// Arguments are marshalled once: the load generator shares the CPU with
 	// the pipeline it measures, so it does as little per call as it can.
-	args, err := json.Marshal(map[string]any{"path": "/bench", "pad": strings.Repeat("x", max(0, b.PayloadBytes-700))})
+	args, err := json.Marshal(map[string]any{"path": "bench/" + strings.Repeat("x", max(1, b.PayloadBytes-700))})
 	if err != nil {
 		return err
 	}

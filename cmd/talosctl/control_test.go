@@ -31,7 +31,7 @@ func TestControlCommandsCLI(t *testing.T) {
 	}
 	startTalosd(t, talosd, dir, "--nats-url", ns.URL(), "--clickhouse-addr", addr, "--clickhouse-database", db,
 		"--registry", "../talosd/demo/registry", "--signing-key", filepath.Join(dir, "worker.key"),
-		"--responder-keys", filepath.Join(dir, "responder.pub"), "--http-addr", "", "--chains", "1", "--instance", "cli-worker")
+		"--responder-keys", filepath.Join(dir, "responder.pub"), "--http-addr", "", "--chains", "1", "--instance", "cli-worker", "--capabilities", "optional")
 
 	g := []string{"--nats-url", ns.URL(), "--nats-auth", "none", "--clickhouse-addr", addr, "--clickhouse-database", db}
 	ctl := func(args ...string) (string, int) {

@@ -42,7 +42,8 @@ func run(t *testing.T, bin string, args ...string) (string, int) {
 // until the test ends.
 func startTalosd(t *testing.T, bin, dir string, args ...string) {
 	t.Helper()
-	d := exec.Command(bin, args...)
+	// Keys talosd creates (the redaction key) go under the test's dir.
+	d := exec.Command(bin, append([]string{"--data-dir", filepath.Join(dir, "talos-data")}, args...)...)
 	logf, err := os.Create(filepath.Join(dir, "talosd.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +92,8 @@ func TestCLIAgainstRunningStack(t *testing.T) {
 	}
 
 	startTalosd(t, talosd, dir, "--nats-url", ns.URL(), "--clickhouse-addr", addr, "--clickhouse-database", db,
-		"--registry", "../talosd/demo/registry", "--signing-key", filepath.Join(dir, "worker.key"), "--http-addr", "", "--chains", "1")
+		"--registry", "../talosd/demo/registry", "--signing-key", filepath.Join(dir, "worker.key"), "--http-addr", "", "--chains", "1",
+		"--capabilities", "optional")
 
 	// allow; an agent id with a quote and a backslash puts JSON escapes in
 	// the signed receipt, which the export below must carry unaltered

@@ -32,7 +32,7 @@ func TestCallWithNATSAuth(t *testing.T) {
 	}
 	logPath := filepath.Join(dir, "talosd.log")
 	startTalosd(t, talosd, dir, "--roles", "enforce", "--registry", "../talosd/demo/registry", "--signing-key", filepath.Join(dir, "k.key"),
-		"--data-dir", dir, "--nats-listen", "127.0.0.1:0", "--http-addr", "", "--chains", "1")
+		"--data-dir", dir, "--nats-listen", "127.0.0.1:0", "--http-addr", "", "--chains", "1", "--capabilities", "optional")
 	urlRe := regexp.MustCompile(`embedded nats-server with JetStream"? url=(nats://\S+)`)
 	var natsURL string
 	for deadline := time.Now().Add(20 * time.Second); ; {

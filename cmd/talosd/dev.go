@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
@@ -89,6 +90,17 @@ func (d *devCmd) Run(f *Flags) error {
 			}
 		}
 		f.ResponderKeys = []string{filepath.Join(keyDir, "responder.pub")}
+	}
+	// A capability issuer and the demo agent's key: the demo traffic
+	// carries signed capabilities and sender signatures (seed 002).
+	if len(f.CapabilityIssuers) == 0 {
+		keyDir := filepath.Join(dir, "keys")
+		for _, name := range []string{"issuer", demoAgent} {
+			if err := ensureKeyPair(filepath.Join(keyDir, name)); err != nil {
+				return err
+			}
+		}
+		f.CapabilityIssuers = []string{filepath.Join(keyDir, "issuer.pub")}
 	}
 	// Registry: the demo manifests, unless one was given.
 	if f.Registry == "" {
@@ -158,6 +170,53 @@ func (d *devCmd) Run(f *Flags) error {
 
 var errExitAfterDemo = errors.New("exit after demo")
 
+// ensureKeyPair writes name.key and name.pub unless name.key exists.
+func ensureKeyPair(name string) error {
+	if _, err := os.Stat(name + ".key"); !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
+		return err
+	}
+	k, err := receipts.GenerateKey()
+	if err != nil {
+		return err
+	}
+	return receipts.WriteKeyPair(k, name)
+}
+
+// demoAgent is the agent id (and key file name) of the demo traffic.
+const demoAgent = "demo-agent"
+
+// demoCapability issues the demo agent a one-hour capability for every
+// tool of the demo servers, signed by the dev issuer key, and loads the
+// agent's key to sign envelopes with.
+func demoCapability(f *Flags) (*schemas.CapabilityChain, *receipts.PrivateKey, error) {
+	keyDir := filepath.Dir(f.CapabilityIssuers[0])
+	issuer, err := receipts.LoadPrivateKey(filepath.Join(keyDir, "issuer.key"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("demo capability issuer: %w", err)
+	}
+	agent, err := receipts.LoadPrivateKey(filepath.Join(keyDir, demoAgent+".key"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("demo agent key: %w", err)
+	}
+	now := time.Now().UTC()
+	c, err := enforce.IssueCapability(issuer, schemas.Capability{
+		CapabilityID:     uuid.Must(uuid.NewV7()).String(),
+		Issuer:           "talos-dev",
+		Subject:          demoAgent,
+		SubjectPublicKey: enforce.PublicKeyString(agent.Public()),
+		Scopes:           []string{"tool:files:*", "tool:github:*"},
+		IssuedAt:         now.Format(schemas.TimeFormat),
+		ExpiresAt:        now.Add(time.Hour).Format(schemas.TimeFormat),
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return &schemas.CapabilityChain{Capability: c}, agent, nil
+}
+
 // responderKeyFile is the private key next to the first --responder-keys file.
 func responderKeyFile(f *Flags) string {
 	if len(f.ResponderKeys) == 0 {
@@ -211,6 +270,8 @@ type demoCase struct {
 	tweak  func(*schemas.ToolCall)
 	raw    []byte // sent as-is instead of a built envelope
 	result any    // when set, a post event follows an allow
+	// unsigned sends the call without the demo agent's capability.
+	unsigned bool
 }
 
 func demoCases() []demoCase {
@@ -245,6 +306,14 @@ func demoCases() []demoCase {
 		{what: "call a tool missing from the registry", server: "files", tool: "delete_everything", args: map[string]any{}},
 		{what: "declare the wrong tool class", server: "github", tool: "list-prs", args: map[string]any{"repo": "talos"},
 			tweak: func(c *schemas.ToolCall) { c.ToolClass = "write" }},
+		{what: "call without a capability", server: "files", tool: "read_file", args: map[string]any{"path": "README.md"}, unsigned: true},
+		{what: "read a file outside the workspace", server: "files", tool: "read_file", args: map[string]any{"path": "../../etc/passwd"}},
+		{what: "pass an argument the tool does not declare", server: "files", tool: "list_directory",
+			args: map[string]any{"path": ".", "recursive": true}},
+		{what: "write a config holding a secret (redacted in the record)", server: "files", tool: "write_file",
+			args:   map[string]any{"path": "deploy.env", "content": "AWS_ACCESS_KEY_ID=AKIA" + "DEMO7EXAMPLE2KEY\nDB_PASSWORD=hunter2\n"},
+			tweak:  func(c *schemas.ToolCall) { c.IdempotencyKey = "demo-env-1" },
+			result: map[string]any{"content": []any{map[string]any{"type": "text", "text": "wrote deploy.env"}}}},
 		{what: "send an envelope with duplicate keys", server: "files",
 			raw: []byte(`{"schema_version":"talos.tool_call.v1","phase":"pre","phase":"post","tool_call_id":"%s","ep_id":"` + demoEP + `"}`)},
 	}
@@ -287,6 +356,10 @@ func demoTraffic(ctx context.Context, f *Flags, s *stack) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	chain, agentKey, err := demoCapability(f)
+	if err != nil {
+		return 0, err
+	}
 	n := 0
 	defer c.Close()
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
@@ -305,6 +378,11 @@ func demoTraffic(ctx context.Context, f *Flags, s *stack) (int, error) {
 				if dc.tweak != nil {
 					dc.tweak(call)
 				}
+				if !dc.unsigned {
+					err = ingest.SignCall(call, chain, agentKey)
+				}
+			}
+			if err == nil {
 				started := time.Now()
 				dec, err = c.Call(cctx, call)
 				if err == nil && dec.Decision == schemas.DecisionAllow && dc.result != nil {

@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"regexp"
 	"sort"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/spf13/viper"
 	"github.com/zricethezav/gitleaks/v8/config"
@@ -22,10 +24,9 @@ import (
 //
 // Differences from a gitleaks file scan, all because Talos scans JSON
 // values, not files:
-//   - a payload has no file path: path-only rules never apply, and rules
-//     with both a path and a regex (Terraform, NuGet, Kubernetes secret
-//     YAML...) apply to every value, since a tool result often carries the
-//     content of a file whose name Talos does not see;
+//   - a payload has no file path, so rules tied to one (Rule.Path: pkcs12
+//     files, Terraform, NuGet and Kubernetes secret files) never apply,
+//     exactly as gitleaks skips them for a file whose path does not match;
 //   - composite rules ([[rules.required]]) are treated as standalone rules
 //     (the default ruleset has none; reporting more is the safe side);
 //   - a string value is scanned as the text `"<key>": "<value>"` so that
@@ -47,6 +48,13 @@ type scanRule struct {
 	keywords    []string
 	allowlists  []*config.Allowlist
 	generic     bool
+	// checks are the rule's allowlists and the global ones, cheapest first
+	// (a finding is dropped if any allows it, so order is free).
+	checks []*config.Allowlist
+	// windows, if set, narrows where the regex can match (see generic.go):
+	// Go's regexp costs up to a microsecond per byte on gitleaks' larger
+	// patterns, so a rule with common keywords must not scan whole texts.
+	windows func(text string, kws []kwHit, dst [][2]int) [][2]int
 }
 
 // ruleset is the compiled, immutable detection ruleset shared by every
@@ -156,7 +164,7 @@ func buildRuleset(toml string) (rs *ruleset, err error) {
 	rs = &ruleset{global: cfg.Allowlists}
 	for _, id := range cfg.OrderedRules {
 		r, ok := cfg.Rules[id]
-		if !ok || r.Regex == nil || r.SkipReport {
+		if !ok || r.Regex == nil || r.Path != nil || r.SkipReport {
 			continue
 		}
 		sr := scanRule{
@@ -167,6 +175,9 @@ func buildRuleset(toml string) (rs *ruleset, err error) {
 			keywords:    r.Keywords,
 			allowlists:  r.Allowlists,
 			generic:     strings.Contains(r.RuleID, "generic"),
+		}
+		if r.RuleID == ruleGeneric && r.Regex.String() == genericSource {
+			sr.windows = genericWindows
 		}
 		if r.RuleID == ruleGeneric {
 			al := &config.Allowlist{
@@ -202,6 +213,12 @@ func buildRuleset(toml string) (rs *ruleset, err error) {
 		rs.rules = append(rs.rules, sr)
 	}
 
+	for i := range rs.rules {
+		r := &rs.rules[i]
+		r.checks = append(append([]*config.Allowlist(nil), r.allowlists...), rs.global...)
+		sort.SliceStable(r.checks, func(a, b int) bool { return allowlistCost(r.checks[a]) < allowlistCost(r.checks[b]) })
+	}
+
 	byKeyword := map[string][]int{}
 	for i, r := range rs.rules {
 		if len(r.keywords) == 0 {
@@ -215,8 +232,25 @@ func buildRuleset(toml string) (rs *ruleset, err error) {
 			}
 		}
 	}
-	rs.kw = newKeywordIndex(byKeyword)
+	positional := make([]bool, len(rs.rules))
+	for i, r := range rs.rules {
+		positional[i] = r.windows != nil
+	}
+	rs.kw = newKeywordIndex(byKeyword, positional)
 	return rs, nil
+}
+
+// allowlistCost estimates what checking an allowlist costs: Go's regexp
+// runs in time proportional to pattern size.
+func allowlistCost(a *config.Allowlist) int {
+	n := len(a.StopWords)
+	for _, re := range a.Regexes {
+		n += len(re.String())
+	}
+	if a.RegexTarget == "line" {
+		n *= 4
+	}
+	return n
 }
 
 func compileAll(patterns []string) []*regexp.Regexp {
@@ -255,9 +289,11 @@ func (rs *ruleset) scan(prefix, value, suffix string) []ruleHit {
 	} else {
 		cand = make([]uint64, words)
 	}
-	st := rs.kw.walk(0, prefix, cand)
-	st = rs.kw.walk(st, value, cand)
-	rs.kw.walk(st, suffix, cand)
+	var kwBuf [16]kwHit
+	kws := kwBuf[:0]
+	st := rs.kw.walk(0, prefix, 0, cand, &kws)
+	st = rs.kw.walk(st, value, len(prefix), cand, &kws)
+	rs.kw.walk(st, suffix, len(prefix)+len(value), cand, &kws)
 	for _, i := range rs.always {
 		cand[i/64] |= 1 << (i % 64)
 	}
@@ -278,21 +314,57 @@ func (rs *ruleset) scan(prefix, value, suffix string) []ruleHit {
 	}
 	lo, hi := len(prefix), len(prefix)+len(value)
 	var hits []ruleHit
+	var winBuf [4][2]int
 	for wi, w := range cand {
 		for w != 0 {
 			bit := w & -w
 			w &^= bit
-			i := wi*64 + trailingZeros(bit)
-			hits = rs.rules[i].find(rs.global, text, lo, hi, hits)
+			i := wi*64 + bits.TrailingZeros64(bit)
+			r := &rs.rules[i]
+			if r.windows == nil {
+				hits = r.find(text, 0, len(text), lo, hi, hits)
+				continue
+			}
+			for _, win := range r.windows(text, kwsOf(kws, int32(i)), winBuf[:0]) {
+				hits = r.find(text, win[0], win[1], lo, hi, hits)
+			}
 		}
 	}
 	return hits
 }
 
-// find appends the findings of one rule in text[lo:hi] to hits, applying
-// gitleaks' secret-group, entropy and allowlist semantics.
-func (r *scanRule) find(global []*config.Allowlist, text string, lo, hi int, hits []ruleHit) []ruleHit {
-	for _, m := range r.re.FindAllStringSubmatchIndex(text, -1) {
+// kwsOf filters the keyword hits of one rule (in place is not allowed: the
+// slice is shared by every positional rule, of which there are few).
+func kwsOf(kws []kwHit, rule int32) []kwHit {
+	all := true
+	for _, k := range kws {
+		if k.rule != rule {
+			all = false
+			break
+		}
+	}
+	if all {
+		return kws
+	}
+	var out []kwHit
+	for _, k := range kws {
+		if k.rule == rule {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// find appends the findings of one rule whose match lies in text[w0:w1]
+// and whose secret overlaps text[lo:hi] to hits, applying gitleaks'
+// secret-group, entropy and allowlist semantics.
+func (r *scanRule) find(text string, w0, w1, lo, hi int, hits []ruleHit) []ruleHit {
+	for _, m := range r.re.FindAllStringSubmatchIndex(text[w0:w1], -1) {
+		for k := range m {
+			if m[k] >= 0 {
+				m[k] += w0
+			}
+		}
 		ms, me := m[0], m[1]
 		// gitleaks trims newlines around the match.
 		for ms < me && text[ms] == '\n' {
@@ -324,8 +396,7 @@ func (r *scanRule) find(global []*config.Allowlist, text string, lo, hi int, hit
 		if r.entropy != 0 && shannonEntropy(secret) <= r.entropy {
 			continue
 		}
-		match := text[ms:me]
-		if allowed(global, secret, match, text, ms, me) || allowed(r.allowlists, secret, match, text, ms, me) {
+		if allowed(r.checks, secret, text[ms:me], text, ms, me) {
 			continue
 		}
 		// Keep only the bytes of the value.
@@ -358,9 +429,15 @@ func allowed(als []*config.Allowlist, secret, match, text string, ms, me int) bo
 		case "line":
 			target = lineAround(text, ms, me)
 		}
+		if a.MatchCondition != config.AllowlistMatchAnd {
+			if stop, _ := a.ContainsStopWord(secret); stop || a.RegexAllowed(target) {
+				return true
+			}
+			continue
+		}
 		regexOK := a.RegexAllowed(target)
 		stopOK, _ := a.ContainsStopWord(secret)
-		if a.MatchCondition == config.AllowlistMatchAnd {
+		{
 			ok := len(a.Commits) == 0 && len(a.Paths) == 0
 			if len(a.Regexes) > 0 {
 				ok = ok && regexOK
@@ -371,10 +448,6 @@ func allowed(als []*config.Allowlist, secret, match, text string, ms, me int) bo
 			if ok && (len(a.Regexes) > 0 || len(a.StopWords) > 0) {
 				return true
 			}
-			continue
-		}
-		if regexOK || stopOK {
-			return true
 		}
 	}
 	return false
@@ -395,12 +468,32 @@ func shannonEntropy(s string) float64 {
 	if s == "" {
 		return 0
 	}
+	inv := 1 / float64(len(s))
+	var e float64
+	ascii := true
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			ascii = false
+			break
+		}
+	}
+	if ascii {
+		var counts [128]int
+		for i := 0; i < len(s); i++ {
+			counts[s[i]]++
+		}
+		for _, n := range counts {
+			if n > 0 {
+				f := float64(n) * inv
+				e -= f * math.Log2(f)
+			}
+		}
+		return e
+	}
 	counts := make(map[rune]int, 32)
 	for _, c := range s {
 		counts[c]++
 	}
-	inv := 1 / float64(len(s))
-	var e float64
 	for _, n := range counts {
 		f := float64(n) * inv
 		e -= f * math.Log2(f)
@@ -408,26 +501,32 @@ func shannonEntropy(s string) float64 {
 	return e
 }
 
-func trailingZeros(x uint64) int {
-	n := 0
-	for x&1 == 0 {
-		x >>= 1
-		n++
-	}
-	return n
+// kwHit is where a keyword of a positional rule occurs: [start, end) in
+// the scanned text.
+type kwHit struct {
+	rule       int32
+	start, end int32
+}
+
+// kwOut is one keyword ending at an automaton state.
+type kwOut struct {
+	rule       int32
+	n          int32 // keyword length
+	positional bool
 }
 
 // keywordIndex is an Aho-Corasick automaton over the rules' keywords,
 // matched ASCII-case-insensitively: one linear pass over a text yields the
-// set of rules worth running on it (gitleaks' keyword prefilter).
+// set of rules worth running on it (gitleaks' keyword prefilter) and, for
+// positional rules, where their keywords are.
 type keywordIndex struct {
 	class  [256]uint8 // lowercased byte -> symbol class; 0: in no keyword
 	nclass int
-	delta  []int32 // state*nclass + class -> next state (complete DFA)
-	out    [][]int // state -> rules whose keyword ends here (via suffix links)
+	delta  []int32   // state*nclass + class -> next state (complete DFA)
+	out    [][]kwOut // state -> keywords ending here (via suffix links)
 }
 
-func newKeywordIndex(byKeyword map[string][]int) *keywordIndex {
+func newKeywordIndex(byKeyword map[string][]int, positional []bool) *keywordIndex {
 	k := &keywordIndex{nclass: 1}
 	kws := make([]string, 0, len(byKeyword))
 	for w := range byKeyword {
@@ -436,10 +535,7 @@ func newKeywordIndex(byKeyword map[string][]int) *keywordIndex {
 	sort.Strings(kws)
 	for _, w := range kws {
 		for i := 0; i < len(w); i++ {
-			if k.class[w[i]] == 0 {
-				if k.nclass == 256 {
-					break
-				}
+			if k.class[w[i]] == 0 && k.nclass < 256 {
 				k.class[w[i]] = uint8(k.nclass)
 				k.nclass++
 			}
@@ -467,7 +563,9 @@ func newKeywordIndex(byKeyword map[string][]int) *keywordIndex {
 			}
 			s = next
 		}
-		k.out[s] = append(k.out[s], byKeyword[w]...)
+		for _, r := range byKeyword[w] {
+			k.out[s] = append(k.out[s], kwOut{rule: int32(r), n: int32(len(w)), positional: positional[r]})
+		}
 	}
 	// Breadth-first: failure links, complete transitions, merged outputs.
 	fail := make([]int32, len(k.out))
@@ -492,7 +590,7 @@ func newKeywordIndex(byKeyword map[string][]int) *keywordIndex {
 			}
 			fail[v] = f
 			if len(k.out[f]) > 0 {
-				k.out[v] = append(append([]int(nil), k.out[v]...), k.out[f]...)
+				k.out[v] = append(append([]kwOut(nil), k.out[v]...), k.out[f]...)
 			}
 			queue = append(queue, v)
 		}
@@ -500,15 +598,21 @@ func newKeywordIndex(byKeyword map[string][]int) *keywordIndex {
 	return k
 }
 
-// walk advances the automaton over s from state st, setting the bit of
-// every rule whose keyword occurs, and returns the final state.
-func (k *keywordIndex) walk(st int32, s string, bits []uint64) int32 {
+// walk advances the automaton over s (which starts at offset off of the
+// scanned text) from state st, setting the bit of every rule whose keyword
+// occurs and appending the positions of positional rules' keywords to kws.
+// It returns the final state.
+func (k *keywordIndex) walk(st int32, s string, off int, bits []uint64, kws *[]kwHit) int32 {
 	nc := int32(k.nclass)
 	for i := 0; i < len(s); i++ {
 		st = k.delta[st*nc+int32(k.class[s[i]])]
 		if o := k.out[st]; o != nil {
-			for _, r := range o {
-				bits[r/64] |= 1 << (r % 64)
+			for _, h := range o {
+				bits[h.rule/64] |= 1 << (h.rule % 64)
+				if h.positional {
+					end := int32(off + i + 1)
+					*kws = append(*kws, kwHit{rule: h.rule, start: end - h.n, end: end})
+				}
 			}
 		}
 	}
