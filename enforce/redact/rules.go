@@ -55,6 +55,9 @@ type scanRule struct {
 	// Go's regexp costs up to a microsecond per byte on gitleaks' larger
 	// patterns, so a rule with common keywords must not scan whole texts.
 	windows func(text string, kws []kwHit, dst [][2]int) [][2]int
+	// anchor, if set, runs the rule at its keywords' occurrences only
+	// (see anchor.go).
+	anchor *anchoring
 }
 
 // ruleset is the compiled, immutable detection ruleset shared by every
@@ -87,7 +90,7 @@ var gapFillers = []gapFiller{
 		id: "url-userinfo-password",
 		why: "gitleaks has no generic rule for a password in a URL's userinfo " +
 			"(postgres://u:p@h/db, https://u:p@host); only a few vendor URLs",
-		regex:       `\b[a-zA-Z][a-zA-Z0-9+.-]{1,20}://[^\s/?#@:'"]{0,256}:([^\s/?#@'"]{1,256})@[^\s/?#@'"]`,
+		regex:       `://[^\s/?#@:'"]{0,256}:([^\s/?#@'"]{1,256})@[^\s/?#@'"]`,
 		secretGroup: 1,
 		keywords:    []string{"://"},
 	},
@@ -215,6 +218,9 @@ func buildRuleset(toml string) (rs *ruleset, err error) {
 
 	for i := range rs.rules {
 		r := &rs.rules[i]
+		if r.windows == nil {
+			r.anchor = anchorFor(r.re, r.keywords)
+		}
 		r.checks = append(append([]*config.Allowlist(nil), r.allowlists...), rs.global...)
 		sort.SliceStable(r.checks, func(a, b int) bool { return allowlistCost(r.checks[a]) < allowlistCost(r.checks[b]) })
 	}
@@ -234,7 +240,7 @@ func buildRuleset(toml string) (rs *ruleset, err error) {
 	}
 	positional := make([]bool, len(rs.rules))
 	for i, r := range rs.rules {
-		positional[i] = r.windows != nil
+		positional[i] = r.windows != nil || r.anchor != nil
 	}
 	rs.kw = newKeywordIndex(byKeyword, positional)
 	return rs, nil
@@ -321,12 +327,15 @@ func (rs *ruleset) scan(prefix, value, suffix string) []ruleHit {
 			w &^= bit
 			i := wi*64 + bits.TrailingZeros64(bit)
 			r := &rs.rules[i]
-			if r.windows == nil {
+			switch {
+			case r.anchor != nil:
+				hits = r.findAnchored(text, kwsOf(kws, int32(i)), lo, hi, hits)
+			case r.windows != nil:
+				for _, win := range r.windows(text, kwsOf(kws, int32(i)), winBuf[:0]) {
+					hits = r.find(text, win[0], win[1], lo, hi, hits)
+				}
+			default:
 				hits = r.find(text, 0, len(text), lo, hi, hits)
-				continue
-			}
-			for _, win := range r.windows(text, kwsOf(kws, int32(i)), winBuf[:0]) {
-				hits = r.find(text, win[0], win[1], lo, hi, hits)
 			}
 		}
 	}
@@ -365,53 +374,60 @@ func (r *scanRule) find(text string, w0, w1, lo, hi int, hits []ruleHit) []ruleH
 				m[k] += w0
 			}
 		}
-		ms, me := m[0], m[1]
-		// gitleaks trims newlines around the match.
-		for ms < me && text[ms] == '\n' {
-			ms++
-		}
-		for me > ms && text[me-1] == '\n' {
-			me--
-		}
-		ss, se := ms, me
-		if n := len(m)/2 - 1; n >= 1 {
-			if r.secretGroup > 0 {
-				if r.secretGroup > n {
-					continue
-				}
-				ss, se = m[2*r.secretGroup], m[2*r.secretGroup+1]
-			} else {
-				for g := 1; g <= n; g++ {
-					if m[2*g] >= 0 && m[2*g+1] > m[2*g] {
-						ss, se = m[2*g], m[2*g+1]
-						break
-					}
+		hits = r.consider(text, m, lo, hi, hits)
+	}
+	return hits
+}
+
+// consider turns one match (submatch indexes into text) into a finding,
+// applying gitleaks' secret-group, entropy and allowlist semantics, and
+// keeps the part of the secret inside text[lo:hi].
+func (r *scanRule) consider(text string, m []int, lo, hi int, hits []ruleHit) []ruleHit {
+	ms, me := m[0], m[1]
+	// gitleaks trims newlines around the match.
+	for ms < me && text[ms] == '\n' {
+		ms++
+	}
+	for me > ms && text[me-1] == '\n' {
+		me--
+	}
+	ss, se := ms, me
+	if n := len(m)/2 - 1; n >= 1 {
+		if r.secretGroup > 0 {
+			if r.secretGroup > n {
+				return hits
+			}
+			ss, se = m[2*r.secretGroup], m[2*r.secretGroup+1]
+		} else {
+			for g := 1; g <= n; g++ {
+				if m[2*g] >= 0 && m[2*g+1] > m[2*g] {
+					ss, se = m[2*g], m[2*g+1]
+					break
 				}
 			}
 		}
-		if ss < 0 || se <= ss {
-			continue
-		}
-		secret := text[ss:se]
-		if r.entropy != 0 && shannonEntropy(secret) <= r.entropy {
-			continue
-		}
-		if allowed(r.checks, secret, text[ms:me], text, ms, me) {
-			continue
-		}
-		// Keep only the bytes of the value.
-		if ss < lo {
-			ss = lo
-		}
-		if se > hi {
-			se = hi
-		}
-		if se <= ss {
-			continue
-		}
-		hits = append(hits, ruleHit{start: ss - lo, end: se - lo, rule: r.id, generic: r.generic, secret: text[ss:se]})
 	}
-	return hits
+	if ss < 0 || se <= ss {
+		return hits
+	}
+	secret := text[ss:se]
+	if r.entropy != 0 && shannonEntropy(secret) <= r.entropy {
+		return hits
+	}
+	if allowed(r.checks, secret, text[ms:me], text, ms, me) {
+		return hits
+	}
+	// Keep only the bytes of the value.
+	if ss < lo {
+		ss = lo
+	}
+	if se > hi {
+		se = hi
+	}
+	if se <= ss {
+		return hits
+	}
+	return append(hits, ruleHit{start: ss - lo, end: se - lo, rule: r.id, generic: r.generic, secret: text[ss:se]})
 }
 
 // allowed applies gitleaks allowlists to a finding (detect.checkFindingAllowed):
