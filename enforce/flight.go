@@ -189,10 +189,11 @@ func timing(t *schemas.Timing, prior *PreRecord, now time.Time) schemas.EventTim
 	return out
 }
 
-var urlPattern = regexp.MustCompile(`^https?://[^\s]+$`)
+var urlPattern = regexp.MustCompile(`https?://[^\s"'<>]+`)
 
 // resources lists what a call touched, from the redacted arguments: the
-// strings at the tool's path pointers (files) and URL-valued strings.
+// strings at the tool's path pointers (files) and the http(s) URLs that
+// occur in any string (after redaction, so a URL's credentials are gone).
 func resources(tool *schemas.Tool, args any) *schemas.ResourcesTouched {
 	if args == nil {
 		return nil
@@ -212,8 +213,8 @@ func resources(tool *schemas.Tool, args any) *schemas.ResourcesTouched {
 		}
 		switch x := v.(type) {
 		case string:
-			if urlPattern.MatchString(x) {
-				rt.URLs = append(rt.URLs, x)
+			for _, u := range urlPattern.FindAllString(x, maxEventURLs-len(rt.URLs)) {
+				rt.URLs = append(rt.URLs, u)
 			}
 		case map[string]any:
 			for _, e := range x {

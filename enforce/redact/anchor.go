@@ -5,29 +5,52 @@ import (
 	"regexp/syntax"
 	"sort"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
-// Many rules are keyword-led: every match begins with one of the rule's
-// keywords (jwt with "ey", vault-service-token with "s.", private-key with
-// "-----begin"). Go's regexp has no DFA and no literal skip for patterns
-// that open with \b or (?i), so searching a long text costs far more than
-// the text is likely to deserve; for those rules Talos instead runs the
-// pattern anchored at each keyword occurrence. Every match starts at a
-// keyword occurrence, and Go's leftmost-first choice at a given start does
-// not depend on the search, so trying occurrences in order and skipping
-// those inside the previous match yields exactly FindAll's matches. A
-// leading \b is checked against the real preceding byte (an anchored run
-// would see the start of input there).
+// Go's regexp has no DFA and skips ahead only for patterns opening with a
+// plain literal, so a gitleaks pattern costs roughly a microsecond per byte
+// of text it searches. Most patterns, however, contain a keyword-led part:
+// a point in the pattern where every match continues with one of the rule's
+// keywords (jwt's "ey", lob-api-key's "test_" inside its secret). The
+// keyword automaton already knows where those keywords occur, so a rule can
+// be run only where a match could be:
+//
+//   - anchored, when nothing but \b precedes the keyword-led part: the
+//     pattern, anchored, is tried at each keyword occurrence in order,
+//     skipping those inside the previous match. Every match starts at an
+//     occurrence and Go's leftmost-first choice at a given start does not
+//     depend on where the search began, so this yields exactly FindAll's
+//     matches. A leading \b is checked against the real preceding byte.
+//   - windowed, when the pattern has a finite maximum width: a match
+//     starts at most `before` bytes ahead of its keyword and ends at most
+//     `after` bytes past the keyword's start, so FindAll runs on those
+//     stretches (one byte wider on each side, merged when they overlap).
+//     No match can start or end on a widened edge (its keyword would lie
+//     outside the stretch), so assertions such as \b and $ only ever see
+//     real neighbours, and the matches are again exactly FindAll's.
+//
+// Other rules search the whole text. TestStrategiesEquivalent checks both
+// strategies against plain FindAll on every rule.
+//
+// Keyword occurrences are found case-insensitively as (?i) would match them
+// (see keywordIndex.walk), so a keyword-led part written in any case is
+// found.
 
-// anchoring is how a keyword-led rule is run.
-type anchoring struct {
-	re       *regexp.Regexp // ^(?:pattern)
-	boundary bool           // the pattern opens with \b
+// strategy says how to run one rule.
+type strategy struct {
+	anchored *regexp.Regexp // ^(?:pattern), for the anchored strategy
+	boundary bool           // the anchored pattern opens with \b
+	before   int            // windowed: bytes a match may start before its keyword
+	after    int            // windowed: bytes a match may end after its keyword's start
 }
 
-// anchorFor returns the anchoring of a pattern whose every match begins
-// with one of keywords (compared ASCII-case-insensitively), or nil.
-func anchorFor(re *regexp.Regexp, keywords []string) *anchoring {
+// maxPrefixes bounds the literal prefix sets the analysis builds.
+const maxPrefixes = 64
+
+// strategyFor analyses a rule's pattern; nil means search whole texts.
+func strategyFor(re *regexp.Regexp, keywords []string) *strategy {
 	if len(keywords) == 0 {
 		return nil
 	}
@@ -35,19 +58,38 @@ func anchorFor(re *regexp.Regexp, keywords []string) *anchoring {
 	if err != nil {
 		return nil
 	}
-	lits, flags, ok := leading(parsed.Simplify())
-	if !ok || flags&^syntax.EmptyWordBoundary != 0 {
-		return nil
-	}
-	for _, lit := range lits {
-		led := false
-		for _, k := range keywords {
-			if strings.HasPrefix(strings.ToLower(lit), strings.ToLower(k)) {
-				led = true
-				break
+	elems := flatten(parsed.Simplify(), nil)
+	before := 0 // width of elems[:i]; -1 once unbounded
+	for i := range elems {
+		if set, ok := prefixSeq(elems[i:]); ok && keywordLed(set, keywords) {
+			if before == 0 {
+				return anchored(re, elems[:i])
 			}
+			after := width(elems[i:])
+			if before < 0 || after < 0 {
+				return nil
+			}
+			return &strategy{before: before, after: after}
 		}
-		if !led {
+		if w := width(elems[i : i+1]); w < 0 || before < 0 {
+			before = -1
+		} else {
+			before += w
+		}
+	}
+	return nil
+}
+
+// anchored builds the anchored strategy; lead are the zero-width
+// elements before the keyword-led part (only \b is supported).
+func anchored(re *regexp.Regexp, lead []*syntax.Regexp) *strategy {
+	s := &strategy{}
+	for _, e := range lead {
+		switch e.Op {
+		case syntax.OpWordBoundary:
+			s.boundary = true
+		case syntax.OpEmptyMatch:
+		default:
 			return nil
 		}
 	}
@@ -55,59 +97,205 @@ func anchorFor(re *regexp.Regexp, keywords []string) *anchoring {
 	if err != nil || a.NumSubexp() != re.NumSubexp() {
 		return nil
 	}
-	return &anchoring{re: a, boundary: flags&syntax.EmptyWordBoundary != 0}
+	s.anchored = a
+	return s
 }
 
-// leading returns the literals every match of re starts with (one per
-// alternative) and the zero-width assertions before them. ok is false
-// when some match may start otherwise.
-func leading(re *syntax.Regexp) (lits []string, flags syntax.EmptyOp, ok bool) {
+// flatten lists the top-level sequence of re, looking through captures and
+// nested concatenations.
+func flatten(re *syntax.Regexp, out []*syntax.Regexp) []*syntax.Regexp {
+	switch re.Op {
+	case syntax.OpConcat:
+		for _, sub := range re.Sub {
+			out = flatten(sub, out)
+		}
+		return out
+	case syntax.OpCapture:
+		if re.Sub[0].Op == syntax.OpConcat {
+			return flatten(re.Sub[0], out)
+		}
+	}
+	return append(out, re)
+}
+
+// keywordLed reports whether every prefix begins with some keyword.
+func keywordLed(set []string, keywords []string) bool {
+	for _, p := range set {
+		p = strings.ToLower(p)
+		led := false
+		for _, k := range keywords {
+			if k != "" && strings.HasPrefix(p, strings.ToLower(k)) {
+				led = true
+				break
+			}
+		}
+		if !led {
+			return false
+		}
+	}
+	return len(set) > 0
+}
+
+// prefixSeq returns literal strings every match of the sequence begins
+// with. ok is false when some match may begin with no literal.
+func prefixSeq(seq []*syntax.Regexp) ([]string, bool) {
+	cur := []string{""}
+	for _, e := range seq {
+		set, exact, ok := prefixes(e)
+		if !ok {
+			break
+		}
+		next := make([]string, 0, len(cur)*len(set))
+		for _, c := range cur {
+			for _, s := range set {
+				next = append(next, c+s)
+			}
+		}
+		if len(next) > maxPrefixes {
+			break
+		}
+		cur = next
+		if !exact {
+			break
+		}
+	}
+	if len(cur) == 1 && cur[0] == "" {
+		return nil, false
+	}
+	return cur, true
+}
+
+// prefixes returns the ASCII literals every match of re begins with;
+// exact means re matches exactly those strings.
+func prefixes(re *syntax.Regexp) (set []string, exact, ok bool) {
 	switch re.Op {
 	case syntax.OpLiteral:
 		if len(re.Rune) == 0 {
-			return nil, 0, false
+			return nil, false, false
 		}
 		for _, r := range re.Rune {
-			if r >= 0x80 {
-				return nil, 0, false
+			// (?i) ASCII letters fold only onto ASCII, U+017F and U+212A,
+			// all of which the keyword automaton folds too.
+			if r >= utf8.RuneSelf {
+				return nil, false, false
 			}
 		}
-		return []string{string(re.Rune)}, 0, true
+		return []string{string(re.Rune)}, true, true
+	case syntax.OpCharClass:
+		n := 0
+		for i := 0; i < len(re.Rune); i += 2 {
+			if re.Rune[i+1] >= utf8.RuneSelf {
+				return nil, false, false
+			}
+			n += int(re.Rune[i+1]-re.Rune[i]) + 1
+		}
+		if n == 0 || n > 8 {
+			return nil, false, false
+		}
+		for i := 0; i < len(re.Rune); i += 2 {
+			for r := re.Rune[i]; r <= re.Rune[i+1]; r++ {
+				set = append(set, string(r))
+			}
+		}
+		return set, true, true
 	case syntax.OpCapture:
-		return leading(re.Sub[0])
+		return prefixes(re.Sub[0])
 	case syntax.OpConcat:
-		for i, sub := range re.Sub {
-			if sub.Op == syntax.OpEmptyMatch {
-				continue
-			}
-			if sub.Op == syntax.OpWordBoundary {
-				flags |= syntax.EmptyWordBoundary
-				continue
-			}
-			if sub.Op == syntax.OpBeginLine || sub.Op == syntax.OpBeginText ||
-				sub.Op == syntax.OpNoWordBoundary || sub.Op == syntax.OpEndLine || sub.Op == syntax.OpEndText {
-				return nil, 0, false
-			}
-			l, f, ok := leading(re.Sub[i])
-			return l, flags | f, ok
-		}
-		return nil, 0, false
+		set, ok := prefixSeq(flatten(re, nil))
+		return set, false, ok
 	case syntax.OpAlternate:
+		exact = true
 		for _, sub := range re.Sub {
-			l, f, ok := leading(sub)
+			s, e, ok := prefixes(sub)
 			if !ok {
-				return nil, 0, false
+				return nil, false, false
 			}
-			lits = append(lits, l...)
-			flags |= f
+			set = append(set, s...)
+			exact = exact && e
 		}
-		return lits, flags, true
+		return set, exact, len(set) <= maxPrefixes
+	case syntax.OpPlus:
+		set, _, ok = prefixes(re.Sub[0])
+		return set, false, ok
+	case syntax.OpRepeat:
+		if re.Min < 1 {
+			return nil, false, false
+		}
+		set, exact, ok = prefixes(re.Sub[0])
+		return set, exact && re.Min == 1 && re.Max == 1, ok
 	}
-	return nil, 0, false
+	return nil, false, false
 }
 
-// findAnchored appends the findings of a keyword-led rule, trying the
-// pattern at each keyword occurrence in kws.
+// width returns the most bytes a match of the sequence can span, or -1 if
+// unbounded.
+func width(seq []*syntax.Regexp) int {
+	total := 0
+	for _, e := range seq {
+		w := width1(e)
+		if w < 0 {
+			return -1
+		}
+		total += w
+	}
+	return total
+}
+
+func width1(re *syntax.Regexp) int {
+	switch re.Op {
+	case syntax.OpEmptyMatch, syntax.OpBeginLine, syntax.OpEndLine, syntax.OpBeginText,
+		syntax.OpEndText, syntax.OpWordBoundary, syntax.OpNoWordBoundary:
+		return 0
+	case syntax.OpLiteral:
+		n := 0
+		for _, r := range re.Rune {
+			m := utf8.RuneLen(r)
+			if re.Flags&syntax.FoldCase != 0 {
+				for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+					m = max(m, utf8.RuneLen(f))
+				}
+			}
+			n += m
+		}
+		return n
+	case syntax.OpCharClass:
+		if len(re.Rune) == 0 {
+			return 0
+		}
+		return max(utf8.RuneLen(re.Rune[len(re.Rune)-1]), 1)
+	case syntax.OpAnyChar, syntax.OpAnyCharNotNL:
+		return utf8.UTFMax
+	case syntax.OpCapture:
+		return width1(re.Sub[0])
+	case syntax.OpConcat:
+		return width(re.Sub)
+	case syntax.OpAlternate:
+		w := 0
+		for _, sub := range re.Sub {
+			s := width1(sub)
+			if s < 0 {
+				return -1
+			}
+			w = max(w, s)
+		}
+		return w
+	case syntax.OpQuest:
+		return width1(re.Sub[0])
+	case syntax.OpRepeat:
+		if re.Max < 0 {
+			return -1
+		}
+		s := width1(re.Sub[0])
+		if s < 0 {
+			return -1
+		}
+		return s * re.Max
+	}
+	return -1 // star, plus and anything unforeseen
+}
+
+// findAnchored appends the findings of a rule run with the anchored
+// strategy at each keyword occurrence in kws.
 func (r *scanRule) findAnchored(text string, kws []kwHit, lo, hi int, hits []ruleHit) []ruleHit {
 	if len(kws) > 1 {
 		sort.Slice(kws, func(i, j int) bool { return kws[i].start < kws[j].start })
@@ -120,10 +308,10 @@ func (r *scanRule) findAnchored(text string, kws []kwHit, lo, hi int, hits []rul
 			continue
 		}
 		last = p
-		if r.anchor.boundary && p > 0 && isWordByte(text[p-1]) == isWordByte(text[p]) {
+		if r.strategy.boundary && p > 0 && isWordByte(text[p-1]) == isWordByte(text[p]) {
 			continue
 		}
-		m := r.anchor.re.FindStringSubmatchIndex(text[p:])
+		m := r.strategy.anchored.FindStringSubmatchIndex(text[p:])
 		if m == nil {
 			continue
 		}
@@ -136,6 +324,35 @@ func (r *scanRule) findAnchored(text string, kws []kwHit, lo, hi int, hits []rul
 		next = m[1]
 	}
 	return hits
+}
+
+// windows returns the merged stretches of text the windowed strategy
+// searches.
+func (s *strategy) windows(text string, kws []kwHit, dst [][2]int) [][2]int {
+	for _, kw := range kws {
+		start := max(int(kw.start)-s.before-1, 0)
+		end := min(int(kw.start)+s.after+1, len(text))
+		dst = append(dst, [2]int{start, end})
+	}
+	return mergeWindows(dst)
+}
+
+// mergeWindows sorts windows and merges those that overlap or touch.
+func mergeWindows(dst [][2]int) [][2]int {
+	if len(dst) < 2 {
+		return dst
+	}
+	sort.Slice(dst, func(i, j int) bool { return dst[i][0] < dst[j][0] })
+	merged := dst[:1]
+	for _, w := range dst[1:] {
+		last := &merged[len(merged)-1]
+		if w[0] <= last[1] {
+			last[1] = max(last[1], w[1])
+			continue
+		}
+		merged = append(merged, w)
+	}
+	return merged
 }
 
 func isWordByte(c byte) bool {

@@ -1,6 +1,10 @@
 package redact
 
-import "sort"
+import (
+	"math"
+	"math/bits"
+	"unicode/utf8"
+)
 
 // genericSource is gitleaks' generic-api-key pattern as of v8.30.1. Its
 // keywords (access, api, auth, key, password, secret, token, ...) occur in
@@ -13,7 +17,7 @@ import "sort"
 // whole texts).
 const genericSource = `(?i)[\w.-]{0,50}?(?:access|auth|(?-i:[Aa]pi|API)|credential|creds|key|passw(?:or)?d|secret|token)(?:[ \t\w.-]{0,20})[\s'"]{0,3}(?:=|>|:{1,3}=|\|\||:|=>|\?=|,)[\x60'"\s=]{0,5}([\w.=-]{10,150}|[a-z0-9][a-z0-9+/]{11,}={0,3})(?:[\x60'"\s;]|\\[nr]|$)`
 
-// Character classes of genericSource, as byte tables.
+// Character classes of genericSource, as ASCII byte tables (see genChar).
 var (
 	// genGap: what may separate the keyword from the operator,
 	// [ \t\w.-]{0,20} then [\s'"]{0,3}.
@@ -30,7 +34,7 @@ var (
 const wordChars = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_"
 
 const (
-	genMaxPrefix = 50     // [\w.-]{0,50}? before the keyword
+	genMaxPrefix = 50     // [\w.-]{0,50}? characters before the keyword
 	genMaxGap    = 20 + 3 // between keyword and operator
 	genMaxSkip   = 3 + 5  // operator tail, then quotes, spaces, '='
 	genMinSecret = 10     // shortest secret of either alternative
@@ -44,41 +48,69 @@ func byteSet(chars string) (set [256]bool) {
 	return set
 }
 
+// genericWindowsFor returns the window function of generic-api-key with
+// the given entropy threshold.
+func genericWindowsFor(entropy float64) func(string, []kwHit, [][2]int) [][2]int {
+	// A secret with entropy above e has more than 2^e distinct characters
+	// (Shannon entropy is at most log2 of the alphabet used).
+	minDistinct := 0
+	if entropy > 0 {
+		minDistinct = int(math.Floor(math.Exp2(entropy))) + 1
+	}
+	return func(text string, kws []kwHit, dst [][2]int) [][2]int {
+		return genericWindows(text, kws, minDistinct, dst)
+	}
+}
+
 // genericWindows returns the stretches of text in which genericSource can
 // match, given where its keywords occur. It checks what every match needs
-// after its keyword: a gap of at most 23 gap bytes, an operator, at most 8
-// more operator/quote/space bytes, and at least 10 secret bytes. A window
-// runs from 50 bytes before the keyword to 2 bytes past the longest run of
-// secret bytes, so it holds any match that uses that keyword; overlapping
+// after its keyword: a gap of at most 23 gap characters, an operator, at
+// most 8 more operator/quote/space bytes, then at least 10 secret
+// characters with at least minDistinct distinct ones (the entropy
+// threshold; checked for ASCII runs only). A window runs from 50
+// characters before the keyword to 2 bytes past the longest run of secret
+// characters, so it holds any match that uses that keyword; overlapping
 // windows are merged, so each match lies in exactly one. The regex run on a
-// window finds what it would find on the whole text (a match cannot end at
-// a window's inner edge: the byte before that edge's terminator allowance
-// is not a secret byte). TestGenericWindowsEquivalent checks this against
+// window finds what it would find on the whole text: a match cannot end at
+// a window's inner edge, because the byte after its run of secret
+// characters is not one. TestGenericWindowsEquivalent checks this against
 // the plain regex.
-func genericWindows(text string, kws []kwHit, dst [][2]int) [][2]int {
+func genericWindows(text string, kws []kwHit, minDistinct int, dst [][2]int) [][2]int {
 	for _, kw := range kws {
-		e := int(kw.end)
 		op := -1
-		for k := 0; k <= genMaxGap && e+k < len(text); k++ {
-			c := text[e+k]
-			if genOpStart[c] {
-				op = e + k
+		for i, k := int(kw.end), 0; i < len(text) && k <= genMaxGap; k++ {
+			if genOpStart[text[i]] {
+				op = i
 				break
 			}
-			if !genGap[c] {
+			n := genChar(text, i, &genGap)
+			if n == 0 {
 				break
 			}
+			i += n
 		}
 		if op < 0 {
 			continue
 		}
 		end := -1
 		for i := op + 1; i <= op+1+genMaxSkip && i < len(text); i++ {
-			j := i
-			for j < len(text) && genSecret[text[j]] {
-				j++
+			j, chars, ascii := i, 0, true
+			var seen [2]uint64
+			for j < len(text) {
+				n := genChar(text, j, &genSecret)
+				if n == 0 {
+					break
+				}
+				if n == 1 {
+					seen[text[j]>>6] |= 1 << (text[j] & 63)
+				} else {
+					ascii = false
+				}
+				j += n
+				chars++
 			}
-			if j-i >= genMinSecret && j > end {
+			distinct := bits.OnesCount64(seen[0]) + bits.OnesCount64(seen[1])
+			if chars >= genMinSecret && (!ascii || distinct >= minDistinct) && j > end {
 				end = j
 			}
 			if !genAfterOp[text[i]] {
@@ -88,21 +120,32 @@ func genericWindows(text string, kws []kwHit, dst [][2]int) [][2]int {
 		if end < 0 {
 			continue
 		}
-		start := max(int(kw.start)-genMaxPrefix, 0)
+		// Up to 50 prefix characters of at most 3 bytes each.
+		start := max(int(kw.start)-3*genMaxPrefix, 0)
 		dst = append(dst, [2]int{start, min(end+genMaxTerm, len(text))})
 	}
-	if len(dst) < 2 {
-		return dst
-	}
-	sort.Slice(dst, func(i, j int) bool { return dst[i][0] < dst[j][0] })
-	merged := dst[:1]
-	for _, w := range dst[1:] {
-		last := &merged[len(merged)-1]
-		if w[0] <= last[1] {
-			last[1] = max(last[1], w[1])
-			continue
+	return mergeWindows(dst)
+}
+
+// genChar returns the byte length of the character at text[i] if it is in
+// class, or 0. A class holding letters also holds U+017F and U+212A, which
+// (?i) folds onto s and k.
+func genChar(text string, i int, class *[256]bool) int {
+	c := text[i]
+	if c < utf8.RuneSelf {
+		if class[c] {
+			return 1
 		}
-		merged = append(merged, w)
+		return 0
 	}
-	return merged
+	if !class['s'] {
+		return 0
+	}
+	if c == 0xC5 && i+1 < len(text) && text[i+1] == 0xBF {
+		return 2
+	}
+	if c == 0xE2 && i+2 < len(text) && text[i+1] == 0x84 && text[i+2] == 0xAA {
+		return 3
+	}
+	return 0
 }

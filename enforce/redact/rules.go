@@ -55,9 +55,9 @@ type scanRule struct {
 	// Go's regexp costs up to a microsecond per byte on gitleaks' larger
 	// patterns, so a rule with common keywords must not scan whole texts.
 	windows func(text string, kws []kwHit, dst [][2]int) [][2]int
-	// anchor, if set, runs the rule at its keywords' occurrences only
-	// (see anchor.go).
-	anchor *anchoring
+	// strategy, if set, runs the rule only around its keywords'
+	// occurrences (see anchor.go).
+	strategy *strategy
 }
 
 // ruleset is the compiled, immutable detection ruleset shared by every
@@ -98,7 +98,7 @@ var gapFillers = []gapFiller{
 		id: "authorization-header",
 		why: "gitleaks finds Authorization headers only inside curl command " +
 			"lines (curl-auth-header); tool results carry raw HTTP headers and logs",
-		regex: `(?i)\b(?:proxy-)?authorization["']?[ \t]*[:=][ \t]*["']?` +
+		regex: `(?i)\bauthorization["']?[ \t]*[:=][ \t]*["']?` + // also inside Proxy-Authorization
 			`(?:(?:bearer|basic|token|digest|negotiate|apikey|api-key|sso-key)[ \t]+)?` +
 			`([A-Za-z0-9\-._~+/]{8,}=*)`,
 		secretGroup: 1,
@@ -180,7 +180,7 @@ func buildRuleset(toml string) (rs *ruleset, err error) {
 			generic:     strings.Contains(r.RuleID, "generic"),
 		}
 		if r.RuleID == ruleGeneric && r.Regex.String() == genericSource {
-			sr.windows = genericWindows
+			sr.windows = genericWindowsFor(r.Entropy)
 		}
 		if r.RuleID == ruleGeneric {
 			al := &config.Allowlist{
@@ -219,7 +219,7 @@ func buildRuleset(toml string) (rs *ruleset, err error) {
 	for i := range rs.rules {
 		r := &rs.rules[i]
 		if r.windows == nil {
-			r.anchor = anchorFor(r.re, r.keywords)
+			r.strategy = strategyFor(r.re, r.keywords)
 		}
 		r.checks = append(append([]*config.Allowlist(nil), r.allowlists...), rs.global...)
 		sort.SliceStable(r.checks, func(a, b int) bool { return allowlistCost(r.checks[a]) < allowlistCost(r.checks[b]) })
@@ -240,7 +240,7 @@ func buildRuleset(toml string) (rs *ruleset, err error) {
 	}
 	positional := make([]bool, len(rs.rules))
 	for i, r := range rs.rules {
-		positional[i] = r.windows != nil || r.anchor != nil
+		positional[i] = r.windows != nil || r.strategy != nil
 	}
 	rs.kw = newKeywordIndex(byKeyword, positional)
 	return rs, nil
@@ -297,9 +297,10 @@ func (rs *ruleset) scan(prefix, value, suffix string) []ruleHit {
 	}
 	var kwBuf [16]kwHit
 	kws := kwBuf[:0]
-	st := rs.kw.walk(0, prefix, 0, cand, &kws)
-	st = rs.kw.walk(st, value, len(prefix), cand, &kws)
-	rs.kw.walk(st, suffix, len(prefix)+len(value), cand, &kws)
+	var sc kwScan
+	rs.kw.walk(&sc, prefix, 0, cand, &kws)
+	rs.kw.walk(&sc, value, len(prefix), cand, &kws)
+	rs.kw.walk(&sc, suffix, len(prefix)+len(value), cand, &kws)
 	for _, i := range rs.always {
 		cand[i/64] |= 1 << (i % 64)
 	}
@@ -321,47 +322,42 @@ func (rs *ruleset) scan(prefix, value, suffix string) []ruleHit {
 	lo, hi := len(prefix), len(prefix)+len(value)
 	var hits []ruleHit
 	var winBuf [4][2]int
-	for wi, w := range cand {
-		for w != 0 {
-			bit := w & -w
-			w &^= bit
-			i := wi*64 + bits.TrailingZeros64(bit)
-			r := &rs.rules[i]
-			switch {
-			case r.anchor != nil:
-				hits = r.findAnchored(text, kwsOf(kws, int32(i)), lo, hi, hits)
-			case r.windows != nil:
-				for _, win := range r.windows(text, kwsOf(kws, int32(i)), winBuf[:0]) {
-					hits = r.find(text, win[0], win[1], lo, hi, hits)
+	// Specific rules first: a generic finding inside a specific one is
+	// dropped before its (costly) allowlists run.
+	for pass := 0; pass < 2; pass++ {
+		for wi, w := range cand {
+			for w != 0 {
+				bit := w & -w
+				w &^= bit
+				i := wi*64 + bits.TrailingZeros64(bit)
+				r := &rs.rules[i]
+				if r.generic != (pass == 1) {
+					continue
 				}
-			default:
-				hits = r.find(text, 0, len(text), lo, hi, hits)
+				hits = r.run(text, kwsOf(kws, int32(i)), lo, hi, hits, winBuf[:0])
 			}
 		}
 	}
 	return hits
 }
 
-// kwsOf filters the keyword hits of one rule (in place is not allowed: the
-// slice is shared by every positional rule, of which there are few).
-func kwsOf(kws []kwHit, rule int32) []kwHit {
-	all := true
-	for _, k := range kws {
-		if k.rule != rule {
-			all = false
-			break
+// run applies the rule to text with its strategy.
+func (r *scanRule) run(text string, kws []kwHit, lo, hi int, hits []ruleHit, winBuf [][2]int) []ruleHit {
+	switch {
+	case r.strategy != nil && r.strategy.anchored != nil:
+		return r.findAnchored(text, kws, lo, hi, hits)
+	case r.strategy != nil:
+		for _, win := range r.strategy.windows(text, kws, winBuf) {
+			hits = r.find(text, win[0], win[1], lo, hi, hits)
 		}
-	}
-	if all {
-		return kws
-	}
-	var out []kwHit
-	for _, k := range kws {
-		if k.rule == rule {
-			out = append(out, k)
+		return hits
+	case r.windows != nil:
+		for _, win := range r.windows(text, kws, winBuf) {
+			hits = r.find(text, win[0], win[1], lo, hi, hits)
 		}
+		return hits
 	}
-	return out
+	return r.find(text, 0, len(text), lo, hi, hits)
 }
 
 // find appends the findings of one rule whose match lies in text[w0:w1]
@@ -410,6 +406,9 @@ func (r *scanRule) consider(text string, m []int, lo, hi int, hits []ruleHit) []
 	if ss < 0 || se <= ss {
 		return hits
 	}
+	if r.generic && covered(hits, ss-lo, se-lo) {
+		return hits
+	}
 	secret := text[ss:se]
 	if r.entropy != 0 && shannonEntropy(secret) <= r.entropy {
 		return hits
@@ -428,6 +427,16 @@ func (r *scanRule) consider(text string, m []int, lo, hi int, hits []ruleHit) []
 		return hits
 	}
 	return append(hits, ruleHit{start: ss - lo, end: se - lo, rule: r.id, generic: r.generic, secret: text[ss:se]})
+}
+
+// covered reports whether a specific rule's finding spans [start, end).
+func covered(hits []ruleHit, start, end int) bool {
+	for _, h := range hits {
+		if !h.generic && h.start <= start && end <= h.end {
+			return true
+		}
+	}
+	return false
 }
 
 // allowed applies gitleaks allowlists to a finding (detect.checkFindingAllowed):
@@ -550,6 +559,9 @@ func newKeywordIndex(byKeyword map[string][]int, positional []bool) *keywordInde
 	}
 	sort.Strings(kws)
 	for _, w := range kws {
+		if len(w) > 64 {
+			panic("redact: keyword longer than 64 bytes") // kwScan.ring
+		}
 		for i := 0; i < len(w); i++ {
 			if k.class[w[i]] == 0 && k.nclass < 256 {
 				k.class[w[i]] = uint8(k.nclass)
@@ -614,23 +626,43 @@ func newKeywordIndex(byKeyword map[string][]int, positional []bool) *keywordInde
 	return k
 }
 
+// kwScan is the automaton's progress through the parts of one text.
+type kwScan struct {
+	st    int32
+	chars int       // characters fed so far
+	ring  [64]int32 // byte offsets of the last 64 characters (keywords are shorter)
+}
+
 // walk advances the automaton over s (which starts at offset off of the
-// scanned text) from state st, setting the bit of every rule whose keyword
-// occurs and appending the positions of positional rules' keywords to kws.
-// It returns the final state.
-func (k *keywordIndex) walk(st int32, s string, off int, bits []uint64, kws *[]kwHit) int32 {
+// scanned text), setting the bit of every rule whose keyword occurs and
+// appending the positions of positional rules' keywords to kws. Besides
+// ASCII case, it folds U+017F (long s) onto s and U+212A (Kelvin sign) onto
+// k, the two non-ASCII letters Go's (?i) matches for ASCII ones, so that a
+// keyword written with them is found where the rule's pattern would match.
+func (k *keywordIndex) walk(sc *kwScan, s string, off int, bits []uint64, kws *[]kwHit) {
 	nc := int32(k.nclass)
+	st := sc.st
 	for i := 0; i < len(s); i++ {
-		st = k.delta[st*nc+int32(k.class[s[i]])]
+		c, start := s[i], i
+		if c >= utf8.RuneSelf {
+			switch {
+			case c == 0xC5 && i+1 < len(s) && s[i+1] == 0xBF:
+				c, i = 's', i+1
+			case c == 0xE2 && i+2 < len(s) && s[i+1] == 0x84 && s[i+2] == 0xAA:
+				c, i = 'k', i+2
+			}
+		}
+		sc.ring[sc.chars&63] = int32(off + start)
+		sc.chars++
+		st = k.delta[st*nc+int32(k.class[c])]
 		if o := k.out[st]; o != nil {
 			for _, h := range o {
 				bits[h.rule/64] |= 1 << (h.rule % 64)
 				if h.positional {
-					end := int32(off + i + 1)
-					*kws = append(*kws, kwHit{rule: h.rule, start: end - h.n, end: end})
+					*kws = append(*kws, kwHit{rule: h.rule, start: sc.ring[(sc.chars-int(h.n))&63], end: int32(off + i + 1)})
 				}
 			}
 		}
 	}
-	return st
+	sc.st = st
 }
