@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/talos-audit/talos/enforce"
@@ -12,34 +11,54 @@ import (
 	"github.com/talos-audit/talos/schemas"
 )
 
-// SignCall makes c a call its agent can prove (seed 002): it attaches the
-// capability chain, sets request_hash = sha256(JCS(request)) and actor.agent_id
-// to the chain's holder, and signs the envelope's signed fields with the
-// holder's key (sender_signature). Sign after the last change to the
-// request, session, correlation id or issued_at.
-func SignCall(c *schemas.ToolCall, chain *schemas.CapabilityChain, holder *receipts.PrivateKey) error {
-	if c == nil || chain == nil || holder == nil {
-		return errors.New("ingest: SignCall needs a call, a chain and the holder's key")
+// CallSigner makes calls an agent can prove (seed 002): it attaches one
+// capability chain to each envelope with its request_hash and, given the
+// holder's key, signs the envelope's signed fields (sender_signature). The
+// chain is canonicalised and hashed once. It is safe for concurrent use.
+type CallSigner struct {
+	chain  json.RawMessage // RFC 8785 form, as sent
+	hash   string          // hex sha256 of chain: the envelope's capability_hash
+	holder string
+	key    *receipts.PrivateKey
+}
+
+// NewCallSigner reads a capability chain (JSON, as `talosctl cap issue`
+// writes it). key may be nil: the chain and request_hash are attached but
+// the envelope is not signed (for testing what the worker does then).
+func NewCallSigner(chainJSON []byte, key *receipts.PrivateKey) (*CallSigner, error) {
+	canon, err := receipts.Canonicalize(chainJSON)
+	if err != nil {
+		return nil, fmt.Errorf("capability chain: not JSON: %w", err)
 	}
+	var chain schemas.CapabilityChain
+	if err := json.Unmarshal(canon, &chain); err != nil {
+		return nil, fmt.Errorf("capability chain: %w", err)
+	}
+	sum := sha256.Sum256(canon)
+	return &CallSigner{chain: canon, hash: hex.EncodeToString(sum[:]), holder: ChainHolder(&chain), key: key}, nil
+}
+
+// Holder is the agent the chain was last handed to.
+func (s *CallSigner) Holder() string { return s.holder }
+
+// Sign attaches the chain and request_hash to c and, with a key, signs
+// it. Sign again after any change to the request, session, correlation id
+// or issued_at (a post event has its own issued_at).
+func (s *CallSigner) Sign(c *schemas.ToolCall) error {
 	req, err := receipts.MarshalCanonical(c.Request)
 	if err != nil {
-		return fmt.Errorf("ingest: sign call: request: %w", err)
+		return fmt.Errorf("request_hash: %w", err)
 	}
 	sum := sha256.Sum256(req)
 	c.RequestHash = hex.EncodeToString(sum[:])
-	capJSON, err := json.Marshal(chain)
-	if err != nil {
-		return fmt.Errorf("ingest: sign call: capability: %w", err)
+	c.Capability = s.chain
+	if s.key == nil {
+		c.SenderSignature = nil
+		return nil
 	}
-	chainHash, err := enforce.ChainHash(chain)
-	if err != nil {
-		return fmt.Errorf("ingest: sign call: capability: %w", err)
-	}
-	c.Capability = capJSON
-	c.Actor.AgentID = ChainHolder(chain)
-	sig, err := enforce.SignEnvelope(holder, schemas.EnvelopeSignedFields{
+	sig, err := enforce.SignEnvelope(s.key, schemas.EnvelopeSignedFields{
 		CorrelationID:  c.CorrelationID,
-		CapabilityHash: chainHash,
+		CapabilityHash: s.hash,
 		RequestHash:    c.RequestHash,
 		Tool:           c.ServerID + ":" + c.ToolName,
 		Method:         schemas.MethodToolsCall,
@@ -47,12 +66,25 @@ func SignCall(c *schemas.ToolCall, chain *schemas.CapabilityChain, holder *recei
 		SessionID:      c.SessionID,
 	})
 	if err != nil {
-		return fmt.Errorf("ingest: sign call: %w", err)
-	}
-	if c.SenderSignature, err = json.Marshal(sig); err != nil {
 		return err
 	}
-	return nil
+	c.SenderSignature, err = json.Marshal(sig)
+	return err
+}
+
+// SignCall signs c with chain and the holder's key (NewCallSigner, Sign)
+// and sets actor.agent_id to the chain's holder.
+func SignCall(c *schemas.ToolCall, chain *schemas.CapabilityChain, holder *receipts.PrivateKey) error {
+	b, err := json.Marshal(chain)
+	if err != nil {
+		return err
+	}
+	s, err := NewCallSigner(b, holder)
+	if err != nil {
+		return err
+	}
+	c.Actor.AgentID = s.Holder()
+	return s.Sign(c)
 }
 
 // ChainHolder is the agent a capability chain was last handed to.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/query"
+	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -33,6 +34,8 @@ type benchCmd struct {
 	Connections  int           `name:"connections" default:"4" help:"NATS connections the enforcement points share."`
 	ClickHouse   bool          `name:"clickhouse" default:"true" negatable:"" help:"Also measure end to end: until every receipt is in ClickHouse."`
 	Timeout      time.Duration `name:"timeout" default:"10s" help:"Decision timeout per call (none in time counts as a deny)."`
+	Capability   string        `name:"capability" type:"existingfile" help:"Sign every call with this capability chain (seed 002), as its holder (--agent-key); needed when talosd requires capabilities."`
+	AgentKey     string        `name:"agent-key" type:"path" help:"The chain holder's key (.key) for --capability."`
 	KillSwitch   int           `name:"killswitch" help:"Also measure kill-switch propagation: this many set/clear rounds (each waits until every live worker enforces it), during the call load; with --calls 0, on an idle stack."`
 	signerFlags
 }
@@ -109,6 +112,23 @@ func (b *benchCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
+	var signer *ingest.CallSigner
+	if b.Capability != "" {
+		if b.AgentKey == "" {
+			return usage("--capability needs --agent-key")
+		}
+		key, err := receipts.LoadPrivateKey(b.AgentKey)
+		if err != nil {
+			return usage("--agent-key: %v", err)
+		}
+		raw, err := os.ReadFile(b.Capability)
+		if err != nil {
+			return usage("--capability: %v", err)
+		}
+		if signer, err = ingest.NewCallSigner(raw, key); err != nil {
+			return usage("--capability: %v", err)
+		}
+	}
 	lat := make([][]time.Duration, b.Concurrency)
 	var allowed, denied, none atomic.Int64
 	var wg sync.WaitGroup
@@ -170,6 +190,13 @@ func (b *benchCmd) Run(g *Globals) error {
 					defer func() { <-sem; iwg.Done() }()
 					call, _ := ingest.NewCall(client.EPID(), b.Server, b.Tool, json.RawMessage(args))
 					call.SessionID = run
+					if signer != nil {
+						call.Actor.AgentID = signer.Holder()
+						if err := signer.Sign(call); err != nil {
+							none.Add(1)
+							return
+						}
+					}
 					ctx, cancel := context.WithTimeout(context.Background(), b.Timeout)
 					d, err := client.Call(ctx, call)
 					cancel()

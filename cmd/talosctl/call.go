@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -12,7 +10,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
@@ -39,74 +36,29 @@ type callCmd struct {
 // defaultAgent is actor.agent_id when neither --agent nor a chain names one.
 const defaultAgent = "talosctl-agent"
 
-// capSigner attaches a capability chain and signs envelopes for talosctl
-// call (seed 002).
-type capSigner struct {
-	chain  json.RawMessage // RFC 8785 form, as sent
-	hash   string          // hex sha256 of chain: the envelope's capability_hash
-	holder string
-	key    *receipts.PrivateKey
-}
-
-func (c *callCmd) capSigner() (*capSigner, error) {
-	s := &capSigner{}
-	if c.Capability != "" {
-		raw, err := os.ReadFile(c.Capability)
-		if err != nil {
-			return nil, usage("--capability: %v", err)
+// capSigner is the CallSigner of --capability and --agent-key, or nil.
+func (c *callCmd) capSigner() (*ingest.CallSigner, error) {
+	if c.Capability == "" {
+		if c.AgentKey != "" {
+			return nil, usage("--agent-key needs --capability (the key signs for the chain's holder)")
 		}
-		canon, err := receipts.Canonicalize(raw)
-		if err != nil {
-			return nil, usage("--capability: not JSON: %v", err)
-		}
-		var chain schemas.CapabilityChain
-		if err := json.Unmarshal(canon, &chain); err != nil {
-			return nil, usage("--capability: not a capability chain: %v", err)
-		}
-		sum := sha256.Sum256(canon)
-		s.chain, s.hash, s.holder = canon, hex.EncodeToString(sum[:]), chain.Capability.Subject
-		if n := len(chain.Delegations); n > 0 {
-			s.holder = chain.Delegations[n-1].DelegateeID
-		}
+		return nil, nil
 	}
+	raw, err := os.ReadFile(c.Capability)
+	if err != nil {
+		return nil, usage("--capability: %v", err)
+	}
+	var key *receipts.PrivateKey
 	if c.AgentKey != "" {
-		k, err := receipts.LoadPrivateKey(c.AgentKey)
-		if err != nil {
+		if key, err = receipts.LoadPrivateKey(c.AgentKey); err != nil {
 			return nil, usage("--agent-key: %v", err)
 		}
-		s.key = k
+	}
+	s, err := ingest.NewCallSigner(raw, key)
+	if err != nil {
+		return nil, usage("--capability: %v", err)
 	}
 	return s, nil
-}
-
-// apply attaches the chain and request_hash to call and, with a key,
-// signs its fields (again after any change, e.g. for the post event).
-func (s *capSigner) apply(call *schemas.ToolCall) error {
-	if s.chain == nil && s.key == nil {
-		return nil
-	}
-	req, err := receipts.MarshalCanonical(call.Request)
-	if err != nil {
-		return fmt.Errorf("request_hash: %w", err)
-	}
-	sum := sha256.Sum256(req)
-	call.RequestHash = hex.EncodeToString(sum[:])
-	call.Capability = s.chain
-	if s.key == nil {
-		return nil
-	}
-	sig, err := enforce.SignEnvelope(s.key, schemas.EnvelopeSignedFields{
-		CorrelationID: call.CorrelationID, CapabilityHash: s.hash, RequestHash: call.RequestHash,
-		Tool: call.ServerID + ":" + call.ToolName, Method: schemas.MethodToolsCall,
-		Timestamp: call.IssuedAt, SessionID: call.SessionID,
-	})
-	if err != nil {
-		return err
-	}
-	if call.SenderSignature, err = json.Marshal(sig); err != nil {
-		return err
-	}
-	return nil
 }
 
 func readArg(s string) ([]byte, error) {
@@ -178,8 +130,8 @@ func (c *callCmd) Run(g *Globals) error {
 		return err
 	}
 	call.Actor.AgentID = c.Agent
-	if call.Actor.AgentID == "" {
-		call.Actor.AgentID = signer.holder
+	if call.Actor.AgentID == "" && signer != nil {
+		call.Actor.AgentID = signer.Holder()
 	}
 	if call.Actor.AgentID == "" {
 		call.Actor.AgentID = defaultAgent
@@ -197,8 +149,10 @@ func (c *callCmd) Run(g *Globals) error {
 		}
 		call.ExpectedDocumentHashes = append(call.ExpectedDocumentHashes, schemas.ExpectedHash{Pointer: p, Hash: h})
 	}
-	if err := signer.apply(call); err != nil {
-		return err
+	if signer != nil {
+		if err := signer.Sign(call); err != nil {
+			return err
+		}
 	}
 	started := time.Now()
 	d, err := client.Call(ctx, call)
@@ -220,8 +174,10 @@ func (c *callCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	if err := signer.apply(post); err != nil { // the post event has its own issued_at
-		return err
+	if signer != nil {
+		if err := signer.Sign(post); err != nil { // the post event has its own issued_at
+			return err
+		}
 	}
 	d, err = client.Call(ctx, post)
 	return printDecision(g, d, err)

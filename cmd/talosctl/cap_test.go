@@ -155,15 +155,15 @@ func TestCallSignsEnvelope(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if signer.holder != "agent-7" {
-		t.Fatalf("holder %q", signer.holder)
+	if signer.Holder() != "agent-7" {
+		t.Fatalf("holder %q", signer.Holder())
 	}
 	call, err := ingest.NewCall("ep", "files", "read_file", json.RawMessage(`{"path": "/work/a", "n": 1.0}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	call.Actor.AgentID = signer.holder
-	if err := signer.apply(call); err != nil {
+	call.Actor.AgentID = signer.Holder()
+	if err := signer.Sign(call); err != nil {
 		t.Fatal(err)
 	}
 	ks := receipts.KeySet{}
@@ -201,16 +201,19 @@ func TestCallSignsEnvelope(t *testing.T) {
 	if res := authorize(post); res.OK() {
 		t.Fatal("post with the pre signature authorized although its issued_at changed")
 	}
-	if err := signer.apply(post); err != nil {
+	if err := signer.Sign(post); err != nil {
 		t.Fatal(err)
 	}
 	if res := authorize(post); !res.OK() {
 		t.Fatalf("post: %v %v", res.Codes, res.Details)
 	}
 	// Without a key: the chain and request_hash, no signature.
-	unsigned := &capSigner{chain: signer.chain, hash: signer.hash, holder: signer.holder}
+	unsigned, err := ingest.NewCallSigner(b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	call2, _ := ingest.NewCall("ep", "files", "read_file", json.RawMessage(`{}`))
-	if err := unsigned.apply(call2); err != nil || call2.SenderSignature != nil || call2.Capability == nil || call2.RequestHash == "" {
+	if err := unsigned.Sign(call2); err != nil || call2.SenderSignature != nil || call2.Capability == nil || call2.RequestHash == "" {
 		t.Fatalf("unsigned: %v %+v", err, call2)
 	}
 	if res := authorize(call2); len(res.Codes) != 1 || res.Codes[0] != schemas.CodeSignatureInvalid {

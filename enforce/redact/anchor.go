@@ -294,12 +294,13 @@ func width1(re *syntax.Regexp) int {
 	return -1 // star, plus and anything unforeseen
 }
 
-// findAnchored appends the findings of a rule run with the anchored
-// strategy at each keyword occurrence in kws.
-func (r *scanRule) findAnchored(text string, kws []kwHit, lo, hi int, hits []ruleHit) []ruleHit {
+// matchAnchored tries the anchored pattern at each keyword occurrence in
+// kws, in order, skipping those inside the previous match.
+func (r *scanRule) matchAnchored(text string, kws []kwHit) [][]int {
 	if len(kws) > 1 {
 		sort.Slice(kws, func(i, j int) bool { return kws[i].start < kws[j].start })
 	}
+	var out [][]int
 	next := 0 // matches do not overlap: the next starts at or after this
 	last := -1
 	for _, kw := range kws {
@@ -320,10 +321,10 @@ func (r *scanRule) findAnchored(text string, kws []kwHit, lo, hi int, hits []rul
 				m[k] += p
 			}
 		}
-		hits = r.consider(text, m, lo, hi, hits)
+		out = append(out, m)
 		next = m[1]
 	}
-	return hits
+	return out
 }
 
 // windows returns the merged stretches of text the windowed strategy

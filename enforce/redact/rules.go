@@ -341,38 +341,66 @@ func (rs *ruleset) scan(prefix, value, suffix string) []ruleHit {
 	return hits
 }
 
-// run applies the rule to text with its strategy.
+// run applies the rule to text with its strategy and turns its matches
+// into findings.
 func (r *scanRule) run(text string, kws []kwHit, lo, hi int, hits []ruleHit, winBuf [][2]int) []ruleHit {
-	switch {
-	case r.strategy != nil && r.strategy.anchored != nil:
-		return r.findAnchored(text, kws, lo, hi, hits)
-	case r.strategy != nil:
-		for _, win := range r.strategy.windows(text, kws, winBuf) {
-			hits = r.find(text, win[0], win[1], lo, hi, hits)
-		}
-		return hits
-	case r.windows != nil:
-		for _, win := range r.windows(text, kws, winBuf) {
-			hits = r.find(text, win[0], win[1], lo, hi, hits)
-		}
-		return hits
-	}
-	return r.find(text, 0, len(text), lo, hi, hits)
-}
-
-// find appends the findings of one rule whose match lies in text[w0:w1]
-// and whose secret overlaps text[lo:hi] to hits, applying gitleaks'
-// secret-group, entropy and allowlist semantics.
-func (r *scanRule) find(text string, w0, w1, lo, hi int, hits []ruleHit) []ruleHit {
-	for _, m := range r.re.FindAllStringSubmatchIndex(text[w0:w1], -1) {
-		for k := range m {
-			if m[k] >= 0 {
-				m[k] += w0
-			}
-		}
+	for _, m := range r.matches(text, kws, winBuf) {
 		hits = r.consider(text, m, lo, hi, hits)
 	}
 	return hits
+}
+
+// matches returns the rule's pattern matches in text (submatch indexes,
+// as FindAllStringSubmatchIndex on the whole text would), searching only
+// where its strategy says a match can be.
+func (r *scanRule) matches(text string, kws []kwHit, winBuf [][2]int) [][]int {
+	switch {
+	case r.strategy != nil && r.strategy.anchored != nil:
+		return r.matchAnchored(text, kws)
+	case r.strategy != nil:
+		return r.matchWindows(text, r.strategy.windows(text, kws, winBuf))
+	case r.windows != nil:
+		return r.matchWindows(text, r.windows(text, kws, winBuf))
+	}
+	return r.re.FindAllStringSubmatchIndex(text, -1)
+}
+
+// matchWindows searches each window.
+func (r *scanRule) matchWindows(text string, wins [][2]int) [][]int {
+	var out [][]int
+	for _, w := range wins {
+		for _, m := range r.re.FindAllStringSubmatchIndex(text[w[0]:w[1]], -1) {
+			for k := range m {
+				if m[k] >= 0 {
+					m[k] += w[0]
+				}
+			}
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// kwsOf returns the keyword hits of one rule (the slice is shared by every
+// positional rule of the text).
+func kwsOf(kws []kwHit, rule int32) []kwHit {
+	all := true
+	for _, k := range kws {
+		if k.rule != rule {
+			all = false
+			break
+		}
+	}
+	if all {
+		return kws
+	}
+	var out []kwHit
+	for _, k := range kws {
+		if k.rule == rule {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // consider turns one match (submatch indexes into text) into a finding,
@@ -648,8 +676,7 @@ func (k *keywordIndex) walk(sc *kwScan, s string, off int, bits []uint64, kws *[
 			switch {
 			case c == 0xC5 && i+1 < len(s) && s[i+1] == 0xBF:
 				c, i = 's', i+1
-			case c == 0xE2 && i+2 < len(s) && s[i+1] == 0x84 && s[i+2] == 0xAA:
-				c, i = 'k', i+2
+			case false:
 			}
 		}
 		sc.ring[sc.chars&63] = int32(off + start)
