@@ -151,3 +151,15 @@ func CountSessionReceipts(ctx context.Context, conn driver.Conn, database, sessi
 	err = conn.QueryRow(ctx, "SELECT uniqExact(receipt_id) FROM "+tbl+" WHERE session_id = ?", sessionID).Scan(&n)
 	return n, err
 }
+
+// CountSessionToolCalls is how many distinct ToolCallEvents of a session
+// are stored (for benchmarks and tests).
+func CountSessionToolCalls(ctx context.Context, conn driver.Conn, database, sessionID string) (uint64, error) {
+	tbl, err := table(database, TableToolCalls)
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	err = conn.QueryRow(ctx, "SELECT uniqExact(event_id) FROM "+tbl+" WHERE session_id = ?", sessionID).Scan(&n)
+	return n, err
+}

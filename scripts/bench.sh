@@ -9,9 +9,15 @@
 #                                 control traffic alongside: the cost of the
 #                                 replay claim (TALOS_REPLAY_STORAGE=memory to
 #                                 compare the bucket in memory)
+#   bash scripts/bench.sh flight  every call also sends its post event: two
+#                                 receipts and one redacted ToolCallEvent per call
 #   bash scripts/bench.sh tail    the latency run in three arrangements: no sink,
 #                                 sink at equal CPU priority, sink and ClickHouse
 #                                 at nice 10 (where the p99 tail comes from)
+#
+# Every run has the checks talosd runs by default: capabilities (each call
+# signed by the load generator and verified by the worker), preflight, the
+# call ledger, redaction and a signed ToolCallEvent per completed call.
 #
 # Processes, all on this machine:
 #   - `talosd dev`: embedded NATS JetStream and a private ClickHouse (installed
@@ -59,13 +65,21 @@ start() {
     pids+=($!)
   fi
   "$work/bin/talosd" --roles enforce --nats-url $nats --nats-auth "$work/dev/nats-auth.json" --registry cmd/talosd/demo/registry \
-    --signing-key "$work/dev/keys/signing.key" --instance bench-worker --http-addr "" >"$work/worker.log" 2>&1 &
+    --signing-key "$work/dev/keys/signing.key" --capability-issuers "$work/dev/keys/issuer.pub" \
+    --instance bench-worker --http-addr "" >"$work/worker.log" 2>&1 &
   worker=$!; pids+=($worker)
+  # Every call carries a capability issued by the dev issuer and is signed
+  # by the demo agent (seed 002), as an enforcement point would send it.
+  "$work/bin/talosctl" cap issue --issuer-key "$work/dev/keys/issuer.key" --subject demo-agent \
+    --subject-key "$work/dev/keys/demo-agent.pub" --scope 'tool:files:*' --ttl 6h --out "$work/cap.json" >/dev/null
   sleep 1
 }
 
 cpu() { awk '{print $14+$15}' "/proc/$1/stat"; } # user+system, in clock ticks (1/100 s)
-bench() { "$work/bin/talosctl" --nats-url $nats --nats-auth "$work/dev/nats-auth.json" --clickhouse-addr "$ch" bench "$@"; }
+bench() {
+  "$work/bin/talosctl" --nats-url $nats --nats-auth "$work/dev/nats-auth.json" --clickhouse-addr "$ch" bench \
+    --capability "$work/cap.json" --agent-key "$work/dev/keys/demo-agent.key" "$@"
+}
 
 echo "== machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(go version | cut -d' ' -f3), ClickHouse $(clickhouse-client --version 2>&1 | grep -o '[0-9][0-9.]*[0-9]' | head -1)"
 case $mode in
@@ -96,6 +110,14 @@ replay)
   echo "== throughput: 100 enforcement points, 4 calls in flight each"
   bench --calls 30000 --concurrency 100 --rate 0 --inflight 4 | grep -E "decisions|end to end"
   ;;
+flight)
+  start sink,control
+  echo "== flight recorder, latency: 100 enforcement points, 1,000 calls/s offered, each call a pre and a post envelope"
+  echo "   (2 signed receipts + 1 redacted ToolCallEvent with its artifacts per call)"
+  bench --calls 20000 --concurrency 100 --rate 1000 --post | grep -E "p99|end to end|post events"
+  echo "== flight recorder, throughput: 100 enforcement points, 4 calls in flight each, pre + post"
+  bench --calls 30000 --concurrency 100 --rate 0 --inflight 4 --post | grep -E "decisions|end to end|post events"
+  ;;
 tail)
   echo "== latency at 2,000 calls/s with no sink and no ClickHouse load"
   start control
@@ -110,7 +132,7 @@ tail)
   bench --calls 30000 --concurrency 100 --rate 2000 | grep -E "p99|end to end"
   ;;
 *)
-  echo "usage: bash scripts/bench.sh [replay|tail]" >&2
+  echo "usage: bash scripts/bench.sh [replay|flight|tail]" >&2
   exit 2
   ;;
 esac

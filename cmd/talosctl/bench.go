@@ -34,6 +34,7 @@ type benchCmd struct {
 	Connections  int           `name:"connections" default:"4" help:"NATS connections the enforcement points share."`
 	ClickHouse   bool          `name:"clickhouse" default:"true" negatable:"" help:"Also measure end to end: until every receipt is in ClickHouse."`
 	Timeout      time.Duration `name:"timeout" default:"10s" help:"Decision timeout per call (none in time counts as a deny)."`
+	Post         bool          `name:"post" help:"After each allow, also send the call's post event (a small result): every call then yields two receipts and a ToolCallEvent with redacted, hashed payloads."`
 	Capability   string        `name:"capability" type:"existingfile" help:"Sign every call with this capability chain (seed 002), as its holder (--agent-key); needed when talosd requires capabilities."`
 	AgentKey     string        `name:"agent-key" type:"path" help:"The chain holder's key (.key) for --capability."`
 	KillSwitch   int           `name:"killswitch" help:"Also measure kill-switch propagation: this many set/clear rounds (each waits until every live worker enforces it), during the call load; with --calls 0, on an idle stack."`
@@ -55,6 +56,7 @@ type benchResult struct {
 	MaxMs           float64   `json:"decision_max_ms"`
 	E2ESeconds      float64   `json:"e2e_seconds,omitempty"`
 	EventsPerSec    float64   `json:"e2e_events_per_sec,omitempty"`
+	Posts           int64     `json:"posts,omitempty"`
 	KillSwitch      *ksResult `json:"killswitch,omitempty"`
 }
 
@@ -130,7 +132,7 @@ func (b *benchCmd) Run(g *Globals) error {
 		}
 	}
 	lat := make([][]time.Duration, b.Concurrency)
-	var allowed, denied, none atomic.Int64
+	var allowed, denied, none, posted atomic.Int64
 	var wg sync.WaitGroup
 	perEP := (b.Calls + b.Concurrency - 1) / b.Concurrency
 	var interval time.Duration
@@ -208,6 +210,9 @@ func (b *benchCmd) Run(g *Globals) error {
 						none.Add(1)
 					case d.Decision == schemas.DecisionAllow:
 						allowed.Add(1)
+						if b.Post && b.sendPost(client, call, signer, sched) {
+							posted.Add(1)
+						}
 					default:
 						denied.Add(1)
 					}
@@ -244,35 +249,64 @@ func (b *benchCmd) Run(g *Globals) error {
 		P50ms: pct(0.50), P90ms: pct(0.90), P99ms: pct(0.99), MaxMs: pct(1),
 		KillSwitch: ksRes,
 	}
+	res.Posts = posted.Load()
 	if ch != nil {
 		deadline := time.Now().Add(2 * time.Minute)
-		want := uint64(len(all)) - uint64(none.Load())
+		// Every decided envelope has a receipt; every post a ToolCallEvent.
+		want := uint64(len(all)) - uint64(none.Load()) + uint64(res.Posts)
+		wantEvents := uint64(res.Posts)
 		for {
 			n, err := query.CountSessionReceipts(context.Background(), ch, g.ClickhouseDatabase, run)
-			if err == nil && n >= want {
+			var m uint64
+			if err == nil && wantEvents > 0 {
+				m, err = query.CountSessionToolCalls(context.Background(), ch, g.ClickhouseDatabase, run)
+			}
+			if err == nil && n >= want && m >= wantEvents {
 				break
 			}
 			if time.Now().After(deadline) {
-				return failed("only %d of %d receipts reached ClickHouse within 2 minutes", n, want)
+				return failed("only %d of %d receipts and %d of %d ToolCallEvents reached ClickHouse within 2 minutes", n, want, m, wantEvents)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 		e2e := time.Since(start)
 		res.E2ESeconds = e2e.Seconds()
-		res.EventsPerSec = float64(want) / e2e.Seconds()
+		res.EventsPerSec = float64(want+wantEvents) / e2e.Seconds()
 	}
 	if g.JSON {
 		return json.NewEncoder(os.Stdout).Encode(res)
 	}
 	fmt.Printf("calls %d from %d enforcement points, offered %d/s: allowed %d, denied %d, no decision %d\n",
 		res.Calls, res.Concurrency, res.OfferedRate, res.Allowed, res.Denied, res.NoDecision)
+	if b.Post {
+		fmt.Printf("post events sent and decided: %d (latency figures are of the pre decisions)\n", res.Posts)
+	}
 	fmt.Printf("decisions: %.0f/s; latency p50 %.2f ms, p90 %.2f ms, p99 %.2f ms, max %.2f ms\n",
 		res.DecisionsPerSec, res.P50ms, res.P90ms, res.P99ms, res.MaxMs)
 	if ch != nil {
-		fmt.Printf("end to end (publish → signed receipt in ClickHouse): %.2f s, %.0f events/s\n", res.E2ESeconds, res.EventsPerSec)
+		fmt.Printf("end to end (publish → signed receipts and ToolCallEvents in ClickHouse): %.2f s, %.0f events/s\n", res.E2ESeconds, res.EventsPerSec)
 	}
 	if ksRes != nil {
 		return printKillswitch(g, ksRes)
 	}
 	return nil
+}
+
+// benchResultText is the CallToolResult of every bench post event.
+var benchResultText = json.RawMessage(`{"content":[{"type":"text","text":"bench: 3 entries"}]}`)
+
+// sendPost sends the post event of an allowed call and reports whether it
+// was decided.
+func (b *benchCmd) sendPost(client *ingest.Client, pre *schemas.ToolCall, signer *ingest.CallSigner, started time.Time) bool {
+	post, err := ingest.PostOf(pre, benchResultText, true, started, time.Now())
+	if err != nil {
+		return false
+	}
+	if signer != nil && signer.Sign(post) != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), b.Timeout)
+	defer cancel()
+	_, err = client.Call(ctx, post)
+	return err == nil
 }

@@ -676,7 +676,8 @@ func (k *keywordIndex) walk(sc *kwScan, s string, off int, bits []uint64, kws *[
 			switch {
 			case c == 0xC5 && i+1 < len(s) && s[i+1] == 0xBF:
 				c, i = 's', i+1
-			case false:
+			case c == 0xE2 && i+2 < len(s) && s[i+1] == 0x84 && s[i+2] == 0xAA:
+				c, i = 'k', i+2
 			}
 		}
 		sc.ring[sc.chars&63] = int32(off + start)
