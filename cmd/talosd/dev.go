@@ -6,6 +6,7 @@ import (
 	"embed"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -101,6 +102,9 @@ func (d *devCmd) Run(f *Flags) error {
 			}
 		}
 		f.CapabilityIssuers = []string{filepath.Join(keyDir, "issuer.pub")}
+		if err := writeDemoCapability(keyDir); err != nil {
+			return err
+		}
 	}
 	// Registry: the demo manifests, unless one was given.
 	if f.Registry == "" {
@@ -188,33 +192,57 @@ func ensureKeyPair(name string) error {
 // demoAgent is the agent id (and key file name) of the demo traffic.
 const demoAgent = "demo-agent"
 
-// demoCapability issues the demo agent a one-hour capability for every
-// tool of the demo servers, signed by the dev issuer key, and loads the
-// agent's key to sign envelopes with.
-func demoCapability(f *Flags) (*schemas.CapabilityChain, *receipts.PrivateKey, error) {
-	keyDir := filepath.Dir(f.CapabilityIssuers[0])
+// demoCapabilityFile is where talosd dev writes the demo agent's
+// capability chain, under the key directory.
+const demoCapabilityFile = demoAgent + ".cap.json"
+
+// writeDemoCapability issues the demo agent a 24-hour capability for every
+// tool of the demo servers, signed by the dev issuer key, and writes it to
+// keyDir/demo-agent.cap.json (replaced on every start).
+func writeDemoCapability(keyDir string) error {
 	issuer, err := receipts.LoadPrivateKey(filepath.Join(keyDir, "issuer.key"))
 	if err != nil {
-		return nil, nil, fmt.Errorf("demo capability issuer: %w", err)
+		return fmt.Errorf("demo capability issuer: %w", err)
 	}
-	agent, err := receipts.LoadPrivateKey(filepath.Join(keyDir, demoAgent+".key"))
+	_, agent, err := receipts.LoadPublicKey(filepath.Join(keyDir, demoAgent+".pub"))
 	if err != nil {
-		return nil, nil, fmt.Errorf("demo agent key: %w", err)
+		return fmt.Errorf("demo agent key: %w", err)
 	}
 	now := time.Now().UTC()
 	c, err := enforce.IssueCapability(issuer, schemas.Capability{
 		CapabilityID:     uuid.Must(uuid.NewV7()).String(),
 		Issuer:           "talos-dev",
 		Subject:          demoAgent,
-		SubjectPublicKey: enforce.PublicKeyString(agent.Public()),
+		SubjectPublicKey: enforce.PublicKeyString(agent),
 		Scopes:           []string{"tool:files:*", "tool:github:*"},
 		IssuedAt:         now.Format(schemas.TimeFormat),
-		ExpiresAt:        now.Add(time.Hour).Format(schemas.TimeFormat),
+		ExpiresAt:        now.Add(24 * time.Hour).Format(schemas.TimeFormat),
 	})
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
-	return &schemas.CapabilityChain{Capability: c}, agent, nil
+	b, err := json.MarshalIndent(schemas.CapabilityChain{Capability: c}, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(keyDir, demoCapabilityFile), append(b, '\n'), 0o644)
+}
+
+// demoSigner signs the demo traffic as the demo agent, or is nil when
+// talosd dev was given its own --capability-issuers (no demo chain).
+func demoSigner(f *Flags) (*ingest.CallSigner, error) {
+	keyDir := filepath.Join(f.DataDir, "keys")
+	raw, err := os.ReadFile(filepath.Join(keyDir, demoCapabilityFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	} else if err != nil {
+		return nil, err
+	}
+	key, err := receipts.LoadPrivateKey(filepath.Join(keyDir, demoAgent+".key"))
+	if err != nil {
+		return nil, fmt.Errorf("demo agent key: %w", err)
+	}
+	return ingest.NewCallSigner(raw, key)
 }
 
 // responderKeyFile is the private key next to the first --responder-keys file.
@@ -240,6 +268,9 @@ func printBanner(f *Flags, s *stack) {
 	if s.Registry != nil {
 		digest = s.Registry.Digest()
 	}
+	keyDir := filepath.Join(f.DataDir, "keys")
+	capFlags := fmt.Sprintf("--capability %s --agent-key %s",
+		filepath.Join(keyDir, demoCapabilityFile), filepath.Join(keyDir, demoAgent+".key"))
 	fmt.Printf(`
 Talos dev stack is up.
   NATS:        %s
@@ -247,17 +278,21 @@ Talos dev stack is up.
   ClickHouse:  %s (database %s)
   registry:    %s (%s)
   signing key: %s
-  mode:        %s
+  mode:        %s (capabilities %s, issuers %s)
 
 Try:
-  %s call --server files --tool read_file --args '{"path":"README.md"}'
+  %s call --server files --tool read_file --args '{"path":"README.md"}' %s
+  %s query secret-uses --redaction-key %s --value AKIA`+`DEMO7EXAMPLE2KEY
   %s killswitch set tool:files/read_file --reason "drill" --wait --responder-key %s
   %s status --responder-key %s
   clickhouse-client --host %s --port %s --query "SELECT time, server_id, tool_name, decision, reason_codes FROM %s.v_decisions ORDER BY time"
   go run ./cmd/talosctl --clickhouse-addr %s verify --trusted-keys %s
 
 `, s.NatsURL, users, f.ClickhouseAddr, f.ClickhouseDatabase, f.Registry, digest, f.SigningKey, f.Mode,
-		talosctl, talosctl, responderKeyFile(f), talosctl, responderKeyFile(f),
+		f.Capabilities, strings.Join(f.CapabilityIssuers, ","),
+		talosctl, capFlags,
+		"go run ./cmd/talosctl --clickhouse-addr "+f.ClickhouseAddr, redactionKeyPath(f),
+		talosctl, responderKeyFile(f), talosctl, responderKeyFile(f),
 		host, port, f.ClickhouseDatabase, f.ClickhouseAddr, strings.Join(f.TrustedKeys, ","))
 }
 
@@ -356,7 +391,7 @@ func demoTraffic(ctx context.Context, f *Flags, s *stack) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	chain, agentKey, err := demoCapability(f)
+	signer, err := demoSigner(f)
 	if err != nil {
 		return 0, err
 	}
@@ -378,8 +413,9 @@ func demoTraffic(ctx context.Context, f *Flags, s *stack) (int, error) {
 				if dc.tweak != nil {
 					dc.tweak(call)
 				}
-				if !dc.unsigned {
-					err = ingest.SignCall(call, chain, agentKey)
+				if !dc.unsigned && signer != nil {
+					call.Actor.AgentID = signer.Holder()
+					err = signer.Sign(call)
 				}
 			}
 			if err == nil {

@@ -63,11 +63,7 @@ func enforceOptions(ctx context.Context, f *Flags, log *slog.Logger, js jetstrea
 		return o, fmt.Errorf("call ledger: %w", err)
 	}
 	o.Ledger = ledger
-	keyPath := f.RedactionKey
-	if keyPath == "" {
-		keyPath = filepath.Join(f.DataDir, "keys", "redaction.key")
-	}
-	key, kid, err := redact.LoadOrCreateKey(keyPath, true)
+	key, kid, err := redact.LoadOrCreateKey(redactionKeyPath(f), true)
 	if err != nil {
 		return o, fmt.Errorf("--redaction-key: %w", err)
 	}
@@ -79,4 +75,12 @@ func enforceOptions(ctx context.Context, f *Flags, log *slog.Logger, js jetstrea
 	log.Info("enforce checks", "capabilities", f.Capabilities, "issuers", len(issuers), "policy", f.Policy != "",
 		"redaction_key_id", kid)
 	return o, nil
+}
+
+// redactionKeyPath is --redaction-key, default <data-dir>/keys/redaction.key.
+func redactionKeyPath(f *Flags) string {
+	if f.RedactionKey != "" {
+		return f.RedactionKey
+	}
+	return filepath.Join(f.DataDir, "keys", "redaction.key")
 }

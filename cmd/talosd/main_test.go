@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -46,13 +47,20 @@ func TestDevExitAfterDemo(t *testing.T) {
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("talosd dev: %v\n%s", err, out.String())
 	}
-	for _, want := range []string{"Talos dev stack is up", "TOOL_UNCLASSIFIED_DENIED,UNKNOWN_TOOL", "DOC_HASH_MISMATCH", "VAL-HTC-001", "verify: OK"} {
+	for _, want := range []string{"Talos dev stack is up", "TOOL_UNCLASSIFIED_DENIED,UNKNOWN_TOOL", "DOC_HASH_MISMATCH", "VAL-HTC-001", "verify: OK",
+		"NO_CAPABILITY", "DENY_PATH_TRAVERSAL", "DENY_UNKNOWN_FIELDS"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
 	}
-	if _, err := os.Stat(filepath.Join(dir, "keys", "signing.key")); err != nil {
-		t.Errorf("dev keys: %v", err)
+	// Signed demo calls are allowed: the capability and sender signature verify.
+	if !regexp.MustCompile(`read a file \(read tool\)\s+files/read_file\s+allow`).MatchString(out.String()) {
+		t.Errorf("the signed demo read was not allowed:\n%s", out.String())
+	}
+	for _, f := range []string{"signing.key", "issuer.pub", "demo-agent.key", "demo-agent.cap.json", "redaction.key"} {
+		if _, err := os.Stat(filepath.Join(dir, "keys", f)); err != nil {
+			t.Errorf("dev keys: %v", err)
+		}
 	}
 }
 
