@@ -2,6 +2,7 @@ package redact
 
 import (
 	"math"
+	"strings"
 	"math/bits"
 	"unicode/utf8"
 )
@@ -49,8 +50,9 @@ func byteSet(chars string) (set [256]bool) {
 }
 
 // genericWindowsFor returns the window function of generic-api-key with
-// the given entropy threshold.
-func genericWindowsFor(entropy float64) func(string, []kwHit, [][2]int) [][2]int {
+// the given entropy threshold and allowlisted "<qualifier>[_.-]key"
+// qualifiers.
+func genericWindowsFor(entropy float64, qualifiers []string) func(string, []kwHit, [][2]int) [][2]int {
 	// A secret with entropy above e has more than 2^e distinct characters
 	// (Shannon entropy is at most log2 of the alphabet used).
 	minDistinct := 0
@@ -58,8 +60,28 @@ func genericWindowsFor(entropy float64) func(string, []kwHit, [][2]int) [][2]int
 		minDistinct = int(math.Floor(math.Exp2(entropy))) + 1
 	}
 	return func(text string, kws []kwHit, dst [][2]int) [][2]int {
-		return genericWindows(text, kws, minDistinct, dst)
+		return genericWindows(text, kws, minDistinct, qualifiers, dst)
 	}
+}
+
+// qualifiedKey reports whether the keyword at [start, end) is "key" right
+// after one of qualifiers (and an optional '_', '.' or '-'), all within the
+// 50 characters a match may reach back: a match through that keyword
+// contains "<qualifier>key" and is allowlisted.
+func qualifiedKey(text string, start, end int, qualifiers []string) bool {
+	if end-start != 3 || !strings.EqualFold(text[start:end], "key") {
+		return false
+	}
+	p := start
+	if p > 0 && (text[p-1] == '_' || text[p-1] == '.' || text[p-1] == '-') {
+		p--
+	}
+	for _, q := range qualifiers {
+		if p >= len(q) && start-(p-len(q)) <= genMaxPrefix && strings.EqualFold(text[p-len(q):p], q) {
+			return true
+		}
+	}
+	return false
 }
 
 // genericWindows returns the stretches of text in which genericSource can
@@ -73,10 +95,14 @@ func genericWindowsFor(entropy float64) func(string, []kwHit, [][2]int) [][2]int
 // windows are merged, so each match lies in exactly one. The regex run on a
 // window finds what it would find on the whole text: a match cannot end at
 // a window's inner edge, because the byte after its run of secret
-// characters is not one. TestGenericWindowsEquivalent checks this against
-// the plain regex.
-func genericWindows(text string, kws []kwHit, minDistinct int, dst [][2]int) [][2]int {
+// characters is not one. Keywords in allowlisted "<qualifier>_key" names
+// open no window (see qualifiedKey). TestStrategiesEquivalent and
+// TestGenericWindowsBoundaries check all this against the plain regex.
+func genericWindows(text string, kws []kwHit, minDistinct int, qualifiers []string, dst [][2]int) [][2]int {
 	for _, kw := range kws {
+		if qualifiedKey(text, int(kw.start), int(kw.end), qualifiers) {
+			continue
+		}
 		op := -1
 		for i, k := int(kw.end), 0; i < len(text) && k <= genMaxGap; k++ {
 			if genOpStart[text[i]] {

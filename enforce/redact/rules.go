@@ -126,13 +126,18 @@ var gapFillers = []gapFiller{
 	},
 }
 
-// genericContextAllow lists assignment contexts in which generic-api-key
-// fires on identifiers that are not credentials. Each is a Talos protocol
-// field or a well-known identifier recorded in clear elsewhere: the
-// envelope's idempotency_key is a column of talos.tool_calls, and cache,
-// object, partition, sort and routing keys name data, they do not unlock it.
-var genericContextAllow = []string{
-	`(?i)(?:idempotency|cache|object|partition|sort|routing|dedup(?:e|lication)?)[_.-]?key`,
+// dataKeyQualifiers name kinds of "key" that identify data rather than
+// unlock it; generic-api-key fires on "<qualifier>_key = <id>" otherwise.
+// The envelope's idempotency_key is a column of talos.tool_calls anyway,
+// and cache, object, partition, sort and routing keys are identifiers.
+// Talos adds them to the rule's allowlist (on the match, as gitleaks' own
+// "primary_key"/"foreign_key" entries), and genericWindows skips such "key"
+// occurrences, since any match through them would be allowlisted.
+var dataKeyQualifiers = []string{"idempotency", "cache", "object", "partition", "sort", "routing", "dedup", "dedupe", "deduplication"}
+
+// dataKeyAllow is the allowlist pattern for dataKeyQualifiers.
+func dataKeyAllow() string {
+	return `(?i)(?:` + strings.Join(dataKeyQualifiers, "|") + `)[_.-]?key`
 }
 
 // loadRuleset compiles the default ruleset once per process: the regexes
@@ -180,13 +185,13 @@ func buildRuleset(toml string) (rs *ruleset, err error) {
 			generic:     strings.Contains(r.RuleID, "generic"),
 		}
 		if r.RuleID == ruleGeneric && r.Regex.String() == genericSource {
-			sr.windows = genericWindowsFor(r.Entropy)
+			sr.windows = genericWindowsFor(r.Entropy, dataKeyQualifiers)
 		}
 		if r.RuleID == ruleGeneric {
 			al := &config.Allowlist{
 				Description: "talos: non-credential identifiers",
 				RegexTarget: "match",
-				Regexes:     compileAll(genericContextAllow),
+				Regexes:     compileAll([]string{dataKeyAllow()}),
 			}
 			if err := al.Validate(); err != nil {
 				return nil, fmt.Errorf("redact: generic allowlist: %w", err)

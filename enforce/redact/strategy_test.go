@@ -126,9 +126,10 @@ func runBoth(rs *ruleset, i int, text string) (fast, plain [][]int) {
 	}
 	r := rs.rules[i]
 	if r.windows != nil {
-		// Without the entropy bound, which drops matches whose secret
-		// cannot pass the entropy check (runFindings covers it).
-		r.windows = genericWindowsFor(0)
+		// Without the entropy bound and the qualified keys, which drop
+		// matches that could only yield dropped findings (runFindings
+		// covers them).
+		r.windows = genericWindowsFor(0, nil)
 	}
 	fast = r.matches(text, kwsOf(kws, int32(i)), nil)
 	plain = r.re.FindAllStringSubmatchIndex(text, -1)
@@ -255,7 +256,8 @@ func TestGenericWindowsBoundaries(t *testing.T) {
 		"\u017fecret=ABCDEFGHIJKLMNOP0123", "\u212aey... no", "password\u212a\u212a\u212a=ABCDEFghijkl012345",
 		"creds => \"Zx9Yw8Vu7Ts6Rq5Po4\"\\n", "auth: Zx9Yw8Vu7Ts6Rq5Po4\\r next", "key="+rep("Zx9Yw8Vu7", 20),
 		"key=abc key=Zx9Yw8Vu7Ts6Rq5Po4 token=Zx9Yw8Vu7Ts6Rq5Po5 secret=0", "API_TOKEN||Zx9Yw8Vu7Ts6Rq5Po4",
-		"access_token=Zx9Yw8Vu7Ts6Rq5Po4K", "key\u017f\u017f\u212a\u212a=Zx9Yw8Vu7Ts6Rq5Po4", "key=\u017f\u212aZx9Yw8Vu7Ts6Rq5Po4\u017f", "\u212aey=Zx9Yw8Vu7Ts6Rq5Po4", "key=abc \u212aey=Zx9Yw8Vu7Ts6Rq5Po4", "secret: x, \u017fecret: Zx9Yw8Vu7Ts6Rq5Po4", "key: é"+secret, "key:\t`"+secret+"`",
+		"access_token=Zx9Yw8Vu7Ts6Rq5Po4K", "key\u017f\u017f\u212a\u212a=Zx9Yw8Vu7Ts6Rq5Po4", "key=\u017f\u212aZx9Yw8Vu7Ts6Rq5Po4\u017f", "\u212aey=Zx9Yw8Vu7Ts6Rq5Po4", "idempotency_key: Zx9Yw8Vu7Ts6Rq5Po4", "x.cacheKEY=Zx9Yw8Vu7Ts6Rq5Po4",
+		"token_sort-key=Zx9Yw8Vu7Ts6Rq5Po4", rep("a", 44) + "routing_key=Zx9Yw8Vu7Ts6Rq5Po4", "cache key=Zx9Yw8Vu7Ts6Rq5Po4", "key=abc \u212aey=Zx9Yw8Vu7Ts6Rq5Po4", "secret: x, \u017fecret: Zx9Yw8Vu7Ts6Rq5Po4", "key: é"+secret, "key:\t`"+secret+"`",
 	)
 	for _, text := range texts {
 		fast, plain := runBoth(rs, gi, text)
