@@ -90,13 +90,7 @@ type span struct {
 // and, decoding allowing, its base64 runs, and replaces what they find.
 func (w *walker) text(s, ctx string, depth, dec int) (string, []hit, error) {
 	var spans []span
-	var found []ruleHit
-	if ctx != "" {
-		found = w.r.rules.scan(`"`+ctx+`": "`, s, `"`)
-	} else {
-		found = w.r.rules.scan("", s, "")
-	}
-	for _, f := range found {
+	for _, f := range w.r.rules.scan(ctx, s) {
 		spans = append(spans, span{start: f.start, end: f.end, generic: f.generic,
 			hits: []hit{{rule: f.rule, mac: w.r.mac(f.secret)}}})
 	}

@@ -2,8 +2,8 @@ package redact
 
 import (
 	"math"
-	"strings"
 	"math/bits"
+	"strings"
 	"unicode/utf8"
 )
 

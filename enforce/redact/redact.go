@@ -262,6 +262,10 @@ func appendNormalized(dst []byte, s string) []byte {
 //   - an object key holding a secret (the pointer then names the redacted
 //     key).
 //
+// Decoding suffixes accumulate from the inside out: "field-name+json+base64"
+// is a password member of a JSON document that was base64-encoded in the
+// string at the pointer.
+//
 // Booleans, nulls and empty strings are never replaced. Redact fails only
 // with ErrTooDeep or ErrUnsupportedType (wrapped); its error never quotes
 // payload content.
@@ -287,8 +291,8 @@ func (r *Redactor) Redact(v any, base string) (any, []schemas.Redaction, error) 
 	})
 	// Drop exact duplicates (the same secret twice in one string).
 	dedup := findings[:0]
-	for i, f := range findings {
-		if i > 0 && f == findings[i-1] {
+	for _, f := range findings {
+		if len(dedup) > 0 && f == dedup[len(dedup)-1] {
 			continue
 		}
 		dedup = append(dedup, f)
@@ -381,22 +385,15 @@ func (w *walker) object(m map[string]any, depth, dec int) (any, error) {
 	out := make(map[string]any, len(m))
 	pairName := w.pairName(m)
 	for k, v := range m {
-		outKey := k
-		var keyHits []hit
-		if len(k) >= minRegexLen {
-			var err error
-			if outKey, keyHits, err = w.text(k, "", depth, dec); err != nil {
-				return nil, err
-			}
+		outKey, keyHits, err := w.key(k, depth)
+		if err != nil {
+			return nil, err
 		}
 		w.push(token{key: outKey, index: -1})
 		if len(keyHits) > 0 {
 			w.record(w.pointer(), keyHits)
 		}
-		var (
-			rv  any
-			err error
-		)
+		var rv any
 		switch {
 		case w.r.isSensitive(k):
 			rv, err = w.whole(v, depth, RuleFieldName)
@@ -412,6 +409,15 @@ func (w *walker) object(m map[string]any, depth, dec int) (any, error) {
 		out[outKey] = rv
 	}
 	return out, nil
+}
+
+// key scans an object member name for secrets (without decoding: a name
+// is not a payload) and returns it redacted.
+func (w *walker) key(k string, depth int) (string, []hit, error) {
+	if len(k) < minRegexLen {
+		return k, nil, nil
+	}
+	return w.text(k, "", depth, w.r.decodeDepth)
 }
 
 // pairName returns the sensitive name of a name/value pair object
@@ -461,7 +467,7 @@ func (w *walker) array(a []any, ctx string, depth, dec int) (any, error) {
 			err error
 		)
 		switch {
-		case isStr && !inKey && pemBegin.MatchString(s) && !pemEnd.MatchString(s):
+		case isStr && !inKey && strings.Contains(s, "-----") && pemBegin.MatchString(s) && !pemEnd.MatchString(s):
 			inKey = true
 			rv = w.lineOfKey(s)
 		case isStr && inKey:
@@ -516,13 +522,20 @@ func (w *walker) whole(v any, depth int, rule string) (any, error) {
 		}
 		out := make(map[string]any, len(t))
 		for k, e := range t {
-			w.push(token{key: k, index: -1})
+			outKey, keyHits, err := w.key(k, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			w.push(token{key: outKey, index: -1})
+			if len(keyHits) > 0 {
+				w.record(w.pointer(), keyHits)
+			}
 			rv, err := w.whole(e, depth+1, rule)
 			w.pop()
 			if err != nil {
 				return nil, err
 			}
-			out[k] = rv
+			out[outKey] = rv
 		}
 		return out, nil
 	case []any:

@@ -573,6 +573,15 @@ func TestSecretInObjectKey(t *testing.T) {
 		findings[0].Pseudonym != r.Pseudonym(ghPAT) || !strings.HasPrefix(findings[0].Pointer, "/result/users/[REDACTED:github-pat:") {
 		t.Fatalf("findings %+v", findings)
 	}
+
+	// Under a sensitive name too: the key is scanned, the value replaced.
+	out, findings, err = r.Redact(map[string]any{"credentials": map[string]any{ghPAT: "alice"}}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if red := string(mustMarshal(t, out)); strings.Contains(red, ghPAT) || strings.Contains(red, "alice") || len(findings) != 2 {
+		t.Fatalf("%s %+v", red, findings)
+	}
 }
 
 func TestPointerEscaping(t *testing.T) {

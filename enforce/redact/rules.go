@@ -284,11 +284,12 @@ type ruleHit struct {
 // minRegexLen: strings shorter than this are not run through regex rules.
 const minRegexLen = 8
 
-// scan runs the rules whose keywords occur in prefix+value+suffix over that
-// text and returns the secrets that lie in value, with offsets relative to
-// value. prefix carries the assignment context (`"<key>": "`) and suffix
-// closes it; both may be empty.
-func (rs *ruleset) scan(prefix, value, suffix string) []ruleHit {
+// scan runs the rules whose keywords occur in the text over it and returns
+// the secrets that lie in value, with offsets relative to value. The text
+// is value alone, or, when the value is an object member, the member as
+// serialized JSON shows it, `"<ctx>": "<value>"`, so that rules needing the
+// assignment context see it.
+func (rs *ruleset) scan(ctx, value string) []ruleHit {
 	if len(value) < minRegexLen {
 		return nil
 	}
@@ -303,28 +304,36 @@ func (rs *ruleset) scan(prefix, value, suffix string) []ruleHit {
 	var kwBuf [16]kwHit
 	kws := kwBuf[:0]
 	var sc kwScan
-	rs.kw.walk(&sc, prefix, 0, cand, &kws)
-	rs.kw.walk(&sc, value, len(prefix), cand, &kws)
-	rs.kw.walk(&sc, suffix, len(prefix)+len(value), cand, &kws)
+	prefixLen := 0
+	if ctx != "" {
+		rs.kw.walk(&sc, `"`, 0, cand, &kws)
+		rs.kw.walk(&sc, ctx, 1, cand, &kws)
+		rs.kw.walk(&sc, `": "`, 1+len(ctx), cand, &kws)
+		prefixLen = len(ctx) + 5
+	}
+	rs.kw.walk(&sc, value, prefixLen, cand, &kws)
+	if ctx != "" {
+		rs.kw.walk(&sc, `"`, prefixLen+len(value), cand, &kws)
+	}
 	for _, i := range rs.always {
 		cand[i/64] |= 1 << (i % 64)
 	}
-	any := false
+	found := false
 	for _, w := range cand {
 		if w != 0 {
-			any = true
+			found = true
 			break
 		}
 	}
-	if !any {
+	if !found {
 		return nil
 	}
 
 	text := value
-	if prefix != "" || suffix != "" {
-		text = prefix + value + suffix
+	if ctx != "" {
+		text = `"` + ctx + `": "` + value + `"`
 	}
-	lo, hi := len(prefix), len(prefix)+len(value)
+	lo, hi := prefixLen, prefixLen+len(value)
 	var hits []ruleHit
 	var winBuf [4][2]int
 	// Specific rules first: a generic finding inside a specific one is
@@ -493,20 +502,16 @@ func allowed(als []*config.Allowlist, secret, match, text string, ms, me int) bo
 			}
 			continue
 		}
-		regexOK := a.RegexAllowed(target)
-		stopOK, _ := a.ContainsStopWord(secret)
-		{
-			ok := len(a.Commits) == 0 && len(a.Paths) == 0
-			if len(a.Regexes) > 0 {
-				ok = ok && regexOK
-			}
-			if len(a.StopWords) > 0 {
-				ok = ok && stopOK
-			}
-			if ok && (len(a.Regexes) > 0 || len(a.StopWords) > 0) {
-				return true
-			}
+		if len(a.Commits) > 0 || len(a.Paths) > 0 || (len(a.Regexes) == 0 && len(a.StopWords) == 0) {
+			continue
 		}
+		if len(a.Regexes) > 0 && !a.RegexAllowed(target) {
+			continue
+		}
+		if stop, _ := a.ContainsStopWord(secret); len(a.StopWords) > 0 && !stop {
+			continue
+		}
+		return true
 	}
 	return false
 }

@@ -257,7 +257,7 @@ func TestGenericWindowsBoundaries(t *testing.T) {
 		"creds => \"Zx9Yw8Vu7Ts6Rq5Po4\"\\n", "auth: Zx9Yw8Vu7Ts6Rq5Po4\\r next", "key="+rep("Zx9Yw8Vu7", 20),
 		"key=abc key=Zx9Yw8Vu7Ts6Rq5Po4 token=Zx9Yw8Vu7Ts6Rq5Po5 secret=0", "API_TOKEN||Zx9Yw8Vu7Ts6Rq5Po4",
 		"access_token=Zx9Yw8Vu7Ts6Rq5Po4K", "key\u017f\u017f\u212a\u212a=Zx9Yw8Vu7Ts6Rq5Po4", "key=\u017f\u212aZx9Yw8Vu7Ts6Rq5Po4\u017f", "\u212aey=Zx9Yw8Vu7Ts6Rq5Po4", "idempotency_key: Zx9Yw8Vu7Ts6Rq5Po4", "x.cacheKEY=Zx9Yw8Vu7Ts6Rq5Po4",
-		"token_sort-key=Zx9Yw8Vu7Ts6Rq5Po4", rep("a", 44) + "routing_key=Zx9Yw8Vu7Ts6Rq5Po4", "cache key=Zx9Yw8Vu7Ts6Rq5Po4", "key=abc \u212aey=Zx9Yw8Vu7Ts6Rq5Po4", "secret: x, \u017fecret: Zx9Yw8Vu7Ts6Rq5Po4", "key: é"+secret, "key:\t`"+secret+"`",
+		"token_sort-key=Zx9Yw8Vu7Ts6Rq5Po4", rep("a", 44)+"routing_key=Zx9Yw8Vu7Ts6Rq5Po4", "cache key=Zx9Yw8Vu7Ts6Rq5Po4", "key=abc \u212aey=Zx9Yw8Vu7Ts6Rq5Po4", "secret: x, \u017fecret: Zx9Yw8Vu7Ts6Rq5Po4", "key: é"+secret, "key:\t`"+secret+"`",
 	)
 	for _, text := range texts {
 		fast, plain := runBoth(rs, gi, text)
