@@ -79,6 +79,7 @@ func plantedSecrets() []planted {
 	cookie := fakeSecret(29, alnum, 32)
 	pgPass := "pg" + fakeSecret(30, alnum, 14)
 	nestedSecret := fakeSecret(31, alnum+"/+", 40)
+	envPassword := "pw-" + fakeSecret(33, "abcdefghij", 6)
 	return []planted{
 		{kind: "AWS access key id", value: awsID, args: map[string]any{"note": "use " + awsID + " for the upload"}},
 		{kind: "AWS secret key field", value: awsSecret, args: map[string]any{"aws_secret_access_key": awsSecret}},
@@ -103,12 +104,14 @@ func plantedSecrets() []planted {
 		{kind: "api_key field", value: apiKey, args: map[string]any{"service": map[string]any{"api_key": apiKey}}},
 		{kind: "cookie header", value: cookie, args: map[string]any{"headers": []any{map[string]any{"name": "Cookie", "value": "session=" + cookie}}}},
 		{kind: "database URL", value: pgPass, args: map[string]any{"dsn": "postgres://app:" + pgPass + "@db.internal:5432/prod"}},
+		{kind: "low-entropy password in an env file", value: envPassword,
+			args: map[string]any{"path": "deploy.env", "content": "REGION=eu-west-1\nDB_PASSWORD=" + envPassword + "\n"}},
 		{kind: "secret split across nested objects", value: nestedSecret,
 			args: map[string]any{"aws": map[string]any{"access_key_id": "AK" + "IA" + fakeSecret(32, upperDigits, 16), "secret_access_key": nestedSecret}}},
 	}
 }
 
-// TestNoSecretsAtRest plants 24 kinds of secret in the arguments and
+// TestNoSecretsAtRest plants 25 kinds of secret in the arguments and
 // results of calls sent through the real binaries, then searches every
 // ClickHouse table and view, every stream but TALOS_CALLS, and talosd's
 // log for each raw value: none may appear. The stored hashes are

@@ -117,6 +117,20 @@ var gapFillers = []gapFiller{
 		allowRegex:  []string{letterOnly},
 	},
 	{
+		id: "password-assignment",
+		why: "gitleaks' generic-api-key needs entropy above 3.5, so a short or " +
+			"human-chosen password in an env file, config or command line " +
+			"(DB_PASSWORD=hunter2, password: s3cret, --password=x) is missed; a " +
+			"value assigned to a password-like name is a secret whatever its " +
+			"entropy. No quote may stand between name and '=' or ':', so JSON " +
+			"members are left to the (configurable) field-name rule",
+		regex: `(?i)(?:^|[^a-z0-9])[a-z0-9_.-]*(?:password|passwd|passphrase|pwd)[a-z0-9_-]*` +
+			`[ \t]*[=:][ \t]*["']?([^\s"'&;,]{3,256})`,
+		secretGroup: 1,
+		keywords:    []string{"pass", "pwd"},
+		allowRegex:  []string{`^(?i:\*+|x+|redacted|null|none|true|false|required|optional|\$\{?[a-z0-9_]+\}?)$`},
+	},
+	{
 		id: "private-key-block",
 		why: "gitleaks' private-key rule needs the END line; tool output cut " +
 			"short (head, paging, size limits) leaves a key body without it",
