@@ -56,8 +56,11 @@ func TestStructsMatchSchemas(t *testing.T) {
 	// Fields the schema requires although the struct says omitempty (or the
 	// reverse), with the reason.
 	exceptions := map[string]string{
-		"Request.arguments": "MCP allows it absent; Talos requires it on the wire",
-		"Receipt.signature": "omitted only while signing; the wire event is always signed",
+		"Request.arguments":       "MCP allows it absent; Talos requires it on the wire",
+		"Receipt.signature":       "omitted only while signing; the wire event is always signed",
+		"Capability.signature":    "omitted only while signing; a capability on the wire is always signed",
+		"Delegation.signature":    "omitted only while signing; a delegation on the wire is always signed",
+		"ToolCallEvent.signature": "omitted only while signing; the wire event is always signed",
 	}
 	cases := []struct {
 		typ  reflect.Type
@@ -81,6 +84,18 @@ func TestStructsMatchSchemas(t *testing.T) {
 		{reflect.TypeFor[IdempotentOf](), FileReceiptSchema, "/$defs/receipt/properties/idempotent_of"},
 		{reflect.TypeFor[Signature](), FileReceiptSchema, "/$defs/signature"},
 		{reflect.TypeFor[Decision](), FileDecisionSchema, ""},
+		{reflect.TypeFor[CapabilityChain](), FileCapabilitySchema, ""},
+		{reflect.TypeFor[Capability](), FileCapabilitySchema, "/$defs/capability"},
+		{reflect.TypeFor[Delegation](), FileCapabilitySchema, "/$defs/delegation"},
+		{reflect.TypeFor[Constraints](), FileCapabilitySchema, "/$defs/constraints"},
+		{reflect.TypeFor[Signature](), FileCapabilitySchema, "/$defs/signature"},
+		{reflect.TypeFor[ToolCallEvent](), FileToolCallEventSchema, "/$defs/event"},
+		{reflect.TypeFor[EventTiming](), FileToolCallEventSchema, "/$defs/timing"},
+		{reflect.TypeFor[ResourcesTouched](), FileToolCallEventSchema, "/$defs/resources_touched"},
+		{reflect.TypeFor[Redaction](), FileToolCallEventSchema, "/$defs/redaction"},
+		{reflect.TypeFor[Payloads](), FileToolCallEventSchema, "/$defs/payloads"},
+		{reflect.TypeFor[Actor](), FileToolCallEventSchema, "/$defs/actor"},
+		{reflect.TypeFor[CallError](), FileToolCallEventSchema, "/$defs/error"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.typ.Name(), func(t *testing.T) {

@@ -3,69 +3,9 @@ package schemas
 import (
 	"encoding/json"
 	"reflect"
-	"slices"
 	"strings"
 	"testing"
 )
-
-// TestToolCallEventMatchesSchema: the ToolCallEvent structs have exactly the
-// properties of toolcall_event.schema.json, and a field is required iff it
-// has no omitempty (listed exceptions are deliberate).
-func TestToolCallEventMatchesSchema(t *testing.T) {
-	exceptions := map[string]string{
-		"ToolCallEvent.signature": "omitted only while signing; the wire event is always signed",
-	}
-	cases := []struct {
-		typ reflect.Type
-		ptr string
-	}{
-		{reflect.TypeFor[ToolCallEvent](), "/$defs/event"},
-		{reflect.TypeFor[EventTiming](), "/$defs/timing"},
-		{reflect.TypeFor[ResourcesTouched](), "/$defs/resources_touched"},
-		{reflect.TypeFor[Redaction](), "/$defs/redaction"},
-		{reflect.TypeFor[Payloads](), "/$defs/payloads"},
-		{reflect.TypeFor[Actor](), "/$defs/actor"},
-		{reflect.TypeFor[CallError](), "/$defs/error"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.typ.Name(), func(t *testing.T) {
-			node := schemaNode(t, FileToolCallEventSchema, tc.ptr)
-			if node["additionalProperties"] != false {
-				t.Errorf("%s: additionalProperties must be false", tc.ptr)
-			}
-			props, _ := node["properties"].(map[string]any)
-			required := map[string]bool{}
-			if rs, ok := node["required"].([]any); ok {
-				for _, r := range rs {
-					required[r.(string)] = true
-				}
-			}
-			var schemaNames, goNames []string
-			for k := range props {
-				schemaNames = append(schemaNames, k)
-			}
-			for _, f := range structFields(tc.typ) {
-				goNames = append(goNames, f.name)
-				key := tc.typ.Name() + "." + f.name
-				if required[f.name] == f.omitempty {
-					if _, ok := exceptions[key]; !ok {
-						t.Errorf("%s: schema required=%v but struct omitempty=%v", key, required[f.name], f.omitempty)
-					}
-				}
-			}
-			slices.Sort(schemaNames)
-			slices.Sort(goNames)
-			if !slices.Equal(schemaNames, goNames) {
-				t.Errorf("properties drift:\n schema %v\n struct %v", schemaNames, goNames)
-			}
-			for r := range required {
-				if _, ok := props[r]; !ok {
-					t.Errorf("required %q is not a property", r)
-				}
-			}
-		})
-	}
-}
 
 // fullToolCallEvent is a dev.talos.toolcall.v1 CloudEvent with every field
 // of ToolCallEvent set (the signature is a dummy: the schema checks its
