@@ -171,38 +171,32 @@ func receiptRowFromEvent(raw []byte) (ReceiptRow, *schemas.Receipt, error) {
 // inserted_at is not compared (the sink sets it). Time is compared at the
 // DateTime's one-second precision; nil and empty arrays are equal.
 func CompareColumns(row, fromEvent ReceiptRow) []string {
+	return diffColumns(receiptInsertColumns, row.insertValues(), fromEvent.insertValues())
+}
+
+// diffColumns names the columns whose values differ between two rows
+// given as insertValues (names in the same order): times at the DateTime's
+// one-second precision, arrays element by element (nil and empty equal),
+// everything else by ==. A row type's column list is its insert list, so
+// a new column is compared as soon as it is written.
+func diffColumns(names []string, a, b []any) []string {
 	var diff []string
-	check := func(name string, equal bool) {
+	for i, name := range names {
+		var equal bool
+		switch x := a[i].(type) {
+		case time.Time:
+			y, ok := b[i].(time.Time)
+			equal = ok && x.Unix() == y.Unix()
+		case []string:
+			y, ok := b[i].([]string)
+			equal = ok && slices.Equal(x, y)
+		default:
+			equal = a[i] == b[i]
+		}
 		if !equal {
 			diff = append(diff, name)
 		}
 	}
-	check("receipt_id", row.ReceiptID == fromEvent.ReceiptID)
-	check("kind", row.Kind == fromEvent.Kind)
-	check("phase", row.Phase == fromEvent.Phase)
-	check("time", row.Time.Unix() == fromEvent.Time.Unix())
-	check("time_ms", row.TimeMS == fromEvent.TimeMS)
-	check("tool_call_id", row.ToolCallID == fromEvent.ToolCallID)
-	check("trace_id", row.TraceID == fromEvent.TraceID)
-	check("session_id", row.SessionID == fromEvent.SessionID)
-	check("ep_id", row.EPID == fromEvent.EPID)
-	check("server_id", row.ServerID == fromEvent.ServerID)
-	check("tool_name", row.ToolName == fromEvent.ToolName)
-	check("tool_class", row.ToolClass == fromEvent.ToolClass)
-	check("decision", row.Decision == fromEvent.Decision)
-	check("reason_codes", slices.Equal(row.ReasonCodes, fromEvent.ReasonCodes))
-	check("agent_id", row.AgentID == fromEvent.AgentID)
-	check("request_hash", row.RequestHash == fromEvent.RequestHash)
-	check("envelope_hash", row.EnvelopeHash == fromEvent.EnvelopeHash)
-	check("registry_digest", row.RegistryDigest == fromEvent.RegistryDigest)
-	check("chain_id", row.ChainID == fromEvent.ChainID)
-	check("chain_seq", row.ChainSeq == fromEvent.ChainSeq)
-	check("prev_hash", row.PrevHash == fromEvent.PrevHash)
-	check("receipt_hash", row.ReceiptHash == fromEvent.ReceiptHash)
-	check("signer_kid", row.SignerKID == fromEvent.SignerKID)
-	check("cloudevent", row.CloudEvent == fromEvent.CloudEvent)
-	check("capability_hash", row.CapabilityHash == fromEvent.CapabilityHash)
-	check("capability_ids", slices.Equal(row.CapabilityIDs, fromEvent.CapabilityIDs))
 	return diff
 }
 

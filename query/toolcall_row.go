@@ -323,60 +323,7 @@ func artifactFor(content json.RawMessage, hash string) (Artifact, string) {
 // inserted_at is not compared; times are compared at the DateTime's
 // one-second precision; nil and empty arrays are equal.
 func CompareToolCallColumns(row, fromEvent ToolCallRow) []string {
-	var diff []string
-	check := func(name string, equal bool) {
-		if !equal {
-			diff = append(diff, name)
-		}
-	}
-	a, b := &row, &fromEvent
-	check("event_id", a.EventID == b.EventID)
-	check("time", a.Time.Unix() == b.Time.Unix())
-	check("time_ms", a.TimeMS == b.TimeMS)
-	check("tool_call_id", a.ToolCallID == b.ToolCallID)
-	check("trace_id", a.TraceID == b.TraceID)
-	check("session_id", a.SessionID == b.SessionID)
-	check("ep_id", a.EPID == b.EPID)
-	check("server_id", a.ServerID == b.ServerID)
-	check("tool_name", a.ToolName == b.ToolName)
-	check("tool_id", a.ToolID == b.ToolID)
-	check("tool_version", a.ToolVersion == b.ToolVersion)
-	check("transport", a.Transport == b.Transport)
-	check("side_effect", a.SideEffect == b.SideEffect)
-	check("ok", a.OK == b.OK)
-	check("args_hash", a.ArgsHash == b.ArgsHash)
-	check("result_hash", a.ResultHash == b.ResultHash)
-	check("args_ref", a.ArgsRef == b.ArgsRef)
-	check("result_ref", a.ResultRef == b.ResultRef)
-	check("error_code", a.ErrorCode == b.ErrorCode)
-	check("started_at", a.StartedAt.Unix() == b.StartedAt.Unix())
-	check("started_at_ms", a.StartedAtMS == b.StartedAtMS)
-	check("ended_at", a.EndedAt.Unix() == b.EndedAt.Unix())
-	check("ended_at_ms", a.EndedAtMS == b.EndedAtMS)
-	check("duration_ms", a.DurationMS == b.DurationMS)
-	check("phase", a.Phase == b.Phase)
-	check("decision", a.Decision == b.Decision)
-	check("reason_codes", slices.Equal(a.ReasonCodes, b.ReasonCodes))
-	check("receipt_id", a.ReceiptID == b.ReceiptID)
-	check("idempotency", a.Idempotency == b.Idempotency)
-	check("idempotency_key", a.IdempotencyKey == b.IdempotencyKey)
-	check("actor_kind", a.ActorKind == b.ActorKind)
-	check("agent_id", a.AgentID == b.AgentID)
-	check("model_id", a.ModelID == b.ModelID)
-	check("error_kind", a.ErrorKind == b.ErrorKind)
-	check("error_message", a.ErrorMessage == b.ErrorMessage)
-	check("error_retryable", a.ErrorRetryable == b.ErrorRetryable)
-	check("capability_ids", slices.Equal(a.CapabilityIDs, b.CapabilityIDs))
-	check("parent_span_id", a.ParentSpanID == b.ParentSpanID)
-	check("resources_files", slices.Equal(a.ResourcesFiles, b.ResourcesFiles))
-	check("resources_urls", slices.Equal(a.ResourcesURLs, b.ResourcesURLs))
-	check("flags", slices.Equal(a.Flags, b.Flags))
-	check("redaction_pointers", slices.Equal(a.RedactionPointers, b.RedactionPointers))
-	check("redaction_rules", slices.Equal(a.RedactionRules, b.RedactionRules))
-	check("redaction_pseudonyms", slices.Equal(a.RedactionPseudonyms, b.RedactionPseudonyms))
-	check("signer_kid", a.SignerKID == b.SignerKID)
-	check("cloudevent", a.CloudEvent == b.CloudEvent)
-	return diff
+	return diffColumns(toolCallInsertColumns, row.insertValues(), fromEvent.insertValues())
 }
 
 // InsertToolCalls writes rows to database.tool_calls in one batch.
