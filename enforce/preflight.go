@@ -127,27 +127,8 @@ func compileInputSchema(serverID string, index int, t *schemas.Tool) (*inputSche
 	is := &inputSchema{tool: t, raw: t.InputSchema, schema: sch, names: map[string]bool{}}
 	is.shape = b.build(doc, false, "")
 	b.finish()
-	collectNames(doc, is.names)
+	schemas.CollectPropertyNames(doc, is.names)
 	return is, nil
-}
-
-// collectNames gathers every property name declared anywhere in a schema.
-func collectNames(v any, names map[string]bool) {
-	switch v := v.(type) {
-	case map[string]any:
-		if props, ok := v["properties"].(map[string]any); ok {
-			for k := range props {
-				names[k] = true
-			}
-		}
-		for _, x := range v {
-			collectNames(x, names)
-		}
-	case []any:
-		for _, x := range v {
-			collectNames(x, names)
-		}
-	}
 }
 
 // lookup finds the compiled schema of tool; nil if this Preflight did not

@@ -68,7 +68,7 @@ func compileSchemas() (*compiledSet, error) {
 			return nil, fmt.Errorf("schemas: %s: %w", f, err)
 		}
 		set.docs[f] = doc
-		collectNames(doc, set.names)
+		CollectPropertyNames(doc, set.names)
 	}
 	var err error
 	get := func(f string) *jsonschema.Schema {
@@ -95,7 +95,10 @@ func compileSchemas() (*compiledSet, error) {
 	return set, nil
 }
 
-func collectNames(v any, names map[string]bool) {
+// CollectPropertyNames adds to names every property name declared anywhere
+// in a decoded JSON Schema document (under any "properties"). Details that
+// echo only such names (and array indexes) never echo instance content.
+func CollectPropertyNames(v any, names map[string]bool) {
 	switch v := v.(type) {
 	case map[string]any:
 		if props, ok := v["properties"].(map[string]any); ok {
@@ -104,11 +107,11 @@ func collectNames(v any, names map[string]bool) {
 			}
 		}
 		for _, x := range v {
-			collectNames(x, names)
+			CollectPropertyNames(x, names)
 		}
 	case []any:
 		for _, x := range v {
-			collectNames(x, names)
+			CollectPropertyNames(x, names)
 		}
 	}
 }
