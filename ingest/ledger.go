@@ -78,25 +78,18 @@ func (l *Ledger) ClaimIdempotency(key string, rec enforce.IdemRecord) (enforce.I
 	}
 	ctx, cancel := l.ctx()
 	defer cancel()
-	k := "idem." + key
-	for attempt := 0; ; attempt++ {
-		if _, err := l.kv.Create(ctx, k, b); err == nil {
-			return rec, true, nil
-		} else if !replayKeyExists(err) {
-			return enforce.IdemRecord{}, false, fmt.Errorf("ingest: ledger claim: %w", err)
-		}
-		e, err := l.kv.Get(ctx, k)
-		if err == nil {
-			var held enforce.IdemRecord
-			if err := json.Unmarshal(e.Value(), &held); err != nil {
-				return enforce.IdemRecord{}, false, fmt.Errorf("ingest: ledger claim: stored record: %w", err)
-			}
-			return held, false, nil
-		}
-		if !errors.Is(err, jetstream.ErrKeyNotFound) || attempt >= 2 {
-			return enforce.IdemRecord{}, false, fmt.Errorf("ingest: ledger claim: read holder: %w", err)
-		}
+	b, claimed, err := kvClaim(ctx, l.kv, "idem."+key, b)
+	if err != nil {
+		return enforce.IdemRecord{}, false, fmt.Errorf("ingest: ledger claim: %w", err)
 	}
+	if claimed {
+		return rec, true, nil
+	}
+	var held enforce.IdemRecord
+	if err := json.Unmarshal(b, &held); err != nil {
+		return enforce.IdemRecord{}, false, fmt.Errorf("ingest: ledger claim: stored record: %w", err)
+	}
+	return held, false, nil
 }
 
 // SetIdempotencyReceipt stores rec (with its receipt id) under the key.

@@ -141,23 +141,33 @@ func (s *ReplayStore) Claim(sessionID, correlationID, toolCallID string) (owner 
 	key := ReplayKey(sessionID, correlationID)
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
-	// Create succeeds when the key is absent or its last revision is a
-	// delete/purge marker. When it exists, read its owner; if the key
-	// vanished in between (flushed, expired), claim again.
+	held, _, err := kvClaim(ctx, s.kv, key, []byte(toolCallID))
+	if err != nil {
+		return "", fmt.Errorf("ingest: replay claim: %w", err)
+	}
+	return string(held), nil
+}
+
+// kvClaim creates key with value, first writer wins: it returns value and
+// claimed=true, or the value of the writer that holds the key. Create
+// succeeds when the key is absent or its last revision is a delete/purge
+// marker; when the key exists its holder is read, and if the key vanished
+// in between (flushed, expired) the claim is tried again.
+func kvClaim(ctx context.Context, kv jetstream.KeyValue, key string, value []byte) (held []byte, claimed bool, err error) {
 	for attempt := 0; ; attempt++ {
-		_, err := s.kv.Create(ctx, key, []byte(toolCallID))
+		_, err := kv.Create(ctx, key, value)
 		if err == nil {
-			return toolCallID, nil
+			return value, true, nil
 		}
 		if !replayKeyExists(err) {
-			return "", fmt.Errorf("ingest: replay claim: %w", err)
+			return nil, false, err
 		}
-		e, err := s.kv.Get(ctx, key)
+		e, err := kv.Get(ctx, key)
 		if err == nil {
-			return string(e.Value()), nil
+			return e.Value(), false, nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyNotFound) || attempt >= 2 {
-			return "", fmt.Errorf("ingest: replay claim: read owner: %w", err)
+			return nil, false, fmt.Errorf("read holder: %w", err)
 		}
 	}
 }
