@@ -193,28 +193,11 @@ func (s *Sink) Run(ctx context.Context) error {
 
 // write retries the batch until it is written or ctx ends.
 func (s *Sink) write(ctx context.Context, msgs []jetstream.Msg, recs []schemas.AuditRecord) error {
-	backoff := s.o.RetryBackoff
-	lastProgress := time.Now()
-	for {
-		err := s.w.Write(ctx, recs)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		s.o.Logger.Warn("audit write failed; retrying", "rows", len(recs), "err", err, "backoff", backoff)
-		if time.Since(lastProgress) > s.o.AckWait/3 {
+	p := retryPolicy{First: s.o.RetryBackoff, Max: 10 * time.Second, KeepAlive: s.o.AckWait / 3, Log: s.o.Logger,
+		InProgress: func() {
 			for _, m := range msgs {
 				_ = m.InProgress()
 			}
-			lastProgress = time.Now()
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 10*time.Second)
-	}
+		}}
+	return p.run(ctx, "audit write", func() error { return s.w.Write(ctx, recs) }, "rows", len(recs))
 }

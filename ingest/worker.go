@@ -301,28 +301,10 @@ func (w *Worker) storeEvent(ctx context.Context, ch *receipts.Chain, m jetstream
 	}
 	msg := &nats.Msg{Subject: schemas.ToolCallEventSubject(server), Data: sealed.JSON, Header: nats.Header{}}
 	msg.Header.Set(jetstream.MsgIDHeader, schemas.ToolCallEventMsgID(id))
-	backoff := w.o.RetryBackoff
-	lastProgress := time.Now()
-	for {
+	return w.retry(m).run(ctx, "toolcall event publish", func() error {
 		_, err := w.js.PublishMsg(ctx, msg)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		w.log.Warn("toolcall event publish failed; retrying", "tool_call_id", ev.ToolCallID, "err", err, "backoff", backoff)
-		if time.Since(lastProgress) > w.o.AckWait/3 {
-			_ = m.InProgress()
-			lastProgress = time.Now()
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
-	}
+		return err
+	}, "tool_call_id", ev.ToolCallID)
 }
 
 // decide runs the Decider, turning a panic into an error (no decision).
@@ -345,48 +327,46 @@ func (w *Worker) decide(subject string, raw []byte, now time.Time) (out *enforce
 // store seals r into ch and publishes it with msgID until JetStream has it.
 // It returns the stored bytes, and the receipt id when the stored receipt is
 // this call's own new link ("" when an earlier delivery's receipt won).
-func (w *Worker) store(ctx context.Context, ch *receipts.Chain, m jetstream.Msg, meta receipts.Meta, r *schemas.Receipt, subject, msgID string) ([]byte, string, error) {
-	backoff := w.o.RetryBackoff
-	lastProgress := time.Now()
-	for {
+func (w *Worker) store(ctx context.Context, ch *receipts.Chain, m jetstream.Msg, meta receipts.Meta, r *schemas.Receipt, subject, msgID string) (stored []byte, sealedID string, err error) {
+	err = w.retry(m).run(ctx, "audit publish", func() error {
 		sealed, err := ch.Seal(meta, r)
 		if err != nil {
-			return nil, "", fmt.Errorf("seal: %w", err)
+			return errStop{fmt.Errorf("seal: %w", err)}
 		}
 		msg := &nats.Msg{Subject: subject, Data: sealed.JSON, Header: nats.Header{}}
 		msg.Header.Set(jetstream.MsgIDHeader, msgID)
 		ack, err := w.js.PublishMsg(ctx, msg)
-		if err == nil && !ack.Duplicate {
-			return sealed.JSON, sealed.ID, ch.Commit(sealed)
+		if err != nil {
+			return err
 		}
-		if err == nil {
-			orig, gerr := w.audit.GetMsg(ctx, ack.Sequence)
-			if gerr == nil {
-				if bytes.Equal(orig.Data, sealed.JSON) {
-					// Our own earlier attempt was stored after all.
-					return sealed.JSON, sealed.ID, ch.Commit(sealed)
-				}
-				// Another delivery's receipt was stored; our chain does
-				// not advance, so the dropped duplicate leaves no gap.
-				return orig.Data, "", nil
-			}
-			err = fmt.Errorf("read duplicate seq %d: %w", ack.Sequence, gerr)
+		if !ack.Duplicate {
+			stored, sealedID = sealed.JSON, sealed.ID
+			return errStop{ch.Commit(sealed)}
 		}
-		if ctx.Err() != nil {
-			return nil, "", ctx.Err()
+		orig, err := w.audit.GetMsg(ctx, ack.Sequence)
+		if err != nil {
+			return fmt.Errorf("read duplicate seq %d: %w", ack.Sequence, err)
 		}
-		w.log.Warn("audit publish failed; retrying", "msg_id", msgID, "err", err, "backoff", backoff)
-		if time.Since(lastProgress) > w.o.AckWait/3 {
-			_ = m.InProgress()
-			lastProgress = time.Now()
+		if bytes.Equal(orig.Data, sealed.JSON) {
+			// Our own earlier attempt was stored after all.
+			stored, sealedID = sealed.JSON, sealed.ID
+			return errStop{ch.Commit(sealed)}
 		}
-		select {
-		case <-ctx.Done():
-			return nil, "", ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
+		// Another delivery's receipt was stored; our chain does not
+		// advance, so the dropped duplicate leaves no gap.
+		stored = orig.Data
+		return nil
+	}, "msg_id", msgID)
+	if err != nil {
+		return nil, "", err
 	}
+	return stored, sealedID, nil
+}
+
+// retry is the worker's retry policy for the evidence of call m.
+func (w *Worker) retry(m jetstream.Msg) retryPolicy {
+	return retryPolicy{First: w.o.RetryBackoff, Max: 5 * time.Second, KeepAlive: w.o.AckWait / 3, Log: w.log,
+		InProgress: func() { _ = m.InProgress() }}
 }
 
 func (w *Worker) reply(d *wireDecision) {

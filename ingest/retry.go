@@ -1,0 +1,53 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// retryPolicy is how an evidence write is retried: never dropped, backing
+// off from First to Max, and telling JetStream every KeepAlive that the
+// messages being worked on are still in progress (so they are not
+// redelivered while the write waits for NATS or ClickHouse to return).
+type retryPolicy struct {
+	First, Max, KeepAlive time.Duration
+	Log                   *slog.Logger
+	InProgress            func()
+}
+
+// errStop wraps an error that retrying cannot fix.
+type errStop struct{ error }
+
+func (e errStop) Unwrap() error { return e.error }
+
+// run calls try until it returns nil or an errStop, or ctx ends. Each
+// failure is logged as what, with attrs.
+func (p retryPolicy) run(ctx context.Context, what string, try func() error, attrs ...any) error {
+	backoff := p.First
+	lastProgress := time.Now()
+	for {
+		err := try()
+		var stop errStop
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &stop):
+			return stop.error
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+		p.Log.Warn(what+" failed; retrying", append(attrs, "err", err, "backoff", backoff)...)
+		if time.Since(lastProgress) > p.KeepAlive {
+			p.InProgress()
+			lastProgress = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, p.Max)
+	}
+}
