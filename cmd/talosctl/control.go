@@ -195,14 +195,22 @@ func scopeCmd(g *Globals, f *ctlFlags, wait bool, verb, scope, reason string) er
 	if _, _, ok := schemas.ParseScope(scope); !ok {
 		return usage("scope %q: want global, server:<id>, tool:<server_id>/<tool_name>, agent:<agent_id> or session:<id>", scope)
 	}
+	return mutate(g, f, wait, verb, verb+" "+scope, func(cmd *schemas.ControlCommand) {
+		cmd.Scope, cmd.Reason = scope, reason
+	})
+}
+
+// mutate sends one signed mutating command, filled by fill, and reports it
+// as what (waiting for every live worker with wait).
+func mutate(g *Globals, f *ctlFlags, wait bool, verb, what string, fill func(*schemas.ControlCommand)) error {
 	s, err := f.open(g)
 	if err != nil {
 		return err
 	}
 	defer s.close()
 	cmd := s.client.NewCommand(verb)
-	cmd.Scope, cmd.Reason = scope, reason
-	_, err = s.do(cmd, wait, verb+" "+scope)
+	fill(cmd)
+	_, err = s.do(cmd, wait, what)
 	return err
 }
 
@@ -248,15 +256,9 @@ func (c *quarantineClearCmd) Run(g *Globals) error {
 }
 
 func sessionCmd(g *Globals, f *ctlFlags, wait bool, verb, session, reason string) error {
-	s, err := f.open(g)
-	if err != nil {
-		return err
-	}
-	defer s.close()
-	cmd := s.client.NewCommand(verb)
-	cmd.SessionID, cmd.Reason = session, reason
-	_, err = s.do(cmd, wait, verb+" "+session)
-	return err
+	return mutate(g, f, wait, verb, verb+" "+session, func(cmd *schemas.ControlCommand) {
+		cmd.SessionID, cmd.Reason = session, reason
+	})
 }
 
 type quarantineListCmd struct{ ctlFlags }
@@ -280,15 +282,9 @@ type revokeCmd struct {
 }
 
 func (c *revokeCmd) Run(g *Globals) error {
-	s, err := c.open(g)
-	if err != nil {
-		return err
-	}
-	defer s.close()
-	cmd := s.client.NewCommand(schemas.VerbRevoke)
-	cmd.Target, cmd.Reason = c.Target, c.Reason
-	_, err = s.do(cmd, c.Wait, "revoke "+c.Target)
-	return err
+	return mutate(g, &c.ctlFlags, c.Wait, schemas.VerbRevoke, "revoke "+c.Target, func(cmd *schemas.ControlCommand) {
+		cmd.Target, cmd.Reason = c.Target, c.Reason
+	})
 }
 
 // --- registry ---
@@ -366,15 +362,9 @@ type registryPinCmd struct {
 }
 
 func (c *registryPinCmd) Run(g *Globals) error {
-	s, err := c.open(g)
-	if err != nil {
-		return err
-	}
-	defer s.close()
-	cmd := s.client.NewCommand(schemas.VerbRegistryPin)
-	cmd.Digest, cmd.Reason = c.Digest, c.Reason
-	_, err = s.do(cmd, c.Wait, "registry pin "+c.Digest)
-	return err
+	return mutate(g, &c.ctlFlags, c.Wait, schemas.VerbRegistryPin, "registry pin "+c.Digest, func(cmd *schemas.ControlCommand) {
+		cmd.Digest, cmd.Reason = c.Digest, c.Reason
+	})
 }
 
 type registryShowCmd struct{ ctlFlags }
@@ -453,19 +443,13 @@ type replayFlushCmd struct {
 }
 
 func (c *replayFlushCmd) Run(g *Globals) error {
-	s, err := c.open(g)
-	if err != nil {
-		return err
-	}
-	defer s.close()
-	cmd := s.client.NewCommand(schemas.VerbReplayFlush)
-	cmd.SessionID, cmd.Reason = c.Session, c.Reason
 	what := "replay flush (every session)"
 	if c.Session != "" {
 		what = "replay flush session " + c.Session
 	}
-	_, err = s.do(cmd, c.Wait, what)
-	return err
+	return mutate(g, &c.ctlFlags, c.Wait, schemas.VerbReplayFlush, what, func(cmd *schemas.ControlCommand) {
+		cmd.SessionID, cmd.Reason = c.Session, c.Reason
+	})
 }
 
 // --- status ---
