@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -25,17 +24,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.RunWithClickHouse(m)) }
 // run runs the talosctl binary and returns its output and exit code.
 func run(t *testing.T, bin string, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	if ee, ok := err.(*exec.ExitError); ok {
-		return out.String(), ee.ExitCode()
-	}
-	if err != nil {
-		t.Fatalf("talosctl %v: %v", args, err)
-	}
-	return out.String(), 0
+	return runWithStdin(t, "", bin, args...)
 }
 
 // startTalosd runs the talosd binary with args, its log in dir/talosd.log,
