@@ -144,6 +144,9 @@ type AuthResult struct {
 	Holder string
 	// ReadOnly is whether any link carries constraints.read_only.
 	ReadOnly bool
+	// ChainHash is hex sha256(JCS(chain)), the envelope's capability_hash,
+	// whenever the chain decoded ("" otherwise).
+	ChainHash string
 }
 
 // OK reports whether the result authorizes.
@@ -187,7 +190,7 @@ func (f *findings) result(cs *chainState) AuthResult {
 	}
 	r.Details = f.details
 	if cs != nil {
-		r.CapabilityIDs, r.Holder, r.ReadOnly = cs.ids, cs.holder, cs.readOnly
+		r.CapabilityIDs, r.Holder, r.ReadOnly, r.ChainHash = cs.ids, cs.holder, cs.readOnly, cs.hash
 	}
 	return r
 }

@@ -196,12 +196,6 @@ func (d *Decider) DecideCall(subject string, raw []byte, now time.Time) (*Decide
 		o = e.DecidePost(pc)
 	}
 	var auth AuthResult
-	var capHash string // hex sha256(JCS(capability)), computed once
-	if len(c.Capability) > 0 {
-		if h, err := memberHash(pc, "capability"); err == nil {
-			capHash = h
-		}
-	}
 	if !slices.Contains(o.ReasonCodes, schemas.CodeEnvelopeInvalid) {
 		before, bDetails := st.Check(c)
 		var after, aDetails []string
@@ -217,7 +211,7 @@ func (d *Decider) DecideCall(subject string, raw []byte, now time.Time) (*Decide
 				}
 			}
 			var codes, details []string
-			codes, details, auth = d.authorize(st, pc, &o, capHash, now)
+			codes, details, auth = d.authorize(st, pc, &o, now)
 			before, bDetails = append(before, codes...), append(bDetails, details...)
 			if after, aDetails, err = d.preflight(st, pc, now); err != nil {
 				return nil, err
@@ -235,7 +229,14 @@ func (d *Decider) DecideCall(subject string, raw []byte, now time.Time) (*Decide
 	r.SessionID = c.SessionID
 	r.EPID = c.EPID
 	r.ToolName = c.ToolName
-	r.CapabilityHash = capHash
+	// The Authorizer hashed the chain it verified; otherwise (post phase,
+	// no authorizer, undecodable chain) hash the member here.
+	r.CapabilityHash = auth.ChainHash
+	if r.CapabilityHash == "" && len(c.Capability) > 0 {
+		if h, err := memberHash(pc, "capability"); err == nil {
+			r.CapabilityHash = h
+		}
+	}
 	r.CapabilityIDs = auth.CapabilityIDs
 	fill(&r, o)
 	out := &Decided{Receipt: r, Details: o.Details}
@@ -272,7 +273,7 @@ func (d *Decider) DecideCall(subject string, raw []byte, now time.Time) (*Decide
 // derives the call's method (the action of an action-based tool) and
 // resource (the argument at the tool's resource_pointer) from the
 // registry.
-func (d *Decider) authorize(st *State, pc *schemas.ParsedCall, o *Outcome, capHash string, now time.Time) ([]string, []string, AuthResult) {
+func (d *Decider) authorize(st *State, pc *schemas.ParsedCall, o *Outcome, now time.Time) ([]string, []string, AuthResult) {
 	c := &pc.Call
 	chain, has := pc.Doc["capability"]
 	if d.o.Capabilities == nil || (!has && !d.o.RequireCapability) {
@@ -291,7 +292,7 @@ func (d *Decider) authorize(st *State, pc *schemas.ParsedCall, o *Outcome, capHa
 		req.RequestHash = o.RequestHash
 	}
 	if has {
-		req.Chain, req.ChainHash = chain, capHash
+		req.Chain = chain
 	}
 	if tool, ok := st.Registry().Lookup(c.ServerID, c.ToolName); ok {
 		args := pc.Arguments()
