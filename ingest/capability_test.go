@@ -90,7 +90,16 @@ func capStack(t *testing.T, f *capFixture) *stack {
 
 func signed(t *testing.T, c *schemas.ToolCall, chain *schemas.CapabilityChain, key *receipts.PrivateKey) *schemas.ToolCall {
 	t.Helper()
-	if err := ingest.SignCall(c, chain, key); err != nil {
+	b, err := json.Marshal(chain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ingest.NewCallSigner(b, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Actor.AgentID = s.Holder()
+	if err := s.Sign(c); err != nil {
 		t.Fatal(err)
 	}
 	return c

@@ -35,7 +35,7 @@ func NewCallSigner(chainJSON []byte, key *receipts.PrivateKey) (*CallSigner, err
 		return nil, fmt.Errorf("capability chain: %w", err)
 	}
 	sum := sha256.Sum256(canon)
-	return &CallSigner{chain: canon, hash: hex.EncodeToString(sum[:]), holder: ChainHolder(&chain), key: key}, nil
+	return &CallSigner{chain: canon, hash: hex.EncodeToString(sum[:]), holder: chainHolder(&chain), key: key}, nil
 }
 
 // Holder is the agent the chain was last handed to.
@@ -72,23 +72,8 @@ func (s *CallSigner) Sign(c *schemas.ToolCall) error {
 	return err
 }
 
-// SignCall signs c with chain and the holder's key (NewCallSigner, Sign)
-// and sets actor.agent_id to the chain's holder.
-func SignCall(c *schemas.ToolCall, chain *schemas.CapabilityChain, holder *receipts.PrivateKey) error {
-	b, err := json.Marshal(chain)
-	if err != nil {
-		return err
-	}
-	s, err := NewCallSigner(b, holder)
-	if err != nil {
-		return err
-	}
-	c.Actor.AgentID = s.Holder()
-	return s.Sign(c)
-}
-
-// ChainHolder is the agent a capability chain was last handed to.
-func ChainHolder(chain *schemas.CapabilityChain) string {
+// chainHolder is the agent a capability chain was last handed to.
+func chainHolder(chain *schemas.CapabilityChain) string {
 	if n := len(chain.Delegations); n > 0 {
 		return chain.Delegations[n-1].DelegateeID
 	}
