@@ -134,8 +134,15 @@ func TestPreflightCodesThroughPipeline(t *testing.T) {
 		s.waitRows(t, query.ViewToolCalls, fmt.Sprintf("tool_call_id = '%s' AND ok = 0 AND error_code = '%s' AND receipt_id = '%s'",
 			d.ToolCallID, d.ReasonCodes[0], d.ReceiptID), 1)
 	}
-	if len(pathAttacks) < 15 {
-		t.Fatalf("only %d path attacks", len(pathAttacks))
+	// Every attack string has its own DENY_PATH_TRAVERSAL receipt, and no
+	// other call of this test was denied for a path (but the non-string
+	// path, which is both a schema violation and not a confinable path).
+	const pathDenied = "has(reason_codes, 'DENY_PATH_TRAVERSAL') AND NOT has(reason_codes, 'DENY_SCHEMA_VIOLATION')"
+	s.waitRows(t, query.ViewReceipts, pathDenied, uint64(len(pathAttacks)))
+	var n uint64
+	if err := s.conn.QueryRow(context.Background(), fmt.Sprintf("SELECT count() FROM %s.%s WHERE %s",
+		s.db, query.ViewReceipts, pathDenied)).Scan(&n); err != nil || n != uint64(len(pathAttacks)) {
+		t.Fatalf("%d DENY_PATH_TRAVERSAL receipts for %d attack strings (%v)", n, len(pathAttacks), err)
 	}
 }
 
