@@ -12,6 +12,8 @@ import (
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/talos-audit/talos/enforce"
 )
 
 // RateBucket is the NATS KV bucket of the shared rate-limit counters.
@@ -129,19 +131,8 @@ func RateKey(key string, window time.Duration, now time.Time) string {
 	b := make([]byte, 0, rateKeyHexLen+21)
 	b = hex.AppendEncode(b, sum[:rateKeyHexLen/2])
 	b = append(b, '.')
-	b = strconv.AppendInt(b, windowIndex(now, window), 10)
+	b = strconv.AppendInt(b, enforce.WindowIndex(now, window), 10)
 	return string(b)
-}
-
-// windowIndex is floor(now's Unix nanoseconds / window), the same
-// numbering as enforce.WindowIndex.
-func windowIndex(now time.Time, window time.Duration) int64 {
-	n, w := now.UnixNano(), int64(window)
-	q := n / w
-	if n%w < 0 {
-		q--
-	}
-	return q
 }
 
 // Take adds one to the counter of key in the window now falls in and
