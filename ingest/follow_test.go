@@ -526,8 +526,14 @@ func TestFollowSurvivesNATSRestart(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	// A JetStream API request sent while the restarted server is still
+	// enabling JetStream can go unanswered: each attempt gets its own
+	// short deadline, or one lost request would use up the whole ctx.
 	for {
-		if _, err := js.Stream(ctx, schemas.StreamControl); err == nil {
+		actx, acancel := context.WithTimeout(ctx, time.Second)
+		_, err := js.Stream(actx, schemas.StreamControl)
+		acancel()
+		if err == nil {
 			break
 		} else if ctx.Err() != nil {
 			t.Fatalf("stream after restart: %v", err)
