@@ -73,7 +73,7 @@ func TestCallWithNATSAuth(t *testing.T) {
 		t.Fatalf("call as an unknown ep: exit %d, want 2\n%s", code, out)
 	}
 	// Explicit credentials, as flags and in the URL.
-	if out, code := run(t, talosctl, append([]string{"--nats-url", natsURL, "--nats-user", "ep-talosctl", "--nats-password", pw["ep-talosctl"]}, call...)...); code != 0 || !strings.Contains(out, "ALLOW") {
+	if out, code := run(t, talosctl, append([]string{"--nats-url", natsURL, "--nats-user", "ep-talosctl", "--nats-password=" + pw["ep-talosctl"]}, call...)...); code != 0 || !strings.Contains(out, "ALLOW") {
 		t.Fatalf("call with --nats-user: exit %d\n%s", code, out)
 	}
 	u, _ := url.Parse(natsURL)
@@ -83,7 +83,7 @@ func TestCallWithNATSAuth(t *testing.T) {
 	}
 	// Another enforcement point's user cannot read talosctl's decisions:
 	// no decision, fail closed.
-	if out, code := run(t, talosctl, append([]string{"--nats-url", natsURL, "--nats-user", "ep-demo-ep", "--nats-password", pw["ep-demo-ep"]}, append(call, "--timeout", "1s")...)...); code != 1 {
+	if out, code := run(t, talosctl, append([]string{"--nats-url", natsURL, "--nats-user", "ep-demo-ep", "--nats-password=" + pw["ep-demo-ep"]}, append(call, "--timeout", "1s")...)...); code != 1 {
 		t.Fatalf("call as talosctl with demo-ep's user: exit %d, want 1\n%s", code, out)
 	}
 	// No credentials, or wrong ones: refused.

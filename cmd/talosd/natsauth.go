@@ -17,7 +17,7 @@ package main
 import (
 	"bytes"
 	"crypto/rand"
-	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -293,13 +293,15 @@ func ensureNATSAuth(path string, eps []string) (a *natsAuth, added []string, err
 	return a, added, nil
 }
 
-// randomPassword is 32 random bytes, base64url.
+// randomPassword is 32 random bytes in hex: no character a shell or a flag
+// parser treats specially (base64url could start with '-', which a user
+// pasting it after --nats-password would see taken for a flag).
 func randomPassword() (string, error) {
 	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {
 		return "", err
 	}
-	return base64.RawURLEncoding.EncodeToString(b), nil
+	return hex.EncodeToString(b), nil
 }
 
 // writeSecret writes b to path with mode 0600, atomically: readers see the
