@@ -335,11 +335,11 @@ func TestNATSAuthFile(t *testing.T) {
 	if err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("auth file mode: %v %v", st, err)
 	}
-	pwRe := regexp.MustCompile(`^[A-Za-z0-9_-]{43}$`)
+	pwRe := regexp.MustCompile(`^[0-9a-f]{64}$`)
 	pws := map[string]bool{}
 	for _, u := range a.Users {
 		if !pwRe.MatchString(u.Password) || pws[u.Password] {
-			t.Fatalf("password of %s: %q (32 random bytes, base64url, distinct)", u.User, u.Password)
+			t.Fatalf("password of %s: %q (32 random bytes, hex, distinct)", u.User, u.Password)
 		}
 		pws[u.Password] = true
 	}
