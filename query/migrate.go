@@ -333,6 +333,16 @@ FROM {db}.v_tool_calls
 ARRAY JOIN redaction_rules AS rule
 GROUP BY day, rule`,
 	},
+}, {
+	version: 4,
+	name:    "checkpoints: linkage columns",
+	addColumns: []column{
+		{TableCheckpoints, "checkpoint_seq", "UInt64"},
+		{TableCheckpoints, "tree_size", "UInt64"},
+		{TableCheckpoints, "first_prev_hash", "String"},
+		{TableCheckpoints, "prev_checkpoint_hash", "String"},
+		{TableCheckpoints, "final", "UInt8"},
+	},
 }}
 
 // SchemaVersion is the version Migrate brings a database to.

@@ -61,6 +61,7 @@ func TestStructsMatchSchemas(t *testing.T) {
 		"Capability.signature":    "omitted only while signing; a capability on the wire is always signed",
 		"Delegation.signature":    "omitted only while signing; a delegation on the wire is always signed",
 		"ToolCallEvent.signature": "omitted only while signing; the wire event is always signed",
+		"Checkpoint.signature":    "omitted only while signing; the wire event is always signed",
 	}
 	cases := []struct {
 		typ  reflect.Type
@@ -96,6 +97,7 @@ func TestStructsMatchSchemas(t *testing.T) {
 		{reflect.TypeFor[Payloads](), FileToolCallEventSchema, "/$defs/payloads"},
 		{reflect.TypeFor[Actor](), FileToolCallEventSchema, "/$defs/actor"},
 		{reflect.TypeFor[CallError](), FileToolCallEventSchema, "/$defs/error"},
+		{reflect.TypeFor[Checkpoint](), FileCheckpointSchema, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.typ.Name(), func(t *testing.T) {

@@ -25,6 +25,7 @@ const (
 	FileDecisionSchema      = "talos/decision.schema.json"
 	FileCapabilitySchema    = "talos/capability.schema.json"
 	FileToolCallEventSchema = "talos/toolcall_event.schema.json"
+	FileCheckpointSchema    = "talos/checkpoint.schema.json"
 )
 
 // schemaBaseURL is the base of every schema's $id; no schema is ever fetched.
@@ -38,7 +39,7 @@ func SchemaFS() fs.FS { return schemaFiles }
 // is immutable afterwards.
 type compiledSet struct {
 	toolCall, registry, effect, receipt, decision *jsonschema.Schema
-	capability, toolCallEvent                     *jsonschema.Schema
+	capability, toolCallEvent, checkpoint         *jsonschema.Schema
 	// names are the property names declared anywhere in the schemas; error
 	// details print instance path tokens only if they are such a name or an
 	// array index, so that an unknown key (input) is never echoed.
@@ -54,7 +55,7 @@ func compileSchemas() (*compiledSet, error) {
 	c.AssertFormat()
 	set := &compiledSet{names: map[string]bool{}, docs: map[string]any{}}
 	files := []string{FileToolRegistrySchema, FileToolCallSchema, FileToolEffectSchema, FileReceiptSchema, FileDecisionSchema,
-		FileCapabilitySchema, FileToolCallEventSchema}
+		FileCapabilitySchema, FileToolCallEventSchema, FileCheckpointSchema}
 	for _, f := range files {
 		b, err := schemaFiles.ReadFile(f)
 		if err != nil {
@@ -89,6 +90,7 @@ func compileSchemas() (*compiledSet, error) {
 	set.decision = get(FileDecisionSchema)
 	set.capability = get(FileCapabilitySchema)
 	set.toolCallEvent = get(FileToolCallEventSchema)
+	set.checkpoint = get(FileCheckpointSchema)
 	if err != nil {
 		return nil, err
 	}

@@ -414,3 +414,10 @@ func ValidateCapabilityChain(raw []byte) error {
 func ValidateToolCallEvent(raw []byte) error {
 	return validateWith(raw, "toolcall_event", func(cs *compiledSet) *jsonschema.Schema { return cs.toolCallEvent })
 }
+
+// ValidateCheckpoint checks the data of a dev.talos.checkpoint.v1
+// CloudEvent (a Checkpoint, signature included) against
+// checkpoint.schema.json.
+func ValidateCheckpoint(raw []byte) error {
+	return validateWith(raw, "checkpoint", func(cs *compiledSet) *jsonschema.Schema { return cs.checkpoint })
+}
