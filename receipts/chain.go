@@ -31,9 +31,10 @@ type Chain struct {
 	id  string
 	key *PrivateKey
 
-	mu   sync.Mutex // guards seq and hash
+	mu   sync.Mutex // guards seq, hash and cp
 	seq  uint64     // seq of the head, 0 before the first commit
 	hash string     // receipt hash of the head, GenesisHash before the first
+	cp   checkpointState
 }
 
 // NewChain starts a chain at genesis: its first receipt gets seq 1 and
@@ -45,7 +46,10 @@ func NewChain(id string, key *PrivateKey) *Chain {
 
 // ResumeChain continues a chain whose last stored link has seq and receipt
 // hash hash (for a worker restarting on a chain it owns). seq 0 means
-// genesis, and hash must then be schemas.GenesisHash.
+// genesis, and hash must then be schemas.GenesisHash. Checkpoints of a
+// resumed chain start a new checkpoint sequence at seq+1 (checkpoint 1,
+// prev_checkpoint_hash genesis), which a verifier of the whole chain
+// reports; resume only a chain that was never checkpointed.
 func ResumeChain(id string, key *PrivateKey, seq uint64, hash string) (*Chain, error) {
 	if !isHexHash(hash) {
 		return nil, fmt.Errorf("receipts: resume chain %s: head hash %q is not lowercase hex sha256", id, hash)
@@ -115,6 +119,9 @@ func (c *Chain) Commit(s *Sealed) error {
 	if s.ChainID != c.id || s.Seq != c.seq+1 || s.PrevHash != c.hash {
 		return fmt.Errorf("%w: chain %s head is seq %d; receipt %s is chain %s seq %d on prev_hash %.12s…",
 			ErrNotNextLink, c.id, c.seq, s.ID, s.ChainID, s.Seq, s.PrevHash)
+	}
+	if err := c.addLeaf(s); err != nil {
+		return err
 	}
 	c.seq, c.hash = s.Seq, s.Hash
 	return nil

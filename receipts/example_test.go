@@ -127,6 +127,6 @@ func ExampleVerifier() {
 		fmt.Println(p)
 	}
 	// Output:
-	// ok: false checked: 3 chain: {1 4 3}
+	// ok: false checked: 3 chain: {1 4 3 0}
 	// chain_gap: receipt receipt-4 (chain w1-0 seq 4): seq 3 missing between receipt receipt-2 (seq 2) and receipt receipt-4 (seq 4)
 }

@@ -26,7 +26,44 @@ const (
 	ProblemDuplicateSeq     = "duplicate_seq"      // seq seen again (identical copy or a fork)
 	ProblemOutOfOrder       = "out_of_order"       // seq lower than one already seen
 	ProblemPrevHashMismatch = "prev_hash_mismatch" // prev_hash is not the previous link's hash
+	// ProblemCheckpointMismatch: a signed checkpoint disagrees with the
+	// receipts of its range (Merkle root, first prev_hash, last hash) or
+	// with the checkpoint before it.
+	ProblemCheckpointMismatch = "checkpoint_mismatch"
+	// ProblemCheckpointGap: checkpoints of a chain are missing.
+	ProblemCheckpointGap = "checkpoint_gap"
 )
+
+// Categories of problems, as an auditor reads them.
+const (
+	CategoryMissing    = "missing"
+	CategoryAltered    = "altered"
+	CategoryReordered  = "reordered"
+	CategoryDuplicated = "duplicated"
+	CategoryForeign    = "foreign" // signed by a key outside the trusted set
+	CategoryMalformed  = "malformed"
+)
+
+// Category is the auditor's category of a problem kind of this package:
+// missing, altered, reordered, duplicated, foreign or malformed ("" for a
+// kind it does not know).
+func Category(kind string) string {
+	switch kind {
+	case ProblemChainGap, ProblemCheckpointGap:
+		return CategoryMissing
+	case ProblemBadSignature, ProblemPrevHashMismatch, ProblemCheckpointMismatch:
+		return CategoryAltered
+	case ProblemOutOfOrder:
+		return CategoryReordered
+	case ProblemDuplicateSeq:
+		return CategoryDuplicated
+	case ProblemUnknownKey:
+		return CategoryForeign
+	case ProblemMalformed:
+		return CategoryMalformed
+	}
+	return ""
+}
 
 // Sentinels for errors.Is on VerifyEvent errors.
 var (
@@ -183,13 +220,16 @@ func checkContext(w *wireEvent) error {
 	return nil
 }
 
-// Problem is one integrity finding, naming the receipt it was found at.
+// Problem is one integrity finding, naming the record it was found at.
 type Problem struct {
 	Kind      string // a Problem* constant
-	ReceiptID string // CloudEvent id ("" if it could not be read)
+	ReceiptID string // CloudEvent id of the record ("" if it could not be read)
 	ChainID   string
-	Seq       uint64
+	Seq       uint64 // chain seq (of a checkpoint: its checkpoint_seq)
 	Detail    string
+	// Record names what ReceiptID is when it is not a receipt:
+	// "checkpoint" or "tool call event".
+	Record string `json:",omitempty"`
 }
 
 func (p Problem) String() string {
@@ -197,17 +237,31 @@ func (p Problem) String() string {
 	if id == "" {
 		id = "(unreadable id)"
 	}
+	rec := p.Record
+	if rec == "" {
+		rec = "receipt"
+	}
 	where := ""
 	if p.ChainID != "" {
-		where = fmt.Sprintf(" (chain %s seq %d)", p.ChainID, p.Seq)
+		pos := "seq"
+		if rec == RecordCheckpoint {
+			pos = "checkpoint"
+		}
+		where = fmt.Sprintf(" (chain %s %s %d)", p.ChainID, pos, p.Seq)
 	}
-	return fmt.Sprintf("%s: receipt %s%s: %s", p.Kind, id, where, p.Detail)
+	return fmt.Sprintf("%s: %s %s%s: %s", p.Kind, rec, id, where, p.Detail)
 }
+
+// RecordCheckpoint is Problem.Record for a checkpoint.
+const RecordCheckpoint = "checkpoint"
 
 // ChainSummary is what the verifier saw of one chain.
 type ChainSummary struct {
 	First, Last uint64 // lowest and highest seq walked
 	Count       int    // links fed for this chain, in order or not
+	// CheckpointedTo is the last seq a checkpoint of this chain signs (0:
+	// none); receipts after it are covered by the hash chain only.
+	CheckpointedTo uint64
 }
 
 // Report is the outcome of a verification run.
@@ -215,6 +269,17 @@ type Report struct {
 	Checked  int // events fed to Add
 	Chains   map[string]ChainSummary
 	Problems []Problem
+	// Checkpoints is how many checkpoints were verified against their
+	// receipts (signature, Merkle root, linkage).
+	Checkpoints int
+	// CheckpointsUnchecked is how many good checkpoints could not be
+	// compared with their receipts, because of problems reported in their
+	// range (or because they were added after its receipts).
+	CheckpointsUnchecked int
+	// Uncovered is how many receipts follow the last checkpoint of their
+	// chain (not yet checkpointed: a deletion there shows only in the
+	// chain's own links).
+	Uncovered uint64
 }
 
 // OK reports whether no problem was found.
@@ -237,6 +302,7 @@ type Verifier struct {
 
 	keys     KeySet
 	chains   map[string]*chainState
+	cps      map[string]*chainCheckpoints
 	checked  int
 	problems []Problem
 }
@@ -253,7 +319,7 @@ type chainState struct {
 
 // NewVerifier returns a Verifier that trusts keys.
 func NewVerifier(keys KeySet) *Verifier {
-	return &Verifier{keys: keys, chains: map[string]*chainState{}}
+	return &Verifier{keys: keys, chains: map[string]*chainState{}, cps: map[string]*chainCheckpoints{}}
 }
 
 // Add verifies one event and its link to the previous link of its chain.
@@ -278,6 +344,12 @@ func (v *Verifier) Add(raw []byte) (*Event, []Problem) {
 		} else {
 			p.ReceiptID, p.ChainID, p.Seq = bestEffortIDs(raw)
 		}
+		if ev != nil && ev.Type == schemas.TypeCheckpoint || ev == nil && bestEffortType(raw) == schemas.TypeCheckpoint {
+			// A checkpoint that cannot be trusted takes no part in checks.
+			p.Record, p.ChainID, p.Seq = RecordCheckpoint, "", 0
+			v.problems = append(v.problems, p)
+			return nil, []Problem{p}
+		}
 		// A bad link that claims to be the next one holds its place (its
 		// hash unknown), so one tampered receipt is one problem rather than
 		// also a gap or a mismatch at its successor.
@@ -285,15 +357,20 @@ func (v *Verifier) Add(raw []byte) (*Event, []Problem) {
 			cs.placeholderPrev = cs.lastHash
 			cs.last, cs.lastHash, cs.lastID = p.Seq, "", p.ReceiptID
 			cs.count++
+			v.feed(p.ChainID, p.Seq, "", "")
 		} else if cs == nil && p.ChainID != "" && p.Seq == 1 {
 			v.chains[p.ChainID] = &chainState{first: 1, last: 1, count: 1, lastID: p.ReceiptID}
+			v.feed(p.ChainID, p.Seq, "", "")
 		}
 		probs = append(probs, p)
 		v.problems = append(v.problems, probs...)
 		return nil, probs
 	}
-	if isReceiptType(ev.Type) {
+	switch {
+	case isReceiptType(ev.Type):
 		probs = v.link(ev)
+	case ev.Type == schemas.TypeCheckpoint:
+		probs = v.addCheckpoint(ev)
 	}
 	v.problems = append(v.problems, probs...)
 	return ev, probs
@@ -307,13 +384,14 @@ func (v *Verifier) link(ev *Event) []Problem {
 	cs := v.chains[c.ChainID]
 	if cs == nil {
 		v.chains[c.ChainID] = &chainState{first: c.Seq, last: c.Seq, count: 1, lastHash: ev.Hash, lastID: ev.ID}
+		probs := v.feed(c.ChainID, c.Seq, ev.Hash, c.PrevHash)
 		switch {
 		case c.Seq == 1 && c.PrevHash != schemas.GenesisHash:
-			return at(ProblemPrevHashMismatch, "seq 1 has prev_hash %s, want the genesis hash", c.PrevHash)
+			return append(at(ProblemPrevHashMismatch, "seq 1 has prev_hash %s, want the genesis hash", c.PrevHash), probs...)
 		case c.Seq > 1 && !v.AllowPartial:
-			return at(ProblemChainGap, "first link seen is seq %d: seq %s missing before it", c.Seq, seqRange(1, c.Seq-1))
+			return append(at(ProblemChainGap, "first link seen is seq %d: seq %s missing before it", c.Seq, seqRange(1, c.Seq-1)), probs...)
 		}
-		return nil
+		return probs
 	}
 	cs.count++
 	switch {
@@ -324,12 +402,12 @@ func (v *Verifier) link(ev *Event) []Problem {
 				c.PrevHash, cs.lastID, cs.last, cs.lastHash)
 		}
 		cs.last, cs.lastHash, cs.lastID = c.Seq, ev.Hash, ev.ID
-		return probs
+		return append(probs, v.feed(c.ChainID, c.Seq, ev.Hash, c.PrevHash)...)
 	case c.Seq > cs.last+1:
 		probs := at(ProblemChainGap, "seq %s missing between receipt %s (seq %d) and receipt %s (seq %d)",
 			seqRange(cs.last+1, c.Seq-1), cs.lastID, cs.last, ev.ID, c.Seq)
 		cs.last, cs.lastHash, cs.lastID = c.Seq, ev.Hash, ev.ID
-		return probs
+		return append(probs, v.feed(c.ChainID, c.Seq, ev.Hash, c.PrevHash)...)
 	case c.Seq == cs.last && cs.lastHash == "":
 		// A good link for the place a bad one held: it takes the place.
 		var probs []Problem
@@ -388,7 +466,18 @@ func (v *Verifier) Finish() Report {
 	for id, cs := range v.chains {
 		r.Chains[id] = ChainSummary{First: cs.first, Last: cs.last, Count: cs.count}
 	}
+	v.finishCheckpoints(&r)
 	return r
+}
+
+// bestEffortType reads the type of an event that did not verify.
+func bestEffortType(raw []byte) string {
+	var w struct {
+		Type any `json:"type"`
+	}
+	_ = json.Unmarshal(raw, &w)
+	s, _ := w.Type.(string)
+	return s
 }
 
 // SortForVerify orders events given in arbitrary order (a file, a query

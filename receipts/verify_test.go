@@ -310,7 +310,7 @@ func TestVerifierInterleavedAndSorted(t *testing.T) {
 		}
 	}
 	r := v.Finish()
-	want := map[string]ChainSummary{"a": {1, 20, 20}, "b": {1, 15, 15}}
+	want := map[string]ChainSummary{"a": {First: 1, Last: 20, Count: 20}, "b": {First: 1, Last: 15, Count: 15}}
 	if !r.OK() || r.Checked != 35 || len(r.Chains) != 2 || r.Chains["a"] != want["a"] || r.Chains["b"] != want["b"] {
 		t.Errorf("report %+v", r)
 	}
@@ -352,7 +352,7 @@ func TestVerifierAllowPartial(t *testing.T) {
 	for _, raw := range links[3:] {
 		v.Add(raw)
 	}
-	if r := v.Finish(); !r.OK() || r.Chains["w1"] != (ChainSummary{4, 6, 3}) {
+	if r := v.Finish(); !r.OK() || r.Chains["w1"] != (ChainSummary{First: 4, Last: 6, Count: 3}) {
 		t.Errorf("partial range: %+v", r)
 	}
 }

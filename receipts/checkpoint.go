@@ -1,0 +1,264 @@
+package receipts
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/talos-audit/talos/schemas"
+)
+
+// checkpointState is a chain's pending checkpoint range: the receipts
+// committed since the last checkpoint, as a Merkle tree.
+type checkpointState struct {
+	tree      Tree
+	from      uint64    // seq of the first pending receipt; 0: none pending
+	firstPrev string    // its prev_hash
+	lastHash  string    // receipt hash of the last pending receipt
+	since     time.Time // when the first pending receipt was committed
+
+	seq      uint64 // checkpoints cut so far
+	prevHash string // hash of the last checkpoint event, GenesisHash before the first
+}
+
+// addLeaf records a committed link; c.mu must be held.
+func (c *Chain) addLeaf(s *Sealed) error {
+	leaf, err := ReceiptLeaf(s.Hash)
+	if err != nil {
+		return err
+	}
+	cp := &c.cp
+	if cp.from == 0 {
+		cp.from, cp.firstPrev, cp.since = s.Seq, s.PrevHash, time.Now()
+	}
+	cp.tree.Add(leaf)
+	cp.lastHash = s.Hash
+	return nil
+}
+
+// Pending is how many committed receipts no checkpoint covers yet, and
+// when the first of them was committed (zero when none).
+func (c *Chain) Pending() (n uint64, since time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cp.tree.Size(), c.cp.since
+}
+
+// Checkpoint signs a checkpoint over the receipts committed since the last
+// one and starts a new range. It returns nil, nil when there are none.
+// meta.Type is set to schemas.TypeCheckpoint and meta.Subject to the chain
+// id. final marks the chain's last checkpoint (its signer is stopping).
+//
+// The returned event MUST be published (retrying with the same bytes
+// until stored): the next checkpoint names its hash, so a lost one shows
+// as a checkpoint gap to the verifier.
+func (c *Chain) Checkpoint(meta Meta, final bool) (*Sealed, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cp := &c.cp
+	if cp.from == 0 {
+		return nil, nil
+	}
+	if cp.prevHash == "" {
+		cp.prevHash = schemas.GenesisHash
+	}
+	meta.Type, meta.Subject = schemas.TypeCheckpoint, c.id
+	data := schemas.Checkpoint{
+		ChainID:            c.id,
+		CheckpointSeq:      cp.seq + 1,
+		FromSeq:            cp.from,
+		ToSeq:              cp.from + cp.tree.Size() - 1,
+		TreeSize:           cp.tree.Size(),
+		RootHash:           cp.tree.Root().String(),
+		FirstPrevHash:      cp.firstPrev,
+		LastReceiptHash:    cp.lastHash,
+		PrevCheckpointHash: cp.prevHash,
+		MerkleAlg:          schemas.MerkleAlgRFC6962,
+		Final:              final,
+	}
+	s, _, err := signEvent(c.key, meta, &data)
+	if err != nil {
+		return nil, err
+	}
+	s.ChainID, s.Seq, s.PrevHash = c.id, data.CheckpointSeq, data.PrevCheckpointHash
+	cp.seq, cp.prevHash = data.CheckpointSeq, s.Hash
+	cp.tree.Reset()
+	cp.from, cp.firstPrev, cp.lastHash, cp.since = 0, "", "", time.Time{}
+	return s, nil
+}
+
+// CheckpointMsgID is the Nats-Msg-Id of a chain's checkpoint n, so that a
+// retried publish is stored once.
+func CheckpointMsgID(chainID string, n uint64) string {
+	return fmt.Sprintf("checkpoint:%s:%d", chainID, n)
+}
+
+// VerifiedCheckpoint is a checkpoint whose signature checked out.
+type VerifiedCheckpoint struct {
+	schemas.Checkpoint
+	ID   string // CloudEvent id
+	Hash string // event hash (the next checkpoint's prev_checkpoint_hash)
+	KID  string
+	Time string
+}
+
+// VerifyCheckpoint verifies one signed checkpoint CloudEvent: its signature
+// against keys, its type, and that its data is a well-formed checkpoint.
+// Errors are *VerifyError as for VerifyEvent.
+func VerifyCheckpoint(raw []byte, keys KeySet) (*VerifiedCheckpoint, error) {
+	ev, err := VerifyEvent(raw, keys)
+	if err != nil {
+		return nil, err
+	}
+	return checkpointOf(ev)
+}
+
+func checkpointOf(ev *Event) (*VerifiedCheckpoint, error) {
+	if ev.Type != schemas.TypeCheckpoint {
+		return nil, malformed("event %s: type %q is not a checkpoint", ev.ID, ev.Type)
+	}
+	if err := schemas.ValidateCheckpoint(ev.RawData); err != nil {
+		return nil, malformed("checkpoint %s: %v", ev.ID, err)
+	}
+	vc := &VerifiedCheckpoint{ID: ev.ID, Hash: ev.Hash, KID: ev.KID, Time: ev.Time}
+	if err := json.Unmarshal(ev.RawData, &vc.Checkpoint); err != nil {
+		return nil, malformed("checkpoint %s: %v", ev.ID, err)
+	}
+	c := &vc.Checkpoint
+	if c.ToSeq < c.FromSeq || c.TreeSize != c.ToSeq-c.FromSeq+1 {
+		return nil, malformed("checkpoint %s: range %d..%d does not hold tree_size %d", ev.ID, c.FromSeq, c.ToSeq, c.TreeSize)
+	}
+	return vc, nil
+}
+
+// ProofFormat names the inclusion proof document format.
+const ProofFormat = "talos.inclusion_proof.v1"
+
+// Proof is an offline-checkable inclusion proof: one signed receipt, the
+// signed checkpoint whose range holds it, and the RFC 6962 audit path from
+// the receipt's leaf to the checkpoint's root. VerifyProof needs nothing
+// else but the trusted public keys.
+type Proof struct {
+	Format     string          `json:"format"`
+	Receipt    json.RawMessage `json:"receipt"`    // the signed receipt CloudEvent
+	Checkpoint json.RawMessage `json:"checkpoint"` // the signed checkpoint CloudEvent
+	LeafIndex  uint64          `json:"leaf_index"` // receipt seq - checkpoint from_seq
+	TreeSize   uint64          `json:"tree_size"`
+	AuditPath  []string        `json:"audit_path"` // hex, leaf to root
+}
+
+// BuildProof makes the proof that receipt is in checkpoint, given the
+// receipt hashes of the checkpoint's whole range in seq order. It checks
+// what it builds (VerifyProof with keys) before returning it.
+func BuildProof(receipt, checkpoint []byte, rangeHashes []string, keys KeySet) (*Proof, *ProofResult, error) {
+	ev, err := VerifyEvent(receipt, keys)
+	if err != nil {
+		return nil, nil, fmt.Errorf("receipt: %w", err)
+	}
+	cp, err := VerifyCheckpoint(checkpoint, keys)
+	if err != nil {
+		return nil, nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	seq := ev.Data.Chain.Seq
+	if ev.Data.Chain.ChainID != cp.ChainID || seq < cp.FromSeq || seq > cp.ToSeq {
+		return nil, nil, fmt.Errorf("receipts: receipt %s (chain %s seq %d) is not in checkpoint %d of chain %s (seq %d..%d)",
+			ev.ID, ev.Data.Chain.ChainID, seq, cp.CheckpointSeq, cp.ChainID, cp.FromSeq, cp.ToSeq)
+	}
+	if uint64(len(rangeHashes)) != cp.TreeSize {
+		return nil, nil, fmt.Errorf("receipts: %d receipt hashes for a checkpoint of %d", len(rangeHashes), cp.TreeSize)
+	}
+	leaves := make([]Hash, len(rangeHashes))
+	for i, h := range rangeHashes {
+		if leaves[i], err = ReceiptLeaf(h); err != nil {
+			return nil, nil, err
+		}
+	}
+	path, err := InclusionProof(leaves, seq-cp.FromSeq)
+	if err != nil {
+		return nil, nil, err
+	}
+	p := &Proof{Format: ProofFormat, Receipt: receipt, Checkpoint: checkpoint,
+		LeafIndex: seq - cp.FromSeq, TreeSize: cp.TreeSize, AuditPath: make([]string, len(path))}
+	for i, h := range path {
+		p.AuditPath[i] = h.String()
+	}
+	res, err := VerifyProof(p, keys)
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, res, nil
+}
+
+// ProofResult is what a verified proof establishes.
+type ProofResult struct {
+	ReceiptID     string `json:"receipt_id"`
+	ReceiptHash   string `json:"receipt_hash"`
+	ChainID       string `json:"chain_id"`
+	Seq           uint64 `json:"seq"`
+	CheckpointID  string `json:"checkpoint_id"`
+	CheckpointSeq uint64 `json:"checkpoint_seq"`
+	FromSeq       uint64 `json:"from_seq"`
+	ToSeq         uint64 `json:"to_seq"`
+	RootHash      string `json:"root_hash"`
+	ReceiptKID    string `json:"receipt_kid"`
+	CheckpointKID string `json:"checkpoint_kid"`
+}
+
+// ErrProofInvalid wraps every reason VerifyProof rejects a proof.
+var ErrProofInvalid = errors.New("receipts: inclusion proof invalid")
+
+// VerifyProof checks a proof offline: the receipt's and the checkpoint's
+// signatures against keys, that the receipt's chain position is the
+// proof's leaf in the checkpoint's range, and that its audit path leads
+// from the receipt's leaf hash to the signed root.
+func VerifyProof(p *Proof, keys KeySet) (*ProofResult, error) {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrProofInvalid, fmt.Sprintf(format, a...))
+	}
+	if p == nil || p.Format != ProofFormat {
+		return nil, bad("not a %s document", ProofFormat)
+	}
+	ev, err := VerifyEvent(p.Receipt, keys)
+	if err != nil {
+		return nil, bad("receipt: %v", err)
+	}
+	if !isReceiptType(ev.Type) {
+		return nil, bad("receipt %s: type %q is not a receipt", ev.ID, ev.Type)
+	}
+	cp, err := VerifyCheckpoint(p.Checkpoint, keys)
+	if err != nil {
+		return nil, bad("checkpoint: %v", err)
+	}
+	c := ev.Data.Chain
+	switch {
+	case c.ChainID != cp.ChainID:
+		return nil, bad("receipt is in chain %s, the checkpoint covers chain %s", c.ChainID, cp.ChainID)
+	case c.Seq < cp.FromSeq || c.Seq > cp.ToSeq:
+		return nil, bad("receipt seq %d is outside the checkpoint's range %d..%d", c.Seq, cp.FromSeq, cp.ToSeq)
+	case p.TreeSize != cp.TreeSize:
+		return nil, bad("proof tree_size %d, the checkpoint signed %d", p.TreeSize, cp.TreeSize)
+	case p.LeafIndex != c.Seq-cp.FromSeq:
+		return nil, bad("leaf_index %d, but seq %d is leaf %d of the range", p.LeafIndex, c.Seq, c.Seq-cp.FromSeq)
+	}
+	path := make([]Hash, len(p.AuditPath))
+	for i, s := range p.AuditPath {
+		if path[i], err = ParseHash(s); err != nil {
+			return nil, bad("audit_path[%d]: %v", i, err)
+		}
+	}
+	leaf, err := ReceiptLeaf(ev.Hash)
+	if err != nil {
+		return nil, bad("%v", err)
+	}
+	root, err := ParseHash(cp.RootHash)
+	if err != nil {
+		return nil, bad("checkpoint root: %v", err)
+	}
+	if err := VerifyInclusion(leaf, p.LeafIndex, p.TreeSize, path, root); err != nil {
+		return nil, bad("%v", err)
+	}
+	return &ProofResult{ReceiptID: ev.ID, ReceiptHash: ev.Hash, ChainID: c.ChainID, Seq: c.Seq,
+		CheckpointID: cp.ID, CheckpointSeq: cp.CheckpointSeq, FromSeq: cp.FromSeq, ToSeq: cp.ToSeq,
+		RootHash: cp.RootHash, ReceiptKID: ev.KID, CheckpointKID: cp.KID}, nil
+}
