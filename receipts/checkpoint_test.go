@@ -298,12 +298,14 @@ func TestInclusionProofOffline(t *testing.T) {
 	otherKeys := KeySet{}
 	otherKeys.Add(other.Public())
 	cases := map[string]error{
-		"path hash flipped":     mut(func(q *Proof) { q.AuditPath[0] = strings.Repeat("0", 64) }),
-		"wrong leaf index":      mut(func(q *Proof) { q.LeafIndex++ }),
-		"wrong tree size":       mut(func(q *Proof) { q.TreeSize++ }),
-		"another receipt":       mut(func(q *Proof) { q.Receipt = recs[5] }),
-		"receipt edited":        mut(func(q *Proof) { q.Receipt = []byte(strings.Replace(string(q.Receipt), `"allow"`, `"deny"`, 1)) }),
-		"checkpoint edited":     mut(func(q *Proof) { q.Checkpoint = []byte(strings.Replace(string(q.Checkpoint), `"tree_size":13`, `"tree_size":14`, 1)) }),
+		"path hash flipped": mut(func(q *Proof) { q.AuditPath[0] = strings.Repeat("0", 64) }),
+		"wrong leaf index":  mut(func(q *Proof) { q.LeafIndex++ }),
+		"wrong tree size":   mut(func(q *Proof) { q.TreeSize++ }),
+		"another receipt":   mut(func(q *Proof) { q.Receipt = recs[5] }),
+		"receipt edited":    mut(func(q *Proof) { q.Receipt = []byte(strings.Replace(string(q.Receipt), `"allow"`, `"deny"`, 1)) }),
+		"checkpoint edited": mut(func(q *Proof) {
+			q.Checkpoint = []byte(strings.Replace(string(q.Checkpoint), `"tree_size":13`, `"tree_size":14`, 1))
+		}),
 		"not a proof":           mut(func(q *Proof) { q.Format = "x" }),
 		"path truncated":        mut(func(q *Proof) { q.AuditPath = q.AuditPath[1:] }),
 		"checkpoint as receipt": mut(func(q *Proof) { q.Receipt = q.Checkpoint }),
