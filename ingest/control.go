@@ -96,8 +96,10 @@ type ControlOptions struct {
 	// Status lists the live workers for replies (Workers) and the status
 	// verb; nil means no workers are reported.
 	Status *StatusWatcher
-	Logger *slog.Logger
-	Now    func() time.Time
+	// Checkpoints says when the control chain cuts a signed checkpoint.
+	Checkpoints CheckpointOptions
+	Logger      *slog.Logger
+	Now         func() time.Time
 }
 
 var sourcePattern = regexp.MustCompile(`^talos://[^/\s]+/\S+$`)
@@ -124,6 +126,7 @@ type ControlService struct {
 	js  jetstream.JetStream
 	o   ControlOptions
 	log *slog.Logger
+	cp  *checkpointer
 
 	// Set by Run before any handler starts; read-only afterwards.
 	control, audit jetstream.Stream
@@ -171,7 +174,11 @@ func NewControlService(nc *nats.Conn, js jetstream.JetStream, o ControlOptions) 
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &ControlService{nc: nc, js: js, o: o, log: o.Logger, appended: map[string]appendedCommand{}}, nil
+	o.Checkpoints = o.Checkpoints.withDefaults()
+	s := &ControlService{nc: nc, js: js, o: o, log: o.Logger, appended: map[string]appendedCommand{}}
+	s.cp = &checkpointer{js: js, source: o.Source, now: o.Now, log: o.Logger,
+		policy: retryPolicy{First: 50 * time.Millisecond, Max: 5 * time.Second, KeepAlive: time.Hour, Log: o.Logger, InProgress: func() {}}}
+	return s, nil
 }
 
 // Run serves control requests and copies TALOS_CONTROL to TALOS_AUDIT
@@ -222,6 +229,11 @@ func (s *ControlService) Run(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		s.copyLoop(ctx, it)
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.checkpointLoop(ctx)
 	}()
 	for range controlHandlers {
 		wg.Add(1)
@@ -670,6 +682,25 @@ func (s *ControlService) mutate(ctx context.Context, req *request) *schemas.Cont
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 2*time.Second)
+	}
+}
+
+// checkpointLoop cuts the control chain's checkpoints until ctx ends, then
+// its final one. Chain.Checkpoint covers committed links only, so it needs
+// no lock against the handlers.
+func (s *ControlService) checkpointLoop(ctx context.Context) {
+	tick := time.NewTicker(s.o.Checkpoints.tick())
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			s.cp.final(s.o.Chain)
+			return
+		case <-tick.C:
+			if s.o.Checkpoints.due(s.o.Chain, time.Now()) {
+				_ = s.cp.cut(ctx, s.o.Chain, false)
+			}
+		}
 	}
 }
 

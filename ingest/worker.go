@@ -58,8 +58,10 @@ type WorkerOptions struct {
 	// doubles up to 5 s (default 50 ms). Publishing is retried until it
 	// succeeds or the worker stops: an audit record is never dropped.
 	RetryBackoff time.Duration
-	Logger       *slog.Logger
-	Now          func() time.Time
+	// Checkpoints says when each chain cuts a signed checkpoint.
+	Checkpoints CheckpointOptions
+	Logger      *slog.Logger
+	Now         func() time.Time
 }
 
 // Worker consumes TALOS_CALLS, decides each call, stores one signed receipt
@@ -72,6 +74,7 @@ type Worker struct {
 	o     WorkerOptions
 	audit jetstream.Stream
 	log   *slog.Logger
+	cp    *checkpointer
 
 	handled atomic.Uint64
 }
@@ -105,7 +108,11 @@ func NewWorker(nc *nats.Conn, js jetstream.JetStream, d Decider, o WorkerOptions
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Worker{nc: nc, js: js, d: d, o: o, log: o.Logger}, nil
+	o.Checkpoints = o.Checkpoints.withDefaults()
+	w := &Worker{nc: nc, js: js, d: d, o: o, log: o.Logger}
+	w.cp = &checkpointer{js: js, source: o.Source, now: o.Now, log: o.Logger,
+		policy: retryPolicy{First: o.RetryBackoff, Max: 5 * time.Second, KeepAlive: time.Hour, Log: o.Logger, InProgress: func() {}}}
+	return w, nil
 }
 
 // Handled is how many calls this worker has acked.
@@ -150,13 +157,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func(ch *receipts.Chain) {
 			defer wg.Done()
-			for m := range work {
-				if ctx.Err() != nil {
-					_ = m.Nak()
-					continue
-				}
-				w.handle(ctx, ch, m)
-			}
+			w.runChain(ctx, ch, work)
 		}(ch)
 	}
 	// Owner of `work`: this loop; it closes the channel, then waits for the
@@ -185,6 +186,36 @@ func (w *Worker) Run(ctx context.Context) error {
 	close(work)
 	wg.Wait()
 	return nil
+}
+
+// runChain handles calls from work with one chain until work is closed,
+// cutting a checkpoint every Checkpoints.Every receipts or Interval, and a
+// final one when it stops.
+func (w *Worker) runChain(ctx context.Context, ch *receipts.Chain, work <-chan jetstream.Msg) {
+	cpo := w.o.Checkpoints
+	tick := time.NewTicker(cpo.tick())
+	defer tick.Stop()
+	for {
+		select {
+		case m, ok := <-work:
+			if !ok {
+				w.cp.final(ch)
+				return
+			}
+			if ctx.Err() != nil {
+				_ = m.Nak()
+				continue
+			}
+			w.handle(ctx, ch, m)
+			if n, _ := ch.Pending(); n >= uint64(cpo.Every) {
+				_ = w.cp.cut(ctx, ch, false)
+			}
+		case <-tick.C:
+			if cpo.due(ch, time.Now()) {
+				_ = w.cp.cut(ctx, ch, false)
+			}
+		}
+	}
 }
 
 // handle decides one call, stores its receipt (and ToolCallEvent), answers

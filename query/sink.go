@@ -15,7 +15,7 @@ import (
 // SinkWriter projects TALOS_AUDIT records into ClickHouse. It implements
 // the ingest sink's Writer: Write returns nil only when every record of
 // the batch is stored. Receipts go to receipts (control receipts also to
-// control_events); ToolCallEvents to tool_calls with their redacted
+// control_events); checkpoints to checkpoints; ToolCallEvents to tool_calls with their redacted
 // payloads in artifacts, or, when the flight recorder refuses one (seed
 // 001), to tool_call_rejections. Records it cannot turn into rows at all are
 // not dropped: they are stored as they are in dead_letters with the reason,
@@ -35,6 +35,10 @@ func NewSinkWriter(conn driver.Conn, database string) *SinkWriter {
 // (schemas.ToolCallEventSubject).
 const toolCallSubjectPrefix = "talos.audit.toolcall."
 
+// checkpointSubjectPrefix is the TALOS_AUDIT subject prefix of chain
+// checkpoints (schemas.CheckpointSubject).
+const checkpointSubjectPrefix = "talos.audit.checkpoint."
+
 // Rows is how many records this writer has stored.
 func (w *SinkWriter) Rows() uint64 { return w.rows.Load() }
 
@@ -47,6 +51,7 @@ func (w *SinkWriter) Write(ctx context.Context, recs []schemas.AuditRecord) erro
 		calls     []ToolCallRow
 		artifacts []Artifact
 		rejected  []ToolCallRejection
+		cps       []CheckpointRow
 		dead      []DeadLetter
 	)
 	for _, rec := range recs {
@@ -75,6 +80,13 @@ func (w *SinkWriter) Write(ctx context.Context, recs []schemas.AuditRecord) erro
 			default:
 				dead = append(dead, DeadLetter{Subject: rec.Subject, StreamSeq: rec.StreamSeq, Reason: err.Error(), Data: string(rec.Data)})
 			}
+		case strings.HasPrefix(rec.Subject, checkpointSubjectPrefix):
+			row, err := CheckpointRowFromEvent(rec.Data)
+			if err != nil {
+				dead = append(dead, DeadLetter{Subject: rec.Subject, StreamSeq: rec.StreamSeq, Reason: err.Error(), Data: string(rec.Data)})
+				continue
+			}
+			cps = append(cps, row)
 		default:
 			dead = append(dead, DeadLetter{Subject: rec.Subject, StreamSeq: rec.StreamSeq,
 				Reason: "no projection for this subject in this version", Data: string(rec.Data)})
@@ -99,6 +111,9 @@ func (w *SinkWriter) Write(ctx context.Context, recs []schemas.AuditRecord) erro
 		return err
 	}
 	if err := InsertToolCallRejections(ctx, w.conn, w.database, rejected); err != nil {
+		return err
+	}
+	if err := InsertCheckpoints(ctx, w.conn, w.database, cps); err != nil {
 		return err
 	}
 	if len(dead) > 0 {

@@ -560,7 +560,9 @@ func TestVerifyDatabaseToolCalls(t *testing.T) {
 	ev2 := toolCallEvent(t, "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d6f", tcAt)
 	alien := signed(t, foreign, ev2.ToolCallID, tcAt, &ev2)
 	w := NewSinkWriter(conn, db)
-	if err := w.Write(ctx, []schemas.AuditRecord{{Subject: "talos.audit.toolcall.files", Data: good, StreamSeq: 1}}); err != nil {
+	// The decision receipt the events name is stored too.
+	rec := decisionReceipt(t, receipts.NewChain("tc-test", key), ev.ReceiptID, callA, 1)
+	if err := w.Write(ctx, []schemas.AuditRecord{rec, {Subject: "talos.audit.toolcall.files", Data: good, StreamSeq: 2}}); err != nil {
 		t.Fatal(err)
 	}
 	keys := receipts.KeySet{key.KID: key.Public()}
@@ -568,7 +570,7 @@ func TestVerifyDatabaseToolCalls(t *testing.T) {
 	if err != nil || !rep.OK() {
 		t.Fatalf("untampered: %v %v", rep.Problems, err)
 	}
-	if err := w.Write(ctx, []schemas.AuditRecord{{Subject: "talos.audit.toolcall.files", Data: alien, StreamSeq: 2}}); err != nil {
+	if err := w.Write(ctx, []schemas.AuditRecord{{Subject: "talos.audit.toolcall.files", Data: alien, StreamSeq: 3}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := MutateAndWait(ctx, conn, db, TableToolCalls, "UPDATE agent_id = 'someone-else' WHERE event_id = '"+eventID(t, good)+"'"); err != nil {
@@ -586,6 +588,25 @@ func TestVerifyDatabaseToolCalls(t *testing.T) {
 		!strings.HasPrefix(got[eventID(t, alien)], receipts.ProblemUnknownKey+":") {
 		t.Fatalf("problems = %v", rep.Problems)
 	}
+}
+
+// decisionReceipt seals the next decision receipt of ch with the given
+// CloudEvent id (id "" = a new one) for tool call tcid, as the sink gets it.
+func decisionReceipt(t testing.TB, ch *receipts.Chain, id, tcid string, streamSeq uint64) schemas.AuditRecord {
+	t.Helper()
+	data := schemas.Receipt{EventType: schemas.KindDecision, Tool: "read_file", CapabilityHash: strings.Repeat("c", 64),
+		AgentID: "agent-7", ToolID: "files/read_file", Timestamp: tcAt.Format(schemas.TimeFormat), ResultCode: "allow",
+		ToolCallID: tcid, TraceID: "4bf92f35-77b3-4da6-a3ce-929d0e0e4736",
+		ServerID: "files", ToolName: "read_file", Phase: "pre", Mode: "prod", Decision: "allow", ReasonCodes: []string{},
+		ToolClass: "read", DocumentHashes: []schemas.DocumentHash{}, ContentHashAlg: schemas.ContentHashAlg}
+	s, err := ch.Seal(receipts.Meta{ID: id, Type: schemas.TypeReceiptDecision, Source: "talos://enforce/w1", Subject: tcid, Time: tcAt}, &data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Commit(s); err != nil {
+		t.Fatal(err)
+	}
+	return schemas.AuditRecord{Subject: "talos.audit.receipt.decision.files", Data: s.JSON, StreamSeq: streamSeq}
 }
 
 // Receipts carry capability_hash and capability_ids into their columns;

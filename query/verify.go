@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -23,27 +24,154 @@ const (
 	// ToolCallEvent the flight recorder accepts (wrong type, fails its
 	// schema, or a payload that does not match its hash).
 	ProblemInvalidToolCall = "invalid_tool_call"
+	// ProblemReordered: a row's stored position (chain_id, chain_seq
+	// columns) is not the position its signed cloudevent holds.
+	ProblemReordered = "reordered"
+	// ProblemMissingReceipt: a ToolCallEvent names a receipt that is not
+	// stored.
+	ProblemMissingReceipt = "missing_receipt"
 )
 
-// VerifyDatabase checks every receipt in database.receipts: each
-// cloudevent's signature against keys, each chain's continuity (seq from 1
-// without gaps, prev_hash links), and that every column agrees with the
-// signed cloudevent it came from. It then checks every ToolCallEvent in
-// database.tool_calls the same way (signature, columns against the signed
-// JSON, conflicting copies); those are not chained, and are named by their
-// event id in the problems' ReceiptID. It streams receipts in chain order
-// with memory bounded by the number of chains. partial accepts chains
-// whose first stored receipt is not seq 1 (after retention). progress, if
-// set, is called every 10,000 receipts with the count so far.
-func VerifyDatabase(ctx context.Context, conn driver.Conn, database string, keys receipts.KeySet, partial bool, progress func(checked int)) (receipts.Report, error) {
+// Category is the auditor's category of a problem kind (this package's or
+// the receipts verifier's): missing, altered, reordered, duplicated,
+// foreign or malformed.
+func Category(kind string) string {
+	switch kind {
+	case ProblemAlteredColumn:
+		return receipts.CategoryAltered
+	case ProblemConflictingCopies:
+		return receipts.CategoryDuplicated
+	case ProblemInvalidToolCall:
+		return receipts.CategoryMalformed
+	case ProblemReordered:
+		return receipts.CategoryReordered
+	case ProblemMissingReceipt:
+		return receipts.CategoryMissing
+	}
+	return receipts.Category(kind)
+}
+
+// RecordToolCall is receipts.Problem.Record for a ToolCallEvent.
+const RecordToolCall = "tool call event"
+
+// maxDisplaced bounds the rows VerifyDatabase holds back to feed them in
+// their signed order; beyond it they are fed where they are stored (and
+// reported as gaps and out-of-order links as well).
+const maxDisplaced = 100_000
+
+// VerifyDatabase checks everything in database: each checkpoint's and each
+// receipt's signature against keys; each chain's continuity (seq from 1
+// without gaps, prev_hash links); each checkpoint's Merkle root over its
+// range and the checkpoints' own chain; that every column of receipts,
+// checkpoints and tool_calls agrees with the signed cloudevent it came
+// from (a row whose chain_id/chain_seq columns differ from its signed
+// position is reported as reordered, and verified at its signed
+// position); and that every receipt a ToolCallEvent names is stored.
+//
+// It streams, with memory bounded by the number of chains and
+// checkpoints (plus reordered rows, at most maxDisplaced). partial accepts
+// chains whose first stored receipt is not seq 1 (after retention).
+// progress, if set, is called every 10,000 receipts with the count so far
+// and the number of stored receipt rows.
+func VerifyDatabase(ctx context.Context, conn driver.Conn, database string, keys receipts.KeySet, partial bool, progress func(done, total int)) (receipts.Report, error) {
 	v := receipts.NewVerifier(keys)
 	v.AllowPartial = partial
 	var extra []receipts.Problem
-	n := 0
-	err := StreamReceipts(ctx, conn, database, func(row ReceiptRow) error {
-		v.Add([]byte(row.CloudEvent))
-		if derived, err := ReceiptRowFromEvent([]byte(row.CloudEvent)); err == nil {
-			if cols := CompareColumns(row, derived); len(cols) > 0 {
+	err := StreamCheckpoints(ctx, conn, database, func(row CheckpointRow) error {
+		if _, probs := v.Add([]byte(row.CloudEvent)); untrusted(probs) {
+			return nil
+		}
+		if derived, err := CheckpointRowFromEvent([]byte(row.CloudEvent)); err == nil {
+			if cols := CompareCheckpointColumns(row, derived); len(cols) > 0 {
+				extra = append(extra, receipts.Problem{Kind: ProblemAlteredColumn, ReceiptID: row.CheckpointID,
+					ChainID: derived.ChainID, Seq: derived.CheckpointSeq, Record: receipts.RecordCheckpoint,
+					Detail: "stored columns differ from the signed cloudevent: " + strings.Join(cols, ", ")})
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return receipts.Report{}, fmt.Errorf("verify: %w", err)
+	}
+
+	total := 0
+	if progress != nil {
+		var n uint64
+		if tbl, err := table(database, TableReceipts); err == nil && conn.QueryRow(ctx, "SELECT count() FROM "+tbl).Scan(&n) == nil {
+			total = int(n)
+		}
+	}
+	type heldRow struct {
+		seq uint64
+		raw []byte
+	}
+	var (
+		held     = map[string][]heldRow{} // displaced rows by signed chain
+		nHeld    int
+		curChain string
+		n        int
+	)
+	flush := func(chainID string, below uint64) {
+		rows := held[chainID]
+		if len(rows) == 0 {
+			return
+		}
+		sort.SliceStable(rows, func(i, j int) bool { return rows[i].seq < rows[j].seq })
+		k := 0
+		for k < len(rows) && rows[k].seq < below {
+			v.Add(rows[k].raw)
+			k++
+		}
+		nHeld -= k
+		if k == len(rows) {
+			delete(held, chainID)
+		} else {
+			held[chainID] = rows[k:]
+		}
+	}
+	const all = ^uint64(0)
+	err = StreamReceipts(ctx, conn, database, func(row ReceiptRow) error {
+		raw := []byte(row.CloudEvent)
+		if row.ChainID != curChain {
+			flush(curChain, all)
+			curChain = row.ChainID
+		}
+		derived, derr := ReceiptRowFromEvent(raw)
+		signedOK := true // whether the signed JSON is trustworthy enough to compare columns with
+		switch {
+		case derr != nil:
+			v.Add(raw)
+			signedOK = false
+		case derived.ChainID != row.ChainID || derived.ChainSeq != row.ChainSeq:
+			extra = append(extra, receipts.Problem{Kind: ProblemReordered, ReceiptID: row.ReceiptID,
+				ChainID: derived.ChainID, Seq: derived.ChainSeq,
+				Detail: fmt.Sprintf("stored at chain %s seq %d, but signed as chain %s seq %d", row.ChainID, row.ChainSeq, derived.ChainID, derived.ChainSeq)})
+			if _, err := receipts.VerifyEvent(raw, keys); err != nil {
+				signedOK = false
+			}
+			if nHeld < maxDisplaced {
+				held[derived.ChainID] = append(held[derived.ChainID], heldRow{derived.ChainSeq, raw})
+				nHeld++
+			} else {
+				v.Add(raw)
+			}
+		default:
+			flush(derived.ChainID, derived.ChainSeq)
+			if _, probs := v.Add(raw); untrusted(probs) {
+				signedOK = false
+			}
+		}
+		// Columns are compared with a signed JSON that verified: an edited
+		// JSON is one problem (its signature), not also every column the
+		// edit made disagree.
+		if signedOK {
+			var cols []string
+			for _, c := range CompareColumns(row, derived) {
+				if c != "chain_id" && c != "chain_seq" {
+					cols = append(cols, c)
+				}
+			}
+			if len(cols) > 0 {
 				// Named by the chain position in the cloudevent, not by
 				// the (possibly altered) columns.
 				extra = append(extra, receipts.Problem{Kind: ProblemAlteredColumn, ReceiptID: row.ReceiptID,
@@ -53,7 +181,7 @@ func VerifyDatabase(ctx context.Context, conn driver.Conn, database string, keys
 		}
 		n++
 		if progress != nil && n%10000 == 0 {
-			progress(n)
+			progress(n, max(total, n))
 		}
 		return nil
 	})
@@ -68,13 +196,67 @@ func VerifyDatabase(ctx context.Context, conn driver.Conn, database string, keys
 	if err != nil {
 		return receipts.Report{}, fmt.Errorf("verify: %w", err)
 	}
+	chains := make([]string, 0, len(held))
+	for c := range held {
+		chains = append(chains, c)
+	}
+	sort.Strings(chains)
+	for _, c := range chains {
+		flush(c, all)
+	}
+	if progress != nil {
+		progress(n, max(total, n))
+	}
 	calls, err := verifyToolCalls(ctx, conn, database, keys)
 	if err != nil {
 		return receipts.Report{}, fmt.Errorf("verify: %w", err)
 	}
+	missing, err := missingReceipts(ctx, conn, database)
+	if err != nil {
+		return receipts.Report{}, fmt.Errorf("verify: %w", err)
+	}
 	rep := v.Finish()
-	rep.Problems = append(append(rep.Problems, extra...), calls...)
+	rep.Problems = append(append(append(rep.Problems, extra...), calls...), missing...)
 	return rep, nil
+}
+
+// untrusted reports whether the verifier found the event itself bad
+// (rather than only its place in the chain).
+func untrusted(probs []receipts.Problem) bool {
+	for _, p := range probs {
+		switch p.Kind {
+		case receipts.ProblemBadSignature, receipts.ProblemMalformed, receipts.ProblemUnknownKey:
+			return true
+		}
+	}
+	return false
+}
+
+// missingReceipts names the receipts that stored ToolCallEvents say were
+// made but that are not in the receipts table (a deleted row is then
+// named by its id, not only by the gap it leaves in its chain).
+func missingReceipts(ctx context.Context, conn driver.Conn, database string) ([]receipts.Problem, error) {
+	calls, err := table(database, TableToolCalls)
+	if err != nil {
+		return nil, err
+	}
+	recs, _ := table(database, TableReceipts)
+	rows, err := conn.Query(ctx, "SELECT DISTINCT receipt_id, event_id, tool_call_id FROM "+calls+
+		" WHERE receipt_id != '' AND receipt_id NOT IN (SELECT receipt_id FROM "+recs+") ORDER BY receipt_id, event_id")
+	if err != nil {
+		return nil, fmt.Errorf("query: missing receipts: %w", err)
+	}
+	defer rows.Close()
+	var out []receipts.Problem
+	for rows.Next() {
+		var rid, eid, tcid string
+		if err := rows.Scan(&rid, &eid, &tcid); err != nil {
+			return nil, err
+		}
+		out = append(out, receipts.Problem{Kind: ProblemMissingReceipt, ReceiptID: rid,
+			Detail: fmt.Sprintf("not stored, but tool call event %s (tool_call_id %s) names it as its decision receipt", eid, tcid)})
+	}
+	return out, rows.Err()
 }
 
 // verifyToolCalls checks each stored tool_calls row: its cloudevent's
@@ -89,18 +271,18 @@ func verifyToolCalls(ctx context.Context, conn driver.Conn, database string, key
 			if errors.As(err, &ve) {
 				kind = ve.Kind
 			}
-			problems = append(problems, receipts.Problem{Kind: kind, ReceiptID: row.EventID,
+			problems = append(problems, receipts.Problem{Kind: kind, ReceiptID: row.EventID, Record: RecordToolCall,
 				Detail: "tool call event: " + err.Error()})
 			return nil
 		}
 		derived, _, err := ToolCallRowFromEvent([]byte(row.CloudEvent))
 		if err != nil {
-			problems = append(problems, receipts.Problem{Kind: ProblemInvalidToolCall, ReceiptID: row.EventID,
+			problems = append(problems, receipts.Problem{Kind: ProblemInvalidToolCall, ReceiptID: row.EventID, Record: RecordToolCall,
 				Detail: "signed tool call event is not acceptable: " + err.Error()})
 			return nil
 		}
 		if cols := CompareToolCallColumns(row, derived); len(cols) > 0 {
-			problems = append(problems, receipts.Problem{Kind: ProblemAlteredColumn, ReceiptID: derived.EventID,
+			problems = append(problems, receipts.Problem{Kind: ProblemAlteredColumn, ReceiptID: derived.EventID, Record: RecordToolCall,
 				Detail: "tool call event " + derived.ToolCallID + ": stored columns differ from the signed cloudevent: " + strings.Join(cols, ", ")})
 		}
 		return nil
@@ -109,7 +291,7 @@ func verifyToolCalls(ctx context.Context, conn driver.Conn, database string, key
 		return nil, err
 	}
 	for _, id := range conflicts {
-		problems = append(problems, receipts.Problem{Kind: ProblemConflictingCopies, ReceiptID: id,
+		problems = append(problems, receipts.Problem{Kind: ProblemConflictingCopies, ReceiptID: id, Record: RecordToolCall,
 			Detail: "the same tool call event_id is stored as rows that differ"})
 	}
 	return problems, nil

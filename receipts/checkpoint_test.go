@@ -156,6 +156,16 @@ func TestCheckpointTamperCases(t *testing.T) {
 			t.Fatal("a deleted tail is not 'missing'")
 		}
 	})
+	t.Run("receipt deleted inside a range", func(t *testing.T) {
+		// One problem, the gap: the range's checkpoint is not also
+		// reported (it cannot be compared; it is counted as unchecked).
+		rest := append(append([][]byte{}, recs[:7]...), recs[8:]...)
+		r := verifyAll(keys, false, rest, cps)
+		oneProblem(t, r, ProblemChainGap, eventID(t, recs[8]), "seq 8 missing")
+		if r.Checkpoints != 3 || r.CheckpointsUnchecked != 1 {
+			t.Fatalf("checkpoints %d unchecked %d", r.Checkpoints, r.CheckpointsUnchecked)
+		}
+	})
 	t.Run("every receipt of a chain deleted", func(t *testing.T) {
 		r := verifyAll(keys, false, cps)
 		if r.OK() || r.Problems[len(r.Problems)-1].Kind != ProblemChainGap {

@@ -29,7 +29,8 @@ type chainCheckpoints struct {
 
 	cur  *cpEntry // range being folded
 	tree Tree
-	ok   bool // every receipt of cur's range so far was good and in order
+	ok   bool   // every receipt of cur's range so far was good and in order
+	next uint64 // the seq that continues cur's range without a gap
 }
 
 func (v *Verifier) addCheckpoint(ev *Event) []Problem {
@@ -93,7 +94,12 @@ func (v *Verifier) feed(chainID string, seq uint64, hash, prevHash string) []Pro
 			return nil
 		}
 		cc.ok = seq == cc.cur.FromSeq
+		cc.next = seq
 	}
+	if seq != cc.next {
+		cc.ok = false // a gap, already reported as such
+	}
+	cc.next = seq + 1
 	e := cc.cur
 	at := func(format string, a ...any) []Problem {
 		return []Problem{{Kind: ProblemCheckpointMismatch, ReceiptID: e.ID, ChainID: chainID, Seq: e.CheckpointSeq,
