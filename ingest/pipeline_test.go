@@ -122,7 +122,10 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	chains := []*receipts.Chain{receipts.NewChain("test-a", key), receipts.NewChain("test-b", key)}
 	// A short AckWait: a redelivery (after an outage) shows up within the
 	// tests' waits instead of after the 30 s default.
-	w, err := ingest.NewWorker(nc, js, dec, ingest.WorkerOptions{Chains: chains, Source: "talos://enforce/test", AckWait: 3 * time.Second})
+	// Checkpoints every 7 receipts per chain: every test exercises them,
+	// and VerifyDatabase checks them.
+	w, err := ingest.NewWorker(nc, js, dec, ingest.WorkerOptions{Chains: chains, Source: "talos://enforce/test", AckWait: 3 * time.Second,
+		Checkpoints: ingest.CheckpointOptions{Every: 7}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,6 +356,13 @@ func TestPipelineReasonCodes(t *testing.T) {
 	}
 	if !rep.OK() || rep.Checked != int(total) {
 		t.Fatalf("untouched database: checked %d (want %d), problems %v", rep.Checked, total, rep.Problems)
+	}
+	// Two chains, a checkpoint every 7 receipts of each: at least one of
+	// them has been cut and verified against its receipts (and none was
+	// found wrong above).
+	t.Logf("%d receipts, %d checkpoints verified", total, rep.Checkpoints)
+	if total >= 2*7 && rep.Checkpoints == 0 {
+		t.Fatalf("%d receipts in two chains and no verified checkpoint: %+v", total, rep)
 	}
 
 	// Tamper 1: rewrite one signed JSON (turn a deny into an allow).

@@ -266,9 +266,11 @@ type ChainSummary struct {
 
 // Report is the outcome of a verification run.
 type Report struct {
-	Checked  int // events fed to Add
-	Chains   map[string]ChainSummary
-	Problems []Problem
+	Checked int // events fed to Add, checkpoints excepted
+	// CheckpointsSeen is how many checkpoint events were fed to Add.
+	CheckpointsSeen int
+	Chains          map[string]ChainSummary
+	Problems        []Problem
 	// Checkpoints is how many checkpoints were verified against their
 	// receipts (signature, Merkle root, linkage).
 	Checkpoints int
@@ -303,7 +305,8 @@ type Verifier struct {
 	keys     KeySet
 	chains   map[string]*chainState
 	cps      map[string]*chainCheckpoints
-	checked  int
+	checked  int // events but checkpoints
+	cpSeen   int
 	problems []Problem
 }
 
@@ -326,8 +329,12 @@ func NewVerifier(keys KeySet) *Verifier {
 // It returns the event if its signature is good (even when its link is
 // not), and the problems found at it, which are also kept for Finish.
 func (v *Verifier) Add(raw []byte) (*Event, []Problem) {
-	v.checked++
 	ev, err := VerifyEvent(raw, v.keys)
+	if ev != nil && ev.Type == schemas.TypeCheckpoint || ev == nil && err != nil && bestEffortType(raw) == schemas.TypeCheckpoint {
+		v.cpSeen++
+	} else {
+		v.checked++
+	}
 	var probs []Problem
 	if err != nil {
 		var ve *VerifyError
@@ -461,7 +468,7 @@ func bestEffortIDs(raw []byte) (id, chainID string, seq uint64) {
 
 // Finish returns the report of everything added so far.
 func (v *Verifier) Finish() Report {
-	r := Report{Checked: v.checked, Chains: make(map[string]ChainSummary, len(v.chains)),
+	r := Report{Checked: v.checked, CheckpointsSeen: v.cpSeen, Chains: make(map[string]ChainSummary, len(v.chains)),
 		Problems: append([]Problem(nil), v.problems...)}
 	for id, cs := range v.chains {
 		r.Chains[id] = ChainSummary{First: cs.first, Last: cs.last, Count: cs.count}
