@@ -204,7 +204,7 @@ func VerifyDatabase(ctx context.Context, conn driver.Conn, database string, keys
 	for _, c := range chains {
 		flush(c, all)
 	}
-	if progress != nil {
+	if progress != nil && n >= 10000 {
 		progress(n, max(total, n))
 	}
 	calls, err := verifyToolCalls(ctx, conn, database, keys)

@@ -13,18 +13,27 @@ import (
 
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/schemas"
 )
 
 type verifyCmd struct {
-	TrustedKeys []string `name:"trusted-keys" required:"" type:"path" help:"Public keys (.pub files or directories of them) whose signatures are trusted."`
-	File        string   `name:"file" type:"path" help:"Verify the CloudEvents in this file (JSON lines, or one JSON array) instead of ClickHouse; '-' reads standard input."`
+	TrustedKeys []string `name:"trusted-keys" required:"" type:"path" help:"Public keys (.pub files or directories of them) whose signatures are trusted: every key that ever signed, including rotated-out ones."`
+	File        string   `name:"file" type:"path" help:"Verify the CloudEvents in this file (JSON lines, or one JSON array; e.g. from talosctl export) instead of ClickHouse; '-' reads standard input."`
 	Partial     bool     `name:"partial" help:"Accept chains whose first receipt is not seq 1 (a range, e.g. after retention)."`
+	Receipt     string   `name:"receipt" placeholder:"ID" help:"Instead of verifying everything, print the inclusion proof of this receipt (JSON, on stdout or --out) against the checkpoint that covers it; check it anywhere with talosctl verify-proof."`
+	Out         string   `name:"out" type:"path" help:"With --receipt: write the proof to this file instead of standard output."`
 }
 
 func (c *verifyCmd) Run(g *Globals) error {
 	keys, err := receipts.LoadTrustedKeys(c.TrustedKeys...)
 	if err != nil {
 		return usage("%v", err)
+	}
+	if c.Out != "" && c.Receipt == "" {
+		return usage("--out goes with --receipt")
+	}
+	if c.Receipt != "" {
+		return c.prove(g, keys)
 	}
 	var rep receipts.Report
 	source := ""
@@ -49,14 +58,12 @@ func (c *verifyCmd) Run(g *Globals) error {
 			return failed("clickhouse %s: %v", g.ClickhouseAddr, err)
 		}
 		defer conn.Close()
-		progress := func(n int) { fmt.Fprintf(os.Stderr, "\rverified %d receipts…", n) }
-		if g.JSON {
-			progress = nil
+		var bar *progressBar
+		if !g.JSON {
+			bar = newProgressBar(os.Stderr, "verifying", "receipts")
 		}
-		rep, err = query.VerifyDatabase(ctx, conn, g.ClickhouseDatabase, keys, c.Partial, progress)
-		if progress != nil && rep.Checked >= 10000 {
-			fmt.Fprintln(os.Stderr)
-		}
+		rep, err = query.VerifyDatabase(ctx, conn, g.ClickhouseDatabase, keys, c.Partial, bar.update)
+		bar.done()
 		if err != nil {
 			return failed("%v", err)
 		}
@@ -68,31 +75,190 @@ func (c *verifyCmd) Run(g *Globals) error {
 		}
 		return a.Seq < b.Seq
 	})
+	counts := map[string]int{}
+	for _, p := range rep.Problems {
+		counts[query.Category(p.Kind)]++
+	}
 	if g.JSON {
-		out := map[string]any{"source": source, "ok": rep.OK(), "checked": rep.Checked, "chains": len(rep.Chains), "problems": rep.Problems}
+		type problem struct {
+			receipts.Problem
+			Category string `json:"category"`
+		}
+		probs := make([]problem, len(rep.Problems))
+		for i, p := range rep.Problems {
+			probs[i] = problem{p, query.Category(p.Kind)}
+		}
+		out := map[string]any{"source": source, "ok": rep.OK(), "checked": rep.Checked, "chains": len(rep.Chains),
+			"checkpoints_seen": rep.CheckpointsSeen, "checkpoints_verified": rep.Checkpoints,
+			"checkpoints_unchecked": rep.CheckpointsUnchecked, "uncheckpointed_receipts": rep.Uncovered,
+			"categories": counts, "problems": probs}
 		if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
 			return err
 		}
 	} else {
 		for _, p := range rep.Problems {
-			fmt.Println(p.String())
+			fmt.Printf("%-10s %s\n", strings.ToUpper(query.Category(p.Kind)), p.String())
 		}
 	}
+	scope := fmt.Sprintf("%d receipts in %d chains, %d checkpoints", rep.Checked, len(rep.Chains), rep.CheckpointsSeen)
 	if !rep.OK() {
-		kinds := map[string]int{}
-		for _, p := range rep.Problems {
-			kinds[p.Kind]++
-		}
 		var parts []string
-		for k, n := range kinds {
-			parts = append(parts, fmt.Sprintf("%d %s", n, k))
+		for _, cat := range []string{receipts.CategoryMissing, receipts.CategoryAltered, receipts.CategoryReordered,
+			receipts.CategoryDuplicated, receipts.CategoryForeign, receipts.CategoryMalformed} {
+			if counts[cat] > 0 {
+				parts = append(parts, fmt.Sprintf("%d %s", counts[cat], cat))
+			}
 		}
-		sort.Strings(parts)
-		return failed("FAILED: %d receipts in %d chains checked, %d problems (%s)", rep.Checked, len(rep.Chains), len(rep.Problems), strings.Join(parts, ", "))
+		return failed("FAILED: %d problems (%s) in %s from %s", len(rep.Problems), strings.Join(parts, ", "), scope, source)
 	}
 	if !g.JSON {
-		fmt.Printf("OK: %d receipts in %d chains verified (signatures, chain links, stored columns) from %s\n", rep.Checked, len(rep.Chains), source)
+		tail := ""
+		if rep.Uncovered > 0 {
+			tail = fmt.Sprintf("; %d receipts follow the last checkpoint of their chain (hash-chained, not yet checkpointed)", rep.Uncovered)
+		}
+		if rep.CheckpointsUnchecked > 0 {
+			tail += fmt.Sprintf("; %d checkpoints could not be compared with their receipts", rep.CheckpointsUnchecked)
+		}
+		fmt.Printf("OK: %s verified (signatures, chain links, %d Merkle roots, stored columns) from %s%s\n",
+			scope, rep.Checkpoints, source, tail)
 	}
+	return nil
+}
+
+// prove prints the inclusion proof of c.Receipt.
+func (c *verifyCmd) prove(g *Globals, keys receipts.KeySet) error {
+	var (
+		proof *receipts.Proof
+		res   *receipts.ProofResult
+		err   error
+	)
+	if c.File != "" {
+		events, rerr := readEvents(c.File)
+		if rerr != nil {
+			return usage("%v", rerr)
+		}
+		proof, res, err = proofFromEvents(events, c.Receipt, keys)
+	} else {
+		ctx := context.Background()
+		conn, cerr := query.Open(ctx, g.ClickhouseAddr, g.ClickhouseDatabase)
+		if cerr != nil {
+			return failed("clickhouse %s: %v", g.ClickhouseAddr, cerr)
+		}
+		defer conn.Close()
+		proof, res, err = query.ProveReceipt(ctx, conn, g.ClickhouseDatabase, c.Receipt, keys)
+	}
+	if err != nil {
+		return failed("no proof for receipt %s: %v", c.Receipt, err)
+	}
+	b, err := json.MarshalIndent(proof, "", "  ")
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	if c.Out != "" {
+		if err := os.WriteFile(c.Out, b, 0o644); err != nil {
+			return failed("%v", err)
+		}
+	} else if _, err := os.Stdout.Write(b); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "receipt %s (chain %s seq %d) is leaf %d of %d under checkpoint %s (#%d, seq %d..%d, root %s): proof verified.\n"+
+		"Check it anywhere: talosctl verify-proof --proof FILE --trusted-keys KEYS\n",
+		res.ReceiptID, res.ChainID, res.Seq, proof.LeafIndex, proof.TreeSize, res.CheckpointID, res.CheckpointSeq, res.FromSeq, res.ToSeq, res.RootHash)
+	return nil
+}
+
+// proofFromEvents builds the proof of receipt id from a file of events
+// (an export): the checkpoint covering it and the hashes of its range.
+func proofFromEvents(events [][]byte, id string, keys receipts.KeySet) (*receipts.Proof, *receipts.ProofResult, error) {
+	var target *receipts.Event
+	var targetRaw []byte
+	bySeq := map[string]map[uint64]string{} // chain -> seq -> receipt hash
+	var cps []struct {
+		raw []byte
+		cp  *receipts.VerifiedCheckpoint
+	}
+	for _, raw := range events {
+		ev, err := receipts.VerifyEvent(raw, keys)
+		if err != nil {
+			continue // not trusted: not part of a proof
+		}
+		if ev.Type == schemas.TypeCheckpoint {
+			if cp, err := receipts.VerifyCheckpoint(raw, keys); err == nil {
+				cps = append(cps, struct {
+					raw []byte
+					cp  *receipts.VerifiedCheckpoint
+				}{raw, cp})
+			}
+			continue
+		}
+		if ev.Data.Chain.ChainID == "" {
+			continue
+		}
+		m := bySeq[ev.Data.Chain.ChainID]
+		if m == nil {
+			m = map[uint64]string{}
+			bySeq[ev.Data.Chain.ChainID] = m
+		}
+		m[ev.Data.Chain.Seq] = ev.Hash
+		if ev.ID == id {
+			target, targetRaw = ev, raw
+		}
+	}
+	if target == nil {
+		return nil, nil, fmt.Errorf("no receipt with id %s signed by a trusted key in the file", id)
+	}
+	c := target.Data.Chain
+	for _, x := range cps {
+		if x.cp.ChainID != c.ChainID || c.Seq < x.cp.FromSeq || c.Seq > x.cp.ToSeq {
+			continue
+		}
+		hashes := make([]string, 0, x.cp.TreeSize)
+		for s := x.cp.FromSeq; s <= x.cp.ToSeq; s++ {
+			h, ok := bySeq[c.ChainID][s]
+			if !ok {
+				return nil, nil, fmt.Errorf("chain %s seq %d is not in the file: the range of checkpoint %d cannot be proven", c.ChainID, s, x.cp.CheckpointSeq)
+			}
+			hashes = append(hashes, h)
+		}
+		return receipts.BuildProof(targetRaw, x.raw, hashes, keys)
+	}
+	return nil, nil, fmt.Errorf("receipt %s (chain %s seq %d): %w", id, c.ChainID, c.Seq, query.ErrNoCheckpoint)
+}
+
+type verifyProofCmd struct {
+	Proof       string   `name:"proof" required:"" type:"path" help:"The proof file (from talosctl verify --receipt); '-' reads standard input."`
+	TrustedKeys []string `name:"trusted-keys" required:"" type:"path" help:"Public keys (.pub files or directories of them) trusted to sign receipts and checkpoints."`
+}
+
+func (c *verifyProofCmd) Run(g *Globals) error {
+	keys, err := receipts.LoadTrustedKeys(c.TrustedKeys...)
+	if err != nil {
+		return usage("%v", err)
+	}
+	var b []byte
+	if c.Proof == "-" {
+		b, err = io.ReadAll(os.Stdin)
+	} else {
+		b, err = os.ReadFile(c.Proof)
+	}
+	if err != nil {
+		return usage("%v", err)
+	}
+	var p receipts.Proof
+	if err := json.Unmarshal(b, &p); err != nil {
+		return failed("FAILED: %s is not an inclusion proof: %v", c.Proof, err)
+	}
+	res, err := receipts.VerifyProof(&p, keys)
+	if err != nil {
+		return failed("FAILED: %v", err)
+	}
+	if g.JSON {
+		return json.NewEncoder(os.Stdout).Encode(map[string]any{"ok": true, "result": res})
+	}
+	fmt.Printf("OK: receipt %s (chain %s seq %d, signed by %s) is leaf %d of %d under checkpoint %s (#%d, seq %d..%d, root %s, signed by %s)\n",
+		res.ReceiptID, res.ChainID, res.Seq, res.ReceiptKID, p.LeafIndex, p.TreeSize, res.CheckpointID, res.CheckpointSeq,
+		res.FromSeq, res.ToSeq, res.RootHash, res.CheckpointKID)
 	return nil
 }
 

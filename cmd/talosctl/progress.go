@@ -1,0 +1,62 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// progressBar draws "[#####.....] 45%  450,000/1,000,000 receipts  38,211/s"
+// on one terminal line, redrawn in place. A nil bar does nothing.
+type progressBar struct {
+	w          io.Writer
+	verb, unit string
+	start      time.Time
+	drawn      bool
+}
+
+func newProgressBar(w io.Writer, verb, unit string) *progressBar {
+	return &progressBar{w: w, verb: verb, unit: unit, start: time.Now()}
+}
+
+// update redraws the bar for done of total.
+func (b *progressBar) update(done, total int) {
+	if b == nil {
+		return
+	}
+	const width = 30
+	total = max(total, done, 1)
+	filled := done * width / total
+	rate := float64(done) / max(time.Since(b.start).Seconds(), 1e-3)
+	eta := ""
+	if done < total && rate > 0 {
+		eta = "  ETA " + (time.Duration(float64(total-done)/rate) * time.Second).Round(time.Second).String()
+	}
+	fmt.Fprintf(b.w, "\r%s [%s%s] %3d%%  %s/%s %s  %s/s%s   ", b.verb, strings.Repeat("#", filled), strings.Repeat(".", width-filled),
+		done*100/total, thousands(done), thousands(total), b.unit, thousands(int(rate)), eta)
+	b.drawn = true
+}
+
+// done ends the bar's line, if it drew one.
+func (b *progressBar) done() {
+	if b != nil && b.drawn {
+		fmt.Fprintln(b.w)
+	}
+}
+
+// thousands formats n with comma separators.
+func thousands(n int) string {
+	s := fmt.Sprint(n)
+	if n < 0 {
+		return "-" + thousands(-n)
+	}
+	var out []byte
+	for i := range len(s) {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			out = append(out, ',')
+		}
+		out = append(out, s[i])
+	}
+	return string(out)
+}
