@@ -59,3 +59,13 @@ func table(database, name string) (string, error) {
 	}
 	return "`" + database + "`.`" + name + "`", nil
 }
+
+// streamBlockRows is the block size of streamed SELECTs: the client holds
+// one block at a time, so this bounds a stream's memory (2,048 receipts of
+// about 2 KB: a few MiB) instead of the server's default 65,536 rows.
+const streamBlockRows = 2048
+
+// streamContext asks ClickHouse for small blocks on a streamed SELECT.
+func streamContext(ctx context.Context) context.Context {
+	return clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"max_block_size": streamBlockRows}))
+}

@@ -77,7 +77,7 @@ func StreamReceipts(ctx context.Context, conn driver.Conn, database string, fn f
 	if err != nil {
 		return err
 	}
-	rows, err := conn.Query(ctx, "SELECT "+strings.Join(receiptInsertColumns, ", ")+", inserted_at FROM "+tbl+
+	rows, err := conn.Query(streamContext(ctx), "SELECT "+strings.Join(receiptInsertColumns, ", ")+", inserted_at FROM "+tbl+
 		" ORDER BY chain_id, chain_seq, receipt_id")
 	if err != nil {
 		return fmt.Errorf("query: stream receipts: %w", err)

@@ -617,7 +617,7 @@ func streamToolCalls(ctx context.Context, conn driver.Conn, database string, fn 
 	if err != nil {
 		return nil, err
 	}
-	rows, err := conn.Query(ctx, "SELECT "+toolCallColumnsSQL+" FROM "+tbl+" ORDER BY event_id")
+	rows, err := conn.Query(streamContext(ctx), "SELECT "+toolCallColumnsSQL+" FROM "+tbl+" ORDER BY event_id")
 	if err != nil {
 		return nil, fmt.Errorf("query: stream tool calls: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sort"
 	"strings"
 
@@ -130,34 +131,34 @@ func VerifyDatabase(ctx context.Context, conn driver.Conn, database string, keys
 		}
 	}
 	const all = ^uint64(0)
-	err = StreamReceipts(ctx, conn, database, func(row ReceiptRow) error {
+	process := func(it *verifyItem) {
+		row, derived, derr := it.row, it.derived, it.derr
 		raw := []byte(row.CloudEvent)
 		if row.ChainID != curChain {
 			flush(curChain, all)
 			curChain = row.ChainID
 		}
-		derived, derr := ReceiptRowFromEvent(raw)
 		signedOK := true // whether the signed JSON is trustworthy enough to compare columns with
 		switch {
 		case derr != nil:
-			v.Add(raw)
+			v.AddVerified(raw, it.ev, it.verr)
 			signedOK = false
 		case derived.ChainID != row.ChainID || derived.ChainSeq != row.ChainSeq:
 			extra = append(extra, receipts.Problem{Kind: ProblemReordered, ReceiptID: row.ReceiptID,
 				ChainID: derived.ChainID, Seq: derived.ChainSeq,
 				Detail: fmt.Sprintf("stored at chain %s seq %d, but signed as chain %s seq %d", row.ChainID, row.ChainSeq, derived.ChainID, derived.ChainSeq)})
-			if _, err := receipts.VerifyEvent(raw, keys); err != nil {
+			if it.verr != nil {
 				signedOK = false
 			}
 			if nHeld < maxDisplaced {
 				held[derived.ChainID] = append(held[derived.ChainID], heldRow{derived.ChainSeq, raw})
 				nHeld++
 			} else {
-				v.Add(raw)
+				v.AddVerified(raw, it.ev, it.verr)
 			}
 		default:
 			flush(derived.ChainID, derived.ChainSeq)
-			if _, probs := v.Add(raw); untrusted(probs) {
+			if _, probs := v.AddVerified(raw, it.ev, it.verr); untrusted(probs) {
 				signedOK = false
 			}
 		}
@@ -183,8 +184,8 @@ func VerifyDatabase(ctx context.Context, conn driver.Conn, database string, keys
 		if progress != nil && n%10000 == 0 {
 			progress(n, max(total, n))
 		}
-		return nil
-	})
+	}
+	err = streamVerified(ctx, conn, database, keys, process)
 	var conflict *ConflictError
 	if errors.As(err, &conflict) {
 		for _, id := range conflict.ReceiptIDs {
@@ -218,6 +219,79 @@ func VerifyDatabase(ctx context.Context, conn driver.Conn, database string, keys
 	rep := v.Finish()
 	rep.Problems = append(append(append(rep.Problems, extra...), calls...), missing...)
 	return rep, nil
+}
+
+// verifyItem is one streamed receipt row with the work done on it off the
+// linking goroutine: its row derived from the signed JSON, and the
+// signature check.
+type verifyItem struct {
+	row     ReceiptRow
+	derived ReceiptRow
+	derr    error
+	ev      *receipts.Event
+	verr    error
+}
+
+type verifyBatch struct {
+	items []verifyItem
+	done  chan struct{} // closed once every item is checked
+}
+
+// verifyBatchRows is how many rows travel together between goroutines.
+const verifyBatchRows = 256
+
+// streamVerified streams database.receipts (StreamReceipts) and calls
+// process for every row, in stream order, after its signature check and
+// derivation ran on one of GOMAXPROCS goroutines. Memory: a few batches
+// in flight.
+func streamVerified(ctx context.Context, conn driver.Conn, database string, keys receipts.KeySet, process func(*verifyItem)) error {
+	workers := runtime.GOMAXPROCS(0)
+	work := make(chan *verifyBatch, 2*workers)
+	ordered := make(chan *verifyBatch, 4*workers)
+	var streamErr error
+	go func() {
+		defer close(ordered)
+		defer close(work)
+		var cur *verifyBatch
+		send := func() {
+			work <- cur
+			ordered <- cur
+			cur = nil
+		}
+		streamErr = StreamReceipts(ctx, conn, database, func(row ReceiptRow) error {
+			if cur == nil {
+				cur = &verifyBatch{items: make([]verifyItem, 0, verifyBatchRows), done: make(chan struct{})}
+			}
+			cur.items = append(cur.items, verifyItem{row: row})
+			if len(cur.items) == verifyBatchRows {
+				send()
+			}
+			return nil
+		})
+		if cur != nil {
+			send()
+		}
+	}()
+	for range workers {
+		go func() {
+			for b := range work {
+				for i := range b.items {
+					it := &b.items[i]
+					raw := []byte(it.row.CloudEvent)
+					it.derived, it.derr = ReceiptRowFromEvent(raw)
+					it.ev, it.verr = receipts.VerifyEvent(raw, keys)
+				}
+				close(b.done)
+			}
+		}()
+	}
+	for b := range ordered {
+		<-b.done
+		for i := range b.items {
+			process(&b.items[i])
+		}
+	}
+	return streamErr // written before ordered was closed
 }
 
 // untrusted reports whether the verifier found the event itself bad

@@ -330,6 +330,13 @@ func NewVerifier(keys KeySet) *Verifier {
 // not), and the problems found at it, which are also kept for Finish.
 func (v *Verifier) Add(raw []byte) (*Event, []Problem) {
 	ev, err := VerifyEvent(raw, v.keys)
+	return v.AddVerified(raw, ev, err)
+}
+
+// AddVerified is Add for an event already checked by VerifyEvent with the
+// verifier's keys (ev, err are what it returned): callers verify
+// signatures on several cores and link the results here, in chain order.
+func (v *Verifier) AddVerified(raw []byte, ev *Event, err error) (*Event, []Problem) {
 	if ev != nil && ev.Type == schemas.TypeCheckpoint || ev == nil && err != nil && bestEffortType(raw) == schemas.TypeCheckpoint {
 		v.cpSeen++
 	} else {

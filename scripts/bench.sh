@@ -11,6 +11,10 @@
 #                                 compare the bucket in memory)
 #   bash scripts/bench.sh flight  every call also sends its post event: two
 #                                 receipts and one redacted ToolCallEvent per call
+#   bash scripts/bench.sh verify [N]  talosctl verify over N (default 1,000,000)
+#                                 signed, chained receipts with a checkpoint every
+#                                 1,000, written by `talosctl synth`: receipts/s
+#                                 and peak RSS of the verifier
 #   bash scripts/bench.sh tail    the latency run in three arrangements: no sink,
 #                                 sink at equal CPU priority, sink and ClickHouse
 #                                 at nice 10 (where the p99 tail comes from)
@@ -131,8 +135,20 @@ tail)
   start control 10
   bench --calls 30000 --concurrency 100 --rate 2000 | grep -E "p99|end to end"
   ;;
+verify)
+  n=${2:-1000000}
+  start control
+  echo "== writing $n signed receipts in 4 chains, a checkpoint every 1,000 (talosctl synth)"
+  "$work/bin/talosctl" --clickhouse-addr "$ch" --clickhouse-database synth synth --receipts "$n" --chains 4 \
+    --checkpoint-every 1000 --key-out "$work/synth" 2>/dev/null
+  echo "== talosctl verify over ClickHouse: every signature, link, Merkle root and stored column"
+  /usr/bin/time -f "%e s wall, %M KiB peak RSS, %P CPU" -o "$work/verify.time" \
+    "$work/bin/talosctl" --clickhouse-addr "$ch" --clickhouse-database synth verify --trusted-keys "$work/synth.pub" 2>/dev/null | tail -1
+  cat "$work/verify.time"
+  awk -v n="$n" '{printf "== verification: %.0f receipts/s, peak RSS %.0f MiB\n", n/$1, $4/1024}' "$work/verify.time"
+  ;;
 *)
-  echo "usage: bash scripts/bench.sh [replay|flight|tail]" >&2
+  echo "usage: bash scripts/bench.sh [replay|flight|tail|verify [N]]" >&2
   exit 2
   ;;
 esac
