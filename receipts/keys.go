@@ -274,3 +274,21 @@ func LoadTrustedKeys(paths ...string) (KeySet, error) {
 	}
 	return ks, nil
 }
+
+// WritePublicKey writes pub as a .pub key file (mode 0644) at path, unless
+// a file is already there: it returns ErrKeyFileExists then, which callers
+// that keep a directory of every key they ever signed with can ignore.
+func WritePublicKey(pub ed25519.PublicKey, path string) error {
+	if len(pub) != ed25519.PublicKeySize {
+		return errors.New("receipts: write public key: invalid key")
+	}
+	b, err := json.MarshalIndent(keyFile{Alg: schemas.SignatureAlg, KID: KeyID(pub),
+		PublicKey: base64.RawURLEncoding.EncodeToString(pub)}, "", "  ")
+	if err != nil {
+		return err
+	}
+	if _, err := os.Lstat(path); err == nil {
+		return fmt.Errorf("%w: %s", ErrKeyFileExists, path)
+	}
+	return writeFileMode(path, append(b, '\n'), 0o644, false)
+}

@@ -158,3 +158,18 @@ func TestLoadTrustedKeysDirectory(t *testing.T) {
 		t.Error("no paths: want error")
 	}
 }
+
+func TestWritePublicKey(t *testing.T) {
+	k := testKey(t, 3)
+	path := filepath.Join(t.TempDir(), "signer.pub")
+	if err := WritePublicKey(k.Public(), path); err != nil {
+		t.Fatal(err)
+	}
+	kid, pub, err := LoadPublicKey(path)
+	if err != nil || kid != k.KID || !pub.Equal(k.Public()) {
+		t.Fatalf("read back %q %v", kid, err)
+	}
+	if err := WritePublicKey(k.Public(), path); !errors.Is(err, ErrKeyFileExists) {
+		t.Fatalf("second write: %v", err)
+	}
+}
