@@ -60,6 +60,15 @@ const (
 	ViewToolCalls       = "v_tool_calls"        // one row per tool_call_id
 	ViewSecretUses      = "v_secret_uses"       // one row per (tool_call_id, pseudonym)
 	ViewRedactionCounts = "v_redaction_counts"  // (day, rule) -> redactions
+
+	// Auditor views of migration 5 (README "Auditor views and queries").
+	ViewDenials               = "v_denials"                 // one row per denied decision
+	ViewWriteCalls            = "v_write_calls"             // one row per phase-pre decision of a write tool
+	ViewIncidentTimeline      = "v_incident_timeline"       // one row per incident command (kill switch, quarantine, revoke, registry, replay flush)
+	ViewKillSwitchIntervals   = "v_killswitch_intervals"    // one row per period a kill switch was active
+	ViewCallsDuringKillSwitch = "v_calls_during_killswitch" // one row per (decision, kill switch active at its time and covering it)
+	ViewRegistryDigests       = "v_registry_digests"        // (hour, registry_digest) -> calls, first and last seen
+	ViewToolLatency           = "v_tool_latency"            // one row per executed call (phase post ToolCallEvent) with duration_ms
 )
 
 const (
@@ -342,6 +351,130 @@ GROUP BY day, rule`,
 		{TableCheckpoints, "first_prev_hash", "String"},
 		{TableCheckpoints, "prev_checkpoint_hash", "String"},
 		{TableCheckpoints, "final", "UInt8"},
+	},
+}, {
+	version: 5,
+	name:    "auditor views",
+	// Every view reads the deduplicating views (v_decisions, v_tool_calls,
+	// v_control_events), never a raw table, so a redelivered row is
+	// counted once. 18.16 JOINs take only equality keys, so the one
+	// interval join is a CROSS JOIN filtered by WHERE; its right side is a
+	// subquery with distinct column names (18.16 resolves qualified names
+	// of a joined view poorly) and an alias (newer servers require one).
+	statements: []string{
+		// One row per denied decision (phase pre, or post when a result
+		// broke a document rule); the canned queries aggregate it.
+		`CREATE VIEW IF NOT EXISTS {db}.v_denials AS
+SELECT time, time_ms, toStartOfHour(time) AS hour, tool_call_id, phase, kind, session_id, ep_id, server_id, tool_name,
+	tool_class, agent_id, reason_codes, receipt_id, registry_digest
+FROM {db}.v_decisions
+WHERE decision = 'deny'`,
+
+		// Migration 1's view with the agent and tool as dimensions too;
+		// sum(denials) over the dimensions you do not group by.
+		`DROP TABLE IF EXISTS {db}.v_denials_by_reason`,
+		`CREATE VIEW IF NOT EXISTS {db}.v_denials_by_reason AS
+SELECT hour, server_id, tool_name, agent_id, arrayJoin(reason_codes) AS reason_code, count() AS denials
+FROM {db}.v_denials
+GROUP BY hour, server_id, tool_name, agent_id, reason_code`,
+
+		// Decisions on calls to write tools (the registry's class), before
+		// the tool ran: allowed, denied or held for approval.
+		`CREATE VIEW IF NOT EXISTS {db}.v_write_calls AS
+SELECT time, time_ms, toStartOfHour(time) AS hour, tool_call_id, session_id, ep_id, agent_id, server_id, tool_name,
+	decision, reason_codes, receipt_id
+FROM {db}.v_decisions
+WHERE phase = 'pre' AND tool_class = 'write'`,
+
+		// What responders did to enforcement, accepted or refused. scope is
+		// the kind of thing acted on: a kill switch's scope kind (global,
+		// server, tool, agent, session), session (quarantine, replay.flush
+		// of one session; all when it flushed every session), agent or
+		// capability (revoke), registry (publish, pin).
+		`CREATE VIEW IF NOT EXISTS {db}.v_incident_timeline AS
+SELECT time, time_ms, verb,
+	multiIf(verb IN ('killswitch.set', 'killswitch.clear'),
+			if(position(target, ':') = 0, target, substring(target, 1, position(target, ':') - 1)),
+		verb IN ('quarantine.set', 'quarantine.clear'), 'session',
+		verb = 'revoke', if(target LIKE 'agent:%', 'agent', 'capability'),
+		verb IN ('registry.publish', 'registry.pin'), 'registry',
+		target = '', 'all', 'session') AS scope,
+	target, actor, reason, accepted, code, event_id AS receipt_id, stream_seq, command_id, responder_kid
+FROM {db}.v_control_events
+WHERE verb IN ('killswitch.set', 'killswitch.clear', 'quarantine.set', 'quarantine.clear', 'revoke',
+	'registry.publish', 'registry.pin', 'replay.flush')`,
+
+		// Each period a kill switch was in force, as the workers apply
+		// them: accepted set/clear events of one scope in TALOS_CONTROL
+		// order; a set while already set extends the period, a clear ends
+		// it. clear_ms = 0 (and active = 1) while it is still set.
+		`CREATE VIEW IF NOT EXISTS {db}.v_killswitch_intervals AS
+SELECT target,
+	if(position(target, ':') = 0, target, substring(target, 1, position(target, ':') - 1)) AS scope_kind,
+	if(position(target, ':') = 0, '', substring(target, position(target, ':') + 1)) AS scope_value,
+	arrayFirstIndex((v, j) -> v = 'killswitch.clear' AND j > i, verbs, arrayEnumerate(verbs)) AS c,
+	times[i] AS set_ms,
+	times[c] AS clear_ms,
+	c = 0 AS active,
+	seqs[i] AS set_seq,
+	seqs[c] AS clear_seq,
+	ids[i] AS set_receipt_id,
+	ids[c] AS clear_receipt_id,
+	actors[i] AS actor,
+	reasons[i] AS reason
+FROM (
+	SELECT target,
+		arraySort(groupArray(stream_seq)) AS seqs,
+		arraySort((x, s) -> s, groupArray(time_ms), groupArray(stream_seq)) AS times,
+		arraySort((x, s) -> s, groupArray(verb), groupArray(stream_seq)) AS verbs,
+		arraySort((x, s) -> s, groupArray(event_id), groupArray(stream_seq)) AS ids,
+		arraySort((x, s) -> s, groupArray(actor), groupArray(stream_seq)) AS actors,
+		arraySort((x, s) -> s, groupArray(reason), groupArray(stream_seq)) AS reasons
+	FROM {db}.v_control_events
+	WHERE verb IN ('killswitch.set', 'killswitch.clear') AND accepted = 1
+	GROUP BY target
+)
+ARRAY JOIN arrayEnumerate(verbs) AS i
+WHERE verbs[i] = 'killswitch.set' AND verbs[i - 1] != 'killswitch.set'`,
+
+		// Decisions made while a kill switch covering the call was in force
+		// (from its set to its clear): allows here are calls a worker let
+		// through before it applied the switch; denials are the switch (or
+		// another rule) working. A call covered by two switches is listed
+		// once per switch.
+		`CREATE VIEW IF NOT EXISTS {db}.v_calls_during_killswitch AS
+SELECT time, time_ms, tool_call_id, phase, kind, session_id, agent_id, server_id, tool_name, decision, reason_codes,
+	receipt_id, ks_target AS killswitch_target, ks_set_ms AS killswitch_set_ms, ks_clear_ms AS killswitch_clear_ms,
+	ks_receipt_id AS killswitch_receipt_id
+FROM {db}.v_decisions
+CROSS JOIN (
+	SELECT target AS ks_target, scope_kind AS ks_kind, scope_value AS ks_value, set_ms AS ks_set_ms,
+		clear_ms AS ks_clear_ms, set_receipt_id AS ks_receipt_id
+	FROM {db}.v_killswitch_intervals
+) AS ks
+WHERE time_ms >= ks_set_ms AND (ks_clear_ms = 0 OR time_ms < ks_clear_ms)
+	AND (ks_kind = 'global'
+		OR (ks_kind = 'server' AND server_id = ks_value)
+		OR (ks_kind = 'tool' AND concat(server_id, '/', tool_name) = ks_value)
+		OR (ks_kind = 'agent' AND agent_id != '' AND agent_id = ks_value)
+		OR (ks_kind = 'session' AND session_id = ks_value))`,
+
+		// Which registry bundle the workers enforced, per hour: the digest
+		// every phase-pre decision carries.
+		`CREATE VIEW IF NOT EXISTS {db}.v_registry_digests AS
+SELECT toStartOfHour(time) AS hour, registry_digest, min(time) AS first_seen, max(time) AS last_seen,
+	min(time_ms) AS first_seen_ms, max(time_ms) AS last_seen_ms, count() AS calls
+FROM {db}.v_decisions
+WHERE phase = 'pre'
+GROUP BY hour, registry_digest`,
+
+		// How long tools ran: the post-phase ToolCallEvent of each executed
+		// call (a call denied before it ran has none).
+		`CREATE VIEW IF NOT EXISTS {db}.v_tool_latency AS
+SELECT toStartOfHour(time) AS hour, time, time_ms, tool_call_id, session_id, agent_id, server_id, tool_name, tool_id,
+	ok, error_code, duration_ms
+FROM {db}.v_tool_calls
+WHERE phase = 'post'`,
 	},
 }}
 

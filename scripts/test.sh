@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Quick start, command 2: run every test (this is exactly what CI runs).
-# Installs ClickHouse from the OS packages when missing; NATS is embedded.
+# Installs ClickHouse and Chromium (for the dashboard test) from the OS
+# packages when missing; NATS is embedded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_go
 ensure_clickhouse
+ensure_chromium
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 echo "== go vet"
 go vet ./...

@@ -25,11 +25,14 @@ type Globals struct {
 type cli struct {
 	Globals
 
-	Keys   keysCmd   `cmd:"" help:"Manage Ed25519 signing keys."`
-	Call   callCmd   `cmd:"" help:"Act as an enforcement point: send one tool call envelope and print the decision."`
-	Verify verifyCmd `cmd:"" help:"Verify receipts (signatures, hash chains, stored columns) in ClickHouse or in a file; exit 1 naming each bad receipt."`
-	Query  queryCmd  `cmd:"" help:"Canned auditor questions."`
-	Bench  benchCmd  `cmd:"" help:"Measure a running stack: decision latency with N concurrent enforcement points, end-to-end events/s, kill-switch propagation."`
+	Keys        keysCmd        `cmd:"" help:"Manage Ed25519 signing keys."`
+	Call        callCmd        `cmd:"" help:"Act as an enforcement point: send one tool call envelope and print the decision."`
+	Verify      verifyCmd      `cmd:"" help:"Verify the audit trail (signatures, hash chains, checkpoints' Merkle roots, stored columns) in ClickHouse or in a file; exit 1 naming each missing, altered, reordered, duplicated or foreign record. --receipt ID prints an inclusion proof."`
+	VerifyProof verifyProofCmd `cmd:"" name:"verify-proof" help:"Check an inclusion proof (from verify --receipt) offline, with only the public keys."`
+	Query       queryCmd       `cmd:"" help:"Canned auditor questions."`
+	Export      exportCmd      `cmd:"" help:"Export signed records (receipts, tool calls, checkpoints) as JSON lines or CSV, verifiable offline with verify --file."`
+	Bench       benchCmd       `cmd:"" help:"Measure a running stack: decision latency with N concurrent enforcement points, end-to-end events/s, kill-switch propagation."`
+	Synth       synthCmd       `cmd:"" help:"Benchmarks: write N signed, chained, checkpointed synthetic receipts straight into ClickHouse (to measure verify at scale)."`
 
 	Killswitch killswitchCmd `cmd:"" help:"Kill switches: stop calls in a scope on every worker (signed control commands)."`
 	Quarantine quarantineCmd `cmd:"" help:"Quarantine sessions on every worker."`

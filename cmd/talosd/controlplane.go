@@ -111,6 +111,7 @@ func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn
 		Source:        "talos://control/" + f.instance(),
 		ResponderKeys: responders,
 		Skew:          f.ControlSkew,
+		Checkpoints:   f.checkpoints(),
 		Status:        watch,
 		Logger:        log,
 		Hooks: ingest.ControlHooks{

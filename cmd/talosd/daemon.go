@@ -39,6 +39,9 @@ type stack struct {
 	NC       *nats.Conn
 	JS       jetstream.JetStream
 	Registry *enforce.Registry
+	// WebURL is the dashboard address with its ?token= (role web), for
+	// talosd dev's banner only: never log it.
+	WebURL string
 }
 
 var knownRoles = map[string]bool{"enforce": true, "sink": true, "control": true, "web": true}
@@ -67,9 +70,6 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 			return usagef("unknown role %q (known: enforce, sink, control, web)", r)
 		}
 	}
-	if f.has("web") {
-		log.Warn("role web is not part of this version yet; running the others", "roles", f.Roles)
-	}
 	if f.Mode == "dev" {
 		log.Warn("mode dev: unclassified tools are ALLOWED with warning TOOL_UNCLASSIFIED_ALLOWED_DEV; never use dev in production")
 	}
@@ -93,6 +93,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 		if key, err = receipts.LoadPrivateKey(f.SigningKey); err != nil {
 			return fmt.Errorf("signing key: %w", err)
 		}
+		keepSigner(f, key, log)
 		mode := enforce.ModeProd
 		if f.Mode == "dev" {
 			mode = enforce.ModeDev
@@ -216,9 +217,10 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 		enf, err := ingest.NewEnforcer(nc, js, dec, ingest.EnforcerOptions{
 			WorkerID: workerID(f),
 			Worker: ingest.WorkerOptions{
-				Chains:  chains,
-				Source:  "talos://enforce/" + f.instance(),
-				AckWait: f.AckWait,
+				Chains:      chains,
+				Source:      "talos://enforce/" + f.instance(),
+				AckWait:     f.AckWait,
+				Checkpoints: f.checkpoints(),
 			},
 			Keys:              signers,
 			HeartbeatInterval: f.HeartbeatInterval,
@@ -274,6 +276,16 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 		start("sink", s.Run)
 	}
 
+	var webURL string
+	if f.has("web") { // after the sink, which creates the database
+		w, err := startWeb(ctx, f, log.With("role", "web"), key)
+		if err != nil {
+			return err
+		}
+		webURL = w.URL
+		start("web", w.run)
+	}
+
 	var srv *http.Server
 	if f.HTTPAddr != "" {
 		mux := http.NewServeMux()
@@ -300,7 +312,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 	}
 
 	if ready != nil {
-		if err := ready(roleCtx, &stack{NatsURL: natsURL, NC: nc, JS: js, Registry: reg}); err != nil {
+		if err := ready(roleCtx, &stack{NatsURL: natsURL, NC: nc, JS: js, Registry: reg, WebURL: webURL}); err != nil {
 			cancel()
 			wg.Wait()
 			return err

@@ -40,6 +40,7 @@ type devCmd struct {
 	ClickhousePort int  `name:"clickhouse-port" default:"9000" help:"Native port of the private ClickHouse (0: any free port; a busy port falls back to a free one)."`
 	DemoCalls      bool `name:"demo" default:"true" negatable:"" help:"Send a short burst of demo traffic once the stack is up."`
 	ExitAfterDemo  bool `name:"exit-after-demo" help:"Stop after the demo traffic has reached ClickHouse (for scripted checks)."`
+	Web            bool `name:"web" default:"true" negatable:"" help:"Also run the web dashboard (role web) and print its URL with the token."`
 }
 
 func (d *devCmd) Run(f *Flags) error {
@@ -143,6 +144,16 @@ func (d *devCmd) Run(f *Flags) error {
 	}
 	if d.ExitAfterDemo {
 		f.HTTPAddr = ""
+	}
+	// The dashboard: a busy default port falls back to a free one.
+	if d.Web {
+		if !slices.Contains(f.Roles, "web") {
+			f.Roles = append(f.Roles, "web")
+		}
+		if !addrFree(f.WebAddr) {
+			fmt.Fprintf(os.Stderr, "%s is busy; the dashboard takes a free port instead\n", f.WebAddr)
+			f.WebAddr = "127.0.0.1:0"
+		}
 	}
 	// The demo traffic logs in as its own enforcement point.
 	if !slices.Contains(f.NatsEPs, demoEP) {
@@ -264,6 +275,13 @@ func printBanner(f *Flags, s *stack) {
 		users = path + " (talosctl picks its user from it)"
 		talosctl += " --nats-auth " + path
 	}
+	dashboard := "off (--no-web)"
+	if s.WebURL != "" {
+		dashboard = s.WebURL + "  (the token is in " + f.webTokenFile() + ")"
+		if f.WebToken != "" {
+			dashboard = s.WebURL
+		}
+	}
 	digest := "no enforce role in this process"
 	if s.Registry != nil {
 		digest = s.Registry.Digest()
@@ -279,6 +297,7 @@ Talos dev stack is up.
   registry:    %s (%s)
   signing key: %s
   mode:        %s (capabilities %s, issuers %s)
+  dashboard:   %s
 
 Try:
   %s call --server files --tool read_file --args '{"path":"README.md"}' %s
@@ -289,7 +308,7 @@ Try:
   go run ./cmd/talosctl --clickhouse-addr %s verify --trusted-keys %s
 
 `, s.NatsURL, users, f.ClickhouseAddr, f.ClickhouseDatabase, f.Registry, digest, f.SigningKey, f.Mode,
-		f.Capabilities, strings.Join(f.CapabilityIssuers, ","),
+		f.Capabilities, strings.Join(f.CapabilityIssuers, ","), dashboard,
 		talosctl, capFlags,
 		"go run ./cmd/talosctl --clickhouse-addr "+f.ClickhouseAddr, redactionKeyPath(f),
 		talosctl, responderKeyFile(f), talosctl, responderKeyFile(f),

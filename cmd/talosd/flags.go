@@ -34,9 +34,14 @@ type Flags struct {
 	DataDir            string        `name:"data-dir" default:"./talos-data" type:"path" help:"Where the embedded NATS (and in dev, ClickHouse and keys) keep data."`
 	Instance           string        `name:"instance" help:"Instance name, used in CloudEvent sources and chain ids (default: host name)."`
 	Roles              []string      `name:"roles" default:"enforce,sink,control" help:"Roles to run: enforce, sink, control, web."`
+	WebAddr            string        `name:"web-addr" default:"127.0.0.1:8088" help:"Listen address of the web dashboard (role web)."`
+	WebToken           string        `name:"web-token" help:"Access token of the web dashboard, 16-256 characters (prefer TALOS_WEB_TOKEN: arguments are visible to other local users). Default: the token in --web-token-file."`
+	WebTokenFile       string        `name:"web-token-file" type:"path" help:"File holding the dashboard token (default <data-dir>/web.token; created with a random token, mode 0600, when missing)."`
 	HTTPAddr           string        `name:"http-addr" default:"127.0.0.1:9464" help:"Address for /healthz and /metrics. Empty disables it."`
 	Pprof              bool          `name:"pprof" help:"Also serve /debug/pprof on --http-addr (profiling; keep that address private)."`
 	Chains             int           `name:"chains" help:"Hash chains (signing goroutines) per enforce worker (default 4 x GOMAXPROCS)."`
+	CheckpointEvery    int           `name:"checkpoint-every" default:"1000" help:"Each chain (enforce and control) signs a checkpoint, an RFC 6962 Merkle root over its receipts since the last one, after this many receipts..."`
+	CheckpointInterval time.Duration `name:"checkpoint-interval" default:"10s" help:"...or once its oldest receipt not yet checkpointed is this old (and a final one when it stops)."`
 	Replicas           int           `name:"replicas" default:"1" help:"Stream replicas: 1 on one node, 3 in a NATS cluster."`
 	MaxEnvelopeBytes   int           `name:"max-envelope-bytes" default:"4194304" help:"Largest call envelope accepted; larger ones are denied VAL-HTC-001."`
 	AckWait            time.Duration `name:"ack-wait" default:"30s" help:"How long a fetched call or audit record may stay un-acked before JetStream redelivers it (after a crash)."`

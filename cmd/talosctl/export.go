@@ -1,0 +1,125 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/talos-audit/talos/query"
+)
+
+// exportCmd is `talosctl export`: the signed records of ClickHouse, as
+// stored, for an auditor to verify offline (verify --file) or to archive.
+type exportCmd struct {
+	Format string        `name:"format" default:"jsonl" enum:"jsonl,csv" help:"jsonl: one signed CloudEvent per line, the stored bytes; csv: the useful columns and a cloudevent column with the signed JSON."`
+	Kind   string        `name:"kind" default:"receipts" enum:"receipts,toolcalls,checkpoints,control,all" help:"What to export: receipts (in chain order; control receipts included), toolcalls, checkpoints, control (the control receipts alone), or all (receipts, tool calls and checkpoints)."`
+	From   string        `name:"from" help:"Only records from this time on: RFC 3339, or a date (its midnight UTC). A partial chain verifies with verify --partial."`
+	To     string        `name:"to" help:"Only records before this time (exclusive): RFC 3339, or a date."`
+	Since  time.Duration `name:"since" help:"Only records of the last D (e.g. 24h), instead of --from."`
+	Out    string        `name:"out" short:"o" default:"-" help:"Write to this file ('-': standard output). The file appears only once complete (written beside it, then renamed)."`
+}
+
+// exportProgressEvery is how many records pass between progress lines.
+const exportProgressEvery = 10000
+
+func (c *exportCmd) Run(g *Globals) error {
+	from, to, err := timeRange(c.From, c.To, c.Since, time.Now())
+	if err != nil {
+		return usage("export: %v", err)
+	}
+	ctx := context.Background()
+	conn, err := query.Open(ctx, g.ClickhouseAddr, g.ClickhouseDatabase)
+	if err != nil {
+		return failed("clickhouse %s: %v", g.ClickhouseAddr, err)
+	}
+	defer conn.Close()
+
+	out, finish, err := c.open()
+	if err != nil {
+		return failed("export: %v", err)
+	}
+	bw := bufio.NewWriterSize(out, 1<<20)
+	ew, err := query.NewExportWriter(bw, c.Format)
+	if err != nil {
+		finish(false)
+		return usage("export: %v", err)
+	}
+	toFile := c.Out != "-"
+	n := 0
+	err = query.Export(ctx, conn, g.ClickhouseDatabase, query.ExportOptions{Kind: c.Kind, From: from, To: to}, func(r *query.ExportRecord) error {
+		if err := ew.Write(r); err != nil {
+			return err
+		}
+		n++
+		if toFile && n%exportProgressEvery == 0 {
+			fmt.Fprintf(os.Stderr, "\rexported %d records…", n)
+		}
+		return nil
+	})
+	if toFile && n >= exportProgressEvery {
+		fmt.Fprintln(os.Stderr)
+	}
+	// Conflicting copies are all in the export (the verifier names the
+	// fork): keep the file, then fail.
+	var conflict *query.ConflictError
+	complete := err == nil || errors.As(err, &conflict)
+	if complete {
+		if ferr := ew.Flush(); ferr != nil {
+			err, complete = ferr, false
+		} else if ferr := bw.Flush(); ferr != nil {
+			err, complete = ferr, false
+		}
+	}
+	if ferr := finish(complete); ferr != nil && complete {
+		err, complete = ferr, false
+	}
+	if !complete {
+		return failed("export: %v", err)
+	}
+	if toFile {
+		if g.JSON {
+			json.NewEncoder(os.Stdout).Encode(map[string]any{"out": c.Out, "kind": c.Kind, "format": c.Format, "records": n})
+		} else {
+			fmt.Fprintf(os.Stderr, "exported %d %s records to %s (%s)\n", n, c.Kind, c.Out, c.Format)
+		}
+	}
+	if conflict != nil {
+		return failed("export: %v (every version is in the export; verify --file names them)", conflict)
+	}
+	return nil
+}
+
+// open returns where the export goes and a function that ends it: for a
+// file, keep renames the temporary file over --out (else it is removed).
+func (c *exportCmd) open() (*os.File, func(keep bool) error, error) {
+	if c.Out == "-" {
+		return os.Stdout, func(bool) error { return nil }, nil
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(c.Out), "."+filepath.Base(c.Out)+".partial-*")
+	if err != nil {
+		return nil, nil, err
+	}
+	return tmp, func(keep bool) error {
+		if !keep {
+			tmp.Close()
+			os.Remove(tmp.Name())
+			return nil
+		}
+		err := tmp.Sync()
+		if cerr := tmp.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = os.Rename(tmp.Name(), c.Out)
+		}
+		if err != nil {
+			os.Remove(tmp.Name())
+		}
+		return err
+	}, nil
+}
