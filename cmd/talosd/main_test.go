@@ -109,7 +109,7 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	if err := receipts.WriteKeyPair(key, filepath.Join(dir, "signer")); err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"--nats-url", ns.URL(), "--clickhouse-addr", addr, "--clickhouse-database", db,
+	args := []string{"--data-dir", filepath.Join(dir, "data"), "--nats-url", ns.URL(), "--clickhouse-addr", addr, "--clickhouse-database", db,
 		"--registry", "demo/registry", "--signing-key", filepath.Join(dir, "signer.key"),
 		"--http-addr", "", "--ack-wait", "2s", "--chains", "4", "--batch-rows", "200", "--batch-age", "50ms", "--log-format", "json"}
 	start := func(name string) *exec.Cmd {
