@@ -65,7 +65,16 @@ func table(database, name string) (string, error) {
 // about 2 KB: a few MiB) instead of the server's default 65,536 rows.
 const streamBlockRows = 2048
 
-// streamContext asks ClickHouse for small blocks on a streamed SELECT.
+// streamSortBytes bounds the memory ClickHouse spends sorting a streamed
+// SELECT (a whole table in chain order); beyond it the server sorts on
+// disk instead of failing with "memory limit exceeded".
+const streamSortBytes = 256 << 20
+
+// streamContext asks ClickHouse for small blocks on a streamed SELECT, and
+// to sort on disk beyond streamSortBytes.
 func streamContext(ctx context.Context) context.Context {
-	return clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"max_block_size": streamBlockRows}))
+	return clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{
+		"max_block_size":                 streamBlockRows,
+		"max_bytes_before_external_sort": streamSortBytes,
+	}))
 }

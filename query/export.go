@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/talos-audit/talos/schemas"
@@ -45,10 +44,6 @@ const (
 	// ExportCSV is ExportColumns, the signed CloudEvent last.
 	ExportCSV = "csv"
 )
-
-// exportSortBytes bounds the memory ClickHouse spends sorting an export;
-// beyond it the server sorts on disk.
-const exportSortBytes = 256 << 20
 
 // ExportOptions says what Export reads; the zero value exports every signed
 // record.
@@ -224,8 +219,7 @@ func exportKind(ctx context.Context, conn driver.Conn, database string, src expo
 	if len(conds) > 0 {
 		where = " WHERE " + strings.Join(conds, " AND ")
 	}
-	ctx = clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"max_bytes_before_external_sort": exportSortBytes}))
-	rows, err := conn.Query(ctx, "SELECT "+src.columns+" FROM "+tbl+where+" ORDER BY "+src.order, args...)
+	rows, err := conn.Query(streamContext(ctx), "SELECT "+src.columns+" FROM "+tbl+where+" ORDER BY "+src.order, args...)
 	if err != nil {
 		return nil, fmt.Errorf("query: export %s: %w", src.table, err)
 	}

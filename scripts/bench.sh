@@ -142,8 +142,12 @@ verify)
   "$work/bin/talosctl" --clickhouse-addr "$ch" --clickhouse-database synth synth --receipts "$n" --chains 4 \
     --checkpoint-every 1000 --key-out "$work/synth" 2>/dev/null
   echo "== talosctl verify over ClickHouse: every signature, link, Merkle root and stored column"
-  /usr/bin/time -f "%e s wall, %M KiB peak RSS, %P CPU" -o "$work/verify.time" \
-    "$work/bin/talosctl" --clickhouse-addr "$ch" --clickhouse-database synth verify --trusted-keys "$work/synth.pub" 2>/dev/null | tail -1
+  if ! /usr/bin/time -f "%e s wall, %M KiB peak RSS, %P CPU" -o "$work/verify.time" \
+    "$work/bin/talosctl" --clickhouse-addr "$ch" --clickhouse-database synth verify --trusted-keys "$work/synth.pub" \
+    >"$work/verify.out" 2>"$work/verify.err"; then
+    tail -20 "$work/verify.out"; tr '\r' '\n' <"$work/verify.err" | tail -5; exit 1
+  fi
+  tail -1 "$work/verify.out"
   cat "$work/verify.time"
   awk -v n="$n" '{printf "== verification: %.0f receipts/s, peak RSS %.0f MiB\n", n/$1, $4/1024}' "$work/verify.time"
   ;;

@@ -1,6 +1,6 @@
-// Command talosd is the Talos daemon: enforce workers, the ClickHouse sink
-// and (later) the control service and web dashboard, in one binary whose
-// roles are chosen with --roles. `talosd dev` runs the whole pipeline
+// Command talosd is the Talos daemon: enforce workers, the ClickHouse sink,
+// the control service and the web dashboard, in one binary whose roles are
+// chosen with --roles. `talosd dev` runs the whole pipeline
 // locally with an embedded NATS, a private ClickHouse, a demo registry,
 // generated keys and a burst of demo traffic.
 package main
