@@ -57,6 +57,9 @@ type stackOptions struct {
 	// configure adds checks to the worker's Decider (capabilities,
 	// ledger, redactor, ...), given the stack's JetStream.
 	configure func(t *testing.T, js jetstream.JetStream, o *enforce.DeciderOptions)
+	// checkpoints replaces the worker's checkpoint settings (default: a
+	// checkpoint every 7 receipts of a chain).
+	checkpoints *ingest.CheckpointOptions
 }
 
 func newStack(t *testing.T, o stackOptions) *stack {
@@ -124,8 +127,12 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	// tests' waits instead of after the 30 s default.
 	// Checkpoints every 7 receipts per chain: every test exercises them,
 	// and VerifyDatabase checks them.
+	cpo := ingest.CheckpointOptions{Every: 7}
+	if o.checkpoints != nil {
+		cpo = *o.checkpoints
+	}
 	w, err := ingest.NewWorker(nc, js, dec, ingest.WorkerOptions{Chains: chains, Source: "talos://enforce/test", AckWait: 3 * time.Second,
-		Checkpoints: ingest.CheckpointOptions{Every: 7}})
+		Checkpoints: cpo})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -477,6 +484,34 @@ func TestPipelinePostPhase(t *testing.T) {
 		t.Fatal("the receipt must carry hashes, never the result itself")
 	}
 	s.waitRows(t, query.ViewDecisions, fmt.Sprintf("tool_call_id = '%s'", pre.ToolCallID), 2)
+}
+
+// TestCheckpointAfterInterval: a chain whose receipts are fewer than
+// Every cuts a checkpoint once its oldest uncovered receipt is Interval
+// old, and the checkpoint verifies against them.
+func TestCheckpointAfterInterval(t *testing.T) {
+	s := newStack(t, stackOptions{checkpoints: &ingest.CheckpointOptions{Every: 1000, Interval: 300 * time.Millisecond}})
+	for range 3 {
+		s.call(t, newCall(t, "files", "read_file", map[string]any{"path": "a.txt"}))
+	}
+	s.waitRows(t, query.ViewDecisions, "1", 3)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		rep, err := query.VerifyDatabase(context.Background(), s.conn, s.db, s.keys, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rep.OK() {
+			t.Fatalf("verify: %v", rep.Problems)
+		}
+		if rep.Checked == 3 && rep.Uncovered == 0 && rep.Checkpoints >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no checkpoint covers the receipts 300 ms after them: %+v", rep)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // TestPipelineDevMode: an unclassified tool is allowed with a warning code.

@@ -305,14 +305,18 @@ Try:
   %s killswitch set tool:files/read_file --reason "drill" --wait --responder-key %s
   %s status --responder-key %s
   clickhouse-client --host %s --port %s --query "SELECT time, server_id, tool_name, decision, reason_codes FROM %s.v_decisions ORDER BY time"
+  go run ./cmd/talosctl --clickhouse-addr %s query denial-reasons --since 24h     # talosctl query list: the others
   go run ./cmd/talosctl --clickhouse-addr %s verify --trusted-keys %s
+  go run ./cmd/talosctl --clickhouse-addr %s verify --trusted-keys %s --receipt RECEIPT --out proof.json   # a checkpoint covers a receipt within %s
+  go run ./cmd/talosctl verify-proof --proof proof.json --trusted-keys %s
 
 `, s.NatsURL, users, f.ClickhouseAddr, f.ClickhouseDatabase, f.Registry, digest, f.SigningKey, f.Mode,
 		f.Capabilities, strings.Join(f.CapabilityIssuers, ","), dashboard,
 		talosctl, capFlags,
 		"go run ./cmd/talosctl --clickhouse-addr "+f.ClickhouseAddr, redactionKeyPath(f),
 		talosctl, responderKeyFile(f), talosctl, responderKeyFile(f),
-		host, port, f.ClickhouseDatabase, f.ClickhouseAddr, strings.Join(f.TrustedKeys, ","))
+		host, port, f.ClickhouseDatabase, f.ClickhouseAddr, f.ClickhouseAddr, f.signersDir(),
+		f.ClickhouseAddr, f.signersDir(), f.CheckpointInterval, f.signersDir())
 }
 
 // demoCase is one demo call and what it shows.
