@@ -234,7 +234,7 @@ func TestCheckpointTamperCases(t *testing.T) {
 	t.Run("receipts after a final checkpoint", func(t *testing.T) {
 		c := NewChain("w2", key)
 		recs2, cps2 := checkpointed(t, c, 4, 10, true)
-		more := buildChainFrom(t, c, 5, 6)
+		more := buildLinks(t, c, 5, 6, 1)
 		r := verifyAll(keys, false, recs2, cps2, more)
 		oneProblem(t, r, ProblemCheckpointMismatch, eventID(t, cps2[0]), "final checkpoint")
 	})
@@ -244,22 +244,6 @@ func TestCheckpointTamperCases(t *testing.T) {
 			t.Fatalf("%+v", r)
 		}
 	})
-}
-
-func buildChainFrom(t *testing.T, c *Chain, from, to int) [][]byte {
-	t.Helper()
-	var out [][]byte
-	for i := from; i <= to; i++ {
-		s, err := c.Seal(testMeta(i), sampleReceipt(i, 1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Commit(s); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, s.JSON)
-	}
-	return out
 }
 
 func TestInclusionProofOffline(t *testing.T) {

@@ -85,9 +85,16 @@ func testMeta(i int) Meta {
 // buildChain seals and commits n receipts on a chain and returns their JSON.
 func buildChain(t testing.TB, c *Chain, n int) [][]byte {
 	t.Helper()
+	return buildLinks(t, c, 1, n, 2)
+}
+
+// buildLinks seals and commits sampleReceipt(i, docs) for i in
+// [from, to] as the next links of c and returns them.
+func buildLinks(t testing.TB, c *Chain, from, to, docs int) [][]byte {
+	t.Helper()
 	var out [][]byte
-	for i := 1; i <= n; i++ {
-		s, err := c.Seal(testMeta(i), sampleReceipt(i, 2))
+	for i := from; i <= to; i++ {
+		s, err := c.Seal(testMeta(i), sampleReceipt(i, docs))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -82,17 +82,7 @@ func writePub(t *testing.T, k *receipts.PrivateKey, dir, name string) {
 // problem and a one-line summary by category.
 func TestVerifyCLI(t *testing.T) {
 	talosctl := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosctl")
-	addr, db := testenv.NewDatabase(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	conn, err := query.Open(ctx, addr, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if err := query.Migrate(ctx, conn, db); err != nil {
-		t.Fatal(err)
-	}
+	ctx, conn, addr, db := cliDB(t)
 	w := query.NewSinkWriter(conn, db)
 	dir := t.TempDir()
 	old, _ := receipts.GenerateKey()
