@@ -55,7 +55,14 @@ func TestComposeMatchesFlags(t *testing.T) {
 		if !envs[m[1]] {
 			t.Errorf("docker-compose.yml sets %s, which is no talosd flag", m[1])
 		}
-		env[m[1]] = strings.Trim(m[2], `"`)
+		// The first setting of a variable is the shared x-talosd one;
+		// services override some (the web service's TALOS_ROLES).
+		if _, seen := env[m[1]]; !seen {
+			env[m[1]] = strings.Trim(m[2], `"`)
+		}
+	}
+	if !strings.Contains(string(raw), "TALOS_ROLES: web\n") {
+		t.Error("docker-compose.yml has no dashboard service (TALOS_ROLES: web)")
 	}
 	// The values parse as talosd would read them.
 	for k, v := range env {
