@@ -50,6 +50,13 @@ type checkpointer struct {
 	policy retryPolicy
 }
 
+// newCheckpointer publishes checkpoints signed for source; a failed
+// publish is retried from first, backing off to 5 s.
+func newCheckpointer(js jetstream.JetStream, source string, now func() time.Time, log *slog.Logger, first time.Duration) *checkpointer {
+	return &checkpointer{js: js, source: source, now: now, log: log,
+		policy: retryPolicy{First: first, Max: 5 * time.Second, KeepAlive: time.Hour, Log: log, InProgress: func() {}}}
+}
+
 // cut signs a checkpoint of ch's pending range (if any) and publishes it,
 // retrying until TALOS_AUDIT has it or ctx ends (a final one is tried
 // once). Once signed, the range
@@ -61,7 +68,7 @@ func (c *checkpointer) cut(ctx context.Context, ch *receipts.Chain, final bool) 
 		return err
 	}
 	msg := &nats.Msg{Subject: schemas.CheckpointSubject(ch.ID()), Data: sealed.JSON, Header: nats.Header{}}
-	msg.Header.Set(jetstream.MsgIDHeader, receipts.CheckpointMsgID(ch.ID(), sealed.Seq))
+	msg.Header.Set(jetstream.MsgIDHeader, schemas.CheckpointMsgID(ch.ID(), sealed.Seq))
 	publish := func() error {
 		_, err := c.js.PublishMsg(ctx, msg)
 		return err

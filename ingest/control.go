@@ -176,8 +176,7 @@ func NewControlService(nc *nats.Conn, js jetstream.JetStream, o ControlOptions) 
 	}
 	o.Checkpoints = o.Checkpoints.withDefaults()
 	s := &ControlService{nc: nc, js: js, o: o, log: o.Logger, appended: map[string]appendedCommand{}}
-	s.cp = &checkpointer{js: js, source: o.Source, now: o.Now, log: o.Logger,
-		policy: retryPolicy{First: 50 * time.Millisecond, Max: 5 * time.Second, KeepAlive: time.Hour, Log: o.Logger, InProgress: func() {}}}
+	s.cp = newCheckpointer(js, o.Source, o.Now, o.Logger, 50*time.Millisecond)
 	return s, nil
 }
 

@@ -110,8 +110,7 @@ func NewWorker(nc *nats.Conn, js jetstream.JetStream, d Decider, o WorkerOptions
 	}
 	o.Checkpoints = o.Checkpoints.withDefaults()
 	w := &Worker{nc: nc, js: js, d: d, o: o, log: o.Logger}
-	w.cp = &checkpointer{js: js, source: o.Source, now: o.Now, log: o.Logger,
-		policy: retryPolicy{First: o.RetryBackoff, Max: 5 * time.Second, KeepAlive: time.Hour, Log: o.Logger, InProgress: func() {}}}
+	w.cp = newCheckpointer(js, o.Source, o.Now, o.Logger, o.RetryBackoff)
 	return w, nil
 }
 

@@ -88,12 +88,6 @@ func (c *Chain) Checkpoint(meta Meta, final bool) (*Sealed, error) {
 	return s, nil
 }
 
-// CheckpointMsgID is the Nats-Msg-Id of a chain's checkpoint n, so that a
-// retried publish is stored once.
-func CheckpointMsgID(chainID string, n uint64) string {
-	return fmt.Sprintf("checkpoint:%s:%d", chainID, n)
-}
-
 // VerifiedCheckpoint is a checkpoint whose signature checked out.
 type VerifiedCheckpoint struct {
 	schemas.Checkpoint

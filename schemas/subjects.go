@@ -63,6 +63,12 @@ func ToolCallEventSubject(serverID string) string { return "talos.audit.toolcall
 // CheckpointSubject is the TALOS_AUDIT subject of a chain checkpoint.
 func CheckpointSubject(chainID string) string { return "talos.audit.checkpoint." + chainID }
 
+// CheckpointMsgID is the Nats-Msg-Id of a chain's checkpoint n, so that a
+// retried publish is stored once.
+func CheckpointMsgID(chainID string, n uint64) string {
+	return fmt.Sprintf("checkpoint:%s:%d", chainID, n)
+}
+
 // CallMsgID is the Nats-Msg-Id an enforcement point sets when it publishes a call.
 func CallMsgID(toolCallID, phase string) string { return toolCallID + ":" + phase }
 
