@@ -105,10 +105,12 @@ func VerifyCheckpoint(raw []byte, keys KeySet) (*VerifiedCheckpoint, error) {
 	if err != nil {
 		return nil, err
 	}
-	return checkpointOf(ev)
+	return CheckpointOf(ev)
 }
 
-func checkpointOf(ev *Event) (*VerifiedCheckpoint, error) {
+// CheckpointOf reads the checkpoint of an event VerifyEvent verified:
+// its type, its data against checkpoint.schema.json, a consistent range.
+func CheckpointOf(ev *Event) (*VerifiedCheckpoint, error) {
 	if ev.Type != schemas.TypeCheckpoint {
 		return nil, malformed("event %s: type %q is not a checkpoint", ev.ID, ev.Type)
 	}
@@ -146,13 +148,10 @@ type Proof struct {
 // receipt hashes of the checkpoint's whole range in seq order. It checks
 // what it builds (VerifyProof with keys) before returning it.
 func BuildProof(receipt, checkpoint []byte, rangeHashes []string, keys KeySet) (*Proof, *ProofResult, error) {
-	ev, err := VerifyEvent(receipt, keys)
+	p := &Proof{Format: ProofFormat, Receipt: receipt, Checkpoint: checkpoint}
+	ev, cp, err := p.signedParts(keys)
 	if err != nil {
-		return nil, nil, fmt.Errorf("receipt: %w", err)
-	}
-	cp, err := VerifyCheckpoint(checkpoint, keys)
-	if err != nil {
-		return nil, nil, fmt.Errorf("checkpoint: %w", err)
+		return nil, nil, err
 	}
 	seq := ev.Data.Chain.Seq
 	if ev.Data.Chain.ChainID != cp.ChainID || seq < cp.FromSeq || seq > cp.ToSeq {
@@ -172,12 +171,11 @@ func BuildProof(receipt, checkpoint []byte, rangeHashes []string, keys KeySet) (
 	if err != nil {
 		return nil, nil, err
 	}
-	p := &Proof{Format: ProofFormat, Receipt: receipt, Checkpoint: checkpoint,
-		LeafIndex: seq - cp.FromSeq, TreeSize: cp.TreeSize, AuditPath: make([]string, len(path))}
+	p.LeafIndex, p.TreeSize, p.AuditPath = seq-cp.FromSeq, cp.TreeSize, make([]string, len(path))
 	for i, h := range path {
 		p.AuditPath[i] = h.String()
 	}
-	res, err := VerifyProof(p, keys)
+	res, err := p.check(ev, cp)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -207,50 +205,68 @@ var ErrProofInvalid = errors.New("receipts: inclusion proof invalid")
 // proof's leaf in the checkpoint's range, and that its audit path leads
 // from the receipt's leaf hash to the signed root.
 func VerifyProof(p *Proof, keys KeySet) (*ProofResult, error) {
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: %s", ErrProofInvalid, fmt.Sprintf(format, a...))
-	}
 	if p == nil || p.Format != ProofFormat {
-		return nil, bad("not a %s document", ProofFormat)
+		return nil, proofInvalid("not a %s document", ProofFormat)
 	}
+	ev, cp, err := p.signedParts(keys)
+	if err != nil {
+		return nil, err
+	}
+	return p.check(ev, cp)
+}
+
+func proofInvalid(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrProofInvalid, fmt.Sprintf(format, a...))
+}
+
+// signedParts verifies the proof's receipt and checkpoint signatures.
+func (p *Proof) signedParts(keys KeySet) (*Event, *VerifiedCheckpoint, error) {
 	ev, err := VerifyEvent(p.Receipt, keys)
 	if err != nil {
-		return nil, bad("receipt: %v", err)
+		return nil, nil, proofInvalid("receipt: %v", err)
 	}
 	if !isReceiptType(ev.Type) {
-		return nil, bad("receipt %s: type %q is not a receipt", ev.ID, ev.Type)
+		return nil, nil, proofInvalid("receipt %s: type %q is not a receipt", ev.ID, ev.Type)
 	}
 	cp, err := VerifyCheckpoint(p.Checkpoint, keys)
 	if err != nil {
-		return nil, bad("checkpoint: %v", err)
+		return nil, nil, proofInvalid("checkpoint: %v", err)
 	}
+	return ev, cp, nil
+}
+
+// check establishes, for the verified receipt ev and checkpoint cp, that
+// the receipt's chain position is the proof's leaf in the checkpoint's
+// range and that the audit path leads from its leaf hash to the root.
+func (p *Proof) check(ev *Event, cp *VerifiedCheckpoint) (*ProofResult, error) {
 	c := ev.Data.Chain
 	switch {
 	case c.ChainID != cp.ChainID:
-		return nil, bad("receipt is in chain %s, the checkpoint covers chain %s", c.ChainID, cp.ChainID)
+		return nil, proofInvalid("receipt is in chain %s, the checkpoint covers chain %s", c.ChainID, cp.ChainID)
 	case c.Seq < cp.FromSeq || c.Seq > cp.ToSeq:
-		return nil, bad("receipt seq %d is outside the checkpoint's range %d..%d", c.Seq, cp.FromSeq, cp.ToSeq)
+		return nil, proofInvalid("receipt seq %d is outside the checkpoint's range %d..%d", c.Seq, cp.FromSeq, cp.ToSeq)
 	case p.TreeSize != cp.TreeSize:
-		return nil, bad("proof tree_size %d, the checkpoint signed %d", p.TreeSize, cp.TreeSize)
+		return nil, proofInvalid("proof tree_size %d, the checkpoint signed %d", p.TreeSize, cp.TreeSize)
 	case p.LeafIndex != c.Seq-cp.FromSeq:
-		return nil, bad("leaf_index %d, but seq %d is leaf %d of the range", p.LeafIndex, c.Seq, c.Seq-cp.FromSeq)
+		return nil, proofInvalid("leaf_index %d, but seq %d is leaf %d of the range", p.LeafIndex, c.Seq, c.Seq-cp.FromSeq)
 	}
 	path := make([]Hash, len(p.AuditPath))
 	for i, s := range p.AuditPath {
+		var err error
 		if path[i], err = ParseHash(s); err != nil {
-			return nil, bad("audit_path[%d]: %v", i, err)
+			return nil, proofInvalid("audit_path[%d]: %v", i, err)
 		}
 	}
 	leaf, err := ReceiptLeaf(ev.Hash)
 	if err != nil {
-		return nil, bad("%v", err)
+		return nil, proofInvalid("%v", err)
 	}
 	root, err := ParseHash(cp.RootHash)
 	if err != nil {
-		return nil, bad("checkpoint root: %v", err)
+		return nil, proofInvalid("checkpoint root: %v", err)
 	}
 	if err := VerifyInclusion(leaf, p.LeafIndex, p.TreeSize, path, root); err != nil {
-		return nil, bad("%v", err)
+		return nil, proofInvalid("%v", err)
 	}
 	return &ProofResult{ReceiptID: ev.ID, ReceiptHash: ev.Hash, ChainID: c.ChainID, Seq: c.Seq,
 		CheckpointID: cp.ID, CheckpointSeq: cp.CheckpointSeq, FromSeq: cp.FromSeq, ToSeq: cp.ToSeq,

@@ -34,7 +34,7 @@ type chainCheckpoints struct {
 }
 
 func (v *Verifier) addCheckpoint(ev *Event) []Problem {
-	vc, err := checkpointOf(ev)
+	vc, err := CheckpointOf(ev)
 	if err != nil {
 		return []Problem{{Kind: ProblemMalformed, ReceiptID: ev.ID, Record: RecordCheckpoint, Detail: err.(*VerifyError).Detail}}
 	}

@@ -174,21 +174,19 @@ func proofFromEvents(events [][]byte, id string, keys receipts.KeySet) (*receipt
 	var target *receipts.Event
 	var targetRaw []byte
 	bySeq := map[string]map[uint64]string{} // chain -> seq -> receipt hash
-	var cps []struct {
+	type signedCheckpoint struct {
 		raw []byte
 		cp  *receipts.VerifiedCheckpoint
 	}
+	var cps []signedCheckpoint
 	for _, raw := range events {
 		ev, err := receipts.VerifyEvent(raw, keys)
 		if err != nil {
 			continue // not trusted: not part of a proof
 		}
 		if ev.Type == schemas.TypeCheckpoint {
-			if cp, err := receipts.VerifyCheckpoint(raw, keys); err == nil {
-				cps = append(cps, struct {
-					raw []byte
-					cp  *receipts.VerifiedCheckpoint
-				}{raw, cp})
+			if cp, err := receipts.CheckpointOf(ev); err == nil {
+				cps = append(cps, signedCheckpoint{raw, cp})
 			}
 			continue
 		}

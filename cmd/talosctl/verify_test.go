@@ -145,6 +145,22 @@ func TestVerifyCLI(t *testing.T) {
 	if out, code := run(t, talosctl, "verify-proof", "--proof", proofFile, "--trusted-keys", onlyNew); code != 1 || !strings.Contains(out, "not a trusted key") {
 		t.Fatalf("proof with the wrong key: exit %d\n%s", code, out)
 	}
+	// The same proof from an export, without ClickHouse.
+	export := filepath.Join(dir, "all.jsonl")
+	if out, code := run(t, talosctl, append(g, "export", "--format", "jsonl", "--kind", "all", "--out", export)...); code != 0 {
+		t.Fatalf("export: exit %d\n%s", code, out)
+	}
+	fileProof := filepath.Join(offline, "from-file.json")
+	if out, code := run(t, talosctl, "verify", "--trusted-keys", trusted, "--file", export, "--receipt", ids[6], "--out", fileProof); code != 0 ||
+		!strings.Contains(out, "is leaf 6 of 10 under checkpoint") {
+		t.Fatalf("verify --file --receipt: exit %d\n%s", code, out)
+	}
+	if out, code := run(t, talosctl, "verify-proof", "--proof", fileProof, "--trusted-keys", filepath.Join(offline, "talosd.pub")); code != 0 {
+		t.Fatalf("verify-proof of the proof from an export: exit %d\n%s", code, out)
+	}
+	if out, code := run(t, talosctl, "verify", "--trusted-keys", trusted, "--file", export, "--receipt", ids[22]); code != 1 || !strings.Contains(out, "no checkpoint covers this receipt yet") {
+		t.Fatalf("verify --file --receipt after the last checkpoint: exit %d\n%s", code, out)
+	}
 	// Seq 23 follows the last checkpoint: no proof yet, said plainly.
 	if out, code := run(t, talosctl, append(g, "verify", "--trusted-keys", trusted, "--receipt", ids[22])...); code != 1 || !strings.Contains(out, "no checkpoint covers this receipt yet") {
 		t.Fatalf("receipt after the last checkpoint: exit %d\n%s", code, out)
