@@ -176,8 +176,8 @@ func missingRequired(data json.RawMessage) []string {
 	return out
 }
 
-// toolCallEnvelope is the part of a ToolCallEvent CloudEvent read before
-// validation (to tell a rejection from a dead letter, and to key it).
+// toolCallEnvelope is the part of a CloudEvent that failed ToolCallEvent
+// validation read to tell a rejection from a dead letter.
 type toolCallEnvelope struct {
 	ID   string          `json:"id"`
 	Type string          `json:"type"`
@@ -206,20 +206,28 @@ func parseToolCallEnvelope(raw []byte) (toolCallEnvelope, error) {
 // it in tool_call_rejections), or wraps ErrNotToolCallEvent for a record
 // that is not a ToolCallEvent (a dead letter).
 func ToolCallRowFromEvent(raw []byte) (ToolCallRow, []Artifact, error) {
-	env, err := parseToolCallEnvelope(raw)
-	if err != nil {
-		return ToolCallRow{}, nil, err
-	}
-	if err := schemas.ValidateToolCallEvent(raw); err != nil {
-		return ToolCallRow{}, nil, &RejectedToolCall{Missing: missingRequired(env.Data), Reason: err.Error()}
+	// Validation first: on the sink's path nearly every event passes, and
+	// the schema pins its type, so the envelope is read on its own only to
+	// tell a refused ToolCallEvent from something else.
+	if verr := schemas.ValidateToolCallEvent(raw); verr != nil {
+		env, err := parseToolCallEnvelope(raw)
+		if err != nil {
+			return ToolCallRow{}, nil, err
+		}
+		return ToolCallRow{}, nil, &RejectedToolCall{Missing: missingRequired(env.Data), Reason: verr.Error()}
 	}
 	reject := func(format string, a ...any) (ToolCallRow, []Artifact, error) {
 		return ToolCallRow{}, nil, &RejectedToolCall{Reason: fmt.Sprintf(format, a...)}
 	}
-	var ev schemas.ToolCallEvent
-	if err := json.Unmarshal(env.Data, &ev); err != nil {
+	var env struct {
+		ID   string                `json:"id"`
+		Time string                `json:"time"`
+		Data schemas.ToolCallEvent `json:"data"`
+	}
+	if err := json.Unmarshal(raw, &env); err != nil {
 		return reject("data does not decode as a ToolCallEvent")
 	}
+	ev := &env.Data
 	times := [3]time.Time{}
 	for i, s := range []struct{ name, value string }{
 		{"time", env.Time}, {"timing.started_at", ev.Timing.StartedAt}, {"timing.ended_at", ev.Timing.EndedAt},
