@@ -307,7 +307,7 @@ Try:
   clickhouse-client --host %s --port %s --query "SELECT time, server_id, tool_name, decision, reason_codes FROM %s.v_decisions ORDER BY time"
   go run ./cmd/talosctl --clickhouse-addr %s query denial-reasons --since 24h     # talosctl query list: the others
   go run ./cmd/talosctl --clickhouse-addr %s verify --trusted-keys %s
-  go run ./cmd/talosctl --clickhouse-addr %s verify --trusted-keys %s --receipt RECEIPT --out proof.json   # a checkpoint covers a receipt within %s
+  go run ./cmd/talosctl --clickhouse-addr %s verify --trusted-keys %s --receipt RECEIPT --out proof.json   # a checkpoint covers a receipt once it is %s old
   go run ./cmd/talosctl verify-proof --proof proof.json --trusted-keys %s
 
 `, s.NatsURL, users, f.ClickhouseAddr, f.ClickhouseDatabase, f.Registry, digest, f.SigningKey, f.Mode,
