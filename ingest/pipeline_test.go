@@ -365,13 +365,19 @@ func TestPipelineReasonCodes(t *testing.T) {
 		t.Fatalf("untouched database: checked %d (want %d), problems %v", rep.Checked, total, rep.Problems)
 	}
 	// Two chains, a checkpoint every 7 receipts of each: with more than
-	// 2×6 receipts one chain cut a checkpoint (published before its next
-	// receipt, so already in ClickHouse), verified against its receipts.
+	// 2×6 receipts one chain cut a checkpoint, which reaches ClickHouse
+	// right after its 7th receipt and verifies against its receipts.
 	if total <= 2*6 {
 		t.Fatalf("%d receipts: too few for a checkpoint to be certain", total)
 	}
-	if rep.Checkpoints == 0 {
-		t.Fatalf("%d receipts in two chains and no verified checkpoint: %+v", total, rep)
+	for deadline := time.Now().Add(10 * time.Second); rep.Checkpoints == 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d receipts in two chains and no verified checkpoint: %+v", total, rep)
+		}
+		time.Sleep(50 * time.Millisecond)
+		if rep, err = query.VerifyDatabase(context.Background(), s.conn, s.db, s.keys, false, nil); err != nil || !rep.OK() {
+			t.Fatalf("verify: %v %v", err, rep.Problems)
+		}
 	}
 
 	// Tamper 1: rewrite one signed JSON (turn a deny into an allow).
