@@ -107,12 +107,19 @@ func (v *verdict) add(code, detail string) {
 	}
 }
 
+// finish decides over every code found: deny if any code is neither a
+// warning nor an approval code, else require_approval if any is an
+// approval code, else allow.
 func (v *verdict) finish() Outcome {
 	v.out.Decision = schemas.DecisionAllow
 	for _, c := range v.out.ReasonCodes {
-		if !schemas.WarningCodes[c] {
+		switch {
+		case schemas.WarningCodes[c]:
+		case schemas.ApprovalCodes[c]:
+			v.out.Decision = schemas.DecisionRequireApproval
+		default:
 			v.out.Decision = schemas.DecisionDeny
-			break
+			return v.out
 		}
 	}
 	return v.out

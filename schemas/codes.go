@@ -36,6 +36,40 @@ const (
 	CodeKillSwitch         = "KILL_SWITCH"
 	CodeSessionQuarantined = "SESSION_QUARANTINED"
 
+	// Tool trust and exposure (seeds 003, 004; issue 7).
+	//
+	// CodeApprovalRequired makes the decision require_approval when every
+	// other code is a warning: the tool's server is community/unknown
+	// trust (or the registry says requires_approval). The enforcement point
+	// parks the call until `talosctl approve|reject` or its timeout.
+	CodeApprovalRequired = "APPROVAL_REQUIRED"
+	// CodeToolShadowed: the tool's name is held by a built_in or internal
+	// tool of another server, which this one may not shadow.
+	CodeToolShadowed = "TOOL_SHADOWED"
+	// CodeNetworkOutboundBlocked: a network_outbound tool while the
+	// exfiltration guard blocks them (kill-switch scope egress:..., or the
+	// gateway's --block-network-outbound).
+	CodeNetworkOutboundBlocked = "NETWORK_OUTBOUND_BLOCKED"
+	// CodeSubagentDenied: a delegated capability (a subagent) calls a tool
+	// whose registry subagent_access is denied.
+	CodeSubagentDenied = "SUBAGENT_ACCESS_DENIED"
+
+	// Enforcement-point codes: an enforcement point denies with these on
+	// its own, and reports them in the post event's error.code.
+	//
+	// CodeDecisionTimeout: no decision within the timeout (fail closed).
+	CodeDecisionTimeout = "DECISION_TIMEOUT"
+	// CodeEnforcementUnavailable: the enforcement point has no connection
+	// to NATS, so it cannot ask (fail closed).
+	CodeEnforcementUnavailable = "ENFORCEMENT_UNAVAILABLE"
+	// CodeApprovalRejected: a responder rejected the parked call.
+	CodeApprovalRejected = "APPROVAL_REJECTED"
+	// CodeApprovalTimeout: nobody approved the parked call in time.
+	CodeApprovalTimeout = "APPROVAL_TIMEOUT"
+	// CodeToolHidden: the tool (or action) is not offered to this caller
+	// (identity-bound discovery) and was called anyway.
+	CodeToolHidden = "TOOL_HIDDEN"
+
 	CodeDenyUnknownFields   = "DENY_UNKNOWN_FIELDS"
 	CodeDenyPayloadTooLarge = "DENY_PAYLOAD_TOO_LARGE"
 	CodeDenyPathTraversal   = "DENY_PATH_TRAVERSAL"
@@ -46,6 +80,10 @@ const (
 	// validation"; the seed names no code for it).
 	CodeDenySchemaViolation = "DENY_SCHEMA_VIOLATION"
 )
+
+// ApprovalCodes are codes that, with warnings only, make the decision
+// require_approval rather than deny.
+var ApprovalCodes = map[string]bool{CodeApprovalRequired: true}
 
 // WarningCodes are codes that may accompany an allow.
 var WarningCodes = map[string]bool{CodeToolUnclassifiedAllowedDev: true}

@@ -44,6 +44,9 @@ type Tool struct {
 	NetworkOutbound *bool           `json:"network_outbound,omitempty"`
 	BuiltIn         *bool           `json:"built_in,omitempty"`
 	SubagentAccess  string          `json:"subagent_access,omitempty"` // full|read_only|denied
+	// RequiresApproval overrides the trust level's default (community and
+	// unknown need a human approval; see enforce.RequiresApproval).
+	RequiresApproval *bool `json:"requires_approval,omitempty"`
 	ActionPointer   string          `json:"action_pointer,omitempty"`
 	Actions         []Action        `json:"actions,omitempty"`
 	InputSchema     json.RawMessage `json:"input_schema,omitempty"`

@@ -1,0 +1,97 @@
+package enforce
+
+import (
+	"slices"
+
+	"github.com/talos-audit/talos/schemas"
+)
+
+// Tool trust and exposure rules of seeds 003 and 004, shared by the
+// workers (which decide calls) and the enforcement points (which decide
+// what tools/list shows). Upstream servers' own annotations are advisory:
+// only the registry's metadata counts here.
+
+// Trust levels and subagent access values of the registry.
+const (
+	TrustInternal  = "internal"
+	TrustVerified  = "verified"
+	TrustCommunity = "community"
+	TrustUnknown   = "unknown"
+
+	SubagentFull     = "full"
+	SubagentReadOnly = "read_only"
+	SubagentDenied   = "denied"
+)
+
+// RequiresApproval reports whether a call of t needs a human approval:
+// the registry's requires_approval if set, else true for community and
+// unknown trust. A tool without trust_level was classified by the
+// operator who listed it and needs none.
+func RequiresApproval(t *schemas.Tool) bool {
+	if t.RequiresApproval != nil {
+		return *t.RequiresApproval
+	}
+	return t.TrustLevel == TrustCommunity || t.TrustLevel == TrustUnknown
+}
+
+// Protected reports whether t's name may not be shadowed by another
+// server: it is built_in or comes from an internal server.
+func Protected(t *schemas.Tool) bool {
+	return (t.BuiltIn != nil && *t.BuiltIn) || t.TrustLevel == TrustInternal
+}
+
+// NetworkOutbound reports whether t's primary purpose is an outbound
+// network request (the exfiltration guard's target).
+func NetworkOutbound(t *schemas.Tool) bool { return t.NetworkOutbound != nil && *t.NetworkOutbound }
+
+// SubagentAccess is t's subagent_access, "full" when the registry does
+// not say (entries written before seed 004's metadata keep working for
+// delegated capabilities; set "denied" or "read_only" to narrow them).
+func SubagentAccess(t *schemas.Tool) string {
+	if t.SubagentAccess == "" {
+		return SubagentFull
+	}
+	return t.SubagentAccess
+}
+
+// ReadOnlyActions lists the names of t's read-only actions, in registry
+// order (nil for a tool that is not action-based).
+func ReadOnlyActions(t *schemas.Tool) []string {
+	var out []string
+	for _, a := range t.Actions {
+		if a.ReadOnly {
+			out = append(out, a.Name)
+		}
+	}
+	return out
+}
+
+// ShadowedBy reports whether {serverID, toolName} shadows a protected
+// tool of the same name on another server, and names that server. A
+// protected tool never shadows anything (two protected tools of one name
+// are the operator's choice).
+func (r *Registry) ShadowedBy(serverID, toolName string) (holder string, shadowed bool) {
+	if t, ok := r.Lookup(serverID, toolName); ok && Protected(t) {
+		return "", false
+	}
+	for i := range r.manifests {
+		m := &r.manifests[i]
+		if m.ServerID == serverID {
+			continue
+		}
+		if t, ok := r.tools[toolKey{m.ServerID, toolName}]; ok && Protected(t) {
+			return m.ServerID, true
+		}
+	}
+	return "", false
+}
+
+// ActionAllowed reports whether a caller limited to read-only actions may
+// call action of t (always true for a tool that is not action-based; a
+// tool's own class is checked by the engine).
+func ActionAllowed(t *schemas.Tool, action string, readOnlyOnly bool) bool {
+	if !readOnlyOnly || t.ActionPointer == "" {
+		return true
+	}
+	return slices.Contains(ReadOnlyActions(t), action)
+}
