@@ -225,7 +225,7 @@ func TestFullyPopulatedStructsValidate(t *testing.T) {
 		Tools: []Tool{{ToolName: "github", ToolClass: ClassWrite, IsDocumentOp: true,
 			DocumentSpec: &DocumentSpec{ContentEncoding: EncodingBase64, WriteContentPointers: []string{"/body"},
 				ReadContentPointers: []string{"/content/0/text"}, MaxReadBytes: ptr(int64(1)), MaxWriteBytes: ptr(int64(2)), MaxBatchBytes: ptr(int64(3))},
-			TrustLevel: "internal", RiskCategory: "CRITICAL", NetworkOutbound: ptr(true), BuiltIn: ptr(false), SubagentAccess: "denied",
+			TrustLevel: "internal", RiskCategory: "CRITICAL", NetworkOutbound: ptr(true), BuiltIn: ptr(false), SubagentAccess: "denied", RequiresApproval: ptr(false),
 			ActionPointer: "/action", Actions: []Action{{Name: "list_prs", ReadOnly: true}}, InputSchema: json.RawMessage(`{"type":"object"}`),
 			ToolVersion: "1.2.3", SideEffect: SideEffectExecute, Idempotency: IdempotencyNonIdempotent, ResourcePointer: "/repo",
 			PathPointers: []string{"/path"}, WorkspaceRoot: "/work", MaxArgsBytes: ptr(int64(4))}}}
