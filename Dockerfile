@@ -1,4 +1,4 @@
-# Builds talosd and talosctl into one small image (used by docker-compose.yml).
+# Builds talosd, talosctl and talos-mcp-gateway into one small image (used by docker-compose.yml).
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
@@ -6,10 +6,11 @@ RUN go mod download
 COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -o /out/talosd ./cmd/talosd && \
     CGO_ENABLED=0 go build -trimpath -o /out/talosctl ./cmd/talosctl && \
+    CGO_ENABLED=0 go build -trimpath -o /out/talos-mcp-gateway ./cmd/talos-mcp-gateway && \
     mkdir -p /out/keys /out/secrets /out/responder
 
 FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /out/talosd /out/talosctl /usr/local/bin/
+COPY --from=build /out/talosd /out/talosctl /out/talos-mcp-gateway /usr/local/bin/
 # A named volume mounted on /keys starts with this directory's owner, so the
 # nonroot user can write and read the signing keys.
 COPY --from=build --chown=65532:65532 /out/keys /keys

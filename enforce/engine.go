@@ -258,6 +258,27 @@ func readOnlyCapability(v any, depth int) bool {
 	return false
 }
 
+// trust applies the registry's trust metadata (seeds 003, 004) to a
+// classified phase-pre call; upstream servers' own annotations never count.
+// A tool whose name a built_in or internal tool of another server holds
+// may not shadow it (TOOL_SHADOWED, a deny). A tool that needs a human
+// approval (RequiresApproval: community or unknown trust, or the registry's
+// requires_approval) adds APPROVAL_REQUIRED, which makes the decision
+// require_approval when nothing else denies the call.
+func (e *Engine) trust(call *schemas.ToolCall, tool *schemas.Tool, v *verdict) {
+	if holder, shadowed := e.reg.ShadowedBy(call.ServerID, call.ToolName); shadowed {
+		v.add(schemas.CodeToolShadowed, "tool_name: held by a built_in or internal tool of server "+holder+", which server "+
+			call.ServerID+" may not shadow")
+	}
+	if RequiresApproval(tool) {
+		why := "registry: requires_approval"
+		if tool.RequiresApproval == nil {
+			why = "trust_level " + tool.TrustLevel
+		}
+		v.add(schemas.CodeApprovalRequired, why+": a responder must approve this call (talosctl approve "+call.ToolCallID+")")
+	}
+}
+
 func (e *Engine) unclassified(v *verdict, detail string) {
 	if e.mode == ModeDev {
 		v.add(schemas.CodeToolUnclassifiedAllowedDev, detail)
@@ -268,10 +289,11 @@ func (e *Engine) unclassified(v *verdict, detail string) {
 }
 
 // DecidePre decides a phase-pre envelope: request hash and registry pin,
-// classification (unknown tools, action-based tools, declared class),
-// idempotency key for writes, and the document rules of write document
-// operations (pointers into request.arguments, encoding, sizes, hashes,
-// expected hashes) — all before the tool runs.
+// classification (unknown tools, action-based tools, declared class), the
+// registry's trust rules (shadowing, human approval), idempotency key for
+// writes, and the document rules of write document operations (pointers
+// into request.arguments, encoding, sizes, hashes, expected hashes) — all
+// before the tool runs.
 func (e *Engine) DecidePre(pc *schemas.ParsedCall) Outcome {
 	v := newVerdict()
 	var err error
@@ -284,6 +306,7 @@ func (e *Engine) DecidePre(pc *schemas.ParsedCall) Outcome {
 	if !known {
 		return v.finish()
 	}
+	e.trust(&pc.Call, tool, v)
 	write := v.out.ToolClass == schemas.ClassWrite
 	if write && pc.Call.IdempotencyKey == "" {
 		v.add(schemas.CodeIdempotencyKeyRequired, "idempotency_key: required for write tools")

@@ -103,3 +103,8 @@ func arrayIndex(t string) (int, bool) {
 	n, err := strconv.Atoi(t)
 	return n, err == nil
 }
+
+// ResolvePointer resolves an RFC 6901 pointer in a decoded JSON document
+// (what encoding/json yields into any). found is false for a malformed
+// pointer or a missing member.
+func ResolvePointer(doc any, pointer string) (v any, found bool) { return resolvePointer(doc, pointer) }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -24,8 +26,9 @@ type StateConfig struct {
 }
 
 // State is an immutable snapshot of enforcement state: the incident state
-// (kill switches, quarantines, revocations) and the registry pin, as of the
-// TALOS_CONTROL sequence Seq. A worker builds it by applying every control
+// (kill switches, quarantines, revocations), the registry pin and the
+// resolutions of calls parked for approval, as of the TALOS_CONTROL
+// sequence Seq. A worker builds it by applying every control
 // event in stream order, starting from NewState; two workers that applied
 // the same events hold equal States (same View, same decisions). A State
 // is safe for concurrent use and never changes: Apply returns a new one.
@@ -40,6 +43,9 @@ type State struct {
 	quars   entryMap[string]   // by session id
 	revoked entryMap[string]   // by capability id or agent:<id>
 	bundles map[string]*bundle // by digest; copied on publish
+	// approved and rejected hold the resolution of each call parked for
+	// approval, by tool_call_id; a call is in at most one of them, once.
+	approved, rejected entryMap[string]
 }
 
 // bundle is one published registry bundle, parsed once at publish.
@@ -49,8 +55,9 @@ type bundle struct {
 }
 
 // scopeKey is a parsed kill-switch scope: {global}, {server, id},
-// {tool, server_id, tool_name}, {agent, id}, {session, id}. Lookups build
-// keys without allocating.
+// {tool, server_id, tool_name}, {agent, id}, {session, id}, and the
+// exfiltration guard's {egress, global}, {egress, agent, id},
+// {egress, session, id}. Lookups build keys without allocating.
 type scopeKey struct{ kind, a, b string }
 
 // ErrStaleSeq is returned by State.Apply for a sequence at or below the
@@ -91,6 +98,8 @@ func stateFor(e *Engine) *State {
 		quars:     entryMap[string]{seed: seed},
 		revoked:   entryMap[string]{seed: seed},
 		bundles:   map[string]*bundle{},
+		approved:  entryMap[string]{seed: seed},
+		rejected:  entryMap[string]{seed: seed},
 	}
 }
 
@@ -114,12 +123,28 @@ func (s *State) Revoked(target string) bool {
 	return ok
 }
 
+// Approval is how a responder resolved the call toolCallID, parked for
+// approval: verb schemas.VerbApprove or schemas.VerbReject with its entry
+// (actor, reason, control seq, time), or ok false while nobody has.
+func (s *State) Approval(toolCallID string) (verb string, e schemas.StateEntry, ok bool) {
+	if e, ok := s.approved.get(toolCallID); ok {
+		return schemas.VerbApprove, e, true
+	}
+	if e, ok := s.rejected.get(toolCallID); ok {
+		return schemas.VerbReject, e, true
+	}
+	return "", schemas.StateEntry{}, false
+}
+
 // Check returns the incident codes for a call whose envelope is valid, in
 // either phase: KILL_SWITCH if a kill switch is set for global, the call's
 // server, its tool, its agent (when actor.agent_id is set) or its session;
-// SESSION_QUARANTINED if its session is quarantined. Each detail names a
-// scope or session and the responder's reason, never argument values.
-// Both are nil when nothing applies.
+// SESSION_QUARANTINED if its session is quarantined; and, in phase pre
+// only, NETWORK_OUTBOUND_BLOCKED if an egress scope covers the call
+// (egress:global, its agent, its session) and the registry in force marks
+// its tool network_outbound (the exfiltration guard of seed 004; other
+// tools pass). Each detail names a scope or session and the responder's
+// reason, never argument values. Both are nil when nothing applies.
 func (s *State) Check(call *schemas.ToolCall) (codes, details []string) {
 	if s.kills.n > 0 {
 		keys := [...]scopeKey{
@@ -140,10 +165,44 @@ func (s *State) Check(call *schemas.ToolCall) (codes, details []string) {
 				details = append(details, entryDetail("kill switch "+e.Target, e))
 			}
 		}
+		if call.Phase == schemas.PhasePre {
+			codes, details = s.checkEgress(call, codes, details)
+		}
 	}
 	if e, ok := s.quars.get(call.SessionID); ok {
 		codes = append(codes, schemas.CodeSessionQuarantined)
 		details = append(details, entryDetail("session_id: quarantined", e))
+	}
+	return codes, details
+}
+
+// checkEgress adds NETWORK_OUTBOUND_BLOCKED, with one detail per egress
+// scope covering call, when call's tool is network_outbound. The registry
+// is consulted only once a scope matches.
+func (s *State) checkEgress(call *schemas.ToolCall, codes, details []string) ([]string, []string) {
+	keys := [...]scopeKey{
+		{kind: schemas.ScopeEgress, a: schemas.ScopeGlobal},
+		{kind: schemas.ScopeEgress, a: schemas.ScopeAgent, b: call.Actor.AgentID},
+		{kind: schemas.ScopeEgress, a: schemas.ScopeSession, b: call.SessionID},
+	}
+	blocked := false
+	for _, k := range keys {
+		if k.a == schemas.ScopeAgent && k.b == "" {
+			continue
+		}
+		e, ok := s.kills.get(k)
+		if !ok {
+			continue
+		}
+		if !blocked {
+			t, known := s.Registry().Lookup(call.ServerID, call.ToolName)
+			if !known || !NetworkOutbound(t) {
+				return codes, details
+			}
+			blocked = true
+			codes = append(codes, schemas.CodeNetworkOutboundBlocked)
+		}
+		details = append(details, entryDetail("exfiltration guard "+e.Target+": network_outbound tools are blocked", e))
 	}
 	return codes, details
 }
@@ -224,6 +283,10 @@ func (s *State) Apply(seq uint64, rec *schemas.ControlRecord, at time.Time) (*St
 	case schemas.VerbReplayFlush:
 		// The replay cache lives outside State (Decider.Apply flushes it);
 		// the event only consumes its seq here.
+	case schemas.VerbApprove:
+		n.approved = n.approved.with(op.target, entry)
+	case schemas.VerbReject:
+		n.rejected = n.rejected.with(op.target, entry)
 	}
 	return &n, nil
 }
@@ -241,9 +304,13 @@ type prepared struct {
 // command: the refusal code and a detail, or "" if the command would apply
 // to s. registry.pin of a digest never published is CTL_NOT_FOUND; a bad
 // kill-switch scope, a quarantine without session_id, a revoke without
-// target, or a registry.publish whose manifests do not validate (or share
-// a server_id, or are none) is CTL_INVALID; an unknown verb is
-// CTL_UNKNOWN_VERB. Read-only verbs pass.
+// target, an approve or reject whose target is not a tool_call_id (a
+// UUID), or a registry.publish whose manifests do not validate (or share
+// a server_id, or are none) is CTL_INVALID; an approve or reject of a call
+// already approved or rejected is CTL_CONFLICT (the first resolution
+// stands); an unknown verb is CTL_UNKNOWN_VERB. Read-only verbs pass.
+// Whether the call awaits approval at all is the ledger's to say
+// (AwaitsApproval).
 func (s *State) Precheck(cmd *schemas.ControlCommand) (code, detail string) {
 	if cmd == nil {
 		return schemas.CtlMalformed, "no command"
@@ -261,11 +328,14 @@ func (s *State) prepare(cmd *schemas.ControlCommand) (op prepared, code, detail 
 	case schemas.VerbKillSwitchSet, schemas.VerbKillSwitchClear:
 		kind, value, ok := schemas.ParseScope(cmd.Scope)
 		if !ok {
-			return op, schemas.CtlInvalid, fmt.Sprintf("scope %q: want global, server:<server_id>, tool:<server_id>/<tool_name>, agent:<id> or session:<id>", cmd.Scope)
+			return op, schemas.CtlInvalid, fmt.Sprintf("scope %q: want global, server:<server_id>, tool:<server_id>/<tool_name>, agent:<id>, session:<id> or egress:global|agent:<id>|session:<id>", cmd.Scope)
 		}
 		op.target, op.scope = cmd.Scope, scopeKey{kind: kind, a: value}
-		if kind == schemas.ScopeTool {
+		switch kind {
+		case schemas.ScopeTool:
 			op.scope.a, op.scope.b, _ = strings.Cut(value, "/")
+		case schemas.ScopeEgress:
+			op.scope.a, op.scope.b, _ = strings.Cut(value, ":")
 		}
 	case schemas.VerbQuarantineSet, schemas.VerbQuarantineClear:
 		if cmd.SessionID == "" {
@@ -300,6 +370,18 @@ func (s *State) prepare(cmd *schemas.ControlCommand) (op prepared, code, detail 
 		op.target = cmd.Digest
 	case schemas.VerbReplayFlush:
 		op.target = cmd.SessionID
+	case schemas.VerbApprove, schemas.VerbReject:
+		if !isToolCallID(cmd.Target) {
+			return op, schemas.CtlInvalid, "target: want the tool_call_id (a UUID) of the call awaiting approval"
+		}
+		if verb, e, done := s.Approval(cmd.Target); done {
+			past := "approved"
+			if verb == schemas.VerbReject {
+				past = "rejected"
+			}
+			return op, schemas.CtlConflict, fmt.Sprintf("tool call %s was already %s by %s (control seq %d)", cmd.Target, past, e.Actor, e.Seq)
+		}
+		op.target = cmd.Target
 	default:
 		if slices.Contains(schemas.Verbs, cmd.Verb) {
 			return op, schemas.CtlInvalid, "verb " + cmd.Verb + " does not change enforcement state"
@@ -307,6 +389,38 @@ func (s *State) prepare(cmd *schemas.ControlCommand) (op prepared, code, detail 
 		return op, schemas.CtlUnknownVerb, fmt.Sprintf("verb %q is not a control verb", cmd.Verb)
 	}
 	return op, "", ""
+}
+
+// isToolCallID reports whether s has the envelope's tool_call_id shape: a
+// UUID in its 36-character form.
+func isToolCallID(s string) bool {
+	_, err := uuid.Parse(s)
+	return err == nil && len(s) == 36
+}
+
+// AwaitsApproval is the control service's check, after State.Precheck, that
+// an approve or reject names a call parked for approval: the call ledger
+// holds its phase-pre decision (CTL_NOT_FOUND if not) and that decision is
+// require_approval (CTL_INVALID naming the decision if not). A ledger error
+// is CTL_INTERNAL (the responder retries). Other verbs, and a nil ledger,
+// pass.
+func AwaitsApproval(l CallLedger, cmd *schemas.ControlCommand) (code, detail string) {
+	if l == nil || cmd == nil || (cmd.Verb != schemas.VerbApprove && cmd.Verb != schemas.VerbReject) {
+		return "", ""
+	}
+	if !isToolCallID(cmd.Target) {
+		return schemas.CtlInvalid, "target: want the tool_call_id (a UUID) of the call awaiting approval"
+	}
+	rec, found, err := l.LookupPre(cmd.Target)
+	switch {
+	case err != nil:
+		return schemas.CtlInternal, "the call ledger cannot answer; retry"
+	case !found:
+		return schemas.CtlNotFound, "no call with this tool_call_id awaits approval"
+	case rec.Decision != schemas.DecisionRequireApproval:
+		return schemas.CtlInvalid, fmt.Sprintf("tool call %s does not await approval: its decision was %s (receipt %s)", cmd.Target, rec.Decision, rec.ReceiptID)
+	}
+	return "", ""
 }
 
 func bundleRegistry(manifests []json.RawMessage) (*Registry, error) {

@@ -404,7 +404,7 @@ func commandTarget(cmd *schemas.ControlCommand) string {
 		return cmd.Scope
 	case schemas.VerbQuarantineSet, schemas.VerbQuarantineClear, schemas.VerbReplayCheck, schemas.VerbReplayFlush:
 		return cmd.SessionID
-	case schemas.VerbRevoke:
+	case schemas.VerbRevoke, schemas.VerbApprove, schemas.VerbReject:
 		return cmd.Target
 	case schemas.VerbRegistryPin:
 		return cmd.Digest

@@ -23,6 +23,12 @@ const (
 	VerbReplayCheck     = "replay.check"
 	VerbReplayFlush     = "replay.flush"
 	VerbStatus          = "status"
+	// VerbApprove and VerbReject resolve a call parked for human approval
+	// (decision require_approval): Target is its tool_call_id. The
+	// enforcement point that parked it listens on their TALOS_CONTROL
+	// subjects (ControlSubject) and runs or denies the call.
+	VerbApprove = "approve"
+	VerbReject  = "reject"
 )
 
 // MutatingVerbs change enforcement state: the control service appends them
@@ -33,6 +39,7 @@ var MutatingVerbs = map[string]bool{
 	VerbRevoke:          true,
 	VerbRegistryPublish: true, VerbRegistryPin: true,
 	VerbReplayFlush: true,
+	VerbApprove:     true, VerbReject: true,
 }
 
 // Verbs lists every control verb.
@@ -41,6 +48,7 @@ var Verbs = []string{
 	VerbQuarantineSet, VerbQuarantineClear, VerbQuarantineList,
 	VerbRevoke, VerbRegistryPublish, VerbRegistryPin, VerbRegistryShow,
 	VerbReplayStats, VerbReplayCheck, VerbReplayFlush, VerbStatus,
+	VerbApprove, VerbReject,
 }
 
 // CtlSubject is the request/reply subject of a verb.
@@ -74,7 +82,8 @@ const (
 	// worker heartbeats (talos.status.>) and the replies to its requests.
 	NATSRoleResponder = "responder"
 	// NATSRoleEnforcement is one enforcement point: it publishes calls
-	// (talos.call.>) and reads its own decisions and JetStream publish acks.
+	// (talos.call.>) and reads its own decisions, JetStream publish acks,
+	// and the approve and reject control events.
 	NATSRoleEnforcement = "enforcement"
 )
 
@@ -93,6 +102,11 @@ const (
 	ScopeTool    = "tool"    // tool:<server_id>/<tool_name>
 	ScopeAgent   = "agent"   // agent:<agent_id>
 	ScopeSession = "session" // session:<session_id>
+	// ScopeEgress is the exfiltration guard (seed 004): egress:global,
+	// egress:agent:<agent_id> or egress:session:<session_id> blocks only
+	// the registry's network_outbound tools (NETWORK_OUTBOUND_BLOCKED) for
+	// the calls it covers, and leaves every other tool alone.
+	ScopeEgress = "egress"
 )
 
 // ControlCommand is what a responder sends on talos.ctl.<verb>, signed with
@@ -104,13 +118,16 @@ const (
 //
 // Which fields a verb uses:
 //
-//	killswitch.set|clear   Scope (global | server:<id> | tool:<server_id>/<tool_name> | agent:<id> | session:<id>), Reason
+//	killswitch.set|clear   Scope (global | server:<id> | tool:<server_id>/<tool_name> | agent:<id> | session:<id>
+//	                       | egress:global | egress:agent:<id> | egress:session:<id>), Reason
 //	quarantine.set|clear   SessionID, Reason
 //	revoke                 Target (a capability id, or agent:<agent_id>), Reason
 //	registry.publish       Manifests (one manifest per server), Reason optional
 //	registry.pin           Digest (sha256:<hex> of a published bundle), Reason optional
 //	replay.check           SessionID, CorrelationID
 //	replay.flush           SessionID (empty: every session), Reason
+//	approve                Target (the tool_call_id of a call awaiting approval), Reason optional
+//	reject                 Target (likewise), Reason
 //	*.list, registry.show, replay.stats, status: nothing
 type ControlCommand struct {
 	SchemaVersion string            `json:"schema_version" validate:"required,eq=talos.control_command.v1"`
@@ -129,9 +146,10 @@ type ControlCommand struct {
 }
 
 // ParseScope splits a kill-switch scope into its kind and value
-// ("global" has no value). ok is false for an unknown kind or a value
-// that cannot name anything (empty, a bad server_id, a tool scope without
-// "/").
+// ("global" has no value; an egress scope's value is "global",
+// "agent:<id>" or "session:<id>"). ok is false for an unknown kind or a
+// value that cannot name anything (empty, a bad server_id, a tool scope
+// without "/").
 func ParseScope(s string) (kind, value string, ok bool) {
 	if s == ScopeGlobal {
 		return ScopeGlobal, "", true
@@ -148,6 +166,12 @@ func ParseScope(s string) (kind, value string, ok bool) {
 		return kind, value, found && ValidID(server) && tool != "" && len(tool) <= 256
 	case ScopeAgent, ScopeSession:
 		return kind, value, len(value) <= 256
+	case ScopeEgress:
+		if value == ScopeGlobal {
+			return kind, value, true
+		}
+		sub, id, found := strings.Cut(value, ":")
+		return kind, value, found && (sub == ScopeAgent || sub == ScopeSession) && id != "" && len(id) <= 256
 	}
 	return "", "", false
 }
@@ -163,7 +187,8 @@ type ControlRecord struct {
 	Actor     string `json:"actor"`
 	Reason    string `json:"reason"`
 	// Target names what the command acts on (scope, session, revoked id,
-	// digest); "" for reads of everything.
+	// digest, the tool_call_id of an approve or reject); "" for reads of
+	// everything.
 	Target   string `json:"target"`
 	Accepted bool   `json:"accepted"`
 	// Code is "" when accepted, else one of the Ctl* refusal codes.
@@ -194,6 +219,7 @@ const (
 	CtlVerbMismatch     = "CTL_VERB_MISMATCH"     // verb differs from the subject
 	CtlUnknownVerb      = "CTL_UNKNOWN_VERB"
 	CtlNotFound         = "CTL_NOT_FOUND" // e.g. pin of a digest never published
+	CtlConflict         = "CTL_CONFLICT"  // e.g. approve of a call already approved or rejected
 	CtlInternal         = "CTL_INTERNAL"  // the service could not complete (retry)
 )
 
@@ -222,9 +248,10 @@ type IncidentView struct {
 	Registry     RegistryView `json:"registry"`
 }
 
-// StateEntry is one active kill switch, quarantine or revocation.
+// StateEntry is one active kill switch, quarantine or revocation, or one
+// approval or rejection of a parked call.
 type StateEntry struct {
-	Target string `json:"target"` // scope, session id, or revoked id
+	Target string `json:"target"` // scope, session id, revoked id, or tool_call_id
 	Reason string `json:"reason"`
 	Actor  string `json:"actor"`
 	Seq    uint64 `json:"seq"`  // control seq that set it

@@ -185,7 +185,7 @@ func (c *ControlCommand) verbFields() error {
 			return err
 		}
 		if _, _, ok := ParseScope(c.Scope); !ok {
-			return fmt.Errorf("%s: scope %q is not global, server:<server_id>, tool:<server_id>/<tool_name>, agent:<agent_id> or session:<session_id>", c.Verb, c.Scope)
+			return fmt.Errorf("%s: scope %q is not global, server:<server_id>, tool:<server_id>/<tool_name>, agent:<agent_id>, session:<session_id> or egress:global|agent:<agent_id>|session:<session_id>", c.Verb, c.Scope)
 		}
 		return need("reason", c.Reason)
 	case VerbQuarantineSet, VerbQuarantineClear:
@@ -216,6 +216,16 @@ func (c *ControlCommand) verbFields() error {
 		return need("correlation_id", c.CorrelationID)
 	case VerbReplayFlush:
 		return need("reason", c.Reason)
+	case VerbApprove, VerbReject:
+		if err := need("target", c.Target); err != nil {
+			return err
+		}
+		if !uuidPattern.MatchString(c.Target) {
+			return fmt.Errorf("%s: target must be the tool_call_id (a UUID) of the call awaiting approval", c.Verb)
+		}
+		if c.Verb == VerbReject {
+			return need("reason", c.Reason)
+		}
 	}
 	return nil
 }

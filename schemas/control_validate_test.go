@@ -3,6 +3,7 @@ package schemas
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -142,6 +143,54 @@ func TestControlCommandValidate(t *testing.T) {
 		{"replay.flush without reason", func() *ControlCommand {
 			return baseCommand(VerbReplayFlush)
 		}, CtlInvalid, "reason"},
+		{"killswitch.set egress global", func() *ControlCommand {
+			c := baseCommand(VerbKillSwitchSet)
+			c.Scope, c.Reason = "egress:global", "exfiltration"
+			return c
+		}, "", ""},
+		{"killswitch.set egress session", func() *ControlCommand {
+			c := baseCommand(VerbKillSwitchSet)
+			c.Scope, c.Reason = "egress:session:sess-1", "exfiltration"
+			return c
+		}, "", ""},
+		{"killswitch.clear egress agent", func() *ControlCommand {
+			c := baseCommand(VerbKillSwitchClear)
+			c.Scope, c.Reason = "egress:agent:bot-7", "resolved"
+			return c
+		}, "", ""},
+		{"killswitch.set egress server is no egress scope", func() *ControlCommand {
+			c := baseCommand(VerbKillSwitchSet)
+			c.Scope, c.Reason = "egress:server:files", "x"
+			return c
+		}, CtlInvalid, "scope"},
+		{"killswitch.set egress without id", func() *ControlCommand {
+			c := baseCommand(VerbKillSwitchSet)
+			c.Scope, c.Reason = "egress:session:", "x"
+			return c
+		}, CtlInvalid, "scope"},
+		{"approve without reason", func() *ControlCommand {
+			c := baseCommand(VerbApprove)
+			c.Target = "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d6f"
+			return c
+		}, "", ""},
+		{"approve without target", func() *ControlCommand {
+			return baseCommand(VerbApprove)
+		}, CtlInvalid, "target"},
+		{"approve of no uuid", func() *ControlCommand {
+			c := baseCommand(VerbApprove)
+			c.Target = "call-1"
+			return c
+		}, CtlInvalid, "tool_call_id"},
+		{"reject", func() *ControlCommand {
+			c := baseCommand(VerbReject)
+			c.Target, c.Reason = "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d6f", "not during the freeze"
+			return c
+		}, "", ""},
+		{"reject without reason", func() *ControlCommand {
+			c := baseCommand(VerbReject)
+			c.Target = "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d6f"
+			return c
+		}, CtlInvalid, "reason"},
 		{"reads need nothing", func() *ControlCommand { return baseCommand(VerbStatus) }, "", ""},
 		{"killswitch.list", func() *ControlCommand { return baseCommand(VerbKillSwitchList) }, "", ""},
 		{"unknown verb", func() *ControlCommand { return baseCommand("killswitch.toggle") }, CtlUnknownVerb, "killswitch.toggle"},
@@ -265,5 +314,45 @@ func TestControlCommandManifestsAreObjectsForEveryVerb(t *testing.T) {
 	c.Manifests = []json.RawMessage{json.RawMessage(`"x"`)}
 	if code, err := c.Validate(validateNow, time.Minute); code != CtlInvalid || !strings.Contains(err.Error(), "manifests[0]") {
 		t.Fatalf("status with a non-object manifest: %q %v", code, err)
+	}
+}
+
+// TestParseScopeEgress: the egress scopes split into kind egress and the
+// rest as value; the other kinds are unchanged.
+func TestParseScopeEgress(t *testing.T) {
+	cases := []struct {
+		in          string
+		kind, value string
+		ok          bool
+	}{
+		{"egress:global", ScopeEgress, "global", true},
+		{"egress:agent:bot-7", ScopeEgress, "agent:bot-7", true},
+		{"egress:session:s:1", ScopeEgress, "session:s:1", true},
+		{"egress:session:" + strings.Repeat("s", 257), "", "", false},
+		{"egress:tool:files/read_file", "", "", false},
+		{"egress:", "", "", false},
+		{"egress", "", "", false},
+		{"egress:agent", "", "", false},
+		{"global", ScopeGlobal, "", true},
+		{"session:s-1", ScopeSession, "s-1", true},
+	}
+	for _, tc := range cases {
+		kind, value, ok := ParseScope(tc.in)
+		if ok != tc.ok || (ok && (kind != tc.kind || value != tc.value)) {
+			t.Errorf("ParseScope(%q) = %q, %q, %v; want %q, %q, %v", tc.in, kind, value, ok, tc.kind, tc.value, tc.ok)
+		}
+	}
+}
+
+// TestApprovalVerbsMutate: approve and reject are control verbs that
+// change state (appended to TALOS_CONTROL, applied by every worker).
+func TestApprovalVerbsMutate(t *testing.T) {
+	for _, v := range []string{VerbApprove, VerbReject} {
+		if !slices.Contains(Verbs, v) || !MutatingVerbs[v] {
+			t.Errorf("%s: in Verbs %v, mutating %v", v, slices.Contains(Verbs, v), MutatingVerbs[v])
+		}
+		if got := ControlSubject(v); got != "talos.control."+v {
+			t.Errorf("ControlSubject(%s) = %s", v, got)
+		}
 	}
 }

@@ -39,17 +39,17 @@ type Tool struct {
 	IsDocumentOp bool          `json:"is_document_op"`
 	DocumentSpec *DocumentSpec `json:"document_spec,omitempty"`
 
-	TrustLevel      string          `json:"trust_level,omitempty"`   // internal|verified|community|unknown
-	RiskCategory    string          `json:"risk_category,omitempty"` // LOW|MEDIUM|HIGH|CRITICAL
-	NetworkOutbound *bool           `json:"network_outbound,omitempty"`
-	BuiltIn         *bool           `json:"built_in,omitempty"`
-	SubagentAccess  string          `json:"subagent_access,omitempty"` // full|read_only|denied
+	TrustLevel      string `json:"trust_level,omitempty"`   // internal|verified|community|unknown
+	RiskCategory    string `json:"risk_category,omitempty"` // LOW|MEDIUM|HIGH|CRITICAL
+	NetworkOutbound *bool  `json:"network_outbound,omitempty"`
+	BuiltIn         *bool  `json:"built_in,omitempty"`
+	SubagentAccess  string `json:"subagent_access,omitempty"` // full|read_only|denied
 	// RequiresApproval overrides the trust level's default (community and
 	// unknown need a human approval; see enforce.RequiresApproval).
-	RequiresApproval *bool `json:"requires_approval,omitempty"`
-	ActionPointer   string          `json:"action_pointer,omitempty"`
-	Actions         []Action        `json:"actions,omitempty"`
-	InputSchema     json.RawMessage `json:"input_schema,omitempty"`
+	RequiresApproval *bool           `json:"requires_approval,omitempty"`
+	ActionPointer    string          `json:"action_pointer,omitempty"`
+	Actions          []Action        `json:"actions,omitempty"`
+	InputSchema      json.RawMessage `json:"input_schema,omitempty"`
 
 	// Flight recorder metadata (seed 001 FR-EVT-007); see the Effective*
 	// helpers for the defaults.

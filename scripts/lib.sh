@@ -30,6 +30,40 @@ ensure_chromium() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
 }
 
+# ensure_node installs Debian/Ubuntu's nodejs and npm when node is missing:
+# the MCP integration tests run npm MCP servers and the MCP Inspector CLI
+# (testenv/mcp). They need Node.js 18 or newer (20 is what they are tested
+# with).
+ensure_node() {
+  if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    echo "node/npm not found: installing them from the OS packages (apt-get install nodejs npm) for the MCP integration tests…" >&2
+    local sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nodejs npm >/dev/null
+  fi
+  local major
+  major="$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)"
+  if [ "$major" -lt 18 ]; then
+    echo "Node.js $(node --version 2>/dev/null) is too old for the MCP test servers: install Node.js 18 or newer." >&2
+    exit 2
+  fi
+}
+
+# ensure_mcp_servers installs the npm MCP servers and the MCP Inspector that
+# the integration tests run (versions pinned by testenv/mcp/package-lock.json)
+# into testenv/mcp/node_modules, when it is missing or older than the lock.
+ensure_mcp_servers() {
+  ensure_node
+  local dir=testenv/mcp
+  if [ -f "$dir/node_modules/.package-lock.json" ] && [ ! "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+    return 0
+  fi
+  echo "installing the npm MCP servers for the tests (npm ci in $dir)…" >&2
+  # engine-strict off: the Inspector asks for a newer Node than its CLI needs.
+  (cd "$dir" && npm ci --no-audit --no-fund --engine-strict=false --loglevel=error)
+}
+
 ensure_go() {
   if ! command -v go >/dev/null 2>&1; then
     echo "Go is not installed: install Go 1.26 or newer (https://go.dev/doc/install) and run again." >&2

@@ -164,7 +164,7 @@ func printJSON(w io.Writer, v any) {
 // --- killswitch ---
 
 type killswitchCmd struct {
-	Set   killswitchSetCmd   `cmd:"" help:"Stop calls in a scope on every worker: global, server:<id>, tool:<server_id>/<tool_name>, agent:<agent_id>, session:<id> (deny KILL_SWITCH)."`
+	Set   killswitchSetCmd   `cmd:"" help:"Stop calls in a scope on every worker: global, server:<id>, tool:<server_id>/<tool_name>, agent:<agent_id>, session:<id> (deny KILL_SWITCH); or only network_outbound tools: egress:global, egress:agent:<agent_id>, egress:session:<id> (deny NETWORK_OUTBOUND_BLOCKED)."`
 	Clear killswitchClearCmd `cmd:"" help:"Lift a kill switch."`
 	List  killswitchListCmd  `cmd:"" help:"List active kill switches."`
 }
@@ -172,7 +172,7 @@ type killswitchCmd struct {
 type killswitchSetCmd struct {
 	ctlFlags
 	waitFlags
-	Scope  string `arg:"" help:"global | server:<id> | tool:<server_id>/<tool_name> | agent:<agent_id> | session:<id>"`
+	Scope  string `arg:"" help:"global | server:<id> | tool:<server_id>/<tool_name> | agent:<agent_id> | session:<id> | egress:global | egress:agent:<agent_id> | egress:session:<id>"`
 	Reason string `name:"reason" required:"" help:"Why (recorded in the signed control receipt)."`
 }
 
@@ -193,7 +193,7 @@ func (c *killswitchClearCmd) Run(g *Globals) error {
 
 func scopeCmd(g *Globals, f *ctlFlags, wait bool, verb, scope, reason string) error {
 	if _, _, ok := schemas.ParseScope(scope); !ok {
-		return usage("scope %q: want global, server:<id>, tool:<server_id>/<tool_name>, agent:<agent_id> or session:<id>", scope)
+		return usage("scope %q: want global, server:<id>, tool:<server_id>/<tool_name>, agent:<agent_id>, session:<id>, or egress:global, egress:agent:<agent_id>, egress:session:<id>", scope)
 	}
 	return mutate(g, f, wait, verb, verb+" "+scope, func(cmd *schemas.ControlCommand) {
 		cmd.Scope, cmd.Reason = scope, reason
@@ -293,6 +293,7 @@ type registryCmd struct {
 	Publish registryPublishCmd `cmd:"" help:"Validate and store a registry bundle (a manifest file or a directory of *.json manifests); prints its digest. Does not pin it."`
 	Pin     registryPinCmd     `cmd:"" help:"Pin a published bundle by digest: every worker switches to it atomically."`
 	Show    registryShowCmd    `cmd:"" help:"Show the pinned digest and the published bundles."`
+	Lint    registryLintCmd    `cmd:"" help:"Compare a server's manifest with the live tools/list of the upstream MCP server (seed 004 completeness): exit 1 when tools or actions are missing from the registry."`
 }
 
 type registryPublishCmd struct {

@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -153,5 +156,132 @@ func TestControlCommandsCLI(t *testing.T) {
 	}
 	if out, code := run(t, talosctl, append(g, "verify", "--trusted-keys", filepath.Join(dir, "worker.pub"))...); code != 0 || !strings.Contains(out, "OK:") {
 		t.Fatalf("verify with control receipts: exit %d\n%s", code, out)
+	}
+}
+
+// approvalManifest is a community server: its calls need a human approval.
+const approvalManifest = `{"schema_id": "talos.mcp.tool_registry", "schema_version": "v1", "server_id": "community",
+ "tools": [{"tool_name": "search", "tool_class": "read", "is_document_op": false, "trust_level": "community"}]}`
+
+// captureStdout runs fn with os.Stdout redirected and returns what it
+// printed (the command's output) and its error.
+func captureStdout(t *testing.T, fn func() error) (string, error) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := os.Stdout
+	os.Stdout = w
+	out := make(chan string)
+	go func() { b, _ := io.ReadAll(r); out <- string(b) }()
+	ferr := fn()
+	os.Stdout = saved
+	w.Close()
+	return <-out, ferr
+}
+
+// TestApproveRejectCommands: a community tool's call (sent with the
+// talosctl binary) is parked require_approval; `approve` and `reject`
+// (run in process: the command table in main.go lists them) sign the
+// command with the responder key and print the control seq and receipt
+// (or the reply with --json); the control service refuses a second
+// resolution (CTL_CONFLICT) and an id nothing awaits (CTL_NOT_FOUND), which
+// exit 1; an id that is no UUID is a usage error (exit 2).
+func TestApproveRejectCommands(t *testing.T) {
+	talosd := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosd")
+	talosctl := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosctl")
+	ns := testenv.NATSForTest(t)
+	dir := t.TempDir()
+	for _, k := range []string{"worker", "responder"} {
+		if out, code := run(t, talosctl, "keys", "gen", "--out", filepath.Join(dir, k)); code != 0 {
+			t.Fatalf("keys gen %s: %s", k, out)
+		}
+	}
+	reg := filepath.Join(dir, "registry")
+	if err := os.MkdirAll(reg, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(reg, "community.json"), []byte(approvalManifest), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	startTalosd(t, talosd, dir, "--nats-url", ns.URL(), "--roles", "enforce,control", "--registry", reg,
+		"--signing-key", filepath.Join(dir, "worker.key"), "--responder-keys", filepath.Join(dir, "responder.pub"),
+		"--http-addr", "", "--chains", "1", "--instance", "approval-worker", "--capabilities", "optional")
+	g := []string{"--nats-url", ns.URL(), "--nats-auth", "none"}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, code := run(t, talosctl, append(g, "status", "--responder-key", filepath.Join(dir, "responder.key"))...)
+		if code == 0 && strings.Contains(out, "approval-worker") && strings.Contains(out, "true") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no live worker: exit %d\n%s", code, out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	park := func() string {
+		t.Helper()
+		out, code := run(t, talosctl, append(g, "--json", "call", "--server", "community", "--tool", "search", "--args", `{"q":"x"}`)...)
+		var d struct {
+			ToolCallID  string   `json:"tool_call_id"`
+			Decision    string   `json:"decision"`
+			ReasonCodes []string `json:"reason_codes"`
+		}
+		if err := json.Unmarshal([]byte(out), &d); err != nil || code != 0 || d.Decision != "require_approval" ||
+			len(d.ReasonCodes) != 1 || d.ReasonCodes[0] != "APPROVAL_REQUIRED" {
+			t.Fatalf("community call: exit %d %v\n%s", code, err, out)
+		}
+		return d.ToolCallID
+	}
+	flags := ctlFlags{signerFlags: signerFlags{ResponderKey: filepath.Join(dir, "responder.key"), Actor: "alice"}, Timeout: 10 * time.Second}
+	globals := func(asJSON bool) *Globals { return &Globals{NatsURL: ns.URL(), NatsAuth: "none", JSON: asJSON} }
+	exitCode := func(err error) int {
+		var ee exitError
+		if errors.As(err, &ee) {
+			return ee.code
+		}
+		if err != nil {
+			return -1
+		}
+		return 0
+	}
+
+	first := park()
+	out, err := captureStdout(t, func() error {
+		return (&approveCmd{ctlFlags: flags, ToolCallID: first, Reason: "checked"}).Run(globals(false))
+	})
+	if err != nil || !strings.Contains(out, "approve "+first+": ok (control seq ") || !strings.Contains(out, "receipt ") {
+		t.Fatalf("approve: %v\n%s", err, out)
+	}
+	_, err = captureStdout(t, func() error {
+		return (&approveCmd{ctlFlags: flags, ToolCallID: first}).Run(globals(false))
+	})
+	if exitCode(err) != 1 || !strings.Contains(err.Error(), "CTL_CONFLICT") {
+		t.Fatalf("second approve: exit %d %v", exitCode(err), err)
+	}
+
+	second := park()
+	out, err = captureStdout(t, func() error {
+		return (&rejectCmd{ctlFlags: flags, ToolCallID: second, Reason: "not today"}).Run(globals(true))
+	})
+	var rep struct {
+		Reply struct {
+			OK        bool   `json:"ok"`
+			Seq       uint64 `json:"seq"`
+			ReceiptID string `json:"receipt_id"`
+		} `json:"reply"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &rep) != nil || !rep.Reply.OK || rep.Reply.Seq != 2 || rep.Reply.ReceiptID == "" {
+		t.Fatalf("reject --json: %v\n%s", err, out)
+	}
+	out, err = captureStdout(t, func() error {
+		return (&rejectCmd{ctlFlags: flags, ToolCallID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d6e", Reason: "x"}).Run(globals(true))
+	})
+	if exitCode(err) != 1 || !strings.Contains(err.Error(), "CTL_NOT_FOUND") || !strings.Contains(out, `"code": "CTL_NOT_FOUND"`) {
+		t.Fatalf("reject of an id nothing awaits: exit %d %v\n%s", exitCode(err), err, out)
+	}
+	if err := (&approveCmd{ctlFlags: flags, ToolCallID: "call-1"}).Run(globals(false)); exitCode(err) != 2 {
+		t.Fatalf("approve of no UUID: exit %d %v", exitCode(err), err)
 	}
 }

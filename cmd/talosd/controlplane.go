@@ -67,8 +67,9 @@ func registerEnforceMetrics(reg *prometheus.Registry, e *ingest.Enforcer) {
 // startControl prepares the control role: the control service answering
 // talos.ctl.>, with the enforcement state of this process's worker (or,
 // without the enforce role, a follower of its own) for list/show and
-// prechecks, the shared replay store, and the live-worker watcher. The
-// returned run owns every goroutine it starts.
+// prechecks, the shared call ledger (approve and reject must name a call
+// awaiting approval), the shared replay store, and the live-worker
+// watcher. The returned run owns every goroutine it starts.
 func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn, js jetstream.JetStream,
 	key *receipts.PrivateKey, engine *enforce.Engine, signers receipts.KeySet, replay *ingest.ReplayStore,
 	state func() *enforce.State, follower *ingest.ControlFollower) (func(context.Context) error, error) {
@@ -87,6 +88,12 @@ func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn
 		if replay, err = ingest.NewReplayStore(ctx, js, ingest.ReplayStoreOptions{Window: f.ReplayWindow, Replicas: f.Replicas, Memory: f.ReplayStorage == "memory"}); err != nil {
 			return nil, fmt.Errorf("replay store: %w", err)
 		}
+	}
+	// The ledger every worker records pre decisions in (same bucket and
+	// options as the enforce role's).
+	ledger, err := ingest.NewLedger(ctx, js, ingest.LedgerOptions{Window: f.ReplayWindow, Replicas: f.Replicas})
+	if err != nil {
+		return nil, fmt.Errorf("call ledger: %w", err)
 	}
 	var runFollower func(context.Context) error
 	if follower == nil {
@@ -115,9 +122,14 @@ func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn
 		Status:        watch,
 		Logger:        log,
 		Hooks: ingest.ControlHooks{
-			Precheck: follower.Precheck(func(c *schemas.ControlCommand) (string, string) { return state().Precheck(c) }, 5*time.Second),
-			View:     func() schemas.IncidentView { return state().View() },
-			Replay:   replay,
+			Precheck: follower.Precheck(func(c *schemas.ControlCommand) (string, string) {
+				if code, detail := state().Precheck(c); code != "" {
+					return code, detail
+				}
+				return enforce.AwaitsApproval(ledger, c)
+			}, 5*time.Second),
+			View:   func() schemas.IncidentView { return state().View() },
+			Replay: replay,
 		},
 	})
 	if err != nil {

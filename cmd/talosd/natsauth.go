@@ -73,10 +73,13 @@ func rolePermissions(u natsUser) *server.Permissions {
 			Subscribe: &server.SubjectPermission{Allow: []string{schemas.SubjectStatusAll, schemas.ResponderInboxPrefix + ".>"}},
 		}
 	case schemas.NATSRoleEnforcement:
+		// It also reads the approve and reject events (signed control
+		// receipts naming a tool_call_id) to release the calls it parked.
 		return &server.Permissions{
 			Publish: &server.SubjectPermission{Allow: []string{schemas.SubjectCallsAll}},
 			Subscribe: &server.SubjectPermission{Allow: []string{
 				schemas.DecisionSubject(u.EPID), schemas.EPInboxPrefix(u.EPID) + ".>",
+				schemas.ControlSubject(schemas.VerbApprove), schemas.ControlSubject(schemas.VerbReject),
 			}},
 		}
 	}

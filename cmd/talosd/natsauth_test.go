@@ -175,6 +175,37 @@ func TestNATSPermissions(t *testing.T) {
 		default:
 		}
 
+		// (c2) it reads the approve and reject events, to release the calls
+		// it parked, and no other control event.
+		resolved := make(chan *nats.Msg, 4)
+		for _, v := range []string{schemas.VerbApprove, schemas.VerbReject} {
+			if _, err := ep.ChanSubscribe(schemas.ControlSubject(v), resolved); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, subj := range []string{"talos.control.>", schemas.ControlSubject(schemas.VerbKillSwitchSet)} {
+			if _, err := ep.SubscribeSync(subj); err != nil {
+				t.Fatal(err)
+			}
+			ep.wantViolation(t, "Subscription", subj)
+		}
+		if err := ep.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range []string{schemas.VerbApprove, schemas.VerbReject} {
+			if err := worker.Publish(schemas.ControlSubject(v), []byte(v)); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case m := <-resolved:
+				if m.Subject != schemas.ControlSubject(v) || string(m.Data) != v {
+					t.Fatalf("approval subscription got %s %s, want %s", m.Subject, m.Data, v)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("the enforcement point did not receive the %s event", v)
+			}
+		}
+
 		// (d) no control commands, no forged decisions, heartbeats,
 		// control or audit records: the worker sees none of them. The
 		// probe call published after them arrives first.

@@ -1,0 +1,155 @@
+package mcpup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// ErrStart is wrapped when a stdio server's process could not be started
+// (program not found, not executable), as opposed to a server that started
+// and then failed the MCP handshake.
+var ErrStart = errors.New("mcpup: server process failed to start")
+
+// Option adjusts Connect.
+type Option func(*options)
+
+type options struct {
+	terminate  time.Duration
+	stderr     io.Writer
+	httpClient *http.Client
+	client     *mcp.ClientOptions
+}
+
+// WithStderr sends a stdio server's standard error to w instead of
+// os.Stderr (io.Discard drops it).
+func WithStderr(w io.Writer) Option { return func(o *options) { o.stderr = w } }
+
+// WithTerminateWait sets how long closing a stdio session waits for the
+// process to exit after its stdin is closed, and again after SIGTERM,
+// before killing it (default: the SDK's 5s).
+func WithTerminateWait(d time.Duration) Option { return func(o *options) { o.terminate = d } }
+
+// WithHTTPClient makes a streamable HTTP connection use c (for TLS settings,
+// timeouts, or headers added by its transport).
+func WithHTTPClient(c *http.Client) Option { return func(o *options) { o.httpClient = c } }
+
+// WithClientOptions passes o to mcp.NewClient (notification handlers such as
+// ToolListChangedHandler, a logger, capabilities).
+func WithClientOptions(o *mcp.ClientOptions) Option { return func(opts *options) { opts.client = o } }
+
+// Connect starts or dials the upstream server s and completes the MCP
+// handshake as client. The caller owns the session and MUST Close it; for
+// stdio that ends the child process (stdin closed, then SIGTERM and SIGKILL
+// if it lingers). ctx bounds the connection and handshake only, not the
+// session's lifetime. Errors name the server_id and say whether the process
+// failed to start (ErrStart) or the handshake failed; they never repeat the
+// command's arguments or the URL's credentials.
+func Connect(ctx context.Context, s Spec, client *mcp.Implementation, opts ...Option) (*mcp.ClientSession, error) {
+	o := options{stderr: os.Stderr}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if client == nil {
+		client = &mcp.Implementation{Name: "talos", Version: "dev"}
+	}
+	c := mcp.NewClient(client, o.client)
+	switch {
+	case s.URL != "" && len(s.Command) > 0:
+		return nil, fmt.Errorf("mcpup: server %q: both a URL and a command are set", s.ServerID)
+	case s.URL != "":
+		t := &mcp.StreamableClientTransport{Endpoint: s.URL, HTTPClient: o.httpClient}
+		cs, err := c.Connect(ctx, t, nil)
+		if err != nil {
+			return nil, scrubURL(fmt.Errorf("mcpup: server %q: connect to %s over streamable HTTP: %w", s.ServerID, safeURL(s.URL), err), s.URL)
+		}
+		return cs, nil
+	case len(s.Command) > 0:
+		return connectStdio(ctx, c, s, o)
+	default:
+		return nil, fmt.Errorf("mcpup: server %q: neither a URL nor a command is set", s.ServerID)
+	}
+}
+
+func connectStdio(ctx context.Context, c *mcp.Client, s Spec, o options) (*mcp.ClientSession, error) {
+	prog := s.Command[0]
+	path, err := exec.LookPath(prog)
+	if err != nil {
+		return nil, fmt.Errorf("%w: server %q: %v", ErrStart, s.ServerID, err)
+	}
+	// Not exec.CommandContext: ctx bounds the handshake, while the process
+	// lives as long as the session; ClientSession.Close ends it.
+	cmd := exec.Command(path, s.Command[1:]...)
+	cmd.Stderr = o.stderr
+	if len(s.Env) > 0 {
+		cmd.Env = append(os.Environ(), s.Env...)
+	}
+	cs, err := c.Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: o.terminate}, nil)
+	if err == nil {
+		return cs, nil
+	}
+	if cmd.Process == nil {
+		return nil, fmt.Errorf("%w: server %q: %s: %v", ErrStart, s.ServerID, prog, err)
+	}
+	// The SDK closed the session, which waited for the process.
+	if st := cmd.ProcessState; st != nil && st.Exited() && st.ExitCode() != 0 {
+		return nil, fmt.Errorf("mcpup: server %q: %s started but exited with status %d before the MCP handshake completed (see its stderr): %w", s.ServerID, prog, st.ExitCode(), err)
+	}
+	return nil, fmt.Errorf("mcpup: server %q: %s started but the MCP handshake failed: %w", s.ServerID, prog, err)
+}
+
+// scrubbedError prints a message with an endpoint's secrets removed while
+// errors.Is and errors.As still see the cause.
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e *scrubbedError) Error() string { return e.msg }
+func (e *scrubbedError) Unwrap() error { return e.err }
+
+// scrubURL removes rawURL's userinfo and query from err's message (the
+// HTTP client quotes the URL it failed to reach).
+func scrubURL(err error, rawURL string) error {
+	u, perr := url.Parse(rawURL)
+	if perr != nil {
+		return err
+	}
+	msg := err.Error()
+	safe := safeURL(rawURL)
+	for _, form := range []string{rawURL, u.String(), u.Redacted()} {
+		msg = strings.ReplaceAll(msg, form, safe)
+	}
+	if u.RawQuery != "" {
+		msg = strings.ReplaceAll(msg, u.RawQuery, "…")
+	}
+	if p, ok := u.User.Password(); ok && p != "" {
+		msg = strings.ReplaceAll(msg, p, "***")
+	}
+	if n := u.User.Username(); len(n) >= 4 {
+		msg = strings.ReplaceAll(msg, n, "***")
+	}
+	return &scrubbedError{msg: msg, err: err}
+}
+
+// ListTools returns every tool the server lists, following pagination
+// cursors to the end.
+func ListTools(ctx context.Context, cs *mcp.ClientSession) ([]*mcp.Tool, error) {
+	var tools []*mcp.Tool
+	for t, err := range cs.Tools(ctx, nil) {
+		if err != nil {
+			return nil, fmt.Errorf("mcpup: tools/list: %w", err)
+		}
+		tools = append(tools, t)
+	}
+	return tools, nil
+}

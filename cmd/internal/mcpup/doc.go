@@ -1,0 +1,11 @@
+// Package mcpup is how Talos talks to an upstream MCP server: it parses the
+// `<server_id>=<url|command>` spec operators write, connects over streamable
+// HTTP or stdio with the official MCP Go SDK, lists every tool, and reads or
+// narrows the action enum of an action-based tool's input schema (seed 004:
+// the completeness check and the ReadOnlyToolWrapper's schema "belt").
+//
+// Callers are talos-mcp-gateway (which proxies calls to the upstream) and
+// `talosctl registry lint` (which compares a registry manifest with the live
+// tools/list). The package holds no state: each Connect is one session the
+// caller owns and closes.
+package mcpup

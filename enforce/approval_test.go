@@ -1,0 +1,276 @@
+package enforce
+
+import (
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/talos-audit/talos/schemas"
+)
+
+const (
+	parkedA = "0190f5b2-7c1e-7a3b-8d4e-00000000a001"
+	parkedB = "0190f5b2-7c1e-7a3b-8d4e-00000000b002"
+)
+
+func approve(id string) *schemas.ControlRecord { return ctl(schemas.VerbApprove, target(id)) }
+func reject(id string) *schemas.ControlRecord  { return ctl(schemas.VerbReject, target(id)) }
+
+// applyAll applies recs to s at seqs 1.., failing on any error.
+func applyAll(t *testing.T, s *State, recs ...*schemas.ControlRecord) *State {
+	t.Helper()
+	for i, r := range recs {
+		var err error
+		if s, err = s.Apply(s.Seq()+1, r, t0); err != nil {
+			t.Fatalf("apply %d (%s): %v", i, r.Verb, err)
+		}
+	}
+	return s
+}
+
+// TestApprovalApply: approve and reject record their resolution (actor,
+// reason, seq, time) by tool_call_id; nothing else changes; the first
+// resolution stands and a second is CTL_CONFLICT, at Precheck and at
+// Apply (which still consumes the seq).
+func TestApprovalApply(t *testing.T) {
+	s0 := freshState(t)
+	if _, _, ok := s0.Approval(parkedA); ok {
+		t.Fatal("a fresh State holds an approval")
+	}
+	s := applyAll(t, s0, approve(parkedA), reject(parkedB))
+	verb, e, ok := s.Approval(parkedA)
+	if !ok || verb != schemas.VerbApprove || e != entry(parkedA, schemas.VerbApprove, 1) {
+		t.Fatalf("Approval(A) = %s %+v %v", verb, e, ok)
+	}
+	verb, e, ok = s.Approval(parkedB)
+	if !ok || verb != schemas.VerbReject || e != entry(parkedB, schemas.VerbReject, 2) {
+		t.Fatalf("Approval(B) = %s %+v %v", verb, e, ok)
+	}
+	if _, _, ok := s0.Approval(parkedA); ok {
+		t.Fatal("Apply changed the State it was called on")
+	}
+	if v := s.View(); len(v.KillSwitches)+len(v.Quarantines)+len(v.Revocations) != 0 || v.Seq != 2 {
+		t.Fatalf("approvals leaked into the incident view: %+v", v)
+	}
+
+	for _, again := range []*schemas.ControlRecord{approve(parkedA), reject(parkedA), approve(parkedB)} {
+		code, detail := s.Precheck(again.Command)
+		if code != schemas.CtlConflict || !strings.Contains(detail, "already") || !strings.Contains(detail, "alice") {
+			t.Fatalf("second %s precheck: %q %q", again.Verb, code, detail)
+		}
+		next, err := s.Apply(s.Seq()+1, again, t0)
+		var ce *CommandError
+		if !errors.As(err, &ce) || ce.Code != schemas.CtlConflict || next.Seq() != s.Seq()+1 {
+			t.Fatalf("second %s apply: %v (seq %d)", again.Verb, err, next.Seq())
+		}
+		if verb, _, _ := next.Approval(parkedA); verb != schemas.VerbApprove {
+			t.Fatalf("the first resolution was replaced: %s", verb)
+		}
+	}
+
+	for name, rec := range map[string]*schemas.ControlRecord{
+		"not a uuid":  approve("call-1"),
+		"no target":   ctl(schemas.VerbReject, nil),
+		"braced uuid": approve("{" + parkedA + "}"),
+	} {
+		if code, _ := s0.Precheck(rec.Command); code != schemas.CtlInvalid {
+			t.Errorf("%s: precheck %q, want %s", name, code, schemas.CtlInvalid)
+		}
+	}
+}
+
+// TestApprovalReplay: two States built from the same records hold the same
+// resolutions, and a Decider applying them answers like the State.
+func TestApprovalReplay(t *testing.T) {
+	recs := []*schemas.ControlRecord{
+		ctl(schemas.VerbKillSwitchSet, scope("global")),
+		approve(parkedA),
+		ctl(schemas.VerbKillSwitchClear, scope("global")),
+		reject(parkedB),
+		approve(parkedB), // refused: B is rejected
+	}
+	build := func() *State {
+		s := freshState(t)
+		for i, r := range recs {
+			next, err := s.Apply(uint64(i+1), r, t0)
+			if err != nil && i != 4 {
+				t.Fatal(err)
+			}
+			s = next
+		}
+		return s
+	}
+	a, b := build(), build()
+	d := deciderWith(t, nil)
+	for i, r := range recs {
+		_ = d.Apply(uint64(i+1), r, t0)
+	}
+	for _, id := range []string{parkedA, parkedB, "0190f5b2-7c1e-7a3b-8d4e-00000000c003"} {
+		va, ea, oa := a.Approval(id)
+		vb, eb, ob := b.Approval(id)
+		vd, ed, od := d.State().Approval(id)
+		if va != vb || ea != eb || oa != ob || va != vd || ea != ed || oa != od {
+			t.Fatalf("%s: replays differ: %s %+v %v / %s %+v %v / %s %+v %v", id, va, ea, oa, vb, eb, ob, vd, ed, od)
+		}
+	}
+	if v, e, _ := a.Approval(parkedB); v != schemas.VerbReject || e.Seq != 4 {
+		t.Fatalf("B: %s at seq %d, want reject at 4", v, e.Seq)
+	}
+	if a.Seq() != 5 {
+		t.Fatalf("seq %d, want 5 (the refused approve consumes its seq)", a.Seq())
+	}
+}
+
+// memLedger is a CallLedger in memory.
+type memLedger struct {
+	mu   sync.Mutex
+	pre  map[string]PreRecord
+	idem map[string]IdemRecord
+	err  error
+}
+
+func newMemLedger() *memLedger {
+	return &memLedger{pre: map[string]PreRecord{}, idem: map[string]IdemRecord{}}
+}
+
+func (l *memLedger) ClaimIdempotency(key string, rec IdemRecord) (IdemRecord, bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if held, ok := l.idem[key]; ok {
+		return held, false, l.err
+	}
+	l.idem[key] = rec
+	return rec, true, l.err
+}
+
+func (l *memLedger) SetIdempotencyReceipt(key string, rec IdemRecord) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.idem[key] = rec
+	return l.err
+}
+
+func (l *memLedger) RecordPre(id string, rec PreRecord) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pre[id] = rec
+	return l.err
+}
+
+func (l *memLedger) LookupPre(id string) (PreRecord, bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	rec, ok := l.pre[id]
+	return rec, ok, l.err
+}
+
+// TestAwaitsApproval: approve and reject must name a call whose pre
+// decision, in the ledger, is require_approval.
+func TestAwaitsApproval(t *testing.T) {
+	l := newMemLedger()
+	l.pre[parkedA] = PreRecord{Decision: schemas.DecisionRequireApproval, ReceiptID: "r-a"}
+	l.pre[parkedB] = PreRecord{Decision: schemas.DecisionAllow, ReceiptID: "r-b"}
+	cases := []struct {
+		name, code, detail string
+		cmd                *schemas.ControlCommand
+	}{
+		{"awaits", "", "", approve(parkedA).Command},
+		{"reject awaits", "", "", reject(parkedA).Command},
+		{"allowed call", schemas.CtlInvalid, "allow", approve(parkedB).Command},
+		{"unknown call", schemas.CtlNotFound, "no call with this tool_call_id awaits approval", reject("0190f5b2-7c1e-7a3b-8d4e-00000000c003").Command},
+		{"not a uuid", schemas.CtlInvalid, "tool_call_id", approve("pre.x").Command},
+		{"other verbs pass", "", "", ctl(schemas.VerbRevoke, target(parkedB)).Command},
+	}
+	for _, tc := range cases {
+		code, detail := AwaitsApproval(l, tc.cmd)
+		if code != tc.code || !strings.Contains(detail, tc.detail) {
+			t.Errorf("%s: %q %q, want %q with %q", tc.name, code, detail, tc.code, tc.detail)
+		}
+	}
+	l.err = errors.New("kv down")
+	if code, detail := AwaitsApproval(l, approve(parkedA).Command); code != schemas.CtlInternal || strings.Contains(detail, "kv down") {
+		t.Errorf("ledger error: %q %q", code, detail)
+	}
+	if code, _ := AwaitsApproval(nil, approve(parkedA).Command); code != "" {
+		t.Errorf("nil ledger: %q", code)
+	}
+}
+
+// nopRedactor redacts nothing (the flight recorder runs without a key).
+type nopRedactor struct{}
+
+func (nopRedactor) Redact(v any, _ string) (any, []schemas.Redaction, error) { return v, nil, nil }
+
+// TestApprovalPostFlags: a call parked for approval is not recorded at
+// pre (its post event completes the record); its post event is flagged
+// post_after_deny unless the State holds its approval (rejected or
+// unresolved: flagged).
+func TestApprovalPostFlags(t *testing.T) {
+	l := newMemLedger()
+	d, err := NewDecider(trustEngine(t), DeciderOptions{Ledger: l, Redactor: nopRedactor{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	decide := func(env map[string]any) *Decided {
+		t.Helper()
+		raw, err := json.Marshal(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := d.DecideCall("talos.call."+env["phase"].(string)+".community", raw, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	call := func(id, phase string) map[string]any {
+		env := withCall(envelope(phase, "community", "search", map[string]any{"q": "x"}), id)
+		if phase == schemas.PhasePost {
+			env["result"] = text("found")
+		}
+		return env
+	}
+	flags := func(id string) []string {
+		t.Helper()
+		out := decide(call(id, schemas.PhasePost))
+		if out.ToolCall == nil {
+			t.Fatal("no ToolCallEvent for a post event")
+		}
+		return out.ToolCall.Flags
+	}
+
+	const unresolved = "0190f5b2-7c1e-7a3b-8d4e-00000000c003"
+	for i, id := range []string{parkedA, parkedB, unresolved} {
+		pre := decide(call(id, schemas.PhasePre))
+		if pre.Receipt.Decision != schemas.DecisionRequireApproval || pre.ToolCall != nil || pre.Commit == nil {
+			t.Fatalf("pre %d: %s, event %v", i, pre.Receipt.Decision, pre.ToolCall != nil)
+		}
+		if err := pre.Commit("receipt-" + id); err != nil {
+			t.Fatal(err)
+		}
+		if rec, _, _ := l.LookupPre(id); rec.Decision != schemas.DecisionRequireApproval {
+			t.Fatalf("ledger holds %+v", rec)
+		}
+	}
+	if f := flags(parkedA); !slices.Equal(f, []string{schemas.FlagPostAfterDeny}) {
+		t.Fatalf("post before the approval: flags %v", f)
+	}
+	if err := d.Apply(1, approve(parkedA), t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Apply(2, reject(parkedB), t0); err != nil {
+		t.Fatal(err)
+	}
+	if f := flags(parkedA); len(f) != 0 {
+		t.Fatalf("post after the approval: flags %v", f)
+	}
+	if f := flags(parkedB); !slices.Equal(f, []string{schemas.FlagPostAfterDeny}) {
+		t.Fatalf("post after a rejection: flags %v", f)
+	}
+	if f := flags(unresolved); !slices.Equal(f, []string{schemas.FlagPostAfterDeny}) {
+		t.Fatalf("post of an unresolved call: flags %v", f)
+	}
+}
