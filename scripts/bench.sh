@@ -18,6 +18,12 @@
 #   bash scripts/bench.sh tail    the latency run in three arrangements: no sink,
 #                                 sink at equal CPU priority, sink and ClickHouse
 #                                 at nice 10 (where the p99 tail comes from)
+#   bash scripts/bench.sh gateway [CALLS]  what talos-mcp-gateway adds per
+#                                 tools/call: CALLS (default 2,000) calls of
+#                                 mcp-server-everything's echo, directly and
+#                                 through the gateway, interleaved, one in flight
+#                                 (talosctl bench-mcp); waits until no `go test`
+#                                 runs, so the machine is otherwise idle
 #
 # Every run has the checks talosd runs by default: capabilities (each call
 # signed by the load generator and verified by the worker), preflight, the
@@ -39,6 +45,7 @@ work=$(mktemp -d /tmp/talos-bench.XXXXXX)
 mkdir -p "$work/bin"
 go build -o "$work/bin/talosd" ./cmd/talosd
 go build -o "$work/bin/talosctl" ./cmd/talosctl
+[ "$mode" != gateway ] || go build -o "$work/bin/talos-mcp-gateway" ./cmd/talos-mcp-gateway
 pids=()
 stop_all() {
   for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done
@@ -47,6 +54,9 @@ stop_all() {
 }
 trap 'stop_all; rm -rf "$work"' EXIT
 nats=nats://127.0.0.1:14222
+registry=cmd/talosd/demo/registry # the worker's (and the control role's) registry
+eps=talosctl,demo-ep              # enforcement points with a NATS user
+scope='tool:files:*'              # of the capability every call carries
 
 # start ROLES [sink-nice]: the dev process with ROLES ("control" runs no
 # pipeline role in this version), an optional separate sink, and a worker.
@@ -54,7 +64,7 @@ start() {
   local roles=$1 sink_nice=${2:-}
   rm -rf "$work/dev"
   "$work/bin/talosd" dev --no-demo --roles "$roles" --data-dir "$work/dev" --clickhouse-port 0 \
-    --nats-listen 127.0.0.1:14222 --http-addr "" >"$work/dev.log" 2>&1 &
+    --registry "$registry" --nats-eps "$eps" --nats-listen 127.0.0.1:14222 --http-addr "" >"$work/dev.log" 2>&1 &
   dev=$!; pids+=($dev)
   for _ in $(seq 1 120); do grep -q "Talos dev stack is up" "$work/dev.log" && break; sleep 0.5; done
   grep -q "Talos dev stack is up" "$work/dev.log" || { cat "$work/dev.log"; exit 1; }
@@ -68,14 +78,14 @@ start() {
     "$work/bin/talosd" --roles sink --nats-url $nats --nats-auth "$work/dev/nats-auth.json" --clickhouse-addr "$ch" --http-addr "" >"$work/sink.log" 2>&1 &
     pids+=($!)
   fi
-  "$work/bin/talosd" --roles enforce --nats-url $nats --nats-auth "$work/dev/nats-auth.json" --registry cmd/talosd/demo/registry \
+  "$work/bin/talosd" --roles enforce --nats-url $nats --nats-auth "$work/dev/nats-auth.json" --registry "$registry" \
     --signing-key "$work/dev/keys/signing.key" --capability-issuers "$work/dev/keys/issuer.pub" \
     --instance bench-worker --http-addr "" >"$work/worker.log" 2>&1 &
   worker=$!; pids+=($worker)
   # Every call carries a capability issued by the dev issuer and is signed
   # by the demo agent (seed 002), as an enforcement point would send it.
   "$work/bin/talosctl" cap issue --issuer-key "$work/dev/keys/issuer.key" --subject demo-agent \
-    --subject-key "$work/dev/keys/demo-agent.pub" --scope 'tool:files:*' --ttl 6h --out "$work/cap.json" >/dev/null
+    --subject-key "$work/dev/keys/demo-agent.pub" --scope "$scope" --ttl 6h --out "$work/cap.json" >/dev/null
   sleep 1
 }
 
@@ -151,8 +161,58 @@ verify)
   cat "$work/verify.time"
   awk -v n="$n" '{printf "== verification: %.0f receipts/s, peak RSS %.0f MiB\n", n/$1, $4/1024}' "$work/verify.time"
   ;;
+gateway)
+  calls=${2:-2000} warmup=100
+  everything=${MCP_SERVER_EVERYTHING:-$PWD/testenv/mcp/node_modules/.bin/mcp-server-everything}
+  if [ ! -x "$everything" ]; then
+    echo "mcp-server-everything not found at $everything: install the test MCP servers with" >&2
+    echo "  npm ci --prefix testenv/mcp   (or set MCP_SERVER_EVERYTHING to the program)" >&2
+    exit 2
+  fi
+  # Another benchmark or test suite on the same 2 cores would show up as
+  # gateway latency: wait until no `go test` runs (up to 30 minutes).
+  wait_idle() {
+    local n=0
+    while pgrep -f 'go test' >/dev/null; do
+      [ $n -eq 0 ] && echo "== waiting for the running 'go test' to finish (the machine must be otherwise idle)"
+      n=$((n + 1))
+      [ $n -lt 360 ] || { echo "still busy after 30 minutes; giving up" >&2; exit 1; }
+      sleep 5
+    done
+  }
+  wait_idle
+  registry=deploy/mcp/registry eps=talosctl,demo-ep,gw-bench scope='tool:everything:*'
+  start sink,control
+  gw="$work/bin/talos-mcp-gateway --ep-id gw-bench --registry $registry --nats-url $nats"
+  gw+=" --nats-auth $work/dev/nats-auth.json --capability $work/cap.json --agent-key $work/dev/keys/demo-agent.key"
+  gw+=" --session-id gw-bench --log-level warn --upstream 'everything=$everything'"
+  echo "== node $(node --version), mcp-server-everything $(sed -n 's/.*"version": *"\([^"]*\)".*/\1/p' "$(dirname "$everything")/../@modelcontextprotocol/server-everything/package.json" 2>/dev/null | head -1)"
+  echo "== gateway added latency: $calls calls of everything/echo per side, directly and through talos-mcp-gateway, interleaved"
+  echo "   the gateway signs each call with a capability chain; the worker runs every default check; the sink"
+  echo "   projects receipts and ToolCallEvents into ClickHouse meanwhile (the full pipeline is busy, on the same cores)"
+  wait_idle
+  echo "== load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  "$work/bin/talosctl" bench-mcp --calls "$calls" --warmup "$warmup" --stderr "$work/servers.log" \
+    --direct "everything=$everything" --via "gw=$gw" || { tail -20 "$work/servers.log"; exit 1; }
+  if pgrep -f 'go test' >/dev/null; then
+    echo "== a 'go test' started during the measurement: these figures are not of an idle machine; run again" >&2
+    exit 1
+  fi
+  # Evidence that every call through the gateway went through Talos: the
+  # gateway session's allowed pre decisions, post receipts and ToolCallEvents.
+  want=$((calls + warmup))
+  chq() { clickhouse-client --host "${ch%:*}" --port "${ch##*:}" -q "$1"; }
+  for _ in $(seq 1 120); do
+    got=$(chq "SELECT uniqExactIf(tool_call_id, phase = 'pre' AND decision = 'allow'), uniqExactIf(tool_call_id, phase = 'post') FROM talos.receipts WHERE session_id = 'gw-bench'" | tr '\t' ' ')
+    events=$(chq "SELECT uniqExact(tool_call_id) FROM talos.tool_calls WHERE session_id = 'gw-bench'")
+    [ "$got" = "$want $want" ] && [ "$events" = "$want" ] && break
+    sleep 0.5
+  done
+  echo "== in ClickHouse for the gateway's session (warm-up included, $want calls): allowed pre decisions and post receipts: $got; ToolCallEvents: $events"
+  [ "$got" = "$want $want" ] && [ "$events" = "$want" ] || { echo "some gateway calls left no receipt or ToolCallEvent" >&2; exit 1; }
+  ;;
 *)
-  echo "usage: bash scripts/bench.sh [replay|flight|tail|verify [N]]" >&2
+  echo "usage: bash scripts/bench.sh [replay|flight|tail|verify [N]|gateway [CALLS]]" >&2
   exit 2
   ;;
 esac

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -27,6 +26,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/talos-audit/talos/cmd/internal/mcpup"
+	"github.com/talos-audit/talos/cmd/internal/natsurl"
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -134,11 +134,11 @@ func (c *cli) run(log *slog.Logger) error {
 
 	nc, err := nats.Connect(c.NatsURL, opts...)
 	if err != nil {
-		return fmt.Errorf("NATS %s: %w", redactURL(c.NatsURL), err)
+		return fmt.Errorf("NATS %s: %w", natsurl.Redact(c.NatsURL), err)
 	}
 	defer nc.Close()
 	if !nc.IsConnected() {
-		log.Warn("NATS not reachable yet; every call is denied until it is", "url", redactURL(c.NatsURL))
+		log.Warn("NATS not reachable yet; every call is denied until it is", "url", natsurl.Redact(c.NatsURL))
 	}
 
 	g, err := New(Options{
@@ -202,7 +202,7 @@ func (c *cli) natsOptions() ([]nats.Option, error) {
 		nats.Timeout(2 * time.Second),
 	}
 	switch {
-	case urlHasUser(c.NatsURL):
+	case natsurl.HasUser(c.NatsURL):
 	case c.NatsUser != "":
 		opts = append(opts, nats.UserInfo(c.NatsUser, c.NatsPassword))
 	case c.NatsAuth != "" && c.NatsAuth != "none":
@@ -348,25 +348,4 @@ func loadPrincipals(path string) ([]*principal, error) {
 		out = append(out, p)
 	}
 	return out, nil
-}
-
-// urlHasUser reports whether any URL of a NATS URL list carries a user.
-func urlHasUser(urls string) bool {
-	for _, s := range strings.Split(urls, ",") {
-		if u, err := url.Parse(strings.TrimSpace(s)); err == nil && u.User != nil && u.User.Username() != "" {
-			return true
-		}
-	}
-	return false
-}
-
-// redactURL hides passwords in a NATS URL list.
-func redactURL(urls string) string {
-	parts := strings.Split(urls, ",")
-	for i, s := range parts {
-		if u, err := url.Parse(strings.TrimSpace(s)); err == nil && u.User != nil {
-			parts[i] = u.Redacted()
-		}
-	}
-	return strings.Join(parts, ",")
 }

@@ -32,11 +32,14 @@ type cli struct {
 	Query       queryCmd       `cmd:"" help:"Canned auditor questions."`
 	Export      exportCmd      `cmd:"" help:"Export signed records (receipts, tool calls, checkpoints) as JSON lines or CSV, verifiable offline with verify --file."`
 	Bench       benchCmd       `cmd:"" help:"Measure a running stack: decision latency with N concurrent enforcement points, end-to-end events/s, kill-switch propagation."`
+	BenchMCP    benchMCPCmd    `cmd:"" name:"bench-mcp" help:"Measure what an MCP gateway adds per tools/call: the same call to a server directly and through the gateway, interleaved, one in flight; p50/p90/p99 per side and the difference."`
 	Synth       synthCmd       `cmd:"" help:"Benchmarks: write N signed, chained, checkpointed synthetic receipts straight into ClickHouse (to measure verify at scale)."`
 
 	Killswitch killswitchCmd `cmd:"" help:"Kill switches: stop calls in a scope on every worker (signed control commands)."`
 	Quarantine quarantineCmd `cmd:"" help:"Quarantine sessions on every worker."`
 	Revoke     revokeCmd     `cmd:"" help:"Revoke a capability id or an agent (stored; enforced by capability checks)."`
+	Approve    approveCmd    `cmd:"" help:"Release a call parked for human approval (decision require_approval) by its tool_call_id."`
+	Reject     rejectCmd     `cmd:"" help:"Refuse a call parked for human approval; --reason is required."`
 	Registry   registryCmd   `cmd:"" help:"Publish, pin and show tool registry bundles."`
 	Replay     replayCmd     `cmd:"" help:"The correlation_id replay cache: stats, check, flush."`
 	Status     statusCmd     `cmd:"" help:"Live workers: the control seq each has applied, its registry digest, whether it decides."`

@@ -4,13 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"net/url"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/talos-audit/talos/cmd/internal/natsurl"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -61,14 +60,14 @@ func (g *Globals) connect(role, epID string) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(g.NatsURL, append(opts, creds...)...)
 	if err != nil {
-		return nil, failed("connect %s: %v", redactURL(g.NatsURL), err)
+		return nil, failed("connect %s: %v", natsurl.Redact(g.NatsURL), err)
 	}
 	return nc, nil
 }
 
 // natsCredentials picks the login for role (see connect).
 func (g *Globals) natsCredentials(role, epID string) ([]nats.Option, error) {
-	if urlHasUser(g.NatsURL) {
+	if natsurl.HasUser(g.NatsURL) {
 		return nil, nil // nats.go logs in with the URL's userinfo
 	}
 	if g.NatsUser != "" {
@@ -114,26 +113,4 @@ func readNATSAuth(path string) ([]natsAuthUser, error) {
 		return nil, errors.New(path + ": " + err.Error())
 	}
 	return f.Users, nil
-}
-
-// urlHasUser reports whether any URL of a comma-separated NATS URL list
-// carries a user name.
-func urlHasUser(urls string) bool {
-	for _, s := range strings.Split(urls, ",") {
-		if u, err := url.Parse(strings.TrimSpace(s)); err == nil && u.User != nil && u.User.Username() != "" {
-			return true
-		}
-	}
-	return false
-}
-
-// redactURL hides passwords in a NATS URL list for messages.
-func redactURL(urls string) string {
-	parts := strings.Split(urls, ",")
-	for i, s := range parts {
-		if u, err := url.Parse(strings.TrimSpace(s)); err == nil && u.User != nil {
-			parts[i] = u.Redacted()
-		}
-	}
-	return strings.Join(parts, ",")
 }
