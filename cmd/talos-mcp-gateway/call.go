@@ -35,6 +35,13 @@ const CodeDenied = -32030
 // then its own key, so a retried MCP request is not recognised as one).
 const idempotencyMeta = "dev.talos/idempotency_key"
 
+// _meta keys of a forwarded call's result: its tool_call_id and the
+// receipt of its pre decision, so a client can find its audit record.
+const (
+	metaToolCallID = "dev.talos/tool_call_id"
+	metaReceiptID  = "dev.talos/receipt_id"
+)
+
 // denial is the data of a refused call's JSON-RPC error.
 type denial struct {
 	Decision    string   `json:"decision"`
@@ -141,7 +148,7 @@ func (g *Gateway) call(ctx context.Context, p *principal, req *mcp.CallToolReque
 					ReceiptID: a.receiptID, Details: []string{"rejected by " + a.actor}})
 			}
 			log.Info("call approved", "by", a.actor, "control_receipt", a.receiptID)
-			return g.forward(ctx, p, pre, ut, args, log)
+			return g.forward(ctx, p, pre, d.ReceiptID, ut, args, log)
 		case <-time.After(g.o.ApprovalTimeout):
 			g.fail(p, pre, schemas.CodeApprovalTimeout, "no approval within "+g.o.ApprovalTimeout.String(), false)
 			log.Warn("call denied: no approval in time")
@@ -153,7 +160,7 @@ func (g *Gateway) call(ctx context.Context, p *principal, req *mcp.CallToolReque
 		}
 	case schemas.DecisionAllow:
 		if len(local) == 0 {
-			return g.forward(ctx, p, pre, ut, args, log)
+			return g.forward(ctx, p, pre, d.ReceiptID, ut, args, log)
 		}
 	}
 	// The worker did not deny, but the gateway does (a hidden tool or
@@ -164,7 +171,7 @@ func (g *Gateway) call(ctx context.Context, p *principal, req *mcp.CallToolReque
 }
 
 // forward runs an allowed call on its upstream and reports it.
-func (g *Gateway) forward(ctx context.Context, p *principal, pre *schemas.ToolCall, ut upstreamTool, args json.RawMessage, log interface {
+func (g *Gateway) forward(ctx context.Context, p *principal, pre *schemas.ToolCall, receiptID string, ut upstreamTool, args json.RawMessage, log interface {
 	Info(string, ...any)
 	Warn(string, ...any)
 }) (*mcp.CallToolResult, error) {
@@ -188,7 +195,16 @@ func (g *Gateway) forward(ctx context.Context, p *principal, pre *schemas.ToolCa
 		g.out.send(post)
 	}
 	log.Info("call forwarded", "ok", !res.IsError, "ms", ended.Sub(started).Milliseconds())
-	return res, nil
+	// Tell the client which audit record this is (after the post event
+	// was built from the upstream's own result).
+	out := *res
+	out.Meta = maps.Clone(res.Meta)
+	if out.Meta == nil {
+		out.Meta = mcp.Meta{}
+	}
+	out.Meta[metaToolCallID] = pre.ToolCallID
+	out.Meta[metaReceiptID] = receiptID
+	return &out, nil
 }
 
 // fail reports a call the gateway refused on its own. Without the
