@@ -144,8 +144,8 @@ func (d *Decider) Decide(subject string, raw []byte, now time.Time) (schemas.Rec
 // (talos.call.<phase>.<server_id>), at now. The receipt's Chain and
 // Signature are left for the signer. A valid envelope gets the incident
 // codes of the State (KILL_SWITCH, SESSION_QUARANTINED, and in phase pre
-// NETWORK_OUTBOUND_BLOCKED), and in phase pre the replay (REPLAY),
-// capability and subagent-access checks, before the Engine's codes, and
+// NETWORK_OUTBOUND_BLOCKED), and in phase pre the replay (REPLAY) and
+// capability checks, before the Engine's codes, and
 // the preflight, rule and rate checks after them; a malformed one gets
 // VAL-HTC-001 only. A post event is flagged post_after_deny when its pre
 // decision was not allow, unless it was require_approval and the State
@@ -216,8 +216,6 @@ func (d *Decider) DecideCall(subject string, raw []byte, now time.Time) (*Decide
 			var codes, details []string
 			codes, details, auth = d.authorize(st, pc, &o, now)
 			before, bDetails = append(before, codes...), append(bDetails, details...)
-			codes, details = subagentChecks(st, pc, o.ToolClass, auth)
-			before, bDetails = append(before, codes...), append(bDetails, details...)
 			if after, aDetails, err = d.preflight(st, pc, now); err != nil {
 				return nil, err
 			}
@@ -283,47 +281,6 @@ func (d *Decider) DecideCall(subject string, raw []byte, now time.Time) (*Decide
 func approved(st *State, toolCallID string) bool {
 	verb, _, ok := st.Approval(toolCallID)
 	return ok && verb == schemas.VerbApprove
-}
-
-// subagentChecks applies the registry's subagent_access (seed 004) to a
-// classified phase-pre call of class made by a subagent, that is under a
-// capability chain with at least one delegation: denied is
-// SUBAGENT_ACCESS_DENIED; read_only makes a write call (a write tool, or a
-// write action of an action-based tool) TOOL_CLASS_MISMATCH, as a
-// read_only capability does. A caller holding the root capability itself
-// is unaffected.
-func subagentChecks(st *State, pc *schemas.ParsedCall, class string, auth AuthResult) ([]string, []string) {
-	if class == "" || !delegated(pc, auth) {
-		return nil, nil
-	}
-	tool, ok := st.Registry().Lookup(pc.Call.ServerID, pc.Call.ToolName)
-	if !ok {
-		return nil, nil
-	}
-	switch SubagentAccess(tool) {
-	case SubagentDenied:
-		return []string{schemas.CodeSubagentDenied}, []string{"subagent_access: denied; a delegated capability may not call this tool"}
-	case SubagentReadOnly:
-		if class == schemas.ClassWrite {
-			return []string{schemas.CodeToolClassMismatch}, []string{"subagent_access: read_only; a delegated capability may not call a write tool or action"}
-		}
-	}
-	return nil, nil
-}
-
-// delegated reports whether the call's capability chain has a delegation:
-// the chain the Authorizer decoded (its ids are the root's and one per
-// delegation) or, when no Authorizer decoded one, the envelope's own
-// capability member. Being a subagent only narrows what a call may do, so
-// the undecoded claim is honoured as readOnlyCapability's is: it can deny,
-// never allow.
-func delegated(pc *schemas.ParsedCall, auth AuthResult) bool {
-	if auth.CapabilityIDs != nil {
-		return len(auth.CapabilityIDs) > 1
-	}
-	chain, _ := pc.Doc["capability"].(map[string]any)
-	ds, _ := chain["delegations"].([]any)
-	return len(ds) > 0
 }
 
 // authorize runs the capability checks of a phase-pre call. It also

@@ -279,6 +279,29 @@ func (e *Engine) trust(call *schemas.ToolCall, tool *schemas.Tool, v *verdict) {
 	}
 }
 
+// subagentAccess applies the registry's subagent_access (seed 004) to a
+// classified phase-pre call made by a subagent, that is under a capability
+// chain with at least one delegation: denied is SUBAGENT_ACCESS_DENIED;
+// read_only makes a write call (a write tool, or a write action of an
+// action-based tool) TOOL_CLASS_MISMATCH, as a read_only capability does.
+// A caller holding the root capability itself is unaffected. Like the
+// read_only constraint, the delegation is honoured before the chain's
+// signatures are checked: being a subagent can deny, never allow.
+func subagentAccess(pc *schemas.ParsedCall, tool *schemas.Tool, v *verdict) {
+	chain, _ := pc.Doc["capability"].(map[string]any)
+	if ds, _ := chain["delegations"].([]any); len(ds) == 0 {
+		return
+	}
+	switch SubagentAccess(tool) {
+	case SubagentDenied:
+		v.add(schemas.CodeSubagentDenied, "subagent_access: denied; a delegated capability may not call this tool")
+	case SubagentReadOnly:
+		if v.out.ToolClass == schemas.ClassWrite {
+			v.add(schemas.CodeToolClassMismatch, "subagent_access: read_only; a delegated capability may not call a write tool or action")
+		}
+	}
+}
+
 func (e *Engine) unclassified(v *verdict, detail string) {
 	if e.mode == ModeDev {
 		v.add(schemas.CodeToolUnclassifiedAllowedDev, detail)
@@ -290,10 +313,10 @@ func (e *Engine) unclassified(v *verdict, detail string) {
 
 // DecidePre decides a phase-pre envelope: request hash and registry pin,
 // classification (unknown tools, action-based tools, declared class), the
-// registry's trust rules (shadowing, human approval), idempotency key for
-// writes, and the document rules of write document operations (pointers
-// into request.arguments, encoding, sizes, hashes, expected hashes) — all
-// before the tool runs.
+// registry's trust rules (shadowing, human approval, subagent access),
+// idempotency key for writes, and the document rules of write document
+// operations (pointers into request.arguments, encoding, sizes, hashes,
+// expected hashes) — all before the tool runs.
 func (e *Engine) DecidePre(pc *schemas.ParsedCall) Outcome {
 	v := newVerdict()
 	var err error
@@ -307,6 +330,7 @@ func (e *Engine) DecidePre(pc *schemas.ParsedCall) Outcome {
 		return v.finish()
 	}
 	e.trust(&pc.Call, tool, v)
+	subagentAccess(pc, tool, v)
 	write := v.out.ToolClass == schemas.ClassWrite
 	if write && pc.Call.IdempotencyKey == "" {
 		v.add(schemas.CodeIdempotencyKeyRequired, "idempotency_key: required for write tools")
