@@ -86,13 +86,10 @@ func (p *principal) covers(server, tool, action string) bool {
 		return true
 	}
 	for _, s := range p.scopes {
-		if s.Server != "*" && (s.Server != server || (s.Tool != "*" && s.Tool != tool)) {
-			continue
+		s.HasResource = false
+		if s.Covers(server, tool, action, "", false) {
+			return true
 		}
-		if s.HasMethod && s.Method != "*" && (action == "" || s.Method != action) {
-			continue
-		}
-		return true
 	}
 	return false
 }

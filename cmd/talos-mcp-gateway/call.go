@@ -7,16 +7,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/receipts"
@@ -73,7 +72,7 @@ func (g *Gateway) call(ctx context.Context, p *principal, req *mcp.CallToolReque
 	if routed {
 		server = ut.server
 	}
-	pre, err := g.envelope(p, sessionOf(req), server, params.Name, args, params.Meta)
+	pre, err := g.envelope(p, g.sessionOf(req), server, params.Name, args, params.Meta)
 	if err != nil {
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "talos: " + err.Error()}
 	}
@@ -171,10 +170,7 @@ func (g *Gateway) call(ctx context.Context, p *principal, req *mcp.CallToolReque
 }
 
 // forward runs an allowed call on its upstream and reports it.
-func (g *Gateway) forward(ctx context.Context, p *principal, pre *schemas.ToolCall, receiptID string, ut upstreamTool, args json.RawMessage, log interface {
-	Info(string, ...any)
-	Warn(string, ...any)
-}) (*mcp.CallToolResult, error) {
+func (g *Gateway) forward(ctx context.Context, p *principal, pre *schemas.ToolCall, receiptID string, ut upstreamTool, args json.RawMessage, log *slog.Logger) (*mcp.CallToolResult, error) {
 	up := g.upstreamOf(ut.server)
 	started := time.Now()
 	res, err := up.session.CallTool(ctx, &mcp.CallToolParams{Name: ut.tool.Name, Arguments: args})
@@ -223,18 +219,14 @@ func (g *Gateway) fail(p *principal, pre *schemas.ToolCall, code, message string
 		g.log.Error("post event not built", "tool_call_id", pre.ToolCallID, "err", err)
 		return
 	}
-	post.Result = nil
 	post.Error = &schemas.CallError{Code: code, Kind: "denied", Message: message}
 	g.out.send(post)
 }
 
-// postOf builds and signs the post envelope of pre.
+// postOf builds and signs the post envelope of pre; a nil result (the
+// call did not run, or failed upstream) leaves result out.
 func (g *Gateway) postOf(p *principal, pre *schemas.ToolCall, result *mcp.CallToolResult, ok bool, started, ended time.Time) (*schemas.ToolCall, error) {
-	var res any = result
-	if result == nil {
-		res = nil
-	}
-	post, err := ingest.PostOf(pre, res, ok, started, ended)
+	post, err := ingest.PostOf(pre, result, ok, started, ended)
 	if err != nil {
 		return nil, err
 	}
@@ -301,17 +293,14 @@ func (g *Gateway) maxEnvelope() int {
 
 // sessionOf is the session_id of a downstream session: the streamable
 // HTTP session id, or the gateway's own id for its stdio session.
-func sessionOf(req *mcp.CallToolRequest) string {
+func (g *Gateway) sessionOf(req *mcp.CallToolRequest) string {
 	if req.Session != nil {
 		if id := req.Session.ID(); id != "" {
 			return id
 		}
 	}
-	return stdioSession
+	return g.o.StdioSession
 }
-
-// stdioSession names the single stdio session of this process.
-var stdioSession = "stdio-" + uuid.NewString()
 
 // notify tells the client, as a log message, what the call waits for.
 func notify(ctx context.Context, req *mcp.CallToolRequest, msg string) {
@@ -333,11 +322,3 @@ func union(a, b []string) []string {
 }
 
 func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
-
-func mustJS(nc *nats.Conn) jetstream.JetStream {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		panic(err) // only for a nil connection
-	}
-	return js
-}

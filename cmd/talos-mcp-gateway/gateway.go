@@ -10,8 +10,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/cmd/internal/mcpup"
 	"github.com/talos-audit/talos/enforce"
@@ -34,8 +36,11 @@ type Options struct {
 	// locally (NATS would refuse them). Default: the server's max payload
 	// less 64 KiB.
 	MaxEnvelopeBytes int
-	Logger           *slog.Logger
-	Version          string
+	// StdioSession is the session_id of calls from the stdio session
+	// (default stdio-<uuid>, new each start).
+	StdioSession string
+	Logger       *slog.Logger
+	Version      string
 }
 
 // upstreamTool is one tool an upstream server offers.
@@ -58,6 +63,7 @@ type Gateway struct {
 	o      Options
 	log    *slog.Logger
 	nc     *nats.Conn
+	js     jetstream.JetStream
 	client *ingest.Client
 	out    *outbox
 	appr   *approvals
@@ -87,8 +93,15 @@ func New(o Options, nc *nats.Conn, ups []*upstream) (*Gateway, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.StdioSession == "" {
+		o.StdioSession = "stdio-" + uuid.NewString()
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
 	o.Access.reg = o.Registry
-	g := &Gateway{o: o, log: o.Logger, nc: nc, ups: ups, byName: map[string]upstreamTool{}, servers: map[string]*mcp.Server{}}
+	g := &Gateway{o: o, log: o.Logger, nc: nc, js: js, ups: ups, byName: map[string]upstreamTool{}, servers: map[string]*mcp.Server{}}
 	g.route()
 	g.appr = newApprovals(nc, o.Logger)
 	g.out = newOutbox(o.Logger)
@@ -123,11 +136,11 @@ func (g *Gateway) route() {
 // approval listener and the post outbox. It returns at once; while NATS is
 // not reachable, calls are denied (ENFORCEMENT_UNAVAILABLE).
 func (g *Gateway) Start(ctx context.Context) {
-	g.out.start(mustJS(g.nc))
+	g.out.start(g.js)
 	g.appr.start()
 	go func() {
 		for ctx.Err() == nil {
-			c, err := ingest.NewClient(g.nc, mustJS(g.nc), g.o.EPID)
+			c, err := ingest.NewClient(g.nc, g.js, g.o.EPID)
 			if err == nil {
 				g.mu.Lock()
 				g.client = c

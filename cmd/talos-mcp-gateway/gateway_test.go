@@ -149,12 +149,10 @@ func upstreams(t *testing.T, root string) []string {
 }
 
 // gatewaySession starts the gateway binary as a stdio MCP server and
-// connects the Go SDK client to it. Log messages the gateway sends the
-// client go to logs.
+// connects the Go SDK client to it.
 type gatewaySession struct {
-	cs   *mcp.ClientSession
-	logs chan string
-	log  string // the gateway's stderr file
+	cs  *mcp.ClientSession
+	log string // the gateway's stderr file
 	// forwarded holds the tool_call_id of every call that returned a
 	// result (the gateway forwarded it), with its tool.
 	forwarded sync.Map
@@ -162,7 +160,7 @@ type gatewaySession struct {
 
 func (s *stack) gatewaySession(ctx context.Context, args ...string) *gatewaySession {
 	s.t.Helper()
-	g := &gatewaySession{logs: make(chan string, 16), log: filepath.Join(s.dir, fmt.Sprintf("gateway-%d.log", time.Now().UnixNano()))}
+	g := &gatewaySession{log: filepath.Join(s.dir, fmt.Sprintf("gateway-%d.log", time.Now().UnixNano()))}
 	logf, err := os.Create(g.log)
 	if err != nil {
 		s.t.Fatal(err)
@@ -170,23 +168,11 @@ func (s *stack) gatewaySession(ctx context.Context, args ...string) *gatewaySess
 	cmd := exec.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none",
 		"--registry", registryDir, "--log-level", "debug"}, args...)...)
 	cmd.Stderr = logf
-	client := mcp.NewClient(&mcp.Implementation{Name: "talos-gateway-test", Version: "1"}, &mcp.ClientOptions{
-		LoggingMessageHandler: func(_ context.Context, req *mcp.LoggingMessageRequest) {
-			if m, ok := req.Params.Data.(string); ok {
-				select {
-				case g.logs <- m:
-				default:
-				}
-			}
-		},
-	})
+	client := mcp.NewClient(&mcp.Implementation{Name: "talos-gateway-test", Version: "1"}, nil)
 	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
 	if err != nil {
 		b, _ := os.ReadFile(g.log)
 		s.t.Fatalf("connect to the gateway: %v\n%s", err, b)
-	}
-	if err := cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "info"}); err != nil {
-		s.t.Fatal(err)
 	}
 	g.cs = cs
 	s.t.Cleanup(func() {
@@ -312,7 +298,7 @@ func TestGatewayEndToEnd(t *testing.T) {
 	for _, tl := range tools.Tools {
 		names = append(names, tl.Name)
 	}
-	for _, want := range []string{"echo", "get-sum", "read_text_file", "write_file", "simulate-research-query"} {
+	for _, want := range []string{"echo", "get-sum", "read_text_file", "write_file", "get-resource-links"} {
 		if !slices.Contains(names, want) {
 			t.Fatalf("tools/list lacks %s: %v", want, names)
 		}
@@ -353,16 +339,16 @@ func TestGatewayEndToEnd(t *testing.T) {
 	s.ctl("killswitch", "clear", "tool:everything/echo", "--reason", "gateway test done")
 	gw.call(ctx, "echo", map[string]any{"message": "after clear"}).mustAllow(t, "echo after clear")
 
-	// Approval: simulate-research-query is community trust.
+	// Approval: get-resource-links is community trust.
 	parked := map[string]bool{}
 	approved := make(chan result, 1)
-	go func() { approved <- gw.call(ctx, "simulate-research-query", map[string]any{"topic": "audit trails"}) }()
+	go func() { approved <- gw.call(ctx, "get-resource-links", map[string]any{"count": 2}) }()
 	id := gw.awaitingApproval(t, parked)
 	s.ctl("approve", id, "--reason", "looks fine")
 	r := <-approved
 	res = r.mustAllow(t, "approved call")
-	if len(res.Content) == 0 {
-		t.Fatal("approved call: empty result")
+	if res.IsError || len(res.Content) == 0 {
+		t.Fatalf("approved call: the server did not answer it: %+v", res)
 	}
 	ids.Store(id, "approved")
 	if out, code := s.ctlCode("approve", id); code != 1 || !strings.Contains(out, "CTL_") {
@@ -370,7 +356,7 @@ func TestGatewayEndToEnd(t *testing.T) {
 	}
 
 	rejected := make(chan result, 1)
-	go func() { rejected <- gw.call(ctx, "simulate-research-query", map[string]any{"topic": "exfiltration"}) }()
+	go func() { rejected <- gw.call(ctx, "get-resource-links", map[string]any{"count": 1}) }()
 	id = gw.awaitingApproval(t, parked)
 	s.ctl("reject", id, "--reason", "not today")
 	r = <-rejected

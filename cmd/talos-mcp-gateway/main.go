@@ -26,7 +26,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/talos-audit/talos/cmd/internal/mcpup"
-	"github.com/talos-audit/talos/cmd/internal/natsurl"
+	"github.com/talos-audit/talos/cmd/internal/natslogin"
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -134,17 +134,17 @@ func (c *cli) run(log *slog.Logger) error {
 
 	nc, err := nats.Connect(c.NatsURL, opts...)
 	if err != nil {
-		return fmt.Errorf("NATS %s: %w", natsurl.Redact(c.NatsURL), err)
+		return fmt.Errorf("NATS %s: %w", natslogin.Redact(c.NatsURL), err)
 	}
 	defer nc.Close()
 	if !nc.IsConnected() {
-		log.Warn("NATS not reachable yet; every call is denied until it is", "url", natsurl.Redact(c.NatsURL))
+		log.Warn("NATS not reachable yet; every call is denied until it is", "url", natslogin.Redact(c.NatsURL))
 	}
 
 	g, err := New(Options{
 		EPID: c.EPID, Registry: reg, Access: access,
 		DecisionTimeout: c.DecisionTimeout, ApprovalTimeout: c.ApprovalTimeout,
-		MaxEnvelopeBytes: c.MaxEnvelopeBytes, Logger: log, Version: version,
+		MaxEnvelopeBytes: c.MaxEnvelopeBytes, StdioSession: c.SessionID, Logger: log, Version: version,
 	}, nc, ups)
 	if err != nil {
 		return usageError{err}
@@ -176,9 +176,6 @@ func (c *cli) principals() ([]*principal, error) {
 		if p.agentID == "" {
 			p.agentID = c.EPID
 		}
-		if c.SessionID != "" {
-			stdioSession = c.SessionID
-		}
 		return []*principal{p}, nil
 	}
 	if c.Principals == "" {
@@ -202,7 +199,7 @@ func (c *cli) natsOptions() ([]nats.Option, error) {
 		nats.Timeout(2 * time.Second),
 	}
 	switch {
-	case natsurl.HasUser(c.NatsURL):
+	case natslogin.HasUser(c.NatsURL):
 	case c.NatsUser != "":
 		opts = append(opts, nats.UserInfo(c.NatsUser, c.NatsPassword))
 	case c.NatsAuth != "" && c.NatsAuth != "none":
@@ -217,27 +214,15 @@ func (c *cli) natsOptions() ([]nats.Option, error) {
 
 // authFileUser finds the enforcement user of epID in talosd's users file.
 func authFileUser(path, epID string) (user, password string, err error) {
-	b, err := os.ReadFile(path)
+	users, err := natslogin.ReadUsers(path)
 	if err != nil {
 		return "", "", fmt.Errorf("--nats-auth: %w", err)
 	}
-	var f struct {
-		Users []struct {
-			User     string `json:"user"`
-			Password string `json:"password"`
-			Role     string `json:"role"`
-			EPID     string `json:"ep_id"`
-		} `json:"users"`
+	u, ok := natslogin.Find(users, schemas.NATSRoleEnforcement, epID)
+	if !ok {
+		return "", "", fmt.Errorf("--nats-auth %s has no user for enforcement point %q: add it with talosd --nats-eps %s", path, epID, epID)
 	}
-	if err := json.NewDecoder(bytes.NewReader(b)).Decode(&f); err != nil {
-		return "", "", fmt.Errorf("--nats-auth %s: %w", path, err)
-	}
-	for _, u := range f.Users {
-		if u.Role == schemas.NATSRoleEnforcement && u.EPID == epID {
-			return u.User, u.Password, nil
-		}
-	}
-	return "", "", fmt.Errorf("--nats-auth %s has no user for enforcement point %q: add it with talosd --nats-eps %s", path, epID, epID)
+	return u.User, u.Password, nil
 }
 
 // connectUpstreams starts or dials every upstream and lists its tools.

@@ -1,29 +1,18 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
 	"os"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/talos-audit/talos/cmd/internal/natsurl"
+	"github.com/talos-audit/talos/cmd/internal/natslogin"
 	"github.com/talos-audit/talos/schemas"
 )
 
 // defaultNATSAuth is where `talosd dev` (scripts/dev.sh) keeps its auth
 // file, relative to the repository root.
 const defaultNATSAuth = "talos-data/nats-auth.json"
-
-// natsAuthUser is one user of the auth file talosd writes.
-type natsAuthUser struct {
-	User     string `json:"user"`
-	Password string `json:"password"`
-	Role     string `json:"role"`
-	EPID     string `json:"ep_id,omitempty"`
-}
 
 // connect opens a NATS connection for work of role (worker, responder or
 // enforcement; epID names the enforcement point). Credentials, first that
@@ -60,14 +49,14 @@ func (g *Globals) connect(role, epID string) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(g.NatsURL, append(opts, creds...)...)
 	if err != nil {
-		return nil, failed("connect %s: %v", natsurl.Redact(g.NatsURL), err)
+		return nil, failed("connect %s: %v", natslogin.Redact(g.NatsURL), err)
 	}
 	return nc, nil
 }
 
 // natsCredentials picks the login for role (see connect).
 func (g *Globals) natsCredentials(role, epID string) ([]nats.Option, error) {
-	if natsurl.HasUser(g.NatsURL) {
+	if natslogin.HasUser(g.NatsURL) {
 		return nil, nil // nats.go logs in with the URL's userinfo
 	}
 	if g.NatsUser != "" {
@@ -83,34 +72,15 @@ func (g *Globals) natsCredentials(role, epID string) ([]nats.Option, error) {
 		}
 		path = defaultNATSAuth
 	}
-	users, err := readNATSAuth(path)
+	users, err := natslogin.ReadUsers(path)
 	if err != nil {
 		return nil, usage("--nats-auth: %v", err)
 	}
-	for _, u := range users {
-		if u.Role == role && (role != schemas.NATSRoleEnforcement || u.EPID == epID) {
-			return []nats.Option{nats.UserInfo(u.User, u.Password)}, nil
-		}
+	if u, ok := natslogin.Find(users, role, epID); ok {
+		return []nats.Option{nats.UserInfo(u.User, u.Password)}, nil
 	}
 	if role == schemas.NATSRoleEnforcement {
 		return nil, usage("%s has no NATS user for enforcement point %q: add it with talosd --nats-eps (or 'talosd nats-auth --nats-eps %s'), or pass --nats-user/--nats-password", path, epID, epID)
 	}
 	return nil, usage("%s has no NATS user with role %s; pass --nats-user/--nats-password", path, role)
-}
-
-// readNATSAuth reads the users of an auth file.
-func readNATSAuth(path string) ([]natsAuthUser, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	var f struct {
-		Users []natsAuthUser `json:"users"`
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil {
-		return nil, errors.New(path + ": " + err.Error())
-	}
-	return f.Users, nil
 }
