@@ -5,7 +5,6 @@ import (
 	"errors"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/talos-audit/talos/schemas"
@@ -124,55 +123,14 @@ func TestApprovalReplay(t *testing.T) {
 	}
 }
 
-// memLedger is a CallLedger in memory.
-type memLedger struct {
-	mu   sync.Mutex
-	pre  map[string]PreRecord
-	idem map[string]IdemRecord
-	err  error
-}
-
-func newMemLedger() *memLedger {
-	return &memLedger{pre: map[string]PreRecord{}, idem: map[string]IdemRecord{}}
-}
-
-func (l *memLedger) ClaimIdempotency(key string, rec IdemRecord) (IdemRecord, bool, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if held, ok := l.idem[key]; ok {
-		return held, false, l.err
-	}
-	l.idem[key] = rec
-	return rec, true, l.err
-}
-
-func (l *memLedger) SetIdempotencyReceipt(key string, rec IdemRecord) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.idem[key] = rec
-	return l.err
-}
-
-func (l *memLedger) RecordPre(id string, rec PreRecord) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.pre[id] = rec
-	return l.err
-}
-
-func (l *memLedger) LookupPre(id string) (PreRecord, bool, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	rec, ok := l.pre[id]
-	return rec, ok, l.err
-}
-
 // TestAwaitsApproval: approve and reject must name a call whose pre
 // decision, in the ledger, is require_approval.
 func TestAwaitsApproval(t *testing.T) {
-	l := newMemLedger()
-	l.pre[parkedA] = PreRecord{Decision: schemas.DecisionRequireApproval, ReceiptID: "r-a"}
-	l.pre[parkedB] = PreRecord{Decision: schemas.DecisionAllow, ReceiptID: "r-b"}
+	l := NewMemLedger()
+	l.Do([]*LedgerOp{
+		{Kind: OpRecordApproval, Call: CallKey{ToolCallID: parkedA}, Pre: PreRecord{Decision: schemas.DecisionRequireApproval, ReceiptID: "r-a"}},
+		{Kind: OpRecordApproval, Call: CallKey{ToolCallID: parkedB}, Pre: PreRecord{Decision: schemas.DecisionAllow, ReceiptID: "r-b"}},
+	})
 	cases := []struct {
 		name, code, detail string
 		cmd                *schemas.ControlCommand
@@ -190,7 +148,7 @@ func TestAwaitsApproval(t *testing.T) {
 			t.Errorf("%s: %q %q, want %q with %q", tc.name, code, detail, tc.code, tc.detail)
 		}
 	}
-	l.err = errors.New("kv down")
+	l.Err = errors.New("kv down")
 	if code, detail := AwaitsApproval(l, approve(parkedA).Command); code != schemas.CtlInternal || strings.Contains(detail, "kv down") {
 		t.Errorf("ledger error: %q %q", code, detail)
 	}
@@ -209,7 +167,7 @@ func (nopRedactor) Redact(v any, _ string) (any, []schemas.Redaction, error) { r
 // post_after_deny unless the State holds its approval (rejected or
 // unresolved: flagged).
 func TestApprovalPostFlags(t *testing.T) {
-	l := newMemLedger()
+	l := NewMemLedger()
 	d, err := NewDecider(trustEngine(t), DeciderOptions{Ledger: l, Redactor: nopRedactor{}})
 	if err != nil {
 		t.Fatal(err)
@@ -228,6 +186,9 @@ func TestApprovalPostFlags(t *testing.T) {
 	}
 	call := func(id, phase string) map[string]any {
 		env := withCall(envelope(phase, "community", "search", map[string]any{"q": "x"}), id)
+		// One correlation id per call (the ledger refuses a second call
+		// with the same pair as a replay).
+		env["correlation_id"] = "corr-" + strings.ReplaceAll(id, "-", "") + "-x"
 		if phase == schemas.PhasePost {
 			env["result"] = text("found")
 		}
@@ -245,13 +206,15 @@ func TestApprovalPostFlags(t *testing.T) {
 	const unresolved = "0190f5b2-7c1e-7a3b-8d4e-00000000c003"
 	for i, id := range []string{parkedA, parkedB, unresolved} {
 		pre := decide(call(id, schemas.PhasePre))
-		if pre.Receipt.Decision != schemas.DecisionRequireApproval || pre.ToolCall != nil || pre.Commit == nil {
+		if pre.Receipt.Decision != schemas.DecisionRequireApproval || pre.ToolCall != nil {
 			t.Fatalf("pre %d: %s, event %v", i, pre.Receipt.Decision, pre.ToolCall != nil)
 		}
-		if err := pre.Commit("receipt-" + id); err != nil {
-			t.Fatal(err)
+		ops := pre.Stored(pre.ReceiptID, pre.Receipt.Decision)
+		if len(ops) != 1 || ops[0].Kind != OpRecordApproval {
+			t.Fatalf("pre %d: ops once stored %+v, want the approval record only", i, ops)
 		}
-		if rec, _, _ := l.LookupPre(id); rec.Decision != schemas.DecisionRequireApproval {
+		l.Do(ops)
+		if rec, _, _ := l.LookupApproval(id); rec.Decision != schemas.DecisionRequireApproval || rec.ReceiptID != pre.ReceiptID {
 			t.Fatalf("ledger holds %+v", rec)
 		}
 	}

@@ -126,6 +126,11 @@ type AuthRequest struct {
 	// Revoked reports whether a capability id, or "agent:<id>", is
 	// revoked; nil means nothing is.
 	Revoked func(target string) bool
+	// ChainRaw is the capability member as received (optional).
+	ChainRaw []byte
+	// DeferSender leaves the sender signature's Ed25519 verification to
+	// the caller (AuthResult.Sender, AuthResult.SenderVerified).
+	DeferSender bool
 }
 
 // AuthResult is the outcome of Authorize or VerifyChain.
@@ -147,6 +152,38 @@ type AuthResult struct {
 	// ChainHash is hex sha256(JCS(chain)), the envelope's capability_hash,
 	// whenever the chain decoded ("" otherwise).
 	ChainHash string
+	// Sender is the sender signature left to verify (DeferSender).
+	Sender *receipts.SigCheck
+}
+
+// SenderVerified records the outcome of verifying Sender.
+func (r *AuthResult) SenderVerified(ok bool) {
+	r.Sender = nil
+	if ok {
+		return
+	}
+	r.Details = append(r.Details, "sender_signature: does not match the envelope's signed fields")
+	for _, c := range r.Codes {
+		if c == schemas.CodeSignatureInvalid {
+			return
+		}
+	}
+	var codes []string
+	for _, c := range codeOrder {
+		if c == schemas.CodeSignatureInvalid || slicesContains(r.Codes, c) {
+			codes = append(codes, c)
+		}
+	}
+	r.Codes = codes
+}
+
+func slicesContains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
 }
 
 // OK reports whether the result authorizes.
@@ -234,8 +271,10 @@ func (a *Authorizer) Authorize(r *AuthRequest) AuthResult {
 			f.add(schemas.CodeToolClassMismatch, "capability: constraints.read_only forbids a write tool")
 		}
 	}
-	a.checkSender(&f, r, cs)
-	return f.result(cs)
+	sender := a.checkSender(&f, r, cs)
+	res := f.result(cs)
+	res.Sender = sender
+	return res
 }
 
 // VerifyChain runs Authorize's chain checks only (signatures, validity at
@@ -254,22 +293,22 @@ func (a *Authorizer) VerifyChain(chain any, now time.Time, revoked func(target s
 
 // checkSender verifies the envelope's sender_signature: by the holder's
 // key, over EnvelopeSignedFields rebuilt from the request.
-func (a *Authorizer) checkSender(f *findings, r *AuthRequest, cs *chainState) {
+func (a *Authorizer) checkSender(f *findings, r *AuthRequest, cs *chainState) *receipts.SigCheck {
 	if r.SenderSignature == nil {
 		f.add(schemas.CodeSignatureInvalid, "sender_signature: missing")
-		return
+		return nil
 	}
 	sig, ok := senderSignature(r.SenderSignature)
 	if !ok {
 		f.add(schemas.CodeSignatureInvalid, "sender_signature: malformed (want {alg: Ed25519, kid, sig: base64url})")
-		return
+		return nil
 	}
 	if cs == nil || cs.holderPub == nil {
-		return // the chain is already denied; there is no key to verify with
+		return nil // the chain is already denied; there is no key to verify with
 	}
 	if sig.kid != receipts.KeyID(cs.holderPub) {
 		f.add(schemas.CodeSignatureInvalid, "sender_signature: not by the capability holder's key")
-		return
+		return nil
 	}
 	fields := schemas.EnvelopeSignedFields{
 		Type:           schemas.EnvelopeSignatureV1,
@@ -282,9 +321,13 @@ func (a *Authorizer) checkSender(f *findings, r *AuthRequest, cs *chainState) {
 		SessionID:      r.SessionID,
 	}
 	sum, err := canonicalSum(&fields)
-	if err != nil || !ed25519.Verify(cs.holderPub, sum[:], sig.sig) {
+	if err == nil && r.DeferSender {
+		return &receipts.SigCheck{Pub: cs.holderPub, Message: sum[:], Sig: sig.sig}
+	}
+	if err != nil || !receipts.Verify(cs.holderPub, sum[:], sig.sig) {
 		f.add(schemas.CodeSignatureInvalid, "sender_signature: does not match the envelope's signed fields")
 	}
+	return nil
 }
 
 type parsedSig struct {

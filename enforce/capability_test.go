@@ -207,15 +207,18 @@ func Test_replayed_request_rejected(t *testing.T) {
 	}
 	// The unchanged envelope authorizes, but its correlation_id is used
 	// once per session: a second tool call with it is a replay.
-	g := NewReplayGuard(nil, ReplayCacheOptions{})
-	replayed, err := g.Check(captured.SessionID, captured.CorrelationID, "call-1")
-	if err != nil || replayed {
-		t.Fatalf("first use: replayed %v err %v", replayed, err)
+	ledger := NewMemLedger()
+	claim := func(toolCallID string) *LedgerOp {
+		op := &LedgerOp{Kind: OpClaimCall, Call: CallKey{SessionID: captured.SessionID, CorrelationID: captured.CorrelationID, ToolCallID: toolCallID}}
+		ledger.Do([]*LedgerOp{op})
+		return op
+	}
+	if op := claim("call-1"); op.Err != nil || !op.Won {
+		t.Fatalf("first use: %+v", op)
 	}
 	capWantCodes(t, a.Authorize(captured))
-	replayed, err = g.Check(captured.SessionID, captured.CorrelationID, "call-2")
-	if err != nil || !replayed {
-		t.Fatalf("second use: replayed %v err %v, want REPLAY", replayed, err)
+	if op := claim("call-2"); op.Err != nil || op.Won || op.Held.ToolCallID != "call-1" {
+		t.Fatalf("second use: %+v, want the pair held by call-1 (REPLAY)", op)
 	}
 }
 

@@ -5,11 +5,15 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
+
+	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -18,9 +22,6 @@ import (
 type DeciderOptions struct {
 	MaxEnvelopeBytes int
 	MaxDepth         int
-	// Replay, if set, checks every valid phase-pre call's correlation_id
-	// (REPLAY); nil means no replay checks.
-	Replay *ReplayGuard
 	// Capabilities, if set, authorizes every valid phase-pre call that
 	// carries a capability (seed 002), per request.
 	Capabilities *Authorizer
@@ -35,9 +36,16 @@ type DeciderOptions struct {
 	// RateLimiter applies its rate limits (DENY_RATE_LIMIT).
 	Policy      *Policy
 	RateLimiter *RateLimiter
-	// Ledger, if set, makes idempotency keys hold across workers
-	// (IDEMPOTENCY_KEY_REUSED) and matches post events to pre decisions.
+	// Ledger, if set, is the call ledger shared by every worker: each
+	// valid phase-pre call claims its (session_id, correlation_id) pair
+	// there (REPLAY when another call holds it) together with its
+	// decision, idempotency keys hold across workers
+	// (IDEMPOTENCY_KEY_REUSED), and post events are matched to their pre
+	// decisions. Nil means none of these checks.
 	Ledger CallLedger
+	// ReplayCache bounds the worker's local memory of pair owners, which
+	// spares the ledger a write for a replay it already knows.
+	ReplayCache ReplayCacheOptions
 	// Redactor, if set, makes the Decider build a ToolCallEvent (seed 001
 	// FR-EVT-007) for every call, with redacted, hashed payloads.
 	Redactor Redactor
@@ -56,15 +64,22 @@ type Redactor interface {
 // safe for concurrent use; it never copies argument or result values into
 // the receipt, only their hashes.
 //
-// The current State is swapped atomically (Apply, SetState): each Decide
-// reads it once, so a decision is made under exactly one control seq,
-// which its receipt names (ControlSeq, RegistryDigest).
+// A decision is made in steps so that a worker can batch what is
+// expensive across calls: Begin does the local work; the caller verifies
+// the sender signature it returns (Pending.Signature, Pending.Verified)
+// and runs the ledger operations it asks for (Pending.Ops), then Resume
+// finishes the decision or asks for more operations. DecideCall runs the
+// steps for one call.
+//
+// The current State is swapped atomically (Apply, SetState): Begin reads
+// it once, so a decision is made under exactly one control seq, which its
+// receipt names (ControlSeq, RegistryDigest).
 type Decider struct {
-	state  atomic.Pointer[State]
-	lim    schemas.Limits
-	o      DeciderOptions
-	replay *ReplayGuard
-	pf     atomic.Pointer[preflightFor]
+	state atomic.Pointer[State]
+	lim   schemas.Limits
+	o     DeciderOptions
+	cache *ReplayCache // pair owners this worker has seen; nil without a ledger
+	pf    atomic.Pointer[preflightFor]
 }
 
 // preflightFor is the Preflight compiled for one registry.
@@ -77,15 +92,43 @@ type preflightFor struct {
 // Decided is one decision, ready to sign.
 type Decided struct {
 	Receipt schemas.Receipt
-	Details []string
+	// ReceiptID is the CloudEvent id to seal the receipt with: the id the
+	// ledger records for the call (a redelivered call gets its first
+	// delivery's).
+	ReceiptID string
+	Details   []string
 	// ToolCall is the call's ToolCallEvent when this envelope completes its
 	// record (a malformed envelope, a denied pre, any post); nil otherwise
 	// or without a Redactor. The worker sets its ReceiptID and signs it.
 	ToolCall *schemas.ToolCallEvent
-	// Commit, if set, MUST be called with the stored receipt's id before
-	// the decision is answered; an error means the ledger could not record
-	// it and the call must be retried.
-	Commit func(receiptID string) error
+
+	call   CallKey
+	record *PreRecord // the ledger's record of this call, as Begin or the ledger left it; nil if none is kept
+	approv bool       // record the decision for approve/reject if it is require_approval
+}
+
+// Stored returns the ledger operations to run once the call's receipt is
+// in the audit stream and before its decision is answered, given the id
+// and decision of the receipt that was stored (this delivery's, or an
+// earlier delivery's the stream kept instead). They bring the ledger in
+// line with the audit trail: the call's record is rewritten if it names
+// another receipt or decision, and a call parked for approval is recorded
+// for approve and reject. Usually there are none.
+func (o *Decided) Stored(receiptID, decision string) []*LedgerOp {
+	if o == nil || o.record == nil {
+		return nil
+	}
+	var ops []*LedgerOp
+	rec := *o.record
+	if rec.ReceiptID != receiptID || rec.Decision != decision {
+		rec.ReceiptID, rec.Decision = receiptID, decision
+		ops = append(ops, &LedgerOp{Kind: OpUpdateCall, Call: o.call, Pre: rec})
+	}
+	if o.approv && decision == schemas.DecisionRequireApproval {
+		rec.ToolCallID = ""
+		ops = append(ops, &LedgerOp{Kind: OpRecordApproval, Call: o.call, Pre: rec})
+	}
+	return ops
 }
 
 // NewDecider returns a Decider whose State is the one before any control
@@ -94,7 +137,10 @@ func NewDecider(e *Engine, o DeciderOptions) (*Decider, error) {
 	if e == nil {
 		return nil, errors.New("enforce: NewDecider: nil Engine")
 	}
-	d := &Decider{lim: schemas.Limits{MaxBytes: o.MaxEnvelopeBytes, MaxDepth: o.MaxDepth}, o: o, replay: o.Replay}
+	d := &Decider{lim: schemas.Limits{MaxBytes: o.MaxEnvelopeBytes, MaxDepth: o.MaxDepth}, o: o}
+	if o.Ledger != nil {
+		d.cache = NewReplayCache(o.ReplayCache)
+	}
 	d.state.Store(stateFor(e))
 	return d, nil
 }
@@ -114,21 +160,24 @@ func (d *Decider) SetState(s *State) {
 // the current State (State.Apply) and swaps the result in; calls decided
 // after Apply returns see it. It returns State.Apply's error, after
 // swapping in the State it returned (an invalid command still consumes its
-// seq). On an applied replay.flush it also flushes the replay guard's
-// local cache for cmd.SessionID ("" = every session).
+// seq). On an applied replay.flush it also forgets the local replay
+// cache's pairs of cmd.SessionID ("" = every session).
 //
 // Apply MUST NOT be called from more than one goroutine at a time (the
 // control consumer owns it); Decide may run concurrently with it.
 func (d *Decider) Apply(seq uint64, rec *schemas.ControlRecord, at time.Time) error {
 	next, err := d.state.Load().Apply(seq, rec, at)
-	if err == nil && d.replay != nil && rec.Command.Verb == schemas.VerbReplayFlush {
+	if err == nil && d.cache != nil && rec.Command.Verb == schemas.VerbReplayFlush {
 		// Flush before the swap: a call that sees this seq cannot see a
 		// pair the flush removed from the local cache.
-		d.replay.Flush(rec.Command.SessionID)
+		d.cache.Flush(rec.Command.SessionID)
 	}
 	d.state.Store(next)
 	return err
 }
+
+// ReplayCache is the local cache of pair owners (nil without a ledger).
+func (d *Decider) ReplayCache() *ReplayCache { return d.cache }
 
 // Decide is DecideCall for callers that need only the receipt data and
 // details (tests, tools).
@@ -140,24 +189,108 @@ func (d *Decider) Decide(subject string, raw []byte, now time.Time) (schemas.Rec
 	return out.Receipt, out.Details, nil
 }
 
-// DecideCall decides the call raw, received on subject
-// (talos.call.<phase>.<server_id>), at now. The receipt's Chain and
-// Signature are left for the signer. A valid envelope gets the incident
-// codes of the State (KILL_SWITCH, SESSION_QUARANTINED, and in phase pre
-// NETWORK_OUTBOUND_BLOCKED), and in phase pre the replay (REPLAY) and
-// capability checks, before the Engine's codes, and
-// the preflight, rule and rate checks after them; a malformed one gets
+// DecideCall decides one call with every step in turn (see Decider): the
+// sender signature is verified alone and each ledger operation waits for
+// its answer. An error means there is no decision (a store could not
+// answer): the caller MUST NOT answer or ack the call, so it is retried
+// (fail closed).
+func (d *Decider) DecideCall(subject string, raw []byte, now time.Time) (*Decided, error) {
+	p, err := d.Begin(subject, raw, now, "")
+	if err != nil {
+		return nil, err
+	}
+	if s := p.Signature(); s != nil {
+		p.Verified(receipts.Verify(s.Pub, s.Message, s.Sig))
+	}
+	for {
+		if ops := p.Ops(); len(ops) > 0 {
+			d.o.Ledger.Do(ops)
+		}
+		out, err := d.Resume(p)
+		if out != nil || err != nil {
+			return out, err
+		}
+	}
+}
+
+// Pending is a call between Begin and the end of Resume. It is used by one
+// goroutine at a time.
+type Pending struct {
+	d         *Decider
+	now       time.Time
+	st        *State
+	pc        *schemas.ParsedCall // nil for a malformed envelope
+	r         schemas.Receipt
+	receiptID string
+	done      *Decided // the decision, once made
+
+	// The codes found so far, kept apart so that REPLAY and the capability
+	// codes join at their place once known (see finishLocal).
+	engine           Outcome
+	incident, incDet []string
+	after, afterDet  []string
+	replay           bool
+	auth             AuthResult
+	checked          bool // engine checks passed VAL-HTC-001: the other checks ran
+	o                Outcome
+
+	sender   *receipts.SigCheck
+	opsReady bool
+	ops      []*LedgerOp // to run before the next Resume
+	claim    *LedgerOp   // OpClaimCall (pre) or OpLookupCall (post)
+	idem     *LedgerOp
+	idemKey  string
+	stage    int
+	call     CallKey
+	record   *PreRecord
+}
+
+// Signature is the sender signature the call still needs verified, or nil.
+// Call Verified with the outcome before Ops and Resume.
+func (p *Pending) Signature() *receipts.SigCheck { return p.sender }
+
+// Verified records the outcome of verifying Signature.
+func (p *Pending) Verified(ok bool) {
+	if p.sender == nil {
+		return
+	}
+	p.sender = nil
+	p.auth.SenderVerified(ok)
+}
+
+// Ops are the ledger operations to run (CallLedger.Do) before the next
+// Resume; none means Resume can go on at once.
+func (p *Pending) Ops() []*LedgerOp {
+	if !p.opsReady && p.done == nil && p.sender == nil {
+		p.opsReady = true
+		p.firstOps()
+	}
+	return p.ops
+}
+
+// Begin starts deciding the call raw, received on subject
+// (talos.call.<phase>.<server_id>), at now: it parses the envelope and runs
+// every check that needs no shared store but the rate limiter. receiptID is
+// the id the call's receipt will be sealed with unless the ledger holds
+// another for the call ("" picks a new UUIDv7). A valid envelope gets the
+// incident codes of the State (KILL_SWITCH, SESSION_QUARANTINED, and in
+// phase pre NETWORK_OUTBOUND_BLOCKED), and in phase pre the replay
+// (REPLAY) and capability checks, before the Engine's codes, and the
+// preflight, rule and rate checks after them; a malformed one gets
 // VAL-HTC-001 only. A post event is flagged post_after_deny when its pre
 // decision was not allow, unless it was require_approval and the State
-// holds the call's approval. An error means there is no decision (a store
-// could not answer): the caller MUST NOT answer or ack the call, so it is
-// retried (fail closed).
-func (d *Decider) DecideCall(subject string, raw []byte, now time.Time) (*Decided, error) {
+// holds the call's approval. An error means the rate store could not
+// answer.
+func (d *Decider) Begin(subject string, raw []byte, now time.Time, receiptID string) (*Pending, error) {
+	if receiptID == "" {
+		receiptID = uuid.Must(uuid.NewV7()).String()
+	}
 	st := d.state.Load()
 	e := st.engine
 	subjPhase, subjServer := splitCallSubject(subject)
 	envHash := sha256.Sum256(raw)
-	r := schemas.Receipt{
+	p := &Pending{d: d, now: now, st: st, receiptID: receiptID}
+	p.r = schemas.Receipt{
 		EnvelopeHash:   hex.EncodeToString(envHash[:]),
 		Timestamp:      now.UTC().Format(schemas.TimeFormat),
 		Mode:           string(e.Mode()),
@@ -181,47 +314,37 @@ func (d *Decider) DecideCall(subject string, raw []byte, now time.Time) (*Decide
 		o := InvalidOutcome(err)
 		// Nothing in a malformed envelope is trusted; ids that match their
 		// patterns are kept only to route the reply and name the record.
+		r := &p.r
 		r.ToolCallID, r.EPID, _ = schemas.BestEffortIDs(raw)
-		fill(&r, o)
+		fill(r, o)
 		r.EventType = kindOf(r.Phase)
-		out := &Decided{Receipt: r, Details: o.Details}
+		p.done = &Decided{Receipt: *r, ReceiptID: receiptID, Details: o.Details}
 		if d.o.Redactor != nil {
-			out.ToolCall = malformedEvent(raw, &r, now)
+			p.done.ToolCall = malformedEvent(raw, r, now)
 		}
-		return out, nil
+		return p, nil
 	}
+	p.pc = pc
 	c := &pc.Call
 	pre := c.Phase == schemas.PhasePre
-	var o Outcome
 	if pre {
-		o = e.DecidePre(pc)
+		p.engine = e.DecidePre(pc)
 	} else {
-		o = e.DecidePost(pc)
+		p.engine = e.DecidePost(pc)
 	}
-	var auth AuthResult
-	if !slices.Contains(o.ReasonCodes, schemas.CodeEnvelopeInvalid) {
-		before, bDetails := st.Check(c)
-		var after, aDetails []string
+	p.o = p.engine
+	if !slices.Contains(p.engine.ReasonCodes, schemas.CodeEnvelopeInvalid) {
+		p.checked = true
+		p.incident, p.incDet = st.Check(c)
 		if pre {
-			if d.replay != nil {
-				replayed, err := d.replay.Check(c.SessionID, c.CorrelationID, c.ToolCallID)
-				if err != nil {
-					return nil, err
-				}
-				if replayed {
-					before = append(before, schemas.CodeReplay)
-					bDetails = append(bDetails, "correlation_id: already used in this session by another tool call")
-				}
-			}
-			var codes, details []string
-			codes, details, auth = d.authorize(st, pc, &o, now)
-			before, bDetails = append(before, codes...), append(bDetails, details...)
-			if after, aDetails, err = d.preflight(st, pc, now); err != nil {
+			p.auth = d.authorize(st, pc, &p.engine, now)
+			p.sender = p.auth.Sender
+			if p.after, p.afterDet, err = d.preflight(st, pc, now); err != nil {
 				return nil, err
 			}
 		}
-		o = merge(o, before, bDetails, after, aDetails)
 	}
+	r := &p.r
 	r.EventType = kindOf(c.Phase)
 	r.Tool = c.ToolName
 	r.AgentID = c.Actor.AgentID
@@ -232,48 +355,209 @@ func (d *Decider) DecideCall(subject string, raw []byte, now time.Time) (*Decide
 	r.SessionID = c.SessionID
 	r.EPID = c.EPID
 	r.ToolName = c.ToolName
+	p.call = CallKey{SessionID: c.SessionID, CorrelationID: c.CorrelationID, ToolCallID: c.ToolCallID}
+	return p, nil
+}
+
+// outcome merges what is known into the call's Outcome and fills the
+// receipt from it: incident codes, REPLAY and the capability codes before
+// the Engine's, preflight's after them.
+func (p *Pending) outcome() {
+	if p.checked {
+		before := slices.Concat(p.incident, p.replayCodes(), p.auth.Codes)
+		bDetails := slices.Concat(p.incDet, p.replayDetails(), p.auth.Details)
+		p.o = merge(p.engine, before, bDetails, p.after, p.afterDet)
+	}
+	r := &p.r
 	// The Authorizer hashed the chain it verified; otherwise (post phase,
 	// no authorizer, undecodable chain) hash the member here.
-	r.CapabilityHash = auth.ChainHash
-	if r.CapabilityHash == "" && len(c.Capability) > 0 {
-		if h, err := memberHash(pc, "capability"); err == nil {
+	r.CapabilityHash = p.auth.ChainHash
+	if r.CapabilityHash == "" && len(p.pc.Call.Capability) > 0 {
+		if h, err := memberHash(p.pc, "capability"); err == nil {
 			r.CapabilityHash = h
 		}
 	}
-	r.CapabilityIDs = auth.CapabilityIDs
-	fill(&r, o)
-	out := &Decided{Receipt: r, Details: o.Details}
-	if pre {
-		if err := d.ledgerPre(out, pc, auth, o, now); err != nil {
-			return nil, err
+	r.CapabilityIDs = p.auth.CapabilityIDs
+	fill(r, p.o)
+}
+
+func (p *Pending) replayCodes() []string {
+	if p.replay {
+		return []string{schemas.CodeReplay}
+	}
+	return nil
+}
+
+func (p *Pending) replayDetails() []string {
+	if p.replay {
+		return []string{"correlation_id: already used in this session by another tool call"}
+	}
+	return nil
+}
+
+// firstOps decides as far as it can without the ledger and sets the first
+// ledger operations: a pre call claims its (session, correlation) pair with
+// its decision (unless the local cache knows another call holds it: then
+// it is a replay, decided without a write), a post event looks up its pre
+// decision.
+func (p *Pending) firstOps() {
+	d, c := p.d, &p.pc.Call
+	pre := c.Phase == schemas.PhasePre
+	if pre && d.o.Ledger != nil && p.checked {
+		if owner, ok := d.cache.Lookup(c.SessionID, c.CorrelationID); ok && owner != c.ToolCallID {
+			p.replay = true
 		}
 	}
+	p.outcome()
+	if d.o.Ledger == nil || !p.checked {
+		return
+	}
+	switch {
+	case pre && !p.replay:
+		p.claim = &LedgerOp{Kind: OpClaimCall, Call: p.call, Pre: PreRecord{
+			Decision: p.r.Decision, ReceiptID: p.receiptID, CapabilityIDs: p.r.CapabilityIDs, DecidedAt: p.r.Timestamp}}
+	case !pre && d.o.Redactor != nil:
+		p.claim = &LedgerOp{Kind: OpLookupCall, Call: p.call}
+	}
+	if p.claim != nil {
+		p.ops = []*LedgerOp{p.claim}
+	}
+}
+
+// Resume continues a call once the operations of Ops ran: it returns the
+// decision, or nil and no error when more operations are needed (run Ops
+// again, then Resume). An error means there is no decision; the call
+// MUST NOT be answered or acked, so it is retried (fail closed).
+func (d *Decider) Resume(p *Pending) (*Decided, error) {
+	if p.done != nil {
+		return p.done, nil
+	}
+	if p.sender != nil {
+		return nil, errors.New("enforce: Resume before the sender signature was verified")
+	}
+	p.Ops()
+	p.ops = nil
+	pre := p.pc.Call.Phase == schemas.PhasePre
+	switch p.stage {
+	case 0:
+		if p.claim != nil && p.claim.Err != nil {
+			return nil, fmt.Errorf("enforce: call ledger: %w", p.claim.Err)
+		}
+		if pre {
+			if err := p.claimed(); err != nil {
+				return nil, err
+			}
+			if p.idem = p.idempotencyOp(); p.idem != nil {
+				p.ops, p.stage = []*LedgerOp{p.idem}, 1
+				return nil, nil
+			}
+		}
+	case 1:
+		if p.idem.Err != nil {
+			return nil, fmt.Errorf("enforce: call ledger: %w", p.idem.Err)
+		}
+		p.idempotencyHeld()
+	}
+	return d.finish(p), nil
+}
+
+// claimed applies the pair claim of a pre call: won, the record is the
+// call's own; held by this very call (a redelivery), the call keeps the
+// receipt id the ledger names; held by another call, it is a replay.
+func (p *Pending) claimed() error {
+	op, c, d := p.claim, &p.pc.Call, p.d
+	if op == nil {
+		return nil
+	}
+	switch {
+	case op.Won:
+		rec := op.Pre
+		rec.ToolCallID = c.ToolCallID
+		p.record = &rec
+		d.cache.Add(c.SessionID, c.CorrelationID, c.ToolCallID)
+	case op.Held.ToolCallID == "":
+		return errors.New("enforce: call ledger: a claim was refused without naming its holder")
+	case op.Held.ToolCallID == c.ToolCallID:
+		rec := op.Held
+		p.record = &rec
+		if rec.ReceiptID != "" {
+			p.receiptID = rec.ReceiptID
+		}
+		d.cache.Add(c.SessionID, c.CorrelationID, c.ToolCallID)
+	default:
+		d.cache.Add(c.SessionID, c.CorrelationID, op.Held.ToolCallID)
+		p.replay = true
+		p.outcome()
+	}
+	return nil
+}
+
+// idempotencyOp is the claim of the idempotency key of an allowed pre call
+// that carries one: a denied call never takes a key.
+func (p *Pending) idempotencyOp() *LedgerOp {
+	c := &p.pc.Call
+	if p.d.o.Ledger == nil || p.r.Decision != schemas.DecisionAllow || c.IdempotencyKey == "" {
+		return nil
+	}
+	agent := p.auth.Holder
+	if agent == "" {
+		agent = c.Actor.AgentID
+	}
+	p.idemKey = IdempotencyKey(agent, c.ServerID, c.ToolName, c.IdempotencyKey)
+	return &LedgerOp{Kind: OpClaimIdempotency, IdemKey: p.idemKey,
+		Idem: IdemRecord{RequestHash: p.r.RequestHash, ToolCallID: c.ToolCallID, ReceiptID: p.receiptID}}
+}
+
+// idempotencyHeld applies the idempotency claim: a call whose (agent,
+// server, tool, idempotency_key) an earlier allowed call holds is denied
+// IDEMPOTENCY_KEY_REUSED if its request differs, and is allowed naming
+// that call (idempotent_of) if it is the same request.
+func (p *Pending) idempotencyHeld() {
+	op, c, r := p.idem, &p.pc.Call, &p.r
+	held := op.HeldIdem
+	switch {
+	case op.Won || held.ToolCallID == c.ToolCallID:
+	case held.RequestHash == r.RequestHash:
+		r.IdempotentOf = &schemas.IdempotentOf{ToolCallID: held.ToolCallID, ReceiptID: held.ReceiptID}
+	default:
+		p.after = append(p.after, schemas.CodeIdempotencyKeyReused)
+		p.afterDet = append(p.afterDet, "idempotency_key: already used by tool call "+held.ToolCallID+" with a different request_hash")
+		p.outcome()
+	}
+}
+
+// finish builds the Decided: the ledger bookkeeping, and the ToolCallEvent
+// of a call whose record this envelope completes (a denied pre call, a post
+// event).
+func (d *Decider) finish(p *Pending) *Decided {
+	c := &p.pc.Call
+	pre := c.Phase == schemas.PhasePre
+	out := &Decided{Receipt: p.r, ReceiptID: p.receiptID, Details: p.o.Details, call: p.call, record: p.record,
+		approv: pre && d.o.Ledger != nil && p.record != nil}
+	p.done = out
 	// A call that may still run (allowed, or parked for approval) is
 	// recorded by its post event.
 	if d.o.Redactor == nil || (pre && out.Receipt.Decision != schemas.DecisionDeny) {
-		return out, nil
+		return out
 	}
 	var prior *PreRecord
 	var flags []string
-	if !pre && d.o.Ledger != nil {
-		rec, found, err := d.o.Ledger.LookupPre(c.ToolCallID)
-		if err != nil {
-			return nil, err
-		}
+	if !pre && p.claim != nil {
+		rec := p.claim.Held
 		switch {
-		case !found:
+		case !p.claim.Found:
 			flags = append(flags, schemas.FlagPostWithoutPre)
 		case rec.Decision == schemas.DecisionAllow,
 			// A responder released the parked call: it ran as approved.
-			rec.Decision == schemas.DecisionRequireApproval && approved(st, c.ToolCallID):
+			rec.Decision == schemas.DecisionRequireApproval && approved(p.st, c.ToolCallID):
 			prior = &rec
 		default:
 			flags = append(flags, schemas.FlagPostAfterDeny)
 			prior = &rec
 		}
 	}
-	out.ToolCall = d.event(st, pc, &out.Receipt, prior, flags, now)
-	return out, nil
+	out.ToolCall = d.event(p.st, p.pc, &out.Receipt, prior, flags, p.now)
+	return out
 }
 
 // approved reports whether a responder approved the parked call
@@ -283,15 +567,15 @@ func approved(st *State, toolCallID string) bool {
 	return ok && verb == schemas.VerbApprove
 }
 
-// authorize runs the capability checks of a phase-pre call. It also
-// derives the call's method (the action of an action-based tool) and
-// resource (the argument at the tool's resource_pointer) from the
-// registry.
-func (d *Decider) authorize(st *State, pc *schemas.ParsedCall, o *Outcome, now time.Time) ([]string, []string, AuthResult) {
+// authorize runs the capability checks of a phase-pre call, leaving the
+// sender signature to verify (AuthResult.Sender). It also derives the
+// call's method (the action of an action-based tool) and resource (the
+// argument at the tool's resource_pointer) from the registry.
+func (d *Decider) authorize(st *State, pc *schemas.ParsedCall, o *Outcome, now time.Time) AuthResult {
 	c := &pc.Call
 	chain, has := pc.Doc["capability"]
 	if d.o.Capabilities == nil || (!has && !d.o.RequireCapability) {
-		return nil, nil, AuthResult{}
+		return AuthResult{}
 	}
 	req := &AuthRequest{
 		ServerID: c.ServerID, ToolName: c.ToolName, Class: o.ToolClass,
@@ -301,12 +585,14 @@ func (d *Decider) authorize(st *State, pc *schemas.ParsedCall, o *Outcome, now t
 		AgentID:         c.Actor.AgentID,
 		Now:             now,
 		Revoked:         st.Revoked,
+		DeferSender:     true,
 	}
 	if req.RequestHash == "" {
 		req.RequestHash = o.RequestHash
 	}
 	if has {
 		req.Chain = chain
+		req.ChainRaw = c.Capability
 	}
 	if tool, ok := st.Registry().Lookup(c.ServerID, c.ToolName); ok {
 		args := pc.Arguments()
@@ -321,8 +607,7 @@ func (d *Decider) authorize(st *State, pc *schemas.ParsedCall, o *Outcome, now t
 			}
 		}
 	}
-	res := d.o.Capabilities.Authorize(req)
-	return res.Codes, res.Details, res
+	return d.o.Capabilities.Authorize(req)
 }
 
 // preflight runs seed 003 MUST 7 on a classified phase-pre call: the
@@ -380,55 +665,6 @@ func argsLen(pc *schemas.ParsedCall) int {
 		return 0
 	}
 	return len(b)
-}
-
-// ledgerPre applies idempotency to an allowed phase-pre call and arranges
-// for its pre decision to be recorded once its receipt is stored. A call
-// whose (agent, server, tool, idempotency_key) an earlier allowed call
-// holds is denied IDEMPOTENCY_KEY_REUSED if its request differs, and is
-// allowed naming that call (idempotent_of) if it is the same request. A
-// denied call never takes a key.
-func (d *Decider) ledgerPre(out *Decided, pc *schemas.ParsedCall, auth AuthResult, o Outcome, now time.Time) error {
-	l := d.o.Ledger
-	if l == nil {
-		return nil
-	}
-	c := &pc.Call
-	r := &out.Receipt
-	var idemKey string
-	if r.Decision == schemas.DecisionAllow && c.IdempotencyKey != "" {
-		agent := auth.Holder
-		if agent == "" {
-			agent = c.Actor.AgentID
-		}
-		key := IdempotencyKey(agent, c.ServerID, c.ToolName, c.IdempotencyKey)
-		held, claimed, err := l.ClaimIdempotency(key, IdemRecord{RequestHash: r.RequestHash, ToolCallID: c.ToolCallID})
-		if err != nil {
-			return err
-		}
-		switch {
-		case claimed || held.ToolCallID == c.ToolCallID:
-			idemKey = key
-		case held.RequestHash == r.RequestHash:
-			r.IdempotentOf = &schemas.IdempotentOf{ToolCallID: held.ToolCallID, ReceiptID: held.ReceiptID}
-		default:
-			o = merge(o, nil, nil, []string{schemas.CodeIdempotencyKeyReused},
-				[]string{"idempotency_key: already used by tool call " + held.ToolCallID + " with a different request_hash"})
-			fill(r, o)
-			out.Details = o.Details
-		}
-	}
-	decision, capIDs, requestHash, toolCallID := r.Decision, r.CapabilityIDs, r.RequestHash, c.ToolCallID
-	at := now.UTC().Format(schemas.TimeFormat)
-	out.Commit = func(receiptID string) error {
-		if idemKey != "" {
-			if err := l.SetIdempotencyReceipt(idemKey, IdemRecord{RequestHash: requestHash, ToolCallID: toolCallID, ReceiptID: receiptID}); err != nil {
-				return err
-			}
-		}
-		return l.RecordPre(toolCallID, PreRecord{Decision: decision, ReceiptID: receiptID, CapabilityIDs: capIDs, DecidedAt: at})
-	}
-	return nil
 }
 
 // merge puts before (with its details) ahead of o's codes and after

@@ -7,14 +7,15 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/talos-audit/talos/schemas"
 )
 
-func deciderWith(t testing.TB, replay *ReplayGuard) *Decider {
+func deciderWith(t testing.TB, ledger CallLedger) *Decider {
 	t.Helper()
-	d, err := NewDecider(testEngine(t, ModeProd), DeciderOptions{Replay: replay})
+	d, err := NewDecider(testEngine(t, ModeProd), DeciderOptions{Ledger: ledger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,8 +87,8 @@ func TestDeciderKillSwitch(t *testing.T) {
 // TestDeciderIncidentCodesFirst: incident codes come before the engine's,
 // and a malformed envelope gets VAL-HTC-001 only.
 func TestDeciderIncidentCodesFirst(t *testing.T) {
-	store := newMemStore()
-	d := deciderWith(t, NewReplayGuard(store, ReplayCacheOptions{}))
+	store := newCountingLedger()
+	d := deciderWith(t, store)
 	for i, r := range []*schemas.ControlRecord{
 		ctl(schemas.VerbKillSwitchSet, scope("global")),
 		ctl(schemas.VerbQuarantineSet, session("s1")),
@@ -132,11 +133,28 @@ const (
 	callB = "0190f5b2-7c1e-7a3b-8d4e-00000000000b"
 )
 
-// TestDeciderReplay: two workers over one replay store.
+// countingLedger is a MemLedger that counts pair claims.
+type countingLedger struct {
+	*MemLedger
+	claims atomic.Int64
+}
+
+func newCountingLedger() *countingLedger { return &countingLedger{MemLedger: NewMemLedger()} }
+
+func (l *countingLedger) Do(ops []*LedgerOp) {
+	for _, op := range ops {
+		if op.Kind == OpClaimCall {
+			l.claims.Add(1)
+		}
+	}
+	l.MemLedger.Do(ops)
+}
+
+// TestDeciderReplay: two workers over one call ledger.
 func TestDeciderReplay(t *testing.T) {
-	store := newMemStore()
-	w1 := deciderWith(t, NewReplayGuard(store, ReplayCacheOptions{}))
-	w2 := deciderWith(t, NewReplayGuard(store, ReplayCacheOptions{}))
+	store := newCountingLedger()
+	w1 := deciderWith(t, store)
+	w2 := deciderWith(t, store)
 
 	if r, _ := mustDecide(t, w1, withCall(listDir(), callA)); r.Decision != schemas.DecisionAllow {
 		t.Fatalf("first use: %s %v", r.Decision, r.ReasonCodes)
@@ -148,8 +166,19 @@ func TestDeciderReplay(t *testing.T) {
 	if len(details) != 1 || !strings.Contains(details[0], "correlation_id") || strings.Contains(details[0], "q3V2bH7pR9sT1uW4xY6zAb") {
 		t.Errorf("details %q", details)
 	}
-	if r, _ := mustDecide(t, w2, withCall(listDir(), callA)); r.Decision != schemas.DecisionAllow {
-		t.Errorf("redelivery of A on w2: %s %v", r.Decision, r.ReasonCodes)
+	claims := store.claims.Load()
+	if r, _ := mustDecide(t, w2, withCall(listDir(), callB)); !slices.Equal(r.ReasonCodes, []string{schemas.CodeReplay}) {
+		t.Errorf("B again on w2: %s %v", r.Decision, r.ReasonCodes)
+	}
+	if store.claims.Load() != claims {
+		t.Error("a replay the worker had seen went to the ledger again")
+	}
+	out, err := w2.DecideCall("talos.call.pre.files", mustJSON(t, withCall(listDir(), callA)), t0)
+	if err != nil || out.Receipt.Decision != schemas.DecisionAllow {
+		t.Fatalf("redelivery of A on w2: %v %+v", err, out)
+	}
+	if first, _ := store.pairs[[2]string{"s1", "q3V2bH7pR9sT1uW4xY6zAb"}]; out.ReceiptID != first.ReceiptID || first.ReceiptID == "" {
+		t.Errorf("redelivery of A sealed as %q, the ledger names %q", out.ReceiptID, first.ReceiptID)
 	}
 	// Phase post shares the pre call's correlation_id: not a replay.
 	post, _ := mustDecide(t, w1, withCall(envelope("post", "files", "list_dir", map[string]any{"path": "/"}), callB))
@@ -167,27 +196,31 @@ func TestDeciderReplay(t *testing.T) {
 }
 
 func TestDeciderReplayStoreError(t *testing.T) {
-	store := newMemStore()
-	d := deciderWith(t, NewReplayGuard(store, ReplayCacheOptions{}))
-	store.setFail(errors.New("kv: no quorum"))
+	store := NewMemLedger()
+	d := deciderWith(t, store)
+	boom := errors.New("kv: no quorum")
+	store.Err = boom
 	r, details, err := decideEnv(t, d, listDir())
-	if !errors.Is(err, ErrReplayStore) || r.Decision != "" || details != nil {
+	if !errors.Is(err, boom) || r.Decision != "" || details != nil {
 		t.Fatalf("Decide = %q %v %v", r.Decision, details, err)
 	}
-	// Post is not replay-checked, so it is still decided.
+	// Without a flight recorder a post event needs no ledger, so it is
+	// still decided.
 	if _, _, err := decideEnv(t, d, envelope("post", "files", "list_dir", map[string]any{})); err != nil {
 		t.Errorf("post: %v", err)
 	}
-	store.setFail(nil)
+	store.Err = nil
 	if r, _ := mustDecide(t, d, listDir()); r.Decision != schemas.DecisionAllow {
 		t.Errorf("after recovery: %s %v", r.Decision, r.ReasonCodes)
 	}
 }
 
 // TestDeciderApplyFlush: replay.flush applied through the Decider flushes
-// the local cache (here the only replay memory).
+// the local cache of pair owners; with the ledger flushed too (the control
+// service's part), the pair is free again.
 func TestDeciderApplyFlush(t *testing.T) {
-	d := deciderWith(t, NewReplayGuard(nil, ReplayCacheOptions{}))
+	ledger := NewMemLedger()
+	d := deciderWith(t, ledger)
 	mustDecide(t, d, withCall(listDir(), callA))
 	if r, _ := mustDecide(t, d, withCall(listDir(), callB)); !slices.Contains(r.ReasonCodes, schemas.CodeReplay) {
 		t.Fatalf("not a replay: %v", r.ReasonCodes)
@@ -195,12 +228,17 @@ func TestDeciderApplyFlush(t *testing.T) {
 	if err := d.Apply(1, ctl(schemas.VerbReplayFlush, session("other")), t0); err != nil {
 		t.Fatal(err)
 	}
+	ledger.Flush("other")
 	if r, _ := mustDecide(t, d, withCall(listDir(), callB)); !slices.Contains(r.ReasonCodes, schemas.CodeReplay) {
 		t.Errorf("flush of another session forgot s1: %v", r.ReasonCodes)
 	}
 	if err := d.Apply(2, ctl(schemas.VerbReplayFlush, session("s1")), t0); err != nil {
 		t.Fatal(err)
 	}
+	if _, ok := d.ReplayCache().Lookup("s1", "q3V2bH7pR9sT1uW4xY6zAb"); ok {
+		t.Error("the local cache kept a flushed pair")
+	}
+	ledger.Flush("s1")
 	if r, _ := mustDecide(t, d, withCall(listDir(), callB)); r.Decision != schemas.DecisionAllow || r.ControlSeq != 2 {
 		t.Errorf("after flush: %s %v seq %d", r.Decision, r.ReasonCodes, r.ControlSeq)
 	}
@@ -304,4 +342,13 @@ func BenchmarkStateCheck100(b *testing.B) {
 			b.Fatal(codes)
 		}
 	}
+}
+
+func mustJSON(t testing.TB, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

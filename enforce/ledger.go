@@ -4,23 +4,37 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strconv"
+	"sync"
 )
 
-// CallLedger remembers, across every worker, what phase pre decided: the
-// idempotency keys allowed calls used (IDEMPOTENCY_KEY_REUSED) and each
-// call's pre decision (so a post event can be matched to it). Errors mean
-// the ledger could not answer; the caller then has no decision (fail
-// closed: the call is retried).
-type CallLedger interface {
-	// ClaimIdempotency claims key for rec. If another call holds it, it
-	// returns that holder's record and claimed=false.
-	ClaimIdempotency(key string, rec IdemRecord) (held IdemRecord, claimed bool, err error)
-	// SetIdempotencyReceipt records the receipt id of the call holding key.
-	SetIdempotencyReceipt(key string, rec IdemRecord) error
-	// RecordPre stores a call's pre decision.
-	RecordPre(toolCallID string, rec PreRecord) error
-	// LookupPre finds a call's pre decision.
-	LookupPre(toolCallID string) (rec PreRecord, found bool, err error)
+// The call ledger is what every worker shares about calls: for each phase-pre
+// call, one record that is at once its replay claim and its decision. The
+// record is keyed by the call's (session_id, correlation_id, tool_call_id),
+// and at most one tool_call_id may hold a (session_id, correlation_id) pair:
+// writing the record is the replay check (REPLAY when another call holds the
+// pair) and stores the decision a post event is later matched against, in one
+// write. Idempotency keys and calls parked for approval have records of their
+// own, written only for the calls that need them.
+//
+// Records are written before the receipt they name is stored: a record's
+// ReceiptID is the id its call's receipt is (or will be) sealed with, chosen
+// before the decision is signed, so a redelivered call reuses it and the
+// ledger and the audit trail agree (see Decided.Stored).
+
+// CallKey names a call in the ledger.
+type CallKey struct {
+	SessionID, CorrelationID, ToolCallID string
+}
+
+// PreRecord is a call's phase-pre decision.
+type PreRecord struct {
+	// ToolCallID is the call that holds the (session_id, correlation_id)
+	// pair (empty in approval records, whose key is the tool_call_id).
+	ToolCallID    string   `json:"tool_call_id,omitempty"`
+	Decision      string   `json:"decision"`
+	ReceiptID     string   `json:"receipt_id"`
+	CapabilityIDs []string `json:"capability_ids,omitempty"`
+	DecidedAt     string   `json:"decided_at"`
 }
 
 // IdemRecord is who holds an idempotency key.
@@ -30,12 +44,56 @@ type IdemRecord struct {
 	ReceiptID   string `json:"receipt_id,omitempty"`
 }
 
-// PreRecord is a call's phase-pre decision.
-type PreRecord struct {
-	Decision      string   `json:"decision"`
-	ReceiptID     string   `json:"receipt_id"`
-	CapabilityIDs []string `json:"capability_ids,omitempty"`
-	DecidedAt     string   `json:"decided_at"`
+// LedgerOpKind is what a LedgerOp does.
+type LedgerOpKind int
+
+// The ledger operations.
+const (
+	// OpClaimCall writes the call's PreRecord unless some call (this one
+	// included, on a redelivery) already holds its (session_id,
+	// correlation_id) pair; then Won is false and Held is the holder's
+	// record.
+	OpClaimCall LedgerOpKind = iota + 1
+	// OpUpdateCall overwrites the call's own record.
+	OpUpdateCall
+	// OpLookupCall reads the call's record into Held (Found false if none).
+	OpLookupCall
+	// OpClaimIdempotency writes Idem under IdemKey unless the key is held;
+	// then Won is false and HeldIdem is the holder's record.
+	OpClaimIdempotency
+	// OpRecordApproval stores Pre under the call's tool_call_id, for the
+	// approve and reject commands (LookupApproval).
+	OpRecordApproval
+)
+
+// LedgerOp is one operation on the call ledger and, once CallLedger.Do
+// returns, its result.
+type LedgerOp struct {
+	Kind    LedgerOpKind
+	Call    CallKey
+	Pre     PreRecord // written by OpClaimCall, OpUpdateCall, OpRecordApproval
+	IdemKey string
+	Idem    IdemRecord // written by OpClaimIdempotency
+
+	// Results.
+	Won      bool
+	Found    bool
+	Held     PreRecord
+	HeldIdem IdemRecord
+	// Err means the ledger could not answer: the call has no decision
+	// and MUST be retried (fail closed).
+	Err error
+}
+
+// CallLedger is the shared call ledger. Errors are per operation.
+type CallLedger interface {
+	// Do runs every op and fills in its result; the ops are independent
+	// and may run concurrently (a worker sends a whole batch's in one
+	// round trip). Two claims of one pair in the same Do: one wins.
+	Do(ops []*LedgerOp)
+	// LookupApproval finds the pre decision of a call recorded with
+	// OpRecordApproval.
+	LookupApproval(toolCallID string) (rec PreRecord, found bool, err error)
 }
 
 // IdempotencyKey is the ledger key of (agent, server, tool,
@@ -49,4 +107,86 @@ func IdempotencyKey(agent, server, tool, key string) string {
 		h.Write([]byte(p))
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// MemLedger is a CallLedger in memory: for a single process (its replay
+// checks hold only within it) and for tests. Err, if set, fails every
+// operation. Safe for concurrent use.
+type MemLedger struct {
+	mu        sync.Mutex
+	pairs     map[[2]string]PreRecord // (session, correlation) -> holder's record
+	idem      map[string]IdemRecord
+	approvals map[string]PreRecord
+	Err       error
+}
+
+// NewMemLedger returns an empty ledger.
+func NewMemLedger() *MemLedger {
+	return &MemLedger{pairs: map[[2]string]PreRecord{}, idem: map[string]IdemRecord{}, approvals: map[string]PreRecord{}}
+}
+
+// Do implements CallLedger.
+func (l *MemLedger) Do(ops []*LedgerOp) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, op := range ops {
+		if l.Err != nil {
+			op.Err = l.Err
+			continue
+		}
+		pair := [2]string{op.Call.SessionID, op.Call.CorrelationID}
+		switch op.Kind {
+		case OpClaimCall:
+			if held, ok := l.pairs[pair]; ok {
+				op.Held, op.Found = held, true
+				continue
+			}
+			rec := op.Pre
+			rec.ToolCallID = op.Call.ToolCallID
+			l.pairs[pair] = rec
+			op.Won = true
+		case OpUpdateCall:
+			if held, ok := l.pairs[pair]; !ok || held.ToolCallID == op.Call.ToolCallID {
+				rec := op.Pre
+				rec.ToolCallID = op.Call.ToolCallID
+				l.pairs[pair] = rec
+			}
+		case OpLookupCall:
+			if held, ok := l.pairs[pair]; ok && held.ToolCallID == op.Call.ToolCallID {
+				op.Held, op.Found = held, true
+			}
+		case OpClaimIdempotency:
+			if held, ok := l.idem[op.IdemKey]; ok {
+				op.HeldIdem = held
+				continue
+			}
+			l.idem[op.IdemKey] = op.Idem
+			op.Won = true
+		case OpRecordApproval:
+			l.approvals[op.Call.ToolCallID] = op.Pre
+		}
+	}
+}
+
+// LookupApproval implements CallLedger.
+func (l *MemLedger) LookupApproval(toolCallID string) (PreRecord, bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.Err != nil {
+		return PreRecord{}, false, l.Err
+	}
+	rec, ok := l.approvals[toolCallID]
+	return rec, ok, nil
+}
+
+// Flush forgets the pair claims of session ("" = every session), as the
+// shared ledger does on replay.flush.
+func (l *MemLedger) Flush(session string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for pair := range l.pairs {
+		if session == "" || pair[0] == session {
+			delete(l.pairs, pair)
+		}
+	}
 }

@@ -4,41 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 )
-
-// memStore is a ReplayStore in memory, shared by the guards of several
-// "workers" like the NATS KV bucket it stands for.
-type memStore struct {
-	mu     sync.Mutex
-	owners map[[2]string]string
-	claims atomic.Int64
-	fail   error // returned by Claim when set
-}
-
-func newMemStore() *memStore { return &memStore{owners: map[[2]string]string{}} }
-
-func (m *memStore) Claim(sessionID, correlationID, toolCallID string) (string, error) {
-	m.claims.Add(1)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.fail != nil {
-		return "", m.fail
-	}
-	k := [2]string{sessionID, correlationID}
-	if o, ok := m.owners[k]; ok {
-		return o, nil
-	}
-	m.owners[k] = toolCallID
-	return toolCallID, nil
-}
-
-func (m *memStore) setFail(err error) {
-	m.mu.Lock()
-	m.fail = err
-	m.mu.Unlock()
-}
 
 func TestReplayCacheBounds(t *testing.T) {
 	c := NewReplayCache(ReplayCacheOptions{PerSession: 3, Sessions: 2})
@@ -118,107 +85,62 @@ func TestReplayCacheDefaults(t *testing.T) {
 	}
 }
 
-// TestReplayGuardAcrossWorkers: two guards over one store are two workers;
-// a correlation_id is owned by the first call that used it, wherever.
-func TestReplayGuardAcrossWorkers(t *testing.T) {
-	store := newMemStore()
-	w1 := NewReplayGuard(store, ReplayCacheOptions{})
-	w2 := NewReplayGuard(store, ReplayCacheOptions{})
-	steps := []struct {
-		name         string
-		g            *ReplayGuard
-		sess, corr   string
-		call         string
-		replayed     bool
-		storeClaimed bool // went to the store (local miss)
-	}{
-		{"first use on w1", w1, "s1", "corr-1", "A", false, true},
-		{"same pair, another call, on w2", w2, "s1", "corr-1", "B", true, true},
-		{"redelivery of A on w2", w2, "s1", "corr-1", "A", false, false},
-		{"redelivery of A on w1 (local hit)", w1, "s1", "corr-1", "A", false, false},
-		{"B again on w1 (local hit)", w1, "s1", "corr-1", "B", true, false},
-		{"same correlation id in another session", w2, "s2", "corr-1", "B", false, true},
-		{"another correlation id", w1, "s1", "corr-2", "B", false, true},
-	}
-	for _, st := range steps {
-		before := store.claims.Load()
-		replayed, err := st.g.Check(st.sess, st.corr, st.call)
-		if err != nil {
-			t.Fatalf("%s: %v", st.name, err)
-		}
-		if replayed != st.replayed {
-			t.Errorf("%s: replayed %v, want %v", st.name, replayed, st.replayed)
-		}
-		if claimed := store.claims.Load() > before; claimed != st.storeClaimed {
-			t.Errorf("%s: went to the store %v, want %v", st.name, claimed, st.storeClaimed)
-		}
-	}
-
-	// Flushing a worker's cache does not forget the shared owner.
-	w1.Flush("")
-	if replayed, err := w1.Check("s1", "corr-1", "B"); err != nil || !replayed {
-		t.Errorf("after a local flush: replayed %v err %v", replayed, err)
-	}
-}
-
-func TestReplayGuardStoreError(t *testing.T) {
-	store := newMemStore()
-	g := NewReplayGuard(store, ReplayCacheOptions{})
-	boom := errors.New("kv: timeout")
-	store.setFail(boom)
-	replayed, err := g.Check("s1", "corr-1", "A")
-	if !errors.Is(err, ErrReplayStore) || !errors.Is(err, boom) || replayed {
-		t.Fatalf("Check = %v, %v", replayed, err)
-	}
-	if g.Cache().Len() != 0 {
-		t.Error("a failed claim was cached")
-	}
-	store.setFail(nil)
-	if replayed, err := g.Check("s1", "corr-1", "A"); err != nil || replayed {
-		t.Errorf("after recovery: %v %v", replayed, err)
-	}
-}
-
-type noOwnerStore struct{}
-
-func (noOwnerStore) Claim(string, string, string) (string, error) { return "", nil }
-
-func TestReplayGuardStoreWithoutOwner(t *testing.T) {
-	g := NewReplayGuard(noOwnerStore{}, ReplayCacheOptions{})
-	if _, err := g.Check("s", "c", "A"); !errors.Is(err, ErrReplayStore) {
-		t.Fatalf("err %v", err)
-	}
-}
-
-// TestReplayGuardLocalOnly: with no store, concurrent calls racing for one
-// pair still have exactly one owner.
-func TestReplayGuardLocalOnly(t *testing.T) {
-	g := NewReplayGuard(nil, ReplayCacheOptions{})
+// TestMemLedgerClaims: the in-memory ledger gives a (session,
+// correlation) pair to exactly one tool call, however many claim it at
+// once, hands a redelivery its own record back, and forgets a flushed
+// session's pairs.
+func TestMemLedgerClaims(t *testing.T) {
+	l := NewMemLedger()
 	const n = 32
+	ops := make([]*LedgerOp, n)
 	var wg sync.WaitGroup
-	var owners atomic.Int64
 	for i := range n {
-		wg.Go(func() {
-			replayed, err := g.Check("s1", "corr", fmt.Sprintf("call-%d", i))
-			if err != nil {
-				t.Error(err)
-			}
-			if !replayed {
-				owners.Add(1)
-			}
-		})
+		ops[i] = &LedgerOp{Kind: OpClaimCall, Call: CallKey{SessionID: "s1", CorrelationID: "corr", ToolCallID: fmt.Sprintf("call-%d", i)},
+			Pre: PreRecord{Decision: "allow", ReceiptID: fmt.Sprintf("r-%d", i)}}
+		wg.Go(func() { l.Do([]*LedgerOp{ops[i]}) })
 	}
 	wg.Wait()
-	if owners.Load() != 1 {
-		t.Fatalf("%d calls own the pair, want 1", owners.Load())
+	var owner *LedgerOp
+	for _, op := range ops {
+		if op.Won {
+			if owner != nil {
+				t.Fatalf("%s and %s both won the pair", owner.Call.ToolCallID, op.Call.ToolCallID)
+			}
+			owner = op
+		} else if op.Held.ToolCallID == "" || op.Held.ToolCallID == op.Call.ToolCallID {
+			t.Errorf("%s lost to %q", op.Call.ToolCallID, op.Held.ToolCallID)
+		}
 	}
-	owner, _ := g.Cache().Lookup("s1", "corr")
-	if replayed, _ := g.Check("s1", "corr", owner); replayed {
-		t.Error("the owner's redelivery is a replay")
+	if owner == nil {
+		t.Fatal("nobody won the pair")
 	}
-	g.Flush("s1")
-	if replayed, _ := g.Check("s1", "corr", "someone-else"); replayed {
-		t.Error("a local-only guard remembered a flushed pair")
+	again := &LedgerOp{Kind: OpClaimCall, Call: owner.Call}
+	lookup := &LedgerOp{Kind: OpLookupCall, Call: owner.Call}
+	other := &LedgerOp{Kind: OpLookupCall, Call: CallKey{SessionID: "s1", CorrelationID: "corr", ToolCallID: "not-the-owner"}}
+	l.Do([]*LedgerOp{again, lookup, other})
+	if again.Won || again.Held.ToolCallID != owner.Call.ToolCallID || again.Held.ReceiptID != owner.Pre.ReceiptID {
+		t.Errorf("redelivery: won %v held %+v", again.Won, again.Held)
+	}
+	if !lookup.Found || lookup.Held.ReceiptID != owner.Pre.ReceiptID || other.Found {
+		t.Errorf("lookups: %+v %+v", lookup, other)
+	}
+	l.Flush("other")
+	if l.Do([]*LedgerOp{again}); again.Won {
+		t.Error("a flush of another session forgot s1")
+	}
+	l.Flush("s1")
+	fresh := &LedgerOp{Kind: OpClaimCall, Call: CallKey{SessionID: "s1", CorrelationID: "corr", ToolCallID: "late"}}
+	if l.Do([]*LedgerOp{fresh}); !fresh.Won {
+		t.Error("the flushed pair is still held")
+	}
+	boom := errors.New("kv down")
+	l.Err = boom
+	failed := &LedgerOp{Kind: OpClaimCall, Call: CallKey{SessionID: "s2", CorrelationID: "c", ToolCallID: "x"}}
+	if l.Do([]*LedgerOp{failed}); !errors.Is(failed.Err, boom) || failed.Won {
+		t.Errorf("with an error: %+v", failed)
+	}
+	if _, _, err := l.LookupApproval("x"); !errors.Is(err, boom) {
+		t.Errorf("LookupApproval: %v", err)
 	}
 }
 

@@ -411,7 +411,7 @@ func AwaitsApproval(l CallLedger, cmd *schemas.ControlCommand) (code, detail str
 	if !isToolCallID(cmd.Target) {
 		return schemas.CtlInvalid, "target: want the tool_call_id (a UUID) of the call awaiting approval"
 	}
-	rec, found, err := l.LookupPre(cmd.Target)
+	rec, found, err := l.LookupApproval(cmd.Target)
 	switch {
 	case err != nil:
 		return schemas.CtlInternal, "the call ledger cannot answer; retry"

@@ -94,7 +94,7 @@ func newApprovalPlane(t *testing.T) *approvalPlane {
 	enf, err := ingest.NewEnforcer(wnc, wjs, dec, ingest.EnforcerOptions{
 		WorkerID: "approver",
 		Worker: ingest.WorkerOptions{Chains: []*receipts.Chain{receipts.NewChain("approval-worker", key)},
-			Source: "talos://enforce/test", AckWait: 3 * time.Second},
+			Source: "talos://enforce/test", AckWait: 3 * time.Second, Ledger: ledger},
 		Keys:              keys,
 		HeartbeatInterval: 200 * time.Millisecond,
 		RegistryDigest:    func() string { return dec.State().Registry().Digest() },
@@ -212,7 +212,9 @@ func TestApprovalThroughControlPlane(t *testing.T) {
 	if d, err := p.client.Call(ctx, allowed); err != nil || d.Decision != schemas.DecisionAllow {
 		t.Fatalf("files call: %+v %v", d, err)
 	}
-	if rep := p.resolve(t, schemas.VerbApprove, allowed.ToolCallID, ""); rep.OK || rep.Code != schemas.CtlInvalid || !strings.Contains(rep.Error, "allow") {
+	// Only calls parked for approval are recorded for approve and reject:
+	// an allowed call is not among them.
+	if rep := p.resolve(t, schemas.VerbApprove, allowed.ToolCallID, ""); rep.OK || rep.Code != schemas.CtlNotFound {
 		t.Fatalf("approve of an allowed call: %+v", rep)
 	}
 

@@ -79,12 +79,7 @@ func capStack(t *testing.T, f *capFixture) *stack {
 		if err != nil {
 			t.Fatal(err)
 		}
-		replay, err := ingest.NewReplayStore(ctx, js, ingest.ReplayStoreOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
 		o.Capabilities, o.RequireCapability, o.Ledger = a, true, ledger
-		o.Replay = enforce.NewReplayGuard(replay, enforce.ReplayCacheOptions{})
 	}})
 }
 

@@ -25,8 +25,8 @@ import (
 
 // plane is a real control plane: one embedded NATS, a control service, a
 // sink into ClickHouse, and enforce workers started and stopped at will,
-// each with its own decider, follower, heartbeat and replay guard over the
-// shared replay store.
+// each with its own decider, follower and heartbeat, over the shared call
+// ledger.
 type plane struct {
 	url    string
 	nc     *nats.Conn
@@ -85,7 +85,7 @@ func newPlane(t *testing.T) *plane {
 	responders.Add(responder.Public())
 
 	// The control role: its own state follower (list/show, precheck), the
-	// replay store, and the live-worker watcher.
+	// call ledger (replay administration), and the live-worker watcher.
 	holder, err := enforce.NewDecider(mustEngine(t, p.reg), enforce.DeciderOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +94,7 @@ func newPlane(t *testing.T) *plane {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := ingest.NewReplayStore(ctx, p.js, ingest.ReplayStoreOptions{})
+	store, err := ingest.NewLedger(ctx, p.js, ingest.LedgerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,11 +146,11 @@ func (p *plane) startWorker(t *testing.T, id string) *enforce.Decider {
 	t.Helper()
 	nc, js := connectJS(t, p.url)
 	ctx, cancel := context.WithCancel(context.Background())
-	store, err := ingest.NewReplayStore(ctx, js, ingest.ReplayStoreOptions{})
+	ledger, err := ingest.NewLedger(ctx, js, ingest.LedgerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dec, err := enforce.NewDecider(mustEngine(t, p.reg), enforce.DeciderOptions{Replay: enforce.NewReplayGuard(store, enforce.ReplayCacheOptions{})})
+	dec, err := enforce.NewDecider(mustEngine(t, p.reg), enforce.DeciderOptions{Ledger: ledger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,6 +160,7 @@ func (p *plane) startWorker(t *testing.T, id string) *enforce.Decider {
 			Chains:  []*receipts.Chain{receipts.NewChain(id+"-"+fmt.Sprint(time.Now().UnixNano()), p.key)},
 			Source:  "talos://enforce/" + id,
 			AckWait: 3 * time.Second,
+			Ledger:  ledger,
 		},
 		Keys:              p.keys,
 		HeartbeatInterval: 200 * time.Millisecond,

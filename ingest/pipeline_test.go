@@ -42,6 +42,10 @@ type stack struct {
 	keys   receipts.KeySet
 	client *ingest.Client
 	dec    *enforce.Decider
+
+	natsURL    string
+	key        *receipts.PrivateKey // signs the worker's chains
+	workerOpts ingest.WorkerOptions // of the stack's worker
 }
 
 type stackOptions struct {
@@ -60,6 +64,14 @@ type stackOptions struct {
 	// checkpoints replaces the worker's checkpoint settings (default: a
 	// checkpoint every 7 receipts of a chain).
 	checkpoints *ingest.CheckpointOptions
+	// maxBatch is the worker's MaxBatch (0: its default).
+	maxBatch int
+	// workerJS, if set, wraps the JetStream handle of the worker (which has
+	// a connection of its own, nc), to inject faults.
+	workerJS func(js jetstream.JetStream, nc *nats.Conn) jetstream.JetStream
+	// noWorker leaves the worker out (a test starts its own with
+	// startWorker).
+	noWorker bool
 }
 
 func newStack(t *testing.T, o stackOptions) *stack {
@@ -131,26 +143,55 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	if o.checkpoints != nil {
 		cpo = *o.checkpoints
 	}
-	w, err := ingest.NewWorker(nc, js, dec, ingest.WorkerOptions{Chains: chains, Source: "talos://enforce/test", AckWait: 3 * time.Second,
-		Checkpoints: cpo})
-	if err != nil {
-		t.Fatal(err)
+	s := &stack{nc: nc, js: js, conn: conn, db: db, reg: reg, keys: keys, dec: dec, natsURL: natsURL, key: key,
+		workerOpts: ingest.WorkerOptions{Chains: chains, Source: "talos://enforce/test", AckWait: 3 * time.Second,
+			Checkpoints: cpo, Ledger: dopts.Ledger, MaxBatch: o.maxBatch}}
+	if !o.noWorker {
+		s.startWorker(t, s.workerOpts, o.workerJS)
 	}
 	sink, err := ingest.NewSink(js, query.NewSinkWriter(conn, db), ingest.SinkOptions{BatchAge: 50 * time.Millisecond, AckWait: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{}, 2)
-	go func() { _ = w.Run(ctx); done <- struct{}{} }()
+	done := make(chan struct{}, 1)
 	go func() { _ = sink.Run(ctx); done <- struct{}{} }()
-	t.Cleanup(func() { cancel(); <-done; <-done })
+	t.Cleanup(func() { cancel(); <-done })
 
 	client, err := ingest.NewClient(nc, js, "test-ep")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	return &stack{nc: nc, js: js, conn: conn, db: db, reg: reg, keys: keys, client: client, dec: dec}
+	s.client = client
+	return s
+}
+
+// startWorker runs an enforce worker of the stack's decider with options
+// o, on a NATS connection of its own (wrapped by wrap, if set), until the
+// test ends. It returns the connection, so a test can cut it.
+func (s *stack) startWorker(t *testing.T, o ingest.WorkerOptions, wrap func(jetstream.JetStream, *nats.Conn) jetstream.JetStream) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(s.natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	var js jetstream.JetStream
+	if js, err = jetstream.New(nc); err != nil {
+		t.Fatal(err)
+	}
+	if wrap != nil {
+		js = wrap(js, nc)
+	}
+	w, err := ingest.NewWorker(nc, js, s.dec, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = w.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return nc
 }
 
 func (s *stack) call(t *testing.T, c *schemas.ToolCall) *schemas.Decision {

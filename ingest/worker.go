@@ -22,20 +22,17 @@ import (
 	"github.com/talos-audit/talos/schemas"
 )
 
-// Decider turns one raw call message into unsigned receipt data (Chain and
-// Signature are filled when it is sealed) and, for humans, details that
-// never contain argument values. It must be safe for concurrent use, and
-// it must answer every input: a malformed envelope is a deny with
-// VAL-HTC-001, never an error. An error means no decision could be made
-// (a shared store it consults is unreachable): the call is retried later
-// and the enforcement point, meanwhile, fails closed. The receipt's
+// Decider decides calls in steps (see enforce.Decider): Begin does the
+// local work, Resume finishes once the sender signature is verified and
+// the ledger operations the call asks for have run. It must be safe for
+// concurrent use, and it must answer every input: a malformed envelope is
+// a deny with VAL-HTC-001, never an error. An error means no decision could
+// be made (a shared store it consults is unreachable): the call is retried
+// later and the enforcement point, meanwhile, fails closed. The receipt's
 // EventType is its kind.
-//
-// The decision may carry the call's ToolCallEvent (published, signed by
-// the chain's key, once the receipt is stored) and a Commit hook the
-// worker runs with the receipt id before it answers.
 type Decider interface {
-	DecideCall(subject string, raw []byte, now time.Time) (*enforce.Decided, error)
+	Begin(subject string, raw []byte, now time.Time, receiptID string) (*enforce.Pending, error)
+	Resume(p *enforce.Pending) (*enforce.Decided, error)
 }
 
 // WorkerOptions configures a Worker. The zero value of every field but
@@ -49,6 +46,14 @@ type WorkerOptions struct {
 	Chains []*receipts.Chain
 	// Source is the CloudEvent source, talos://enforce/<instance>.
 	Source string
+	// Ledger runs the ledger operations the decider asks for (the call
+	// ledger its DeciderOptions name); nil if it asks for none.
+	Ledger enforce.CallLedger
+	// MaxBatch bounds the calls a chain takes at once (default 16): their
+	// signatures are verified together and their ledger operations share
+	// one round trip, while their receipts go into the chain one after
+	// another, so the last of a batch waits for the others' receipts.
+	MaxBatch int
 	// MaxAckPending bounds calls in flight across all workers (default 4096).
 	MaxAckPending int
 	// AckWait is how long a fetched call may stay un-acked before JetStream
@@ -92,6 +97,9 @@ func NewWorker(nc *nats.Conn, js jetstream.JetStream, d Decider, o WorkerOptions
 	}
 	if o.Consumer == "" {
 		o.Consumer = "talos-enforce"
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = 16
 	}
 	if o.MaxAckPending <= 0 {
 		o.MaxAckPending = 4096
@@ -187,13 +195,15 @@ func (w *Worker) Run(ctx context.Context) error {
 	return nil
 }
 
-// runChain handles calls from work with one chain until work is closed,
-// cutting a checkpoint every Checkpoints.Every receipts or Interval, and a
-// final one when it stops.
+// runChain handles calls from work with one chain until work is closed, a
+// batch at a time: whatever is waiting when the chain is free, up to
+// MaxBatch. It cuts a checkpoint every Checkpoints.Every receipts or
+// Interval, and a final one when it stops.
 func (w *Worker) runChain(ctx context.Context, ch *receipts.Chain, work <-chan jetstream.Msg) {
 	cpo := w.o.Checkpoints
 	tick := time.NewTicker(cpo.tick())
 	defer tick.Stop()
+	batch := make([]jetstream.Msg, 0, w.o.MaxBatch)
 	for {
 		select {
 		case m, ok := <-work:
@@ -201,13 +211,34 @@ func (w *Worker) runChain(ctx context.Context, ch *receipts.Chain, work <-chan j
 				w.cp.final(ch)
 				return
 			}
-			if ctx.Err() != nil {
-				_ = m.Nak()
-				continue
+			batch = append(batch[:0], m)
+			open := true
+		fill:
+			for len(batch) < w.o.MaxBatch {
+				select {
+				case m, ok := <-work:
+					if !ok {
+						open = false
+						break fill
+					}
+					batch = append(batch, m)
+				default:
+					break fill
+				}
 			}
-			w.handle(ctx, ch, m)
-			if n, _ := ch.Pending(); n >= uint64(cpo.Every) {
-				_ = w.cp.cut(ctx, ch, false)
+			if ctx.Err() != nil {
+				for _, m := range batch {
+					_ = m.Nak()
+				}
+			} else {
+				w.handleBatch(ctx, ch, batch)
+				if n, _ := ch.Pending(); n >= uint64(cpo.Every) {
+					_ = w.cp.cut(ctx, ch, false)
+				}
+			}
+			if !open {
+				w.cp.final(ch)
+				return
 			}
 		case <-tick.C:
 			if cpo.due(ch, time.Now()) {
@@ -217,50 +248,178 @@ func (w *Worker) runChain(ctx context.Context, ch *receipts.Chain, work <-chan j
 	}
 }
 
-// handle decides one call, stores its receipt (and ToolCallEvent), answers
-// the enforcement point and acks. A call is acked only after its receipt
-// and event are in TALOS_AUDIT; anything that fails before is retried.
-func (w *Worker) handle(ctx context.Context, ch *receipts.Chain, m jetstream.Msg) {
-	md, err := m.Metadata()
-	if err != nil {
-		w.log.Error("call without metadata", "subject", m.Subject(), "err", err)
-		_ = m.Term()
-		return
-	}
+// call is one message of a batch on its way through handleBatch.
+type call struct {
+	m    jetstream.Msg
+	seq  uint64 // TALOS_CALLS stream sequence
+	p    *enforce.Pending
+	out  *enforce.Decided
+	done bool // answered with a nak or term: nothing more to do
+
+	// Set once the receipt is stored.
+	dec      *wireDecision
+	receipt  string // id of the stored receipt ("" if it could not be read back)
+	dedupeID string
+	server   string
+	msgID    string
+	after    []*enforce.LedgerOp
+}
+
+// handleBatch decides a batch of calls, stores one receipt per call (and
+// its ToolCallEvent), answers each enforcement point and acks. The work
+// that can be shared is: the sender signatures are verified together and
+// each round of ledger operations is one round trip for the batch. The
+// receipts go into the chain one at a time, each published and
+// acknowledged before the next is sealed, so a receipt the stream refuses
+// or drops as a duplicate never leaves a gap behind a later link. A call is
+// acked only after its receipt and event are in TALOS_AUDIT; anything that
+// fails before is retried.
+func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jetstream.Msg) {
 	now := w.o.Now().UTC()
-	out, err := w.decide(m.Subject(), m.Data(), now)
-	if err != nil {
-		w.log.Error("decider failed", "stream_seq", md.Sequence.Stream, "err", err)
-		_ = m.NakWithDelay(time.Second)
+	calls := make([]*call, 0, len(msgs))
+	for _, m := range msgs {
+		md, err := m.Metadata()
+		if err != nil {
+			w.log.Error("call without metadata", "subject", m.Subject(), "err", err)
+			_ = m.Term()
+			continue
+		}
+		c := &call{m: m, seq: md.Sequence.Stream}
+		if c.p, err = w.begin(m.Subject(), m.Data(), now); err != nil {
+			w.decideFailed(c, err)
+		}
+		calls = append(calls, c)
+	}
+	w.verifySenders(calls)
+	w.resumeAll(calls)
+	var waiting []*call // stored, answered once their ledger operations ran
+	for _, c := range calls {
+		if c.done {
+			continue
+		}
+		if !w.storeReceipt(ctx, ch, c, now) {
+			continue
+		}
+		if len(c.after) == 0 {
+			w.reply(c.dec)
+		} else {
+			waiting = append(waiting, c)
+		}
+	}
+	if len(waiting) > 0 {
+		w.ledgerAfter(ctx, waiting)
+	}
+	w.storeEvents(ctx, ch, calls, now)
+	for _, c := range calls {
+		if c.done {
+			continue
+		}
+		if err := c.m.Ack(); err != nil {
+			w.log.Warn("ack call", "msg_id", c.msgID, "err", err)
+		}
+		w.handled.Add(1)
+	}
+}
+
+// verifySenders verifies the batch's sender signatures together.
+func (w *Worker) verifySenders(calls []*call) {
+	var checks []receipts.SigCheck
+	var of []*call
+	for _, c := range calls {
+		if c.done {
+			continue
+		}
+		if s := c.p.Signature(); s != nil {
+			checks = append(checks, *s)
+			of = append(of, c)
+		}
+	}
+	if len(checks) == 0 {
 		return
 	}
-	r := &out.Receipt
+	for i, ok := range receipts.VerifyAll(checks) {
+		of[i].p.Verified(ok)
+	}
+}
+
+// resumeAll runs rounds of the batch's ledger operations, one round trip
+// each, until every call is decided (or failed).
+func (w *Worker) resumeAll(calls []*call) {
+	pending := make([]*call, 0, len(calls))
+	for _, c := range calls {
+		if !c.done {
+			pending = append(pending, c)
+		}
+	}
+	for len(pending) > 0 {
+		var ops []*enforce.LedgerOp
+		for _, c := range pending {
+			ops = append(ops, c.p.Ops()...)
+		}
+		if len(ops) > 0 {
+			if w.o.Ledger == nil {
+				for _, c := range pending {
+					w.decideFailed(c, errors.New("the decider needs a call ledger and the worker has none"))
+				}
+				return
+			}
+			w.o.Ledger.Do(ops)
+		}
+		next := pending[:0]
+		for _, c := range pending {
+			out, err := w.resume(c.p)
+			switch {
+			case err != nil:
+				w.decideFailed(c, err)
+			case out == nil:
+				next = append(next, c)
+			default:
+				c.out = out
+			}
+		}
+		pending = next
+	}
+}
+
+// decideFailed leaves a call the decider could not decide for a retry.
+func (w *Worker) decideFailed(c *call, err error) {
+	w.log.Error("decider failed", "stream_seq", c.seq, "err", err)
+	_ = c.m.NakWithDelay(time.Second)
+	c.done = true
+}
+
+// storeReceipt seals the call's receipt into ch and stores it, and
+// prepares its answer. It reports false (and leaves the call for a retry)
+// if the receipt could not be stored.
+func (w *Worker) storeReceipt(ctx context.Context, ch *receipts.Chain, c *call, now time.Time) bool {
+	r := &c.out.Receipt
 	kind := r.EventType
-	seqID := "calls-seq-" + strconv.FormatUint(md.Sequence.Stream, 10)
-	dedupeID := r.ToolCallID
-	if dedupeID == "" || slices.Contains(r.ReasonCodes, schemas.CodeEnvelopeInvalid) {
-		dedupeID = seqID
+	seqID := "calls-seq-" + strconv.FormatUint(c.seq, 10)
+	c.dedupeID = r.ToolCallID
+	if c.dedupeID == "" || slices.Contains(r.ReasonCodes, schemas.CodeEnvelopeInvalid) {
+		c.dedupeID = seqID
 	}
 	subjectID := r.ToolCallID
 	if subjectID == "" {
 		subjectID = seqID
 	}
-	server := r.ServerID
-	if !schemas.ValidID(server) {
-		server = "unknown"
+	c.server = r.ServerID
+	if !schemas.ValidID(c.server) {
+		c.server = "unknown"
 	}
-	msgID := schemas.AuditMsgID(dedupeID, r.Phase, kind)
+	c.msgID = schemas.AuditMsgID(c.dedupeID, r.Phase, kind)
 	meta := receipts.Meta{
-		ID:      uuid.Must(uuid.NewV7()).String(),
+		ID:      c.out.ReceiptID,
 		Type:    schemas.ReceiptType(kind),
 		Source:  w.o.Source,
 		Subject: subjectID,
 		Time:    now,
 	}
-	stored, sealedID, err := w.store(ctx, ch, m, meta, r, schemas.ReceiptSubject(kind, server), msgID)
+	stored, sealedID, err := w.store(ctx, ch, c.m, meta, r, schemas.ReceiptSubject(kind, c.server), c.msgID)
 	if err != nil {
-		w.retryLater(ctx, m, "cannot sign receipt", msgID, err)
-		return
+		w.retryLater(ctx, c.m, "cannot sign receipt", c.msgID, err)
+		c.done = true
+		return false
 	}
 	dec := &wireDecision{epID: r.EPID, Decision: schemas.Decision{
 		ToolCallID:     r.ToolCallID,
@@ -270,40 +429,110 @@ func (w *Worker) handle(ctx context.Context, ch *receipts.Chain, m jetstream.Msg
 		ReceiptID:      sealedID,
 		RegistryDigest: r.RegistryDigest,
 		Receipt:        stored,
-		Details:        out.Details,
+		Details:        c.out.Details,
 	}}
 	if sealedID == "" {
 		// A redelivery: answer with the receipt the stream already holds.
 		if dec, err = decisionFromReceipt(stored); err != nil {
-			w.log.Error("stored receipt unreadable", "msg_id", msgID, "err", err)
+			w.log.Error("stored receipt unreadable", "msg_id", c.msgID, "err", err)
 			dec = nil
 		}
 	}
-	receiptID := ""
+	c.dec = dec
 	if dec != nil {
-		receiptID = dec.ReceiptID
+		c.receipt = dec.ReceiptID
+		c.after = c.out.Stored(dec.ReceiptID, dec.Decision.Decision)
 	}
-	if out.Commit != nil {
-		if err := out.Commit(receiptID); err != nil {
-			w.retryLater(ctx, m, "cannot record the decision in the call ledger", msgID, err)
-			return
+	return true
+}
+
+// ledgerAfter runs the ledger operations of stored calls (one round trip)
+// and answers each call whose operations succeeded; the others are left
+// for a retry (their receipts are stored: the retry answers with them).
+func (w *Worker) ledgerAfter(ctx context.Context, calls []*call) {
+	var ops []*enforce.LedgerOp
+	for _, c := range calls {
+		ops = append(ops, c.after...)
+	}
+	if w.o.Ledger == nil {
+		for _, c := range calls {
+			w.retryLater(ctx, c.m, "cannot record the decision in the call ledger", c.msgID, errors.New("no call ledger"))
+			c.done = true
+		}
+		return
+	}
+	w.o.Ledger.Do(ops)
+	for _, c := range calls {
+		var err error
+		for _, op := range c.after {
+			err = errors.Join(err, op.Err)
+		}
+		if err != nil {
+			w.retryLater(ctx, c.m, "cannot record the decision in the call ledger", c.msgID, err)
+			c.done = true
+			continue
+		}
+		w.reply(c.dec)
+	}
+}
+
+// storeEvents signs the batch's ToolCallEvents with the chain's key and
+// publishes them together (one per call: Nats-Msg-Id <id>:toolcall); a
+// call whose event cannot be stored is left for a retry.
+func (w *Worker) storeEvents(ctx context.Context, ch *receipts.Chain, calls []*call, now time.Time) {
+	type pending struct {
+		c   *call
+		msg *nats.Msg
+		fut jetstream.PubAckFuture
+	}
+	var sent []pending
+	for _, c := range calls {
+		if c.done || c.out.ToolCall == nil {
+			continue
+		}
+		ev := c.out.ToolCall
+		ev.ReceiptID = c.receipt
+		subject := ev.ToolCallID
+		if subject == "" {
+			subject = c.dedupeID
+		}
+		sealed, err := ch.SignEvent(receipts.Meta{Type: schemas.TypeToolCall, Source: w.o.Source, Subject: subject, Time: now}, ev)
+		if err != nil {
+			w.retryLater(ctx, c.m, "cannot sign the ToolCallEvent", c.msgID, err)
+			c.done = true
+			continue
+		}
+		msg := &nats.Msg{Subject: schemas.ToolCallEventSubject(c.server), Data: sealed.JSON, Header: nats.Header{}}
+		msg.Header.Set(jetstream.MsgIDHeader, schemas.ToolCallEventMsgID(c.dedupeID))
+		fut, err := w.js.PublishMsgAsync(msg)
+		if err != nil {
+			fut = nil
+		}
+		sent = append(sent, pending{c, msg, fut})
+	}
+	for _, s := range sent {
+		var err error
+		if s.fut == nil {
+			err = errors.New("not sent")
+		} else {
+			select {
+			case <-s.fut.Ok():
+				continue
+			case err = <-s.fut.Err():
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
+		}
+		// Retry this one alone until TALOS_AUDIT takes it or ctx ends.
+		err = w.retry(s.c.m).run(ctx, "toolcall event publish", func() error {
+			_, err := w.js.PublishMsg(ctx, s.msg)
+			return err
+		}, "tool_call_id", s.c.out.ToolCall.ToolCallID, "first_err", err)
+		if err != nil {
+			w.retryLater(ctx, s.c.m, "cannot store the ToolCallEvent", s.c.msgID, err)
+			s.c.done = true
 		}
 	}
-	if dec != nil {
-		w.reply(dec)
-	}
-	if ev := out.ToolCall; ev != nil {
-		ev.ReceiptID = receiptID
-		evID := dedupeID
-		if err := w.storeEvent(ctx, ch, m, ev, evID, server, now); err != nil {
-			w.retryLater(ctx, m, "cannot store the ToolCallEvent", msgID, err)
-			return
-		}
-	}
-	if err := m.Ack(); err != nil {
-		w.log.Warn("ack call", "msg_id", msgID, "err", err)
-	}
-	w.handled.Add(1)
 }
 
 // retryLater leaves a call for redelivery: at once when shutting down
@@ -317,36 +546,26 @@ func (w *Worker) retryLater(ctx context.Context, m jetstream.Msg, what, msgID st
 	_ = m.NakWithDelay(5 * time.Second)
 }
 
-// storeEvent signs a ToolCallEvent with the chain's key and publishes it
-// (one per call: Nats-Msg-Id <id>:toolcall), retrying until TALOS_AUDIT
-// takes it or ctx ends.
-func (w *Worker) storeEvent(ctx context.Context, ch *receipts.Chain, m jetstream.Msg, ev *schemas.ToolCallEvent, id, server string, now time.Time) error {
-	subject := ev.ToolCallID
-	if subject == "" {
-		subject = id
-	}
-	sealed, err := ch.SignEvent(receipts.Meta{Type: schemas.TypeToolCall, Source: w.o.Source, Subject: subject, Time: now}, ev)
-	if err != nil {
-		return fmt.Errorf("sign toolcall event: %w", err)
-	}
-	msg := &nats.Msg{Subject: schemas.ToolCallEventSubject(server), Data: sealed.JSON, Header: nats.Header{}}
-	msg.Header.Set(jetstream.MsgIDHeader, schemas.ToolCallEventMsgID(id))
-	return w.retry(m).run(ctx, "toolcall event publish", func() error {
-		_, err := w.js.PublishMsg(ctx, msg)
-		return err
-	}, "tool_call_id", ev.ToolCallID)
-}
-
-// decide runs the Decider, turning a panic into an error (no decision).
-func (w *Worker) decide(subject string, raw []byte, now time.Time) (out *enforce.Decided, err error) {
+// begin runs the Decider's Begin, turning a panic into an error (no
+// decision). The call's receipt id is chosen here.
+func (w *Worker) begin(subject string, raw []byte, now time.Time) (p *enforce.Pending, err error) {
 	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("panic: %v", p)
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
 		}
 	}()
-	out, err = w.d.DecideCall(subject, raw, now)
-	if err != nil {
-		return nil, err
+	return w.d.Begin(subject, raw, now, uuid.Must(uuid.NewV7()).String())
+}
+
+// resume runs the Decider's Resume, turning a panic into an error.
+func (w *Worker) resume(p *enforce.Pending) (out *enforce.Decided, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	if out, err = w.d.Resume(p); err != nil || out == nil {
+		return out, err
 	}
 	if k := out.Receipt.EventType; k != schemas.KindDecision && k != schemas.KindEffect {
 		return nil, fmt.Errorf("decider returned kind %q", k)

@@ -71,7 +71,7 @@ func registerEnforceMetrics(reg *prometheus.Registry, e *ingest.Enforcer) {
 // awaiting approval), the shared replay store, and the live-worker
 // watcher. The returned run owns every goroutine it starts.
 func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn, js jetstream.JetStream,
-	key *receipts.PrivateKey, engine *enforce.Engine, signers receipts.KeySet, replay *ingest.ReplayStore,
+	key *receipts.PrivateKey, engine *enforce.Engine, signers receipts.KeySet, ledger *ingest.Ledger,
 	state func() *enforce.State, follower *ingest.ControlFollower) (func(context.Context) error, error) {
 	responders := receipts.KeySet{}
 	if len(f.ResponderKeys) > 0 {
@@ -83,17 +83,13 @@ func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn
 	if len(responders) == 0 {
 		log.Warn("no --responder-keys: every control command will be refused (CTL_UNTRUSTED_KEY); create one with 'talosctl keys gen --out responder' and pass --responder-keys responder.pub")
 	}
-	if replay == nil {
+	// The ledger every worker claims pairs and records decisions in (same
+	// bucket and options as the enforce role's).
+	if ledger == nil {
 		var err error
-		if replay, err = ingest.NewReplayStore(ctx, js, ingest.ReplayStoreOptions{Window: f.ReplayWindow, Replicas: f.Replicas, Memory: f.ReplayStorage == "memory"}); err != nil {
-			return nil, fmt.Errorf("replay store: %w", err)
+		if ledger, err = newLedger(ctx, f, js); err != nil {
+			return nil, fmt.Errorf("call ledger: %w", err)
 		}
-	}
-	// The ledger every worker records pre decisions in (same bucket and
-	// options as the enforce role's).
-	ledger, err := ingest.NewLedger(ctx, js, ingest.LedgerOptions{Window: f.ReplayWindow, Replicas: f.Replicas})
-	if err != nil {
-		return nil, fmt.Errorf("call ledger: %w", err)
 	}
 	var runFollower func(context.Context) error
 	if follower == nil {
@@ -129,14 +125,14 @@ func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn
 				return enforce.AwaitsApproval(ledger, c)
 			}, 5*time.Second),
 			View:   func() schemas.IncidentView { return state().View() },
-			Replay: replay,
+			Replay: ledger,
 		},
 	})
 	if err != nil {
 		watch.Close()
 		return nil, err
 	}
-	log.Info("control role started", "chain", chainID, "responder_keys", len(responders), "replay_window", replay.Window())
+	log.Info("control role started", "chain", chainID, "responder_keys", len(responders), "replay_window", ledger.Window())
 	return func(ctx context.Context) error {
 		defer watch.Close()
 		var wg sync.WaitGroup

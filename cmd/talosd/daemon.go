@@ -179,7 +179,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 
 	var (
 		signers  receipts.KeySet
-		replay   *ingest.ReplayStore
+		ledger   *ingest.Ledger
 		state    func() *enforce.State
 		follower *ingest.ControlFollower
 	)
@@ -200,16 +200,11 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 			}
 			chains[i] = receipts.NewChain(id, key)
 		}
-		store, err := ingest.NewReplayStore(ctx, js, ingest.ReplayStoreOptions{Window: f.ReplayWindow, Replicas: f.Replicas, Memory: f.ReplayStorage == "memory"})
-		if err != nil {
-			return fmt.Errorf("replay store: %w", err)
-		}
-		replay = store
 		opts, err := enforceOptions(ctx, f, log, js)
 		if err != nil {
 			return err
 		}
-		opts.Replay = enforce.NewReplayGuard(store, enforce.ReplayCacheOptions{})
+		ledger = opts.Ledger.(*ingest.Ledger)
 		dec, err := enforce.NewDecider(engine, opts)
 		if err != nil {
 			return err
@@ -219,6 +214,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 			Worker: ingest.WorkerOptions{
 				Chains:      chains,
 				Source:      "talos://enforce/" + f.instance(),
+				Ledger:      ledger,
 				AckWait:     f.AckWait,
 				Checkpoints: f.checkpoints(),
 			},
@@ -236,7 +232,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 		start("enforce", enf.Run)
 	}
 	if f.has("control") {
-		run, err := startControl(ctx, f, log.With("role", "control"), nc, js, key, engine, signers, replay, state, follower)
+		run, err := startControl(ctx, f, log.With("role", "control"), nc, js, key, engine, signers, ledger, state, follower)
 		if err != nil {
 			return err
 		}

@@ -17,7 +17,7 @@ import (
 
 // enforceOptions builds the enforce role's checks from the flags:
 // capabilities (seed 002), preflight, policy and rate limits (seed 003),
-// the shared call ledger (idempotency) and the redactor of the flight
+// the shared call ledger (replay, idempotency, post matching) and the redactor of the flight
 // recorder (seed 001).
 func enforceOptions(ctx context.Context, f *Flags, log *slog.Logger, js jetstream.JetStream) (enforce.DeciderOptions, error) {
 	o := enforce.DeciderOptions{
@@ -58,7 +58,7 @@ func enforceOptions(ctx context.Context, f *Flags, log *slog.Logger, js jetstrea
 			o.RateLimiter = enforce.NewRateLimiter(p, store)
 		}
 	}
-	ledger, err := ingest.NewLedger(ctx, js, ingest.LedgerOptions{Window: f.ReplayWindow, Replicas: f.Replicas})
+	ledger, err := newLedger(ctx, f, js)
 	if err != nil {
 		return o, fmt.Errorf("call ledger: %w", err)
 	}
@@ -75,6 +75,12 @@ func enforceOptions(ctx context.Context, f *Flags, log *slog.Logger, js jetstrea
 	log.Info("enforce checks", "capabilities", f.Capabilities, "issuers", len(issuers), "policy", f.Policy != "",
 		"redaction_key_id", kid)
 	return o, nil
+}
+
+// newLedger opens the shared call ledger with the flags' window, replicas
+// and storage (every role that uses it opens it the same way).
+func newLedger(ctx context.Context, f *Flags, js jetstream.JetStream) (*ingest.Ledger, error) {
+	return ingest.NewLedger(ctx, js, ingest.LedgerOptions{Window: f.ReplayWindow, Replicas: f.Replicas, Memory: f.ReplayStorage == "memory"})
 }
 
 // redactionKeyPath is --redaction-key, default <data-dir>/keys/redaction.key.
