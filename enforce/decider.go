@@ -220,6 +220,7 @@ type Pending struct {
 	now       time.Time
 	st        *State
 	pc        *schemas.ParsedCall // nil for a malformed envelope
+	cls       Classification      // of pc, under st's registry
 	r         schemas.Receipt
 	receiptID string
 	done      *Decided // the decision, once made
@@ -327,19 +328,20 @@ func (d *Decider) Begin(subject string, raw []byte, now time.Time, receiptID str
 	p.pc = pc
 	c := &pc.Call
 	pre := c.Phase == schemas.PhasePre
+	p.cls = e.classify(pc)
 	if pre {
-		p.engine = e.DecidePre(pc)
+		p.engine = e.decidePre(pc, &p.cls)
 	} else {
-		p.engine = e.DecidePost(pc)
+		p.engine = e.decidePost(pc, &p.cls)
 	}
 	p.o = p.engine
 	if !slices.Contains(p.engine.ReasonCodes, schemas.CodeEnvelopeInvalid) {
 		p.checked = true
 		p.incident, p.incDet = st.Check(c)
 		if pre {
-			p.auth = d.authorize(st, pc, &p.engine, now)
+			p.auth = d.authorize(st, pc, &p.cls, &p.engine, now)
 			p.sender = p.auth.Sender
-			if p.after, p.afterDet, err = d.preflight(st, pc, now); err != nil {
+			if p.after, p.afterDet, err = d.preflight(st, pc, &p.cls, now); err != nil {
 				return nil, err
 			}
 		}
@@ -556,7 +558,7 @@ func (d *Decider) finish(p *Pending) *Decided {
 			prior = &rec
 		}
 	}
-	out.ToolCall = d.event(p.st, p.pc, &out.Receipt, prior, flags, p.now)
+	out.ToolCall = d.event(p.pc, &p.cls, &out.Receipt, prior, flags, p.now)
 	return out
 }
 
@@ -571,7 +573,7 @@ func approved(st *State, toolCallID string) bool {
 // sender signature to verify (AuthResult.Sender). It also derives the
 // call's method (the action of an action-based tool) and resource (the
 // argument at the tool's resource_pointer) from the registry.
-func (d *Decider) authorize(st *State, pc *schemas.ParsedCall, o *Outcome, now time.Time) AuthResult {
+func (d *Decider) authorize(st *State, pc *schemas.ParsedCall, cls *Classification, o *Outcome, now time.Time) AuthResult {
 	c := &pc.Call
 	chain, has := pc.Doc["capability"]
 	if d.o.Capabilities == nil || (!has && !d.o.RequireCapability) {
@@ -594,26 +596,14 @@ func (d *Decider) authorize(st *State, pc *schemas.ParsedCall, o *Outcome, now t
 		req.Chain = chain
 		req.ChainRaw = c.Capability
 	}
-	if tool, ok := st.Registry().Lookup(c.ServerID, c.ToolName); ok {
-		args := pc.Arguments()
-		if tool.ActionPointer != "" {
-			if v, found := resolvePointer(args, tool.ActionPointer); found {
-				req.Method, _ = v.(string)
-			}
-		}
-		if tool.ResourcePointer != "" {
-			if v, found := resolvePointer(args, tool.ResourcePointer); found {
-				req.Resource, req.HasResource = v.(string)
-			}
-		}
-	}
+	req.Method, req.Resource, req.HasResource = cls.Action, cls.Resource, cls.HasResource
 	return d.o.Capabilities.Authorize(req)
 }
 
 // preflight runs seed 003 MUST 7 on a classified phase-pre call: the
 // registry's input_schema, size and path rules, the policy's rules and its
 // rate limits. An error means the rate store could not answer.
-func (d *Decider) preflight(st *State, pc *schemas.ParsedCall, now time.Time) ([]string, []string, error) {
+func (d *Decider) preflight(st *State, pc *schemas.ParsedCall, cls *Classification, now time.Time) ([]string, []string, error) {
 	c := &pc.Call
 	var codes, details []string
 	if d.o.Policy != nil {
@@ -622,7 +612,7 @@ func (d *Decider) preflight(st *State, pc *schemas.ParsedCall, now time.Time) ([
 			details = append(details, "policy: no rule allows this agent, server and tool")
 		}
 	}
-	if tool, ok := st.Registry().Lookup(c.ServerID, c.ToolName); ok {
+	if tool := cls.Tool; tool != nil {
 		pf := d.preflightOf(st.Registry())
 		if pf.err != nil {
 			codes = append(codes, schemas.CodeDenySchemaViolation)

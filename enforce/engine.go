@@ -183,9 +183,9 @@ func canonicalHash(b []byte) (string, error) {
 }
 
 // common runs the checks both phases share: request hash, registry pin and
-// classification. It returns the tool and effective class, or nil if the
-// tool is unclassified (class-dependent checks are then skipped).
-func (e *Engine) common(pc *schemas.ParsedCall, v *verdict) (*schemas.Tool, bool) {
+// classification. It returns the tool, or nil if the tool is unclassified
+// (class-dependent checks are then skipped).
+func (e *Engine) common(pc *schemas.ParsedCall, cls *Classification, v *verdict) (*schemas.Tool, bool) {
 	call := &pc.Call
 	if call.RequestHash != "" && call.RequestHash != v.out.RequestHash {
 		v.add(schemas.CodeRequestHashMismatch, "request_hash: differs from sha256(JCS(request))")
@@ -193,31 +193,16 @@ func (e *Engine) common(pc *schemas.ParsedCall, v *verdict) (*schemas.Tool, bool
 	if call.RegistryDigest != "" && call.RegistryDigest != e.reg.Digest() {
 		v.add(schemas.CodeRegistryVersionMismatch, "registry_digest: differs from the pinned registry "+e.reg.Digest())
 	}
-	tool, ok := e.reg.Lookup(call.ServerID, call.ToolName)
-	if !ok {
+	tool := cls.Tool
+	if tool == nil {
 		e.unclassified(v, "tool: {server_id, tool_name} is not in the registry")
 		return nil, false
 	}
-	class := tool.ToolClass
-	if tool.ActionPointer != "" {
-		val, found := resolvePointer(pc.Arguments(), tool.ActionPointer)
-		name, isStr := val.(string)
-		var action *schemas.Action
-		for i := range tool.Actions {
-			if isStr && tool.Actions[i].Name == name {
-				action = &tool.Actions[i]
-				break
-			}
-		}
-		if !found || action == nil {
-			e.unclassified(v, "request.arguments"+tool.ActionPointer+": action missing or not declared in the registry")
-			return nil, false
-		}
-		class = schemas.ClassWrite
-		if action.ReadOnly {
-			class = schemas.ClassRead
-		}
+	if cls.Class == "" {
+		e.unclassified(v, "request.arguments"+tool.ActionPointer+": action missing or not declared in the registry")
+		return nil, false
 	}
+	class := cls.Class
 	v.out.ToolClass = class
 	if call.ToolClass != "" && call.ToolClass != class {
 		v.add(schemas.CodeToolClassDeclarationMismatch, "tool_class: declared "+call.ToolClass+", registry says "+class)
@@ -226,6 +211,11 @@ func (e *Engine) common(pc *schemas.ParsedCall, v *verdict) (*schemas.Tool, bool
 		v.add(schemas.CodeToolClassMismatch, "capability: constraints.read_only forbids a write tool")
 	}
 	return tool, true
+}
+
+// classify is the Classification of pc under the engine's registry.
+func (e *Engine) classify(pc *schemas.ParsedCall) Classification {
+	return e.reg.Classify(pc.Call.ServerID, pc.Call.ToolName, pc.Arguments())
 }
 
 // readOnlyCapability reports whether any capability in the envelope's
@@ -265,8 +255,9 @@ func readOnlyCapability(v any, depth int) bool {
 // approval (RequiresApproval: community or unknown trust, or the registry's
 // requires_approval) adds APPROVAL_REQUIRED, which makes the decision
 // require_approval when nothing else denies the call.
-func (e *Engine) trust(call *schemas.ToolCall, tool *schemas.Tool, v *verdict) {
-	if holder, shadowed := e.reg.ShadowedBy(call.ServerID, call.ToolName); shadowed {
+func (e *Engine) trust(call *schemas.ToolCall, cls *Classification, v *verdict) {
+	tool := cls.Tool
+	if holder := cls.ShadowedBy; holder != "" {
 		v.add(schemas.CodeToolShadowed, "tool_name: held by a built_in or internal tool of server "+holder+", which server "+
 			call.ServerID+" may not shadow")
 	}
@@ -318,6 +309,12 @@ func (e *Engine) unclassified(v *verdict, detail string) {
 // operations (pointers into request.arguments, encoding, sizes, hashes,
 // expected hashes) — all before the tool runs.
 func (e *Engine) DecidePre(pc *schemas.ParsedCall) Outcome {
+	cls := e.classify(pc)
+	return e.decidePre(pc, &cls)
+}
+
+// decidePre is DecidePre with the call's Classification worked out.
+func (e *Engine) decidePre(pc *schemas.ParsedCall, cls *Classification) Outcome {
 	v := newVerdict()
 	var err error
 	v.out.RequestHash, err = memberHash(pc, "request")
@@ -325,11 +322,11 @@ func (e *Engine) DecidePre(pc *schemas.ParsedCall) Outcome {
 		return InvalidOutcome(&schemas.ValidationError{Code: schemas.CodeEnvelopeInvalid, Schema: "tool_call",
 			Details: []string{"/request: cannot be canonicalised (RFC 8785)"}})
 	}
-	tool, known := e.common(pc, v)
+	tool, known := e.common(pc, cls, v)
 	if !known {
 		return v.finish()
 	}
-	e.trust(&pc.Call, tool, v)
+	e.trust(&pc.Call, cls, v)
 	subagentAccess(pc, tool, v)
 	write := v.out.ToolClass == schemas.ClassWrite
 	if write && pc.Call.IdempotencyKey == "" {
@@ -352,6 +349,12 @@ func (e *Engine) DecidePre(pc *schemas.ParsedCall) Outcome {
 // failure (no result with ok=false or error set, or result.isError) has no
 // documents to check.
 func (e *Engine) DecidePost(pc *schemas.ParsedCall) Outcome {
+	cls := e.classify(pc)
+	return e.decidePost(pc, &cls)
+}
+
+// decidePost is DecidePost with the call's Classification worked out.
+func (e *Engine) decidePost(pc *schemas.ParsedCall, cls *Classification) Outcome {
 	v := newVerdict()
 	var err error
 	v.out.RequestHash, err = memberHash(pc, "request")
@@ -363,7 +366,7 @@ func (e *Engine) DecidePost(pc *schemas.ParsedCall) Outcome {
 		return InvalidOutcome(&schemas.ValidationError{Code: schemas.CodeEnvelopeInvalid, Schema: "tool_call",
 			Details: []string{"/request or /result: cannot be canonicalised (RFC 8785)"}})
 	}
-	tool, known := e.common(pc, v)
+	tool, known := e.common(pc, cls, v)
 	if known && v.out.ToolClass == schemas.ClassRead && tool.IsDocumentOp && tool.DocumentSpec != nil &&
 		len(tool.DocumentSpec.ReadContentPointers) > 0 && !failedCall(pc, hasResult) {
 		spec := tool.DocumentSpec

@@ -31,15 +31,14 @@ const (
 // event builds the ToolCallEvent of a valid envelope: a denied phase-pre
 // call (the tool never ran) or a post event. prior is the call's pre
 // decision, if the ledger found one.
-func (d *Decider) event(st *State, pc *schemas.ParsedCall, r *schemas.Receipt, prior *PreRecord, flags []string, now time.Time) *schemas.ToolCallEvent {
+func (d *Decider) event(pc *schemas.ParsedCall, cls *Classification, r *schemas.Receipt, prior *PreRecord, flags []string, now time.Time) *schemas.ToolCallEvent {
 	c := &pc.Call
-	reg := st.Registry()
 	ev := &schemas.ToolCallEvent{
 		Type:           schemas.ToolCallEventKind,
 		TraceID:        c.TraceID,
 		ToolCallID:     c.ToolCallID,
 		ToolID:         c.ServerID + "/" + c.ToolName,
-		ToolVersion:    reg.ToolVersion(c.ServerID, c.ToolName),
+		ToolVersion:    cls.Version,
 		Transport:      c.Transport,
 		SideEffect:     schemas.SideEffectExecute,
 		Idempotency:    schemas.IdempotencyNonIdempotent,
@@ -57,7 +56,7 @@ func (d *Decider) event(st *State, pc *schemas.ParsedCall, r *schemas.Receipt, p
 		Flags:          flags,
 		Redactions:     []schemas.Redaction{},
 	}
-	tool, known := reg.Lookup(c.ServerID, c.ToolName)
+	tool, known := cls.Tool, cls.Known()
 	if known && r.ToolClass != "" {
 		ev.SideEffect = tool.EffectiveSideEffect(r.ToolClass)
 		ev.Idempotency = tool.EffectiveIdempotency(r.ToolClass)

@@ -21,6 +21,10 @@ type Registry struct {
 	manifests []schemas.Manifest // sorted by server_id
 	tools     map[toolKey]*schemas.Tool
 	digest    string
+
+	// Worked out once when the bundle is built, read per call.
+	versions  map[toolKey]string  // tool_version a ToolCallEvent names
+	protected map[string][]string // tool name -> servers holding a protected tool of that name, sorted
 }
 
 type toolKey struct{ server, tool string }
@@ -107,6 +111,25 @@ func newRegistry(in []namedManifest) (*Registry, error) {
 			r.tools[toolKey{m.ServerID, m.Tools[j].ToolName}] = &m.Tools[j]
 		}
 	}
+	r.versions = make(map[toolKey]string, len(r.tools))
+	r.protected = map[string][]string{}
+	for i := range r.manifests {
+		m := &r.manifests[i]
+		for j := range m.Tools {
+			t := &m.Tools[j]
+			v := t.ToolVersion
+			if v == "" {
+				v = m.ServerVersion
+			}
+			if v == "" {
+				v = schemas.UnregisteredToolVersion
+			}
+			r.versions[toolKey{m.ServerID, t.ToolName}] = v
+			if Protected(t) {
+				r.protected[t.ToolName] = append(r.protected[t.ToolName], m.ServerID)
+			}
+		}
+	}
 	canon, err := jcs.Transform([]byte(bundle.String()))
 	if err != nil {
 		return nil, fmt.Errorf("enforce: registry: canonicalise bundle: %w", err)
@@ -132,18 +155,71 @@ func (r *Registry) Lookup(serverID, toolName string) (*schemas.Tool, bool) {
 // tool_name}: the tool's tool_version, else its manifest's server_version,
 // else schemas.UnregisteredToolVersion (also for unclassified tools).
 func (r *Registry) ToolVersion(serverID, toolName string) string {
-	if t, ok := r.tools[toolKey{serverID, toolName}]; ok && t.ToolVersion != "" {
-		return t.ToolVersion
-	}
-	for i := range r.manifests {
-		if m := &r.manifests[i]; m.ServerID == serverID {
-			if _, ok := r.tools[toolKey{serverID, toolName}]; ok && m.ServerVersion != "" {
-				return m.ServerVersion
-			}
-			break
-		}
+	if v, ok := r.versions[toolKey{serverID, toolName}]; ok {
+		return v
 	}
 	return schemas.UnregisteredToolVersion
+}
+
+// Classification is what the registry says of one call, worked out once
+// per call (Classify) and shared by every check that needs it: the engine,
+// the capability scope, preflight and the ToolCallEvent.
+type Classification struct {
+	// Tool is the registry's entry for {server_id, tool_name}; nil if the
+	// tool is not in the registry.
+	Tool *schemas.Tool
+	// Class is the effective class ("read" or "write"): the tool's, or for
+	// an action-based tool its action's; "" when unclassified (unknown
+	// tool, or an action missing or not declared).
+	Class string
+	// Action is the string at the tool's action_pointer ("" if none).
+	Action string
+	// Resource is the string at the tool's resource_pointer, if
+	// HasResource.
+	Resource    string
+	HasResource bool
+	// ShadowedBy names the server whose built_in or internal tool of the
+	// same name this tool shadows ("" if none).
+	ShadowedBy string
+	// Version is the tool_version a ToolCallEvent names.
+	Version string
+}
+
+// Known reports whether the call's tool is in the registry.
+func (c *Classification) Known() bool { return c.Tool != nil }
+
+// Classify looks a call's tool up once and reads what the registry's
+// pointers select in its arguments.
+func (r *Registry) Classify(serverID, toolName string, args any) Classification {
+	c := Classification{Version: schemas.UnregisteredToolVersion}
+	t, ok := r.tools[toolKey{serverID, toolName}]
+	if !ok {
+		return c
+	}
+	c.Tool, c.Version = t, r.versions[toolKey{serverID, toolName}]
+	c.ShadowedBy, _ = r.ShadowedBy(serverID, toolName)
+	c.Class = t.ToolClass
+	if t.ActionPointer != "" {
+		c.Class = ""
+		if v, found := resolvePointer(args, t.ActionPointer); found {
+			c.Action, _ = v.(string)
+		}
+		for i := range t.Actions {
+			if a := &t.Actions[i]; c.Action != "" && a.Name == c.Action {
+				c.Class = schemas.ClassWrite
+				if a.ReadOnly {
+					c.Class = schemas.ClassRead
+				}
+				break
+			}
+		}
+	}
+	if t.ResourcePointer != "" {
+		if v, found := resolvePointer(args, t.ResourcePointer); found {
+			c.Resource, c.HasResource = v.(string)
+		}
+	}
+	return c
 }
 
 // Manifests returns the manifests sorted by server_id (a fresh slice; the

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/talos-audit/talos/schemas"
 )
 
 func readManifests(t *testing.T) map[string][]byte {
@@ -123,5 +125,43 @@ func TestRegistryErrors(t *testing.T) {
 	}
 	if r, err := NewRegistry(); err != nil || len(r.Manifests()) != 0 {
 		t.Fatalf("empty registry: %v", err)
+	}
+}
+
+// TestClassify: one lookup gives every check the same answer: the tool,
+// the effective class (an action's for an action-based tool; none for an
+// action that is missing, not a string or not declared), the resource,
+// shadowing of a protected tool and the version a ToolCallEvent names.
+func TestClassify(t *testing.T) {
+	r := trustRegistry(t)
+	cases := []struct {
+		name, server, tool string
+		args               any
+		class, action      string
+		known              bool
+		shadowedBy         string
+		version            string
+	}{
+		{"plain read tool", "files", "read_file", map[string]any{"path": "/a"}, "read", "", true, "", "1.2.0"},
+		{"read-only action", "assistant", "github", map[string]any{"action": "get_issue"}, "read", "get_issue", true, "", "0.9.0"},
+		{"write action", "assistant", "github", map[string]any{"action": "create_issue"}, "write", "create_issue", true, "", "0.9.0"},
+		{"undeclared action", "assistant", "github", map[string]any{"action": "delete_repo"}, "", "delete_repo", true, "", "0.9.0"},
+		{"action not a string", "assistant", "github", map[string]any{"action": 7}, "", "", true, "", "0.9.0"},
+		{"no action", "assistant", "github", map[string]any{}, "", "", true, "", "0.9.0"},
+		{"shadows a built_in", "community", "read_file", map[string]any{}, "read", "", true, "files", schemas.UnregisteredToolVersion},
+		{"the built_in itself", "assistant", "memory_search", nil, "read", "", true, "", "0.9.0"},
+		{"unknown tool", "files", "nope", nil, "", "", false, "", schemas.UnregisteredToolVersion},
+	}
+	for _, tc := range cases {
+		c := r.Classify(tc.server, tc.tool, tc.args)
+		if c.Known() != tc.known || c.Class != tc.class || c.Action != tc.action || c.ShadowedBy != tc.shadowedBy || c.Version != tc.version {
+			t.Errorf("%s: %+v", tc.name, c)
+		}
+		if holder, shadowed := r.ShadowedBy(tc.server, tc.tool); holder != tc.shadowedBy || shadowed != (tc.shadowedBy != "") {
+			t.Errorf("%s: ShadowedBy = %q %v", tc.name, holder, shadowed)
+		}
+		if v := r.ToolVersion(tc.server, tc.tool); v != tc.version {
+			t.Errorf("%s: ToolVersion = %q", tc.name, v)
+		}
 	}
 }

@@ -74,13 +74,9 @@ func (r *Registry) ShadowedBy(serverID, toolName string) (holder string, shadowe
 	if t, ok := r.Lookup(serverID, toolName); ok && Protected(t) {
 		return "", false
 	}
-	for i := range r.manifests {
-		m := &r.manifests[i]
-		if m.ServerID == serverID {
-			continue
-		}
-		if t, ok := r.tools[toolKey{m.ServerID, toolName}]; ok && Protected(t) {
-			return m.ServerID, true
+	for _, s := range r.protected[toolName] {
+		if s != serverID {
+			return s, true
 		}
 	}
 	return "", false
