@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -34,18 +35,27 @@ type CapabilityConfig struct {
 	// expiry, revocation, scope or the sender signature is cached. 0 means
 	// DefaultVerifyCache.
 	VerifyCache int
+	// ChainCache is how many entries of verified chains are remembered:
+	// everything a chain yields that depends neither on the call nor on
+	// the clock (see Authorize). A chain takes one entry under the hash of
+	// its canonical bytes and, when the caller passes
+	// AuthRequest.ChainRaw, one under the hash of those bytes. Only
+	// chains without any finding of their own are kept. 0 means
+	// DefaultChainCache.
+	ChainCache int
 }
 
 // Capability defaults.
 const (
 	DefaultCapabilitySkew = schemas.CapabilitySkewSeconds * time.Second
 	DefaultVerifyCache    = 4096
+	DefaultChainCache     = 4096
 )
 
 // Authorizer is seed 002's CapabilityManager.authorize: it checks an
 // envelope's capability chain and sender signature per request. It holds
-// only immutable configuration and a cache of verified signatures, so it
-// is safe for concurrent use.
+// only immutable configuration and caches of verified signatures and
+// verified chains, so it is safe for concurrent use.
 type Authorizer struct {
 	issuers receipts.KeySet
 	skew    time.Duration
@@ -54,6 +64,16 @@ type Authorizer struct {
 	// exact object was signed by this exact key), and "schema\x00"+sha256
 	// of the canonical bytes of every chain that matched the schema.
 	verified *lru.Cache[string, struct{}]
+	// chains maps a chain's bytes (by sha256) to what decodeChain derived
+	// from them; the entries are never modified once added.
+	chains *lru.Cache[chainKey, *verifiedChain]
+}
+
+// chainKey names a chain in Authorizer.chains: sha256 of its canonical
+// bytes, or (raw) of the bytes exactly as received.
+type chainKey struct {
+	raw bool
+	sum [sha256.Size]byte
 }
 
 // NewAuthorizer checks cfg and returns an Authorizer. Every issuer kid must
@@ -71,6 +91,12 @@ func NewAuthorizer(cfg CapabilityConfig) (*Authorizer, error) {
 	if cfg.VerifyCache == 0 {
 		cfg.VerifyCache = DefaultVerifyCache
 	}
+	if cfg.ChainCache < 0 {
+		return nil, errors.New("enforce: capability chain cache size is negative")
+	}
+	if cfg.ChainCache == 0 {
+		cfg.ChainCache = DefaultChainCache
+	}
 	issuers := make(receipts.KeySet, len(cfg.Issuers))
 	for kid, pub := range cfg.Issuers {
 		if len(pub) != ed25519.PublicKeySize {
@@ -85,7 +111,11 @@ func NewAuthorizer(cfg CapabilityConfig) (*Authorizer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("enforce: verify cache: %w", err)
 	}
-	return &Authorizer{issuers: issuers, skew: cfg.Skew, verified: cache}, nil
+	chains, err := lru.New[chainKey, *verifiedChain](cfg.ChainCache)
+	if err != nil {
+		return nil, fmt.Errorf("enforce: chain cache: %w", err)
+	}
+	return &Authorizer{issuers: issuers, skew: cfg.Skew, verified: cache, chains: chains}, nil
 }
 
 // AuthRequest is one call to authorize (seed 002's authorize(capability,
@@ -96,6 +126,13 @@ type AuthRequest struct {
 	// if absent. json.RawMessage, []byte and schemas.CapabilityChain (or
 	// a pointer to one) are accepted too.
 	Chain any
+	// ChainRaw, if not empty, is the "capability" member's bytes exactly
+	// as received, the bytes Chain was decoded from (what
+	// schemas.ParseToolCall leaves in ToolCall.Capability). It lets a
+	// chain seen before be recognised without canonicalizing Chain; once
+	// these bytes have verified, the chain checked is the one they hold.
+	// It is ignored when Chain is nil, and not retained.
+	ChainRaw []byte
 	// ChainHash is hex sha256(JCS(Chain)) as the caller computed it (the
 	// receipt's capability_hash); "" to let Authorize compute it. A value
 	// that differs from Chain's hash is SIGNATURE_INVALID.
@@ -119,6 +156,13 @@ type AuthRequest struct {
 	// SenderSignature is the envelope's parsed sender_signature member,
 	// nil if absent.
 	SenderSignature any
+	// DeferSender leaves the last step, the Ed25519 verification of a
+	// well-formed sender signature by the holder's key, to the caller:
+	// Authorize returns it in AuthResult.Sender instead of running it, so
+	// that a caller holding many results can verify their signatures
+	// together (receipts.VerifyAll) and report each outcome with
+	// AuthResult.SenderVerified.
+	DeferSender bool
 	// AgentID is the envelope's actor.agent_id ("" if none).
 	AgentID string
 	// Now is the time to check validity windows at.
@@ -126,17 +170,12 @@ type AuthRequest struct {
 	// Revoked reports whether a capability id, or "agent:<id>", is
 	// revoked; nil means nothing is.
 	Revoked func(target string) bool
-	// ChainRaw is the capability member as received (optional).
-	ChainRaw []byte
-	// DeferSender leaves the sender signature's Ed25519 verification to
-	// the caller (AuthResult.Sender, AuthResult.SenderVerified).
-	DeferSender bool
 }
 
 // AuthResult is the outcome of Authorize or VerifyChain.
 type AuthResult struct {
 	// Codes are the reason codes of every failure found, each once, in a
-	// stable order; empty means authorized.
+	// stable order; empty means authorized, unless Sender is pending.
 	Codes []string
 	// Details say what failed, naming links by index (0 is the root
 	// capability, i is delegations[i-1]) and never quoting values.
@@ -152,45 +191,53 @@ type AuthResult struct {
 	// ChainHash is hex sha256(JCS(chain)), the envelope's capability_hash,
 	// whenever the chain decoded ("" otherwise).
 	ChainHash string
-	// Sender is the sender signature left to verify (DeferSender).
+	// Sender, set only for a request with DeferSender, is the sender
+	// signature still to verify: the signature over the envelope's signed
+	// fields by the holder's key. It is nil when there is nothing left to
+	// verify (no signature, a malformed one, one by another key, or no
+	// holder key); Codes then already say so. While it is set the result
+	// is incomplete and OK reports false; the caller MUST verify it
+	// (receipts.Verify or receipts.VerifyAll) and pass the outcome to
+	// SenderVerified. Its byte slices MUST NOT be modified.
 	Sender *receipts.SigCheck
 }
 
-// SenderVerified records the outcome of verifying Sender.
+// OK reports whether the result authorizes: no failure, and no sender
+// signature left to verify.
+func (r AuthResult) OK() bool { return len(r.Codes) == 0 && r.Sender == nil }
+
+// SenderVerified records the outcome of verifying r.Sender, making r what
+// Authorize would have returned without DeferSender: a signature that does
+// not verify adds SIGNATURE_INVALID (in its place among Codes) and its
+// detail (after every other). It clears Sender; with Sender nil it does
+// nothing.
 func (r *AuthResult) SenderVerified(ok bool) {
+	if r.Sender == nil {
+		return
+	}
 	r.Sender = nil
 	if ok {
 		return
 	}
-	r.Details = append(r.Details, "sender_signature: does not match the envelope's signed fields")
-	for _, c := range r.Codes {
-		if c == schemas.CodeSignatureInvalid {
-			return
+	if !slices.Contains(r.Codes, schemas.CodeSignatureInvalid) {
+		at := codeIndex(schemas.CodeSignatureInvalid)
+		i := 0
+		for i < len(r.Codes) && codeIndex(r.Codes[i]) < at {
+			i++
 		}
+		r.Codes = slices.Insert(r.Codes, i, schemas.CodeSignatureInvalid)
 	}
-	var codes []string
-	for _, c := range codeOrder {
-		if c == schemas.CodeSignatureInvalid || slicesContains(r.Codes, c) {
-			codes = append(codes, c)
-		}
+	if !slices.Contains(r.Details, detailSenderMismatch) {
+		r.Details = append(r.Details, detailSenderMismatch)
 	}
-	r.Codes = codes
 }
 
-func slicesContains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
-}
-
-// OK reports whether the result authorizes.
-func (r AuthResult) OK() bool { return len(r.Codes) == 0 }
+// detailSenderMismatch is the detail of a sender signature that does not
+// verify.
+const detailSenderMismatch = "sender_signature: does not match the envelope's signed fields"
 
 // codeOrder is the order AuthResult.Codes are reported in.
-var codeOrder = []string{
+var codeOrder = [...]string{
 	schemas.CodeNoCapability,
 	schemas.CodeSignatureInvalid,
 	schemas.CodeExpired,
@@ -200,47 +247,122 @@ var codeOrder = []string{
 	schemas.CodeToolClassMismatch,
 }
 
+// codeIndex is code's position in codeOrder, -1 if it has none.
+func codeIndex(code string) int {
+	for i, c := range codeOrder {
+		if c == code {
+			return i
+		}
+	}
+	return -1
+}
+
+// finding is one failure: a reason code and its detail.
+type finding struct {
+	code, detail string
+}
+
+// maxLinearDetails is how many details findings deduplicates by scanning
+// before it keeps a set (a chain that fails its schema can have many).
+const maxLinearDetails = 16
+
 // findings collects codes and details, each once.
 type findings struct {
-	codes   map[string]bool
+	codes   uint8 // bit i set: codeOrder[i] was found
 	details []string
-	seen    map[string]bool
+	seen    map[string]struct{} // every detail, once there are many
 }
 
 func (f *findings) add(code, detail string) {
-	if f.codes == nil {
-		f.codes, f.seen = map[string]bool{}, map[string]bool{}
+	if i := codeIndex(code); i >= 0 {
+		f.codes |= 1 << i
 	}
-	f.codes[code] = true
-	if detail != "" && !f.seen[detail] {
-		f.seen[detail] = true
-		f.details = append(f.details, detail)
+	if detail == "" {
+		return
+	}
+	if f.seen != nil {
+		if _, dup := f.seen[detail]; dup {
+			return
+		}
+		f.seen[detail] = struct{}{}
+	} else if slices.Contains(f.details, detail) {
+		return
+	} else if len(f.details) == maxLinearDetails {
+		f.seen = make(map[string]struct{}, 2*maxLinearDetails)
+		for _, d := range f.details {
+			f.seen[d] = struct{}{}
+		}
+		f.seen[detail] = struct{}{}
+	}
+	f.details = append(f.details, detail)
+}
+
+func (f *findings) addAll(fs []finding) {
+	for _, x := range fs {
+		f.add(x.code, x.detail)
 	}
 }
 
-func (f *findings) result(cs *chainState) AuthResult {
+func (f *findings) result(vc *verifiedChain) AuthResult {
 	var r AuthResult
-	for _, c := range codeOrder {
-		if f.codes[c] {
+	for i, c := range codeOrder {
+		if f.codes&(1<<i) != 0 {
 			r.Codes = append(r.Codes, c)
 		}
 	}
 	r.Details = f.details
-	if cs != nil {
-		r.CapabilityIDs, r.Holder, r.ReadOnly, r.ChainHash = cs.ids, cs.holder, cs.readOnly, cs.hash
+	if vc != nil {
+		r.CapabilityIDs = slices.Clone(vc.ids)
+		r.Holder, r.ReadOnly, r.ChainHash = vc.holder, vc.readOnly, vc.hash
 	}
 	return r
 }
 
-// chainState is what a decoded chain yields for the per-request checks.
-type chainState struct {
+// verifiedChain is everything a decoded chain yields that depends on its
+// bytes alone, in the form the per-call checks use. Its findings are kept
+// where Authorize reports them relative to the per-call ones: before the
+// links, per link (before the link's validity window and revocation), and
+// after the links. It is shared between calls and never modified once
+// built.
+type verifiedChain struct {
+	hash      string // hex sha256(JCS(chain))
 	ids       []string
 	holder    string
 	holderPub ed25519.PublicKey // nil if the holder's key is malformed
+	holderKID string            // receipts.KeyID(holderPub)
 	readOnly  bool
-	scopes    []string // the last link's scopes
-	leaf      int      // the last link's index
-	hash      string   // hex sha256(JCS(chain))
+	scopes    []Scope // the last link's scopes that parse
+	leaf      int     // the last link's index
+	pre       []finding
+	links     []chainLink
+	post      []finding
+}
+
+// chainLink is what the per-call checks need of one link.
+type chainLink struct {
+	static []finding // signature and delegation findings
+	// notBefore and notAfter are issued_at - skew and expires_at + skew;
+	// badWindow, if set, is the EXPIRED detail of a window that is never
+	// valid.
+	notBefore, notAfter time.Time
+	badWindow           string
+	// capID and agents ("agent:<id>") are the revocation targets.
+	capID  string
+	agents []string
+}
+
+// clean reports whether the chain has no finding of its own, so that only
+// the call and the clock can deny it.
+func (vc *verifiedChain) clean() bool {
+	if len(vc.pre) > 0 || len(vc.post) > 0 {
+		return false
+	}
+	for i := range vc.links {
+		if len(vc.links[i].static) > 0 || vc.links[i].badWindow != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // Authorize runs every seed 002 check on one request: the chain (issuer
@@ -248,31 +370,39 @@ type chainState struct {
 // narrowing and linkage), its scope against the call, the sender
 // signature over the envelope's signed fields by the holder's key, the
 // actor against the holder, and read_only against the tool class. It
-// reports every failure. Nothing but verified signatures of immutable
-// objects is remembered between calls.
+// reports every failure.
+//
+// What a chain yields independently of the call and the clock (its
+// decoding, schema, signatures, linkage, narrowing, hash, holder and
+// holder key) is remembered for chains without a finding of their own,
+// keyed by the chain's bytes; the validity windows, revocation, scope,
+// actor, class and sender signature are checked on every call. The
+// result is the same with and without the cache, and with and without
+// ChainRaw.
 func (a *Authorizer) Authorize(r *AuthRequest) AuthResult {
 	var f findings
 	if r == nil || r.Chain == nil {
 		f.add(schemas.CodeNoCapability, "capability: missing")
 		return f.result(nil)
 	}
-	cs := a.verifyChain(&f, r.Chain, r.Now, r.Revoked)
-	if cs != nil {
-		if !ScopesCover(cs.scopes, r.ServerID, r.ToolName, r.Method, r.Resource, r.HasResource) {
-			f.add(schemas.CodeScopeMismatch, fmt.Sprintf("capability: no scope of link %d covers this call", cs.leaf))
+	vc := a.chain(&f, r.Chain, r.ChainRaw)
+	if vc != nil {
+		a.checkChain(&f, vc, r.Now, r.Revoked)
+		if !scopesCover(vc.scopes, r.ServerID, r.ToolName, r.Method, r.Resource, r.HasResource) {
+			f.add(schemas.CodeScopeMismatch, fmt.Sprintf("capability: no scope of link %d covers this call", vc.leaf))
 		}
-		if r.ChainHash != "" && r.ChainHash != cs.hash {
+		if r.ChainHash != "" && r.ChainHash != vc.hash {
 			f.add(schemas.CodeSignatureInvalid, "capability_hash: differs from sha256(JCS(capability))")
 		}
-		if r.AgentID != "" && r.AgentID != cs.holder {
+		if r.AgentID != "" && r.AgentID != vc.holder {
 			f.add(schemas.CodeSignatureInvalid, "actor.agent_id is not the capability holder")
 		}
-		if cs.readOnly && r.Class == schemas.ClassWrite {
+		if vc.readOnly && r.Class == schemas.ClassWrite {
 			f.add(schemas.CodeToolClassMismatch, "capability: constraints.read_only forbids a write tool")
 		}
 	}
-	sender := a.checkSender(&f, r, cs)
-	res := f.result(cs)
+	sender := a.checkSender(&f, r, vc)
+	res := f.result(vc)
 	res.Sender = sender
 	return res
 }
@@ -287,47 +417,184 @@ func (a *Authorizer) VerifyChain(chain any, now time.Time, revoked func(target s
 		f.add(schemas.CodeNoCapability, "capability: missing")
 		return f.result(nil)
 	}
-	cs := a.verifyChain(&f, chain, now, revoked)
-	return f.result(cs)
+	vc := a.chain(&f, chain, nil)
+	if vc != nil {
+		a.checkChain(&f, vc, now, revoked)
+	}
+	return f.result(vc)
 }
 
-// checkSender verifies the envelope's sender_signature: by the holder's
-// key, over EnvelopeSignedFields rebuilt from the request.
-func (a *Authorizer) checkSender(f *findings, r *AuthRequest, cs *chainState) *receipts.SigCheck {
+// chain returns chain's verifiedChain, from the cache (by raw, then by its
+// canonical bytes) or built and, if clean, cached; nil (with the reasons
+// added to f) if the chain does not decode.
+func (a *Authorizer) chain(f *findings, chain any, raw []byte) *verifiedChain {
+	var rawKey chainKey
+	if len(raw) > 0 {
+		rawKey = chainKey{raw: true, sum: sha256.Sum256(raw)}
+		if vc, ok := a.chains.Get(rawKey); ok {
+			return vc
+		}
+	}
+	tree, canon, err := chainTree(chain)
+	if err != nil {
+		f.add(schemas.CodeSignatureInvalid, "capability: "+err.Error())
+		return nil
+	}
+	canonKey := chainKey{sum: sha256.Sum256(canon)}
+	vc, ok := a.chains.Get(canonKey)
+	if !ok {
+		var early []finding
+		if vc, early = a.decodeChain(tree, canon, canonKey.sum); vc == nil {
+			f.addAll(early)
+			return nil
+		}
+		if !vc.clean() {
+			return vc
+		}
+		a.chains.Add(canonKey, vc)
+	}
+	// raw names this chain only if it canonicalizes to the bytes verified.
+	if len(raw) > 0 && (sameBytes(chain, raw) || canonicalOf(raw, canon)) {
+		a.chains.Add(rawKey, vc)
+	}
+	return vc
+}
+
+// sameBytes reports whether chain is given as exactly the bytes raw.
+func sameBytes(chain any, raw []byte) bool {
+	switch c := chain.(type) {
+	case json.RawMessage:
+		return bytes.Equal(c, raw)
+	case []byte:
+		return bytes.Equal(c, raw)
+	}
+	return false
+}
+
+// canonicalOf reports whether raw's RFC 8785 form is canon.
+func canonicalOf(raw, canon []byte) bool {
+	c, err := receipts.Canonicalize(raw)
+	return err == nil && bytes.Equal(c, canon)
+}
+
+// checkChain adds the findings of vc: its own, and those of each link's
+// validity window at now and revocation, in link order.
+func (a *Authorizer) checkChain(f *findings, vc *verifiedChain, now time.Time, revoked func(string) bool) {
+	f.addAll(vc.pre)
+	for i := range vc.links {
+		l := &vc.links[i]
+		f.addAll(l.static)
+		switch {
+		case l.badWindow != "":
+			f.add(schemas.CodeExpired, l.badWindow)
+		case now.Before(l.notBefore):
+			f.add(schemas.CodeExpired, fmt.Sprintf("link %d: not valid yet (issued_at is in the future beyond the skew)", i))
+		case now.After(l.notAfter):
+			f.add(schemas.CodeExpired, fmt.Sprintf("link %d: expired", i))
+		}
+		if revoked == nil {
+			continue
+		}
+		if revoked(l.capID) {
+			f.add(schemas.CodeRevoked, fmt.Sprintf("link %d: capability_id is revoked", i))
+		}
+		for _, ag := range l.agents {
+			if revoked(ag) {
+				f.add(schemas.CodeRevoked, fmt.Sprintf("link %d: an agent of this link is revoked", i))
+			}
+		}
+	}
+	f.addAll(vc.post)
+}
+
+// scopesCover reports whether any of scopes covers the call.
+func scopesCover(scopes []Scope, server, tool, method, resource string, hasResource bool) bool {
+	for i := range scopes {
+		if scopes[i].Covers(server, tool, method, resource, hasResource) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkSender checks the envelope's sender_signature: by the holder's key,
+// over EnvelopeSignedFields rebuilt from the request. With r.DeferSender
+// it returns the final signature verification instead of running it.
+func (a *Authorizer) checkSender(f *findings, r *AuthRequest, vc *verifiedChain) *receipts.SigCheck {
 	if r.SenderSignature == nil {
 		f.add(schemas.CodeSignatureInvalid, "sender_signature: missing")
 		return nil
 	}
-	sig, ok := senderSignature(r.SenderSignature)
+	var sig [ed25519.SignatureSize]byte
+	kid, ok := senderSignature(r.SenderSignature, &sig)
 	if !ok {
 		f.add(schemas.CodeSignatureInvalid, "sender_signature: malformed (want {alg: Ed25519, kid, sig: base64url})")
 		return nil
 	}
-	if cs == nil || cs.holderPub == nil {
+	if vc == nil || vc.holderPub == nil {
 		return nil // the chain is already denied; there is no key to verify with
 	}
-	if sig.kid != receipts.KeyID(cs.holderPub) {
+	if kid != vc.holderKID {
 		f.add(schemas.CodeSignatureInvalid, "sender_signature: not by the capability holder's key")
 		return nil
 	}
 	fields := schemas.EnvelopeSignedFields{
 		Type:           schemas.EnvelopeSignatureV1,
 		CorrelationID:  r.CorrelationID,
-		CapabilityHash: cs.hash,
+		CapabilityHash: vc.hash,
 		RequestHash:    r.RequestHash,
 		Tool:           r.ServerID + ":" + r.ToolName,
 		Method:         schemas.MethodToolsCall,
 		Timestamp:      r.IssuedAt,
 		SessionID:      r.SessionID,
 	}
-	sum, err := canonicalSum(&fields)
-	if err == nil && r.DeferSender {
-		return &receipts.SigCheck{Pub: cs.holderPub, Message: sum[:], Sig: sig.sig}
+	sum := envelopeDigest(&fields)
+	if r.DeferSender {
+		p := &pendingSender{sum: sum, sig: sig}
+		p.check = receipts.SigCheck{Pub: vc.holderPub, Message: p.sum[:], Sig: p.sig[:]}
+		return &p.check
 	}
-	if err != nil || !receipts.Verify(cs.holderPub, sum[:], sig.sig) {
-		f.add(schemas.CodeSignatureInvalid, "sender_signature: does not match the envelope's signed fields")
+	if !receipts.Verify(vc.holderPub, sum[:], sig[:]) {
+		f.add(schemas.CodeSignatureInvalid, detailSenderMismatch)
 	}
 	return nil
+}
+
+// pendingSender holds a deferred sender check and the bytes it points
+// into, in one allocation.
+type pendingSender struct {
+	check receipts.SigCheck
+	sum   [sha256.Size]byte
+	sig   [ed25519.SignatureSize]byte
+}
+
+// senderSignature reads a {alg, kid, sig} object (tree or struct)
+// strictly, decoding the signature into sig.
+func senderSignature(v any, sig *[ed25519.SignatureSize]byte) (kid string, ok bool) {
+	var s schemas.Signature
+	switch x := v.(type) {
+	case map[string]any:
+		if len(x) != 3 {
+			return "", false
+		}
+		alg, ok1 := x["alg"].(string)
+		kid, ok2 := x["kid"].(string)
+		sg, ok3 := x["sig"].(string)
+		if !ok1 || !ok2 || !ok3 {
+			return "", false
+		}
+		s = schemas.Signature{Alg: alg, KID: kid, Sig: sg}
+	case schemas.Signature:
+		s = x
+	case *schemas.Signature:
+		if x == nil {
+			return "", false
+		}
+		s = *x
+	default:
+		return "", false
+	}
+	return decodeSigInto(&s, sig)
 }
 
 type parsedSig struct {
@@ -335,43 +602,37 @@ type parsedSig struct {
 	sig []byte
 }
 
-// senderSignature reads a {alg, kid, sig} object (tree or struct) strictly.
-func senderSignature(v any) (parsedSig, bool) {
-	var s schemas.Signature
-	switch x := v.(type) {
-	case map[string]any:
-		if len(x) != 3 {
-			return parsedSig{}, false
-		}
-		alg, ok1 := x["alg"].(string)
-		kid, ok2 := x["kid"].(string)
-		sg, ok3 := x["sig"].(string)
-		if !ok1 || !ok2 || !ok3 {
-			return parsedSig{}, false
-		}
-		s = schemas.Signature{Alg: alg, KID: kid, Sig: sg}
-	case schemas.Signature:
-		s = x
-	case *schemas.Signature:
-		if x == nil {
-			return parsedSig{}, false
-		}
-		s = *x
-	default:
+func decodeSig(s *schemas.Signature) (parsedSig, bool) {
+	var sig [ed25519.SignatureSize]byte
+	kid, ok := decodeSigInto(s, &sig)
+	if !ok {
 		return parsedSig{}, false
 	}
-	return decodeSig(&s)
+	return parsedSig{kid: kid, sig: sig[:]}, true
 }
 
-func decodeSig(s *schemas.Signature) (parsedSig, bool) {
+// decodeSigInto checks s's algorithm and kid and decodes its signature
+// (base64url without padding, strictly, exactly 64 bytes) into sig.
+func decodeSigInto(s *schemas.Signature, sig *[ed25519.SignatureSize]byte) (string, bool) {
 	if s == nil || s.Alg != schemas.SignatureAlg || s.KID == "" {
-		return parsedSig{}, false
+		return "", false
 	}
+	if len(s.Sig) == b64.EncodedLen(ed25519.SignatureSize) {
+		// The usual form, decoded in place.
+		n, err := b64.Decode(sig[:], []byte(s.Sig))
+		if err != nil || n != ed25519.SignatureSize {
+			return "", false
+		}
+		return s.KID, true
+	}
+	// Other lengths can still decode to 64 bytes (the decoder skips line
+	// breaks), and are accepted as before.
 	raw, err := b64.DecodeString(s.Sig)
 	if err != nil || len(raw) != ed25519.SignatureSize {
-		return parsedSig{}, false
+		return "", false
 	}
-	return parsedSig{kid: s.KID, sig: raw}, true
+	copy(sig[:], raw)
+	return s.KID, true
 }
 
 // errNotCanonical is chainTree's error for input without an RFC 8785 form
@@ -426,23 +687,23 @@ func chainTree(chain any) (map[string]any, []byte, error) {
 // delegations.
 var decodable = regexp.MustCompile(`^/(capability/scopes|delegations/[0-9]+/child_scope)(/[0-9]+)?: |^/delegations: maxItems$`)
 
-// verifyChain decodes and checks the chain, adding findings; it returns
-// nil if the chain did not decode (nothing more can be checked).
-func (a *Authorizer) verifyChain(f *findings, chain any, now time.Time, revoked func(string) bool) *chainState {
-	tree, canon, err := chainTree(chain)
-	if err != nil {
-		f.add(schemas.CodeSignatureInvalid, "capability: "+err.Error())
-		return nil
-	}
-	sum := sha256.Sum256(canon)
+// decodeChain runs every check of the chain whose outcome depends on its
+// canonical bytes alone (sum is their sha256; tree is their decoded form):
+// the schema, issuer and delegation signatures, linkage and narrowing, and
+// the holder key; it also prepares each link's validity window and
+// revocation targets. It returns nil and the reasons if the chain does not
+// decode (nothing more can be checked).
+func (a *Authorizer) decodeChain(tree map[string]any, canon []byte, sum [sha256.Size]byte) (*verifiedChain, []finding) {
+	var pre []finding
+	add := func(dst *[]finding, code, detail string) { *dst = append(*dst, finding{code, detail}) }
 	schemaKey := "schema\x00" + string(sum[:])
 	if _, ok := a.verified.Get(schemaKey); ok {
 		// These exact bytes matched the schema before.
 	} else if err := schemas.ValidateCapabilityChain(canon); err != nil {
 		var ve *schemas.ValidationError
 		if !errors.As(err, &ve) {
-			f.add(schemas.CodeSignatureInvalid, "capability: cannot be validated")
-			return nil
+			add(&pre, schemas.CodeSignatureInvalid, "capability: cannot be validated")
+			return nil, pre
 		}
 		isDecodable := true
 		for _, d := range ve.Details {
@@ -456,52 +717,57 @@ func (a *Authorizer) verifyChain(f *findings, chain any, now time.Time, revoked 
 			}
 			switch {
 			case decodable.MatchString(d) && strings.HasPrefix(d, "/capability/"):
-				f.add(schemas.CodeScopeMismatch, where)
+				add(&pre, schemas.CodeScopeMismatch, where)
 			case strings.HasPrefix(d, "/delegations"):
-				f.add(schemas.CodeDelegationInvalid, where)
+				add(&pre, schemas.CodeDelegationInvalid, where)
 				isDecodable = isDecodable && decodable.MatchString(d)
 			default:
-				f.add(schemas.CodeSignatureInvalid, where)
+				add(&pre, schemas.CodeSignatureInvalid, where)
 				isDecodable = false
 			}
 		}
 		if !isDecodable {
-			return nil
+			return nil, pre
 		}
 	} else {
 		a.verified.Add(schemaKey, struct{}{})
 	}
 	var c schemas.CapabilityChain
 	if err := json.Unmarshal(canon, &c); err != nil {
-		f.add(schemas.CodeSignatureInvalid, "capability: does not decode")
-		return nil
+		add(&pre, schemas.CodeSignatureInvalid, "capability: does not decode")
+		return nil, pre
 	}
 	rootTree, _ := tree["capability"].(map[string]any)
 	delegTrees, _ := tree["delegations"].([]any)
 	if rootTree == nil || len(delegTrees) != len(c.Delegations) {
-		f.add(schemas.CodeSignatureInvalid, "capability: does not decode")
-		return nil
+		add(&pre, schemas.CodeSignatureInvalid, "capability: does not decode")
+		return nil, pre
 	}
-	cs := &chainState{hash: hex.EncodeToString(sum[:])}
+	vc := &verifiedChain{
+		hash:  hex.EncodeToString(sum[:]),
+		ids:   make([]string, 0, 1+len(c.Delegations)),
+		links: make([]chainLink, 1+len(c.Delegations)),
+	}
 	if len(c.Delegations) > schemas.MaxDelegationDepth {
-		f.add(schemas.CodeDelegationInvalid, fmt.Sprintf("capability: %d delegations, more than %d", len(c.Delegations), schemas.MaxDelegationDepth))
+		add(&pre, schemas.CodeDelegationInvalid, fmt.Sprintf("capability: %d delegations, more than %d", len(c.Delegations), schemas.MaxDelegationDepth))
 	}
+	vc.pre = pre
 
 	// Link 0: the root capability, signed by a trusted issuer.
 	root := &c.Capability
+	l := &vc.links[0]
 	parentHash := objectHash(rootTree) // "" if it cannot be canonicalized
-	cs.ids = append(cs.ids, root.CapabilityID)
+	vc.ids = append(vc.ids, root.CapabilityID)
 	if root.Type != schemas.CapabilityTypeV1 {
-		f.add(schemas.CodeSignatureInvalid, "link 0: type is not "+schemas.CapabilityTypeV1)
+		add(&l.static, schemas.CodeSignatureInvalid, "link 0: type is not "+schemas.CapabilityTypeV1)
 	} else if sig, ok := decodeSig(root.Signature); !ok {
-		f.add(schemas.CodeSignatureInvalid, "link 0: signature is malformed")
+		add(&l.static, schemas.CodeSignatureInvalid, "link 0: signature is malformed")
 	} else if pub, trusted := a.issuers[sig.kid]; !trusted {
-		f.add(schemas.CodeSignatureInvalid, "link 0: signed by an untrusted issuer key")
+		add(&l.static, schemas.CodeSignatureInvalid, "link 0: signed by an untrusted issuer key")
 	} else if !a.verifyObject(rootTree, parentHash, pub, sig.sig) {
-		f.add(schemas.CodeSignatureInvalid, "link 0: issuer signature does not verify")
+		add(&l.static, schemas.CodeSignatureInvalid, "link 0: issuer signature does not verify")
 	}
-	a.checkWindow(f, 0, root.IssuedAt, root.ExpiresAt, now)
-	checkRevoked(f, revoked, 0, root.CapabilityID, root.Subject)
+	a.prepareLink(l, 0, root.IssuedAt, root.ExpiresAt, root.CapabilityID, root.Subject)
 	holder, holderKey := root.Subject, root.SubjectPublicKey
 	scopes, issued, expires := root.Scopes, root.IssuedAt, root.ExpiresAt
 	readOnly := root.Constraints != nil && root.Constraints.ReadOnly
@@ -509,62 +775,88 @@ func (a *Authorizer) verifyChain(f *findings, chain any, now time.Time, revoked 
 	// Links 1..n: each delegation, signed by its parent's holder.
 	for i := range c.Delegations {
 		link := i + 1
+		l := &vc.links[link]
 		d := &c.Delegations[i]
 		dTree, _ := delegTrees[i].(map[string]any)
 		dHash := objectHash(dTree)
-		cs.ids = append(cs.ids, d.CapabilityID)
+		vc.ids = append(vc.ids, d.CapabilityID)
 		holderPub, keyErr := ParsePublicKeyString(holderKey)
 		switch sig, ok := decodeSig(d.Signature); {
 		case d.Type != schemas.DelegationTypeV1:
-			f.add(schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: type is not %s", link, schemas.DelegationTypeV1))
+			add(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: type is not %s", link, schemas.DelegationTypeV1))
 		case !ok:
-			f.add(schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: signature is malformed", link))
+			add(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: signature is malformed", link))
 		case keyErr != nil:
-			f.add(schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: the parent's holder public key is malformed", link))
+			add(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: the parent's holder public key is malformed", link))
 		case sig.kid != receipts.KeyID(holderPub):
-			f.add(schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: not signed by the parent's holder key", link))
+			add(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: not signed by the parent's holder key", link))
 		case !a.verifyObject(dTree, dHash, holderPub, sig.sig):
-			f.add(schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: delegator signature does not verify", link))
+			add(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: delegator signature does not verify", link))
 		}
 		if parentHash == "" || parentHash != d.ParentCapabilityHash {
-			f.add(schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: parent_capability_hash is not the hash of link %d", link, link-1))
+			add(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: parent_capability_hash is not the hash of link %d", link, link-1))
 		}
 		if d.DelegatorID != holder {
-			f.add(schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: delegator_id is not the holder of link %d", link, link-1))
+			add(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: delegator_id is not the holder of link %d", link, link-1))
 		}
 		for j, s := range d.ChildScope {
 			if !scopeContained(scopes, s) {
-				f.add(schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: child_scope[%d] is not contained in the scopes of link %d", link, j, link-1))
+				add(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: child_scope[%d] is not contained in the scopes of link %d", link, j, link-1))
 			}
 		}
 		childRO := d.Constraints != nil && d.Constraints.ReadOnly
 		if readOnly && !childRO {
-			f.add(schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: drops the read_only constraint of its parent", link))
+			add(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: drops the read_only constraint of its parent", link))
 		}
 		dIssued, e1 := parseTime(d.IssuedAt)
 		pIssued, e2 := parseTime(issued)
 		if e1 != nil || e2 != nil || dIssued.Before(pIssued) {
-			f.add(schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: issued_at is before that of link %d", link, link-1))
+			add(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: issued_at is before that of link %d", link, link-1))
 		}
 		dExpires, e1 := parseTime(d.ExpiresAt)
 		pExpires, e2 := parseTime(expires)
 		if e1 != nil || e2 != nil || dExpires.After(pExpires) {
-			f.add(schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: expires_at is after that of link %d (outlives its parent)", link, link-1))
+			add(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: expires_at is after that of link %d (outlives its parent)", link, link-1))
 		}
-		a.checkWindow(f, link, d.IssuedAt, d.ExpiresAt, now)
-		checkRevoked(f, revoked, link, d.CapabilityID, d.DelegatorID, d.DelegateeID)
+		a.prepareLink(l, link, d.IssuedAt, d.ExpiresAt, d.CapabilityID, d.DelegatorID, d.DelegateeID)
 		holder, holderKey = d.DelegateeID, d.DelegateePublicKey
 		scopes, issued, expires = d.ChildScope, d.IssuedAt, d.ExpiresAt
 		readOnly = readOnly || childRO
 		parentHash = dHash
 	}
-	cs.holder, cs.readOnly, cs.scopes, cs.leaf = holder, readOnly, scopes, len(c.Delegations)
-	if pub, err := ParsePublicKeyString(holderKey); err == nil {
-		cs.holderPub = pub
-	} else {
-		f.add(schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: the holder public key is malformed", cs.leaf))
+	vc.holder, vc.readOnly, vc.leaf = holder, readOnly, len(c.Delegations)
+	for _, s := range scopes {
+		if sc, err := ParseScope(s); err == nil { // malformed scopes cover nothing
+			vc.scopes = append(vc.scopes, sc)
+		}
 	}
-	return cs
+	if pub, err := ParsePublicKeyString(holderKey); err == nil {
+		vc.holderPub, vc.holderKID = pub, receipts.KeyID(pub)
+	} else {
+		add(&vc.post, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: the holder public key is malformed", vc.leaf))
+	}
+	return vc, nil
+}
+
+// prepareLink fills l's validity window (EXPIRED unless issued_at - skew
+// <= now <= expires_at + skew) and its revocation targets: the link's
+// capability id and each of its agents.
+func (a *Authorizer) prepareLink(l *chainLink, link int, issuedAt, expiresAt, capID string, agents ...string) {
+	issued, err1 := parseTime(issuedAt)
+	expires, err2 := parseTime(expiresAt)
+	switch {
+	case err1 != nil || err2 != nil:
+		l.badWindow = fmt.Sprintf("link %d: issued_at or expires_at is not an RFC 3339 time", link)
+	case !expires.After(issued):
+		l.badWindow = fmt.Sprintf("link %d: expires_at is not after issued_at (never valid)", link)
+	default:
+		l.notBefore, l.notAfter = issued.Add(-a.skew), expires.Add(a.skew)
+	}
+	l.capID = capID
+	l.agents = make([]string, len(agents))
+	for i, ag := range agents {
+		l.agents[i] = "agent:" + ag
+	}
 }
 
 // objectHash is CapabilityObjectHash of a link's tree, "" if it has none.
@@ -601,41 +893,9 @@ func (a *Authorizer) verifyObject(obj map[string]any, hash string, pub ed25519.P
 		return false
 	}
 	digest := sha256.Sum256(pre)
-	if !ed25519.Verify(pub, digest[:], sig) {
+	if !receipts.Verify(pub, digest[:], sig) {
 		return false
 	}
 	a.verified.Add(key, struct{}{})
 	return true
-}
-
-// checkWindow adds EXPIRED unless issued_at - skew <= now <= expires_at + skew.
-func (a *Authorizer) checkWindow(f *findings, link int, issuedAt, expiresAt string, now time.Time) {
-	issued, err1 := parseTime(issuedAt)
-	expires, err2 := parseTime(expiresAt)
-	switch {
-	case err1 != nil || err2 != nil:
-		f.add(schemas.CodeExpired, fmt.Sprintf("link %d: issued_at or expires_at is not an RFC 3339 time", link))
-	case !expires.After(issued):
-		f.add(schemas.CodeExpired, fmt.Sprintf("link %d: expires_at is not after issued_at (never valid)", link))
-	case now.Before(issued.Add(-a.skew)):
-		f.add(schemas.CodeExpired, fmt.Sprintf("link %d: not valid yet (issued_at is in the future beyond the skew)", link))
-	case now.After(expires.Add(a.skew)):
-		f.add(schemas.CodeExpired, fmt.Sprintf("link %d: expired", link))
-	}
-}
-
-// checkRevoked adds REVOKED if the link's capability id or any of its
-// agents is revoked.
-func checkRevoked(f *findings, revoked func(string) bool, link int, capID string, agents ...string) {
-	if revoked == nil {
-		return
-	}
-	if revoked(capID) {
-		f.add(schemas.CodeRevoked, fmt.Sprintf("link %d: capability_id is revoked", link))
-	}
-	for _, ag := range agents {
-		if revoked("agent:" + ag) {
-			f.add(schemas.CodeRevoked, fmt.Sprintf("link %d: an agent of this link is revoked", link))
-		}
-	}
 }

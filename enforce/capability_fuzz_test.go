@@ -102,6 +102,24 @@ func FuzzCapabilityChain(f *testing.F) {
 			r.SenderSignature = map[string]any{"alg": sig.Alg, "kid": sig.KID, "sig": sig.Sig}
 		}
 		res := a.Authorize(r)
+		// The chain's bytes as received, cached or not, and the deferred
+		// sender check give the result computed from scratch.
+		want := capReference(t, r)
+		capSameResult(t, "shared authorizer", res, want)
+		rr := *r
+		if raw, ok := chainArg.(json.RawMessage); ok {
+			rr.ChainRaw = raw
+		} else {
+			rr.ChainRaw = capJSON(t, chainArg)
+		}
+		for _, deferSender := range []bool{false, true, false} {
+			rr.DeferSender = deferSender
+			got := a.Authorize(&rr)
+			if got.Sender != nil {
+				got.SenderVerified(receipts.Verify(got.Sender.Pub, got.Sender.Message, got.Sender.Sig))
+			}
+			capSameResult(t, "with ChainRaw", got, want)
+		}
 		same := cerr == nil && bytes.Equal(canon, origCanon)
 		if !same && res.OK() {
 			t.Fatalf("a changed chain authorized:\n%s", canon)
@@ -152,4 +170,27 @@ func otherTrailingBitsF(s string) string {
 	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 	i := strings.IndexByte(alphabet, s[len(s)-1])
 	return s[:len(s)-1] + string(alphabet[i^1])
+}
+
+// FuzzEnvelopeDigest: the directly written digest of a sender's signed
+// fields equals sha256(JCS(fields)) for any strings, invalid UTF-8,
+// control characters and escapes included.
+func FuzzEnvelopeDigest(f *testing.F) {
+	f.Add("q3V2bH7pR9sT1uW4xY6zAb", strings.Repeat("ab", 32), "files:read_file", "2025-01-15T10:00:00.000Z", "session-1", "\"\\\x00\x1f\x7f\u2028\U0001F600\xff\xc3")
+	f.Fuzz(func(t *testing.T, corr, hash, tool, ts, session, other string) {
+		for _, fields := range []schemas.EnvelopeSignedFields{
+			{Type: schemas.EnvelopeSignatureV1, CorrelationID: corr, CapabilityHash: hash, RequestHash: hash,
+				Tool: tool, Method: schemas.MethodToolsCall, Timestamp: ts, SessionID: session},
+			{Type: other, CorrelationID: other, CapabilityHash: other, RequestHash: other,
+				Tool: other, Method: other, Timestamp: other, SessionID: other},
+		} {
+			want, err := canonicalSum(&fields)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if envelopeDigest(&fields) != want {
+				t.Fatalf("digest differs from sha256(JCS(%+v))", fields)
+			}
+		}
+	})
 }

@@ -184,6 +184,19 @@ func capRequest(t testing.TB, chain *schemas.CapabilityChain) *AuthRequest {
 	return r
 }
 
+// capRawRequest is capRequest with ChainRaw: the bytes its tree was
+// decoded from, as a worker passes them.
+func capRawRequest(t testing.TB, chain *schemas.CapabilityChain) *AuthRequest {
+	t.Helper()
+	r := capRequest(t, chain)
+	raw, err := json.Marshal(chain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.ChainRaw = raw
+	return r
+}
+
 // capFields are the envelope fields r's sender signature must cover.
 func capFields(r *AuthRequest) schemas.EnvelopeSignedFields {
 	return schemas.EnvelopeSignedFields{
