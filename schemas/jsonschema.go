@@ -45,6 +45,12 @@ type compiledSet struct {
 	// array index, so that an unknown key (input) is never echoed.
 	names map[string]bool
 	docs  map[string]any // parsed schema documents by file path (for tests)
+	// toolCallQuick is the quick check compiled from the same tool call
+	// schema document; nil (and toolCallQuickErr set) if that document
+	// uses something the quick check does not know, in which case every
+	// envelope is validated by the library alone.
+	toolCallQuick    *quickSchema
+	toolCallQuickErr error
 }
 
 var compiled = sync.OnceValues(compileSchemas)
@@ -94,6 +100,7 @@ func compileSchemas() (*compiledSet, error) {
 	if err != nil {
 		return nil, err
 	}
+	set.toolCallQuick, set.toolCallQuickErr = compileQuickSchema(set.docs[FileToolCallSchema])
 	return set, nil
 }
 

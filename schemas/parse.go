@@ -157,11 +157,45 @@ func decodeTree(raw []byte) (any, error) {
 // nesting deeper than lim.MaxDepth, unpaired surrogate escapes; then
 // tool_call.schema.json; then request.name != tool_name. Every error is a
 // *ValidationError with Code CodeEnvelopeInvalid (VAL-HTC-001).
+//
+// Its result — the ParsedCall, or the error with its details — is exactly
+// parseToolCallReference's for every input. A well-formed envelope takes
+// the fast path: one pass that decodes the tree and does every structural
+// check, then the quick schema check (quickSchema). Anything either
+// declines goes to the reference checks (the structural ones, or the
+// jsonschema library), which say what is wrong.
 func ParseToolCall(raw []byte, lim Limits) (*ParsedCall, error) {
 	lim = lim.withDefaults()
+	if len(raw) > lim.MaxBytes {
+		return nil, envelopeInvalid(fmt.Sprintf("/: document is %d bytes, limit %d", len(raw), lim.MaxBytes))
+	}
+	doc, spans, ok := decodeObjectTree(raw, lim.MaxDepth)
+	if !ok {
+		return parseToolCallReference(raw, lim)
+	}
+	cs, err := compiled()
+	if err != nil {
+		return nil, err
+	}
+	if cs.toolCallQuick == nil || cs.toolCallQuick.check(doc) != quickValid {
+		if err := cs.toolCall.Validate(doc); err != nil {
+			return nil, envelopeInvalid(cs.schemaDetails(err)...)
+		}
+	}
+	return finishToolCall(doc, raw, &spans)
+}
+
+// parseToolCallReference is ParseToolCall done the plain way: encoding/json
+// decodes the tree, scanStructure finds what encoding/json accepts but the
+// envelope may not carry, and the jsonschema library validates every
+// document. It defines ParseToolCall's behaviour (the differential tests
+// hold the fast path to it) and produces every rejection the fast path
+// declines to explain.
+func parseToolCallReference(raw []byte, lim Limits) (*ParsedCall, error) {
+	lim = lim.withDefaults()
 	// The decoder is the one validity pass (a separate json.Valid would scan
-	// the bytes twice on the hot path); the structure scan that finds
-	// duplicate keys and excess depth runs on what it accepted.
+	// the bytes twice); the structure scan that finds duplicate keys and
+	// excess depth runs on what it accepted.
 	if len(raw) > lim.MaxBytes {
 		return nil, envelopeInvalid(fmt.Sprintf("/: document is %d bytes, limit %d", len(raw), lim.MaxBytes))
 	}
@@ -183,10 +217,15 @@ func ParseToolCall(raw []byte, lim Limits) (*ParsedCall, error) {
 	if err := cs.toolCall.Validate(v); err != nil {
 		return nil, envelopeInvalid(cs.schemaDetails(err)...)
 	}
-	doc := v.(map[string]any) // the schema says object
-	pc := &ParsedCall{Doc: doc, Raw: raw}
-	fillToolCall(&pc.Call, doc, raw, &info)
-	pc.request = spanOf(raw, info.top, "request")
+	spans := spansFromScan(raw, &info)
+	return finishToolCall(v.(map[string]any), raw, &spans) // the schema says object
+}
+
+// finishToolCall builds the ParsedCall of a schema-valid envelope and
+// applies the rule the schema cannot express.
+func finishToolCall(doc map[string]any, raw []byte, spans *envelopeSpans) (*ParsedCall, error) {
+	pc := &ParsedCall{Doc: doc, Raw: raw, request: spans.request}
+	fillToolCall(&pc.Call, doc, spans)
 	if pc.Call.Request.Name != pc.Call.ToolName {
 		return nil, envelopeInvalid("/request/name: must equal /tool_name")
 	}
@@ -209,7 +248,7 @@ func str(m map[string]any, k string) string {
 
 // fillToolCall builds the struct from the validated tree and the raw spans,
 // without a second parse.
-func fillToolCall(c *ToolCall, doc map[string]any, raw []byte, info *scanInfo) {
+func fillToolCall(c *ToolCall, doc map[string]any, spans *envelopeSpans) {
 	c.SchemaVersion = str(doc, "schema_version")
 	c.Phase = str(doc, "phase")
 	c.ToolCallID = str(doc, "tool_call_id")
@@ -226,13 +265,13 @@ func fillToolCall(c *ToolCall, doc map[string]any, raw []byte, info *scanInfo) {
 	if r, ok := doc["request"].(map[string]any); ok {
 		c.Request.Name = str(r, "name")
 	}
-	c.Request.Arguments = spanOf(raw, info.request, "arguments")
-	c.Request.Meta = spanOf(raw, info.request, "_meta")
+	c.Request.Arguments = spans.arguments
+	c.Request.Meta = spans.meta
 	c.IssuedAt = str(doc, "issued_at")
 	c.ToolClass = str(doc, "tool_class")
 	c.IdempotencyKey = str(doc, "idempotency_key")
 	c.RegistryDigest = str(doc, "registry_digest")
-	c.Capability = spanOf(raw, info.top, "capability")
+	c.Capability = spans.capability
 	c.RequestHash = str(doc, "request_hash")
 	if hs, ok := doc["expected_document_hashes"].([]any); ok {
 		c.ExpectedDocumentHashes = make([]ExpectedHash, 0, len(hs))
@@ -242,9 +281,9 @@ func fillToolCall(c *ToolCall, doc map[string]any, raw []byte, info *scanInfo) {
 		}
 	}
 	c.ContentHashAlg = str(doc, "content_hash_alg")
-	c.SenderSignature = spanOf(raw, info.top, "sender_signature")
+	c.SenderSignature = spans.senderSignature
 	c.ParentSpanID = str(doc, "parent_span_id")
-	c.Result = spanOf(raw, info.top, "result")
+	c.Result = spans.result
 	if ok, isBool := doc["ok"].(bool); isBool {
 		c.OK = &ok
 	}

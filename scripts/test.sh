@@ -15,3 +15,7 @@ echo "== go vet"
 go vet ./...
 echo "== go test"
 go test -count=1 -timeout 18m ./... "$@"
+# The OPA comparison is its own module (the project never imports OPA); its
+# test checks the Rego policy decides as the engine does.
+echo "== go test (bench/opa)"
+(cd bench/opa && go test -count=1 ./...)
