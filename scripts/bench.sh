@@ -1,16 +1,39 @@
 #!/usr/bin/env bash
 # Benchmark harness for BENCHMARKS.md.
 #
-#   bash scripts/bench.sh         latency at 2,000 calls/s and throughput at
-#                                 saturation, CPU per call of each process, the
-#                                 enforce worker's peak RSS, and kill-switch
-#                                 propagation (idle, and under the 2,000/s load)
+#   bash scripts/bench.sh         kill-switch propagation on an idle stack; latency
+#                                 at 2,000 calls/s with kill-switch rounds
+#                                 alongside (propagation under load) and the
+#                                 enforce worker's peak RSS at that run;
+#                                 throughput at saturation with the CPU per call
+#                                 of each process; then p50/p90/p99 and
+#                                 decisions/s at 500, 1,000, 2,000 and 4,000
+#                                 calls/s and at 80 % of the saturation measured,
+#                                 and whether p99 stays under 50 ms up to that 80 %
 #   bash scripts/bench.sh replay  latency at 2,000 calls/s and throughput, with no
 #                                 control traffic alongside: the cost of the
 #                                 replay claim (TALOS_REPLAY_STORAGE=memory to
 #                                 compare the bucket in memory)
 #   bash scripts/bench.sh flight  every call also sends its post event: two
 #                                 receipts and one redacted ToolCallEvent per call
+#   bash scripts/bench.sh ab [BASE] [ROUNDS]  the commit BASE (default ab02373)
+#                                 against this working tree: both talosd built
+#                                 side by side, measured alternately (base, new,
+#                                 base, new, …; ROUNDS each, default 2), each on a
+#                                 fresh stack, with this tree's talosctl as the
+#                                 load generator for both: throughput at
+#                                 saturation with CPU per call of each process,
+#                                 p50/p99 at 2,000 calls/s, end-to-end events/s,
+#                                 the worker's peak RSS at 2,000 calls/s, flight
+#                                 throughput; prints base and new medians and
+#                                 new/base ratios. BENCH_NEW_WORKER_FLAGS adds
+#                                 flags to the new tree's worker only
+#   bash scripts/bench.sh profile [SECONDS]  CPU profiles (SECONDS, default 20)
+#                                 of the enforce worker and the dev process (NATS
+#                                 + sink), both run with --pprof, and of the load
+#                                 generator, during a saturation load; a heap
+#                                 profile of the worker at its end; written to a
+#                                 directory it prints, for go tool pprof
 #   bash scripts/bench.sh verify [N]  talosctl verify over N (default 1,000,000)
 #                                 signed, chained receipts with a checkpoint every
 #                                 1,000, written by `talosctl synth`: receipts/s
@@ -34,65 +57,115 @@
 #     from the OS packages if missing), and, by default, the ClickHouse sink;
 #   - one enforce worker as its own process (`talosd --roles enforce`), so its
 #     CPU and memory can be read alone;
-#   - `talosctl bench`, the load generator.
+#   - `talosctl bench`, the load generator. It builds and signs every envelope
+#     before the clock starts and reports its own CPU over the timed part, so
+#     the CPU per call of the other processes is read from /proc around each
+#     run and the load generator's from its own report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
+mode=${1:-main}
+case $mode in
+main | replay | flight | tail | verify | gateway | ab | profile) ;;
+*)
+  echo "usage: bash scripts/bench.sh [replay|flight|tail|ab [BASE] [ROUNDS]|profile [SECONDS]|verify [N]|gateway [CALLS]]" >&2
+  exit 2
+  ;;
+esac
 ensure_go
 ensure_clickhouse
-mode=${1:-main}
 work=$(mktemp -d /tmp/talos-bench.XXXXXX)
 mkdir -p "$work/bin"
-go build -o "$work/bin/talosd" ./cmd/talosd
-go build -o "$work/bin/talosctl" ./cmd/talosctl
-[ "$mode" != gateway ] || go build -o "$work/bin/talos-mcp-gateway" ./cmd/talos-mcp-gateway
 pids=()
 stop_all() {
   for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   pids=()
+  # The dev process stops its ClickHouse; the next stack starts only once it is gone.
+  for _ in $(seq 1 60); do pgrep -f "clickhouse-server.*$work" >/dev/null || break; sleep 0.5; done
 }
 trap 'stop_all; rm -rf "$work"' EXIT
-nats=nats://127.0.0.1:14222
+go build -o "$work/bin/talosd" ./cmd/talosd
+go build -o "$work/bin/talosctl" ./cmd/talosctl
+[ "$mode" != gateway ] || go build -o "$work/bin/talos-mcp-gateway" ./cmd/talos-mcp-gateway
+
+talosd=$work/bin/talosd           # the talosd that start runs (ab switches it)
 registry=cmd/talosd/demo/registry # the worker's (and the control role's) registry
 eps=talosctl,demo-ep              # enforcement points with a NATS user
 scope='tool:files:*'              # of the capability every call carries
+worker_flags=()                   # extra flags for the worker
+pprof=()                          # profile: --pprof on the worker and the dev process
 
-# start ROLES [sink-nice]: the dev process with ROLES ("control" runs no
-# pipeline role in this version), an optional separate sink, and a worker.
+# start ROLES [sink-nice] [sink]: the dev process with ROLES ("control" runs
+# no pipeline role in this version), an optional separate sink, and a worker.
 start() {
   local roles=$1 sink_nice=${2:-}
+  local http=(--http-addr "")
+  [ ${#pprof[@]} -eq 0 ] || http=(--http-addr 127.0.0.1:0 "${pprof[@]}")
   rm -rf "$work/dev"
-  "$work/bin/talosd" dev --no-demo --roles "$roles" --data-dir "$work/dev" --clickhouse-port 0 \
-    --registry "$registry" --nats-eps "$eps" --nats-listen 127.0.0.1:14222 --http-addr "" >"$work/dev.log" 2>&1 &
+  "$talosd" dev --no-demo --roles "$roles" --data-dir "$work/dev" --clickhouse-port 0 \
+    --registry "$registry" --nats-eps "$eps" --nats-listen 127.0.0.1:14222 "${http[@]}" >"$work/dev.log" 2>&1 &
   dev=$!; pids+=($dev)
   for _ in $(seq 1 120); do grep -q "Talos dev stack is up" "$work/dev.log" && break; sleep 0.5; done
   grep -q "Talos dev stack is up" "$work/dev.log" || { cat "$work/dev.log"; exit 1; }
+  nats=$(sed -n 's/^  NATS:        \([^ ]*\).*/\1/p' "$work/dev.log") # another port if 14222 was busy
   ch=$(sed -n 's/^  ClickHouse:  \([^ ]*\).*/\1/p' "$work/dev.log")
   chpid=$(pgrep -f "clickhouse-server.*$work" | head -1)
   if [ -n "$sink_nice" ]; then
     renice -n "$sink_nice" -p "$chpid" >/dev/null
-    nice -n "$sink_nice" "$work/bin/talosd" --roles sink --nats-url $nats --nats-auth "$work/dev/nats-auth.json" --clickhouse-addr "$ch" --http-addr "" >"$work/sink.log" 2>&1 &
+    nice -n "$sink_nice" "$talosd" --roles sink --nats-url "$nats" --nats-auth "$work/dev/nats-auth.json" --clickhouse-addr "$ch" --http-addr "" >"$work/sink.log" 2>&1 &
     pids+=($!)
   elif [ "$roles" = control ] && [ "${3:-}" = sink ]; then
-    "$work/bin/talosd" --roles sink --nats-url $nats --nats-auth "$work/dev/nats-auth.json" --clickhouse-addr "$ch" --http-addr "" >"$work/sink.log" 2>&1 &
+    "$talosd" --roles sink --nats-url "$nats" --nats-auth "$work/dev/nats-auth.json" --clickhouse-addr "$ch" --http-addr "" >"$work/sink.log" 2>&1 &
     pids+=($!)
   fi
-  "$work/bin/talosd" --roles enforce --nats-url $nats --nats-auth "$work/dev/nats-auth.json" --registry "$registry" \
+  "$talosd" --roles enforce --nats-url "$nats" --nats-auth "$work/dev/nats-auth.json" --registry "$registry" \
     --signing-key "$work/dev/keys/signing.key" --capability-issuers "$work/dev/keys/issuer.pub" \
-    --instance bench-worker --http-addr "" >"$work/worker.log" 2>&1 &
+    --instance bench-worker "${http[@]}" ${worker_flags[@]+"${worker_flags[@]}"} >"$work/worker.log" 2>&1 &
   worker=$!; pids+=($worker)
   # Every call carries a capability issued by the dev issuer and is signed
   # by the demo agent (seed 002), as an enforcement point would send it.
   "$work/bin/talosctl" cap issue --issuer-key "$work/dev/keys/issuer.key" --subject demo-agent \
     --subject-key "$work/dev/keys/demo-agent.pub" --scope "$scope" --ttl 6h --out "$work/cap.json" >/dev/null
   sleep 1
+  kill -0 "$worker" 2>/dev/null || { echo "the enforce worker did not start:" >&2; cat "$work/worker.log" >&2; exit 1; }
 }
 
 cpu() { awk '{print $14+$15}' "/proc/$1/stat"; } # user+system, in clock ticks (1/100 s)
+busy() { awk '/^cpu /{print $2+$3+$4}' /proc/stat; } # the whole machine's user+nice+system, likewise
+rss() { awk '/VmHWM/{printf "%.0f", $2/1024}' "/proc/$1/status"; } # peak RSS so far, MiB
 bench() {
-  "$work/bin/talosctl" --nats-url $nats --nats-auth "$work/dev/nats-auth.json" --clickhouse-addr "$ch" bench \
+  "$work/bin/talosctl" --nats-url "$nats" --nats-auth "$work/dev/nats-auth.json" --clickhouse-addr "$ch" bench \
     --capability "$work/cap.json" --agent-key "$work/dev/keys/demo-agent.key" "$@"
+}
+# jf FILE KEY: a number from talosctl bench's --json-out (a flat JSON object).
+jf() { sed -n "s/.*\"$2\":\([-0-9.e+]*\).*/\1/p" "$1" | head -1; }
+# per TICKS CALLS: clock ticks → µs per call.
+per() { awk -v t="$1" -v n="$2" 'BEGIN{printf "%.0f", t*10000/n}'; }
+
+# saturate NAME CALLS [bench flags…]: 100 enforcement points, 4 calls in
+# flight each, as fast as decisions come back; the JSON result goes to
+# $work/NAME.json and the human output to $work/NAME.out. Sets the CPU per
+# call of each process over the run: cpu_worker, cpu_dev (NATS + sink),
+# cpu_ch (ClickHouse), cpu_gen (the load generator's own report, timed part)
+# and cpu_stack (worker + NATS + sink + ClickHouse); and other_cores, the
+# CPU the rest of the machine used meanwhile (cores; what none of these
+# processes used), which says whether the figures are of a quiet machine.
+saturate() {
+  local name=$1 calls=$2 d0 w0 c0 d1 w1 c1 m0 m1 t0 t1 n gen
+  shift 2
+  m0=$(busy); t0=$(date +%s%N)
+  d0=$(cpu $dev); w0=$(cpu $worker); c0=$(cpu $chpid)
+  bench --calls "$calls" --concurrency 100 --rate 0 --inflight 4 --json-out "$work/$name.json" "$@" >"$work/$name.out"
+  d1=$(cpu $dev); w1=$(cpu $worker); c1=$(cpu $chpid)
+  m1=$(busy); t1=$(date +%s%N)
+  n=$(jf "$work/$name.json" calls)
+  cpu_worker=$(per $((w1 - w0)) "$n") cpu_dev=$(per $((d1 - d0)) "$n") cpu_ch=$(per $((c1 - c0)) "$n")
+  cpu_gen=$(awk -v x="$(jf "$work/$name.json" loadgen_cpu_us_per_call)" 'BEGIN{printf "%.0f", x}')
+  cpu_stack=$((cpu_worker + cpu_dev + cpu_ch))
+  gen=$(awk -v a="$(jf "$work/$name.json" prepare_cpu_seconds)" -v b="$(jf "$work/$name.json" loadgen_cpu_seconds)" 'BEGIN{printf "%.0f", (a+b)*100}')
+  other_cores=$(awk -v m=$((m1 - m0)) -v ours=$((w1 - w0 + d1 - d0 + c1 - c0 + gen)) -v ns=$((t1 - t0)) \
+    'BEGIN{o = (m - ours) / 100 / (ns / 1e9); printf "%.2f", (o > 0 ? o : 0)}')
 }
 
 echo "== machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(go version | cut -d' ' -f3), ClickHouse $(clickhouse-client --version 2>&1 | grep -o '[0-9][0-9.]*[0-9]' | head -1)"
@@ -104,17 +177,41 @@ main)
   bench --calls 0 --killswitch 100 "${ks[@]}"
   echo "== latency: 100 enforcement points, 2,000 calls/s offered, 2 KB envelopes; kill switch rounds meanwhile"
   bench --calls 30000 --concurrency 100 --rate 2000 --killswitch 100 "${ks[@]}"
+  echo "== enforce worker peak RSS at the 2,000 calls/s run: $(rss $worker) MiB"
   echo "== throughput: 100 enforcement points, 4 calls in flight each, 2 KB envelopes"
-  calls=40000
-  d0=$(cpu $dev); w0=$(cpu $worker); c0=$(cpu $chpid)
-  TIMEFORMAT='%U %S'
-  { time bench --calls $calls --concurrency 100 --rate 0 --inflight 4 >"$work/tp.out"; } 2>"$work/tp.time"
+  saturate tp 40000
   cat "$work/tp.out"
-  d1=$(cpu $dev); w1=$(cpu $worker); c1=$(cpu $chpid)
-  g=$(awk '{printf "%d", ($1+$2)*100}' "$work/tp.time")
-  per() { awk -v t="$1" -v n=$calls 'BEGIN{printf "%.0f", t*10000/n}'; } # ticks → µs per call
-  echo "== CPU per call during the throughput run: enforce worker $(per $((w1-w0))) µs, NATS + sink $(per $((d1-d0))) µs, ClickHouse $(per $((c1-c0))) µs, load generator $(per "$g") µs"
-  echo "== enforce worker peak RSS: $(awk '/VmHWM/{printf "%.0f MiB", $2/1024}' /proc/$worker/status)"
+  echo "== CPU per call during the throughput run: enforce worker $cpu_worker µs, NATS + sink $cpu_dev µs, ClickHouse $cpu_ch µs, load generator $cpu_gen µs (its own report, timed part); stack (worker + NATS + sink + ClickHouse) $cpu_stack µs"
+  echo "== other processes on this machine used $other_cores cores meanwhile (near 0 on a quiet machine)"
+  sat=$(awk -v x="$(jf "$work/tp.json" decisions_per_sec)" 'BEGIN{printf "%.0f", x}')
+  at80=$(awk -v s="$sat" 'BEGIN{printf "%.0f", int(s*0.8/10+0.5)*10}')
+  echo "== saturation (throughput run): $sat decisions/s; 80 % of it: $at80 calls/s"
+  echo "== latency by offered rate: 100 enforcement points, 2 KB envelopes, no control traffic; 10 s of calls per rate"
+  echo "   (at least 6,000; above saturation, 10 s of what the stack decides: there the queue, and p99, only grow with the run)"
+  rates=$(printf '%s\n' 500 1000 2000 4000 "$at80" | sort -n | uniq)
+  printf '   %-26s %12s %9s %9s %9s   %s\n' "offered calls/s" "decisions/s" "p50 ms" "p90 ms" "p99 ms" "p99 < 50 ms?"
+  verdict=yes
+  for r in $rates; do
+    [ "$r" -gt 0 ] || continue
+    calls=$(((r < sat ? r : sat) * 10))
+    calls=$((calls > 6000 ? calls : 6000))
+    # A generous decision timeout: beyond saturation the queue shows as latency, not as missing decisions.
+    bench --calls "$calls" --concurrency 100 --rate "$r" --timeout 60s --json >"$work/rate.json"
+    label=$r
+    [ "$r" != "$at80" ] || label="$r (80 % of saturation)"
+    if [ "$r" -le "$at80" ]; then
+      ok=$(awk -v p="$(jf "$work/rate.json" decision_p99_ms)" 'BEGIN{print (p < 50) ? "yes" : "NO"}')
+      [ "$ok" = yes ] || verdict=no
+    else
+      ok="(above 80 % of saturation)"
+    fi
+    lost=$(jf "$work/rate.json" no_decision)
+    [ "$lost" = 0 ] || ok+=" ($lost calls without a decision in 60 s)"
+    printf '   %-26s %12.0f %9.2f %9.2f %9.2f   %s\n' "$label" "$(jf "$work/rate.json" decisions_per_sec)" \
+      "$(jf "$work/rate.json" decision_p50_ms)" "$(jf "$work/rate.json" decision_p90_ms)" "$(jf "$work/rate.json" decision_p99_ms)" "$ok"
+  done
+  echo "== p99 under 50 ms at every rate up to 80 % of saturation ($at80 calls/s): $verdict"
+  echo "== enforce worker peak RSS over the whole run: $(rss $worker) MiB"
   ;;
 replay)
   start sink,control
@@ -122,7 +219,7 @@ replay)
   echo "== latency: 100 enforcement points, 2,000 calls/s offered, 2 KB envelopes"
   bench --calls 20000 --concurrency 100 --rate 2000 | grep -E "p99|end to end"
   echo "== throughput: 100 enforcement points, 4 calls in flight each"
-  bench --calls 30000 --concurrency 100 --rate 0 --inflight 4 | grep -E "decisions|end to end"
+  bench --calls 30000 --concurrency 100 --rate 0 --inflight 4 | grep -E "decisions|end to end|load generator \(this"
   ;;
 flight)
   start sink,control
@@ -130,7 +227,114 @@ flight)
   echo "   (2 signed receipts + 1 redacted ToolCallEvent with its artifacts per call)"
   bench --calls 20000 --concurrency 100 --rate 1000 --post | grep -E "p99|end to end|post events"
   echo "== flight recorder, throughput: 100 enforcement points, 4 calls in flight each, pre + post"
-  bench --calls 30000 --concurrency 100 --rate 0 --inflight 4 --post | grep -E "decisions|end to end|post events"
+  bench --calls 30000 --concurrency 100 --rate 0 --inflight 4 --post | grep -E "decisions|end to end|post events|load generator \(this"
+  ;;
+ab)
+  base=${2:-ab02373} rounds=${3:-2}
+  base_rev=$(git rev-parse --verify --quiet "$base^{commit}") || { echo "no such commit: $base" >&2; exit 2; }
+  new_rev="$(git rev-parse --short HEAD)"
+  [ -z "$(git status --porcelain)" ] || new_rev+=" + uncommitted changes"
+  # The base tree, exported (no checkout in this one), built beside this one.
+  mkdir -p "$work/base/src" "$work/base/bin"
+  git archive "$base_rev" | tar -x -C "$work/base/src"
+  (cd "$work/base/src" && go build -o "$work/base/bin/talosd" ./cmd/talosd)
+  read -r -a new_flags <<<"${BENCH_NEW_WORKER_FLAGS:-}"
+  echo "== A/B: base $(git rev-parse --short "$base_rev") ($(git log -1 --format=%s "$base_rev" | cut -c1-60)) against new $new_rev"
+  echo "   $rounds round(s), alternating base and new, each on a fresh stack; load generator: this tree's talosctl for both"
+  [ ${#new_flags[@]} -eq 0 ] || echo "   the new worker also gets: ${new_flags[*]}"
+  cols="tp_decisions_s e2e_events_s p50_ms p99_ms worker_rss_mib cpu_worker cpu_nats_sink cpu_clickhouse cpu_loadgen cpu_stack flight_calls_s flight_events_s other_cores"
+  for side in base new; do echo "$cols" >"$work/ab.$side.tsv"; done
+  fmt='function f(x) { return (x >= 100 || x <= -100) ? sprintf("%.0f", x) : sprintf("%.2f", x) } ' # awk: a figure, readably
+  # side SIDE ROUND: one fresh stack of SIDE's talosd and its measurements,
+  # one row of $work/ab.SIDE.tsv.
+  side() {
+    local s=$1 i=$2 tp lat fl rss_mib
+    if [ "$s" = base ]; then
+      talosd=$work/base/bin/talosd registry=$work/base/src/cmd/talosd/demo/registry worker_flags=()
+    else
+      talosd=$work/bin/talosd registry=cmd/talosd/demo/registry worker_flags=(${new_flags[@]+"${new_flags[@]}"})
+    fi
+    echo "== round $i, $s (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+    start sink,control
+    bench --calls 20000 --concurrency 100 --rate 2000 --json-out "$work/lat.json" >/dev/null
+    rss_mib=$(rss $worker)
+    saturate tp 40000
+    bench --calls 20000 --concurrency 100 --rate 0 --inflight 4 --post --json-out "$work/fl.json" >/dev/null
+    stop_all
+    lat=$work/lat.json tp=$work/tp.json fl=$work/fl.json
+    echo "$(jf $tp decisions_per_sec) $(jf $tp e2e_events_per_sec) $(jf $lat decision_p50_ms) $(jf $lat decision_p99_ms) $rss_mib" \
+      "$cpu_worker $cpu_dev $cpu_ch $cpu_gen $cpu_stack $(jf $fl decisions_per_sec) $(jf $fl e2e_events_per_sec) $other_cores" >>"$work/ab.$s.tsv"
+    awk -v s="$s" "$fmt"'NR==1{for(i=1;i<=NF;i++)h[i]=$i} END{printf "   %s:", s; for(i=1;i<=NF;i++) printf " %s %s", h[i], f($i); print ""}' "$work/ab.$s.tsv"
+  }
+  for i in $(seq 1 "$rounds"); do
+    side base "$i"
+    side new "$i"
+  done
+  # Medians per figure (the mean of the middle two for an even count).
+  median() { awk -v c="$2" 'NR>1{print $c}' "$1" | sort -g | awk '{v[NR]=$1} END{printf "%.6g", NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+  echo "== A/B medians of $rounds round(s): base $(git rev-parse --short "$base_rev"), new $new_rev"
+  printf '   %-58s %10s %10s %9s\n' figure base new new/base
+  i=0
+  for label in "decisions/s at saturation (4 in flight per point)" "end-to-end events/s (throughput run)" \
+    "decision p50 at 2,000 calls/s (ms)" "decision p99 at 2,000 calls/s (ms)" "worker peak RSS at 2,000 calls/s (MiB)" \
+    "CPU per call, enforce worker (µs)" "CPU per call, NATS + sink (µs)" "CPU per call, ClickHouse (µs)" \
+    "CPU per call, load generator (µs, its own report)" "CPU per call, stack: worker + NATS + sink + ClickHouse (µs)" \
+    "flight: calls/s at saturation (pre + post)" "flight: end-to-end events/s"; do
+    i=$((i + 1))
+    b=$(median "$work/ab.base.tsv" $i) n=$(median "$work/ab.new.tsv" $i)
+    awk -v l="$label" -v b="$b" -v n="$n" "$fmt"'BEGIN{printf "   %-58s %10s %10s %9s\n", l, f(b), f(n), (b > 0 ? sprintf("%.2f", n/b) : "-")}'
+  done
+  b=$(median "$work/ab.base.tsv" 10) n=$(median "$work/ab.new.tsv" 10)
+  echo "== stack CPU per call (worker + NATS + sink + ClickHouse): base $b µs, new $n µs; base/new $(awk -v b="$b" -v n="$n" 'BEGIN{if (n > 0) printf "%.2f", b/n; else print "-"}') (the target: at least 3)"
+  echo "== every run, in order of the figures above; last, the cores other processes used during its throughput run:"
+  for s in base new; do
+    awk -v s="$s" "$fmt"'NR>1{printf "   %-4s", s; for(i=1;i<=NF;i++) printf " %9s", f($i); print ""}' "$work/ab.$s.tsv"
+  done
+  busiest=$(awk 'FNR>1 && $NF > m {m = $NF} END{printf "%.2f", m}' "$work/ab.base.tsv" "$work/ab.new.tsv")
+  if awk -v m="$busiest" 'BEGIN{exit !(m > 0.2)}'; then
+    echo "== other processes used up to $busiest cores during a throughput run: the machine was not quiet, so these ratios are noise as much as code; run again when it is" >&2
+  fi
+  ;;
+profile)
+  secs=${2:-20}
+  out=$(mktemp -d /tmp/talos-profile.XXXXXX)
+  pprof=(--pprof)
+  start sink,control
+  addr() { grep 'msg=http ' "$1" | grep -o ' addr=[^ ]*' | head -1 | cut -d= -f2; }
+  worker_http=$(addr "$work/worker.log") dev_http=$(addr "$work/dev.log")
+  [ -n "$worker_http" ] && [ -n "$dev_http" ] || { echo "no pprof address in the talosd logs" >&2; exit 1; }
+  echo "== probing saturation (10,000 calls)"
+  bench --calls 10000 --concurrency 100 --rate 0 --inflight 4 --json-out "$work/probe.json" >/dev/null
+  sat=$(awk -v x="$(jf "$work/probe.json" decisions_per_sec)" 'BEGIN{printf "%.0f", x}')
+  calls=$(((secs + 5) * sat))
+  echo "== saturation load: $calls calls (about $((secs + 5)) s at $sat decisions/s), 100 enforcement points, 4 in flight each; CPU profiles over $secs s of it"
+  bench --calls "$calls" --concurrency 100 --rate 0 --inflight 4 --json-out "$out/bench.json" \
+    --cpu-profile "$out/talosctl.pprof" --started-file "$work/started" >"$out/bench.txt" &
+  load=$!
+  for _ in $(seq 1 1200); do
+    [ ! -e "$work/started" ] && kill -0 $load 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -e "$work/started" ] || { cat "$out/bench.txt"; echo "the load did not start" >&2; exit 1; }
+  sleep 1 # past the first fill of the pipeline
+  curl -sf -o "$out/worker.pprof" "http://$worker_http/debug/pprof/profile?seconds=$secs" &
+  p1=$!
+  curl -sf -o "$out/dev.pprof" "http://$dev_http/debug/pprof/profile?seconds=$secs" &
+  p2=$!
+  wait $p1
+  wait $p2
+  curl -sf -o "$out/worker.heap.pprof" "http://$worker_http/debug/pprof/heap"
+  wait $load
+  cat "$out/bench.txt"
+  mkdir -p "$out/bin"
+  cp "$work/bin/talosd" "$work/bin/talosctl" "$out/bin/"
+  for p in worker dev talosctl; do
+    echo "== $p: top functions by CPU ($out/$p.pprof)"
+    go tool pprof -top -nodecount 15 "$out/$p.pprof" 2>/dev/null | sed -n '1,/^ *flat /d; p' | head -15 | sed 's/^/   /'
+  done
+  echo "== profiles in $out: enforce worker (worker.pprof, worker.heap.pprof), NATS + sink (dev.pprof), load generator (talosctl.pprof; its timed part), with the binaries in bin/; e.g."
+  echo "   go tool pprof -top $out/bin/talosd $out/worker.pprof"
+  echo "   go tool pprof -http=127.0.0.1:0 $out/bin/talosd $out/dev.pprof"
   ;;
 tail)
   echo "== latency at 2,000 calls/s with no sink and no ClickHouse load"
@@ -210,9 +414,5 @@ gateway)
   done
   echo "== in ClickHouse for the gateway's session (warm-up included, $want calls): allowed pre decisions and post receipts: $got; ToolCallEvents: $events"
   [ "$got" = "$want $want" ] && [ "$events" = "$want" ] || { echo "some gateway calls left no receipt or ToolCallEvent" >&2; exit 1; }
-  ;;
-*)
-  echo "usage: bash scripts/bench.sh [replay|flight|tail|verify [N]|gateway [CALLS]]" >&2
-  exit 2
   ;;
 esac

@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/schemas"
+)
+
+// benchEnvelope is one call of a benchmark run, built, signed and
+// marshalled before its scheduled send, so that none of that is on the
+// measured path.
+type benchEnvelope struct {
+	toolCallID string
+	pre        []byte
+	post       []byte // the call's post event; nil unless --post
+}
+
+// envelopeMaker builds the envelopes of one run. It is safe for concurrent
+// use.
+type envelopeMaker struct {
+	server, tool string
+	session      string          // every call's session_id: the run, as ClickHouse counts it
+	args         json.RawMessage // the same arguments for every call
+	signer       *ingest.CallSigner
+	post         bool
+}
+
+// benchResultText is the CallToolResult of every bench post event.
+var benchResultText = json.RawMessage(`{"content":[{"type":"text","text":"bench: 3 entries"}]}`)
+
+// make builds one call for the enforcement point epID: fresh tool_call_id,
+// trace_id and correlation_id, the request_hash, and with a signer the
+// capability chain and sender signature. With post, it also builds the
+// call's post event as if the tool had run for 1 ms right after the call
+// was issued (the timing the worker records in the ToolCallEvent), signed
+// the same way.
+func (m *envelopeMaker) make(epID string) (*benchEnvelope, error) {
+	call, err := ingest.NewCall(epID, m.server, m.tool, m.args)
+	if err != nil {
+		return nil, err
+	}
+	call.SessionID = m.session
+	if m.signer != nil {
+		call.Actor.AgentID = m.signer.Holder()
+		if err := m.signer.Sign(call); err != nil {
+			return nil, err
+		}
+	}
+	env := &benchEnvelope{toolCallID: call.ToolCallID}
+	if env.pre, err = json.Marshal(call); err != nil {
+		return nil, err
+	}
+	if !m.post {
+		return env, nil
+	}
+	started := time.Now()
+	post, err := ingest.PostOf(call, benchResultText, true, started, started.Add(time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	if m.signer != nil {
+		if err := m.signer.Sign(post); err != nil { // a post event has its own issued_at
+			return nil, err
+		}
+	}
+	if env.post, err = json.Marshal(post); err != nil {
+		return nil, err
+	}
+	return env, nil
+}
+
+// envelopeQueues hands each enforcement point its envelopes, in order, from
+// one producer goroutine per enforcement point. Each producer keeps at most
+// depth envelopes ready; ready() returns once every queue holds its first
+// depth (or all of its envelopes), so a depth of the whole run prepares
+// everything before the clock starts. A smaller depth bounds memory, and
+// the producers then build and sign during the run, on the same CPU.
+//
+// Shutdown: stop() cancels the producers and waits for them; it must be
+// called once the queues are no longer read.
+type envelopeQueues struct {
+	q      []chan *benchEnvelope
+	cancel context.CancelFunc
+	filled sync.WaitGroup // one per producer, done at its first fill
+	wg     sync.WaitGroup // the producers
+
+	mu  sync.Mutex
+	err error // the first build error; its producer's queue is closed early
+}
+
+// startEnvelopes starts a producer per enforcement point: epIDs[i] gets
+// counts[i] envelopes, at most depth ahead (depth >= 1).
+func startEnvelopes(m *envelopeMaker, epIDs []string, counts []int, depth int) *envelopeQueues {
+	ctx, cancel := context.WithCancel(context.Background())
+	qs := &envelopeQueues{q: make([]chan *benchEnvelope, len(epIDs)), cancel: cancel}
+	for i, ep := range epIDs {
+		q := make(chan *benchEnvelope, min(depth, counts[i]))
+		qs.q[i] = q
+		qs.filled.Add(1)
+		qs.wg.Add(1)
+		go func(ep string, n int) {
+			defer qs.wg.Done()
+			defer close(q)
+			signalled := false
+			fill := func() {
+				if !signalled {
+					signalled = true
+					qs.filled.Done()
+				}
+			}
+			defer fill()
+			for k := 0; k < n; k++ {
+				env, err := m.make(ep)
+				if err != nil {
+					qs.fail(err)
+					return
+				}
+				select {
+				case q <- env:
+				case <-ctx.Done():
+					return
+				}
+				if k+1 == cap(q) {
+					fill()
+				}
+			}
+		}(ep, counts[i])
+	}
+	return qs
+}
+
+func (qs *envelopeQueues) fail(err error) {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	if qs.err == nil {
+		qs.err = err
+	}
+}
+
+// ready waits until every queue is filled and returns the first build
+// error, if any.
+func (qs *envelopeQueues) ready() (prepared int, err error) {
+	qs.filled.Wait()
+	for _, q := range qs.q {
+		prepared += len(q)
+	}
+	return prepared, qs.failed()
+}
+
+// failed is the first build error so far.
+func (qs *envelopeQueues) failed() error {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	return qs.err
+}
+
+// stop ends the producers and waits for them.
+func (qs *envelopeQueues) stop() {
+	qs.cancel()
+	for _, q := range qs.q { // unblock producers waiting on a full queue
+		for range q {
+		}
+	}
+	qs.wg.Wait()
+}
+
+// splitCalls spreads calls over n enforcement points, the first calls%n
+// one more than the others.
+func splitCalls(calls, n int) []int {
+	counts := make([]int, n)
+	for i := range counts {
+		counts[i] = calls / n
+		if i < calls%n {
+			counts[i]++
+		}
+	}
+	return counts
+}
+
+// sendBenchCall sends a prepared envelope in phase and waits for its
+// decision, at most timeout.
+func sendBenchCall(client *ingest.Client, phase, server string, env *benchEnvelope, raw []byte, timeout time.Duration) (*schemas.Decision, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return client.Send(ctx, phase, server, env.toolCallID, raw)
+}
