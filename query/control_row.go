@@ -38,9 +38,8 @@ type ControlEventRow struct {
 var controlInsertColumns = strings.Split(controlColumnsSQL, ", ")
 
 // controlRowFromReceipt derives the control_events row of a control receipt
-// already turned into row (its receipts row) and rec (its data).
-func controlRowFromReceipt(row *ReceiptRow, rec *schemas.Receipt) (ControlEventRow, error) {
-	c := rec.Control
+// already turned into row (its receipts row) and c (its data.control).
+func controlRowFromReceipt(row *ReceiptRow, c *schemas.ControlRecord) (ControlEventRow, error) {
 	if c == nil {
 		return ControlEventRow{}, fmt.Errorf("query: control receipt %s has no data.control", row.ReceiptID)
 	}

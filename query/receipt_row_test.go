@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/gowebpki/jcs"
 
+	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -254,4 +256,150 @@ func FuzzReceiptRowFromEvent(f *testing.F) {
 			t.Fatalf("row differs from itself: %v", d)
 		}
 	})
+}
+
+// publishedReceipts are receipts as workers and the control service seal
+// them (RFC 8785), one of each shape the sink meets.
+func publishedReceipts(t testing.TB) map[string][]byte {
+	t.Helper()
+	fx := newSinkMaker(t).next(t, 1)
+	out := map[string][]byte{"decision": fx.decision.Data, "effect": fx.effect.Data}
+	key := testKey(t)
+	ch := receipts.NewChain("shapes-0", key)
+	seal := func(name, typ string, r *schemas.Receipt) {
+		s, err := ch.Seal(receipts.Meta{Type: typ, Source: "talos://enforce/w1", Subject: "s", Time: t0}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.Commit(s); err != nil {
+			t.Fatal(err)
+		}
+		out[name] = s.JSON
+	}
+	seal("deny", schemas.TypeReceiptDecision, &schemas.Receipt{EventType: schemas.KindDecision, Decision: schemas.DecisionDeny,
+		ReasonCodes: []string{"KILL_SWITCH", "REPLAY"}, ToolCallID: "0190a1b2-0000-4000-8000-000000000001",
+		IdempotentOf: &schemas.IdempotentOf{ToolCallID: "0190a1b2-0000-4000-8000-000000000000"}, Mode: "prod",
+		Tool: "tool with \"quotes\" and ü", ContentHashAlg: schemas.ContentHashAlg})
+	seal("control", schemas.TypeReceiptControl, &schemas.Receipt{EventType: schemas.KindControl, Tool: "killswitch.set",
+		Control: &schemas.ControlRecord{CommandID: "c1", Verb: "killswitch.set", Actor: "alice", Accepted: true, Seq: 9}})
+	return out
+}
+
+// checkReceiptFastPath holds receiptRowFast to receiptRowDecoded on raw: if
+// the fast path takes raw, the decoder must accept it and derive the same
+// row. It reports whether the fast path took raw.
+func checkReceiptFastPath(t *testing.T, raw []byte) bool {
+	t.Helper()
+	fast, ok := receiptRowFast(raw, string(raw))
+	if !ok {
+		return false
+	}
+	slow, ctl, err := receiptRowDecoded(raw, string(raw))
+	switch {
+	case err != nil:
+		t.Errorf("fast path took a receipt the decoder refuses (%v):\n%s", err, raw)
+	case ctl != nil:
+		t.Errorf("fast path took a receipt with data.control:\n%s", raw)
+	case !reflect.DeepEqual(fast, slow):
+		t.Errorf("fast path row differs:\nfast %+v\nslow %+v\n%s", fast, slow, raw)
+	}
+	return true
+}
+
+// The fast path takes every published receipt but a control one, and
+// derives what the general decoder derives from every variant of them it
+// takes.
+func TestReceiptRowFastPathMatchesDecoder(t *testing.T) {
+	taken, declined := 0, 0
+	for name, raw := range publishedReceipts(t) {
+		if ok := checkReceiptFastPath(t, raw); ok != (name != "control") {
+			t.Errorf("%s: fast path took it: %v", name, ok)
+		}
+		for _, m := range mutations(t, raw) {
+			if checkReceiptFastPath(t, m) {
+				taken++
+			} else {
+				declined++
+			}
+		}
+	}
+	t.Logf("fast path took %d variants and left %d to the decoder", taken, declined)
+	if taken == 0 || declined == 0 {
+		t.Fatalf("variants taken %d, declined %d: the comparison covers one side only", taken, declined)
+	}
+}
+
+// Small receipts put data.signature first, last and alone in data, and
+// data first and last in the event: the receipt hash removes the member
+// and one comma next to it wherever it is.
+func edgeReceipts() []string {
+	const head = `"id":"r1","time":"2026-03-04T05:06:07.890Z","type":"dev.talos.receipt.decision.v1"`
+	const sig = `"signature":{"alg":"Ed25519","kid":"k1","sig":"c2ln"}`
+	return []string{
+		`{"data":{` + sig + `},` + head + `}`,
+		`{"data":{` + sig + `,"tool_call_id":"c1"},` + head + `}`,
+		`{"data":{"agent_id":"a",` + sig + `},` + head + `}`,
+		`{"data":{"agent_id":"a",` + sig + `,"tool_call_id":"c1"},` + head + `,"zz":[{}]}`,
+		`{"data":{"agent_id":"a",` + strings.Replace(sig, `{"alg"`, `{"Alg":1,"alg"`, 1) + `},` + head + `}`,
+		`{"data":{"signature":null},` + head + `}`,
+	}
+}
+
+func TestReceiptRowFastPathEdges(t *testing.T) {
+	for i, doc := range edgeReceipts() {
+		want := i != 4 // "Alg" folds to alg: the decoder would read it
+		if got := checkReceiptFastPath(t, []byte(doc)); got != want {
+			t.Errorf("%s: fast path took it: %v, want %v", doc, got, want)
+		}
+	}
+}
+
+func FuzzReceiptRowFastPath(f *testing.F) {
+	for _, raw := range publishedReceipts(f) {
+		f.Add(raw)
+	}
+	for _, doc := range edgeReceipts() {
+		f.Add([]byte(doc))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) { checkReceiptFastPath(t, raw) })
+}
+
+// The fast path knows every member the general path decodes into
+// schemas.Receipt and the structs under it, so that it type-checks each
+// one as encoding/json would and leaves a key folding to one of them to
+// the general path.
+func TestReceiptFastPathKnowsReceiptFields(t *testing.T) {
+	tags := func(v any) []string {
+		var out []string
+		for f := range reflect.TypeOf(v).Fields() {
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			out = append(out, name)
+		}
+		slices.Sort(out)
+		return out
+	}
+	checked := func(fs []checkedField) []string {
+		var out []string
+		for _, f := range fs {
+			out = append(out, f.name)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		have []string
+		want []string
+	}{
+		{"data", receiptDataNames, tags(schemas.Receipt{})},
+		{"chain", chainNames, tags(schemas.Chain{})},
+		{"signature", signatureNames, tags(schemas.Signature{})},
+		{"document_hashes", checked(documentHashFields), tags(schemas.DocumentHash{})},
+		{"effect", checked(effectFields), tags(schemas.ToolEffect{})},
+		{"idempotent_of", checked(idempotentOfFields), tags(schemas.IdempotentOf{})},
+	} {
+		have := slices.Sorted(slices.Values(tc.have))
+		if !slices.Equal(have, tc.want) {
+			t.Errorf("%s: fast path knows %v, schemas has %v", tc.name, have, tc.want)
+		}
+	}
 }

@@ -14,28 +14,7 @@ import (
 // Inserting a row twice is harmless: readers dedupe by receipt_id. The caller
 // bounds len(rows) (the sink's batch size).
 func InsertReceipts(ctx context.Context, conn driver.Conn, database string, rows []ReceiptRow) error {
-	if len(rows) == 0 {
-		return nil
-	}
-	tbl, err := table(database, TableReceipts)
-	if err != nil {
-		return err
-	}
-	// 18.16 needs the explicit column list (and a batch, not Exec with VALUES).
-	b, err := conn.PrepareBatch(ctx, "INSERT INTO "+tbl+" ("+strings.Join(receiptInsertColumns, ", ")+")")
-	if err != nil {
-		return fmt.Errorf("query: insert receipts: %w", err)
-	}
-	for i := range rows {
-		if err := b.Append(rows[i].insertValues()...); err != nil {
-			b.Abort()
-			return fmt.Errorf("query: insert receipt %s: %w", rows[i].ReceiptID, err)
-		}
-	}
-	if err := b.Send(); err != nil {
-		return fmt.Errorf("query: insert %d receipts: %w", len(rows), err)
-	}
-	return nil
+	return insertReceiptRows(ctx, conn, database, rows)
 }
 
 // ErrConflictingReceipt marks a receipt_id stored as two rows that differ.

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/gowebpki/jcs"
@@ -74,10 +75,59 @@ type ToolCallRow struct {
 	InsertedAt time.Time
 }
 
-// toolCallInsertColumns are the columns InsertToolCalls writes, in the order
-// of ToolCallRow.insertValues: toolCallColumnsSQL without inserted_at (left
-// to its DEFAULT).
-var toolCallInsertColumns = strings.Split(strings.TrimSuffix(toolCallColumnsSQL, ", inserted_at"), ", ")
+// toolCallColumns are the columns a tool_calls row is inserted with, in
+// the order of toolCallColumnsSQL; inserted_at is left to its DEFAULT.
+var toolCallColumns = []insertColumn[ToolCallRow]{
+	{name: "event_id", str: func(r *ToolCallRow) string { return r.EventID }},
+	{name: "time", at: func(r *ToolCallRow) time.Time { return r.Time }},
+	{name: "time_ms", u64: func(r *ToolCallRow) uint64 { return r.TimeMS }},
+	{name: "tool_call_id", str: func(r *ToolCallRow) string { return r.ToolCallID }},
+	{name: "trace_id", str: func(r *ToolCallRow) string { return r.TraceID }},
+	{name: "session_id", str: func(r *ToolCallRow) string { return r.SessionID }},
+	{name: "ep_id", str: func(r *ToolCallRow) string { return r.EPID }},
+	{name: "server_id", str: func(r *ToolCallRow) string { return r.ServerID }},
+	{name: "tool_name", str: func(r *ToolCallRow) string { return r.ToolName }},
+	{name: "tool_id", str: func(r *ToolCallRow) string { return r.ToolID }},
+	{name: "tool_version", str: func(r *ToolCallRow) string { return r.ToolVersion }},
+	{name: "transport", str: func(r *ToolCallRow) string { return r.Transport }},
+	{name: "side_effect", str: func(r *ToolCallRow) string { return r.SideEffect }},
+	{name: "ok", u8: func(r *ToolCallRow) uint8 { return boolByte(r.OK) }},
+	{name: "args_hash", str: func(r *ToolCallRow) string { return r.ArgsHash }},
+	{name: "result_hash", str: func(r *ToolCallRow) string { return r.ResultHash }},
+	{name: "args_ref", str: func(r *ToolCallRow) string { return r.ArgsRef }},
+	{name: "result_ref", str: func(r *ToolCallRow) string { return r.ResultRef }},
+	{name: "error_code", str: func(r *ToolCallRow) string { return r.ErrorCode }},
+	{name: "started_at", at: func(r *ToolCallRow) time.Time { return r.StartedAt }},
+	{name: "started_at_ms", u64: func(r *ToolCallRow) uint64 { return r.StartedAtMS }},
+	{name: "ended_at", at: func(r *ToolCallRow) time.Time { return r.EndedAt }},
+	{name: "ended_at_ms", u64: func(r *ToolCallRow) uint64 { return r.EndedAtMS }},
+	{name: "duration_ms", u64: func(r *ToolCallRow) uint64 { return r.DurationMS }},
+	{name: "phase", str: func(r *ToolCallRow) string { return r.Phase }},
+	{name: "decision", str: func(r *ToolCallRow) string { return r.Decision }},
+	{name: "reason_codes", strs: func(r *ToolCallRow) []string { return r.ReasonCodes }},
+	{name: "receipt_id", str: func(r *ToolCallRow) string { return r.ReceiptID }},
+	{name: "idempotency", str: func(r *ToolCallRow) string { return r.Idempotency }},
+	{name: "idempotency_key", str: func(r *ToolCallRow) string { return r.IdempotencyKey }},
+	{name: "actor_kind", str: func(r *ToolCallRow) string { return r.ActorKind }},
+	{name: "agent_id", str: func(r *ToolCallRow) string { return r.AgentID }},
+	{name: "model_id", str: func(r *ToolCallRow) string { return r.ModelID }},
+	{name: "error_kind", str: func(r *ToolCallRow) string { return r.ErrorKind }},
+	{name: "error_message", str: func(r *ToolCallRow) string { return r.ErrorMessage }},
+	{name: "error_retryable", u8: func(r *ToolCallRow) uint8 { return boolByte(r.ErrorRetryable) }},
+	{name: "capability_ids", strs: func(r *ToolCallRow) []string { return r.CapabilityIDs }},
+	{name: "parent_span_id", str: func(r *ToolCallRow) string { return r.ParentSpanID }},
+	{name: "resources_files", strs: func(r *ToolCallRow) []string { return r.ResourcesFiles }},
+	{name: "resources_urls", strs: func(r *ToolCallRow) []string { return r.ResourcesURLs }},
+	{name: "flags", strs: func(r *ToolCallRow) []string { return r.Flags }},
+	{name: "redaction_pointers", strs: func(r *ToolCallRow) []string { return r.RedactionPointers }},
+	{name: "redaction_rules", strs: func(r *ToolCallRow) []string { return r.RedactionRules }},
+	{name: "redaction_pseudonyms", strs: func(r *ToolCallRow) []string { return r.RedactionPseudonyms }},
+	{name: "signer_kid", str: func(r *ToolCallRow) string { return r.SignerKID }},
+	{name: "cloudevent", str: func(r *ToolCallRow) string { return r.CloudEvent }},
+}
+
+// toolCallInsertColumns are the names of toolCallColumns.
+var toolCallInsertColumns = columnNames(toolCallColumns)
 
 func boolByte(b bool) uint8 {
 	if b {
@@ -93,17 +143,7 @@ func nonNil(s []string) []string {
 	return s
 }
 
-func (r *ToolCallRow) insertValues() []any {
-	return []any{
-		r.EventID, r.Time.UTC(), r.TimeMS, r.ToolCallID, r.TraceID, r.SessionID, r.EPID, r.ServerID, r.ToolName,
-		r.ToolID, r.ToolVersion, r.Transport, r.SideEffect, boolByte(r.OK), r.ArgsHash, r.ResultHash, r.ArgsRef,
-		r.ResultRef, r.ErrorCode, r.StartedAt.UTC(), r.StartedAtMS, r.EndedAt.UTC(), r.EndedAtMS, r.DurationMS,
-		r.Phase, r.Decision, nonNil(r.ReasonCodes), r.ReceiptID, r.Idempotency, r.IdempotencyKey, r.ActorKind,
-		r.AgentID, r.ModelID, r.ErrorKind, r.ErrorMessage, boolByte(r.ErrorRetryable), nonNil(r.CapabilityIDs),
-		r.ParentSpanID, nonNil(r.ResourcesFiles), nonNil(r.ResourcesURLs), nonNil(r.Flags),
-		nonNil(r.RedactionPointers), nonNil(r.RedactionRules), nonNil(r.RedactionPseudonyms), r.SignerKID, r.CloudEvent,
-	}
-}
+func (r *ToolCallRow) insertValues() []any { return rowValues(toolCallColumns, r) }
 
 // scan reads one row selected with toolCallColumnsSQL.
 func (r *ToolCallRow) scan(rows driver.Rows) error {
@@ -205,7 +245,41 @@ func parseToolCallEnvelope(raw []byte) (toolCallEnvelope, error) {
 // The error is a *RejectedToolCall for an event the recorder refuses (keep
 // it in tool_call_rejections), or wraps ErrNotToolCallEvent for a record
 // that is not a ToolCallEvent (a dead letter).
+//
+// A published event (RFC 8785) that passes is read once: the schema's
+// checks, the row and the payload hashes come from one pass over it
+// (toolCallRowFast). Anything else, including every event that fails, is
+// validated with the schema and decoded by the general path, which words
+// the rejection.
 func ToolCallRowFromEvent(raw []byte) (ToolCallRow, []Artifact, error) {
+	row, arts, err := toolCallRowOf(raw, string(raw), nil)
+	for i := range arts {
+		arts[i].Content = slices.Clone(arts[i].Content) // their own copy, not part of raw
+	}
+	return row, arts, err
+}
+
+// toolCallRowOf is ToolCallRowFromEvent with the row's cloudevent given
+// (ce holds the bytes of raw; the row's strings are ce or parts of it),
+// appending the artifacts to arts (returned unchanged on error). An
+// artifact's Content may be part of raw.
+func toolCallRowOf(raw []byte, ce string, arts []Artifact) (ToolCallRow, []Artifact, error) {
+	if row, out, ok := toolCallRowFast(raw, ce, arts); ok {
+		return row, out, nil
+	}
+	row, own, err := toolCallRowValidated(raw, ce)
+	if err != nil {
+		return row, arts, err
+	}
+	if arts == nil {
+		return row, own, nil
+	}
+	return row, append(arts, own...), nil
+}
+
+// toolCallRowValidated is the general path of ToolCallRowFromEvent: the
+// schema validator, then encoding/json; ce holds the bytes of raw.
+func toolCallRowValidated(raw []byte, ce string) (ToolCallRow, []Artifact, error) {
 	// Validation first: on the sink's path nearly every event passes, and
 	// the schema pins its type, so the envelope is read on its own only to
 	// tell a refused ToolCallEvent from something else.
@@ -286,7 +360,7 @@ func ToolCallRowFromEvent(raw []byte) (ToolCallRow, []Artifact, error) {
 		ResourcesFiles: []string{}, ResourcesURLs: []string{},
 		RedactionPointers: make([]string, len(ev.Redactions)), RedactionRules: make([]string, len(ev.Redactions)),
 		RedactionPseudonyms: make([]string, len(ev.Redactions)),
-		CloudEvent:          string(raw),
+		CloudEvent:          ce,
 	}
 	if e := ev.Error; e != nil {
 		row.ErrorCode, row.ErrorKind, row.ErrorMessage = e.Code, e.Kind, e.Message
@@ -325,6 +399,685 @@ func artifactFor(content json.RawMessage, hash string) (Artifact, string) {
 	return Artifact{Ref: "sha256:" + hash, ContentType: ArtifactContentType, Content: slices.Clone(content)}, ""
 }
 
+// The members of a ToolCallEvent's data, as bits of toolCallData.seen.
+const (
+	tcType = 1 << iota
+	tcTraceID
+	tcToolCallID
+	tcToolID
+	tcToolVersion
+	tcTransport
+	tcSideEffect
+	tcIdempotency
+	tcIdempotencyKey
+	tcActor
+	tcOK
+	tcArgsRef
+	tcArgsHash
+	tcResultRef
+	tcResultHash
+	tcError
+	tcTiming
+	tcResources
+	tcCapabilityIDs
+	tcParentSpanID
+	tcSessionID
+	tcEPID
+	tcServerID
+	tcToolName
+	tcPhase
+	tcDecision
+	tcReasonCodes
+	tcReceiptID
+	tcFlags
+	tcRedactions
+	tcPayloads
+	tcSignature
+
+	// tcRequired is the schema's required list of data.
+	tcRequired = tcType | tcTraceID | tcToolCallID | tcToolID | tcToolVersion | tcTransport | tcSideEffect |
+		tcIdempotency | tcActor | tcOK | tcTiming | tcSessionID | tcEPID | tcServerID | tcToolName | tcPhase |
+		tcDecision | tcReasonCodes | tcReceiptID | tcRedactions | tcSignature
+)
+
+// toolCallMaxBytes is the size above which the schema validator refuses
+// any document.
+const toolCallMaxBytes = 16 << 20
+
+// toolCallData is what toolCallRowFast reads from data besides the row.
+type toolCallData struct {
+	seen           uint64
+	started, ended string
+	args, result   [2]int // offsets of the payload values; [0 0] when absent
+	buf            []string
+	codes, caps    [2]int
+	flags          [2]int
+	files, urls    [2]int
+	redactionSpans [3][2]int
+}
+
+// toolCallRowFast is toolCallRowOf for an event the jsonReader takes and
+// that toolcall_event.schema.json accepts, checked on the same pass: the
+// checks below are the schema's, keyword by keyword, restricted where that
+// is simpler (a time must be in the layout Talos publishes, an integer
+// plain digits). It also requires what the general path checks after the
+// schema (times from 1970, payloads that hash as published to args_hash /
+// result_hash, refs naming them). ok is false for anything else; the
+// caller then takes the general path, so a fast path that is stricter than
+// the schema costs time, never a different outcome. The artifacts'
+// Content is part of raw.
+func toolCallRowFast(raw []byte, ce string, arts []Artifact) (ToolCallRow, []Artifact, bool) {
+	row := ToolCallRow{CloudEvent: ce}
+	if len(raw) > toolCallMaxBytes {
+		return row, arts, false
+	}
+	r := jsonReader{s: ce}
+	var (
+		it   objectIter
+		seen uint8
+		tm   string
+		d    toolCallData
+	)
+	if !r.object() {
+		return row, arts, false
+	}
+	for key, ok := r.next(&it); ok; key, ok = r.next(&it) {
+		valid := true
+		switch key {
+		case "data":
+			seen |= 1 << 0
+			valid = r.toolCallData(&row, &d)
+		case "datacontenttype":
+			valid = r.str() == "application/json"
+		case "id":
+			seen |= 1 << 1
+			row.EventID = r.str()
+			valid = isUUIDv7(row.EventID)
+		case "source":
+			seen |= 1 << 2
+			valid = isTalosSource(r.str())
+		case "specversion":
+			seen |= 1 << 3
+			valid = r.str() == "1.0"
+		case "subject":
+			seen |= 1 << 4
+			valid = runesBetween(r.str(), 1, 256)
+		case "time":
+			seen |= 1 << 5
+			tm = r.str()
+		case "type":
+			seen |= 1 << 6
+			valid = r.str() == schemas.TypeToolCall
+		default:
+			valid = false
+		}
+		if !valid {
+			r.fail()
+		}
+	}
+	if !r.done() || seen != 1<<7-1 || d.seen&tcRequired != tcRequired ||
+		(d.seen&tcArgsRef == 0) != (d.seen&tcArgsHash == 0) || (d.seen&tcResultRef == 0) != (d.seen&tcResultHash == 0) {
+		return row, arts, false
+	}
+	var times [3]time.Time
+	for i, s := range [3]string{tm, d.started, d.ended} {
+		t, ok := parseEventTime(s)
+		if !ok {
+			return row, arts, false
+		}
+		times[i] = t
+	}
+	row.Time, row.TimeMS = times[0].Truncate(time.Second), uint64(times[0].UnixMilli())
+	row.StartedAt, row.StartedAtMS = times[1].Truncate(time.Second), uint64(times[1].UnixMilli())
+	row.EndedAt, row.EndedAtMS = times[2].Truncate(time.Second), uint64(times[2].UnixMilli())
+
+	n := len(arts)
+	for _, p := range [2]struct {
+		hash, ref string
+		span      [2]int
+	}{{row.ArgsHash, row.ArgsRef, d.args}, {row.ResultHash, row.ResultRef, d.result}} {
+		if p.ref != "" && !namesHash(p.ref, p.hash) {
+			return row, arts[:n], false
+		}
+		if p.span[1] == 0 {
+			continue
+		}
+		content := raw[p.span[0]:p.span[1]]
+		if p.hash == "" || p.ref == "" || !hashesTo(content, p.hash) {
+			return row, arts[:n], false
+		}
+		arts = append(arts, Artifact{Ref: p.ref, ContentType: ArtifactContentType, Content: content[:len(content):len(content)]})
+	}
+
+	row.ReasonCodes, row.CapabilityIDs, row.Flags = part(d.buf, d.codes), part(d.buf, d.caps), part(d.buf, d.flags)
+	row.ResourcesFiles, row.ResourcesURLs = part(d.buf, d.files), part(d.buf, d.urls)
+	row.RedactionPointers = part(d.buf, d.redactionSpans[0])
+	row.RedactionRules = part(d.buf, d.redactionSpans[1])
+	row.RedactionPseudonyms = part(d.buf, d.redactionSpans[2])
+	return row, arts, true
+}
+
+// toolCallData reads data into row and d, checking the schema's "event".
+func (r *jsonReader) toolCallData(row *ToolCallRow, d *toolCallData) bool {
+	if !r.object() {
+		return false
+	}
+	d.buf = make([]string, 0, 16)
+	var it objectIter
+	for key, ok := r.next(&it); ok; key, ok = r.next(&it) {
+		valid := true
+		switch key {
+		case "actor":
+			d.seen |= tcActor
+			valid = r.actor(row)
+		case "args_hash":
+			d.seen |= tcArgsHash
+			row.ArgsHash = r.str()
+			valid = isHex64(row.ArgsHash)
+		case "args_ref":
+			d.seen |= tcArgsRef
+			row.ArgsRef = r.str()
+			valid = isRef(row.ArgsRef)
+		case "capability_ids":
+			d.seen |= tcCapabilityIDs
+			d.buf, d.caps, valid = r.checkedStrings(d.buf, isCapabilityID)
+		case "decision":
+			d.seen |= tcDecision
+			row.Decision = r.str()
+			valid = row.Decision == schemas.DecisionAllow || row.Decision == schemas.DecisionDeny || row.Decision == schemas.DecisionRequireApproval
+		case "ep_id":
+			d.seen |= tcEPID
+			row.EPID = r.str()
+			valid = isIDOrEmpty(row.EPID)
+		case "error":
+			d.seen |= tcError
+			valid = r.callError(row)
+		case "flags":
+			d.seen |= tcFlags
+			d.buf, d.flags, valid = r.checkedStrings(d.buf, isFlag)
+		case "idempotency":
+			d.seen |= tcIdempotency
+			row.Idempotency = r.str()
+			valid = row.Idempotency == schemas.IdempotencyIdempotent || row.Idempotency == schemas.IdempotencyWithKey ||
+				row.Idempotency == schemas.IdempotencyNonIdempotent
+		case "idempotency_key":
+			d.seen |= tcIdempotencyKey
+			row.IdempotencyKey = r.str()
+			valid = runesBetween(row.IdempotencyKey, 1, 256)
+		case "ok":
+			d.seen |= tcOK
+			row.OK = r.boolean()
+		case "parent_span_id":
+			d.seen |= tcParentSpanID
+			row.ParentSpanID = r.str()
+			valid = runesBetween(row.ParentSpanID, 1, 128)
+		case "payloads":
+			d.seen |= tcPayloads
+			valid = r.payloads(d)
+		case "phase":
+			d.seen |= tcPhase
+			row.Phase = r.str()
+			valid = row.Phase == schemas.PhasePre || row.Phase == schemas.PhasePost
+		case "reason_codes":
+			d.seen |= tcReasonCodes
+			d.buf, d.codes, valid = r.checkedStrings(d.buf, isReasonCode)
+		case "receipt_id":
+			d.seen |= tcReceiptID
+			row.ReceiptID = r.str()
+			valid = isUUIDv7(row.ReceiptID)
+		case "redactions":
+			d.seen |= tcRedactions
+			valid = r.redactions(d)
+		case "resources_touched":
+			d.seen |= tcResources
+			valid = r.resources(d)
+		case "result_hash":
+			d.seen |= tcResultHash
+			row.ResultHash = r.str()
+			valid = isHex64(row.ResultHash)
+		case "result_ref":
+			d.seen |= tcResultRef
+			row.ResultRef = r.str()
+			valid = isRef(row.ResultRef)
+		case "server_id":
+			d.seen |= tcServerID
+			row.ServerID = r.str()
+			valid = isIDOrEmpty(row.ServerID)
+		case "session_id":
+			d.seen |= tcSessionID
+			row.SessionID = r.str()
+			valid = runesBetween(row.SessionID, 0, 256)
+		case "side_effect":
+			d.seen |= tcSideEffect
+			row.SideEffect = r.str()
+			valid = row.SideEffect == schemas.SideEffectRead || row.SideEffect == schemas.SideEffectWrite ||
+				row.SideEffect == schemas.SideEffectExecute
+		case "signature":
+			d.seen |= tcSignature
+			valid = r.signature(row)
+		case "timing":
+			d.seen |= tcTiming
+			valid = r.timing(row, d)
+		case "tool_call_id":
+			d.seen |= tcToolCallID
+			row.ToolCallID = r.str()
+			valid = isUUID(row.ToolCallID)
+		case "tool_id":
+			d.seen |= tcToolID
+			row.ToolID = r.str()
+			valid = runesBetween(row.ToolID, 1, 512)
+		case "tool_name":
+			d.seen |= tcToolName
+			row.ToolName = r.str()
+			valid = runesBetween(row.ToolName, 0, 256)
+		case "tool_version":
+			d.seen |= tcToolVersion
+			row.ToolVersion = r.str()
+			valid = runesBetween(row.ToolVersion, 1, 128)
+		case "trace_id":
+			d.seen |= tcTraceID
+			row.TraceID = r.str()
+			valid = isUUID(row.TraceID)
+		case "transport":
+			d.seen |= tcTransport
+			row.Transport = r.str()
+			switch row.Transport {
+			case "local", "mcp", "mex", "stage_bridge", "other":
+			default:
+				valid = false
+			}
+		case "type":
+			d.seen |= tcType
+			valid = r.str() == schemas.ToolCallEventKind
+		default:
+			valid = false
+		}
+		if !valid {
+			r.fail()
+		}
+	}
+	return !r.bad
+}
+
+// checkedStrings reads an array of strings that each satisfy ok onto buf.
+func (r *jsonReader) checkedStrings(buf []string, ok func(string) bool) ([]string, [2]int, bool) {
+	buf, b := r.readStrings(buf)
+	for _, s := range buf[b[0]:b[1]] {
+		if !ok(s) {
+			return buf, b, false
+		}
+	}
+	return buf, b, !r.bad
+}
+
+// actor reads the schema's "actor".
+func (r *jsonReader) actor(row *ToolCallRow) bool {
+	if !r.object() {
+		return false
+	}
+	var it objectIter
+	kind := false
+	for key, ok := r.next(&it); ok; key, ok = r.next(&it) {
+		switch key {
+		case "agent_id":
+			row.AgentID = r.str()
+			ok = runesBetween(row.AgentID, 1, 256)
+		case "kind":
+			row.ActorKind, kind = r.str(), true
+			ok = row.ActorKind == "human" || row.ActorKind == "agent" || row.ActorKind == "system"
+		case "model_id":
+			row.ModelID = r.str()
+			ok = runesBetween(row.ModelID, 1, 256)
+		default:
+			ok = false
+		}
+		if !ok {
+			r.fail()
+		}
+	}
+	return kind && !r.bad
+}
+
+// callError reads the schema's "error".
+func (r *jsonReader) callError(row *ToolCallRow) bool {
+	if !r.object() {
+		return false
+	}
+	var it objectIter
+	var code, kind bool
+	for key, ok := r.next(&it); ok; key, ok = r.next(&it) {
+		switch key {
+		case "code":
+			row.ErrorCode, code = r.str(), true
+			ok = runesBetween(row.ErrorCode, 1, 128)
+		case "kind":
+			row.ErrorKind, kind = r.str(), true
+			ok = runesBetween(row.ErrorKind, 1, 128)
+		case "message":
+			row.ErrorMessage = r.str()
+		case "retryable":
+			row.ErrorRetryable = r.boolean()
+		default:
+			ok = false
+		}
+		if !ok {
+			r.fail()
+		}
+	}
+	return code && kind && !r.bad
+}
+
+// timing reads the schema's "timing".
+func (r *jsonReader) timing(row *ToolCallRow, d *toolCallData) bool {
+	if !r.object() {
+		return false
+	}
+	var it objectIter
+	var seen int
+	for key, ok := r.next(&it); ok; key, ok = r.next(&it) {
+		switch key {
+		case "duration_ms":
+			seen |= 1
+			if r.peek() == '-' {
+				ok = false
+				break
+			}
+			row.DurationMS = uint64(r.readInt())
+		case "ended_at":
+			seen |= 2
+			d.ended = r.str()
+		case "started_at":
+			seen |= 4
+			d.started = r.str()
+		default:
+			ok = false
+		}
+		if !ok {
+			r.fail()
+		}
+	}
+	return seen == 7 && !r.bad
+}
+
+// resources reads the schema's "resources_touched".
+func (r *jsonReader) resources(d *toolCallData) bool {
+	if !r.object() {
+		return false
+	}
+	var it objectIter
+	for key, ok := r.next(&it); ok; key, ok = r.next(&it) {
+		switch key {
+		case "artifacts", "workspace_ids":
+			var b [2]int
+			d.buf, b = r.readStrings(d.buf)
+			d.buf = d.buf[:b[0]]
+		case "files":
+			d.buf, d.files = r.readStrings(d.buf)
+		case "urls":
+			d.buf, d.urls = r.readStrings(d.buf)
+		default:
+			r.fail()
+		}
+	}
+	return !r.bad
+}
+
+// redactions reads the schema's "redactions" into three runs of d.buf:
+// pointers, rules, pseudonyms.
+func (r *jsonReader) redactions(d *toolCallData) bool {
+	if !r.array() {
+		return false
+	}
+	var local [3 * 8]string // pointer, rule, pseudonym of each redaction
+	triples := local[:0]
+	for n := 0; r.elem(&n); {
+		if !r.object() {
+			return false
+		}
+		var it objectIter
+		var p, ru, ps string
+		var seen int
+		for key, ok := r.next(&it); ok; key, ok = r.next(&it) {
+			switch key {
+			case "pointer":
+				p, seen = r.str(), seen|1
+				ok = isRedactionPointer(p)
+			case "pseudonym":
+				ps, seen = r.str(), seen|2
+				ok = isPseudonym(ps)
+			case "rule":
+				ru, seen = r.str(), seen|4
+				ok = runesBetween(ru, 1, 128)
+			default:
+				ok = false
+			}
+			if !ok {
+				r.fail()
+			}
+		}
+		if seen != 7 {
+			return false
+		}
+		triples = append(triples, p, ru, ps)
+	}
+	for col := range 3 {
+		from := len(d.buf)
+		for i := col; i < len(triples); i += 3 {
+			d.buf = append(d.buf, triples[i])
+		}
+		d.redactionSpans[col] = [2]int{from, len(d.buf)}
+	}
+	return !r.bad
+}
+
+// payloads reads the schema's "payloads": the offsets of args and result.
+func (r *jsonReader) payloads(d *toolCallData) bool {
+	if !r.object() {
+		return false
+	}
+	var it objectIter
+	for key, ok := r.next(&it); ok; key, ok = r.next(&it) {
+		start := r.i
+		r.skip()
+		switch key {
+		case "args":
+			d.args = [2]int{start, r.i}
+		case "result":
+			d.result = [2]int{start, r.i}
+		default:
+			r.fail()
+		}
+	}
+	return !r.bad
+}
+
+// signature reads receipt.schema.json's "signature".
+func (r *jsonReader) signature(row *ToolCallRow) bool {
+	if !r.object() {
+		return false
+	}
+	var it objectIter
+	var seen int
+	for key, ok := r.next(&it); ok; key, ok = r.next(&it) {
+		switch key {
+		case "alg":
+			seen |= 1
+			ok = r.str() == schemas.SignatureAlg
+		case "kid":
+			seen |= 2
+			row.SignerKID = r.str()
+			ok = runesBetween(row.SignerKID, 1, 256)
+		case "sig":
+			seen |= 4
+			ok = isSignatureValue(r.str())
+		default:
+			ok = false
+		}
+		if !ok {
+			r.fail()
+		}
+	}
+	return seen == 7 && !r.bad
+}
+
+// namesHash reports whether ref is "sha256:" + hash.
+func namesHash(ref, hash string) bool {
+	return len(ref) == len("sha256:")+len(hash) && strings.HasPrefix(ref, "sha256:") && ref[len("sha256:"):] == hash
+}
+
+// hashesTo reports whether hex sha256 of content is hash.
+func hashesTo(content []byte, hash string) bool {
+	sum := sha256.Sum256(content)
+	var hx [2 * sha256.Size]byte
+	hex.Encode(hx[:], sum[:])
+	return string(hx[:]) == hash
+}
+
+// Matchers of the schema's patterns and lengths (toolcall_event.schema.json
+// and the definitions it refers to); TestToolCallMatchersAgreeWithSchema
+// holds each to its pattern.
+
+func runesBetween(s string, lo, hi int) bool {
+	if len(s) < lo {
+		return false
+	}
+	n := utf8.RuneCountInString(s)
+	return n >= lo && n <= hi
+}
+
+func isHexLower(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// isUUID: ^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$
+func isUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < 36; i++ {
+		c := s[i]
+		if i == 8 || i == 13 || i == 18 || i == 23 {
+			if c != '-' {
+				return false
+			}
+		} else if (c < '0' || c > '9') && (c < 'a' || c > 'f') && (c < 'A' || c > 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+// isUUIDv7: ^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$
+func isUUIDv7(s string) bool {
+	return len(s) == 36 && s[8] == '-' && s[13] == '-' && s[18] == '-' && s[23] == '-' && s[14] == '7' &&
+		strings.IndexByte("89ab", s[19]) >= 0 &&
+		isHexLower(s[:8]) && isHexLower(s[9:13]) && isHexLower(s[14:18]) && isHexLower(s[19:23]) && isHexLower(s[24:])
+}
+
+// isHex64: ^[0-9a-f]{64}$
+func isHex64(s string) bool { return len(s) == 64 && isHexLower(s) }
+
+// isRef: ^sha256:[0-9a-f]{64}$
+func isRef(s string) bool { return strings.HasPrefix(s, "sha256:") && isHex64(s[len("sha256:"):]) }
+
+// isIDOrEmpty: ^([a-z0-9][a-z0-9_-]{0,63})?$
+func isIDOrEmpty(s string) bool {
+	if s == "" {
+		return true
+	}
+	if len(s) > 64 || !isLowerAlnum(s[0]) {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if c := s[i]; !isLowerAlnum(c) && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+func isLowerAlnum(c byte) bool { return 'a' <= c && c <= 'z' || '0' <= c && c <= '9' }
+
+// isReasonCode: ^[A-Z][A-Z0-9_-]{0,63}$
+func isReasonCode(s string) bool {
+	if len(s) == 0 || len(s) > 64 || s[0] < 'A' || s[0] > 'Z' {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if c := s[i]; (c < 'A' || c > 'Z') && (c < '0' || c > '9') && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// isFlag: ^[a-z][a-z0-9_]{0,63}$
+func isFlag(s string) bool {
+	if len(s) == 0 || len(s) > 64 || s[0] < 'a' || s[0] > 'z' {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if c := s[i]; !isLowerAlnum(c) && c != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+// isCapabilityID: a string of 1 to 128 characters.
+func isCapabilityID(s string) bool { return runesBetween(s, 1, 128) }
+
+// isRedactionPointer: ^(/([^~/]|~[01])*)+$
+func isRedactionPointer(s string) bool {
+	if s == "" || s[0] != '/' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] == '~' && (i+1 == len(s) || s[i+1] != '0' && s[i+1] != '1') {
+			return false
+		}
+	}
+	return true
+}
+
+// isPseudonym: ^hmac-sha256:[^:]+:[0-9a-f]{64}$
+func isPseudonym(s string) bool {
+	rest, ok := strings.CutPrefix(s, "hmac-sha256:")
+	if !ok {
+		return false
+	}
+	k := strings.IndexByte(rest, ':')
+	return k > 0 && isHex64(rest[k+1:])
+}
+
+// isSignatureValue: ^[A-Za-z0-9_-]{86}$
+func isSignatureValue(s string) bool {
+	if len(s) != 86 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !isLowerAlnum(c) && (c < 'A' || c > 'Z') && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// isTalosSource: ^talos://[^/\s]+/\S+$ (\s being [\t\n\f\r ]).
+func isTalosSource(s string) bool {
+	rest, ok := strings.CutPrefix(s, "talos://")
+	if !ok || strings.ContainsAny(rest, "\t\n\f\r ") {
+		return false
+	}
+	k := strings.IndexByte(rest, '/')
+	return k > 0 && k < len(rest)-1
+}
+
 // CompareToolCallColumns returns the names of the columns whose stored value
 // in row differs from fromEvent, the row ToolCallRowFromEvent derives from
 // row.CloudEvent; nil means the row agrees with its own signed JSON.
@@ -334,7 +1087,7 @@ func CompareToolCallColumns(row, fromEvent ToolCallRow) []string {
 	return diffColumns(toolCallInsertColumns, row.insertValues(), fromEvent.insertValues())
 }
 
-// InsertToolCalls writes rows to database.tool_calls in one batch.
+// InsertToolCalls writes rows to database.tool_calls in one INSERT.
 // Inserting a row twice is harmless: v_tool_calls dedupes by tool_call_id.
 func InsertToolCalls(ctx context.Context, conn driver.Conn, database string, rows []ToolCallRow) error {
 	if len(rows) == 0 {
@@ -344,24 +1097,21 @@ func InsertToolCalls(ctx context.Context, conn driver.Conn, database string, row
 	if err != nil {
 		return err
 	}
-	// 18.16 needs the explicit column list (and a batch, not Exec with VALUES).
-	b, err := conn.PrepareBatch(ctx, "INSERT INTO "+tbl+" ("+strings.Join(toolCallInsertColumns, ", ")+")")
-	if err != nil {
-		return fmt.Errorf("query: insert tool calls: %w", err)
-	}
-	for i := range rows {
-		if err := b.Append(rows[i].insertValues()...); err != nil {
-			b.Abort()
-			return fmt.Errorf("query: insert tool call event %s: %w", rows[i].EventID, err)
-		}
-	}
-	if err := b.Send(); err != nil {
+	if err := insertRows(ctx, conn, tbl, toolCallColumns, rows); err != nil {
 		return fmt.Errorf("query: insert %d tool calls: %w", len(rows), err)
 	}
 	return nil
 }
 
-// InsertArtifacts writes arts to database.artifacts in one batch; an
+// artifactColumns are the columns an artifact is inserted with.
+var artifactColumns = []insertColumn[Artifact]{
+	{name: "ref", str: func(a *Artifact) string { return a.Ref }},
+	{name: "content_type", str: func(a *Artifact) string { return a.ContentType }},
+	{name: "size_bytes", u64: func(a *Artifact) uint64 { return uint64(len(a.Content)) }},
+	{name: "content", raw: func(a *Artifact) []byte { return a.Content }},
+}
+
+// InsertArtifacts writes arts to database.artifacts in one INSERT; an
 // artifact listed twice (the same payload in several calls) is written
 // once. Artifacts are content-addressed, so re-inserting one is harmless.
 func InsertArtifacts(ctx context.Context, conn driver.Conn, database string, arts []Artifact) error {
@@ -372,23 +1122,16 @@ func InsertArtifacts(ctx context.Context, conn driver.Conn, database string, art
 	if err != nil {
 		return err
 	}
-	b, err := conn.PrepareBatch(ctx, "INSERT INTO "+tbl+" (ref, content_type, size_bytes, content)")
-	if err != nil {
-		return fmt.Errorf("query: insert artifacts: %w", err)
-	}
 	seen := make(map[string]bool, len(arts))
+	once := make([]Artifact, 0, len(arts))
 	for _, a := range arts {
-		if seen[a.Ref] {
-			continue
-		}
-		seen[a.Ref] = true
-		if err := b.Append(a.Ref, a.ContentType, uint64(len(a.Content)), string(a.Content)); err != nil {
-			b.Abort()
-			return fmt.Errorf("query: insert artifact %s: %w", a.Ref, err)
+		if !seen[a.Ref] {
+			seen[a.Ref] = true
+			once = append(once, a)
 		}
 	}
-	if err := b.Send(); err != nil {
-		return fmt.Errorf("query: insert %d artifacts: %w", len(seen), err)
+	if err := insertRows(ctx, conn, tbl, artifactColumns, once); err != nil {
+		return fmt.Errorf("query: insert %d artifacts: %w", len(once), err)
 	}
 	return nil
 }

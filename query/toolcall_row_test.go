@@ -8,6 +8,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -784,4 +787,155 @@ func FuzzToolCallRowFromEvent(f *testing.F) {
 			t.Fatalf("row differs from itself: %v", d)
 		}
 	})
+}
+
+// publishedToolCallEvents are ToolCallEvents as workers sign them (RFC
+// 8785): a post event with both payloads, error and resources, the
+// benchmark's 2 KB call, and a minimal denied pre event.
+func publishedToolCallEvents(t testing.TB) map[string][]byte {
+	t.Helper()
+	key := testKey(t)
+	full := toolCallEvent(t, callA, tcAt)
+	full.Error.Message = "partial read: \"a.txt\"\n"
+	min := schemas.ToolCallEvent{Type: schemas.ToolCallEventKind, TraceID: full.TraceID, ToolCallID: callA, ToolID: "files/rm",
+		ToolVersion: schemas.UnregisteredToolVersion, Transport: "local", SideEffect: "WRITE", Idempotency: "NON_IDEMPOTENT",
+		Actor: schemas.Actor{Kind: "system"}, Timing: full.Timing, Phase: "pre", Decision: "deny",
+		ReasonCodes: []string{"TOOL_UNCLASSIFIED_DENIED"}, ReceiptID: full.ReceiptID, Redactions: []schemas.Redaction{}}
+	refsOnly := toolCallEvent(t, callA, tcAt) // payloads not stored, refs kept
+	refsOnly.Payloads = nil
+	return map[string][]byte{
+		"full":      signed(t, key, callA, tcAt, &full),
+		"refs only": signed(t, key, callA, tcAt, &refsOnly),
+		"bench":     newSinkMaker(t).next(t, 1).toolCall.Data,
+		"minimal":   signed(t, key, callA, tcAt, &min),
+	}
+}
+
+// checkToolCallFastPath holds toolCallRowFast to toolCallRowValidated on
+// raw (schema validation, then encoding/json): if the fast path takes raw,
+// the general path must accept it with the same row and artifacts. It
+// reports whether the fast path took raw.
+func checkToolCallFastPath(t *testing.T, raw []byte) bool {
+	t.Helper()
+	fast, fastArts, ok := toolCallRowFast(raw, string(raw), nil)
+	if !ok {
+		return false
+	}
+	slow, slowArts, err := toolCallRowValidated(raw, string(raw))
+	switch {
+	case err != nil:
+		t.Errorf("fast path took an event the general path refuses (%v):\n%s", err, raw)
+	case !reflect.DeepEqual(fast, slow):
+		t.Errorf("fast path row differs:\nfast %+v\nslow %+v\n%s", fast, slow, raw)
+	case !reflect.DeepEqual(fastArts, slowArts):
+		t.Errorf("fast path artifacts differ:\nfast %+v\nslow %+v\n%s", fastArts, slowArts, raw)
+	}
+	return true
+}
+
+// The fast path takes every published ToolCallEvent, and takes no variant
+// of them that the schema validator, the decoder or the payload checks
+// refuse, deriving the same row and artifacts from those it takes.
+func TestToolCallRowFastPathMatchesValidator(t *testing.T) {
+	taken, declined := 0, 0
+	for name, raw := range publishedToolCallEvents(t) {
+		if !checkToolCallFastPath(t, raw) {
+			t.Errorf("%s: a published event is not on the fast path:\n%s", name, raw)
+		}
+		for _, m := range mutations(t, raw) {
+			if checkToolCallFastPath(t, m) {
+				taken++
+			} else {
+				declined++
+			}
+		}
+	}
+	t.Logf("fast path took %d variants and left %d to the general path", taken, declined)
+	if taken == 0 || declined == 0 {
+		t.Fatalf("variants taken %d, declined %d: the comparison covers one side only", taken, declined)
+	}
+}
+
+func FuzzToolCallRowFastPath(f *testing.F) {
+	for _, raw := range publishedToolCallEvents(f) {
+		f.Add(raw)
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) { checkToolCallFastPath(t, raw) })
+}
+
+// Each matcher of a schema pattern agrees with the pattern itself, read
+// from the embedded schema, on near misses of a matching string.
+func TestToolCallMatchersAgreeWithSchema(t *testing.T) {
+	docs := map[string]map[string]any{}
+	for _, f := range []string{schemas.FileToolCallEventSchema, schemas.FileToolEffectSchema, schemas.FileReceiptSchema} {
+		b, err := fs.ReadFile(schemas.SchemaFS(), f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		docs[f] = m
+	}
+	// pattern follows a path of keys in one schema document.
+	pattern := func(file string, path ...string) string {
+		var v any = docs[file]
+		for _, k := range path {
+			v = v.(map[string]any)[k]
+		}
+		return v.(string)
+	}
+	ev := schemas.FileToolCallEventSchema
+	hex64 := strings.Repeat("0123456789abcdef", 4)
+	for _, tc := range []struct {
+		name    string
+		pattern string
+		match   func(string) bool
+		example string
+	}{
+		{"uuid", pattern(ev, "$defs", "uuid", "pattern"), isUUID, "4bf92f35-77B3-4da6-a3ce-929d0e0e4736"},
+		{"uuidv7", pattern(schemas.FileToolEffectSchema, "$defs", "uuidv7", "pattern"), isUUIDv7, "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d6e"},
+		{"hex256", pattern(ev, "$defs", "hex256", "pattern"), isHex64, hex64},
+		{"ref", pattern(ev, "$defs", "ref", "pattern"), isRef, "sha256:" + hex64},
+		{"id_or_empty", pattern(ev, "$defs", "id_or_empty", "pattern"), isIDOrEmpty, "files_1-a"},
+		{"code", pattern(ev, "$defs", "code", "pattern"), isReasonCode, "TOOL_UNCLASSIFIED-DENIED9"},
+		{"flag", pattern(ev, "$defs", "event", "properties", "flags", "items", "pattern"), isFlag, "post_without_pre2"},
+		{"pointer", pattern(ev, "$defs", "redaction", "properties", "pointer", "pattern"), isRedactionPointer, "/args/a~0b/~1c//d"},
+		{"pseudonym", pattern(ev, "$defs", "redaction", "properties", "pseudonym", "pattern"), isPseudonym, "hmac-sha256:rk1:" + hex64},
+		{"sig", pattern(schemas.FileReceiptSchema, "$defs", "signature", "properties", "sig", "pattern"), isSignatureValue, strings.Repeat("Az09_-", 14) + "ab"},
+		{"source", pattern(ev, "properties", "source", "pattern"), isTalosSource, "talos://enforce/w-1/x"},
+	} {
+		re := regexp.MustCompile(tc.pattern)
+		if !tc.match(tc.example) || !re.MatchString(tc.example) {
+			t.Errorf("%s: example %q: matcher %v, pattern %v", tc.name, tc.example, tc.match(tc.example), re.MatchString(tc.example))
+			continue
+		}
+		for _, s := range nearMisses(tc.example) {
+			if got, want := tc.match(s), re.MatchString(s); got != want {
+				t.Errorf("%s: %q: matcher %v, pattern %s says %v", tc.name, s, got, tc.pattern, want)
+			}
+		}
+	}
+}
+
+// nearMisses are s with each byte replaced or doubled, each run of up to
+// four bytes removed, s truncated and extended, with characters from every
+// class the patterns name.
+func nearMisses(s string) []string {
+	subst := []string{"", "0", "9", "a", "f", "g", "z", "A", "F", "G", "Z", "-", "_", "/", "~", ":", " ", "\t", "\n", "\v", "é", "ſ", ".", "7", "8", "b", "c"}
+	out := []string{"", s + s}
+	for i := 0; i <= len(s); i++ {
+		for n := 2; n <= 4 && i+n <= len(s); n++ {
+			out = append(out, s[:i]+s[i+n:])
+		}
+		for _, c := range subst {
+			out = append(out, s[:i]+c+s[i:])
+			if i < len(s) {
+				out = append(out, s[:i]+c+s[i+1:])
+			}
+		}
+		out = append(out, s[:i])
+	}
+	return out
 }
