@@ -58,21 +58,47 @@ func pathEscapes(root, p string, depth int) (bool, string) {
 	if len(p) > maxPathBytes {
 		return true, "path too long"
 	}
-	if !utf8.ValidString(p) {
-		return true, "invalid or overlong UTF-8"
+	// ASCII, the common case, needs neither the rune tables nor NFKC
+	// (ASCII text is NFKC-normal); a path with any other byte goes
+	// through the general checks, from the start.
+	ascii, why := true, ""
+	for i := 0; i < len(p); i++ {
+		b := p[i]
+		if b >= utf8.RuneSelf {
+			ascii = false
+			break
+		}
+		if why == "" {
+			switch {
+			case b == 0:
+				why = "NUL byte"
+			case b < 0x20 || b == 0x7f:
+				why = "control character"
+			case b == '\\':
+				why = "backslash"
+			}
+		}
 	}
-	for _, r := range p {
-		switch {
-		case r == 0:
-			return true, "NUL byte"
-		case unicode.IsControl(r):
-			return true, "control character"
-		case unicode.Is(unicode.Cf, r):
-			return true, "invisible format character"
-		case r == '\\':
-			return true, "backslash"
-		case r >= utf8.RuneSelf && lookalike(r):
-			return true, "unicode dot or slash lookalike"
+	if ascii && why != "" {
+		return true, why
+	}
+	if !ascii {
+		if !utf8.ValidString(p) {
+			return true, "invalid or overlong UTF-8"
+		}
+		for _, r := range p {
+			switch {
+			case r == 0:
+				return true, "NUL byte"
+			case unicode.IsControl(r):
+				return true, "control character"
+			case unicode.Is(unicode.Cf, r):
+				return true, "invisible format character"
+			case r == '\\':
+				return true, "backslash"
+			case r >= utf8.RuneSelf && lookalike(r):
+				return true, "unicode dot or slash lookalike"
+			}
 		}
 	}
 	if strings.IndexByte(p, '%') >= 0 {
@@ -86,7 +112,7 @@ func pathEscapes(root, p string, depth int) (bool, string) {
 			}
 		}
 	}
-	if !norm.NFKC.IsNormalString(p) && depth < 2 {
+	if !ascii && !norm.NFKC.IsNormalString(p) && depth < 2 {
 		if esc, why := pathEscapes(root, norm.NFKC.String(p), depth+1); esc {
 			return true, "after NFKC normalisation: " + why
 		}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 )
 
 const testRoot = "/work/root"
@@ -225,4 +227,40 @@ func ExamplePathEscapes() {
 	// deny: parent directory segment
 	// deny: percent-encoded dot or slash
 	// deny: outside the workspace root
+}
+
+// TestPathEscapesASCIIFastPath: the ASCII fast path answers as the general
+// checks do, for every single byte and for paths mixing bad bytes.
+func TestPathEscapesASCIIFastPath(t *testing.T) {
+	general := func(p string) (bool, string) {
+		// The general per-rune checks on their own (what an ASCII path went
+		// through before the fast path).
+		for _, r := range p {
+			switch {
+			case r == 0:
+				return true, "NUL byte"
+			case unicode.IsControl(r):
+				return true, "control character"
+			case r == '\\':
+				return true, "backslash"
+			}
+		}
+		return false, ""
+	}
+	var paths []string
+	for b := 0; b < utf8.RuneSelf; b++ {
+		paths = append(paths, "a/"+string(rune(b))+"/c", string(rune(b))+"\\\x00", "x\x7f"+string(rune(b)))
+	}
+	for _, p := range paths {
+		want, wantWhy := general(p)
+		got, why := pathEscapes("/w", p, 0)
+		if want && (!got || why != wantWhy) {
+			t.Errorf("%q: %v %q, want %v %q", p, got, why, want, wantWhy)
+		}
+	}
+	// A non-ASCII byte anywhere sends the path through the general checks:
+	// invalid UTF-8 is reported as such even after a NUL.
+	if esc, why := pathEscapes("/w", "\x00\xff", 0); !esc || why != "invalid or overlong UTF-8" {
+		t.Errorf("NUL then invalid UTF-8: %v %q", esc, why)
+	}
 }
