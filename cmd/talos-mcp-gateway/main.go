@@ -58,7 +58,7 @@ type cli struct {
 	AllowNetworkTool     []string      `name:"allow-network-tool" help:"Exempt a tool ('name' or 'server_id/name') from --block-network-outbound."`
 	MaxEnvelopeBytes     int           `name:"max-envelope-bytes" help:"Largest call envelope sent to Talos; larger calls are denied here (default: NATS max payload less 64 KiB)."`
 	DrainTimeout         time.Duration `name:"drain-timeout" default:"10s" help:"At exit, how long to wait for post events still queued for NATS."`
-	LogLevel             string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level (logs go to stderr; arguments and results are never logged)."`
+	LogLevel             string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level (logs go to stderr; arguments and results are never logged, and what is logged is redacted like a payload)."`
 
 	Tools toolsFlag `name:"list-tools" help:"Print the tools the configured principal (or each of --principals) would see, then exit. Needs no NATS."`
 }
@@ -83,7 +83,13 @@ func main() {
 		os.Exit(2)
 	}
 	level := map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError}[c.LogLevel]
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	red, err := newLogRedactor()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "talos-mcp-gateway:", err)
+		os.Exit(1)
+	}
+	// What the gateway logs is redacted like a payload (redactlog.go).
+	log := slog.New(newRedactingHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}), red))
 	if err := c.run(log); err != nil {
 		fmt.Fprintln(os.Stderr, "talos-mcp-gateway:", err)
 		var u usageError

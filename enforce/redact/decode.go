@@ -31,7 +31,7 @@ func (w *walker) str(s, ctx string, depth, dec int) (string, []hit, error) {
 			return out, hits, err
 		}
 	}
-	return w.text(s, ctx, depth, dec)
+	return w.text(s, ctx, depth, dec, true)
 }
 
 // embeddedJSON handles a string holding a JSON object or array. ok is false
@@ -86,13 +86,39 @@ type span struct {
 	hits       []hit
 }
 
-// text scans s with the detection rules (in the context of member name ctx)
-// and, decoding allowing, its base64 runs, and replaces what they find.
-func (w *walker) text(s, ctx string, depth, dec int) (string, []hit, error) {
+// text scans s with the detection rules (in the context of member name
+// ctx), by position (when positional: not for object keys) and, decoding
+// allowing, its base64 runs, and replaces what they find.
+func (w *walker) text(s, ctx string, depth, dec int, positional bool) (string, []hit, error) {
 	var spans []span
-	for _, f := range w.r.rules.scan(ctx, s) {
+	w.scratch = w.scratch[:0]
+	if positional {
+		w.scratch = w.r.positional(s, w.scratch)
+	}
+	// The same secret is often found twice (by a rule and by position):
+	// its HMAC is computed once.
+	var memo [4]struct{ secret, mac string }
+	nm := 0
+	mac := func(secret string) string {
+		for _, m := range memo[:nm] {
+			if m.secret == secret {
+				return m.mac
+			}
+		}
+		h := w.r.mac(secret)
+		if nm < len(memo) {
+			memo[nm].secret, memo[nm].mac = secret, h
+			nm++
+		}
+		return h
+	}
+	for _, f := range w.r.rules.scan(ctx, s, w.scratch) {
 		spans = append(spans, span{start: f.start, end: f.end, generic: f.generic,
-			hits: []hit{{rule: f.rule, mac: w.r.mac(f.secret)}}})
+			hits: []hit{{rule: f.rule, mac: mac(f.secret)}}})
+	}
+	for _, f := range w.scratch {
+		spans = append(spans, span{start: f.start, end: f.end,
+			hits: []hit{{rule: f.rule, mac: mac(f.secret)}}})
 	}
 	if dec < w.r.decodeDepth && len(s) >= minBase64Run {
 		var err error
@@ -239,11 +265,41 @@ func decodeBase64(run string) (string, bool) {
 	if url {
 		enc = base64.RawURLEncoding
 	}
+	// Most runs are not encoded text (hashes, ids, keys): their first
+	// bytes already show it.
+	var head [6]byte
+	if n, err := enc.Decode(head[:], []byte(body[:min(8, len(body)/4*4)])); err != nil || !printablePrefix(head[:n]) {
+		return "", false
+	}
 	b, err := enc.DecodeString(body)
 	if err != nil || !printable(b) {
 		return "", false
 	}
 	return string(b), true
+}
+
+// printablePrefix reports whether b can begin printable text: printable
+// runs up to a last rune that may be cut short.
+func printablePrefix(b []byte) bool {
+	for len(b) > 0 {
+		c := b[0]
+		if c < utf8.RuneSelf {
+			if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f {
+				return false
+			}
+			b = b[1:]
+			continue
+		}
+		if !utf8.FullRune(b) {
+			return utf8.RuneStart(c) && c >= 0xC2 && c <= 0xF4
+		}
+		r, n := utf8.DecodeRune(b)
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return false
+		}
+		b = b[n:]
+	}
+	return true
 }
 
 // printable reports whether b is UTF-8 text of printable characters, tabs

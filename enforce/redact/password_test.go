@@ -22,7 +22,8 @@ func TestPasswordAssignment(t *testing.T) {
 			t.Fatal(err)
 		}
 		b, _ := json.Marshal(out)
-		if strings.Contains(string(b), tc.secret) || len(found) == 0 || found[0].Rule != "password-assignment" {
+		if strings.Contains(string(b), tc.secret) || len(found) == 0 ||
+			found[0].Rule != RuleSecretAssignment && found[0].Rule != RuleSecretFlag || found[0].Pseudonym != r.Pseudonym(tc.secret) {
 			t.Errorf("%q: %s %+v", tc.text, b, found)
 		}
 	}

@@ -1,7 +1,6 @@
 package redact
 
 import (
-	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
@@ -57,25 +56,6 @@ var (
 	ErrUnsupportedType = errors.New("redact: unsupported value type")
 )
 
-// DefaultFieldNames are the member names whose values are secrets whatever
-// they look like. Names are compared lowercased with '-', '_' and ' '
-// removed; an entry starting with '*' matches every name ending in the rest
-// ("*token" matches "github_token", "X-Auth-Token"). New copies the list it
-// uses; changing this variable affects only Redactors built afterwards.
-var DefaultFieldNames = []string{
-	"password", "passwd", "pwd", "passphrase",
-	"token", "access_token", "refresh_token", "id_token", "auth_token",
-	"session_token", "bearer_token", "api_token",
-	"secret", "client_secret", "secret_key", "secret_access_key",
-	"aws_secret_access_key",
-	"authorization", "proxy-authorization",
-	"api_key", "apikey", "x-api-key", "access_key",
-	"private_key", "credentials", "credential",
-	"cookie", "cookies", "set-cookie",
-	"*password", "*passwd", "*passphrase", "*secret", "*token", "*apikey",
-	"*secretkey", "*privatekey",
-}
-
 // pairNameKeys and pairValueKeys describe a name/value pair object
 // ({"name": "Authorization", "value": "Bearer ..."}): when a member named
 // like pairNameKeys holds a sensitive field name, the "value" member is
@@ -94,10 +74,24 @@ type Config struct {
 	// KeyID names Key in pseudonyms; "" means the first 16 hex digits of
 	// sha256(Key). It must not contain ':' or whitespace.
 	KeyID string
-	// FieldNames replaces DefaultFieldNames when non-nil.
+	// FieldNames replaces DefaultFieldNames when non-nil: the secret
+	// names, exact or with '*' standing for any run of characters and '?'
+	// for one ("*pass*", "*_otp"), compared after normalization (see
+	// names.go).
+	// They decide JSON members, KEY=value and key: value pairs in text,
+	// command-line flags, connection-string keywords, URL query
+	// parameters and header lines alike.
 	FieldNames []string
 	// ExtraFieldNames are added to the field names in use.
 	ExtraFieldNames []string
+	// NotSecretWords replaces DefaultNotSecretWords when non-nil: words
+	// removed from a name before the patterns are tried ("keyboard",
+	// "max_tokens" are then no secret names).
+	NotSecretWords []string
+	// NameQualifiers replaces DefaultNameQualifiers when non-nil: last
+	// words that make a pattern-matched name describe a secret instead of
+	// holding one ("password_file", "token_url").
+	NameQualifiers []string
 	// MaxDecodeDepth bounds how many nested decodings (base64 text, JSON
 	// documents in strings) a value goes through: 0 means 2, a negative
 	// value disables decoding, at most 8.
@@ -113,8 +107,7 @@ type Finding = schemas.Redaction
 type Redactor struct {
 	key         []byte
 	kid         string
-	exact       map[string]struct{}
-	suffixes    []string
+	names       *names
 	decodeDepth int
 	rules       *ruleset
 }
@@ -141,27 +134,27 @@ func New(cfg Config) (*Redactor, error) {
 	case depth > maxDecodeDepth:
 		return nil, fmt.Errorf("redact: MaxDecodeDepth %d exceeds %d", depth, maxDecodeDepth)
 	}
-	names := cfg.FieldNames
-	if names == nil {
-		names = DefaultFieldNames
+	secret := cfg.FieldNames
+	if secret == nil {
+		secret = DefaultFieldNames
+	}
+	notSecret := cfg.NotSecretWords
+	if notSecret == nil {
+		notSecret = DefaultNotSecretWords
+	}
+	qualifiers := cfg.NameQualifiers
+	if qualifiers == nil {
+		qualifiers = DefaultNameQualifiers
+	}
+	nm, err := newNames(append(append([]string(nil), secret...), cfg.ExtraFieldNames...), notSecret, qualifiers)
+	if err != nil {
+		return nil, err
 	}
 	r := &Redactor{
 		key:         append([]byte(nil), cfg.Key...),
 		kid:         kid,
-		exact:       map[string]struct{}{},
+		names:       nm,
 		decodeDepth: depth,
-	}
-	for _, n := range append(append([]string(nil), names...), cfg.ExtraFieldNames...) {
-		suffix := strings.HasPrefix(n, "*")
-		norm := normalizeName(strings.TrimPrefix(n, "*"))
-		if norm == "" {
-			return nil, fmt.Errorf("redact: empty field name %q", n)
-		}
-		if suffix {
-			r.suffixes = append(r.suffixes, norm)
-		} else {
-			r.exact[norm] = struct{}{}
-		}
 	}
 	rs, err := loadRuleset()
 	if err != nil {
@@ -204,37 +197,8 @@ func (r *Redactor) mac(secret string) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-// isSensitive reports whether a member name is a configured field name.
-func (r *Redactor) isSensitive(name string) bool {
-	var buf [64]byte
-	n := appendNormalized(buf[:0], name)
-	if _, ok := r.exact[string(n)]; ok {
-		return true
-	}
-	for _, s := range r.suffixes {
-		if bytes.HasSuffix(n, []byte(s)) {
-			return true
-		}
-	}
-	return false
-}
-
-// normalizeName lowercases ASCII letters and drops '-', '_' and ' '.
-func normalizeName(s string) string { return string(appendNormalized(nil, s)) }
-
-func appendNormalized(dst []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '-' || c == '_' || c == ' ':
-			continue
-		case 'A' <= c && c <= 'Z':
-			c += 'a' - 'A'
-		}
-		dst = append(dst, c)
-	}
-	return dst
-}
+// isSensitive reports whether a member name is a secret name.
+func (r *Redactor) isSensitive(name string) bool { return r.names.secret(name) }
 
 // Redact returns a deep copy of v (a JSON tree as encoding/json decodes it,
 // with or without UseNumber: map[string]any, []any, string, float64,
@@ -245,10 +209,15 @@ func appendNormalized(dst []byte, s string) []byte {
 //
 // What is replaced:
 //   - in a string, the secret part a rule identifies (the password of
-//     https://u:pw@host, the token after "Bearer "); overlapping findings
+//     https://u:pw@host, the token after "Bearer ") and every value that
+//     sits where a secret sits (after a secret-named flag, KEY= or key:,
+//     in a connection string's password pair; rules "secret-flag",
+//     "secret-assignment", "url-userinfo-password"); overlapping findings
 //     merge into one replacement;
 //   - a string or number under a sensitive member name, whole; every string
 //     and number inside an object or array under such a name;
+//   - in an argument array, the element after a secret-named flag, or the
+//     part of an element after its flag (-pSECRET, --token=SECRET);
 //   - a base64 run (16 or more characters) whose decoding is printable text
 //     holding a secret, whole (rule "<rule>+base64");
 //   - in a string holding a JSON object or array with secrets inside: the
@@ -313,6 +282,11 @@ type walker struct {
 	base     string
 	path     []token
 	findings []schemas.Redaction
+	// argvHint is the command named by a sibling of the array being
+	// walked ({"command": "mysql", "args": [...]}).
+	argvHint string
+	// scratch holds one string's positional findings.
+	scratch []found
 }
 
 func (w *walker) push(t token) { w.path = append(w.path, t) }
@@ -363,9 +337,10 @@ func (w *walker) value(v any, ctx string, depth, dec int) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		if len(hits) > 0 {
-			w.record(w.pointer(), hits)
+		if len(hits) == 0 {
+			return v, nil // unchanged: no new interface value
 		}
+		w.record(w.pointer(), hits)
 		return s, nil
 	case map[string]any:
 		return w.object(t, depth+1, dec)
@@ -400,7 +375,11 @@ func (w *walker) object(m map[string]any, depth, dec int) (any, error) {
 		case pairName != "" && isOneOf(k, pairValueKeys):
 			rv, err = w.whole(v, depth, RuleFieldName)
 		default:
+			if _, isArray := v.([]any); isArray {
+				w.argvHint = commandHint(m)
+			}
 			rv, err = w.value(v, k, depth, dec)
+			w.argvHint = ""
 		}
 		w.pop()
 		if err != nil {
@@ -417,7 +396,7 @@ func (w *walker) key(k string, depth int) (string, []hit, error) {
 	if len(k) < minRegexLen {
 		return k, nil, nil
 	}
-	return w.text(k, "", depth, w.r.decodeDepth)
+	return w.text(k, "", depth, w.r.decodeDepth, false)
 }
 
 // pairName returns the sensitive name of a name/value pair object
@@ -427,21 +406,37 @@ func (w *walker) pairName(m map[string]any) string {
 		return ""
 	}
 	hasValue := false
-	name := ""
-	for k, v := range m {
-		switch {
-		case isOneOf(k, pairValueKeys):
+	for k := range m {
+		if len(k) == 5 && isOneOf(k, pairValueKeys) {
 			hasValue = true
-		case isOneOf(k, pairNameKeys):
-			if s, ok := v.(string); ok && w.r.isSensitive(s) {
-				name = s
-			}
+			break
 		}
 	}
 	if !hasValue {
 		return ""
 	}
-	return name
+	for k, v := range m {
+		if len(k) <= 6 && isOneOf(k, pairNameKeys) {
+			if s, ok := v.(string); ok && w.r.isSensitive(s) {
+				return s
+			}
+		}
+	}
+	return ""
+}
+
+// commandHintKeys name the member of a tool's arguments that holds the
+// program an argument array is passed to.
+var commandHintKeys = []string{"command", "cmd", "program", "executable", "binary", "bin", "exe", "tool"}
+
+// commandHint returns the program named by m, if any.
+func commandHint(m map[string]any) string {
+	for _, k := range commandHintKeys {
+		if s, ok := m[k].(string); ok {
+			return s
+		}
+	}
+	return ""
 }
 
 func isOneOf(k string, names []string) bool {
@@ -459,6 +454,7 @@ func (w *walker) array(a []any, ctx string, depth, dec int) (any, error) {
 	}
 	out := make([]any, len(a))
 	inKey := false // inside a PEM private key split over elements
+	argv := w.argvValues(a)
 	for i, v := range a {
 		w.push(token{index: i})
 		s, isStr := v.(string)
@@ -466,6 +462,7 @@ func (w *walker) array(a []any, ctx string, depth, dec int) (any, error) {
 			rv  any
 			err error
 		)
+		skip, isArg := argv[i]
 		switch {
 		case isStr && !inKey && strings.Contains(s, "-----") && pemBegin.MatchString(s) && !pemEnd.MatchString(s):
 			inKey = true
@@ -475,6 +472,10 @@ func (w *walker) array(a []any, ctx string, depth, dec int) (any, error) {
 				inKey = false
 			}
 			rv = w.lineOfKey(s)
+		case isArg && skip == 0:
+			rv, err = w.whole(v, depth, RuleSecretFlag)
+		case isArg && isStr:
+			rv, err = w.flagTail(s, skip, ctx, depth, dec)
 		default:
 			rv, err = w.value(v, ctx, depth, dec)
 		}
@@ -485,6 +486,65 @@ func (w *walker) array(a []any, ctx string, depth, dec int) (any, error) {
 		out[i] = rv
 	}
 	return out, nil
+}
+
+// argvValues finds the elements of an argument array (["mysql",
+// "-psecret"], ["--password", "x"]) that hold flag values: element index
+// to the bytes of its string to keep (0: the whole element is the value).
+// The command may be the array's first element or the string of a
+// sibling member named like "command" (w.argvHint).
+func (w *walker) argvValues(a []any) map[int]int {
+	if len(a) < 2 && w.argvHint == "" {
+		return nil
+	}
+	flagLike := false
+	for _, v := range a {
+		if s, ok := v.(string); ok && len(s) > 1 && s[0] == '-' {
+			flagLike = true
+			break
+		}
+	}
+	if !flagLike {
+		return nil
+	}
+	lits := make([]string, len(a))
+	for i, v := range a {
+		switch t := v.(type) {
+		case string:
+			lits[i] = t
+		case json.Number:
+			lits[i] = string(t)
+		}
+	}
+	vals := w.r.flagValues(lits, w.argvHint, false, nil)
+	if len(vals) == 0 {
+		return nil
+	}
+	out := make(map[int]int, len(vals))
+	for _, fv := range vals {
+		if fv.skip < len(lits[fv.word]) || fv.skip == 0 {
+			out[fv.word] = fv.skip
+		}
+	}
+	return out
+}
+
+// flagTail redacts s[skip:], the value attached to a flag (-pSECRET,
+// --token=SECRET). The element may also be shell text rather than one
+// argument (--token='x'): what the text scan finds there is recorded too.
+func (w *walker) flagTail(s string, skip int, ctx string, depth, dec int) (any, error) {
+	_, hits, err := w.str(s, ctx, depth, dec)
+	if err != nil {
+		return nil, err
+	}
+	secret := s[skip:]
+	if placeholder(secret) && len(hits) == 0 {
+		return s, nil
+	}
+	h := hit{rule: RuleSecretFlag, mac: w.r.mac(secret)}
+	hits = dedupeByMAC(append([]hit{h}, hits...))
+	w.record(w.pointer(), hits)
+	return s[:skip] + marker(h), nil
 }
 
 func (w *walker) lineOfKey(s string) string {

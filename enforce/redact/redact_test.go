@@ -274,7 +274,7 @@ func plants() []plant {
 			name: "generic assignment in text", base: "/result",
 			doc: map[string]any{"content": []any{map[string]any{"type": "text",
 				"text": "# .env\nAPP_ENV=production\nPAYMENTS_SECRET=" + gcpInEnv + "\n"}}},
-			secret: gcpInEnv, pointer: "/result/content/0/text", rule: "generic-api-key",
+			secret: gcpInEnv, pointer: "/result/content/0/text", rule: RuleSecretAssignment,
 			keep: []string{"APP_ENV=production"},
 		},
 	}
@@ -608,8 +608,9 @@ func TestNestedDecoding(t *testing.T) {
 	if strings.Contains(red, inner) || strings.Contains(red, nestedSecret) {
 		t.Fatalf("nested secret survives: %s", red)
 	}
-	// Two decodings (the default): the innermost JSON is scanned as text.
-	want := schemas.Redaction{Pointer: "/event", Rule: "generic-api-key" + SuffixBase64 + SuffixJSON, Pseudonym: r.Pseudonym(nestedSecret)}
+	// Two decodings (the default): the innermost JSON is scanned as text,
+	// where its secret-named pair is found by position.
+	want := schemas.Redaction{Pointer: "/event", Rule: RuleSecretAssignment + SuffixBase64 + SuffixJSON, Pseudonym: r.Pseudonym(nestedSecret)}
 	if !containsFinding(findings, want) {
 		t.Fatalf("want %+v in %+v", want, findings)
 	}
@@ -813,7 +814,7 @@ func TestNew(t *testing.T) {
 		t.Error("Redactor shares the caller's key slice")
 	}
 	ids := r.RuleIDs()
-	for _, want := range []string{"aws-access-token", "github-pat", "jwt", "private-key", "generic-api-key", "url-userinfo-password", "bearer-token"} {
+	for _, want := range []string{"aws-access-token", "github-pat", "jwt", "private-key", "generic-api-key", "authorization-header", "bearer-token"} {
 		if !contains(ids, want) {
 			t.Errorf("rule %s not loaded", want)
 		}

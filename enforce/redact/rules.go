@@ -87,14 +87,6 @@ const letterOnly = `^[a-zA-Z_.-]+$`
 
 var gapFillers = []gapFiller{
 	{
-		id: "url-userinfo-password",
-		why: "gitleaks has no generic rule for a password in a URL's userinfo " +
-			"(postgres://u:p@h/db, https://u:p@host); only a few vendor URLs",
-		regex:       `://[^\s/?#@:'"]{0,256}:([^\s/?#@'"]{1,256})@[^\s/?#@'"]`,
-		secretGroup: 1,
-		keywords:    []string{"://"},
-	},
-	{
 		id: "authorization-header",
 		why: "gitleaks finds Authorization headers only inside curl command " +
 			"lines (curl-auth-header); tool results carry raw HTTP headers and logs",
@@ -115,20 +107,6 @@ var gapFillers = []gapFiller{
 		entropy:     3,
 		keywords:    []string{"bearer"},
 		allowRegex:  []string{letterOnly},
-	},
-	{
-		id: "password-assignment",
-		why: "gitleaks' generic-api-key needs entropy above 3.5, so a short or " +
-			"human-chosen password in an env file, config or command line " +
-			"(DB_PASSWORD=hunter2, password: s3cret, --password=x) is missed; a " +
-			"value assigned to a password-like name is a secret whatever its " +
-			"entropy. No quote may stand between name and '=' or ':', so JSON " +
-			"members are left to the (configurable) field-name rule",
-		regex: `(?i)(?:^|[^a-z0-9])[a-z0-9_.-]*(?:password|passwd|passphrase|pwd)[a-z0-9_-]*` +
-			`[ \t]*[=:][ \t]*["']?([^\s"'&;,]{3,256})`,
-		secretGroup: 1,
-		keywords:    []string{"pass", "pwd"},
-		allowRegex:  []string{`^(?i:\*+|x+|redacted|null|none|true|false|required|optional|\$\{?[a-z0-9_]+\}?)$`},
 	},
 	{
 		id: "private-key-block",
@@ -303,7 +281,11 @@ const minRegexLen = 8
 // is value alone, or, when the value is an object member, the member as
 // serialized JSON shows it, `"<ctx>": "<value>"`, so that rules needing the
 // assignment context see it.
-func (rs *ruleset) scan(ctx, value string) []ruleHit {
+//
+// cover are spans of value already found by position: a generic-rule
+// match inside one would be dropped (see replaceSpans), so its allowlists
+// are not run.
+func (rs *ruleset) scan(ctx, value string, cover []found) []ruleHit {
 	if len(value) < minRegexLen {
 		return nil
 	}
@@ -349,6 +331,9 @@ func (rs *ruleset) scan(ctx, value string) []ruleHit {
 	}
 	lo, hi := prefixLen, prefixLen+len(value)
 	var hits []ruleHit
+	for _, c := range cover {
+		hits = append(hits, ruleHit{start: c.start, end: c.end})
+	}
 	var winBuf [4][2]int
 	// Specific rules first: a generic finding inside a specific one is
 	// dropped before its (costly) allowlists run.
@@ -366,7 +351,7 @@ func (rs *ruleset) scan(ctx, value string) []ruleHit {
 			}
 		}
 	}
-	return hits
+	return hits[len(cover):]
 }
 
 // run applies the rule to text with its strategy and turns its matches
@@ -601,6 +586,9 @@ type keywordIndex struct {
 	nclass int
 	delta  []int32   // state*nclass + class -> next state (complete DFA)
 	out    [][]kwOut // state -> keywords ending here (via suffix links)
+	// final marks the states with keywords ending there: a small table the
+	// walk reads for every byte, where out is not.
+	final []bool
 }
 
 func newKeywordIndex(byKeyword map[string][]int, positional []bool) *keywordIndex {
@@ -611,9 +599,6 @@ func newKeywordIndex(byKeyword map[string][]int, positional []bool) *keywordInde
 	}
 	sort.Strings(kws)
 	for _, w := range kws {
-		if len(w) > 64 {
-			panic("redact: keyword longer than 64 bytes") // kwScan.ring
-		}
 		for i := 0; i < len(w); i++ {
 			if k.class[w[i]] == 0 && k.nclass < 256 {
 				k.class[w[i]] = uint8(k.nclass)
@@ -675,14 +660,28 @@ func newKeywordIndex(byKeyword map[string][]int, positional []bool) *keywordInde
 			queue = append(queue, v)
 		}
 	}
+	k.final = make([]bool, len(k.out))
+	for st, o := range k.out {
+		k.final[st] = len(o) > 0
+	}
 	return k
 }
 
 // kwScan is the automaton's progress through the parts of one text.
 type kwScan struct {
 	st    int32
-	chars int       // characters fed so far
-	ring  [64]int32 // byte offsets of the last 64 characters (keywords are shorter)
+	chars int // characters fed so far
+	// folds lists the folded characters (ſ, K), which take more than one
+	// byte: where a keyword ends is known, and where it starts is its
+	// length before it, plus the extra bytes of the folds inside it.
+	folds []fold
+}
+
+// fold is one folded character: its index among the characters fed and
+// the bytes it takes beyond one.
+type fold struct {
+	char  int
+	extra int32
 }
 
 // walk advances the automaton over s (which starts at offset off of the
@@ -694,27 +693,35 @@ type kwScan struct {
 func (k *keywordIndex) walk(sc *kwScan, s string, off int, bits []uint64, kws *[]kwHit) {
 	nc := int32(k.nclass)
 	st := sc.st
+	chars := sc.chars
 	for i := 0; i < len(s); i++ {
-		c, start := s[i], i
+		c := s[i]
 		if c >= utf8.RuneSelf {
 			switch {
 			case c == 0xC5 && i+1 < len(s) && s[i+1] == 0xBF:
 				c, i = 's', i+1
+				sc.folds = append(sc.folds, fold{char: chars, extra: 1})
 			case c == 0xE2 && i+2 < len(s) && s[i+1] == 0x84 && s[i+2] == 0xAA:
 				c, i = 'k', i+2
+				sc.folds = append(sc.folds, fold{char: chars, extra: 2})
 			}
 		}
-		sc.ring[sc.chars&63] = int32(off + start)
-		sc.chars++
+		chars++
 		st = k.delta[st*nc+int32(k.class[c])]
-		if o := k.out[st]; o != nil {
-			for _, h := range o {
+		if k.final[st] {
+			for _, h := range k.out[st] {
 				bits[h.rule/64] |= 1 << (h.rule % 64)
 				if h.positional {
-					*kws = append(*kws, kwHit{rule: h.rule, start: sc.ring[(sc.chars-int(h.n))&63], end: int32(off + i + 1)})
+					end := int32(off + i + 1)
+					start := end - h.n
+					for j := len(sc.folds) - 1; j >= 0 && sc.folds[j].char >= chars-int(h.n); j-- {
+						start -= sc.folds[j].extra
+					}
+					*kws = append(*kws, kwHit{rule: h.rule, start: start, end: end})
 				}
 			}
 		}
 	}
 	sc.st = st
+	sc.chars = chars
 }
