@@ -1327,21 +1327,39 @@ type SecretUse struct {
 	Rule       string // which redaction rule found it
 }
 
-// SecretUses answers "every call that used this secret" from v_secret_uses:
-// the calls whose redactions carry pseudonym ("hmac-sha256:<kid>:<hex>"),
+// SecretUses answers "every call that used this secret" as v_secret_uses
+// does: the calls whose redactions carry pseudonym ("hmac-sha256:<kid>:<hex>"),
 // oldest first, at most limit rows (0 = all). The secret itself is never
 // stored, so the caller computes the pseudonym with the redaction key.
+//
+// It reads tool_calls directly, only the calls that carry the pseudonym and
+// only the columns it returns (the view would sort every stored event,
+// payloads included, which exhausts ClickHouse's memory on large tables);
+// for those calls it picks the same row as v_tool_calls and the same
+// redaction as v_secret_uses.
 func SecretUses(ctx context.Context, conn driver.Conn, database, pseudonym string, limit int) ([]SecretUse, error) {
-	v, err := table(database, ViewSecretUses)
+	tbl, err := table(database, TableToolCalls)
 	if err != nil {
 		return nil, err
 	}
-	q := "SELECT time_ms, tool_call_id, agent_id, server_id, tool_name, pointer, rule FROM " + v +
-		" WHERE pseudonym = ? ORDER BY time_ms, tool_call_id"
+	q := `SELECT time_ms, tool_call_id, agent_id, server_id, tool_name,
+	redaction_pointers[i] AS pointer, redaction_rules[i] AS rule, redaction_pseudonyms[i] AS p
+FROM (
+	SELECT time_ms, tool_call_id, agent_id, server_id, tool_name, redaction_pointers, redaction_rules, redaction_pseudonyms
+	FROM ` + tbl + `
+	WHERE tool_call_id IN (SELECT tool_call_id FROM ` + tbl + ` WHERE has(redaction_pseudonyms, ?))
+	ORDER BY tool_call_id, time_ms, event_id, inserted_at
+	LIMIT 1 BY tool_call_id
+)
+ARRAY JOIN arrayEnumerate(redaction_pseudonyms) AS i
+WHERE p = ?
+ORDER BY tool_call_id, i
+LIMIT 1 BY tool_call_id`
+	q = "SELECT time_ms, tool_call_id, agent_id, server_id, tool_name, pointer, rule FROM (" + q + ") ORDER BY time_ms, tool_call_id"
 	if limit > 0 {
 		q += fmt.Sprintf(" LIMIT %d", limit)
 	}
-	rows, err := conn.Query(ctx, q, pseudonym)
+	rows, err := conn.Query(ctx, q, pseudonym, pseudonym)
 	if err != nil {
 		return nil, fmt.Errorf("query: secret uses: %w", err)
 	}

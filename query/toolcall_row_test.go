@@ -517,6 +517,28 @@ func TestSecretUses(t *testing.T) {
 			t.Errorf("use %d = %+v", i, u)
 		}
 	}
+	// SecretUses reads tool_calls itself; it must answer as the view does.
+	vrows, err := conn.Query(ctx, "SELECT tool_call_id, pointer, rule FROM `"+db+"`.v_secret_uses WHERE pseudonym = ? ORDER BY time_ms, tool_call_id",
+		pseudonymOf("rk1", plantedToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fromView []string
+	for vrows.Next() {
+		var id, ptr, rule string
+		if err := vrows.Scan(&id, &ptr, &rule); err != nil {
+			t.Fatal(err)
+		}
+		fromView = append(fromView, id+" "+ptr+" "+rule)
+	}
+	vrows.Close()
+	var fromQuery []string
+	for _, u := range uses {
+		fromQuery = append(fromQuery, u.ToolCallID+" "+u.Pointer+" "+u.Rule)
+	}
+	if !slices.Equal(fromView, fromQuery) {
+		t.Errorf("v_secret_uses says %q, SecretUses %q", fromView, fromQuery)
+	}
 	if uses, err := SecretUses(ctx, conn, db, pseudonymOf("rk1", plantedToken), 1); err != nil || len(uses) != 1 {
 		t.Errorf("limit 1: %d uses, %v", len(uses), err)
 	}
