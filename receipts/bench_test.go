@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"testing"
 	"time"
+
+	"github.com/talos-audit/talos/schemas"
 )
 
 // benchReceipt is a receipt whose sealed event is about 2 KB.
@@ -41,6 +43,21 @@ func BenchmarkSealNewID(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := c.Seal(m, r); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkSignEvent signs the same 2 KB data outside a chain, as
+// ToolCallEvents and control events are signed.
+func BenchmarkSignEvent(b *testing.B) {
+	c, m, size := benchReceipt(b)
+	m.Type = schemas.TypeToolCall
+	r := sampleReceipt(1, 8)
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := SignEvent(c.key, m, r); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -86,5 +103,73 @@ func BenchmarkMarshalThenJCS(b *testing.B) {
 		if _, err := Canonicalize(j); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// synthLikeEvents are n sealed receipts shaped like talosctl synth's
+// (about 1.2 KB each), by one key.
+func synthLikeEvents(b *testing.B, n int) (KeySet, [][]byte) {
+	key := testKey(b, 1)
+	keys := KeySet{}
+	keys.Add(key.Public())
+	c := NewChain("synth-0", key)
+	raws := make([][]byte, n)
+	for i := range raws {
+		r := sampleReceipt(i, 0)
+		r.DocumentHashes = []schemas.DocumentHash{}
+		s, err := c.Seal(testMeta(i), r)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := c.Commit(s); err != nil {
+			b.Fatal(err)
+		}
+		raws[i] = s.JSON
+	}
+	return keys, raws
+}
+
+// BenchmarkParseSigned is the verifier's one parse of a stored receipt,
+// everything but the signature check.
+func BenchmarkParseSigned(b *testing.B) {
+	keys, raws := synthLikeEvents(b, 64)
+	b.SetBytes(int64(len(raws[0])))
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if _, _, ok := parseSigned(raws[i%len(raws)], keys); !ok {
+			b.Fatal("not parsed")
+		}
+		i++
+	}
+}
+
+// BenchmarkVerifyEvents is per-receipt verification in batches of 256, as
+// the database verifier runs it, with each signature rule.
+func BenchmarkVerifyEvents(b *testing.B) {
+	keys, raws := synthLikeEvents(b, 256)
+	for _, f := range []struct {
+		name string
+		fn   func([][]byte, KeySet) ([]*Event, []error)
+	}{{"stdlib-rules", VerifyEvents}, {"batch", VerifyEventsBatch}} {
+		b.Run(f.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, errs := f.fn(raws, keys); errs[0] != nil {
+					b.Fatal(errs[0])
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(raws))/1000, "µs/event")
+		})
+	}
+}
+
+// BenchmarkSign is the Ed25519 signature alone, over a 32-byte receipt
+// hash: the floor under BenchmarkSeal.
+func BenchmarkSign(b *testing.B) {
+	key := testKey(b, 1)
+	var sum [32]byte
+	for b.Loop() {
+		Sign(key.Key, sum[:])
 	}
 }

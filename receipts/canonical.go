@@ -7,7 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,19 +58,39 @@ func MarshalCanonical(v any) ([]byte, error) {
 }
 
 func appendCanonical(dst []byte, v any) ([]byte, error) {
-	e := canonEncoder{buf: dst}
-	if err := e.value(reflect.ValueOf(v), 0); err != nil {
-		return nil, err
-	}
-	return e.buf, nil
+	var e canonEncoder
+	return e.encode(dst, v)
 }
 
 // maxCanonDepth bounds recursion through pointers and containers, so a
 // cyclic value fails instead of overflowing the stack.
 const maxCanonDepth = 1000
 
+var errCanonDepth = errors.New("receipts: canonical: value nested too deeply (cycle?)")
+
+// canonEncoder is the state of one encoding; the bytes themselves travel
+// through the encoders as an argument and a result.
+//
+// With track set, the first struct or map it writes (the top-level object,
+// behind any pointers) records where a member named "signature" would go:
+// sigAt is the offset of the first member whose name sorts after it, or of
+// the closing brace, and sigFound is set if the object has such a member.
+// sigAt stays -1 if the top-level value was written another way (a
+// json.Marshaler), in which case the caller looks the place up itself.
 type canonEncoder struct {
-	buf []byte
+	track    bool
+	sigAt    int
+	sigFound bool
+}
+
+// encode appends the canonical form of v to b.
+func (e *canonEncoder) encode(b []byte, v any) ([]byte, error) {
+	e.sigAt = -1
+	if v == nil {
+		return append(b, "null"...), nil
+	}
+	rv := reflect.ValueOf(v)
+	return typeEncoder(rv.Type())(e, b, rv, 0)
 }
 
 var (
@@ -78,225 +98,449 @@ var (
 	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
 )
 
-func (e *canonEncoder) value(v reflect.Value, depth int) error {
-	if depth > maxCanonDepth {
-		return errors.New("receipts: canonical: value nested too deeply (cycle?)")
+// encoderFunc appends to b the canonical form of v, a value of the type it
+// was built for, at nesting depth.
+type encoderFunc func(e *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error)
+
+// encoderCache memoizes one encoderFunc per type. It is a pure function
+// cache (a type's encoding never changes), like encoding/json's own.
+var encoderCache sync.Map // reflect.Type → encoderFunc
+
+func typeEncoder(t reflect.Type) encoderFunc {
+	if f, ok := encoderCache.Load(t); ok {
+		return f.(encoderFunc)
 	}
-	if !v.IsValid() {
-		e.buf = append(e.buf, "null"...)
-		return nil
+	// A recursive type reaches itself while its encoder is being built:
+	// hand out an indirection that waits for the real one.
+	var (
+		wg sync.WaitGroup
+		f  encoderFunc
+	)
+	wg.Add(1)
+	fi, loaded := encoderCache.LoadOrStore(t, encoderFunc(func(e *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+		wg.Wait()
+		return f(e, b, v, depth)
+	}))
+	if loaded {
+		return fi.(encoderFunc)
 	}
-	t := v.Type()
-	if t.Kind() != reflect.Pointer && t.Kind() != reflect.Interface {
-		if t.Implements(marshalerType) {
-			return e.marshaler(v)
-		}
-		if v.CanAddr() && reflect.PointerTo(t).Implements(marshalerType) {
-			return e.marshaler(v.Addr())
-		}
-		if t.Implements(textMarshalerType) {
-			return e.textMarshaler(v)
-		}
-		if v.CanAddr() && reflect.PointerTo(t).Implements(textMarshalerType) {
-			return e.textMarshaler(v.Addr())
-		}
-	}
-	switch t.Kind() {
-	case reflect.String:
-		e.buf = appendJCSString(e.buf, v.String())
-	case reflect.Bool:
-		if v.Bool() {
-			e.buf = append(e.buf, "true"...)
-		} else {
-			e.buf = append(e.buf, "false"...)
-		}
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		n := v.Int()
-		if n > maxSafeInteger || n < -maxSafeInteger {
-			return fmt.Errorf("%w: %d", ErrUnsafeInteger, n)
-		}
-		e.buf = strconv.AppendInt(e.buf, n, 10)
-	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
-		n := v.Uint()
-		if n > maxSafeInteger {
-			return fmt.Errorf("%w: %d", ErrUnsafeInteger, n)
-		}
-		e.buf = strconv.AppendUint(e.buf, n, 10)
-	case reflect.Float32, reflect.Float64:
-		f := v.Float()
-		if t.Kind() == reflect.Float32 {
-			// encoding/json writes a float32 with 32-bit precision; read
-			// that text back as a double, as a JCS parser would.
-			f, _ = strconv.ParseFloat(strconv.FormatFloat(f, 'g', -1, 32), 64)
-		}
-		s, err := jcs.NumberToJSON(f)
-		if err != nil {
-			return fmt.Errorf("receipts: canonical: %w", err)
-		}
-		e.buf = append(e.buf, s...)
-	case reflect.Pointer, reflect.Interface:
-		if v.IsNil() {
-			e.buf = append(e.buf, "null"...)
-			return nil
-		}
-		return e.value(v.Elem(), depth+1)
-	case reflect.Slice:
-		if v.IsNil() {
-			e.buf = append(e.buf, "null"...)
-			return nil
-		}
-		if t.Elem().Kind() == reflect.Uint8 && !t.Elem().Implements(marshalerType) &&
-			!reflect.PointerTo(t.Elem()).Implements(marshalerType) &&
-			!t.Elem().Implements(textMarshalerType) && !reflect.PointerTo(t.Elem()).Implements(textMarshalerType) {
-			e.buf = appendJCSString(e.buf, base64.StdEncoding.EncodeToString(v.Bytes()))
-			return nil
-		}
-		return e.array(v, depth)
-	case reflect.Array:
-		return e.array(v, depth)
-	case reflect.Map:
-		return e.mapValue(v, depth)
-	case reflect.Struct:
-		return e.structValue(v, depth)
-	default:
-		return fmt.Errorf("receipts: canonical: unsupported type %s", t)
-	}
-	return nil
+	f = newTypeEncoder(t)
+	wg.Done()
+	encoderCache.Store(t, f)
+	return f
 }
 
-func (e *canonEncoder) marshaler(v reflect.Value) error {
-	if v.Kind() == reflect.Pointer && v.IsNil() {
-		e.buf = append(e.buf, "null"...)
-		return nil
+// newTypeEncoder follows encoding/json's precedence: a json.Marshaler
+// (on the value, or on its address when addressable), then an
+// encoding.TextMarshaler (likewise), then the kind.
+func newTypeEncoder(t reflect.Type) encoderFunc {
+	k := t.Kind()
+	if k == reflect.Pointer || k == reflect.Interface {
+		return kindEncoder(t)
 	}
-	m := v.Interface().(json.Marshaler)
-	raw, err := m.MarshalJSON()
-	if err != nil {
-		return fmt.Errorf("receipts: canonical: %s.MarshalJSON: %w", v.Type(), err)
+	if t.Implements(marshalerType) {
+		return marshalerEncoder
 	}
-	c, err := Canonicalize(raw)
-	if err != nil {
-		return fmt.Errorf("receipts: canonical: %s: %w", v.Type(), err)
+	rest := kindEncoder(t)
+	if t.Implements(textMarshalerType) {
+		rest = textMarshalerEncoder
+	} else if reflect.PointerTo(t).Implements(textMarshalerType) {
+		rest = condAddrEncoder(addrTextMarshalerEncoder, rest)
 	}
-	e.buf = append(e.buf, c...)
-	return nil
+	if reflect.PointerTo(t).Implements(marshalerType) {
+		return condAddrEncoder(addrMarshalerEncoder, rest)
+	}
+	return rest
 }
 
-func (e *canonEncoder) textMarshaler(v reflect.Value) error {
-	if v.Kind() == reflect.Pointer && v.IsNil() {
-		e.buf = append(e.buf, "null"...)
-		return nil
-	}
-	text, err := v.Interface().(encoding.TextMarshaler).MarshalText()
-	if err != nil {
-		return fmt.Errorf("receipts: canonical: %s.MarshalText: %w", v.Type(), err)
-	}
-	e.buf = appendJCSString(e.buf, string(text))
-	return nil
-}
-
-func (e *canonEncoder) array(v reflect.Value, depth int) error {
-	e.buf = append(e.buf, '[')
-	for i := range v.Len() {
-		if i > 0 {
-			e.buf = append(e.buf, ',')
+// implementsAny reports whether t or *t implements one of the interfaces.
+func implementsAny(t reflect.Type, ifaces ...reflect.Type) bool {
+	for _, i := range ifaces {
+		if t.Implements(i) || reflect.PointerTo(t).Implements(i) {
+			return true
 		}
-		if err := e.value(v.Index(i), depth+1); err != nil {
-			return err
-		}
-	}
-	e.buf = append(e.buf, ']')
-	return nil
-}
-
-func (e *canonEncoder) mapValue(v reflect.Value, depth int) error {
-	if v.IsNil() {
-		e.buf = append(e.buf, "null"...)
-		return nil
-	}
-	if v.Type().Key().Kind() != reflect.String {
-		return fmt.Errorf("receipts: canonical: unsupported map key type %s", v.Type().Key())
-	}
-	keys := make([]string, 0, v.Len())
-	vals := make(map[string]reflect.Value, v.Len())
-	iter := v.MapRange()
-	for iter.Next() {
-		k := iter.Key().String()
-		if !utf8.ValidString(k) {
-			k = strings.ToValidUTF8(k, "\uFFFD")
-		}
-		if _, dup := vals[k]; dup {
-			return fmt.Errorf("receipts: canonical: map keys collide after UTF-8 repair: %q", k)
-		}
-		keys = append(keys, k)
-		vals[k] = iter.Value()
-	}
-	sort.Slice(keys, func(i, j int) bool { return lessUTF16(keys[i], keys[j]) })
-	e.buf = append(e.buf, '{')
-	for i, k := range keys {
-		if i > 0 {
-			e.buf = append(e.buf, ',')
-		}
-		e.buf = appendJCSString(e.buf, k)
-		e.buf = append(e.buf, ':')
-		if err := e.value(vals[k], depth+1); err != nil {
-			return err
-		}
-	}
-	e.buf = append(e.buf, '}')
-	return nil
-}
-
-func (e *canonEncoder) structValue(v reflect.Value, depth int) error {
-	info, err := structInfoOf(v.Type())
-	if err != nil {
-		return err
-	}
-	e.buf = append(e.buf, '{')
-	first := true
-	for i := range info.fields {
-		f := &info.fields[i]
-		fv := v.Field(f.index)
-		if f.omitEmpty && isEmptyValue(fv) {
-			continue
-		}
-		if !first {
-			e.buf = append(e.buf, ',')
-		}
-		first = false
-		e.buf = append(e.buf, f.quotedName...)
-		e.buf = append(e.buf, ':')
-		if err := e.value(fv, depth+1); err != nil {
-			return err
-		}
-	}
-	e.buf = append(e.buf, '}')
-	return nil
-}
-
-// isEmptyValue is encoding/json's definition of empty for omitempty.
-func isEmptyValue(v reflect.Value) bool {
-	switch v.Kind() {
-	case reflect.Array, reflect.Map, reflect.Slice, reflect.String:
-		return v.Len() == 0
-	case reflect.Bool:
-		return !v.Bool()
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		return v.Int() == 0
-	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
-		return v.Uint() == 0
-	case reflect.Float32, reflect.Float64:
-		return v.Float() == 0
-	case reflect.Interface, reflect.Pointer:
-		return v.IsNil()
 	}
 	return false
 }
 
+func condAddrEncoder(ifAddr, otherwise encoderFunc) encoderFunc {
+	return func(e *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+		if v.CanAddr() {
+			return ifAddr(e, b, v, depth)
+		}
+		return otherwise(e, b, v, depth)
+	}
+}
+
+func kindEncoder(t reflect.Type) encoderFunc {
+	switch t.Kind() {
+	case reflect.String:
+		return stringEncoder
+	case reflect.Bool:
+		return boolEncoder
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return intEncoder
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		return uintEncoder
+	case reflect.Float32:
+		return float32Encoder
+	case reflect.Float64:
+		return float64Encoder
+	case reflect.Pointer:
+		return pointerEncoder(t)
+	case reflect.Interface:
+		return interfaceEncoder
+	case reflect.Slice:
+		el := t.Elem()
+		if el.Kind() == reflect.Uint8 && !el.Implements(marshalerType) && !reflect.PointerTo(el).Implements(marshalerType) &&
+			!el.Implements(textMarshalerType) && !reflect.PointerTo(el).Implements(textMarshalerType) {
+			return bytesEncoder
+		}
+		return sliceEncoder(t)
+	case reflect.Array:
+		return arrayEncoder(t)
+	case reflect.Map:
+		return mapEncoder(t)
+	case reflect.Struct:
+		return structEncoder(t)
+	}
+	return func(*canonEncoder, []byte, reflect.Value, int) ([]byte, error) {
+		return nil, fmt.Errorf("receipts: canonical: unsupported type %s", t)
+	}
+}
+
+func stringEncoder(_ *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+	if depth > maxCanonDepth {
+		return nil, errCanonDepth
+	}
+	return appendJCSString(b, v.String()), nil
+}
+
+func boolEncoder(_ *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+	if depth > maxCanonDepth {
+		return nil, errCanonDepth
+	}
+	if v.Bool() {
+		return append(b, "true"...), nil
+	}
+	return append(b, "false"...), nil
+}
+
+func intEncoder(_ *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+	if depth > maxCanonDepth {
+		return nil, errCanonDepth
+	}
+	n := v.Int()
+	if n > maxSafeInteger || n < -maxSafeInteger {
+		return nil, fmt.Errorf("%w: %d", ErrUnsafeInteger, n)
+	}
+	return strconv.AppendInt(b, n, 10), nil
+}
+
+func uintEncoder(_ *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+	if depth > maxCanonDepth {
+		return nil, errCanonDepth
+	}
+	n := v.Uint()
+	if n > maxSafeInteger {
+		return nil, fmt.Errorf("%w: %d", ErrUnsafeInteger, n)
+	}
+	return strconv.AppendUint(b, n, 10), nil
+}
+
+func float32Encoder(_ *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+	// encoding/json writes a float32 with 32-bit precision; read that text
+	// back as a double, as a JCS parser would.
+	f, _ := strconv.ParseFloat(strconv.FormatFloat(v.Float(), 'g', -1, 32), 64)
+	return appendFloat(b, f, depth)
+}
+
+func float64Encoder(_ *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+	return appendFloat(b, v.Float(), depth)
+}
+
+func appendFloat(b []byte, f float64, depth int) ([]byte, error) {
+	if depth > maxCanonDepth {
+		return nil, errCanonDepth
+	}
+	s, err := jcs.NumberToJSON(f)
+	if err != nil {
+		return nil, fmt.Errorf("receipts: canonical: %w", err)
+	}
+	return append(b, s...), nil
+}
+
+func pointerEncoder(t reflect.Type) encoderFunc {
+	elem := typeEncoder(t.Elem())
+	return func(e *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+		if depth > maxCanonDepth {
+			return nil, errCanonDepth
+		}
+		if v.IsNil() {
+			return append(b, "null"...), nil
+		}
+		return elem(e, b, v.Elem(), depth+1)
+	}
+}
+
+func interfaceEncoder(e *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+	if depth > maxCanonDepth {
+		return nil, errCanonDepth
+	}
+	if v.IsNil() {
+		return append(b, "null"...), nil
+	}
+	el := v.Elem()
+	return typeEncoder(el.Type())(e, b, el, depth+1)
+}
+
+func bytesEncoder(_ *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+	if depth > maxCanonDepth {
+		return nil, errCanonDepth
+	}
+	if v.IsNil() {
+		return append(b, "null"...), nil
+	}
+	return appendJCSString(b, base64.StdEncoding.EncodeToString(v.Bytes())), nil
+}
+
+func sliceEncoder(t reflect.Type) encoderFunc {
+	arr := arrayEncoder(t)
+	return func(e *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+		if depth > maxCanonDepth {
+			return nil, errCanonDepth
+		}
+		if v.IsNil() {
+			return append(b, "null"...), nil
+		}
+		return arr(e, b, v, depth)
+	}
+}
+
+func arrayEncoder(t reflect.Type) encoderFunc {
+	elem := typeEncoder(t.Elem())
+	return func(e *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+		if depth > maxCanonDepth {
+			return nil, errCanonDepth
+		}
+		b = append(b, '[')
+		for i := range v.Len() {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			var err error
+			if b, err = elem(e, b, v.Index(i), depth+1); err != nil {
+				return nil, err
+			}
+		}
+		return append(b, ']'), nil
+	}
+}
+
+func mapEncoder(t reflect.Type) encoderFunc {
+	if t.Key().Kind() != reflect.String {
+		return func(_ *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+			if depth > maxCanonDepth {
+				return nil, errCanonDepth
+			}
+			if v.IsNil() {
+				return append(b, "null"...), nil
+			}
+			return nil, fmt.Errorf("receipts: canonical: unsupported map key type %s", t.Key())
+		}
+	}
+	elem := typeEncoder(t.Elem())
+	type entry struct {
+		key string
+		val reflect.Value
+	}
+	return func(e *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+		if depth > maxCanonDepth {
+			return nil, errCanonDepth
+		}
+		track := e.track
+		e.track = false
+		if v.IsNil() {
+			return append(b, "null"...), nil
+		}
+		entries := make([]entry, 0, v.Len())
+		iter := v.MapRange()
+		for iter.Next() {
+			k := iter.Key().String()
+			if !utf8.ValidString(k) {
+				k = strings.ToValidUTF8(k, "\uFFFD")
+			}
+			entries = append(entries, entry{k, iter.Value()})
+		}
+		slices.SortFunc(entries, func(a, b entry) int { return compareUTF16(a.key, b.key) })
+		for i := 1; i < len(entries); i++ {
+			if entries[i].key == entries[i-1].key {
+				return nil, fmt.Errorf("receipts: canonical: map keys collide after UTF-8 repair: %q", entries[i].key)
+			}
+		}
+		b = append(b, '{')
+		for i, en := range entries {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			if track && e.sigAt < 0 {
+				if c := compareUTF16(en.key, signatureKey); c >= 0 {
+					e.sigAt, e.sigFound = len(b), c == 0
+				}
+			}
+			b = appendJCSString(b, en.key)
+			b = append(b, ':')
+			var err error
+			if b, err = elem(e, b, en.val, depth+1); err != nil {
+				return nil, err
+			}
+		}
+		if track && e.sigAt < 0 {
+			e.sigAt = len(b)
+		}
+		return append(b, '}'), nil
+	}
+}
+
+// signatureKey is the data member a signature is written to.
+const signatureKey = "signature"
+
+func structEncoder(t reflect.Type) encoderFunc {
+	info, err := structInfoOf(t)
+	if err != nil {
+		return func(_ *canonEncoder, _ []byte, _ reflect.Value, depth int) ([]byte, error) {
+			if depth > maxCanonDepth {
+				return nil, errCanonDepth
+			}
+			return nil, err
+		}
+	}
+	return func(e *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+		if depth > maxCanonDepth {
+			return nil, errCanonDepth
+		}
+		track := e.track
+		e.track = false
+		b = append(b, '{')
+		first := true
+		for i := range info.fields {
+			f := &info.fields[i]
+			fv := v.Field(f.index)
+			if f.omitEmpty && f.isEmpty(fv) {
+				continue
+			}
+			if !first {
+				b = append(b, ',')
+			}
+			first = false
+			if track && e.sigAt < 0 && f.sigOrder >= 0 {
+				e.sigAt, e.sigFound = len(b), f.sigOrder == 0
+			}
+			b = append(b, f.quotedName...)
+			if f.plainString && depth < maxCanonDepth {
+				b = appendJCSString(b, fv.String())
+				continue
+			}
+			var err error
+			if b, err = f.enc(e, b, fv, depth+1); err != nil {
+				return nil, err
+			}
+		}
+		if track && e.sigAt < 0 {
+			e.sigAt = len(b)
+		}
+		return append(b, '}'), nil
+	}
+}
+
+func marshalerEncoder(_ *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+	if depth > maxCanonDepth {
+		return nil, errCanonDepth
+	}
+	return appendMarshaler(b, v)
+}
+
+func addrMarshalerEncoder(_ *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+	if depth > maxCanonDepth {
+		return nil, errCanonDepth
+	}
+	return appendMarshaler(b, v.Addr())
+}
+
+func textMarshalerEncoder(_ *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+	if depth > maxCanonDepth {
+		return nil, errCanonDepth
+	}
+	return appendTextMarshaler(b, v)
+}
+
+func addrTextMarshalerEncoder(_ *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
+	if depth > maxCanonDepth {
+		return nil, errCanonDepth
+	}
+	return appendTextMarshaler(b, v.Addr())
+}
+
+func appendMarshaler(b []byte, v reflect.Value) ([]byte, error) {
+	if v.Kind() == reflect.Pointer && v.IsNil() {
+		return append(b, "null"...), nil
+	}
+	m := v.Interface().(json.Marshaler)
+	raw, err := m.MarshalJSON()
+	if err != nil {
+		return nil, fmt.Errorf("receipts: canonical: %s.MarshalJSON: %w", v.Type(), err)
+	}
+	c, err := Canonicalize(raw)
+	if err != nil {
+		return nil, fmt.Errorf("receipts: canonical: %s: %w", v.Type(), err)
+	}
+	return append(b, c...), nil
+}
+
+func appendTextMarshaler(b []byte, v reflect.Value) ([]byte, error) {
+	if v.Kind() == reflect.Pointer && v.IsNil() {
+		return append(b, "null"...), nil
+	}
+	text, err := v.Interface().(encoding.TextMarshaler).MarshalText()
+	if err != nil {
+		return nil, fmt.Errorf("receipts: canonical: %s.MarshalText: %w", v.Type(), err)
+	}
+	return appendJCSString(b, string(text)), nil
+}
+
+// emptyFunc is encoding/json's definition of empty for omitempty, for one
+// kind.
+func emptyFunc(k reflect.Kind) func(reflect.Value) bool {
+	switch k {
+	case reflect.Array, reflect.Map, reflect.Slice, reflect.String:
+		return func(v reflect.Value) bool { return v.Len() == 0 }
+	case reflect.Bool:
+		return func(v reflect.Value) bool { return !v.Bool() }
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return func(v reflect.Value) bool { return v.Int() == 0 }
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		return func(v reflect.Value) bool { return v.Uint() == 0 }
+	case reflect.Float32, reflect.Float64:
+		return func(v reflect.Value) bool { return v.Float() == 0 }
+	case reflect.Interface, reflect.Pointer:
+		return func(v reflect.Value) bool { return v.IsNil() }
+	}
+	return func(reflect.Value) bool { return false }
+}
+
 type fieldInfo struct {
 	index      int
-	quotedName []byte // canonical JSON string of the member name
+	name       string
+	quotedName []byte // canonical JSON string of the member name, then ':'
 	omitEmpty  bool
+	isEmpty    func(reflect.Value) bool
+	// sigOrder is how the name compares with "signature" in RFC 8785
+	// order (negative, 0, positive).
+	sigOrder int
+	enc      encoderFunc
+	// plainString is set for a string field without a marshaler of its
+	// own, which the struct encoder writes itself.
+	plainString bool
 }
 
 type structInfo struct {
@@ -319,16 +563,12 @@ func structInfoOf(t reflect.Type) (*structInfo, error) {
 		structCache.Store(t, err)
 		return nil, err
 	}
-	structCache.Store(t, info)
-	return info, nil
+	c, _ := structCache.LoadOrStore(t, info)
+	return c.(*structInfo), nil
 }
 
 func buildStructInfo(t reflect.Type) (*structInfo, error) {
-	type named struct {
-		fieldInfo
-		name string
-	}
-	var fs []named
+	var fs []fieldInfo
 	seen := map[string]bool{}
 	for i := range t.NumField() {
 		sf := t.Field(i)
@@ -359,14 +599,12 @@ func buildStructInfo(t reflect.Type) (*structInfo, error) {
 			return nil, fmt.Errorf("receipts: canonical: %s: duplicate JSON name %q", t, name)
 		}
 		seen[name] = true
-		fs = append(fs, named{fieldInfo{index: i, quotedName: appendJCSString(nil, name), omitEmpty: omit}, name})
+		fs = append(fs, fieldInfo{index: i, name: name, quotedName: append(appendJCSString(nil, name), ':'),
+			omitEmpty: omit, isEmpty: emptyFunc(sf.Type.Kind()), sigOrder: compareUTF16(name, signatureKey), enc: typeEncoder(sf.Type),
+			plainString: sf.Type.Kind() == reflect.String && !implementsAny(sf.Type, marshalerType, textMarshalerType)})
 	}
-	sort.Slice(fs, func(i, j int) bool { return lessUTF16(fs[i].name, fs[j].name) })
-	info := &structInfo{fields: make([]fieldInfo, len(fs))}
-	for i := range fs {
-		info.fields[i] = fs[i].fieldInfo
-	}
-	return info, nil
+	slices.SortFunc(fs, func(a, b fieldInfo) int { return compareUTF16(a.name, b.name) })
+	return &structInfo{fields: fs}, nil
 }
 
 // lessUTF16 orders strings by their UTF-16 code units, as RFC 8785 sorts
@@ -407,6 +645,14 @@ func appendJCSString(dst []byte, s string) []byte {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(s); {
+		// Skip eight plain ASCII bytes at a time (most of a receipt is
+		// hex, ids and names).
+		for i+8 <= len(s) && plainASCII8(s[i:i+8]) {
+			i += 8
+		}
+		if i >= len(s) {
+			break
+		}
 		c := s[i]
 		if c < utf8.RuneSelf {
 			if c >= 0x20 && c != '"' && c != '\\' {
@@ -447,3 +693,31 @@ func appendJCSString(dst []byte, s string) []byte {
 	dst = append(dst, s[start:]...)
 	return append(dst, '"')
 }
+
+// plainASCII8 reports whether the eight bytes of s (len(s) == 8) are all
+// ASCII that a JSON string holds literally: no control character, '"',
+// '\\' or byte ≥ 0x80.
+func plainASCII8(s string) bool {
+	_ = s[7]
+	return plainWord(uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56)
+}
+
+// Word-at-a-time byte tests (eight bytes in a uint64): the high bit of a
+// byte of (x - ones*c) &^ x is set, for the lowest such byte at least,
+// exactly where a byte of x is below c.
+const ones, highs = 0x0101010101010101, 0x8080808080808080
+
+// plainWord reports whether no byte of x is a control character, '"',
+// '\\' or ≥ 0x80.
+func plainWord(x uint64) bool {
+	return ((x-ones*0x20)&^x|zeroByte(x^(ones*'"'))|zeroByte(x^(ones*'\\'))|x)&highs == 0
+}
+
+// quoteFreeWord reports whether no byte of x is '"' or '\\'.
+func quoteFreeWord(x uint64) bool {
+	return (zeroByte(x^(ones*'"'))|zeroByte(x^(ones*'\\')))&highs == 0
+}
+
+// zeroByte has the high bit of some byte set if a byte of y is zero.
+func zeroByte(y uint64) uint64 { return (y - ones) &^ y }

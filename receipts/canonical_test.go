@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -232,4 +233,43 @@ func FuzzMarshalCanonical(f *testing.F) {
 			t.Fatalf("got  %s\nwant %s", got, want)
 		}
 	})
+}
+
+// TestPlainASCII8 checks the eight-byte fast skip of appendJCSString
+// against the byte-by-byte rule: every byte value at every position, and
+// random words.
+func TestPlainASCII8(t *testing.T) {
+	plain := func(s string) bool {
+		for i := range len(s) {
+			if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x80 {
+				return false
+			}
+		}
+		return true
+	}
+	check := func(b []byte) {
+		if got, want := plainASCII8(string(b)), plain(string(b)); got != want {
+			t.Fatalf("plainASCII8(%q) = %v, want %v", b, got, want)
+		}
+	}
+	for pos := range 8 {
+		for c := range 256 {
+			for _, fill := range []byte{'a', 0x1f, '"', 0xff, 0x21, 0x5d} {
+				b := bytes.Repeat([]byte{fill}, 8)
+				b[pos] = byte(c)
+				check(b)
+			}
+		}
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 200000 {
+		b := make([]byte, 8)
+		for i := range b {
+			b[i] = byte(r.IntN(256))
+			if r.IntN(2) == 0 {
+				b[i] = byte(0x20 + r.IntN(0x60))
+			}
+		}
+		check(b)
+	}
 }

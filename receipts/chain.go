@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/talos-audit/talos/schemas"
 )
@@ -28,20 +29,25 @@ var ErrNotNextLink = errors.New("receipts: not the next link of the chain")
 // of two receipts sealed on the same head only the first committed wins.
 // Run several chains, not one chain behind a lock, to use several cores.
 type Chain struct {
-	id  string
-	key *PrivateKey
+	id      string
+	idValid bool // schemas.ValidID(id), checked once
+	key     *PrivateKey
 
 	mu   sync.Mutex // guards seq, hash and cp
 	seq  uint64     // seq of the head, 0 before the first commit
 	hash string     // receipt hash of the head, GenesisHash before the first
 	cp   checkpointState
+
+	// sealedSize is the length of the last sealed receipt: the buffer
+	// size the next Seal starts with.
+	sealedSize atomic.Int64
 }
 
 // NewChain starts a chain at genesis: its first receipt gets seq 1 and
 // prev_hash schemas.GenesisHash. id names the chain (chain_id) and MUST
 // be a valid subject token (schemas.ValidID); key signs every link.
 func NewChain(id string, key *PrivateKey) *Chain {
-	return &Chain{id: id, key: key, hash: schemas.GenesisHash}
+	return &Chain{id: id, idValid: schemas.ValidID(id), key: key, hash: schemas.GenesisHash}
 }
 
 // ResumeChain continues a chain whose last stored link has seq and receipt
@@ -57,7 +63,7 @@ func ResumeChain(id string, key *PrivateKey, seq uint64, hash string) (*Chain, e
 	if seq == 0 && hash != schemas.GenesisHash {
 		return nil, fmt.Errorf("receipts: resume chain %s: seq 0 needs the genesis hash", id)
 	}
-	return &Chain{id: id, key: key, seq: seq, hash: hash}, nil
+	return &Chain{id: id, idValid: schemas.ValidID(id), key: key, seq: seq, hash: hash}, nil
 }
 
 // ID returns the chain id.
@@ -85,7 +91,7 @@ func (c *Chain) Seal(meta Meta, data *schemas.Receipt) (*Sealed, error) {
 	if data == nil {
 		return nil, errors.New("receipts: seal: nil receipt")
 	}
-	if !schemas.ValidID(c.id) {
+	if !c.idValid {
 		return nil, fmt.Errorf("receipts: seal: chain id %q is not a valid subject token", c.id)
 	}
 	switch meta.Type {
@@ -99,10 +105,11 @@ func (c *Chain) Seal(meta Meta, data *schemas.Receipt) (*Sealed, error) {
 		data.ContentHashAlg = schemas.ContentHashAlg
 	}
 	data.Signature = nil
-	s, sig, err := signEvent(c.key, meta, data)
+	s, sig, err := signEvent(c.key, meta, data, int(c.sealedSize.Load()))
 	if err != nil {
 		return nil, err
 	}
+	c.sealedSize.Store(int64(len(s.JSON)))
 	data.Signature = sig
 	s.Seq, s.ChainID, s.PrevHash = seq+1, c.id, prev
 	return s, nil

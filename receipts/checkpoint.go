@@ -77,7 +77,7 @@ func (c *Chain) Checkpoint(meta Meta, final bool) (*Sealed, error) {
 		MerkleAlg:          schemas.MerkleAlgRFC6962,
 		Final:              final,
 	}
-	s, _, err := signEvent(c.key, meta, &data)
+	s, _, err := signEvent(c.key, meta, &data, 1024)
 	if err != nil {
 		return nil, err
 	}

@@ -42,7 +42,7 @@ func SignCommand(key *PrivateKey, cmd *schemas.ControlCommand) error {
 	cmd.Signature = &schemas.Signature{
 		Alg: schemas.SignatureAlg,
 		KID: key.KID,
-		Sig: base64.RawURLEncoding.EncodeToString(ed25519.Sign(key.Key, sum[:])),
+		Sig: base64.RawURLEncoding.EncodeToString(Sign(key.Key, sum[:])),
 	}
 	return nil
 }
@@ -70,7 +70,7 @@ func VerifyCommand(cmd *schemas.ControlCommand, keys KeySet) (string, error) {
 	if err != nil {
 		return s.KID, err
 	}
-	if !ed25519.Verify(pub, sum[:], sig) {
+	if !Verify(pub, sum[:], sig) {
 		return s.KID, &VerifyError{Kind: ProblemBadSignature, Detail: "command signature by " + s.KID + " does not match the command"}
 	}
 	return s.KID, nil

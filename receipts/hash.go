@@ -53,7 +53,23 @@ func signedParts(canon []byte) (data, sig member, sum [32]byte, err error) {
 	if !found {
 		return member{}, member{}, sum, errNoSignature
 	}
-	return data, sig, sha256.Sum256(removeMember(canon, sig)), nil
+	return data, sig, hashWithout(canon, sig), nil
+}
+
+// hashWithout is sha256(removeMember(b, m)), without the copy.
+func hashWithout(b []byte, m member) (sum [32]byte) {
+	start, end := m.start, m.end
+	switch {
+	case end < len(b) && b[end] == ',':
+		end++
+	case start > 0 && b[start-1] == ',':
+		start--
+	}
+	h := sha256.New()
+	h.Write(b[:start])
+	h.Write(b[end:])
+	h.Sum(sum[:0])
+	return sum
 }
 
 // hashUnsigned is the receipt hash of canonical event bytes.

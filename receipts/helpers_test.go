@@ -13,13 +13,18 @@ import (
 // testKey returns a deterministic key from a one-byte seed pattern.
 func testKey(t testing.TB, b byte) *PrivateKey {
 	t.Helper()
+	return seededKey(b)
+}
+
+// seededKey is testKey for helpers without a testing.TB.
+func seededKey(b byte) *PrivateKey {
 	seed := make([]byte, 32)
 	for i := range seed {
 		seed[i] = b + byte(i)
 	}
 	k, err := NewKeyFromSeed(seed)
 	if err != nil {
-		t.Fatal(err)
+		panic(err) // 32 bytes is always a valid seed
 	}
 	return k
 }

@@ -2,8 +2,12 @@ package receipts
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"strconv"
+	"unicode/utf8"
+
+	"github.com/gowebpki/jcs"
 )
 
 // This file walks canonical JSON (RFC 8785 output: valid JSON with no
@@ -20,6 +24,12 @@ func skipString(b []byte, i int) (int, error) {
 		return 0, errNotCanonical
 	}
 	for i++; i < len(b); i++ {
+		for i+8 <= len(b) && quoteFreeWord(binary.LittleEndian.Uint64(b[i:])) {
+			i += 8
+		}
+		if i >= len(b) {
+			break
+		}
 		switch b[i] {
 		case '\\':
 			i++
@@ -73,7 +83,6 @@ func skipValue(b []byte, i int) (int, error) {
 // start, the value occupies [valStart, end).
 type member struct {
 	start, valStart, end int
-	key                  string
 }
 
 // findMember looks for key among the members of the object starting at
@@ -104,7 +113,7 @@ func findMember(b []byte, i int, key string) (m member, found bool, objEnd int, 
 		if err != nil {
 			return member{}, false, 0, err
 		}
-		k, err := decodeKey(b[i:keyEnd])
+		c, err := compareKey(b[i:keyEnd], key)
 		if err != nil {
 			return member{}, false, 0, err
 		}
@@ -115,13 +124,12 @@ func findMember(b []byte, i int, key string) (m member, found bool, objEnd int, 
 		if err != nil {
 			return member{}, false, 0, err
 		}
-		c := compareUTF16(k, key)
 		switch {
 		case c == 0:
 			if found {
 				return member{}, false, 0, errors.New("receipts: duplicate key " + strconv.Quote(key))
 			}
-			m, found = member{start: i, valStart: keyEnd + 1, end: valEnd, key: k}, true
+			m, found = member{start: i, valStart: keyEnd + 1, end: valEnd}, true
 		case c > 0 && insertAt < 0:
 			insertAt = i
 		}
@@ -132,16 +140,18 @@ func findMember(b []byte, i int, key string) (m member, found bool, objEnd int, 
 	}
 }
 
-func decodeKey(tok []byte) (string, error) {
+// compareKey compares the member name token tok (quotes included) with
+// key in RFC 8785 order.
+func compareKey(tok []byte, key string) (int, error) {
 	if bytes.IndexByte(tok, '\\') < 0 {
-		return string(tok[1 : len(tok)-1]), nil
+		return compareUTF16(string(tok[1:len(tok)-1]), key), nil
 	}
 	// Canonical escapes (\" \\ \b \f \n \r \t \u00xx) are a subset of Go's.
 	s, err := strconv.Unquote(string(tok))
 	if err != nil {
-		return "", errNotCanonical
+		return 0, errNotCanonical
 	}
-	return s, nil
+	return compareUTF16(s, key), nil
 }
 
 // removeMember returns b without member m of an object and without one of
@@ -158,4 +168,243 @@ func removeMember(b []byte, m member) []byte {
 	out := make([]byte, 0, len(b)-(end-start))
 	out = append(out, b[:start]...)
 	return append(out, b[end:]...)
+}
+
+// maxFastDepth bounds the nesting the canonical-form check follows; deeper
+// documents take the general path.
+const maxFastDepth = 64
+
+// isCanonicalObject reports whether b is a JSON object exactly as RFC 8785
+// writes it (what Canonicalize would return unchanged): no insignificant
+// white space, members in UTF-16 order without duplicates, strings with
+// only the escapes RFC 8785 uses and valid UTF-8, numbers in their
+// ECMAScript form. It is conservative: a canonical document it cannot
+// confirm cheaply (an escaped or non-ASCII member name, nesting beyond
+// maxFastDepth) is reported as not canonical, and the caller canonicalizes
+// it the general way.
+func isCanonicalObject(b []byte) bool {
+	return canonicalMembers(b, nil)
+}
+
+// canonicalMembers is isCanonicalObject that also calls member, if not
+// nil, for each top-level member in order: its name (without quotes,
+// plain ASCII) and the range [valStart, valEnd) of its value. It stops
+// with false when member returns false.
+func canonicalMembers(b []byte, member func(name []byte, valStart, valEnd int) bool) bool {
+	if len(b) == 0 || b[0] != '{' {
+		return false
+	}
+	end, ok := canonObject(b, 0, 1, member)
+	return ok && end == len(b)
+}
+
+// canonValue checks the canonical value starting at b[i] and returns the
+// index just past it.
+func canonValue(b []byte, i, depth int) (int, bool) {
+	if i >= len(b) {
+		return 0, false
+	}
+	switch c := b[i]; {
+	case c == '"':
+		return canonString(b, i)
+	case c == '{':
+		return canonObject(b, i, depth+1, nil)
+	case c == '[':
+		if depth+1 > maxFastDepth {
+			return 0, false
+		}
+		i++
+		if i < len(b) && b[i] == ']' {
+			return i + 1, true
+		}
+		for {
+			var ok bool
+			if i, ok = canonValue(b, i, depth+1); !ok || i >= len(b) {
+				return 0, false
+			}
+			switch b[i] {
+			case ',':
+				i++
+			case ']':
+				return i + 1, true
+			default:
+				return 0, false
+			}
+		}
+	case c == 't':
+		return canonLiteral(b, i, "true")
+	case c == 'f':
+		return canonLiteral(b, i, "false")
+	case c == 'n':
+		return canonLiteral(b, i, "null")
+	case c == '-' || c >= '0' && c <= '9':
+		return canonNumber(b, i)
+	}
+	return 0, false
+}
+
+func canonLiteral(b []byte, i int, lit string) (int, bool) {
+	if len(b)-i < len(lit) || string(b[i:i+len(lit)]) != lit {
+		return 0, false
+	}
+	return i + len(lit), true
+}
+
+// canonObject checks an object whose member names are plain ASCII (no
+// escapes): their byte order is then their UTF-16 order. It calls member,
+// if not nil, for each member.
+func canonObject(b []byte, i, depth int, member func(name []byte, valStart, valEnd int) bool) (int, bool) {
+	if depth > maxFastDepth {
+		return 0, false
+	}
+	i++
+	if i < len(b) && b[i] == '}' {
+		return i + 1, true
+	}
+	var prev []byte
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return 0, false
+		}
+		start := i + 1
+		i++
+		for i < len(b) && b[i] != '"' {
+			if c := b[i]; c < 0x20 || c == '\\' || c >= 0x80 {
+				return 0, false
+			}
+			i++
+		}
+		if i >= len(b) {
+			return 0, false
+		}
+		key := b[start:i]
+		if prev != nil && bytes.Compare(prev, key) >= 0 {
+			return 0, false
+		}
+		prev = key
+		i++
+		if i >= len(b) || b[i] != ':' {
+			return 0, false
+		}
+		valStart := i + 1
+		var ok bool
+		if i, ok = canonValue(b, valStart, depth); !ok || i >= len(b) {
+			return 0, false
+		}
+		if member != nil && !member(key, valStart, i) {
+			return 0, false
+		}
+		switch b[i] {
+		case ',':
+			i++
+		case '}':
+			return i + 1, true
+		default:
+			return 0, false
+		}
+	}
+}
+
+// canonString checks a string as RFC 8785 writes it: valid UTF-8, no raw
+// control character, and only the escapes \" \\ \b \f \n \r \t and \u00xx
+// (lowercase hex) for the other control characters.
+func canonString(b []byte, i int) (int, bool) {
+	for i++; i < len(b); {
+		for i+8 <= len(b) && plainWord(binary.LittleEndian.Uint64(b[i:])) {
+			i += 8
+		}
+		if i >= len(b) {
+			break
+		}
+		c := b[i]
+		switch {
+		case c == '"':
+			return i + 1, true
+		case c == '\\':
+			if i+1 >= len(b) {
+				return 0, false
+			}
+			switch b[i+1] {
+			case '"', '\\', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if len(b)-i < 6 || b[i+2] != '0' || b[i+3] != '0' {
+					return 0, false
+				}
+				hi, lo := b[i+4], b[i+5]
+				if hi != '0' && hi != '1' || !(lo >= '0' && lo <= '9' || lo >= 'a' && lo <= 'f') {
+					return 0, false
+				}
+				switch v := (hi-'0')<<4 | unhex(lo); v {
+				case '\b', '\f', '\n', '\r', '\t':
+					return 0, false // has a short form
+				}
+				i += 6
+			default:
+				return 0, false
+			}
+		case c < 0x20:
+			return 0, false
+		case c < utf8.RuneSelf:
+			i++
+		default:
+			r, size := utf8.DecodeRune(b[i:])
+			if r == utf8.RuneError && size <= 1 {
+				return 0, false
+			}
+			i += size
+		}
+	}
+	return 0, false
+}
+
+func unhex(c byte) byte {
+	if c <= '9' {
+		return c - '0'
+	}
+	return c - 'a' + 10
+}
+
+// canonNumber checks a number in its ECMAScript form (RFC 8785 §3.2.2.3).
+func canonNumber(b []byte, i int) (int, bool) {
+	start := i
+	for i < len(b) {
+		c := b[i]
+		if c >= '0' && c <= '9' || c == '-' || c == '+' || c == '.' || c == 'e' {
+			i++
+			continue
+		}
+		break
+	}
+	tok := b[start:i]
+	// Integers of up to 15 digits without a leading zero are exact
+	// doubles that ECMAScript writes digit for digit.
+	digits := tok
+	if len(digits) > 0 && digits[0] == '-' {
+		digits = digits[1:]
+	}
+	if n := len(digits); n > 0 && n <= 15 && (digits[0] != '0' || n == 1 && len(tok) == 1) {
+		plain := true
+		for _, c := range digits {
+			if c < '0' || c > '9' {
+				plain = false
+				break
+			}
+		}
+		if plain {
+			return i, true
+		}
+	}
+	if len(tok) == 0 || tok[0] != '-' && (tok[0] < '0' || tok[0] > '9') {
+		return 0, false
+	}
+	f, err := strconv.ParseFloat(string(tok), 64)
+	if err != nil {
+		return 0, false
+	}
+	s, err := jcs.NumberToJSON(f)
+	if err != nil || s != string(tok) {
+		return 0, false
+	}
+	return i, true
 }

@@ -7,9 +7,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/url"
+	"slices"
+	"strings"
 	"time"
 
-	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/google/uuid"
 
 	"github.com/talos-audit/talos/schemas"
@@ -50,102 +52,218 @@ type Sealed struct {
 // receipt chain (control events, checkpoints); receipts go through
 // Chain.Seal.
 func SignEvent(key *PrivateKey, meta Meta, v any) (*Sealed, error) {
-	s, _, err := signEvent(key, meta, v)
+	s, _, err := signEvent(key, meta, v, 0)
 	return s, err
 }
 
-func signEvent(key *PrivateKey, meta Meta, v any) (*Sealed, *schemas.Signature, error) {
+// eventContext is the context of an event to sign, checked and normalized.
+type eventContext struct {
+	id, source, typ, subject string
+	time                     time.Time
+}
+
+// newContext checks meta with the CloudEvents 1.0 rules the CloudEvents Go
+// SDK applies (and that Talos events have always been signed under): id,
+// type and subject are trimmed of surrounding white space; source is
+// parsed as a URI reference and written in its normalized form; id, source
+// and type MUST then be non-empty; an empty subject is left out. A missing
+// id is a new UUIDv7 and a zero time is the current time.
+func newContext(meta Meta) (eventContext, error) {
+	c := eventContext{id: meta.ID, typ: strings.TrimSpace(meta.Type), subject: strings.TrimSpace(meta.Subject), time: meta.Time}
+	if c.id == "" {
+		u, err := uuid.NewV7()
+		if err != nil {
+			return c, fmt.Errorf("receipts: sign: new id: %w", err)
+		}
+		c.id = u.String()
+	} else {
+		c.id = strings.TrimSpace(c.id)
+	}
+	if c.time.IsZero() {
+		c.time = time.Now()
+	}
+	var problems []string
+	if c.id == "" {
+		problems = append(problems, "id: MUST be a non-empty string")
+	}
+	src, err := normalizeSource(meta.Source)
+	switch {
+	case err != nil:
+		problems = append(problems, "source: "+err.Error())
+	case strings.TrimSpace(src) == "":
+		problems = append(problems, "source: REQUIRED")
+	}
+	c.source = src
+	if c.typ == "" {
+		problems = append(problems, "type: MUST be a non-empty string")
+	}
+	if problems != nil {
+		return c, fmt.Errorf("receipts: sign: invalid CloudEvent context: %s", strings.Join(problems, "; "))
+	}
+	return c, nil
+}
+
+// normalizeSource is the source attribute as a URI reference serializes:
+// url.Parse, then String. The common talos://<role>/<instance> form, which
+// that leaves as it is, skips the parse.
+func normalizeSource(s string) (string, error) {
+	if plainSource(s) {
+		return s, nil
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return "", err
+	}
+	return u.String(), nil
+}
+
+// plainSource reports whether s is scheme://host[/path] with a lowercase
+// scheme and only unreserved characters (RFC 3986) in host and path: a
+// URI that url.Parse and String return unchanged.
+func plainSource(s string) bool {
+	i := 0
+	for i < len(s) && (s[i] >= 'a' && s[i] <= 'z' || i > 0 && (s[i] >= '0' && s[i] <= '9' || s[i] == '+' || s[i] == '-' || s[i] == '.')) {
+		i++
+	}
+	if i == 0 || !strings.HasPrefix(s[i:], "://") {
+		return false
+	}
+	i += 3
+	host := i
+	for i < len(s) && unreserved(s[i]) {
+		i++
+	}
+	if i == host || i < len(s) && s[i] != '/' {
+		return false
+	}
+	for ; i < len(s); i++ {
+		if !unreserved(s[i]) && s[i] != '/' {
+			return false
+		}
+	}
+	return true
+}
+
+// unreserved is RFC 3986's unreserved set: ALPHA / DIGIT / "-" / "." /
+// "_" / "~".
+func unreserved(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~'
+}
+
+// sigMemberPrefix starts the data.signature member; the kid, the sig and
+// `"}` follow.
+const sigMemberPrefix = `"signature":{"alg":"` + schemas.SignatureAlg + `","kid":`
+
+// sigLen is the length of a base64url (unpadded) Ed25519 signature.
+var sigLen = base64.RawURLEncoding.EncodedLen(ed25519.SignatureSize)
+
+// signEvent writes the canonical event without data.signature into one
+// buffer, hashes and signs it, and inserts data.signature into the same
+// buffer at its sorted place. sizeHint (0: unknown) is the expected length
+// of the result.
+func signEvent(key *PrivateKey, meta Meta, v any, sizeHint int) (*Sealed, *schemas.Signature, error) {
 	if key == nil || len(key.Key) != ed25519.PrivateKeySize || key.KID == "" {
 		return nil, nil, errors.New("receipts: sign: no valid signing key")
 	}
-	id := meta.ID
-	if id == "" {
-		u, err := uuid.NewV7()
-		if err != nil {
-			return nil, nil, fmt.Errorf("receipts: sign: new id: %w", err)
-		}
-		id = u.String()
+	ctx, err := newContext(meta)
+	if err != nil {
+		return nil, nil, err
 	}
-	t := meta.Time
-	if t.IsZero() {
-		t = time.Now()
-	}
-
-	// The SDK builds and validates the context; the bytes are written here,
-	// canonically, from the values the SDK accepted.
-	ev := event.New(event.CloudEventsVersionV1)
-	ev.SetID(id)
-	ev.SetSource(meta.Source)
-	ev.SetType(meta.Type)
-	ev.SetSubject(meta.Subject)
-	ev.SetTime(t)
-	ev.SetDataContentType(ContentType)
-	if err := ev.Validate(); err != nil {
-		return nil, nil, fmt.Errorf("receipts: sign: invalid CloudEvent context: %w", err)
+	if sizeHint <= 0 {
+		sizeHint = 4096 - 64
 	}
 
 	// Canonical event without data.signature; members in RFC 8785 order:
 	// data, datacontenttype, id, source, specversion, subject, time, type.
-	buf := make([]byte, 0, 2048+512)
-	buf = append(buf, `{"data":`...)
+	e := canonEncoder{track: true}
+	buf := append(make([]byte, 0, sizeHint+64), `{"data":`...)
 	dataStart := len(buf)
-	var err error
-	if buf, err = appendCanonical(buf, v); err != nil {
+	buf, err = e.encode(buf, v)
+	if err != nil {
 		return nil, nil, fmt.Errorf("receipts: sign: %w", err)
 	}
 	if buf[dataStart] != '{' {
 		return nil, nil, errors.New("receipts: sign: data must be a JSON object")
 	}
-	buf = append(buf, `,"datacontenttype":"`+ContentType+`","id":`...)
-	buf = appendJCSString(buf, ev.ID())
-	buf = append(buf, `,"source":`...)
-	buf = appendJCSString(buf, ev.Source())
-	buf = append(buf, `,"specversion":"1.0"`...)
-	if subj := ev.Subject(); subj != "" {
-		buf = append(buf, `,"subject":`...)
-		buf = appendJCSString(buf, subj)
-	}
-	buf = append(buf, `,"time":"`...)
-	buf = t.UTC().AppendFormat(buf, TimeLayout)
-	buf = append(buf, `","type":`...)
-	buf = appendJCSString(buf, ev.Type())
-	buf = append(buf, '}')
-
-	m, found, _, err := findMember(buf, dataStart, "signature")
-	if err != nil {
-		return nil, nil, fmt.Errorf("receipts: sign: %w", err)
+	at, found := e.sigAt, e.sigFound
+	if at < 0 {
+		m, f, _, err := findMember(buf, dataStart, signatureKey)
+		if err != nil {
+			return nil, nil, fmt.Errorf("receipts: sign: %w", err)
+		}
+		at, found = m.start, f
 	}
 	if found {
 		return nil, nil, errors.New("receipts: sign: data already has a signature member")
 	}
+	buf = append(buf, `,"datacontenttype":"`+ContentType+`","id":`...)
+	buf = appendJCSString(buf, ctx.id)
+	buf = append(buf, `,"source":`...)
+	buf = appendJCSString(buf, ctx.source)
+	buf = append(buf, `,"specversion":"1.0"`...)
+	if ctx.subject != "" {
+		buf = append(buf, `,"subject":`...)
+		buf = appendJCSString(buf, ctx.subject)
+	}
+	buf = append(buf, `,"time":"`...)
+	buf = appendEventTime(buf, ctx.time)
+	buf = append(buf, `","type":`...)
+	buf = appendJCSString(buf, ctx.typ)
+	buf = append(buf, '}')
 
 	sum := sha256.Sum256(buf)
-	sig := &schemas.Signature{
-		Alg: schemas.SignatureAlg,
-		KID: key.KID,
-		Sig: base64.RawURLEncoding.EncodeToString(ed25519.Sign(key.Key, sum[:])),
-	}
+	sig := Sign(key.Key, sum[:])
 
-	// Insert `"signature":{...}` at its sorted place in data.
-	ins := make([]byte, 0, 160)
-	atEnd := buf[m.start] == '}'
-	if atEnd && buf[m.start-1] != '{' {
-		ins = append(ins, ',')
+	// Insert `"signature":{...}` at its sorted place in data, in place:
+	// move the tail right and write the member into the gap.
+	var kidBuf [64]byte
+	kid := appendJCSString(kidBuf[:0], key.KID)
+	atEnd := buf[at] == '}'
+	lead := atEnd && buf[at-1] != '{'
+	insLen := len(sigMemberPrefix) + len(kid) + len(`,"sig":"`) + sigLen + len(`"}`)
+	if lead || !atEnd {
+		insLen++ // the comma before or after the member
 	}
-	ins = append(ins, `"signature":{"alg":`...)
-	ins = appendJCSString(ins, sig.Alg)
-	ins = append(ins, `,"kid":`...)
-	ins = appendJCSString(ins, sig.KID)
-	ins = append(ins, `,"sig":"`...)
-	ins = append(ins, sig.Sig...)
-	ins = append(ins, `"}`...)
+	n := len(buf)
+	buf = slices.Grow(buf, insLen)[:n+insLen]
+	copy(buf[at+insLen:], buf[at:n])
+	w := buf[at:at]
+	if lead {
+		w = append(w, ',')
+	}
+	w = append(w, sigMemberPrefix...)
+	w = append(w, kid...)
+	w = append(w, `,"sig":"`...)
+	sigAt := at + len(w)
+	w = base64.RawURLEncoding.AppendEncode(w, sig)
+	w = append(w, `"}`...)
 	if !atEnd {
-		ins = append(ins, ',')
+		w = append(w, ',')
 	}
-	out := make([]byte, 0, len(buf)+len(ins))
-	out = append(out, buf[:m.start]...)
-	out = append(out, ins...)
-	out = append(out, buf[m.start:]...)
+	if len(w) != insLen {
+		return nil, nil, errors.New("receipts: sign: signature member length miscounted")
+	}
 
-	return &Sealed{ID: ev.ID(), Hash: hex.EncodeToString(sum[:]), JSON: out, KID: key.KID}, sig, nil
+	s := &Sealed{ID: ctx.id, Hash: hex.EncodeToString(sum[:]), JSON: buf, KID: key.KID}
+	return s, &schemas.Signature{Alg: schemas.SignatureAlg, KID: key.KID, Sig: string(buf[sigAt : sigAt+sigLen])}, nil
+}
+
+// appendEventTime appends t in TimeLayout: UTC, truncated to the
+// millisecond.
+func appendEventTime(b []byte, t time.Time) []byte {
+	t = t.UTC()
+	year, month, day := t.Date()
+	if year < 0 || year > 9999 {
+		return t.AppendFormat(b, TimeLayout)
+	}
+	hour, minute, sec := t.Clock()
+	ms := t.Nanosecond() / int(time.Millisecond)
+	return append(b,
+		byte('0'+year/1000), byte('0'+year/100%10), byte('0'+year/10%10), byte('0'+year%10), '-',
+		byte('0'+int(month)/10), byte('0'+int(month)%10), '-',
+		byte('0'+day/10), byte('0'+day%10), 'T',
+		byte('0'+hour/10), byte('0'+hour%10), ':',
+		byte('0'+minute/10), byte('0'+minute%10), ':',
+		byte('0'+sec/10), byte('0'+sec%10), '.',
+		byte('0'+ms/100), byte('0'+ms/10%10), byte('0'+ms%10), 'Z')
 }

@@ -220,3 +220,49 @@ func TestVerifyCLI(t *testing.T) {
 		t.Fatalf("--json: exit %d %v\n%s", code, err, out)
 	}
 }
+
+// --batch-signatures gives the same verdicts, from ClickHouse and from an
+// export: OK on an untouched database, and a receipt whose signed JSON was
+// edited named as a bad signature among receipts that verify.
+func TestVerifyCLIBatchSignatures(t *testing.T) {
+	talosctl := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosctl")
+	ctx, conn, addr, db := cliDB(t)
+	dir := t.TempDir()
+	key, _ := receipts.GenerateKey()
+	writePub(t, key, dir, "talosd")
+	pub := filepath.Join(dir, "talosd.pub")
+	ids, _ := plantChain(t, ctx, query.NewSinkWriter(conn, db), key, "w1", 150, 100)
+	g := []string{"--clickhouse-addr", addr, "--clickhouse-database", db}
+	export := filepath.Join(dir, "all.jsonl")
+	exportAll := func() {
+		t.Helper()
+		if out, code := run(t, talosctl, append(g, "export", "--format", "jsonl", "--kind", "all", "--out", export)...); code != 0 {
+			t.Fatalf("export: exit %d\n%s", code, out)
+		}
+	}
+	exportAll()
+	for _, args := range [][]string{append(g, "verify", "--trusted-keys", pub), {"verify", "--trusted-keys", pub, "--file", export}} {
+		for _, batch := range []bool{false, true} {
+			a := args
+			if batch {
+				a = append(a, "--batch-signatures")
+			}
+			if out, code := run(t, talosctl, a...); code != 0 || !strings.Contains(out, "OK: 150 receipts in 1 chains, 1 checkpoints verified") {
+				t.Fatalf("%v: exit %d\n%s", a, code, out)
+			}
+		}
+	}
+	if err := query.MutateAndWait(ctx, conn, db, query.TableReceipts,
+		`UPDATE cloudevent = replaceOne(cloudevent, '"decision":"allow"', '"decision":"deny"') WHERE receipt_id = '`+ids[40]+"'"); err != nil {
+		t.Fatal(err)
+	}
+	exportAll()
+	for _, args := range [][]string{append(g, "verify", "--trusted-keys", pub), {"verify", "--trusted-keys", pub, "--file", export}} {
+		a := append(args, "--batch-signatures")
+		out, code := run(t, talosctl, a...)
+		if code != 1 || !strings.Contains(out, "ALTERED    bad_signature: receipt "+ids[40]+" (chain w1 seq 41)") ||
+			!strings.Contains(out, "FAILED: 1 problems (1 altered) in 150 receipts") {
+			t.Fatalf("%v: exit %d\n%s", a, code, out)
+		}
+	}
+}
