@@ -14,12 +14,13 @@ import (
 	"github.com/talos-audit/talos/schemas"
 )
 
-const jcsVectors = "../../shared/testdata/jcs"
+// jcsVectors are RFC 8785's test vectors (testdata/jcs/README.md).
+const jcsVectors = "testdata/jcs"
 
 func TestCanonicalizeVectors(t *testing.T) {
-	inputs, _ := filepath.Glob(filepath.Join(jcsVectors, "input", "*.json"))
-	if len(inputs) == 0 {
-		t.Skipf("RFC 8785 test vectors not found under %s (expected /work/shared/testdata/jcs next to the module); skipping", jcsVectors)
+	inputs, err := filepath.Glob(filepath.Join(jcsVectors, "input", "*.json"))
+	if err != nil || len(inputs) < 6 {
+		t.Fatalf("RFC 8785 test vectors missing under %s: %d found, %v", jcsVectors, len(inputs), err)
 	}
 	for _, in := range inputs {
 		name := filepath.Base(in)
