@@ -20,10 +20,10 @@ func decodeTree(t testing.TB, b []byte) any {
 
 // CanonicalTree of a parsed document equals the RFC 8785 vectors.
 func TestCanonicalTreeVectors(t *testing.T) {
-	dir := filepath.Join("..", "..", "shared", "testdata", "jcs")
+	dir := jcsVectors
 	inputs, err := filepath.Glob(filepath.Join(dir, "input", "*.json"))
-	if err != nil || len(inputs) == 0 {
-		t.Skipf("RFC 8785 vectors not found under %s", dir)
+	if err != nil || len(inputs) < 6 {
+		t.Fatalf("RFC 8785 test vectors missing under %s: %d found, %v", dir, len(inputs), err)
 	}
 	for _, in := range inputs {
 		raw, _ := os.ReadFile(in)
