@@ -618,8 +618,10 @@ func (w *Worker) retry(m jetstream.Msg) retryPolicy {
 		InProgress: func() { _ = m.InProgress() }}
 }
 
+// reply answers the enforcement point d names; nil (a stored receipt that
+// could not be read back) and an invalid ep_id are not answered.
 func (w *Worker) reply(d *wireDecision) {
-	if !schemas.ValidID(d.epID) {
+	if d == nil || !schemas.ValidID(d.epID) {
 		return
 	}
 	b, err := encodeDecision(&d.Decision)
