@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unicode/utf8"
 
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
@@ -297,74 +296,23 @@ func SignEnvelope(holder *receipts.PrivateKey, f schemas.EnvelopeSignedFields) (
 func envelopeDigest(f *schemas.EnvelopeSignedFields) [sha256.Size]byte {
 	var buf [512]byte
 	b := append(buf[:0], `{"capability_hash":`...)
-	b = appendJCSString(b, f.CapabilityHash)
+	b = receipts.AppendString(b, f.CapabilityHash)
 	b = append(b, `,"correlation_id":`...)
-	b = appendJCSString(b, f.CorrelationID)
+	b = receipts.AppendString(b, f.CorrelationID)
 	b = append(b, `,"method":`...)
-	b = appendJCSString(b, f.Method)
+	b = receipts.AppendString(b, f.Method)
 	b = append(b, `,"request_hash":`...)
-	b = appendJCSString(b, f.RequestHash)
+	b = receipts.AppendString(b, f.RequestHash)
 	b = append(b, `,"session_id":`...)
-	b = appendJCSString(b, f.SessionID)
+	b = receipts.AppendString(b, f.SessionID)
 	b = append(b, `,"timestamp":`...)
-	b = appendJCSString(b, f.Timestamp)
+	b = receipts.AppendString(b, f.Timestamp)
 	b = append(b, `,"tool":`...)
-	b = appendJCSString(b, f.Tool)
+	b = receipts.AppendString(b, f.Tool)
 	b = append(b, `,"type":`...)
-	b = appendJCSString(b, f.Type)
+	b = receipts.AppendString(b, f.Type)
 	b = append(b, '}')
 	return sha256.Sum256(b)
-}
-
-// appendJCSString appends s as an RFC 8785 string, as
-// receipts.MarshalCanonical writes a Go string: the escapes \" \\ \b \f
-// \n \r \t, \u00xx (lowercase hex) for other control characters,
-// everything else literal, and each byte of invalid UTF-8 replaced by
-// U+FFFD.
-func appendJCSString(dst []byte, s string) []byte {
-	const hexDigits = "0123456789abcdef"
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			dst = append(dst, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				dst = append(dst, '\\', c)
-			case '\b':
-				dst = append(dst, '\\', 'b')
-			case '\f':
-				dst = append(dst, '\\', 'f')
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, "\uFFFD"...)
-			i++
-			start = i
-			continue
-		}
-		i += size
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
 }
 
 // validateChain checks a chain against capability.schema.json.

@@ -1,6 +1,7 @@
 package enforce
 
 import (
+	"strings"
 	"sync"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
@@ -60,18 +61,24 @@ func (c *ReplayCache) Lookup(session, corr string) (owner string, ok bool) {
 	return ids.Get(corr)
 }
 
-// Add remembers owner as the owner of the pair.
+// Add remembers owner as the owner of the pair. The cache keeps copies of
+// the strings: ids parsed out of an envelope share its memory, which the
+// cache must not keep alive.
 func (c *ReplayCache) Add(session, corr, owner string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.idsLocked(session).Add(corr, owner)
+	ids := c.idsLocked(session)
+	if held, ok := ids.Get(corr); ok && held == owner { // Get also marks it recently used
+		return
+	}
+	ids.Add(strings.Clone(corr), strings.Clone(owner))
 }
 
 func (c *ReplayCache) idsLocked(session string) *simplelru.LRU[string, string] {
 	ids, ok := c.sessions.Get(session)
 	if !ok {
 		ids, _ = simplelru.NewLRU[string, string](c.perSession, nil)
-		c.sessions.Add(session, ids)
+		c.sessions.Add(strings.Clone(session), ids)
 	}
 	return ids
 }

@@ -61,8 +61,8 @@ func (c *Client) EPID() string { return c.epID }
 func (c *Client) Close() error { return c.sub.Unsubscribe() }
 
 func (c *Client) onDecision(m *nats.Msg) {
-	var d schemas.Decision
-	if err := json.Unmarshal(m.Data, &d); err != nil {
+	d, err := schemas.ParseDecision(m.Data)
+	if err != nil {
 		return
 	}
 	c.mu.Lock()
@@ -70,7 +70,7 @@ func (c *Client) onDecision(m *nats.Msg) {
 	c.mu.Unlock()
 	if ch != nil {
 		select {
-		case ch <- &d:
+		case ch <- d:
 		default: // a redelivered call answered twice; the first answer stands
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -211,22 +212,17 @@ func (l *Ledger) Do(ops []*enforce.LedgerOp) {
 // keys (a call record) or on the key itself (an idempotency key).
 func (l *Ledger) writeMsg(op *enforce.LedgerOp) (*nats.Msg, error) {
 	var key string
-	var v any
+	var b []byte
 	switch op.Kind {
 	case enforce.OpClaimCall, enforce.OpUpdateCall:
-		rec := op.Pre
-		rec.ToolCallID = op.Call.ToolCallID
-		key, v = CallRecordKey(op.Call), rec
+		key, b = CallRecordKey(op.Call), appendPreRecord(nil, op.Call.ToolCallID, &op.Pre)
 	case enforce.OpClaimIdempotency:
-		key, v = "idem."+op.IdemKey, op.Idem
+		key, b = "idem."+op.IdemKey, appendIdemRecord(nil, &op.Idem)
 	case enforce.OpRecordApproval:
-		rec := op.Pre
-		rec.ToolCallID = ""
-		key, v = "appr."+op.Call.ToolCallID, rec
+		key, b = "appr."+op.Call.ToolCallID, appendPreRecord(nil, "", &op.Pre)
 	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return nil, fmt.Errorf("ingest: ledger write: %w", err)
+	if len(b) > maxLedgerValue {
+		return nil, fmt.Errorf("ingest: ledger write: record of %d bytes, limit %d", len(b), maxLedgerValue)
 	}
 	msg := &nats.Msg{Subject: ledgerSubjects + key, Data: b, Header: nats.Header{}}
 	switch op.Kind {
@@ -237,6 +233,48 @@ func (l *Ledger) writeMsg(op *enforce.LedgerOp) (*nats.Msg, error) {
 		msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
 	}
 	return msg, nil
+}
+
+// appendPreRecord writes rec as JSON (what json.Marshal writes of an
+// enforce.PreRecord, its ToolCallID replaced by toolCallID), by hand: one
+// is written per call.
+func appendPreRecord(b []byte, toolCallID string, rec *enforce.PreRecord) []byte {
+	b = append(b, '{')
+	if toolCallID != "" {
+		b = append(b, `"tool_call_id":`...)
+		b = receipts.AppendString(b, toolCallID)
+		b = append(b, ',')
+	}
+	b = append(b, `"decision":`...)
+	b = receipts.AppendString(b, rec.Decision)
+	b = append(b, `,"receipt_id":`...)
+	b = receipts.AppendString(b, rec.ReceiptID)
+	if len(rec.CapabilityIDs) > 0 {
+		b = append(b, `,"capability_ids":[`...)
+		for i, id := range rec.CapabilityIDs {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = receipts.AppendString(b, id)
+		}
+		b = append(b, ']')
+	}
+	b = append(b, `,"decided_at":`...)
+	b = receipts.AppendString(b, rec.DecidedAt)
+	return append(b, '}')
+}
+
+// appendIdemRecord writes rec as json.Marshal writes an enforce.IdemRecord.
+func appendIdemRecord(b []byte, rec *enforce.IdemRecord) []byte {
+	b = append(b, `{"request_hash":`...)
+	b = receipts.AppendString(b, rec.RequestHash)
+	b = append(b, `,"tool_call_id":`...)
+	b = receipts.AppendString(b, rec.ToolCallID)
+	if rec.ReceiptID != "" {
+		b = append(b, `,"receipt_id":`...)
+		b = receipts.AppendString(b, rec.ReceiptID)
+	}
+	return append(b, '}')
 }
 
 // expectedLastSubjSeqSubjectHeader makes JetStream check the expected last

@@ -321,7 +321,10 @@ func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jet
 	}
 }
 
-// verifySenders verifies the batch's sender signatures together.
+// verifySenders verifies the batch's sender signatures together, in one
+// batch equation (receipts.VerifyAllBatch: RFC 8032's cofactored check;
+// a batch that fails is checked signature by signature with
+// crypto/ed25519's rules).
 func (w *Worker) verifySenders(calls []*call) {
 	var checks []receipts.SigCheck
 	var of []*call
@@ -337,7 +340,7 @@ func (w *Worker) verifySenders(calls []*call) {
 	if len(checks) == 0 {
 		return
 	}
-	for i, ok := range receipts.VerifyAll(checks) {
+	for i, ok := range receipts.VerifyAllBatch(checks) {
 		of[i].p.Verified(ok)
 	}
 }
@@ -624,12 +627,7 @@ func (w *Worker) reply(d *wireDecision) {
 	if d == nil || !schemas.ValidID(d.epID) {
 		return
 	}
-	b, err := encodeDecision(&d.Decision)
-	if err != nil {
-		w.log.Error("marshal decision", "err", err)
-		return
-	}
-	if err := w.nc.Publish(schemas.DecisionSubject(d.epID), b); err != nil {
+	if err := w.nc.Publish(schemas.DecisionSubject(d.epID), encodeDecision(&d.Decision)); err != nil {
 		w.log.Warn("publish decision", "ep_id", d.epID, "err", err)
 	}
 }
@@ -661,26 +659,50 @@ func decisionFromReceipt(raw []byte) (*wireDecision, error) {
 	}}, nil
 }
 
-// encodeDecision marshals d with its receipt spliced in as stored:
-// json.Marshal would re-validate and re-compact the receipt's bytes.
-func encodeDecision(d *schemas.Decision) ([]byte, error) {
-	receipt := d.Receipt
-	cp := *d
-	cp.Receipt = nil
-	b, err := json.Marshal(&cp)
-	if err != nil {
-		return nil, err
+// encodeDecision writes d as JSON (decision.schema.json), field by field,
+// with its receipt spliced in as stored: json.Marshal would re-validate and
+// re-compact the receipt's bytes, and reflect over the rest. The receipt is
+// JSON by construction: this worker sealed it, or read it back from
+// TALOS_AUDIT, where only workers write.
+func encodeDecision(d *schemas.Decision) []byte {
+	b := make([]byte, 0, 256+len(d.Receipt)+64*len(d.Details))
+	b = append(b, `{"tool_call_id":`...)
+	b = receipts.AppendString(b, d.ToolCallID)
+	b = append(b, `,"phase":`...)
+	b = receipts.AppendString(b, d.Phase)
+	b = append(b, `,"decision":`...)
+	b = receipts.AppendString(b, d.Decision)
+	b = append(b, `,"reason_codes":`...)
+	b = appendStrings(b, d.ReasonCodes)
+	b = append(b, `,"receipt_id":`...)
+	b = receipts.AppendString(b, d.ReceiptID)
+	b = append(b, `,"registry_digest":`...)
+	b = receipts.AppendString(b, d.RegistryDigest)
+	b = append(b, `,"receipt":`...)
+	if len(d.Receipt) == 0 {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, d.Receipt...)
 	}
-	if len(receipt) == 0 {
-		return b, nil
+	if len(d.Details) > 0 {
+		b = append(b, `,"details":`...)
+		b = appendStrings(b, d.Details)
 	}
-	const hole = `"receipt":null`
-	i := bytes.Index(b, []byte(hole))
-	if i < 0 {
-		return nil, errors.New("decision: no receipt member")
+	return append(b, '}')
+}
+
+// appendStrings appends ss as a JSON array of strings (null if nil, as
+// encoding/json writes a nil slice).
+func appendStrings(b []byte, ss []string) []byte {
+	if ss == nil {
+		return append(b, "null"...)
 	}
-	out := make([]byte, 0, len(b)+len(receipt))
-	out = append(out, b[:i+len(hole)-len("null")]...)
-	out = append(out, receipt...)
-	return append(out, b[i+len(hole):]...), nil
+	b = append(b, '[')
+	for i, s := range ss {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = receipts.AppendString(b, s)
+	}
+	return append(b, ']')
 }

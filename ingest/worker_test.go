@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"encoding/json"
+	"reflect"
 	"testing"
 
 	"github.com/talos-audit/talos/schemas"
@@ -10,15 +11,39 @@ import (
 func TestEncodeDecisionSplicesReceipt(t *testing.T) {
 	d := &schemas.Decision{ToolCallID: "t", Phase: "pre", Decision: "deny", ReasonCodes: []string{"X"},
 		ReceiptID: "r", Receipt: json.RawMessage(`{"id":"r","data":{"receipt":null}}`), Details: []string{`say "receipt":null`}}
-	b, err := encodeDecision(d)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := encodeDecision(d)
 	var back schemas.Decision
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatalf("%v: %s", err, b)
 	}
 	if string(back.Receipt) != string(d.Receipt) || back.Details[0] != d.Details[0] || back.Decision != "deny" {
 		t.Fatalf("round trip: %s", b)
+	}
+}
+
+// TestEncodeDecisionAsJSON: the hand-written encoding decodes to what
+// json.Marshal's does, for odd strings, empty and nil lists, no receipt.
+func TestEncodeDecisionAsJSON(t *testing.T) {
+	for _, d := range []*schemas.Decision{
+		{ToolCallID: "t\"1\\", Phase: "pre", Decision: "allow", ReasonCodes: []string{}, ReceiptID: "r<&>", RegistryDigest: "sha256:ab",
+			Receipt: json.RawMessage(`{"id":"r"}`)},
+		{ToolCallID: "t", Phase: "post", Decision: "deny", ReasonCodes: nil, Details: []string{"a\nb", "\u2028", "\x00", "é"}},
+		{Decision: "require_approval", ReasonCodes: []string{"APPROVAL_REQUIRED", "\xff"}},
+	} {
+		got := encodeDecision(d)
+		want, err := json.Marshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var g, w any
+		if err := json.Unmarshal(got, &g); err != nil {
+			t.Fatalf("%v: %s", err, got)
+		}
+		if err := json.Unmarshal(want, &w); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(g, w) {
+			t.Errorf("encodeDecision %s\njson.Marshal   %s", got, want)
+		}
 	}
 }

@@ -637,9 +637,14 @@ func utf16Units(r rune) [2]uint16 {
 	return [2]uint16{uint16(r), 0}
 }
 
-// appendJCSString appends s as an RFC 8785 string: the JSON escapes \" \\
-// \b \f \n \r \t, \u00xx for other control characters, everything else
-// literal. Invalid UTF-8 is replaced by U+FFFD, as encoding/json does.
+// AppendString appends s to dst as an RFC 8785 string, as MarshalCanonical
+// writes a Go string: the JSON escapes \" \\ \b \f \n \r \t, \u00xx for
+// other control characters, everything else literal; each byte of invalid
+// UTF-8 is replaced by U+FFFD, as encoding/json does. The result is also
+// valid JSON for any decoder, so hand-written encoders of wire records use
+// it for their strings.
+func AppendString(dst []byte, s string) []byte { return appendJCSString(dst, s) }
+
 func appendJCSString(dst []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	dst = append(dst, '"')
