@@ -15,12 +15,18 @@ type ReplayCacheOptions struct {
 	// Sessions is how many sessions the cache holds, least recently used
 	// evicted first. Default 4096.
 	Sessions int
+	// Pairs is how many pairs the cache holds across all sessions: past
+	// it, the least recently used sessions are forgotten whole. Default
+	// 65,536 (about 14 MiB), so a worker's memory stays bounded however
+	// many sessions call it.
+	Pairs int
 }
 
 // Replay cache defaults.
 const (
 	DefaultReplayPerSession = 10000
 	DefaultReplaySessions   = 4096
+	DefaultReplayPairs      = 65536
 )
 
 // ReplayCache is a worker's bounded local memory of which tool call owns
@@ -31,8 +37,10 @@ const (
 // forgetting a pair costs one ledger write. Safe for concurrent use.
 type ReplayCache struct {
 	perSession int
-	mu         sync.Mutex // guards sessions and every session's LRU
+	maxPairs   int
+	mu         sync.Mutex // guards sessions, every session's LRU and pairs
 	sessions   *simplelru.LRU[string, *simplelru.LRU[string, string]]
+	pairs      int // pairs held across sessions (kept by the LRUs' eviction callbacks)
 }
 
 // NewReplayCache returns an empty cache bounded by o.
@@ -43,11 +51,16 @@ func NewReplayCache(o ReplayCacheOptions) *ReplayCache {
 	if o.Sessions <= 0 {
 		o.Sessions = DefaultReplaySessions
 	}
-	s, err := simplelru.NewLRU[string, *simplelru.LRU[string, string]](o.Sessions, nil)
+	if o.Pairs <= 0 {
+		o.Pairs = DefaultReplayPairs
+	}
+	c := &ReplayCache{perSession: o.PerSession, maxPairs: o.Pairs}
+	s, err := simplelru.NewLRU(o.Sessions, func(_ string, ids *simplelru.LRU[string, string]) { c.pairs -= ids.Len() })
 	if err != nil { // only for a size <= 0, excluded above
 		panic(err)
 	}
-	return &ReplayCache{perSession: o.PerSession, sessions: s}
+	c.sessions = s
+	return c
 }
 
 // Lookup returns the tool_call_id remembered as the owner of the pair.
@@ -68,16 +81,27 @@ func (c *ReplayCache) Add(session, corr, owner string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ids := c.idsLocked(session)
-	if held, ok := ids.Get(corr); ok && held == owner { // Get also marks it recently used
+	held, ok := ids.Get(corr) // Get also marks it recently used
+	if ok && held == owner {
 		return
 	}
 	ids.Add(strings.Clone(corr), strings.Clone(owner))
+	if !ok {
+		c.pairs++
+	}
+	for c.pairs > c.maxPairs {
+		if c.sessions.Len() > 1 {
+			c.sessions.RemoveOldest()
+		} else {
+			ids.RemoveOldest()
+		}
+	}
 }
 
 func (c *ReplayCache) idsLocked(session string) *simplelru.LRU[string, string] {
 	ids, ok := c.sessions.Get(session)
 	if !ok {
-		ids, _ = simplelru.NewLRU[string, string](c.perSession, nil)
+		ids, _ = simplelru.NewLRU(c.perSession, func(string, string) { c.pairs-- })
 		c.sessions.Add(strings.Clone(session), ids)
 	}
 	return ids
@@ -98,11 +122,7 @@ func (c *ReplayCache) Flush(session string) {
 func (c *ReplayCache) Len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	n := 0
-	for _, ids := range c.sessions.Values() {
-		n += ids.Len()
-	}
-	return n
+	return c.pairs
 }
 
 // Sessions is how many sessions the cache holds.

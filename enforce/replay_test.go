@@ -61,6 +61,47 @@ func TestReplayCacheBounds(t *testing.T) {
 	}
 }
 
+// TestReplayCachePairs: past Pairs, whole least recently used sessions
+// are forgotten; the count follows every eviction, flush and update.
+func TestReplayCachePairs(t *testing.T) {
+	c := NewReplayCache(ReplayCacheOptions{PerSession: 4, Sessions: 10, Pairs: 6})
+	for s := 1; s <= 3; s++ {
+		for i := 1; i <= 2; i++ {
+			c.Add(fmt.Sprintf("s%d", s), fmt.Sprintf("c%d", i), "o")
+		}
+	}
+	if c.Len() != 6 || c.Sessions() != 3 {
+		t.Fatalf("Len %d Sessions %d, want 6 and 3", c.Len(), c.Sessions())
+	}
+	c.Lookup("s1", "c1")         // s1 recent: s2 is now the oldest
+	c.Add("s1", "c1", "another") // an update is not a new pair
+	c.Add("s3", "c3", "o")       // 7 pairs: s2 goes whole
+	if _, ok := c.Lookup("s2", "c1"); ok {
+		t.Error("s2 survived past Pairs")
+	}
+	if c.Len() != 5 || c.Sessions() != 2 {
+		t.Errorf("Len %d Sessions %d, want 5 and 2", c.Len(), c.Sessions())
+	}
+	if o, _ := c.Lookup("s1", "c1"); o != "another" {
+		t.Errorf("s1/c1 owner %q, want the update", o)
+	}
+	// One session over Pairs loses its oldest pairs, not itself.
+	c.Flush("")
+	d := NewReplayCache(ReplayCacheOptions{PerSession: 10, Pairs: 3})
+	for i := 1; i <= 5; i++ {
+		d.Add("s", fmt.Sprintf("c%d", i), "o")
+	}
+	if _, ok := d.Lookup("s", "c2"); ok || d.Len() != 3 {
+		t.Errorf("Len %d, want 3 with c2 gone", d.Len())
+	}
+	if _, ok := d.Lookup("s", "c5"); !ok {
+		t.Error("the newest pair was evicted")
+	}
+	if c.Len() != 0 {
+		t.Errorf("Flush all: Len %d", c.Len())
+	}
+}
+
 // TestReplayCacheDefaults: seed 002's 10k ids per session, 4096 sessions.
 func TestReplayCacheDefaults(t *testing.T) {
 	c := NewReplayCache(ReplayCacheOptions{})
