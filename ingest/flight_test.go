@@ -46,7 +46,7 @@ func flightStack(t *testing.T) (*stack, *redact.Redactor) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		store, err := ingest.NewKVRateStore(ctx, js, p.MaxWindow())
+		store, err := ingest.NewKVRateStore(ctx, js, p.MaxWindow(), 1)
 		if err != nil {
 			t.Fatal(err)
 		}

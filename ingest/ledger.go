@@ -73,37 +73,22 @@ var (
 // the options, and returns a ledger on it. Every worker and control
 // service calls it at start.
 func NewLedger(ctx context.Context, js jetstream.JetStream, o LedgerOptions) (*Ledger, error) {
-	if js == nil {
-		return nil, errors.New("ingest: ledger needs a JetStream context")
-	}
 	if o.Window <= 0 {
 		o.Window = 24 * time.Hour
-	}
-	if o.Replicas <= 0 {
-		o.Replicas = 1
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 5 * time.Second
 	}
-	storage := jetstream.FileStorage
-	if o.Memory {
-		storage = jetstream.MemoryStorage
-	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:       LedgerBucket,
-		Description:  "Talos call ledger: replay claims with pre decisions, idempotency keys, calls awaiting approval",
-		History:      1,
-		TTL:          o.Window,
-		MaxValueSize: maxLedgerValue,
-		Storage:      storage,
-		Replicas:     o.Replicas,
+	kv, stream, err := ensureBucket(ctx, js, bucket{
+		name:         LedgerBucket,
+		description:  "Talos call ledger: replay claims with pre decisions, idempotency keys, calls awaiting approval",
+		ttl:          o.Window,
+		maxValueSize: maxLedgerValue,
+		replicas:     o.Replicas,
+		memory:       o.Memory,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("ingest: ledger bucket %s: %w", LedgerBucket, err)
-	}
-	stream, err := js.Stream(ctx, "KV_"+LedgerBucket)
-	if err != nil {
-		return nil, fmt.Errorf("ingest: ledger bucket stream: %w", err)
+		return nil, err
 	}
 	return &Ledger{js: js, kv: kv, stream: stream, window: o.Window, timeout: o.Timeout}, nil
 }

@@ -75,38 +75,24 @@ type rateRevision struct {
 }
 
 // NewKVRateStore creates the TALOS_RATE bucket, or updates an existing one
-// (history 1, TTL = 2 × maxWindow, at least 1 min), and returns a store on
-// it. maxWindow is the longest window the store will count (the policy's
-// MaxWindow; <= 0 means 30 s). Updating never shortens the TTL or lowers
-// the replica count of an existing bucket (another worker may count longer
-// windows; a cluster may run it at R3). Every worker calls it at start.
-func NewKVRateStore(ctx context.Context, js jetstream.JetStream, maxWindow time.Duration) (*KVRateStore, error) {
-	if js == nil {
-		return nil, errors.New("ingest: rate store needs a JetStream context")
-	}
-	ttl := max(2*maxWindow, minRateTTL)
-	replicas := 1
-	st, err := js.Stream(ctx, "KV_"+RateBucket)
-	switch {
-	case err == nil:
-		cfg := st.CachedInfo().Config
-		replicas = max(replicas, cfg.Replicas)
-		ttl = max(ttl, cfg.MaxAge)
-	case !errors.Is(err, jetstream.ErrStreamNotFound):
-		return nil, fmt.Errorf("ingest: rate bucket %s: %w", RateBucket, err)
-	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:       RateBucket,
-		Description:  "Talos rate limits: (limit key, window) -> count",
-		History:      1,
-		TTL:          ttl,
-		MaxValueSize: maxRateValue,
-		Storage:      jetstream.FileStorage,
-		Replicas:     replicas,
+// (history 1, TTL = 2 × maxWindow, at least 1 min), with replicas replicas
+// (<= 0: 1), and returns a store on it. maxWindow is the longest window the
+// store will count (the policy's MaxWindow; <= 0 means 30 s). Updating never
+// shortens the TTL or lowers the replica count of an existing bucket
+// (another worker may count longer windows). Every worker calls it at start.
+func NewKVRateStore(ctx context.Context, js jetstream.JetStream, maxWindow time.Duration, replicas int) (*KVRateStore, error) {
+	kv, st, err := ensureBucket(ctx, js, bucket{
+		name:         RateBucket,
+		description:  "Talos rate limits: (limit key, window) -> count",
+		ttl:          max(2*maxWindow, minRateTTL),
+		maxValueSize: maxRateValue,
+		replicas:     replicas,
+		keepTTL:      true,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("ingest: rate bucket %s: %w", RateBucket, err)
+		return nil, err
 	}
+	ttl := st.CachedInfo().Config.MaxAge
 	cache, err := lru.New[string, rateRevision](rateCacheSize)
 	if err != nil {
 		return nil, err

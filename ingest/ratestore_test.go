@@ -22,7 +22,7 @@ func newRateStore(t testing.TB, js jetstream.JetStream, maxWindow time.Duration)
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := ingest.NewKVRateStore(ctx, js, maxWindow)
+	s, err := ingest.NewKVRateStore(ctx, js, maxWindow, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,5 +217,33 @@ func TestRateLimiterOnKV(t *testing.T) {
 	// The next window allows again, on either worker.
 	if codes, _, err := w2.Check("agent-1", "fs", "read", now.Add(time.Minute)); err != nil || codes != nil {
 		t.Fatalf("next window: %v %v", codes, err)
+	}
+}
+
+// TestBucketsHonourReplicas: the rate store and the call ledger ask for the
+// replica count they are given (a single server refuses more than one,
+// which is how this test sees the request), and an update never lowers an
+// existing bucket's count or shortens the rate bucket's TTL.
+func TestBucketsHonourReplicas(t *testing.T) {
+	ns := testenv.NATSForTest(t)
+	_, js := connectJS(t, ns.URL())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := ingest.NewKVRateStore(ctx, js, time.Minute, 3); err == nil || !strings.Contains(strings.ToLower(err.Error()), "replica") {
+		t.Errorf("rate store at 3 replicas on one server: %v, want a replicas error", err)
+	}
+	if _, err := ingest.NewLedger(ctx, js, ingest.LedgerOptions{Replicas: 3}); err == nil || !strings.Contains(strings.ToLower(err.Error()), "replica") {
+		t.Errorf("ledger at 3 replicas on one server: %v, want a replicas error", err)
+	}
+	long, err := ingest.NewKVRateStore(ctx, js, time.Hour, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, err := ingest.NewKVRateStore(ctx, js, time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if long.TTL() != 2*time.Hour || short.TTL() != 2*time.Hour {
+		t.Errorf("TTLs %s and %s, want the longer 2h kept", long.TTL(), short.TTL())
 	}
 }

@@ -51,7 +51,7 @@ func enforceOptions(ctx context.Context, f *Flags, log *slog.Logger, js jetstrea
 			for _, l := range p.RateLimits {
 				maxWindow = max(maxWindow, time.Duration(l.Window))
 			}
-			store, err := ingest.NewKVRateStore(ctx, js, maxWindow)
+			store, err := ingest.NewKVRateStore(ctx, js, maxWindow, f.Replicas)
 			if err != nil {
 				return o, fmt.Errorf("rate store: %w", err)
 			}
