@@ -706,7 +706,7 @@ func kindOf(phase string) string {
 
 // splitCallSubject reads talos.call.<phase>.<server_id>; unknown parts are "".
 func splitCallSubject(subject string) (phase, server string) {
-	rest, ok := strings.CutPrefix(subject, "talos.call.")
+	rest, ok := strings.CutPrefix(subject, schemas.SubjectCall)
 	if !ok {
 		return schemas.PhasePre, ""
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/gowebpki/jcs"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonpointer"
 )
 
 // Mode says what happens to a tool the registry does not classify.
@@ -410,7 +411,7 @@ func failedCall(pc *schemas.ParsedCall, hasResult bool) bool {
 // content under root. where names root in details ("request.arguments").
 func (e *Engine) documents(v *verdict, root any, where string, pointers []string, encoding string, maxItem int64, maxName string, maxBatch int64) {
 	for _, p := range pointers {
-		val, found := resolvePointer(root, p)
+		val, found := jsonpointer.Resolve(root, p)
 		if !found {
 			v.add(schemas.CodeDocContentPointerInvalid, where+p+": does not resolve")
 			continue

@@ -8,6 +8,7 @@ import (
 
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonpointer"
 )
 
 // Flight recorder (seed 001 FR-EVT-007): the ToolCallEvent of a call,
@@ -199,7 +200,7 @@ func resources(tool *schemas.Tool, args any) *schemas.ResourcesTouched {
 	}
 	rt := &schemas.ResourcesTouched{}
 	for _, p := range tool.PathPointers {
-		if v, ok := resolvePointer(args, p); ok {
+		if v, ok := jsonpointer.Resolve(args, p); ok {
 			if s, ok := v.(string); ok && s != "" {
 				rt.Files = append(rt.Files, s)
 			}

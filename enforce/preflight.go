@@ -15,6 +15,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonpointer"
 )
 
 // DefaultMaxArgsBytes is the size limit of request.arguments for tools
@@ -196,7 +197,7 @@ func (p *Preflight) Check(serverID string, tool *schemas.Tool, args any, argsLen
 		}
 	}
 	for _, ptr := range tool.PathPointers {
-		v, ok := resolvePointer(args, ptr)
+		v, ok := jsonpointer.Resolve(args, ptr)
 		if !ok || v == nil {
 			continue
 		}
@@ -337,7 +338,7 @@ func (is *inputSchema) safePointer(args any, loc []string) string {
 // safeKey is k if the schema declares it as a property name, else "*".
 func (is *inputSchema) safeKey(k string) string {
 	if is.names[k] {
-		return escapeToken(k)
+		return jsonpointer.Escape(k)
 	}
 	return "*"
 }
@@ -417,7 +418,7 @@ func (b *shapeBuilder) collectAnchors(v any, ptr string, embedded bool) {
 			}
 		}
 		for k, x := range v {
-			b.collectAnchors(x, ptr+"/"+escapeToken(k), embedded)
+			b.collectAnchors(x, ptr+"/"+jsonpointer.Escape(k), embedded)
 		}
 	case []any:
 		for i, x := range v {
@@ -442,9 +443,9 @@ func (b *shapeBuilder) build(node any, embedded bool, ptr string) *shape {
 	if _, hasID := obj["$id"]; hasID && ptr != "" {
 		embedded = true
 	}
-	child := func(key string, v any) *shape { return b.build(v, embedded, ptr+"/"+escapeToken(key)) }
+	child := func(key string, v any) *shape { return b.build(v, embedded, ptr+"/"+jsonpointer.Escape(key)) }
 	childAt := func(key string, i int, v any) *shape {
-		return b.build(v, embedded, ptr+"/"+escapeToken(key)+"/"+strconv.Itoa(i))
+		return b.build(v, embedded, ptr+"/"+jsonpointer.Escape(key)+"/"+strconv.Itoa(i))
 	}
 
 	if ref, ok := obj["$ref"].(string); ok {
@@ -464,7 +465,7 @@ func (b *shapeBuilder) build(node any, embedded bool, ptr string) *shape {
 		s.hasProps = true
 		s.props = make(map[string]*shape, len(props))
 		for k, v := range props {
-			s.props[k] = b.build(v, embedded, ptr+"/properties/"+escapeToken(k))
+			s.props[k] = b.build(v, embedded, ptr+"/properties/"+jsonpointer.Escape(k))
 		}
 	}
 	if pats, ok := obj["patternProperties"].(map[string]any); ok {
@@ -474,7 +475,7 @@ func (b *shapeBuilder) build(node any, embedded bool, ptr string) *shape {
 				s.opaque = true // the compiler accepted it; be lenient here
 				continue
 			}
-			s.patterns = append(s.patterns, patternShape{re, b.build(v, embedded, ptr+"/patternProperties/"+escapeToken(pat))})
+			s.patterns = append(s.patterns, patternShape{re, b.build(v, embedded, ptr+"/patternProperties/"+jsonpointer.Escape(pat))})
 		}
 	}
 	for _, kw := range []string{"additionalProperties", "unevaluatedProperties"} {
@@ -518,7 +519,7 @@ func (b *shapeBuilder) build(node any, embedded bool, ptr string) *shape {
 	}
 	if ds, ok := obj["dependentSchemas"].(map[string]any); ok {
 		for k, v := range ds {
-			s.subs = append(s.subs, b.build(v, embedded, ptr+"/dependentSchemas/"+escapeToken(k)))
+			s.subs = append(s.subs, b.build(v, embedded, ptr+"/dependentSchemas/"+jsonpointer.Escape(k)))
 		}
 	}
 	return s
@@ -548,7 +549,7 @@ func (b *shapeBuilder) resolveRef(ref string, embedded bool) *shape {
 	if embedded {
 		return nil
 	}
-	target, ok := resolvePointer(b.root, frag)
+	target, ok := jsonpointer.Resolve(b.root, frag)
 	if !ok {
 		return nil
 	}

@@ -866,7 +866,7 @@ func (s *ControlService) copyLoop(ctx context.Context, it jetstream.MessagesCont
 // copyOne stores one control event's exact bytes in TALOS_AUDIT and acks
 // it only after the PubAck (a duplicate means it is there already).
 func (s *ControlService) copyOne(ctx context.Context, m jetstream.Msg) {
-	verb := strings.TrimPrefix(m.Subject(), "talos.control.")
+	verb := strings.TrimPrefix(m.Subject(), schemas.SubjectControl)
 	var ev struct {
 		ID string `json:"id"`
 	}

@@ -488,7 +488,7 @@ func TestFollowSurvivesNATSRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := ns.Server().Addr().(*net.TCPAddr).Port
+	port := ns.NATS().Addr().(*net.TCPAddr).Port
 	stopped := false
 	t.Cleanup(func() {
 		if !stopped {

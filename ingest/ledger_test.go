@@ -312,7 +312,7 @@ func TestLedgerSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(ns.Shutdown) // safe after the Shutdown below
-	port := ns.Server().Addr().(*net.TCPAddr).Port
+	port := ns.NATS().Addr().(*net.TCPAddr).Port
 	_, js := connectJS(t, ns.URL())
 	l := newLedger(t, js, ingest.LedgerOptions{})
 	claim(t, l, "sess", "corr", "call-a", "call-a")

@@ -35,14 +35,6 @@ func NewSinkWriter(conn driver.Conn, database string) *SinkWriter {
 	return &SinkWriter{conn: conn, database: database}
 }
 
-// toolCallSubjectPrefix is the TALOS_AUDIT subject prefix of ToolCallEvents
-// (schemas.ToolCallEventSubject).
-const toolCallSubjectPrefix = "talos.audit.toolcall."
-
-// checkpointSubjectPrefix is the TALOS_AUDIT subject prefix of chain
-// checkpoints (schemas.CheckpointSubject).
-const checkpointSubjectPrefix = "talos.audit.checkpoint."
-
 // Rows is how many records this writer has stored.
 func (w *SinkWriter) Rows() uint64 { return w.rows.Load() }
 
@@ -94,10 +86,6 @@ func (w *SinkWriter) Write(ctx context.Context, recs []schemas.AuditRecord) erro
 // Write), and nothing derived from it outlives Write.
 func inPlace(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
-// receiptSubjectPrefix is the TALOS_AUDIT subject prefix of receipts
-// (schemas.ReceiptSubject).
-const receiptSubjectPrefix = "talos.audit.receipt."
-
 // projection is the rows of one batch, table by table.
 type projection struct {
 	receipts  []ReceiptRow
@@ -114,9 +102,9 @@ func newProjection(recs []schemas.AuditRecord) *projection {
 	var nr, nt int
 	for i := range recs {
 		switch {
-		case strings.HasPrefix(recs[i].Subject, receiptSubjectPrefix):
+		case strings.HasPrefix(recs[i].Subject, schemas.SubjectReceipt):
 			nr++
-		case strings.HasPrefix(recs[i].Subject, toolCallSubjectPrefix):
+		case strings.HasPrefix(recs[i].Subject, schemas.SubjectToolCall):
 			nt++
 		}
 	}
@@ -132,7 +120,7 @@ func (p *projection) add(rec schemas.AuditRecord) {
 		p.dead = append(p.dead, DeadLetter{Subject: rec.Subject, StreamSeq: rec.StreamSeq, Reason: reason, Data: string(rec.Data)})
 	}
 	switch {
-	case strings.HasPrefix(rec.Subject, receiptSubjectPrefix):
+	case strings.HasPrefix(rec.Subject, schemas.SubjectReceipt):
 		row, ctl, err := receiptRowOf(rec.Data, inPlace(rec.Data))
 		if err == nil && row.Kind == schemas.KindControl {
 			var c ControlEventRow
@@ -145,7 +133,7 @@ func (p *projection) add(rec schemas.AuditRecord) {
 			return
 		}
 		p.receipts = append(p.receipts, row)
-	case strings.HasPrefix(rec.Subject, toolCallSubjectPrefix):
+	case strings.HasPrefix(rec.Subject, schemas.SubjectToolCall):
 		row, arts, err := toolCallRowOf(rec.Data, inPlace(rec.Data), p.artifacts)
 		var rej *RejectedToolCall
 		switch {
@@ -156,7 +144,7 @@ func (p *projection) add(rec schemas.AuditRecord) {
 		default:
 			deadLetter(err.Error())
 		}
-	case strings.HasPrefix(rec.Subject, checkpointSubjectPrefix):
+	case strings.HasPrefix(rec.Subject, schemas.SubjectCheckpoint):
 		row, err := CheckpointRowFromEvent(rec.Data)
 		if err != nil {
 			deadLetter(err.Error())

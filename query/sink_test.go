@@ -268,7 +268,7 @@ func TestSinkWriteBlocksRoundTrip(t *testing.T) {
 	wantCalls := map[string]ToolCallRow{}
 	wantArts := map[string]string{}
 	for _, rec := range recs {
-		if strings.HasPrefix(rec.Subject, toolCallSubjectPrefix) {
+		if strings.HasPrefix(rec.Subject, schemas.SubjectToolCall) {
 			row, arts, err := ToolCallRowFromEvent(rec.Data)
 			if err != nil {
 				t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/gowebpki/jcs"
 
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonpointer"
 )
 
 // ToolCallRow is one row of tool_calls: a ToolCallEvent (FR-EVT-007, seed
@@ -1033,17 +1034,7 @@ func isFlag(s string) bool {
 func isCapabilityID(s string) bool { return runesBetween(s, 1, 128) }
 
 // isRedactionPointer: ^(/([^~/]|~[01])*)+$
-func isRedactionPointer(s string) bool {
-	if s == "" || s[0] != '/' {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] == '~' && (i+1 == len(s) || s[i+1] != '0' && s[i+1] != '1') {
-			return false
-		}
-	}
-	return true
-}
+func isRedactionPointer(s string) bool { return s != "" && jsonpointer.Valid(s) }
 
 // isPseudonym: ^hmac-sha256:[^:]+:[0-9a-f]{64}$
 func isPseudonym(s string) bool {

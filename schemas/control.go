@@ -55,7 +55,7 @@ var Verbs = []string{
 func CtlSubject(verb string) string { return SubjectCtl + verb }
 
 // ControlSubject is the TALOS_CONTROL subject of an accepted mutating verb.
-func ControlSubject(verb string) string { return "talos.control." + verb }
+func ControlSubject(verb string) string { return SubjectControl + verb }
 
 // StatusSubject is the heartbeat subject of a worker.
 func StatusSubject(workerID string) string { return SubjectStatus + workerID }

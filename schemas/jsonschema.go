@@ -11,6 +11,8 @@ import (
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
+
+	"github.com/talos-audit/talos/schemas/jsonpointer"
 )
 
 //go:embed mcp/*.json talos/*.json
@@ -173,7 +175,7 @@ func (cs *compiledSet) safePointer(loc []string) string {
 	for _, tok := range loc {
 		sb.WriteByte('/')
 		if cs.names[tok] || isIndex(tok) {
-			sb.WriteString(strings.ReplaceAll(strings.ReplaceAll(tok, "~", "~0"), "/", "~1"))
+			sb.WriteString(jsonpointer.Escape(tok))
 		} else {
 			sb.WriteByte('*')
 		}

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/talos-audit/talos/schemas/jsonpointer"
 )
 
 // quickSchema is a JSON Schema (draft 2020-12) compiled for a quick
@@ -99,7 +101,7 @@ var quickPatterns = map[string]func(string) bool{
 	`^[A-Za-z0-9_-]{22,256}$`:    isCorrelationID,
 	`^[0-9a-f]{64}$`:             isHex256,
 	`^sha256:[0-9a-f]{64}$`:      isDigestString,
-	`^(/([^~/]|~[01])*)*$`:       isPointerString,
+	`^(/([^~/]|~[01])*)*$`:       jsonpointer.Valid,
 }
 
 // compileQuickSchema compiles the schema document doc (as
@@ -196,7 +198,7 @@ func (c *quickCompiler) fill(s *quickSchema, m map[string]any, ptr string) error
 				return bad(kw, "not an object")
 			}
 			for name, d := range defs {
-				if _, err := sub("$defs/"+escapePtr(name), d); err != nil {
+				if _, err := sub("$defs/"+jsonpointer.Escape(name), d); err != nil {
 					return err
 				}
 			}
@@ -206,7 +208,7 @@ func (c *quickCompiler) fill(s *quickSchema, m map[string]any, ptr string) error
 			if !ok {
 				return bad(kw, "only references into the same document")
 			}
-			node, found := resolveSchemaPtr(c.root, target)
+			node, found := jsonpointer.Resolve(c.root, target)
 			if !found {
 				return bad(kw, "does not resolve")
 			}
@@ -292,7 +294,7 @@ func (c *quickCompiler) fill(s *quickSchema, m map[string]any, ptr string) error
 			}
 			s.props = make(map[string]*quickSchema, len(props))
 			for name, p := range props {
-				if s.props[name], err = sub("properties/"+escapePtr(name), p); err != nil {
+				if s.props[name], err = sub("properties/"+jsonpointer.Escape(name), p); err != nil {
 					return err
 				}
 			}
@@ -317,33 +319,6 @@ func (c *quickCompiler) fill(s *quickSchema, m map[string]any, ptr string) error
 		}
 	}
 	return nil
-}
-
-func escapePtr(tok string) string {
-	return strings.ReplaceAll(strings.ReplaceAll(tok, "~", "~0"), "/", "~1")
-}
-
-// resolveSchemaPtr resolves a JSON pointer (the fragment of a $ref) in a
-// schema document.
-func resolveSchemaPtr(doc any, ptr string) (any, bool) {
-	if ptr == "" {
-		return doc, true
-	}
-	if ptr[0] != '/' {
-		return nil, false
-	}
-	cur := doc
-	for _, tok := range strings.Split(ptr[1:], "/") {
-		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return nil, false
-		}
-		if cur, ok = m[tok]; !ok {
-			return nil, false
-		}
-	}
-	return cur, true
 }
 
 func schemaInt(v any) (int, bool) {
@@ -590,21 +565,6 @@ func isHex256(s string) bool { return len(s) == 64 && isHexDigits(s, true) }
 func isDigestString(s string) bool {
 	d, ok := strings.CutPrefix(s, "sha256:")
 	return ok && isHex256(d)
-}
-
-func isPointerString(s string) bool {
-	if s == "" {
-		return true
-	}
-	if s[0] != '/' {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] == '~' && (i+1 == len(s) || (s[i+1] != '0' && s[i+1] != '1')) {
-			return false
-		}
-	}
-	return true
 }
 
 // isPlainDateTime accepts the usual RFC 3339 shapes the library's

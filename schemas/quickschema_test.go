@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/talos-audit/talos/schemas/jsonpointer"
 )
 
 // toolCallSchemaDoc is the embedded tool call schema as the library
@@ -264,7 +266,7 @@ func schemaProps(t testing.TB, root map[string]any) []schemaProp {
 			return
 		}
 		if ref, ok := node["$ref"].(string); ok {
-			target, found := resolveSchemaPtr(root, strings.TrimPrefix(ref, "#"))
+			target, found := jsonpointer.Resolve(root, strings.TrimPrefix(ref, "#"))
 			if !found {
 				t.Fatalf("unresolved $ref %s", ref)
 			}

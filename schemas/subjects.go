@@ -17,11 +17,19 @@ const (
 	SubjectCallsAll   = "talos.call.>"
 	SubjectAuditAll   = "talos.audit.>"
 	SubjectControlAll = "talos.control.>"
+	SubjectCall       = "talos.call." // talos.call.<phase>.<server_id>
 	SubjectCallPre    = "talos.call.pre."
 	SubjectCallPost   = "talos.call.post."
+	SubjectControl    = "talos.control." // talos.control.<verb>
 	SubjectDecision   = "talos.decision."
 	SubjectStatus     = "talos.status."
 	SubjectCtl        = "talos.ctl."
+
+	// TALOS_AUDIT subject prefixes (ReceiptSubject, ToolCallEventSubject,
+	// CheckpointSubject): the sink routes records on them.
+	SubjectReceipt    = "talos.audit.receipt."    // talos.audit.receipt.<kind>.<server_id or verb>
+	SubjectToolCall   = "talos.audit.toolcall."   // talos.audit.toolcall.<server_id>
+	SubjectCheckpoint = "talos.audit.checkpoint." // talos.audit.checkpoint.<chain_id>
 )
 
 // Phases of a tool call.
@@ -45,7 +53,7 @@ func ValidID(s string) bool { return IDPattern.MatchString(s) }
 
 // CallSubject is the subject an enforcement point publishes a call on.
 func CallSubject(phase, serverID string) string {
-	return "talos.call." + phase + "." + serverID
+	return SubjectCall + phase + "." + serverID
 }
 
 // DecisionSubject is the core-NATS subject an enforcement point listens on.
@@ -54,14 +62,14 @@ func DecisionSubject(epID string) string { return SubjectDecision + epID }
 // ReceiptSubject is the TALOS_AUDIT subject of a receipt; for control receipts
 // the last token is the verb.
 func ReceiptSubject(kind, serverOrVerb string) string {
-	return "talos.audit.receipt." + kind + "." + serverOrVerb
+	return SubjectReceipt + kind + "." + serverOrVerb
 }
 
 // ToolCallEventSubject is the TALOS_AUDIT subject of a ToolCallEvent.
-func ToolCallEventSubject(serverID string) string { return "talos.audit.toolcall." + serverID }
+func ToolCallEventSubject(serverID string) string { return SubjectToolCall + serverID }
 
 // CheckpointSubject is the TALOS_AUDIT subject of a chain checkpoint.
-func CheckpointSubject(chainID string) string { return "talos.audit.checkpoint." + chainID }
+func CheckpointSubject(chainID string) string { return SubjectCheckpoint + chainID }
 
 // CheckpointMsgID is the Nats-Msg-Id of a chain's checkpoint n, so that a
 // retried publish is stored once.

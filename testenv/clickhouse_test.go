@@ -5,24 +5,10 @@ import (
 	"errors"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 )
-
-func TestFindClickHouseMissing(t *testing.T) {
-	t.Setenv("PATH", t.TempDir())
-	_, err := findClickHouse(nil)
-	if !errors.Is(err, ErrClickHouseNotFound) {
-		t.Fatalf("err = %v, want ErrClickHouseNotFound", err)
-	}
-	for _, want := range []string{"clickhouse-server not found", "sudo apt-get install -y clickhouse-server clickhouse-client"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not name %q", err, want)
-		}
-	}
-}
 
 func TestStartFailure(t *testing.T) {
 	other := errors.New("port in use")
@@ -46,35 +32,6 @@ func TestStartFailure(t *testing.T) {
 				t.Fatalf("skip message %q lacks the install hint", skip)
 			}
 		})
-	}
-}
-
-func TestFindClickHouseSingleBinary(t *testing.T) {
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "clickhouse")
-	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("PATH", dir)
-	argv, err := findClickHouse(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(argv) != 2 || argv[0] != bin || argv[1] != "server" {
-		t.Fatalf("argv = %q, want [%s server]", argv, bin)
-	}
-}
-
-func TestStartClickHouseBadBinary(t *testing.T) {
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "clickhouse-server")
-	// A "server" that exits at once: the error must say so and show its output.
-	if err := os.WriteFile(bin, []byte("#!/bin/sh\necho boom: cannot start >&2\nexit 3\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	_, err := StartClickHouse(context.Background(), ClickHouseOptions{Binary: bin, Dir: filepath.Join(dir, "data")})
-	if err == nil || !strings.Contains(err.Error(), "exited") || !strings.Contains(err.Error(), "boom: cannot start") {
-		t.Fatalf("err = %v, want an early-exit error with the output tail", err)
 	}
 }
 

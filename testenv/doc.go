@@ -1,7 +1,10 @@
-// Package testenv starts real dependencies for tests and `talosd dev`: an
-// embedded NATS server with JetStream and a private clickhouse-server process.
+// Package testenv starts real dependencies for tests: an embedded NATS server
+// with JetStream (package natsserver) and a private clickhouse-server process
+// (package chserver), with helpers that tie them to a test's lifetime and
+// give each test its own ClickHouse database.
 //
 // Everything listens on 127.0.0.1 only, on ports picked at start, with its
 // data in a directory the caller gives (or a temporary one), so several
-// environments can run side by side in one test binary.
+// environments can run side by side in one test binary. Programs use
+// natsserver and chserver directly: no binary links this package.
 package testenv

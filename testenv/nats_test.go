@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -40,24 +39,5 @@ func TestNATSForTestJetStream(t *testing.T) {
 	}
 	if ack.Sequence != 1 {
 		t.Fatalf("seq = %d, want 1", ack.Sequence)
-	}
-}
-
-func TestStartNATSTempDirRemoved(t *testing.T) {
-	n, err := StartNATS(NATSOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := n.tempDir
-	if dir == "" {
-		t.Fatal("no temp dir recorded")
-	}
-	n.Shutdown()
-	n.Shutdown() // idempotent
-	if _, err := nats.Connect(n.URL(), nats.Timeout(time.Second)); err == nil {
-		t.Fatal("server still accepts connections after Shutdown")
-	}
-	if _, err := os.Stat(dir); err == nil {
-		t.Fatalf("store dir %s not removed", dir)
 	}
 }

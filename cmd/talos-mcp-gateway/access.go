@@ -11,6 +11,7 @@ import (
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonpointer"
 )
 
 // principal is who a downstream MCP session speaks for: the agent, its
@@ -171,7 +172,7 @@ func (a *accessPolicy) checkCall(p *principal, server, name string, args json.Ra
 	}
 	var doc any
 	_ = json.Unmarshal(args, &doc)
-	val, _ := enforce.ResolvePointer(doc, v.tool.ActionPointer)
+	val, _ := jsonpointer.Resolve(doc, v.tool.ActionPointer)
 	action, _ := val.(string)
 	if !slices.Contains(v.actions, action) {
 		return []string{schemas.CodeToolHidden, schemas.CodeToolClassMismatch},

@@ -27,9 +27,9 @@ import (
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/query"
+	"github.com/talos-audit/talos/query/chserver"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
-	"github.com/talos-audit/talos/testenv"
 )
 
 //go:embed demo/registry/*.json
@@ -135,7 +135,7 @@ func (d *devCmd) Run(f *Flags) error {
 			port = 0
 		}
 		fmt.Fprintln(os.Stderr, "starting a private clickhouse-server (about 10 s)…")
-		ch, err := testenv.StartClickHouse(ctx, testenv.ClickHouseOptions{Dir: filepath.Join(dir, "clickhouse"), TCPPort: port})
+		ch, err := chserver.Start(ctx, chserver.Options{Dir: filepath.Join(dir, "clickhouse"), TCPPort: port})
 		if err != nil {
 			return err
 		}

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonpointer"
 )
 
 // Rule names Talos adds to the gitleaks rule IDs in findings.
@@ -302,7 +303,7 @@ func (w *walker) pointer() string {
 			sb.WriteString(strconv.Itoa(t.index))
 			continue
 		}
-		sb.WriteString(strings.ReplaceAll(strings.ReplaceAll(t.key, "~", "~0"), "/", "~1"))
+		sb.WriteString(jsonpointer.Escape(t.key))
 	}
 	return sb.String()
 }

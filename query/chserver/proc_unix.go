@@ -1,11 +1,11 @@
 //go:build unix
 
-package testenv
+package chserver
 
 import "syscall"
 
 // signal sends sig to the server's process group.
-func (c *ClickHouse) signal(sig syscall.Signal) {
+func (c *Server) signal(sig syscall.Signal) {
 	if c.cmd.Process == nil {
 		return
 	}

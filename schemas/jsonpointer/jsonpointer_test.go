@@ -1,4 +1,4 @@
-package enforce
+package jsonpointer
 
 import (
 	"encoding/json"
@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-func TestResolvePointer(t *testing.T) {
+func TestResolve(t *testing.T) {
 	var doc any
 	_ = json.Unmarshal([]byte(`{"foo":["bar","baz"],"":0,"a/b":1,"c%d":2,"e^f":3,"g|h":4,"i\\j":5,"k\"l":6," ":7,"m~n":8,"10":{"01":"x"}}`), &doc)
 	cases := []struct {
@@ -23,7 +23,7 @@ func TestResolvePointer(t *testing.T) {
 		{"/a/b", nil, false}, {"/foo/99999999999999999999", nil, false},
 	}
 	for _, tc := range cases {
-		got, found := resolvePointer(doc, tc.ptr)
+		got, found := Resolve(doc, tc.ptr)
 		if found != tc.found {
 			t.Errorf("%q: found %v", tc.ptr, found)
 			continue
@@ -48,17 +48,17 @@ func FuzzPointer(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		// Arbitrary pointers never panic against a tree with objects and arrays.
 		doc := map[string]any{"a": []any{map[string]any{"b": "x"}, "y"}, "": []any{}, "~/": map[string]any{}}
-		resolvePointer(doc, s)
+		Resolve(doc, s)
 		// A pointer that parses round-trips exactly through escaping.
-		if toks, err := parsePointer(s); err == nil {
-			if got := joinPointer(toks); got != s {
+		if toks, err := Parse(s); err == nil {
+			if got := Join(toks); got != s {
 				t.Fatalf("round trip %q -> %q -> %q", s, toks, got)
 			}
 		}
 		// Treat s as NUL-separated raw tokens: escape, parse back, resolve.
 		toks := strings.Split(s, "\x00")
-		p := joinPointer(toks)
-		back, err := parsePointer(p)
+		p := Join(toks)
+		back, err := Parse(p)
 		if err != nil || !slices.Equal(back, toks) {
 			t.Fatalf("tokens %q -> %q -> %q (%v)", toks, p, back, err)
 		}
@@ -66,8 +66,19 @@ func FuzzPointer(f *testing.F) {
 		for i := len(toks) - 1; i >= 0; i-- {
 			tree = map[string]any{toks[i]: tree}
 		}
-		if v, ok := resolvePointer(tree, p); !ok || v != "LEAF" {
+		if v, ok := Resolve(tree, p); !ok || v != "LEAF" {
 			t.Fatalf("%q does not resolve its own tree", p)
 		}
 	})
+}
+
+func TestValid(t *testing.T) {
+	for s, want := range map[string]bool{"": true, "/": true, "/a~0b/~1c//d": true, "a": false, "/~": false, "/~2": false, "/a~": false} {
+		if Valid(s) != want {
+			t.Errorf("Valid(%q) = %v, want %v", s, !want, want)
+		}
+	}
+	if toks, err := Parse("/~01"); err != nil || len(toks) != 1 || toks[0] != "~1" {
+		t.Errorf(`Parse("/~01") = %q, %v; want ["~1"] (unescape ~1 before ~0)`, toks, err)
+	}
 }

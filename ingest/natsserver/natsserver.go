@@ -1,0 +1,136 @@
+// Package natsserver runs an embedded nats-server with JetStream in this
+// process: the server talosd starts when no --nats-url is given, and the one
+// the tests start through testenv. It listens on the host and port it is
+// given (127.0.0.1 and a free port by default), with its store in a directory
+// the caller names or a temporary one.
+package natsserver
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// DefaultMaxPayload is the largest message the embedded server accepts.
+const DefaultMaxPayload = 8 << 20
+
+// Options configure Start. The zero value is a JetStream server on a
+// random loopback port with its store in a new temporary directory.
+type Options struct {
+	// Dir is the JetStream store directory. Empty means a temporary directory
+	// that Shutdown removes.
+	Dir string
+	// Host is the listen address (default 127.0.0.1).
+	Host string
+	// Port is the client port; 0 means a random free port.
+	Port int
+	// ServerName names the server (default: "talos-embedded").
+	ServerName string
+	// MaxPayload overrides DefaultMaxPayload when positive.
+	MaxPayload int32
+	// ReadyTimeout bounds the wait for the server to accept clients
+	// (default 10 s).
+	ReadyTimeout time.Duration
+	// Logs sends the server's log to stderr (off by default).
+	Logs bool
+	// Users are the only clients the server accepts, each limited to its
+	// Permissions. Nil means no authentication: any client may connect and
+	// use every subject.
+	Users []*server.User
+}
+
+// Server is a running embedded nats-server with JetStream.
+type Server struct {
+	srv     *server.Server
+	tempDir string // removed by Shutdown when we created it
+}
+
+// Start starts an embedded nats-server with JetStream on 127.0.0.1 and
+// returns once it accepts clients and JetStream is enabled.
+func Start(opts Options) (*Server, error) {
+	n := &Server{}
+	dir := opts.Dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "talos-nats-*")
+		if err != nil {
+			return nil, fmt.Errorf("natsserver: nats store dir: %w", err)
+		}
+		dir, n.tempDir = d, d
+	}
+	host := opts.Host
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	port := opts.Port
+	if port == 0 {
+		port = -1 // nats-server: pick a random port
+	}
+	name := opts.ServerName
+	if name == "" {
+		name = "talos-embedded"
+	}
+	maxPayload := opts.MaxPayload
+	if maxPayload <= 0 {
+		maxPayload = DefaultMaxPayload
+	}
+	ready := opts.ReadyTimeout
+	if ready <= 0 {
+		ready = 10 * time.Second
+	}
+	sopts := &server.Options{
+		ServerName: name,
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   dir,
+		MaxPayload: maxPayload,
+		NoSigs:     true,
+		NoLog:      !opts.Logs,
+		Users:      opts.Users,
+	}
+	srv, err := server.NewServer(sopts)
+	if err != nil {
+		n.removeTemp()
+		return nil, fmt.Errorf("natsserver: nats server: %w", err)
+	}
+	if opts.Logs {
+		srv.ConfigureLogger()
+	}
+	n.srv = srv
+	srv.Start()
+	if !srv.ReadyForConnections(ready) {
+		n.Shutdown()
+		return nil, fmt.Errorf("natsserver: nats server not ready after %s", ready)
+	}
+	if !srv.JetStreamEnabled() {
+		n.Shutdown()
+		return nil, errors.New("natsserver: nats server started without JetStream")
+	}
+	return n, nil
+}
+
+// URL is the client URL, nats://127.0.0.1:<port>.
+func (n *Server) URL() string { return n.srv.ClientURL() }
+
+// NATS is the embedded server itself, for callers that need its internals.
+func (n *Server) NATS() *server.Server { return n.srv }
+
+// Shutdown stops the server, waits for it, and removes the store directory
+// if Start created it. It is safe to call more than once.
+func (n *Server) Shutdown() {
+	if n.srv != nil {
+		n.srv.Shutdown()
+		n.srv.WaitForShutdown()
+	}
+	n.removeTemp()
+}
+
+func (n *Server) removeTemp() {
+	if n.tempDir != "" {
+		os.RemoveAll(n.tempDir)
+		n.tempDir = ""
+	}
+}
