@@ -293,46 +293,15 @@ func (is *inputSchema) classify(args any, e *jsonschema.ValidationError, unknown
 	loc := e.InstanceLocation
 	switch e.ErrorKind.(type) {
 	case *kind.AdditionalProperties:
-		unknown[is.safePointer(args, loc)+"/*"] = true
+		unknown[schemas.SafeLocation(args, loc, is.names)+"/*"] = true
 		return
 	case *kind.FalseSchema:
 		if strings.HasSuffix(e.SchemaURL, "/unevaluatedProperties") && len(loc) > 0 {
-			unknown[is.safePointer(args, loc[:len(loc)-1])+"/*"] = true
+			unknown[schemas.SafeLocation(args, loc[:len(loc)-1], is.names)+"/*"] = true
 			return
 		}
 	}
-	violations[orRoot(is.safePointer(args, loc))+": "+describeViolation(e.ErrorKind)] = true
-}
-
-// safePointer renders an instance location within args ("" for the root
-// value), printing only
-// array indexes and object keys the schema declares as property names; any
-// other key (input, perhaps a secret) is printed as "*".
-func (is *inputSchema) safePointer(args any, loc []string) string {
-	if len(loc) == 0 {
-		return ""
-	}
-	var sb strings.Builder
-	cur := args
-	for _, tok := range loc {
-		sb.WriteByte('/')
-		switch c := cur.(type) {
-		case []any:
-			sb.WriteString(tok)
-			if i, err := strconv.Atoi(tok); err == nil && i >= 0 && i < len(c) {
-				cur = c[i]
-			} else {
-				cur = nil
-			}
-			continue
-		case map[string]any:
-			cur = c[tok]
-		default:
-			cur = nil
-		}
-		sb.WriteString(is.safeKey(tok))
-	}
-	return sb.String()
+	violations[orRoot(schemas.SafeLocation(args, loc, is.names))+": "+schemas.DescribeError(e.ErrorKind)] = true
 }
 
 // safeKey is k if the schema declares it as a property name, else "*".
@@ -341,27 +310,6 @@ func (is *inputSchema) safeKey(k string) string {
 		return jsonpointer.Escape(k)
 	}
 	return "*"
-}
-
-// describeViolation names the failed keyword; only schema-side facts
-// (keywords, wanted types, required property names) are printed.
-func describeViolation(k jsonschema.ErrorKind) string {
-	switch k := k.(type) {
-	case *kind.Required:
-		return "required: missing " + strings.Join(k.Missing, ", ")
-	case *kind.DependentRequired:
-		return "dependentRequired: " + k.Prop + " needs " + strings.Join(k.Missing, ", ")
-	case *kind.Type:
-		return "type: want " + strings.Join(k.Want, " or ")
-	case *kind.Format:
-		return "format " + k.Want
-	case *kind.FalseSchema:
-		return "not allowed here"
-	}
-	if p := k.KeywordPath(); len(p) > 0 {
-		return strings.Join(p, "/")
-	}
-	return "invalid"
 }
 
 // shape is what the unknown-field walk knows of one schema object: the

@@ -144,7 +144,11 @@ func (cs *compiledSet) schemaDetails(err error) []string {
 			}
 			return
 		}
-		d := cs.safePointer(e.InstanceLocation) + ": " + describeKind(e.ErrorKind)
+		loc := SafeLocation(nil, e.InstanceLocation, cs.names)
+		if loc == "" {
+			loc = "/"
+		}
+		d := loc + ": " + DescribeError(e.ErrorKind)
 		if _, isNot := e.ErrorKind.(*kind.Not); isNot {
 			if i := strings.IndexByte(e.SchemaURL, '#'); i >= 0 {
 				d += " (schema " + e.SchemaURL[i+1:] + ")"
@@ -167,37 +171,49 @@ func (cs *compiledSet) schemaDetails(err error) []string {
 	return out
 }
 
-func (cs *compiledSet) safePointer(loc []string) string {
-	if len(loc) == 0 {
-		return "/"
-	}
+// SafeLocation renders a validation error's instance location as a JSON
+// pointer ("" for the root) that echoes only array indexes and the property
+// names in declared; any other object key (input, perhaps a secret) is
+// printed as "*". doc is the instance that was validated: walking it tells
+// an array index from an object key; with a nil doc, a canonical index token
+// counts as an index. Every schema-error detail Talos writes (envelope
+// validation, a tool's input schema) is rendered by it.
+func SafeLocation(doc any, loc []string, declared map[string]bool) string {
 	var sb strings.Builder
+	cur := doc
 	for _, tok := range loc {
 		sb.WriteByte('/')
-		if cs.names[tok] || isIndex(tok) {
+		isIndex := false
+		switch c := cur.(type) {
+		case []any:
+			isIndex = true
+			if i, ok := jsonpointer.Index(tok); ok && i < len(c) {
+				cur = c[i]
+			} else {
+				cur = nil
+			}
+		case map[string]any:
+			cur = c[tok]
+		default:
+			_, isIndex = jsonpointer.Index(tok)
+			cur = nil
+		}
+		switch {
+		case isIndex:
+			sb.WriteString(tok)
+		case declared[tok]:
 			sb.WriteString(jsonpointer.Escape(tok))
-		} else {
+		default:
 			sb.WriteByte('*')
 		}
 	}
 	return sb.String()
 }
 
-func isIndex(s string) bool {
-	if s == "" || len(s) > 9 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return true
-}
-
-// describeKind names the failed keyword. Only schema-side facts (keyword,
-// required property names) are printed.
-func describeKind(k jsonschema.ErrorKind) string {
+// DescribeError names the failed keyword of a leaf validation error. Only
+// schema-side facts (keywords, wanted types and formats, required property
+// names, how many unknown fields) are printed, never instance values.
+func DescribeError(k jsonschema.ErrorKind) string {
 	switch k := k.(type) {
 	case *kind.Required:
 		return "required: missing " + strings.Join(k.Missing, ", ")
