@@ -26,7 +26,7 @@ type CapabilityConfig struct {
 	// issuer, so every capability is SIGNATURE_INVALID.
 	Issuers receipts.KeySet
 	// Skew widens every link's [issued_at, expires_at] on both sides.
-	// 0 means DefaultCapabilitySkew (seed 002: 60 s).
+	// 0 means DefaultCapabilitySkew (CP-PA1: 60 s).
 	Skew time.Duration
 	// VerifyCache is how many verified signatures of immutable signed
 	// objects (keyed by the object's hash, signature included, and the
@@ -52,7 +52,7 @@ const (
 	DefaultChainCache     = 4096
 )
 
-// Authorizer is seed 002's CapabilityManager.authorize: it checks an
+// Authorizer is CP-PA1's CapabilityManager.authorize: it checks an
 // envelope's capability chain and sender signature per request. It holds
 // only immutable configuration and caches of verified signatures and
 // verified chains, so it is safe for concurrent use.
@@ -118,7 +118,7 @@ func NewAuthorizer(cfg CapabilityConfig) (*Authorizer, error) {
 	return &Authorizer{issuers: issuers, skew: cfg.Skew, verified: cache, chains: chains}, nil
 }
 
-// AuthRequest is one call to authorize (seed 002's authorize(capability,
+// AuthRequest is one call to authorize (CP-PA1's authorize(capability,
 // tool, method, request_hash)), taken from a parsed envelope.
 type AuthRequest struct {
 	// Chain is the envelope's parsed "capability" member (a tree as
@@ -365,7 +365,7 @@ func (vc *verifiedChain) clean() bool {
 	return true
 }
 
-// Authorize runs every seed 002 check on one request: the chain (issuer
+// Authorize runs every CP-PA1 check on one request: the chain (issuer
 // and delegation signatures, validity windows, revocation, delegation
 // narrowing and linkage), its scope against the call, the sender
 // signature over the envelope's signed fields by the holder's key, the

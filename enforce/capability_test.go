@@ -10,7 +10,8 @@ import (
 	"github.com/talos-audit/talos/schemas"
 )
 
-// Seed 002's required tests.
+// The capability protocol's required tests (the test_… IDs of
+// docs/REQUIREMENTS.md).
 
 // Test_proxy_requires_capability: a call without a capability is denied
 // NO_CAPABILITY, and nothing else is claimed about it; the same call with

@@ -23,13 +23,13 @@ type DeciderOptions struct {
 	MaxEnvelopeBytes int
 	MaxDepth         int
 	// Capabilities, if set, authorizes every valid phase-pre call that
-	// carries a capability (seed 002), per request.
+	// carries a capability (CP-PA1), per request.
 	Capabilities *Authorizer
 	// RequireCapability denies a phase-pre call without a capability
 	// (NO_CAPABILITY). Without it such a call is decided by the registry
 	// and rules alone (dev mode, tests).
 	RequireCapability bool
-	// Preflight configures seed 003 MUST 7 (input_schema, size, paths).
+	// Preflight configures CSP MUST 7 (input_schema, size, paths).
 	// The input schemas come from the registry in force.
 	Preflight PreflightConfig
 	// Policy, if set, is the rule set (DENY_NO_MATCHING_RULE) and
@@ -46,8 +46,8 @@ type DeciderOptions struct {
 	// ReplayCache bounds the worker's local memory of pair owners, which
 	// spares the ledger a write for a replay it already knows.
 	ReplayCache ReplayCacheOptions
-	// Redactor, if set, makes the Decider build a ToolCallEvent (seed 001
-	// FR-EVT-007) for every call, with redacted, hashed payloads.
+	// Redactor, if set, makes the Decider build a ToolCallEvent
+	// (UTS FR-EVT-007) for every call, with redacted, hashed payloads.
 	Redactor Redactor
 }
 
@@ -600,7 +600,7 @@ func (d *Decider) authorize(st *State, pc *schemas.ParsedCall, cls *Classificati
 	return d.o.Capabilities.Authorize(req)
 }
 
-// preflight runs seed 003 MUST 7 on a classified phase-pre call: the
+// preflight runs CSP MUST 7 on a classified phase-pre call: the
 // registry's input_schema, size and path rules, the policy's rules and its
 // rate limits. An error means the rate store could not answer.
 func (d *Decider) preflight(st *State, pc *schemas.ParsedCall, cls *Classification, now time.Time) ([]string, []string, error) {

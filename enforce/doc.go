@@ -1,7 +1,7 @@
 // Package enforce makes Talos's pure enforcement decisions: it classifies a
-// tool call against the pinned tool registry and applies seed 000's document
-// rules (pointers, encodings, sizes, hashes), answering allow or deny with
-// every reason found.
+// tool call against the pinned tool registry and applies the document
+// rules of REG 9.2.1-C (pointers, encodings, sizes, hashes), answering allow
+// or deny with every reason found.
 //
 // Around that core:
 //   - State is the incident state event-sourced from TALOS_CONTROL (kill
@@ -9,15 +9,15 @@
 //     applied copy-on-write and swapped atomically under the Decider.
 //   - ReplayGuard denies a reused correlation_id (REPLAY) with a bounded
 //     local LRU in front of a shared ReplayStore.
-//   - Authorizer is seed 002's authorize(capability, tool, method,
+//   - Authorizer is CP-PA1's authorize(capability, tool, method,
 //     request_hash): capability chains, delegations, scopes and the sender
 //     signature, checked per request; IssueCapability, Delegate and
 //     SignEnvelope make what it verifies.
-//   - Preflight, Policy and RateLimiter are seed 003 MUST 7: input_schema,
+//   - Preflight, Policy and RateLimiter are CSP MUST 7: input_schema,
 //     sizes, path confinement (PathEscapes), allow rules and rate limits.
 //   - CallLedger (implemented on NATS KV in ingest) binds idempotency keys
 //     to requests across workers and matches post events to pre decisions.
-//   - The Decider builds each call's ToolCallEvent (seed 001 FR-EVT-007)
+//   - The Decider builds each call's ToolCallEvent (UTS FR-EVT-007)
 //     from payloads redacted by enforce/redact, hashed after redaction.
 //
 // It does no I/O beyond reading registry and policy files at construction

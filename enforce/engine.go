@@ -221,9 +221,9 @@ func (e *Engine) classify(pc *schemas.ParsedCall) Classification {
 
 // readOnlyCapability reports whether any capability in the envelope's
 // capability value (one capability, or a delegation chain) carries
-// constraints.read_only = true (seed 000 rule B). A read-only constraint
+// constraints.read_only = true (REG 9.2.1-B). A read-only constraint
 // only ever narrows what a call may do, so it is honoured before the
-// capability's signatures are checked (the capabilities issue adds those):
+// capability's signatures are checked (Authorizer checks those):
 // trusting it early can deny, never allow.
 func readOnlyCapability(v any, depth int) bool {
 	if depth > 8 {
@@ -249,7 +249,7 @@ func readOnlyCapability(v any, depth int) bool {
 	return false
 }
 
-// trust applies the registry's trust metadata (seeds 003, 004) to a
+// trust applies the registry's trust metadata (CM-TRUST, CM-BUILTIN) to a
 // classified phase-pre call; upstream servers' own annotations never count.
 // A tool whose name a built_in or internal tool of another server holds
 // may not shadow it (TOOL_SHADOWED, a deny). A tool that needs a human
@@ -271,7 +271,7 @@ func (e *Engine) trust(call *schemas.ToolCall, cls *Classification, v *verdict) 
 	}
 }
 
-// subagentAccess applies the registry's subagent_access (seed 004) to a
+// subagentAccess applies the registry's subagent_access (CM-SUBAGENT) to a
 // classified phase-pre call made by a subagent, that is under a capability
 // chain with at least one delegation: denied is SUBAGENT_ACCESS_DENIED;
 // read_only makes a write call (a write tool, or a write action of an
@@ -438,7 +438,7 @@ func (e *Engine) documents(v *verdict, root any, where string, pointers []string
 	}
 }
 
-// decodeContent returns a document's preimage bytes (seed 000): the exact
+// decodeContent returns a document's preimage bytes (REG 9.2-I3): the exact
 // UTF-8 bytes of the string (no newline normalisation), or its standard
 // base64 decoding — padded, canonical, with no whitespace or line breaks.
 func decodeContent(s, encoding string) ([]byte, bool) {

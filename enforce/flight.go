@@ -11,7 +11,7 @@ import (
 	"github.com/talos-audit/talos/schemas/jsonpointer"
 )
 
-// Flight recorder (seed 001 FR-EVT-007): the ToolCallEvent of a call,
+// Flight recorder (UTS FR-EVT-007): the ToolCallEvent of a call,
 // built from the envelope that completes its record. Arguments, results and
 // error messages enter it only through the Redactor; a payload that cannot
 // be redacted is left out (flag FlagRedactionFailed), never stored raw.
@@ -22,7 +22,7 @@ const FlagRedactionFailed = "redaction_failed"
 
 // Error kinds of ToolCallEvent.error for calls Talos denied.
 const (
-	ErrorKindValidation = "validation" // VAL-HTC-001 (seed 001)
+	ErrorKindValidation = "validation" // VAL-HTC-001 (UTS 6.0.2.5.1)
 	ErrorKindPolicy     = "policy"     // any other deny
 	ErrorKindTool       = "tool"       // the tool failed without an error object
 	CodeToolError       = "TOOL_ERROR"
@@ -247,7 +247,7 @@ func appendFlag(flags []string, f string) []string {
 // recorded; ids that match their patterns name the record, and its actor
 // is "system" (Talos speaking for an envelope it could not read). Without a
 // trace_id, tool_call_id and tool name the recorder rejects the event
-// (seed 001), and keeps it as a rejection.
+// (UTS FR-EVT-007), and keeps it as a rejection.
 func malformedEvent(raw []byte, r *schemas.Receipt, now time.Time) *schemas.ToolCallEvent {
 	var ids struct {
 		TraceID  any `json:"trace_id"`

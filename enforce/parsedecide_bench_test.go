@@ -18,7 +18,7 @@ const benchEnvelopeBytes = 2048
 // signs its calls sends it (ingest.CallSigner: the canonical capability
 // chain, request_hash, sender_signature by the chain's holder), for a
 // write document operation of the test registry (files/write_file), so
-// that every seed 000 rule of DecidePre runs: classification, the
+// that every REG 9.2 rule of DecidePre runs: classification, the
 // declared class, registry parity, the idempotency key, and the document
 // rules with an expected hash. The document is padded so the envelope is
 // benchEnvelopeBytes long.

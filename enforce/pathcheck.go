@@ -15,10 +15,11 @@ const maxPathBytes = 4096
 // PathEscapes reports whether p, a path argument, could resolve outside
 // root (an absolute, clean, slash-separated directory: the tool's
 // workspace_root). Relative paths are joined to root; absolute paths must
-// be inside root. It is the DENY_PATH_TRAVERSAL check of preflight (seed 003
-// MUST 7) and is deliberately stricter than path resolution: it denies
-// anything a tool, a shell, a URL decoder or another operating system might
-// read as a way out, even when the path would stay inside after cleaning:
+// be inside root. It is the DENY_PATH_TRAVERSAL check of preflight
+// (CSP MUST 7, VAL-03) and is deliberately stricter than path resolution:
+// it denies anything a tool, a shell, a URL decoder or another operating
+// system might read as a way out, even when the path would stay inside
+// after cleaning:
 //
 //   - ".." segments anywhere, and dot-only segments ("...", ". .", ".. ")
 //     that Windows trims to "..";
@@ -42,8 +43,7 @@ const maxPathBytes = 4096
 //
 // An empty p is root itself: inside. The reason is a short fixed phrase that
 // never echoes p. PathEscapes does no I/O: it cannot see real symlinks
-// inside the workspace, which the tool's sandbox must confine (seed 003
-// MUST 8).
+// inside the workspace, which the tool's sandbox must confine (CSP MUST 8).
 func PathEscapes(root, p string) (bool, string) {
 	if root == "" || root[0] != '/' || strings.ContainsAny(root, "\\\x00") {
 		return true, "workspace root is not an absolute path"

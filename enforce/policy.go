@@ -11,8 +11,8 @@ import (
 	"time"
 )
 
-// Policy is an optional rule set (talosd --policy FILE, JSON), seed 003
-// MUST 4 and MUST 7:
+// Policy is an optional rule set (talosd --policy FILE, JSON), CSP MUST 4
+// and MUST 7:
 //
 //	{"rules": [{"name": "fs-readers", "agents": ["agent-*"], "servers": ["fs"], "tools": ["read_*", "list_*"]}],
 //	 "rate_limits": [{"name": "fs-per-agent", "agents": ["*"], "servers": ["fs"], "tools": ["*"],

@@ -36,7 +36,7 @@ type PreflightConfig struct {
 // Preflight holds the compiled input_schema of every registry tool
 // (compiled once, at construction, as JSON Schema draft 2020-12 unless a
 // schema names another draft, with format assertions on and no loading of
-// anything outside the schema itself) and runs seed 003 MUST 7 on a call's
+// anything outside the schema itself) and runs CSP MUST 7 on a call's
 // arguments. A Preflight belongs to one Registry: build a new one when
 // another registry is pinned. It is immutable and safe for concurrent use.
 type Preflight struct {
@@ -145,7 +145,7 @@ func (p *Preflight) lookup(serverID string, tool *schemas.Tool) *inputSchema {
 	return is
 }
 
-// Check runs seed 003 MUST 7 on one call's arguments: args is
+// Check runs CSP MUST 7 on one call's arguments: args is
 // request.arguments as a generic JSON tree (objects map[string]any,
 // numbers json.Number or float64; nil means absent, checked as {}), argsLen
 // the byte length of its JCS form (or of the raw JSON if the caller has no
@@ -158,7 +158,7 @@ func (p *Preflight) lookup(serverID string, tool *schemas.Tool) *inputSchema {
 //     a key that is neither among them nor matched by patternProperties,
 //     unless the schema sets additionalProperties (or unevaluatedProperties)
 //     to true or to a schema, even without additionalProperties: false
-//     (seed 003: "reject unknown fields"); nested objects and arrays are
+//     (CSP VAL-01: "reject unknown fields"); nested objects and arrays are
 //     followed through properties, patternProperties, additionalProperties,
 //     items and prefixItems, local $refs and allOf/anyOf/oneOf/if/then/else
 //     (the union of what their branches declare); additionalProperties or

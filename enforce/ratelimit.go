@@ -18,7 +18,7 @@ import (
 // The window index is WindowIndex(now, window) = floor(unix time of now /
 // window), so that every worker counts the same window whatever its start
 // time. The now a store receives comes from RateLimiter, which measures
-// elapsed time on the monotonic clock (seed 002: "time.monotonic() for rate
+// elapsed time on the monotonic clock (CP-MONO: "time.monotonic() for rate
 // limiting"); see RateLimiter for how the two combine.
 //
 // An error means no decision: the caller retries the call later (fail
@@ -42,8 +42,8 @@ func WindowIndex(t time.Time, window time.Duration) int64 {
 	return q
 }
 
-// RateLimiter applies a Policy's rate limits (DENY_RATE_LIMIT, seed 003
-// MUST 7): every limit matching (agent, server, tool) counts the call in
+// RateLimiter applies a Policy's rate limits (DENY_RATE_LIMIT, CSP MUST 7):
+// every limit matching (agent, server, tool) counts the call in
 // its current window, per (limit name, agent, server, tool), and the call is
 // denied when any count exceeds the limit. Denied calls count too, so a
 // client that keeps calling stays denied until the window turns.

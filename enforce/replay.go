@@ -10,7 +10,7 @@ import (
 // ReplayCacheOptions bounds a ReplayCache. Zero values mean the defaults.
 type ReplayCacheOptions struct {
 	// PerSession is how many correlation ids each session remembers,
-	// least recently used evicted first (seed 002: 10k ids per session).
+	// least recently used evicted first (CP-CID: 10k ids per session).
 	PerSession int
 	// Sessions is how many sessions the cache holds, least recently used
 	// evicted first. Default 4096.

@@ -102,7 +102,7 @@ func TestReplayCachePairs(t *testing.T) {
 	}
 }
 
-// TestReplayCacheDefaults: seed 002's 10k ids per session, 4096 sessions.
+// TestReplayCacheDefaults: 10k ids per session (CP-CID), 4096 sessions.
 func TestReplayCacheDefaults(t *testing.T) {
 	c := NewReplayCache(ReplayCacheOptions{})
 	for i := range DefaultReplayPerSession + 1 {

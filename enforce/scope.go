@@ -9,7 +9,7 @@ import (
 	"github.com/talos-audit/talos/schemas"
 )
 
-// Scope is one parsed capability scope (seed 002's grammar, with the
+// Scope is one parsed capability scope (the CP-SCOPE grammar, with the
 // server named):
 //
 //	tool:<server_id>:<tool_name>[/method:<action>][/resource:<pattern>]
@@ -190,7 +190,7 @@ func patternMatches(pattern, value string) bool {
 	return pattern == value
 }
 
-// Contains reports whether child is no wider than s (seed 002: prefix
+// Contains reports whether child is no wider than s (CP-SCOPE: prefix
 // containment of slash-separated segments): s's tool segment covers the
 // child's, and every segment s has the child has too, with a value s's
 // covers. A child that lacks one of s's segments is wider and is not

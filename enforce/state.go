@@ -142,7 +142,7 @@ func (s *State) Approval(toolCallID string) (verb string, e schemas.StateEntry, 
 // SESSION_QUARANTINED if its session is quarantined; and, in phase pre
 // only, NETWORK_OUTBOUND_BLOCKED if an egress scope covers the call
 // (egress:global, its agent, its session) and the registry in force marks
-// its tool network_outbound (the exfiltration guard of seed 004; other
+// its tool network_outbound (the CM-EGRESS exfiltration guard; other
 // tools pass). Each detail names a scope or session and the responder's
 // reason, never argument values. Both are nil when nothing applies.
 func (s *State) Check(call *schemas.ToolCall) (codes, details []string) {

@@ -6,10 +6,11 @@ import (
 	"github.com/talos-audit/talos/schemas"
 )
 
-// Tool trust and exposure rules of seeds 003 and 004, shared by the
-// workers (which decide calls) and the enforcement points (which decide
-// what tools/list shows). Upstream servers' own annotations are advisory:
-// only the registry's metadata counts here.
+// Tool trust and exposure rules (CSP MUST 1; CM-TRUST, CM-BUILTIN,
+// CM-SUBAGENT, CM-EGRESS), shared by the workers (which decide calls) and
+// the enforcement points (which decide what tools/list shows). Upstream
+// servers' own annotations are advisory: only the registry's metadata
+// counts here.
 
 // Trust levels and subagent access values of the registry.
 const (
@@ -45,7 +46,7 @@ func Protected(t *schemas.Tool) bool {
 func NetworkOutbound(t *schemas.Tool) bool { return t.NetworkOutbound != nil && *t.NetworkOutbound }
 
 // SubagentAccess is t's subagent_access, "full" when the registry does
-// not say (entries written before seed 004's metadata keep working for
+// not say (entries written before the CM-SUBAGENT metadata keep working for
 // delegated capabilities; set "denied" or "read_only" to narrow them).
 func SubagentAccess(t *schemas.Tool) string {
 	if t.SubagentAccess == "" {

@@ -101,9 +101,9 @@ func signed(t *testing.T, c *schemas.ToolCall, chain *schemas.CapabilityChain, k
 }
 
 // TestCapabilityDenialsThroughPipeline sends, through real NATS, one call
-// per seed-002 denial code (and the allow they are measured against), and
-// finds each receipt in ClickHouse with its code, capability hash and the
-// chain's capability ids.
+// per code of the capability denial taxonomy (and the allow they are
+// measured against), and finds each receipt in ClickHouse with its code,
+// capability hash and the chain's capability ids.
 func TestCapabilityDenialsThroughPipeline(t *testing.T) {
 	f := newCapFixture(t)
 	s := capStack(t, f)

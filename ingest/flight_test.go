@@ -148,8 +148,9 @@ func TestPreflightCodesThroughPipeline(t *testing.T) {
 
 // TestToolCallEventsRecordEveryCall: an allowed call with its post event,
 // a denied call, a post with no pre decision and a malformed envelope each
-// leave exactly the record seed 001 asks for; the four required fields are
-// enforced, and the hashes are reproducible from the stored artifacts.
+// leave exactly the record UTS FR-EVT-007 asks for; the four required
+// fields are enforced, and the hashes are reproducible from the stored
+// artifacts.
 func TestToolCallEventsRecordEveryCall(t *testing.T) {
 	s, _ := flightStack(t)
 	ctx := context.Background()
@@ -227,7 +228,7 @@ func TestToolCallEventsRecordEveryCall(t *testing.T) {
 	s.waitRows(t, query.ViewToolCalls, fmt.Sprintf("tool_call_id = '%s' AND has(flags, '%s')", orphan.ToolCallID, schemas.FlagPostWithoutPre), 1)
 
 	// A malformed envelope that still names its trace and tool is a row;
-	// one without a trace_id is rejected (seed 001) and kept as a rejection.
+	// one without a trace_id is rejected (UTS FR-EVT-007) and kept as a rejection.
 	named := newCall(t, "files", "read_file", map[string]any{"path": "y.txt"})
 	raw, _ := json.Marshal(named)
 	bad := []byte(strings.Replace(string(raw), `"transport":"mcp"`, `"transport":"pigeon"`, 1))

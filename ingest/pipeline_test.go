@@ -249,7 +249,7 @@ func sha(s string) string {
 	return hex.EncodeToString(h[:])
 }
 
-// TestPipelineReasonCodes drives every seed-000 code and VAL-HTC-001 through
+// TestPipelineReasonCodes drives every REG reason code and VAL-HTC-001 through
 // real NATS and ClickHouse: each decision reaches talos.decision.<ep_id>,
 // one signed receipt per call lands in talos.receipts, the whole database
 // verifies, and then a tampered and a deleted row are each named.

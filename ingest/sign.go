@@ -11,7 +11,7 @@ import (
 	"github.com/talos-audit/talos/schemas"
 )
 
-// CallSigner makes calls an agent can prove (seed 002): it attaches one
+// CallSigner makes calls an agent can prove (CP-SFC): it attaches one
 // capability chain to each envelope with its request_hash and, given the
 // holder's key, signs the envelope's signed fields (sender_signature). The
 // chain is canonicalised and hashed once. It is safe for concurrent use.

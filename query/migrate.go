@@ -47,7 +47,7 @@ const (
 	// as received, with the reason), so nothing silently leaves the trail.
 	TableDeadLetters = "dead_letters"
 	// TableToolCallRejections holds ToolCallEvents the flight recorder
-	// rejected (seed 001), with the missing fields and the reason.
+	// rejected (UTS FR-EVT-007), with the missing fields and the reason.
 	TableToolCallRejections = "tool_call_rejections"
 )
 
@@ -270,7 +270,7 @@ LIMIT 1 BY event_id`,
 	version: 3,
 	name:    "capabilities and flight recorder",
 	addColumns: []column{
-		// Seed 002: which capability chain a receipt's call carried.
+		// CP-SFC: which capability chain a receipt's call carried.
 		{TableReceipts, "capability_hash", "String"},
 		{TableReceipts, "capability_ids", "Array(String)"},
 		// The rest of FR-EVT-007 and how the call was decided.
@@ -299,7 +299,7 @@ LIMIT 1 BY event_id`,
 		{TableToolCalls, "signer_kid", "String"},
 	},
 	statements: []string{
-		// ToolCallEvents the recorder refused (seed 001: missing trace_id,
+		// ToolCallEvents the recorder refused (UTS FR-EVT-007: missing trace_id,
 		// tool_call_id, tool_id or tool_version; or a payload that does not
 		// match its hash), kept as received with the reason.
 		`CREATE TABLE IF NOT EXISTS {db}.tool_call_rejections (

@@ -48,7 +48,7 @@ type ReceiptRow struct {
 	ReceiptHash    string // hex sha256 of JCS(event without data.signature)
 	SignerKID      string // data.signature.kid
 	CloudEvent     string // the exact signed JSON
-	// CapabilityHash and CapabilityIDs are seed 002's capability_hash and
+	// CapabilityHash and CapabilityIDs are the capability_hash of CP-SFC and
 	// the verified chain's capability ids (root first), from data.
 	CapabilityHash string
 	CapabilityIDs  []string

@@ -19,11 +19,12 @@ import (
 // SinkWriter projects TALOS_AUDIT records into ClickHouse. It implements
 // the ingest sink's Writer: Write returns nil only when every record of
 // the batch is stored. Receipts go to receipts (control receipts also to
-// control_events); checkpoints to checkpoints; ToolCallEvents to tool_calls with their redacted
-// payloads in artifacts, or, when the flight recorder refuses one (seed
-// 001), to tool_call_rejections. Records it cannot turn into rows at all are
-// not dropped: they are stored as they are in dead_letters with the reason,
-// so an auditor sees them and `talosctl rebuild` can retry them.
+// control_events); checkpoints to checkpoints; ToolCallEvents to tool_calls
+// with their redacted payloads in artifacts, or, when the flight recorder
+// refuses one (UTS FR-EVT-007), to tool_call_rejections. Records it cannot
+// turn into rows at all are not dropped: they are stored as they are in
+// dead_letters with the reason, so an auditor sees them and `talosctl
+// rebuild` can retry them.
 type SinkWriter struct {
 	conn     driver.Conn
 	database string

@@ -103,7 +103,7 @@ func wantProblems(t *testing.T, rep receipts.Report, want ...string) {
 	}
 }
 
-// Must-show 1 of the auditor's issue: each kind of tampering with a real
+// T-VERIFY-1: each kind of tampering with a real
 // ClickHouse is named precisely by id; the untouched database passes.
 func TestVerifyDatabaseTamperCases(t *testing.T) {
 	t.Run("untouched", func(t *testing.T) {
@@ -236,7 +236,7 @@ func receiptHashAt(t *testing.T, f *auditFixture, seq uint64) string {
 	return h
 }
 
-// Must-show 2: one receipt's inclusion proof, built from ClickHouse,
+// T-PROOF: one receipt's inclusion proof, built from ClickHouse,
 // verifies offline with only the checkpoint and the public key.
 func TestProveReceipt(t *testing.T) {
 	f := newAuditFixture(t)

@@ -19,8 +19,8 @@ import (
 	"github.com/talos-audit/talos/schemas/jsonpointer"
 )
 
-// ToolCallRow is one row of tool_calls: a ToolCallEvent (FR-EVT-007, seed
-// 001) flattened for auditors. Every column except InsertedAt is derived
+// ToolCallRow is one row of tool_calls: a ToolCallEvent (UTS FR-EVT-007)
+// flattened for auditors. Every column except InsertedAt is derived
 // from CloudEvent, the exact signed JSON, by ToolCallRowFromEvent, and
 // CompareToolCallColumns tells when a stored row was altered.
 type ToolCallRow struct {
@@ -182,7 +182,7 @@ const ArtifactContentType = "application/json"
 var ErrNotToolCallEvent = errors.New("not a dev.talos.toolcall.v1 CloudEvent")
 
 // RejectedToolCall is the error of ToolCallRowFromEvent for a ToolCallEvent
-// the flight recorder refuses (seed 001): it fails its schema (Missing
+// the flight recorder refuses (UTS FR-EVT-007): it fails its schema (Missing
 // names which of trace_id, tool_call_id, tool_id, tool_version are absent
 // or empty), or a payload does not match its hash. Reason names fields and
 // schema keywords only, never a value.
@@ -198,8 +198,8 @@ func (e *RejectedToolCall) Error() string {
 	return "query: toolcall event rejected: " + e.Reason
 }
 
-// RequiredToolCallFields are the fields without which seed 001's flight
-// recorder MUST reject a ToolCallEvent.
+// RequiredToolCallFields are the fields without which the flight recorder
+// MUST reject a ToolCallEvent (UTS FR-EVT-007).
 var RequiredToolCallFields = []string{"trace_id", "tool_call_id", "tool_id", "tool_version"}
 
 // missingRequired names the RequiredToolCallFields that data (the event's

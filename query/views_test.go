@@ -274,7 +274,7 @@ func checkRows(t *testing.T, what string, got, want []string) {
 	}
 }
 
-// Must-show 3: every view and canned query returns the known figures of
+// T-VIEWS: every view and canned query returns the known figures of
 // the workload, whose every row was stored twice.
 func TestAuditViewsKnownAnswers(t *testing.T) {
 	ctx, conn, db := migrated(t)

@@ -1,6 +1,6 @@
 package schemas
 
-// Capabilities (seed 002; schemas/talos/capability.schema.json).
+// Capabilities (CP-SSR; schemas/talos/capability.schema.json).
 //
 // Every signed object carries a "type" member naming what it is, and its
 // signature covers sha256(JCS(object without "signature")): a signature
@@ -21,7 +21,7 @@ const (
 )
 
 // Capability is a capability a trusted issuer signed for one subject
-// (agent). Scopes use seed 002's grammar
+// (agent). Scopes use the CP-SCOPE grammar
 // tool:<server_id>:<tool_name>[/method:<action>][/resource:<pattern>].
 type Capability struct {
 	Type             string       `json:"type"`
@@ -67,8 +67,8 @@ type CapabilityChain struct {
 	Delegations []Delegation `json:"delegations,omitempty"`
 }
 
-// EnvelopeSignedFields is what an envelope's sender_signature signs (seed
-// 002): sha256(JCS(this)), by the chain holder's key. CapabilityHash is
+// EnvelopeSignedFields is what an envelope's sender_signature signs (CP-SFC):
+// sha256(JCS(this)), by the chain holder's key. CapabilityHash is
 // hex sha256(JCS(envelope.capability)); RequestHash is the envelope's
 // request_hash (sha256(JCS(request))); Timestamp is its issued_at.
 type EnvelopeSignedFields struct {

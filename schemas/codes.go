@@ -36,7 +36,8 @@ const (
 	CodeKillSwitch         = "KILL_SWITCH"
 	CodeSessionQuarantined = "SESSION_QUARANTINED"
 
-	// Tool trust and exposure (seeds 003, 004; issue 7).
+	// Tool trust and exposure (CSP MUST 4; CM-TRUST, CM-BUILTIN, CM-EGRESS,
+	// CM-SUBAGENT).
 	//
 	// CodeApprovalRequired makes the decision require_approval when every
 	// other code is a warning: the tool's server is community/unknown
@@ -76,8 +77,8 @@ const (
 	CodeDenyRateLimit       = "DENY_RATE_LIMIT"
 	CodeDenyNoMatchingRule  = "DENY_NO_MATCHING_RULE"
 	// CodeDenySchemaViolation: the arguments break the tool's registry
-	// input_schema other than by an unknown field (seed 003 MUST 7 "schema
-	// validation"; the seed names no code for it).
+	// input_schema other than by an unknown field (CSP MUST 7 "schema
+	// validation"; the specification names no code for it).
 	CodeDenySchemaViolation = "DENY_SCHEMA_VIOLATION"
 )
 

@@ -102,7 +102,7 @@ const (
 	ScopeTool    = "tool"    // tool:<server_id>/<tool_name>
 	ScopeAgent   = "agent"   // agent:<agent_id>
 	ScopeSession = "session" // session:<session_id>
-	// ScopeEgress is the exfiltration guard (seed 004): egress:global,
+	// ScopeEgress is the exfiltration guard (CM-EGRESS): egress:global,
 	// egress:agent:<agent_id> or egress:session:<session_id> blocks only
 	// the registry's network_outbound tools (NETWORK_OUTBOUND_BLOCKED) for
 	// the calls it covers, and leaves every other tool alone.

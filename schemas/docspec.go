@@ -1,7 +1,7 @@
 package schemas
 
-// Limits returns the document size limits with seed 000's defaults applied
-// for absent fields. A nil spec yields the defaults.
+// Limits returns the document size limits with the REG 9.2.0 defaults
+// applied for absent fields. A nil spec yields the defaults.
 func (s *DocumentSpec) Limits() (maxRead, maxWrite, maxBatch int64) {
 	maxRead, maxWrite, maxBatch = DefaultMaxReadBytes, DefaultMaxWriteBytes, DefaultMaxBatchBytes
 	if s == nil {

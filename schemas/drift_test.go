@@ -328,7 +328,7 @@ func TestEventSchemasReject(t *testing.T) {
 
 // TestSchemasStrict walks every embedded schema: each object schema with
 // properties forbids additional properties, and each one that also uses
-// composition forbids unevaluated properties (seed 000 §9.2.0).
+// composition forbids unevaluated properties (REG 9.2.0).
 func TestSchemasStrict(t *testing.T) {
 	cs, err := compiled()
 	if err != nil {

@@ -449,7 +449,7 @@ func ValidateCapabilityChain(raw []byte) error {
 
 // ValidateToolCallEvent checks a dev.talos.toolcall.v1 CloudEvent against
 // toolcall_event.schema.json, which requires trace_id, tool_call_id,
-// tool_id and tool_version (seed 001).
+// tool_id and tool_version (UTS FR-EVT-007).
 func ValidateToolCallEvent(raw []byte) error {
 	return validateWith(raw, "toolcall_event", func(cs *compiledSet) *jsonschema.Schema { return cs.toolCallEvent })
 }

@@ -1,11 +1,11 @@
 package schemas
 
 // Receipt is the data of a signed receipt CloudEvent
-// (schemas/talos/receipt.schema.json). The first block carries seed 002's
-// signed audit fields; the rest is Talos's. Signature covers the whole
+// (schemas/talos/receipt.schema.json). The first block carries the signed
+// audit fields of CP-SFC; the rest is Talos's. Signature covers the whole
 // CloudEvent with data.signature removed (DESIGN.md §3).
 type Receipt struct {
-	// Seed 002 audit event fields.
+	// CP-SFC audit event fields.
 	EventType      string `json:"event_type"` // decision | effect | control
 	Tool           string `json:"tool"`       // tool name (control: the verb)
 	CapabilityHash string `json:"capability_hash"`
@@ -38,7 +38,7 @@ type Receipt struct {
 	ContentHashAlg  string         `json:"content_hash_alg"`
 	Effect          *ToolEffect    `json:"effect,omitempty"`
 	// CapabilityIDs are the capability ids of the verified chain, root
-	// first (seed 002); empty when the call carried no valid capability.
+	// first (DESIGN.md §3); empty when the call carried no valid capability.
 	CapabilityIDs []string `json:"capability_ids,omitempty"`
 	// IdempotentOf names the earlier call whose idempotency key and request
 	// this allowed call repeats; the decision is that call's.
@@ -60,7 +60,7 @@ type IdempotentOf struct {
 	ReceiptID  string `json:"receipt_id,omitempty"` // "" while that call's receipt was not yet recorded
 }
 
-// DocumentHash is the sha256 of one document's preimage bytes (seed 000).
+// DocumentHash is the sha256 of one document's preimage bytes (REG 9.2-I3).
 type DocumentHash struct {
 	Pointer   string `json:"pointer"`
 	Hash      string `json:"hash"`
@@ -68,7 +68,7 @@ type DocumentHash struct {
 }
 
 // ToolEffect is what a tool did, hashed after execution
-// (schemas/talos/tool_effect.schema.json; seed 000 §9.2.3).
+// (schemas/talos/tool_effect.schema.json; REG 9.2.3).
 type ToolEffect struct {
 	EffectID        string         `json:"effect_id"` // strict UUIDv7
 	ToolCallID      string         `json:"tool_call_id"`

@@ -3,7 +3,7 @@ package schemas
 import "encoding/json"
 
 // Manifest is one server's tool registry manifest
-// (schemas/mcp/tool_registry.schema.json, seed 000 §9.2.0).
+// (schemas/mcp/tool_registry.schema.json, REG 9.2.0).
 type Manifest struct {
 	SchemaID      string `json:"schema_id"`
 	SchemaVersion string `json:"schema_version"`
@@ -24,7 +24,7 @@ const (
 	EncodingBase64 = "base64"
 )
 
-// Document size defaults (seed 000): 10 MB read, 5 MB write, 50 MB batch.
+// Document size defaults (REG 9.2.0): 10 MB read, 5 MB write, 50 MB batch.
 const (
 	DefaultMaxReadBytes  int64 = 10 * 1024 * 1024
 	DefaultMaxWriteBytes int64 = 5 * 1024 * 1024
@@ -32,7 +32,8 @@ const (
 )
 
 // Tool is one registry entry. Fields after DocumentSpec are the optional
-// per-tool metadata of seeds 003/004.
+// per-tool metadata of CSP MUST 1 and MUST 7 and of CM-TRUST, CM-EGRESS,
+// CM-BUILTIN, CM-SUBAGENT and CM-ACTIONS.
 type Tool struct {
 	ToolName     string        `json:"tool_name"`
 	ToolClass    string        `json:"tool_class"`
@@ -51,17 +52,17 @@ type Tool struct {
 	Actions          []Action        `json:"actions,omitempty"`
 	InputSchema      json.RawMessage `json:"input_schema,omitempty"`
 
-	// Flight recorder metadata (seed 001 FR-EVT-007); see the Effective*
+	// Flight recorder metadata (UTS FR-EVT-007); see the Effective*
 	// helpers for the defaults.
 	ToolVersion string `json:"tool_version,omitempty"`
 	SideEffect  string `json:"side_effect,omitempty"` // READ|WRITE|EXECUTE
 	Idempotency string `json:"idempotency,omitempty"` // IDEMPOTENT|IDEMPOTENT_WITH_KEY|NON_IDEMPOTENT
 
 	// ResourcePointer locates, in request.arguments, the string a
-	// capability scope's resource:<pattern> is matched against (seed 002).
+	// capability scope's resource:<pattern> is matched against (CP-SCOPE).
 	ResourcePointer string `json:"resource_pointer,omitempty"`
 	// PathPointers locate path arguments that must stay inside
-	// WorkspaceRoot (preflight, seed 003 MUST 7).
+	// WorkspaceRoot (preflight, CSP MUST 7).
 	PathPointers  []string `json:"path_pointers,omitempty"`
 	WorkspaceRoot string   `json:"workspace_root,omitempty"`
 	// MaxArgsBytes caps the JCS size of request.arguments; nil means the
@@ -69,7 +70,7 @@ type Tool struct {
 	MaxArgsBytes *int64 `json:"max_args_bytes,omitempty"`
 }
 
-// Side effects and idempotency classes of seed 001.
+// Side effects and idempotency classes of UTS 6.0.2.3.
 const (
 	SideEffectRead    = "READ"
 	SideEffectWrite   = "WRITE"

@@ -2,8 +2,8 @@ package schemas
 
 import "encoding/json"
 
-// ToolCallEvent is the data of a dev.talos.toolcall.v1 CloudEvent: seed
-// 001's FR-EVT-007 flight-recorder record of one tool call
+// ToolCallEvent is the data of a dev.talos.toolcall.v1 CloudEvent: the
+// UTS FR-EVT-007 flight-recorder record of one tool call
 // (schemas/talos/toolcall_event.schema.json), published on
 // talos.audit.toolcall.<server_id> with Nats-Msg-Id ToolCallEventMsgID.
 //
@@ -14,7 +14,7 @@ import "encoding/json"
 // which rule, with a keyed pseudonym of each secret, never the secret.
 //
 // A record missing trace_id, tool_call_id, tool_id or tool_version is
-// rejected by the recorder (seed 001) and kept only as a rejection.
+// rejected by the recorder (UTS FR-EVT-007) and kept only as a rejection.
 type ToolCallEvent struct {
 	Type           string            `json:"type"` // "tool_call"
 	TraceID        string            `json:"trace_id"`

@@ -78,7 +78,7 @@ func TestFullToolCallEventValidates(t *testing.T) {
 	}
 }
 
-// Seed 001: the flight recorder MUST reject events missing trace_id,
+// UTS FR-EVT-007: the flight recorder MUST reject events missing trace_id,
 // tool_call_id, tool_id or tool_version; absent and empty are both missing.
 func TestToolCallEventRequiredFields(t *testing.T) {
 	for _, field := range []string{"trace_id", "tool_call_id", "tool_id", "tool_version"} {

@@ -9,7 +9,7 @@ import (
 )
 
 // BenchmarkOPAParseAndDecide2KB: OPA parses the 2 KB envelope into its
-// input value and evaluates the prepared seed 000 policy, per decision.
+// input value and evaluates the prepared REG 9.2 policy, per decision.
 func BenchmarkOPAParseAndDecide2KB(b *testing.B) {
 	ctx := context.Background()
 	e, p := deciders(b, enforce.ModeProd)

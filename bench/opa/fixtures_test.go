@@ -155,7 +155,7 @@ func hashOf(s string) string {
 }
 
 // benchCall is the benchmark's call with document content: a write
-// document operation that every seed 000 rule applies to.
+// document operation that every REG 9.2 rule applies to.
 func benchCall(digest, content string) call {
 	return call{
 		server: "files", tool: "write_file", args: map[string]any{"path": "bench/report.txt", "content": content},

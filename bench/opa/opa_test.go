@@ -23,7 +23,7 @@ func engineDecision(t testing.TB, e *enforce.Engine, raw []byte) Decision {
 	return Decision{Decision: out.Decision, ReasonCodes: codes}
 }
 
-// TestPolicyAgreesWithEngine: on envelopes that exercise each seed 000
+// TestPolicyAgreesWithEngine: on envelopes that exercise each REG 9.2
 // rule, alone and together, the Rego policy and enforce.Engine reach the
 // same decision with the same reason codes.
 func TestPolicyAgreesWithEngine(t *testing.T) {

@@ -1,5 +1,5 @@
 // Package opa is the measured comparison between Talos's decision engine
-// and Open Policy Agent: policy/seed000.rego implements the seed 000 rules
+// and Open Policy Agent: policy/seed000.rego implements the REG 9.2 rules
 // that enforce.Engine.DecidePre applies to a phase-pre tool call, and the
 // benchmarks of this package time OPA and Talos on the same 2 KB envelope,
 // parsing included. It is a module of its own so that the Talos module
@@ -26,7 +26,7 @@ import (
 //go:embed policy/seed000.rego
 var seed000Policy string
 
-// Policy is the seed 000 policy prepared once against one pinned registry;
+// Policy is the REG 9.2 policy prepared once against one pinned registry;
 // Decide evaluates it per call. It is safe for concurrent use.
 type Policy struct {
 	query rego.PreparedEvalQuery

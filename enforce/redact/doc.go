@@ -1,5 +1,5 @@
 // Package redact replaces secrets in tool-call arguments and results before
-// Talos hashes, stores or publishes them (seed 001, FR-EVT-007: hashes are
+// Talos hashes, stores or publishes them (UTS FR-EVT-007: hashes are
 // computed after redaction and raw secrets are never persisted).
 //
 // A Redactor walks a JSON tree (as produced by encoding/json) and finds
