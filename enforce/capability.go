@@ -824,13 +824,13 @@ func (a *Authorizer) decodeChain(tree map[string]any, canon []byte, sum [sha256.
 		readOnly = readOnly || childRO
 		parentHash = dHash
 	}
-	vc.holder, vc.readOnly, vc.leaf = holder, readOnly, len(c.Delegations)
-	for _, s := range scopes {
+	vc.holder, vc.readOnly, vc.leaf = c.Holder(), c.ReadOnly(), len(c.Delegations)
+	for _, s := range c.Scopes() {
 		if sc, err := ParseScope(s); err == nil { // malformed scopes cover nothing
 			vc.scopes = append(vc.scopes, sc)
 		}
 	}
-	if pub, err := ParsePublicKeyString(holderKey); err == nil {
+	if pub, err := ParsePublicKeyString(c.HolderPublicKey()); err == nil {
 		vc.holderPub, vc.holderKID = pub, receipts.KeyID(pub)
 	} else {
 		add(&vc.post, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: the holder public key is malformed", vc.leaf))
