@@ -770,7 +770,7 @@ func (a *Authorizer) decodeChain(tree map[string]any, canon []byte, sum [sha256.
 	a.prepareLink(l, 0, root.IssuedAt, root.ExpiresAt, root.CapabilityID, root.Subject)
 	holder, holderKey := root.Subject, root.SubjectPublicKey
 	scopes, issued, expires := root.Scopes, root.IssuedAt, root.ExpiresAt
-	readOnly := root.Constraints != nil && root.Constraints.ReadOnly
+	readOnly := root.Constraints.IsReadOnly()
 
 	// Links 1..n: each delegation, signed by its parent's holder.
 	for i := range c.Delegations {
@@ -804,7 +804,7 @@ func (a *Authorizer) decodeChain(tree map[string]any, canon []byte, sum [sha256.
 				add(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: child_scope[%d] is not contained in the scopes of link %d", link, j, link-1))
 			}
 		}
-		childRO := d.Constraints != nil && d.Constraints.ReadOnly
+		childRO := d.Constraints.IsReadOnly()
 		if readOnly && !childRO {
 			add(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: drops the read_only constraint of its parent", link))
 		}

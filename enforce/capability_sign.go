@@ -163,10 +163,10 @@ func Delegate(holder *receipts.PrivateKey, parent any, d schemas.Delegation) (sc
 		return Delegate(holder, *p, d)
 	case schemas.Capability:
 		holderID, holderKey, pScopes, pIssued, pExpires = p.Subject, p.SubjectPublicKey, p.Scopes, p.IssuedAt, p.ExpiresAt
-		pReadOnly = p.Constraints != nil && p.Constraints.ReadOnly
+		pReadOnly = p.Constraints.IsReadOnly()
 	case schemas.Delegation:
 		holderID, holderKey, pScopes, pIssued, pExpires = p.DelegateeID, p.DelegateePublicKey, p.ChildScope, p.IssuedAt, p.ExpiresAt
-		pReadOnly = p.Constraints != nil && p.Constraints.ReadOnly
+		pReadOnly = p.Constraints.IsReadOnly()
 	default:
 		return fail("parent is a %T, want schemas.Capability or schemas.Delegation", parent)
 	}
