@@ -70,10 +70,16 @@ func (b *benchCmd) Run(g *Globals) error {
 		debug.SetGCPercent(400)
 	}
 	run := "bench-" + uuid.NewString()[:8]
-	clients, closeClients, err := b.clients(g, run)
-	defer closeClients()
-	if err != nil {
-		return err
+	conns := make([]*nats.Conn, b.Connections)
+	for i := range conns {
+		// One NATS user for every simulated enforcement point: the worker
+		// user may read all their decision subjects.
+		nc, err := g.connect(schemas.NATSRoleWorker, "")
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		conns[i] = nc
 	}
 	var ch driver.Conn
 	if b.ClickHouse {
@@ -88,11 +94,16 @@ func (b *benchCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	epIDs := make([]string, len(clients))
-	for e, c := range clients {
-		epIDs[e] = c.EPID()
+	clients, err := b.clients(conns, run)
+	defer func() {
+		for _, c := range clients {
+			c.Close()
+		}
+	}()
+	if err != nil {
+		return err
 	}
-	prep, err := loadgen.Prepare(maker, epIDs, b.Calls, b.PrepareAhead)
+	prep, err := loadgen.Prepare(maker, clients, b.Calls, b.PrepareAhead)
 	if err != nil {
 		return failed("building the envelopes: %v", err)
 	}
@@ -126,42 +137,24 @@ func (b *benchCmd) killswitchOnly(g *Globals, ks *ctlSession) error {
 	return printKillswitch(g, res)
 }
 
-// clients connects the simulated enforcement points, spread over
-// --connections NATS connections; each subscribes to its decisions before
-// the clock starts. closeAll closes the clients, then the connections; it
-// is set also on error.
-func (b *benchCmd) clients(g *Globals, run string) (clients []*ingest.Client, closeAll func(), err error) {
-	var conns []*nats.Conn
-	closeAll = func() {
-		for _, c := range clients {
-			c.Close()
-		}
-		for _, nc := range conns {
-			nc.Close()
-		}
-	}
-	for range b.Connections {
-		// One NATS user for every simulated enforcement point: the worker
-		// user may read all their decision subjects.
-		nc, err := g.connect(schemas.NATSRoleWorker, "")
-		if err != nil {
-			return clients, closeAll, err
-		}
-		conns = append(conns, nc)
-	}
+// clients makes the simulated enforcement points, spread over conns;
+// each subscribes to its decisions before the clock starts. It returns
+// those made so far also on error.
+func (b *benchCmd) clients(conns []*nats.Conn, run string) ([]*ingest.Client, error) {
+	var clients []*ingest.Client
 	for e := range b.Concurrency {
 		nc := conns[e%len(conns)]
 		js, err := jetstream.New(nc)
 		if err != nil {
-			return clients, closeAll, err
+			return clients, err
 		}
 		client, err := ingest.NewClient(nc, js, fmt.Sprintf("%s-%d", run, e))
 		if err != nil {
-			return clients, closeAll, err
+			return clients, err
 		}
 		clients = append(clients, client)
 	}
-	return clients, closeAll, nil
+	return clients, nil
 }
 
 // maker reads the flags that shape the envelopes: size, tool, --post, and

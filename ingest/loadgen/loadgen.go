@@ -50,10 +50,16 @@ type Prepared struct {
 	End CPUSample
 }
 
-// Prepare builds and signs the envelopes of calls spread over epIDs, at
-// most prepareAhead in all (0: all of them, before it returns), then
-// collects the garbage that made, so neither is on the measured path.
-func Prepare(m *Maker, epIDs []string, calls, prepareAhead int) (*Prepared, error) {
+// Prepare builds and signs the envelopes of calls spread over the
+// enforcement points of clients (Send must be given the same clients in
+// the same order), at most prepareAhead in all (0: all of them, before it
+// returns), then collects the garbage that made, so neither is on the
+// measured path.
+func Prepare(m *Maker, clients []*ingest.Client, calls, prepareAhead int) (*Prepared, error) {
+	epIDs := make([]string, len(clients))
+	for e, c := range clients {
+		epIDs[e] = c.EPID()
+	}
 	counts := splitCalls(calls, len(epIDs))
 	depth := slices.Max(counts)
 	if prepareAhead > 0 {
