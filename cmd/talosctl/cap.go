@@ -169,10 +169,6 @@ func (c *capDelegateCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	var parent any = chain.Capability
-	if n := len(chain.Delegations); n > 0 {
-		parent = chain.Delegations[n-1]
-	}
 	def, err := time.Parse(time.RFC3339Nano, chain.ExpiresAt())
 	if err != nil {
 		return usage("--from: the last link's expires_at is not an RFC 3339 time")
@@ -190,14 +186,12 @@ func (c *capDelegateCmd) Run(g *Globals) error {
 		CapabilityID: id, ChildScope: c.Scope, IssuedAt: capTime(now), ExpiresAt: capTime(exp),
 		DelegateeID: c.To, DelegateePublicKey: pub,
 	}
-	if c.ReadOnly || chain.ReadOnly() {
+	if c.ReadOnly {
 		d.Constraints = &schemas.Constraints{ReadOnly: true}
 	}
-	signed, err := enforce.Delegate(key, parent, d)
-	if err != nil {
+	if err := enforce.ExtendChain(key, chain, d); err != nil {
 		return failed("%v", err)
 	}
-	chain.Delegations = append(chain.Delegations, signed)
 	return writeChain(g, chain, c.Out, "delegated")
 }
 
