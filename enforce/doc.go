@@ -11,8 +11,9 @@
 //     local LRU in front of a shared ReplayStore.
 //   - Authorizer is seed 002's authorize(capability, tool, method,
 //     request_hash): capability chains, delegations, scopes and the sender
-//     signature, checked per request; IssueCapability, Delegate and
-//     SignEnvelope make what it verifies.
+//     signature, checked per request; IssueCapability, Delegate,
+//     ExtendChain and SignEnvelope make what it verifies, and InspectChain
+//     describes a chain and its verdict for a person.
 //   - Preflight, Policy and RateLimiter are seed 003 MUST 7: input_schema,
 //     sizes, path confinement (PathEscapes), allow rules and rate limits.
 //   - CallLedger (implemented on NATS KV in ingest) binds idempotency keys
