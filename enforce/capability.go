@@ -770,7 +770,7 @@ func (a *Authorizer) decodeChain(tree map[string]any, canon []byte, sum [sha256.
 	a.prepareLink(l, 0, root.IssuedAt, root.ExpiresAt, root.CapabilityID, root.Subject)
 	holder, holderKey := root.Subject, root.SubjectPublicKey
 	scopes, issued, expires := root.Scopes, root.IssuedAt, root.ExpiresAt
-	readOnly := root.Constraints != nil && root.Constraints.ReadOnly
+	readOnly := root.Constraints.IsReadOnly()
 
 	// Links 1..n: each delegation, signed by its parent's holder.
 	for i := range c.Delegations {
@@ -804,7 +804,7 @@ func (a *Authorizer) decodeChain(tree map[string]any, canon []byte, sum [sha256.
 				add(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: child_scope[%d] is not contained in the scopes of link %d", link, j, link-1))
 			}
 		}
-		childRO := d.Constraints != nil && d.Constraints.ReadOnly
+		childRO := d.Constraints.IsReadOnly()
 		if readOnly && !childRO {
 			add(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: drops the read_only constraint of its parent", link))
 		}
@@ -824,13 +824,13 @@ func (a *Authorizer) decodeChain(tree map[string]any, canon []byte, sum [sha256.
 		readOnly = readOnly || childRO
 		parentHash = dHash
 	}
-	vc.holder, vc.readOnly, vc.leaf = holder, readOnly, len(c.Delegations)
-	for _, s := range scopes {
+	vc.holder, vc.readOnly, vc.leaf = c.Holder(), c.ReadOnly(), len(c.Delegations)
+	for _, s := range c.Scopes() {
 		if sc, err := ParseScope(s); err == nil { // malformed scopes cover nothing
 			vc.scopes = append(vc.scopes, sc)
 		}
 	}
-	if pub, err := ParsePublicKeyString(holderKey); err == nil {
+	if pub, err := ParsePublicKeyString(c.HolderPublicKey()); err == nil {
 		vc.holderPub, vc.holderKID = pub, receipts.KeyID(pub)
 	} else {
 		add(&vc.post, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: the holder public key is malformed", vc.leaf))

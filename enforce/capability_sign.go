@@ -163,10 +163,10 @@ func Delegate(holder *receipts.PrivateKey, parent any, d schemas.Delegation) (sc
 		return Delegate(holder, *p, d)
 	case schemas.Capability:
 		holderID, holderKey, pScopes, pIssued, pExpires = p.Subject, p.SubjectPublicKey, p.Scopes, p.IssuedAt, p.ExpiresAt
-		pReadOnly = p.Constraints != nil && p.Constraints.ReadOnly
+		pReadOnly = p.Constraints.IsReadOnly()
 	case schemas.Delegation:
 		holderID, holderKey, pScopes, pIssued, pExpires = p.DelegateeID, p.DelegateePublicKey, p.ChildScope, p.IssuedAt, p.ExpiresAt
-		pReadOnly = p.Constraints != nil && p.Constraints.ReadOnly
+		pReadOnly = p.Constraints.IsReadOnly()
 	default:
 		return fail("parent is a %T, want schemas.Capability or schemas.Delegation", parent)
 	}
@@ -322,4 +322,29 @@ func validateChain(c *schemas.CapabilityChain) error {
 		return err
 	}
 	return schemas.ValidateCapabilityChain(b)
+}
+
+// ExtendChain delegates from chain's holder: it signs d under the chain's
+// last link (Delegate), adding the read_only constraint when the chain
+// carries it (a delegation may not drop it), and appends it to chain. It
+// refuses a chain that already has MaxDelegationDepth delegations; chain
+// is unchanged on error.
+func ExtendChain(holder *receipts.PrivateKey, chain *schemas.CapabilityChain, d schemas.Delegation) error {
+	n := len(chain.Delegations)
+	if n >= schemas.MaxDelegationDepth {
+		return fmt.Errorf("enforce: delegate: the chain already has %d delegations (MAX_DELEGATION_DEPTH)", n)
+	}
+	var parent any = chain.Capability
+	if n > 0 {
+		parent = chain.Delegations[n-1]
+	}
+	if chain.ReadOnly() && !d.Constraints.IsReadOnly() {
+		d.Constraints = &schemas.Constraints{ReadOnly: true}
+	}
+	signed, err := Delegate(holder, parent, d)
+	if err != nil {
+		return err
+	}
+	chain.Delegations = append(chain.Delegations, signed)
+	return nil
 }

@@ -7,12 +7,14 @@
 //   - State is the incident state event-sourced from TALOS_CONTROL (kill
 //     switches, quarantines, revocations, published and pinned registries),
 //     applied copy-on-write and swapped atomically under the Decider.
-//   - ReplayGuard denies a reused correlation_id (REPLAY) with a bounded
-//     local LRU in front of a shared ReplayStore.
+//   - A reused correlation_id is denied (REPLAY) by the call ledger's
+//     first-writer-wins claim, with ReplayCache, a bounded local LRU of
+//     pair owners, in front of it.
 //   - Authorizer is CP-PA1's authorize(capability, tool, method,
 //     request_hash): capability chains, delegations, scopes and the sender
-//     signature, checked per request; IssueCapability, Delegate and
-//     SignEnvelope make what it verifies.
+//     signature, checked per request; IssueCapability, Delegate,
+//     ExtendChain and SignEnvelope make what it verifies, and InspectChain
+//     describes a chain and its verdict for a person.
 //   - Preflight, Policy and RateLimiter are CSP MUST 7: input_schema,
 //     sizes, path confinement (PathEscapes), allow rules and rate limits.
 //   - CallLedger (implemented on NATS KV in ingest) binds idempotency keys

@@ -35,7 +35,7 @@ func NewCallSigner(chainJSON []byte, key *receipts.PrivateKey) (*CallSigner, err
 		return nil, fmt.Errorf("capability chain: %w", err)
 	}
 	sum := sha256.Sum256(canon)
-	return &CallSigner{chain: canon, hash: hex.EncodeToString(sum[:]), holder: chainHolder(&chain), key: key}, nil
+	return &CallSigner{chain: canon, hash: hex.EncodeToString(sum[:]), holder: chain.Holder(), key: key}, nil
 }
 
 // Holder is the agent the chain was last handed to.
@@ -70,12 +70,4 @@ func (s *CallSigner) Sign(c *schemas.ToolCall) error {
 	}
 	c.SenderSignature, err = json.Marshal(sig)
 	return err
-}
-
-// chainHolder is the agent a capability chain was last handed to.
-func chainHolder(chain *schemas.CapabilityChain) string {
-	if n := len(chain.Delegations); n > 0 {
-		return chain.Delegations[n-1].DelegateeID
-	}
-	return chain.Capability.Subject
 }

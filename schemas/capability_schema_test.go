@@ -98,3 +98,24 @@ func TestCapabilityChainValidates(t *testing.T) {
 		}
 	}
 }
+
+// TestCapabilityChainAccessors checks what a chain says as a whole: the
+// holder, key, scopes and expiry of its last link, and read_only from any.
+func TestCapabilityChainAccessors(t *testing.T) {
+	c := &CapabilityChain{Capability: Capability{CapabilityID: "c0", Subject: "a", SubjectPublicKey: "ka",
+		Scopes: []string{"tool:*"}, ExpiresAt: "t0"}}
+	if c.Holder() != "a" || c.HolderPublicKey() != "ka" || c.Scopes()[0] != "tool:*" || c.ExpiresAt() != "t0" || c.ReadOnly() {
+		t.Fatalf("root only: %q %q %v %q %v", c.Holder(), c.HolderPublicKey(), c.Scopes(), c.ExpiresAt(), c.ReadOnly())
+	}
+	c.Delegations = []Delegation{
+		{CapabilityID: "c1", DelegateeID: "b", DelegateePublicKey: "kb", ChildScope: []string{"tool:s:*"}, ExpiresAt: "t1",
+			Constraints: &Constraints{ReadOnly: true}},
+		{CapabilityID: "c2", DelegateeID: "c", DelegateePublicKey: "kc", ChildScope: []string{"tool:s:t"}, ExpiresAt: "t2"},
+	}
+	if c.Holder() != "c" || c.HolderPublicKey() != "kc" || c.Scopes()[0] != "tool:s:t" || c.ExpiresAt() != "t2" || !c.ReadOnly() {
+		t.Fatalf("delegated: %q %q %v %q %v", c.Holder(), c.HolderPublicKey(), c.Scopes(), c.ExpiresAt(), c.ReadOnly())
+	}
+	if ids := c.CapabilityIDs(); len(ids) != 3 || ids[0] != "c0" || ids[2] != "c2" {
+		t.Fatalf("ids %v", ids)
+	}
+}

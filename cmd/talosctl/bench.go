@@ -6,13 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
-	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -21,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/loadgen"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
@@ -48,39 +46,6 @@ type benchCmd struct {
 	signerFlags
 }
 
-type benchResult struct {
-	Calls           int       `json:"calls"`
-	Concurrency     int       `json:"concurrency"`
-	OfferedRate     int       `json:"offered_rate"`
-	Allowed         int64     `json:"allowed"`
-	Denied          int64     `json:"denied"`
-	NoDecision      int64     `json:"no_decision"`
-	SendSeconds     float64   `json:"send_seconds"`
-	DecisionsPerSec float64   `json:"decisions_per_sec"`
-	P50ms           float64   `json:"decision_p50_ms"`
-	P90ms           float64   `json:"decision_p90_ms"`
-	P99ms           float64   `json:"decision_p99_ms"`
-	MaxMs           float64   `json:"decision_max_ms"`
-	E2ESeconds      float64   `json:"e2e_seconds,omitempty"`
-	EventsPerSec    float64   `json:"e2e_events_per_sec,omitempty"`
-	Posts           int64     `json:"posts,omitempty"`
-	KillSwitch      *ksResult `json:"killswitch,omitempty"`
-
-	// Envelopes ready when the clock started (all of them unless
-	// --prepare-ahead), and what building and signing those took.
-	Prepared          int     `json:"prepared_ahead"`
-	PrepareSeconds    float64 `json:"prepare_seconds"`
-	PrepareCPUSeconds float64 `json:"prepare_cpu_seconds,omitempty"`
-	// The load generator's own CPU (this process, every thread) over the
-	// timed part, from the first scheduled send until the last decision,
-	// kill-switch rounds included; absent where the OS does not report it.
-	LoadGenCPUSeconds    float64 `json:"loadgen_cpu_seconds,omitempty"`
-	LoadGenUserSeconds   float64 `json:"loadgen_user_seconds,omitempty"`
-	LoadGenSystemSeconds float64 `json:"loadgen_system_seconds,omitempty"`
-	LoadGenCPUPerCallUs  float64 `json:"loadgen_cpu_us_per_call,omitempty"`
-	LoadGenMaxRSSMiB     float64 `json:"loadgen_max_rss_mib,omitempty"`
-}
-
 func (b *benchCmd) Run(g *Globals) error {
 	if b.Calls < 0 || b.Concurrency <= 0 || b.Connections <= 0 || b.KillSwitch < 0 || b.PrepareAhead < 0 {
 		return usage("--calls, --killswitch and --prepare-ahead must not be negative; --concurrency and --connections must be positive")
@@ -88,22 +53,15 @@ func (b *benchCmd) Run(g *Globals) error {
 	if b.Calls == 0 && b.KillSwitch == 0 {
 		return usage("nothing to measure: --calls 0 needs --killswitch N")
 	}
-	var ks *killswitchBench
+	var ks *ctlSession
 	if b.KillSwitch > 0 {
 		var err error
-		if ks, err = newKillswitchBench(g, &ctlFlags{signerFlags: b.signerFlags, Timeout: b.Timeout}, b.KillSwitch); err != nil {
+		if ks, err = (&ctlFlags{signerFlags: b.signerFlags, Timeout: b.Timeout}).open(g); err != nil {
 			return err
 		}
 		defer ks.close()
 		if b.Calls == 0 {
-			res, err := ks.run()
-			if err != nil {
-				return err
-			}
-			if err := writeJSONFile(b.JSONOut, map[string]any{"killswitch": res}); err != nil {
-				return err
-			}
-			return printKillswitch(g, res)
+			return b.killswitchOnly(g, ks)
 		}
 	}
 	// The load generator shares the machine with the pipeline it measures:
@@ -132,219 +90,27 @@ func (b *benchCmd) Run(g *Globals) error {
 		defer c.Close()
 		ch = c
 	}
-	maker := &envelopeMaker{server: b.Server, tool: b.Tool, session: run, post: b.Post}
-	var err error
-	if maker.args, err = json.Marshal(map[string]any{"path": "bench/" + strings.Repeat("x", max(1, b.PayloadBytes-700))}); err != nil {
+	maker, err := b.maker(run)
+	if err != nil {
 		return err
 	}
-	if b.Capability != "" {
-		if b.AgentKey == "" {
-			return usage("--capability needs --agent-key")
+	clients, err := b.clients(conns, run)
+	defer func() {
+		for _, c := range clients {
+			c.Close()
 		}
-		key, err := receipts.LoadPrivateKey(b.AgentKey)
-		if err != nil {
-			return usage("--agent-key: %v", err)
-		}
-		raw, err := os.ReadFile(b.Capability)
-		if err != nil {
-			return usage("--capability: %v", err)
-		}
-		if maker.signer, err = ingest.NewCallSigner(raw, key); err != nil {
-			return usage("--capability: %v", err)
-		}
+	}()
+	if err != nil {
+		return err
 	}
-	// Every enforcement point subscribes to its decisions before the clock
-	// starts.
-	clients := make([]*ingest.Client, b.Concurrency)
-	epIDs := make([]string, b.Concurrency)
-	for e := range clients {
-		nc := conns[e%len(conns)]
-		js, err := jetstream.New(nc)
-		if err != nil {
-			return err
-		}
-		client, err := ingest.NewClient(nc, js, fmt.Sprintf("%s-%d", run, e))
-		if err != nil {
-			return err
-		}
-		defer client.Close()
-		clients[e], epIDs[e] = client, client.EPID()
-	}
-
-	// Build and sign the envelopes ahead (all of them, by default), then
-	// collect the garbage that made, so neither is on the measured path.
-	counts := splitCalls(b.Calls, b.Concurrency)
-	depth := slices.Max(counts)
-	if b.PrepareAhead > 0 {
-		depth = max(1, (b.PrepareAhead+b.Concurrency-1)/b.Concurrency)
-	}
-	cpu0 := sampleCPU()
-	prepStart := time.Now()
-	envs := startEnvelopes(maker, epIDs, counts, depth)
-	defer envs.stop()
-	prepared, err := envs.ready()
+	prep, err := loadgen.Prepare(maker, clients, b.Calls, b.PrepareAhead)
 	if err != nil {
 		return failed("building the envelopes: %v", err)
 	}
-	runtime.GC()
-	prepDur := time.Since(prepStart)
-	cpu1 := sampleCPU()
-
-	stopProfile := func() {}
-	if b.CPUProfile != "" {
-		f, err := os.Create(b.CPUProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		stopProfile = sync.OnceFunc(pprof.StopCPUProfile)
-		defer stopProfile()
-	}
-	if b.StartedFile != "" {
-		if err := os.WriteFile(b.StartedFile, nil, 0o644); err != nil {
-			return err
-		}
-	}
-
-	lat := make([][]time.Duration, b.Concurrency)
-	var allowed, denied, none, posted atomic.Int64
-	var wg sync.WaitGroup
-	var interval time.Duration
-	if b.Rate > 0 {
-		interval = time.Duration(float64(time.Second) * float64(b.Concurrency) / float64(b.Rate))
-	}
-	start := time.Now()
-	var (
-		ksRes  *ksResult
-		ksErr  error
-		ksDone = make(chan struct{})
-	)
-	if ks != nil {
-		go func() { defer close(ksDone); ksRes, ksErr = ks.run() }()
-	} else {
-		close(ksDone)
-	}
-	for e, client := range clients {
-		wg.Add(1)
-		go func(e int, client *ingest.Client) {
-			defer wg.Done()
-			inflight := b.Inflight
-			if b.Rate > 0 || inflight < 1 {
-				inflight = 1
-			}
-			// Stagger the enforcement points across one interval.
-			offset := time.Duration(0)
-			if interval > 0 {
-				offset = interval * time.Duration(e) / time.Duration(b.Concurrency)
-			}
-			sem := make(chan struct{}, inflight)
-			var mu sync.Mutex
-			var iwg sync.WaitGroup
-			k := 0
-			for env := range envs.q[e] {
-				sched := time.Now()
-				if interval > 0 {
-					sched = start.Add(offset + time.Duration(k)*interval)
-					time.Sleep(time.Until(sched))
-				}
-				k++
-				sem <- struct{}{}
-				iwg.Add(1)
-				go func(env *benchEnvelope, sched time.Time) {
-					defer func() { <-sem; iwg.Done() }()
-					d, err := sendBenchCall(client, schemas.PhasePre, b.Server, env, env.pre, b.Timeout)
-					// Latency counts from the scheduled send time, so a
-					// stalled sender cannot hide queueing (no coordinated omission).
-					l := time.Since(sched)
-					switch {
-					case err != nil:
-						none.Add(1)
-					case d.Decision == schemas.DecisionAllow:
-						allowed.Add(1)
-						if env.post != nil {
-							if _, err := sendBenchCall(client, schemas.PhasePost, b.Server, env, env.post, b.Timeout); err == nil {
-								posted.Add(1)
-							}
-						}
-					default:
-						denied.Add(1)
-					}
-					mu.Lock()
-					lat[e] = append(lat[e], l)
-					mu.Unlock()
-				}(env, sched)
-			}
-			iwg.Wait()
-		}(e, client)
-	}
-	wg.Wait()
-	sendDur := time.Since(start)
-	stopProfile()
-	cpu2 := sampleCPU()
-	<-ksDone
-	if ksErr != nil {
-		return ksErr
-	}
-	if err := envs.failed(); err != nil {
-		return failed("building the envelopes: %v", err)
-	}
-	var all []time.Duration
-	for _, l := range lat {
-		all = append(all, l...)
-	}
-	slices.Sort(all)
-	pct := func(p float64) float64 {
-		if len(all) == 0 {
-			return 0
-		}
-		i := int(p * float64(len(all)-1))
-		return float64(all[i].Microseconds()) / 1000
-	}
-	res := benchResult{
-		Calls: len(all), Concurrency: b.Concurrency, OfferedRate: b.Rate,
-		Allowed: allowed.Load(), Denied: denied.Load(), NoDecision: none.Load(),
-		SendSeconds: sendDur.Seconds(), DecisionsPerSec: float64(len(all)) / sendDur.Seconds(),
-		P50ms: pct(0.50), P90ms: pct(0.90), P99ms: pct(0.99), MaxMs: pct(1),
-		KillSwitch: ksRes,
-		Prepared:   prepared, PrepareSeconds: prepDur.Seconds(),
-	}
-	res.Posts = posted.Load()
-	if cpu0.ok {
-		res.PrepareCPUSeconds = cpu1.sub(cpu0).Seconds()
-		timed := cpu2.sub(cpu1)
-		res.LoadGenCPUSeconds = timed.Seconds()
-		res.LoadGenUserSeconds = (cpu2.user - cpu1.user).Seconds()
-		res.LoadGenSystemSeconds = (cpu2.system - cpu1.system).Seconds()
-		if len(all) > 0 {
-			res.LoadGenCPUPerCallUs = float64(timed.Microseconds()) / float64(len(all))
-		}
-		res.LoadGenMaxRSSMiB = float64(cpu2.maxRSS) / (1 << 20)
-	}
-	if ch != nil {
-		deadline := time.Now().Add(2 * time.Minute)
-		// Every decided envelope has a receipt; every post a ToolCallEvent.
-		want := uint64(len(all)) - uint64(none.Load()) + uint64(res.Posts)
-		wantEvents := uint64(res.Posts)
-		for {
-			n, err := query.CountSessionReceipts(context.Background(), ch, g.ClickhouseDatabase, run)
-			var m uint64
-			if err == nil && wantEvents > 0 {
-				m, err = query.CountSessionToolCalls(context.Background(), ch, g.ClickhouseDatabase, run)
-			}
-			if err == nil && n >= want && m >= wantEvents {
-				break
-			}
-			if time.Now().After(deadline) {
-				return failed("only %d of %d receipts and %d of %d ToolCallEvents reached ClickHouse within 2 minutes", n, want, m, wantEvents)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		e2e := time.Since(start)
-		res.E2ESeconds = e2e.Seconds()
-		res.EventsPerSec = float64(want+wantEvents) / e2e.Seconds()
+	defer prep.Stop()
+	res, err := b.measure(g, prep, clients, ks, ch, run)
+	if err != nil {
+		return err
 	}
 	if err := writeJSONFile(b.JSONOut, res); err != nil {
 		return err
@@ -352,16 +118,154 @@ func (b *benchCmd) Run(g *Globals) error {
 	if g.JSON {
 		return json.NewEncoder(os.Stdout).Encode(res)
 	}
-	b.print(os.Stdout, &res, ch != nil)
-	if ksRes != nil {
-		return printKillswitch(g, ksRes)
+	b.print(os.Stdout, res, ch != nil)
+	if res.KillSwitch != nil {
+		return printKillswitch(g, res.KillSwitch)
 	}
+	return nil
+}
+
+// killswitchOnly measures kill-switch propagation on an idle stack.
+func (b *benchCmd) killswitchOnly(g *Globals, ks *ctlSession) error {
+	res, err := loadgen.KillSwitchRounds(ks.client, b.KillSwitch, b.Timeout)
+	if err != nil {
+		return failed("%v", err)
+	}
+	if err := writeJSONFile(b.JSONOut, map[string]any{"killswitch": res}); err != nil {
+		return err
+	}
+	return printKillswitch(g, res)
+}
+
+// clients makes the simulated enforcement points, spread over conns;
+// each subscribes to its decisions before the clock starts. It returns
+// those made so far also on error.
+func (b *benchCmd) clients(conns []*nats.Conn, run string) ([]*ingest.Client, error) {
+	var clients []*ingest.Client
+	for e := range b.Concurrency {
+		nc := conns[e%len(conns)]
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return clients, err
+		}
+		client, err := ingest.NewClient(nc, js, fmt.Sprintf("%s-%d", run, e))
+		if err != nil {
+			return clients, err
+		}
+		clients = append(clients, client)
+	}
+	return clients, nil
+}
+
+// maker reads the flags that shape the envelopes: size, tool, --post, and
+// the capability to sign them with.
+func (b *benchCmd) maker(run string) (*loadgen.Maker, error) {
+	maker := &loadgen.Maker{Server: b.Server, Tool: b.Tool, Session: run, Post: b.Post}
+	var err error
+	if maker.Args, err = json.Marshal(map[string]any{"path": "bench/" + strings.Repeat("x", max(1, b.PayloadBytes-700))}); err != nil {
+		return nil, err
+	}
+	if b.Capability == "" {
+		return maker, nil
+	}
+	if b.AgentKey == "" {
+		return nil, usage("--capability needs --agent-key")
+	}
+	key, err := receipts.LoadPrivateKey(b.AgentKey)
+	if err != nil {
+		return nil, usage("--agent-key: %v", err)
+	}
+	raw, err := os.ReadFile(b.Capability)
+	if err != nil {
+		return nil, usage("--capability: %v", err)
+	}
+	if maker.Signer, err = ingest.NewCallSigner(raw, key); err != nil {
+		return nil, usage("--capability: %v", err)
+	}
+	return maker, nil
+}
+
+// measure is the timed part: the calls (and kill-switch rounds, with ks)
+// under the CPU profile, then, with ch, the wait until ClickHouse holds
+// every receipt and ToolCallEvent of the run.
+func (b *benchCmd) measure(g *Globals, prep *loadgen.Prepared, clients []*ingest.Client, ks *ctlSession, ch driver.Conn, run string) (*loadgen.Result, error) {
+	stopProfile := func() {}
+	if b.CPUProfile != "" {
+		f, err := os.Create(b.CPUProfile)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return nil, err
+		}
+		stopProfile = sync.OnceFunc(pprof.StopCPUProfile)
+		defer stopProfile()
+	}
+	if b.StartedFile != "" {
+		if err := os.WriteFile(b.StartedFile, nil, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	var (
+		ksRes  *loadgen.KillSwitchResult
+		ksErr  error
+		ksDone = make(chan struct{})
+	)
+	if ks != nil {
+		go func() {
+			defer close(ksDone)
+			ksRes, ksErr = loadgen.KillSwitchRounds(ks.client, b.KillSwitch, b.Timeout)
+		}()
+	} else {
+		close(ksDone)
+	}
+	t := prep.Send(clients, loadgen.Pacing{Rate: b.Rate, Inflight: b.Inflight, Server: b.Server, Timeout: b.Timeout})
+	stopProfile()
+	end := loadgen.SampleCPU()
+	<-ksDone
+	if ksErr != nil {
+		return nil, failed("%v", ksErr)
+	}
+	if t.BuildErr != nil {
+		return nil, failed("building the envelopes: %v", t.BuildErr)
+	}
+	res := loadgen.NewResult(b.Concurrency, b.Rate, prep, t, end)
+	res.KillSwitch = ksRes
+	if ch != nil {
+		if err := waitEndToEnd(g, ch, run, t, &res); err != nil {
+			return nil, err
+		}
+	}
+	return &res, nil
+}
+
+// waitEndToEnd waits until every decided envelope has its receipt and
+// every post its ToolCallEvent in ClickHouse, and records how long the run
+// took end to end.
+func waitEndToEnd(g *Globals, ch driver.Conn, run string, t *loadgen.Tally, res *loadgen.Result) error {
+	want := uint64(len(t.Latency)) - uint64(t.None) + uint64(res.Posts)
+	wantEvents := uint64(res.Posts)
+	count := func(ctx context.Context) (n, m uint64, err error) {
+		n, err = query.CountSessionReceipts(ctx, ch, g.ClickhouseDatabase, run)
+		if err == nil && wantEvents > 0 {
+			m, err = query.CountSessionToolCalls(ctx, ch, g.ClickhouseDatabase, run)
+		}
+		return n, m, err
+	}
+	n, m, ok := loadgen.WaitStored(context.Background(), count, want, wantEvents, time.Now().Add(2*time.Minute))
+	if !ok {
+		return failed("only %d of %d receipts and %d of %d ToolCallEvents reached ClickHouse within 2 minutes", n, want, m, wantEvents)
+	}
+	e2e := time.Since(t.Start)
+	res.E2ESeconds = e2e.Seconds()
+	res.EventsPerSec = float64(want+wantEvents) / e2e.Seconds()
 	return nil
 }
 
 // print writes the human-readable result. scripts/bench.sh reads these
 // lines: keep their wording.
-func (b *benchCmd) print(w io.Writer, res *benchResult, e2e bool) {
+func (b *benchCmd) print(w io.Writer, res *loadgen.Result, e2e bool) {
 	fmt.Fprintf(w, "calls %d from %d enforcement points, offered %d/s: allowed %d, denied %d, no decision %d\n",
 		res.Calls, res.Concurrency, res.OfferedRate, res.Allowed, res.Denied, res.NoDecision)
 	if b.Post {
@@ -384,23 +288,6 @@ func (b *benchCmd) print(w io.Writer, res *benchResult, e2e bool) {
 		res.LoadGenCPUSeconds, res.LoadGenUserSeconds, res.LoadGenSystemSeconds, res.LoadGenCPUPerCallUs,
 		res.LoadGenCPUSeconds/max(res.SendSeconds, 1e-9), res.LoadGenMaxRSSMiB)
 	fmt.Fprintf(w, "load generator before the clock: %s in %.2f s (CPU %.2f s)\n", ahead, res.PrepareSeconds, res.PrepareCPUSeconds)
-}
-
-// cpuSample is this process's CPU time at one instant.
-type cpuSample struct {
-	user, system time.Duration
-	maxRSS       int64
-	ok           bool
-}
-
-func sampleCPU() cpuSample {
-	u, s, rss, ok := processCPU()
-	return cpuSample{user: u, system: s, maxRSS: rss, ok: ok}
-}
-
-// sub is the CPU time (user + system) from earlier to s.
-func (s cpuSample) sub(earlier cpuSample) time.Duration {
-	return s.user + s.system - earlier.user - earlier.system
 }
 
 // writeJSONFile writes v as one JSON line to path; "" writes nothing.

@@ -3,21 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"os/signal"
-	"slices"
 	"syscall"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/talos-audit/talos/cmd/internal/mcpup"
+	"github.com/talos-audit/talos/ingest/loadgen"
 )
 
 // benchMCPCmd measures what an MCP proxy (talos-mcp-gateway) adds to a
@@ -35,136 +32,10 @@ type benchMCPCmd struct {
 	Stderr  string        `name:"stderr" type:"path" help:"Append the stdio servers' stderr (the gateway's log) to this file instead of this command's stderr."`
 }
 
-// latencySummary describes one sample of call latencies, in milliseconds.
-// Percentiles are nearest-rank from below: the value at index
-// floor(p·(n−1)) of the sorted sample, as in talosctl bench.
-type latencySummary struct {
-	Calls  int     `json:"calls"`
-	P50ms  float64 `json:"p50_ms"`
-	P90ms  float64 `json:"p90_ms"`
-	P99ms  float64 `json:"p99_ms"`
-	MaxMs  float64 `json:"max_ms"`
-	MeanMs float64 `json:"mean_ms"`
-}
-
-// addedLatency is what the via side adds to the direct side, in
-// milliseconds, two ways: Paired* are percentiles of the per-round
-// differences (via − direct of the same round), and the others are
-// differences of the two sides' percentiles.
-type addedLatency struct {
-	PairedP50ms float64 `json:"paired_p50_ms"`
-	PairedP99ms float64 `json:"paired_p99_ms"`
-	P50ms       float64 `json:"p50_ms"`
-	P90ms       float64 `json:"p90_ms"`
-	P99ms       float64 `json:"p99_ms"`
-	MeanMs      float64 `json:"mean_ms"`
-}
-
-type benchMCPResult struct {
-	Tool   string         `json:"tool"`
-	Warmup int            `json:"warmup"`
-	Direct string         `json:"direct"`
-	Via    string         `json:"via"`
-	D      latencySummary `json:"direct_latency"`
-	V      latencySummary `json:"via_latency"`
-	Added  addedLatency   `json:"added"`
-}
-
-// summarize sorts d in place and describes it; an empty sample is all zeros.
-func summarize(d []time.Duration) latencySummary {
-	if len(d) == 0 {
-		return latencySummary{}
-	}
-	slices.Sort(d)
-	at := func(p float64) float64 { return ms(d[int(p*float64(len(d)-1))]) }
-	var sum time.Duration
-	for _, x := range d {
-		sum += x
-	}
-	return latencySummary{
-		Calls: len(d), P50ms: at(0.50), P90ms: at(0.90), P99ms: at(0.99), MaxMs: at(1),
-		MeanMs: roundMs(ms(sum) / float64(len(d))),
-	}
-}
-
-// added compares two samples taken in rounds: direct[i] and via[i] are the
-// same round. Neither slice is modified.
-func added(direct, via []time.Duration) addedLatency {
-	n := min(len(direct), len(via))
-	diff := make([]time.Duration, n)
-	for i := range n {
-		diff[i] = via[i] - direct[i]
-	}
-	pd := summarize(diff)
-	ds, vs := summarize(slices.Clone(direct)), summarize(slices.Clone(via))
-	return addedLatency{
-		PairedP50ms: pd.P50ms, PairedP99ms: pd.P99ms,
-		P50ms: roundMs(vs.P50ms - ds.P50ms), P90ms: roundMs(vs.P90ms - ds.P90ms), P99ms: roundMs(vs.P99ms - ds.P99ms),
-		MeanMs: roundMs(vs.MeanMs - ds.MeanMs),
-	}
-}
-
-// roundMs rounds milliseconds to whole microseconds, the resolution of every
-// figure here.
-func roundMs(msec float64) float64 { return math.Round(msec*1000) / 1000 }
-
-// benchSide is one end of the comparison: a connected client session and
-// its measured latencies.
-type benchSide struct {
-	spec mcpup.Spec
-	cs   *mcp.ClientSession
-	lat  []time.Duration
-}
-
-// call runs one tools/call and checks that it succeeded: a protocol error
-// (a gateway's deny among them) or a result with isError fails the run.
-func (s *benchSide) call(ctx context.Context, timeout time.Duration, p *mcp.CallToolParams) (*mcp.CallToolResult, time.Duration, error) {
-	cctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	start := time.Now()
-	res, err := s.cs.CallTool(cctx, p)
-	took := time.Since(start)
-	switch {
-	case err != nil:
-		return nil, took, fmt.Errorf("%s: tools/call %s: %w", s.spec.ServerID, p.Name, err)
-	case res.IsError:
-		return nil, took, fmt.Errorf("%s: tools/call %s: the result is a tool error (isError)", s.spec.ServerID, p.Name)
-	}
-	return res, took, nil
-}
-
-// resultDigest is a short digest of what a result says (content and
-// structured content; _meta is left out), to compare the two sides without
-// printing what the tool returned.
-func resultDigest(r *mcp.CallToolResult) (string, error) {
-	b, err := json.Marshal(struct {
-		Content    []mcp.Content `json:"content"`
-		Structured any           `json:"structuredContent,omitempty"`
-	}{r.Content, r.StructuredContent})
-	if err != nil {
-		return "", err
-	}
-	sum := sha256.Sum256(b)
-	return fmt.Sprintf("%d bytes, sha256 %s", len(b), hex.EncodeToString(sum[:6])), nil
-}
-
 func (b *benchMCPCmd) Run(g *Globals) error {
-	if b.Calls <= 0 || b.Warmup < 0 || b.Timeout <= 0 {
-		return usage("--calls and --timeout must be positive, --warmup must not be negative")
-	}
-	var args map[string]any
-	dec := json.NewDecoder(bytes.NewReader([]byte(b.Args)))
-	dec.UseNumber()
-	if err := dec.Decode(&args); err != nil || args == nil || dec.More() {
-		return usage("--args must be one JSON object")
-	}
-	var specs [2]mcpup.Spec
-	for i, f := range []struct{ name, val string }{{"--direct", b.Direct}, {"--via", b.Via}} {
-		s, err := mcpup.ParseSpec(f.val)
-		if err != nil {
-			return usage("%s: %v", f.name, err)
-		}
-		specs[i] = s
+	args, specs, err := b.check()
+	if err != nil {
+		return err
 	}
 	stderr := io.Writer(os.Stderr)
 	if b.Stderr != "" {
@@ -180,11 +51,11 @@ func (b *benchMCPCmd) Run(g *Globals) error {
 
 	// Closing a session ends its stdio server; the gateway then drains the
 	// post events it still holds.
-	var sides [2]*benchSide
+	var sides [2]loadgen.MCPSide
 	defer func() {
 		for _, s := range sides {
-			if s != nil {
-				_ = s.cs.Close()
+			if s.CS != nil {
+				_ = s.CS.Close()
 			}
 		}
 	}()
@@ -195,43 +66,52 @@ func (b *benchMCPCmd) Run(g *Globals) error {
 		if err != nil {
 			return failed("%v", err)
 		}
-		sides[i] = &benchSide{spec: s, cs: cs, lat: make([]time.Duration, 0, b.Calls)}
+		sides[i] = loadgen.MCPSide{Name: s.ServerID, CS: cs}
 	}
-
-	params := &mcp.CallToolParams{Name: b.Tool, Arguments: args}
-	for round := -b.Warmup; round < b.Calls; round++ {
-		var digests [2]string
-		for i, s := range sides {
-			res, took, err := s.call(ctx, b.Timeout, params)
-			if err != nil {
-				return failed("round %d: %v", round+b.Warmup+1, err)
-			}
-			if round >= 0 {
-				s.lat = append(s.lat, took)
-			}
-			if digests[i], err = resultDigest(res); err != nil {
-				return failed("round %d: %s: result: %v", round+b.Warmup+1, s.spec.ServerID, err)
-			}
-		}
-		if digests[0] != digests[1] {
-			return failed("round %d: the results differ: %s returned %s, %s returned %s",
-				round+b.Warmup+1, sides[0].spec.ServerID, digests[0], sides[1].spec.ServerID, digests[1])
-		}
+	direct, via, err := loadgen.CompareMCP(ctx, sides[0], sides[1], &mcp.CallToolParams{Name: b.Tool, Arguments: args}, b.Calls, b.Warmup, b.Timeout)
+	if err != nil {
+		return failed("%v", err)
 	}
-
-	res := benchMCPResult{
+	res := loadgen.MCPResult{
 		Tool: b.Tool, Warmup: b.Warmup, Direct: specs[0].String(), Via: specs[1].String(),
-		Added: added(sides[0].lat, sides[1].lat),
-		D:     summarize(sides[0].lat), V: summarize(sides[1].lat),
+		Added: loadgen.Added(direct, via),
+		D:     loadgen.Summarize(direct), V: loadgen.Summarize(via),
 	}
 	if g.JSON {
 		return json.NewEncoder(os.Stdout).Encode(res)
 	}
+	printBenchMCP(&res)
+	return nil
+}
+
+// check reads the flags: the call's arguments and the two sides' specs.
+func (b *benchMCPCmd) check() (map[string]any, [2]mcpup.Spec, error) {
+	var specs [2]mcpup.Spec
+	if b.Calls <= 0 || b.Warmup < 0 || b.Timeout <= 0 {
+		return nil, specs, usage("--calls and --timeout must be positive, --warmup must not be negative")
+	}
+	var args map[string]any
+	dec := json.NewDecoder(bytes.NewReader([]byte(b.Args)))
+	dec.UseNumber()
+	if err := dec.Decode(&args); err != nil || args == nil || dec.More() {
+		return nil, specs, usage("--args must be one JSON object")
+	}
+	for i, f := range []struct{ name, val string }{{"--direct", b.Direct}, {"--via", b.Via}} {
+		s, err := mcpup.ParseSpec(f.val)
+		if err != nil {
+			return nil, specs, usage("%s: %v", f.name, err)
+		}
+		specs[i] = s
+	}
+	return args, specs, nil
+}
+
+func printBenchMCP(res *loadgen.MCPResult) {
 	fmt.Printf("tools/call %s, %d calls per side after %d warm-up, one in flight, sides interleaved; every result checked equal\n",
 		res.Tool, res.D.Calls, res.Warmup)
 	fmt.Printf("direct: %s\nvia:    %s\n", res.Direct, res.Via)
 	fmt.Printf("%-22s %9s %9s %9s %9s %9s\n", "latency, ms", "p50", "p90", "p99", "max", "mean")
-	row := func(name string, s latencySummary) {
+	row := func(name string, s loadgen.LatencySummary) {
 		fmt.Printf("%-22s %9.3f %9.3f %9.3f %9.3f %9.3f\n", name, s.P50ms, s.P90ms, s.P99ms, s.MaxMs, s.MeanMs)
 	}
 	row("direct", res.D)
@@ -239,5 +119,4 @@ func (b *benchMCPCmd) Run(g *Globals) error {
 	a := res.Added
 	fmt.Printf("%-22s %9.3f %9.3f %9.3f %9s %9.3f\n", "added (via − direct)", a.P50ms, a.P90ms, a.P99ms, "", a.MeanMs)
 	fmt.Printf("added per round (via − direct of the same round): p50 %.3f ms, p99 %.3f ms\n", a.PairedP50ms, a.PairedP99ms)
-	return nil
 }

@@ -3,124 +3,13 @@ package main
 import (
 	"encoding/json"
 	"errors"
-	"math/rand/v2"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
-
+	"github.com/talos-audit/talos/ingest/loadgen"
 	"github.com/talos-audit/talos/testenv"
 )
-
-func msList(v ...float64) []time.Duration {
-	d := make([]time.Duration, len(v))
-	for i, x := range v {
-		d[i] = time.Duration(x * float64(time.Millisecond))
-	}
-	return d
-}
-
-func TestSummarize(t *testing.T) {
-	oneToHundred := make([]float64, 100)
-	for i := range oneToHundred {
-		oneToHundred[i] = float64(i + 1)
-	}
-	rand.New(rand.NewPCG(1, 2)).Shuffle(len(oneToHundred), func(i, j int) {
-		oneToHundred[i], oneToHundred[j] = oneToHundred[j], oneToHundred[i]
-	})
-	for _, tc := range []struct {
-		name string
-		in   []time.Duration
-		want latencySummary
-	}{
-		{"empty", nil, latencySummary{}},
-		{"one call", msList(5), latencySummary{Calls: 1, P50ms: 5, P90ms: 5, P99ms: 5, MaxMs: 5, MeanMs: 5}},
-		// index floor(p·(n−1)): p50 → 4, p90 → 8, p99 → 8.
-		{"ten calls, unsorted", msList(10, 1, 9, 2, 8, 3, 7, 4, 6, 5),
-			latencySummary{Calls: 10, P50ms: 5, P90ms: 9, P99ms: 9, MaxMs: 10, MeanMs: 5.5}},
-		{"a hundred calls, shuffled", msList(oneToHundred...),
-			latencySummary{Calls: 100, P50ms: 50, P90ms: 90, P99ms: 99, MaxMs: 100, MeanMs: 50.5}},
-		{"sub-millisecond, mean rounded to µs", msList(0.25, 0.5, 0.75, 0.4),
-			latencySummary{Calls: 4, P50ms: 0.4, P90ms: 0.5, P99ms: 0.5, MaxMs: 0.75, MeanMs: 0.475}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := summarize(tc.in); got != tc.want {
-				t.Errorf("summarize = %+v, want %+v", got, tc.want)
-			}
-		})
-	}
-}
-
-func TestAdded(t *testing.T) {
-	for _, tc := range []struct {
-		name        string
-		direct, via []time.Duration
-		want        addedLatency
-	}{
-		{
-			// Per round: 2, 1, 2, 6 → sorted 1, 2, 2, 6 (p50 index 1, p99 index 2).
-			// Sides sorted: direct 1 2 3 4, via 3 3 5 10.
-			name:   "via slower",
-			direct: msList(1, 2, 3, 4), via: msList(3, 3, 5, 10),
-			want: addedLatency{PairedP50ms: 2, PairedP99ms: 2, P50ms: 1, P90ms: 2, P99ms: 2, MeanMs: 2.75},
-		},
-		{
-			// A round where via was faster gives a negative difference.
-			name:   "via faster in some rounds",
-			direct: msList(4, 1, 1), via: msList(1, 2, 2),
-			want: addedLatency{PairedP50ms: 1, PairedP99ms: 1, P50ms: 1, P90ms: 1, P99ms: 1, MeanMs: -0.333},
-		},
-		{
-			name:   "equal",
-			direct: msList(1, 2, 3), via: msList(1, 2, 3),
-			want: addedLatency{},
-		},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			direct, via := slices.Clone(tc.direct), slices.Clone(tc.via)
-			if got := added(direct, via); got != tc.want {
-				t.Errorf("added = %+v, want %+v", got, tc.want)
-			}
-			// The rounds must stay paired: added must not sort its inputs.
-			if !slices.Equal(direct, tc.direct) || !slices.Equal(via, tc.via) {
-				t.Errorf("added reordered its inputs: %v %v", direct, via)
-			}
-		})
-	}
-}
-
-func TestResultDigest(t *testing.T) {
-	text := func(s string) *mcp.CallToolResult {
-		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: s}}}
-	}
-	digest := func(r *mcp.CallToolResult) string {
-		t.Helper()
-		d, err := resultDigest(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
-	a := digest(text("Echo: hello"))
-	if b := digest(text("Echo: hello")); a != b {
-		t.Errorf("equal results, different digests: %s, %s", a, b)
-	}
-	withMeta := text("Echo: hello")
-	withMeta.Meta = mcp.Meta{"dev.talos/receipt_id": "r-1"}
-	if b := digest(withMeta); a != b {
-		t.Errorf("_meta must not count: %s, %s", a, b)
-	}
-	if b := digest(text("Echo: hellO")); a == b {
-		t.Errorf("different text, same digest %s", a)
-	}
-	structured := text("Echo: hello")
-	structured.StructuredContent = map[string]any{"n": 1}
-	if b := digest(structured); a == b {
-		t.Errorf("structured content ignored: %s", a)
-	}
-}
 
 // TestBenchMCPUsage: bad flags are usage errors (exit 2), found before any
 // server is started.
@@ -171,14 +60,14 @@ func TestBenchMCPTwoServers(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("bench-mcp: exit %d: %s", code, out)
 	}
-	var res benchMCPResult
+	var res loadgen.MCPResult
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("bench-mcp --json: %v: %s", err, out)
 	}
 	if res.Tool != "echo" || res.Warmup != 2 || res.D.Calls != 5 || res.V.Calls != 5 {
 		t.Errorf("result %+v: want tool echo, warmup 2, 5 calls per side", res)
 	}
-	for _, s := range []latencySummary{res.D, res.V} {
+	for _, s := range []loadgen.LatencySummary{res.D, res.V} {
 		if s.P50ms <= 0 || s.P50ms > s.P90ms || s.P90ms > s.P99ms || s.P99ms > s.MaxMs {
 			t.Errorf("latencies not ordered 0 < p50 ≤ p90 ≤ p99 ≤ max: %+v", s)
 		}

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -82,12 +80,7 @@ func writeChain(g *Globals, chain *schemas.CapabilityChain, out, what string) er
 	if err != nil {
 		return err
 	}
-	ids := []string{chain.Capability.CapabilityID}
-	holder := chain.Capability.Subject
-	for _, d := range chain.Delegations {
-		ids = append(ids, d.CapabilityID)
-		holder = d.DelegateeID
-	}
+	ids, holder := chain.CapabilityIDs(), chain.Holder()
 	if g.JSON {
 		printJSON(os.Stdout, map[string]any{"file": out, "chain_hash": h, "capability_ids": ids, "holder": holder})
 		return nil
@@ -176,14 +169,7 @@ func (c *capDelegateCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	var parent any = chain.Capability
-	parentExp, parentRO := chain.Capability.ExpiresAt, chain.Capability.Constraints != nil && chain.Capability.Constraints.ReadOnly
-	if n := len(chain.Delegations); n > 0 {
-		p := chain.Delegations[n-1]
-		parent, parentExp = p, p.ExpiresAt
-		parentRO = parentRO || (p.Constraints != nil && p.Constraints.ReadOnly)
-	}
-	def, err := time.Parse(time.RFC3339Nano, parentExp)
+	def, err := time.Parse(time.RFC3339Nano, chain.ExpiresAt())
 	if err != nil {
 		return usage("--from: the last link's expires_at is not an RFC 3339 time")
 	}
@@ -200,14 +186,12 @@ func (c *capDelegateCmd) Run(g *Globals) error {
 		CapabilityID: id, ChildScope: c.Scope, IssuedAt: capTime(now), ExpiresAt: capTime(exp),
 		DelegateeID: c.To, DelegateePublicKey: pub,
 	}
-	if c.ReadOnly || parentRO {
+	if c.ReadOnly {
 		d.Constraints = &schemas.Constraints{ReadOnly: true}
 	}
-	signed, err := enforce.Delegate(key, parent, d)
-	if err != nil {
+	if err := enforce.ExtendChain(key, chain, d); err != nil {
 		return failed("%v", err)
 	}
-	chain.Delegations = append(chain.Delegations, signed)
 	return writeChain(g, chain, c.Out, "delegated")
 }
 
@@ -240,45 +224,16 @@ type capInspectCmd struct {
 	Resource *string  `name:"resource" help:"Resource (the argument at the tool's resource_pointer) for the scope check."`
 }
 
-// capLinkView is one link as cap inspect prints it.
-type capLinkView struct {
-	Index        int      `json:"index"`
-	Kind         string   `json:"kind"` // capability | delegation
-	CapabilityID string   `json:"capability_id"`
-	Issuer       string   `json:"issuer,omitempty"`
-	Delegator    string   `json:"delegator,omitempty"`
-	Holder       string   `json:"holder"`
-	HolderKID    string   `json:"holder_kid,omitempty"`
-	SignerKID    string   `json:"signer_kid,omitempty"`
-	Scopes       []string `json:"scopes"`
-	ReadOnly     bool     `json:"read_only"`
-	IssuedAt     string   `json:"issued_at"`
-	ExpiresAt    string   `json:"expires_at"`
-	Expiry       string   `json:"expiry"` // "expires in 59m0s" / "expired 3m0s ago"
-}
-
 func (c *capInspectCmd) Run(g *Globals) error {
-	if (c.Server == "") != (c.Tool == "") {
-		return usage("--server and --tool go together")
-	}
-	if c.Server == "" && (c.Method != "" || c.Resource != nil) {
-		return usage("--method and --resource need --server and --tool")
-	}
-	now := time.Now()
-	if c.At != "" {
-		t, err := time.Parse(time.RFC3339Nano, c.At)
-		if err != nil {
-			return usage("--at: not an RFC 3339 time")
-		}
-		now = t
+	now, err := c.check()
+	if err != nil {
+		return err
 	}
 	issuers := receipts.KeySet{}
 	if len(c.Issuers) > 0 {
-		ks, err := receipts.LoadTrustedKeys(c.Issuers...)
-		if err != nil {
+		if issuers, err = receipts.LoadTrustedKeys(c.Issuers...); err != nil {
 			return usage("--issuers: %v", err)
 		}
-		issuers = ks
 	}
 	authz, err := enforce.NewAuthorizer(enforce.CapabilityConfig{Issuers: issuers})
 	if err != nil {
@@ -288,71 +243,75 @@ func (c *capInspectCmd) Run(g *Globals) error {
 	if err != nil {
 		return usage("%v", err)
 	}
-	revoked := func(s string) bool { return slices.Contains(c.Revoked, s) }
-	res := authz.VerifyChain(json.RawMessage(raw), now, revoked)
-
-	var (
-		links     []capLinkView
-		chainHash string
-		chain     schemas.CapabilityChain
-	)
-	if canon, err := receipts.Canonicalize(raw); err == nil {
-		sum := sha256.Sum256(canon)
-		chainHash = hex.EncodeToString(sum[:])
+	var q *enforce.ScopeQuery
+	if c.Server != "" {
+		q = &enforce.ScopeQuery{Server: c.Server, Tool: c.Tool, Method: c.Method, Resource: c.Resource}
 	}
-	decoded := json.Unmarshal(raw, &chain) == nil
-	if decoded {
-		links = capLinks(&chain, now)
-	}
-	if c.Server != "" && decoded && len(links) > 0 {
-		leaf := links[len(links)-1]
-		res2 := c.Resource != nil
-		resource := ""
-		if res2 {
-			resource = *c.Resource
-		}
-		if !enforce.ScopesCover(leaf.Scopes, c.Server, c.Tool, c.Method, resource, res2) {
-			res.Codes = appendCode(res.Codes, schemas.CodeScopeMismatch)
-			res.Details = append(res.Details, fmt.Sprintf("capability: no scope of link %d covers this call", leaf.Index))
-		}
-	}
+	in := authz.InspectChain(raw, now, func(s string) bool { return slices.Contains(c.Revoked, s) }, q)
 	if len(issuers) == 0 {
-		res.Details = append(res.Details, "no --issuers given: no issuer is trusted")
+		in.Result.Details = append(in.Result.Details, "no --issuers given: no issuer is trusted")
 	}
-	valid := len(res.Codes) == 0
 	if g.JSON {
-		out := map[string]any{"file": c.Chain, "chain_hash": chainHash, "holder": res.Holder, "capability_ids": res.CapabilityIDs,
-			"read_only": res.ReadOnly, "links": links, "valid": valid, "codes": nonNil(res.Codes), "details": nonNil(res.Details),
-			"checked_at": capTime(now)}
-		if c.Server != "" {
-			out["call"] = map[string]any{"server_id": c.Server, "tool_name": c.Tool, "method": c.Method, "resource": c.Resource != nil}
-		}
-		printJSON(os.Stdout, out)
+		c.printJSON(&in, now)
 	} else {
-		printChain(c.Chain, chainHash, res, links)
-		if c.Server != "" {
-			fmt.Printf("scope check   %s:%s", c.Server, c.Tool)
-			if c.Method != "" {
-				fmt.Printf(" method %s", c.Method)
-			}
-			if c.Resource != nil {
-				fmt.Print(" (with resource)")
-			}
-			fmt.Println()
-		}
-		if valid {
-			fmt.Printf("verdict       VALID (checked at %s)\n", capTime(now))
-		} else {
-			fmt.Printf("verdict       INVALID: %s (checked at %s)\n", strings.Join(res.Codes, ", "), capTime(now))
-		}
-		for _, d := range res.Details {
-			fmt.Printf("  detail      %s\n", d)
-		}
+		c.print(&in, now)
 	}
-	if !valid {
-		return exitError{1, fmt.Errorf("capability chain is invalid: %s", strings.Join(res.Codes, ", "))}
+	if !in.Valid() {
+		return exitError{1, fmt.Errorf("capability chain is invalid: %s", strings.Join(in.Result.Codes, ", "))}
 	}
 	return nil
+}
+
+// check reads the flags: the call flags go together, and --at is the time
+// to check at (default now).
+func (c *capInspectCmd) check() (time.Time, error) {
+	if (c.Server == "") != (c.Tool == "") {
+		return time.Time{}, usage("--server and --tool go together")
+	}
+	if c.Server == "" && (c.Method != "" || c.Resource != nil) {
+		return time.Time{}, usage("--method and --resource need --server and --tool")
+	}
+	if c.At == "" {
+		return time.Now(), nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, c.At)
+	if err != nil {
+		return time.Time{}, usage("--at: not an RFC 3339 time")
+	}
+	return t, nil
+}
+
+func (c *capInspectCmd) printJSON(in *enforce.Inspection, now time.Time) {
+	res := in.Result
+	out := map[string]any{"file": c.Chain, "chain_hash": in.Hash, "holder": res.Holder, "capability_ids": res.CapabilityIDs,
+		"read_only": res.ReadOnly, "links": in.Links, "valid": in.Valid(), "codes": nonNil(res.Codes), "details": nonNil(res.Details),
+		"checked_at": capTime(now)}
+	if c.Server != "" {
+		out["call"] = map[string]any{"server_id": c.Server, "tool_name": c.Tool, "method": c.Method, "resource": c.Resource != nil}
+	}
+	printJSON(os.Stdout, out)
+}
+
+func (c *capInspectCmd) print(in *enforce.Inspection, now time.Time) {
+	printChain(c.Chain, in.Hash, in.Result, in.Links)
+	if c.Server != "" {
+		fmt.Printf("scope check   %s:%s", c.Server, c.Tool)
+		if c.Method != "" {
+			fmt.Printf(" method %s", c.Method)
+		}
+		if c.Resource != nil {
+			fmt.Print(" (with resource)")
+		}
+		fmt.Println()
+	}
+	if in.Valid() {
+		fmt.Printf("verdict       VALID (checked at %s)\n", capTime(now))
+	} else {
+		fmt.Printf("verdict       INVALID: %s (checked at %s)\n", strings.Join(in.Result.Codes, ", "), capTime(now))
+	}
+	for _, d := range in.Result.Details {
+		fmt.Printf("  detail      %s\n", d)
+	}
 }
 
 func nonNil(s []string) []string {
@@ -362,60 +321,7 @@ func nonNil(s []string) []string {
 	return s
 }
 
-// appendCode adds code once, keeping SCOPE_MISMATCH after the chain codes.
-func appendCode(codes []string, code string) []string {
-	if slices.Contains(codes, code) {
-		return codes
-	}
-	return append(codes, code)
-}
-
-// capLinks describes each link of a decoded chain.
-func capLinks(c *schemas.CapabilityChain, now time.Time) []capLinkView {
-	kidOf := func(s string) string {
-		if pub, err := enforce.ParsePublicKeyString(s); err == nil {
-			return receipts.KeyID(pub)
-		}
-		return "(malformed key)"
-	}
-	signer := func(s *schemas.Signature) string {
-		if s == nil {
-			return "(unsigned)"
-		}
-		return s.KID
-	}
-	root := c.Capability
-	links := []capLinkView{{
-		Index: 0, Kind: "capability", CapabilityID: root.CapabilityID, Issuer: root.Issuer, Holder: root.Subject,
-		HolderKID: kidOf(root.SubjectPublicKey), SignerKID: signer(root.Signature), Scopes: root.Scopes,
-		ReadOnly: root.Constraints != nil && root.Constraints.ReadOnly, IssuedAt: root.IssuedAt, ExpiresAt: root.ExpiresAt,
-		Expiry: expiryText(root.ExpiresAt, now),
-	}}
-	for i, d := range c.Delegations {
-		links = append(links, capLinkView{
-			Index: i + 1, Kind: "delegation", CapabilityID: d.CapabilityID, Delegator: d.DelegatorID, Holder: d.DelegateeID,
-			HolderKID: kidOf(d.DelegateePublicKey), SignerKID: signer(d.Signature), Scopes: d.ChildScope,
-			ReadOnly: d.Constraints != nil && d.Constraints.ReadOnly, IssuedAt: d.IssuedAt, ExpiresAt: d.ExpiresAt,
-			Expiry: expiryText(d.ExpiresAt, now),
-		})
-	}
-	return links
-}
-
-// expiryText says "expires in 59m0s" or "expired 3m0s ago".
-func expiryText(expiresAt string, now time.Time) string {
-	t, err := time.Parse(time.RFC3339Nano, expiresAt)
-	if err != nil {
-		return "expiry unreadable"
-	}
-	d := t.Sub(now).Round(time.Second)
-	if d >= 0 {
-		return "expires in " + d.String()
-	}
-	return "expired " + (-d).String() + " ago"
-}
-
-func printChain(file, hash string, res enforce.AuthResult, links []capLinkView) {
+func printChain(file, hash string, res enforce.AuthResult, links []enforce.ChainLink) {
 	fmt.Printf("capability chain %s\n", file)
 	if hash != "" {
 		fmt.Printf("  chain hash  %s\n", hash)

@@ -61,11 +61,11 @@ func TestCapCommands(t *testing.T) {
 	out, code = run(t, bin, "--json", "cap", "inspect", p("chain.json"), "--issuers", p("issuer.pub"),
 		"--server", "files", "--tool", "read_file", "--resource", "/work/a.txt")
 	var js struct {
-		Valid     bool          `json:"valid"`
-		Holder    string        `json:"holder"`
-		ChainHash string        `json:"chain_hash"`
-		Links     []capLinkView `json:"links"`
-		Codes     []string      `json:"codes"`
+		Valid     bool                `json:"valid"`
+		Holder    string              `json:"holder"`
+		ChainHash string              `json:"chain_hash"`
+		Links     []enforce.ChainLink `json:"links"`
+		Codes     []string            `json:"codes"`
 	}
 	if code != 0 || json.Unmarshal([]byte(out), &js) != nil || !js.Valid || js.Holder != "agent-1" || len(js.Links) != 2 || len(js.Codes) != 0 {
 		t.Fatalf("inspect --json: exit %d\n%s", code, out)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/talos-audit/talos/ingest/loadgen"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -123,7 +124,7 @@ func TestControlCommandsCLI(t *testing.T) {
 	// bench: the propagation figure.
 	out, code = run(t, talosctl, append(g, "--json", "bench", "--calls", "0", "--killswitch", "5", "--responder-key", filepath.Join(dir, "responder.key"))...)
 	var br struct {
-		KillSwitch ksResult `json:"killswitch"`
+		KillSwitch loadgen.KillSwitchResult `json:"killswitch"`
 	}
 	if err := json.Unmarshal([]byte(out), &br); err != nil || code != 0 || br.KillSwitch.Commands != 10 || br.KillSwitch.Workers != 1 || br.KillSwitch.AfterSendP99 <= 0 {
 		t.Fatalf("bench --killswitch: exit %d %v\n%s", code, err, out)

@@ -15,6 +15,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/talos-audit/talos/cmd/internal/mcpup"
+	"github.com/talos-audit/talos/enforce/registrylint"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -54,36 +56,36 @@ func TestLintTools(t *testing.T) {
 		{Name: "list_all", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
 		{Name: "list_all"}, // listed twice: reported once
 	}
-	got := lintTools(m, live)
+	got := registrylint.Compare(m, live, mcpup.ActionEnum)
 	type key struct{ kind, tool, action string }
 	var keys []key
 	for _, f := range got {
 		keys = append(keys, key{f.Kind, f.Tool, f.Action})
-		if f.Severity != lintSeverity(f.Kind) || f.Detail == "" {
+		if f.Severity != registrylint.Severity(f.Kind) || f.Detail == "" {
 			t.Errorf("finding %+v: severity or detail wrong", f)
 		}
 	}
 	want := []key{
-		{lintMissing, "delete_all", ""},
-		{lintMissing, "list_all", ""},
-		{lintMissingAction, "mail", "label"},
-		{lintStale, "gone", ""},
-		{lintStaleAction, "mail", "recall"},
-		{lintNoActionEnum, "free_text", ""},
-		{lintAdvisory, "cron", ""},  // enum at /action without action_pointer
-		{lintAdvisory, "fetch", ""}, // openWorldHint vs network_outbound
-		{lintAdvisory, "mail", ""},  // readOnlyHint vs write actions
-		{lintAdvisory, "peek", ""},  // readOnlyHint vs tool_class write
+		{registrylint.Missing, "delete_all", ""},
+		{registrylint.Missing, "list_all", ""},
+		{registrylint.MissingAction, "mail", "label"},
+		{registrylint.Stale, "gone", ""},
+		{registrylint.StaleAction, "mail", "recall"},
+		{registrylint.NoActionEnum, "free_text", ""},
+		{registrylint.Advisory, "cron", ""},  // enum at /action without action_pointer
+		{registrylint.Advisory, "fetch", ""}, // openWorldHint vs network_outbound
+		{registrylint.Advisory, "mail", ""},  // readOnlyHint vs write actions
+		{registrylint.Advisory, "peek", ""},  // readOnlyHint vs tool_class write
 	}
 	if !slices.Equal(keys, want) {
 		t.Fatalf("findings:\n%v\nwant:\n%v", keys, want)
 	}
 	for _, f := range got {
 		switch {
-		case f.Kind == lintMissing && f.Tool == "delete_all" && f.Suggested != "write",
-			f.Kind == lintMissing && f.Tool == "list_all" && f.Suggested != "read":
+		case f.Kind == registrylint.Missing && f.Tool == "delete_all" && f.Suggested != "write",
+			f.Kind == registrylint.Missing && f.Tool == "list_all" && f.Suggested != "read":
 			t.Errorf("%s: suggested tool_class %q", f.Tool, f.Suggested)
-		case f.Tool == "mail" && f.Kind == lintAdvisory && !strings.Contains(f.Detail, "send, recall"):
+		case f.Tool == "mail" && f.Kind == registrylint.Advisory && !strings.Contains(f.Detail, "send, recall"):
 			t.Errorf("mail advisory does not name the write actions: %s", f.Detail)
 		}
 	}
@@ -91,8 +93,8 @@ func TestLintTools(t *testing.T) {
 	// A read tool the server does not call read-only is the dangerous
 	// direction; annotations absent say nothing, so no advisory.
 	m2 := &schemas.Manifest{ServerID: "svc", Tools: []schemas.Tool{{ToolName: "a", ToolClass: "read"}, {ToolName: "b", ToolClass: "read"}}}
-	got = lintTools(m2, []*mcp.Tool{{Name: "a", Annotations: &mcp.ToolAnnotations{DestructiveHint: ptr(true)}}, {Name: "b"}})
-	if len(got) != 1 || got[0].Kind != lintAdvisory || got[0].Tool != "a" || !strings.Contains(got[0].Detail, "destructiveHint=true") {
+	got = registrylint.Compare(m2, []*mcp.Tool{{Name: "a", Annotations: &mcp.ToolAnnotations{DestructiveHint: ptr(true)}}, {Name: "b"}}, mcpup.ActionEnum)
+	if len(got) != 1 || got[0].Kind != registrylint.Advisory || got[0].Tool != "a" || !strings.Contains(got[0].Detail, "destructiveHint=true") {
 		t.Fatalf("read tool with destructive hints: %+v", got)
 	}
 }
@@ -188,7 +190,7 @@ func TestRegistryLintEverything(t *testing.T) {
 		if code != 1 {
 			t.Fatalf("exit %d, want 1\n%s\n%s", code, out, errOut)
 		}
-		missing, stale := findingLines(out, lintMissing), findingLines(out, lintStale)
+		missing, stale := findingLines(out, registrylint.Missing), findingLines(out, registrylint.Stale)
 		if len(missing) != 1 || !strings.Contains(missing[0], "everything/get-sum ") {
 			t.Fatalf("MISSING lines %q, want one for get-sum\n%s", missing, out)
 		}
@@ -223,17 +225,17 @@ func TestRegistryLintEverything(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("exit %d, want 0\n%s\n%s", code, out, errOut)
 		}
-		var rep lintReport
+		var rep registrylint.Report
 		if err := json.Unmarshal([]byte(out), &rep); err != nil {
 			t.Fatalf("--json: %v\n%s", err, out)
 		}
 		if !rep.OK || !rep.ManifestFound || rep.LiveTools != len(live) || rep.RegistryTools != len(live) ||
-			rep.Counts[lintMissing] != 0 || rep.Counts[lintStale] != 0 || !strings.HasPrefix(rep.RegistryDigest, "sha256:") {
+			rep.Counts[registrylint.Missing] != 0 || rep.Counts[registrylint.Stale] != 0 || !strings.HasPrefix(rep.RegistryDigest, "sha256:") {
 			t.Fatalf("report: %+v", rep)
 		}
 		// Every tool is class write while the server says readOnlyHint for
 		// most: advisories, which never fail the lint.
-		if rep.Counts[lintAdvisory] == 0 {
+		if rep.Counts[registrylint.Advisory] == 0 {
 			t.Fatalf("no advisories for write-classed read-only tools: %+v", rep)
 		}
 	})
@@ -247,14 +249,14 @@ func TestRegistryLintEverything(t *testing.T) {
 		if code != 1 {
 			t.Fatalf("exit %d, want 1\n%s\n%s", code, out, errOut)
 		}
-		ma, sa := findingLines(out, lintMissingAction), findingLines(out, lintStaleAction)
+		ma, sa := findingLines(out, registrylint.MissingAction), findingLines(out, registrylint.StaleAction)
 		if len(ma) != 1 || !strings.Contains(ma[0], "everything/get-annotated-message") || !strings.Contains(ma[0], " debug ") {
 			t.Fatalf("MISSING_ACTION lines %q, want one for debug\n%s", ma, out)
 		}
 		if len(sa) != 1 || !strings.Contains(sa[0], " retired ") {
 			t.Fatalf("STALE_ACTION lines %q, want one for retired\n%s", sa, out)
 		}
-		if len(findingLines(out, lintMissing)) != 0 {
+		if len(findingLines(out, registrylint.Missing)) != 0 {
 			t.Fatalf("unexpected MISSING lines:\n%s", out)
 		}
 	})
@@ -262,7 +264,7 @@ func TestRegistryLintEverything(t *testing.T) {
 	t.Run("no manifest for the server", func(t *testing.T) {
 		reg := writeManifest(t, dir, "other", "other", nil)
 		out, _, code := runSplit(t, talosctl, "registry", "lint", "--server", everything, "--server-id", "everything", "--registry", reg)
-		if code != 1 || len(findingLines(out, lintMissing)) != len(live) || !strings.Contains(out, "no manifest for server_id everything") {
+		if code != 1 || len(findingLines(out, registrylint.Missing)) != len(live) || !strings.Contains(out, "no manifest for server_id everything") {
 			t.Fatalf("exit %d, want 1 with every tool MISSING\n%s", code, out)
 		}
 	})
@@ -323,7 +325,7 @@ func TestRegistryLintStreamableHTTP(t *testing.T) {
 	if code != 1 {
 		t.Fatalf("exit %d, want 1\n%s\n%s", code, out, errOut)
 	}
-	if missing := findingLines(out, lintMissing); len(missing) != 1 || !strings.Contains(missing[0], "everything/echo ") {
+	if missing := findingLines(out, registrylint.Missing); len(missing) != 1 || !strings.Contains(missing[0], "everything/echo ") {
 		t.Fatalf("MISSING lines %q, want one for echo\n%s", missing, out)
 	}
 	if strings.Contains(out+errOut, "s3cret") {
@@ -356,7 +358,7 @@ func TestRegistryLintFilesystem(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d, want 0\n%s\n%s", code, out, errOut)
 	}
-	adv := findingLines(out, lintAdvisory)
+	adv := findingLines(out, registrylint.Advisory)
 	found := false
 	for _, l := range adv {
 		if strings.Contains(l, "fs/write_file ") && strings.Contains(l, "registry tool_class read") {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/talos-audit/talos/ingest/loadgen"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
@@ -196,7 +197,7 @@ func TestCLIAgainstRunningStack(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("bench: exit %d\n%s", code, out)
 	}
-	var br benchResult
+	var br loadgen.Result
 	if err := json.Unmarshal([]byte(out), &br); err != nil {
 		t.Fatalf("bench output: %v\n%s", err, out)
 	}

@@ -1,4 +1,4 @@
-package main
+package loadgen
 
 import (
 	"context"
@@ -10,27 +10,27 @@ import (
 	"github.com/talos-audit/talos/schemas"
 )
 
-// benchEnvelope is one call of a benchmark run, built, signed and
+// envelope is one call of a benchmark run, built, signed and
 // marshalled before its scheduled send, so that none of that is on the
 // measured path.
-type benchEnvelope struct {
+type envelope struct {
 	toolCallID string
 	pre        []byte
 	post       []byte // the call's post event; nil unless --post
 }
 
-// envelopeMaker builds the envelopes of one run. It is safe for concurrent
+// Maker builds the envelopes of one run. It is safe for concurrent
 // use.
-type envelopeMaker struct {
-	server, tool string
-	session      string          // every call's session_id: the run, as ClickHouse counts it
-	args         json.RawMessage // the same arguments for every call
-	signer       *ingest.CallSigner
-	post         bool
+type Maker struct {
+	Server, Tool string
+	Session      string          // every call's session_id: the run, as ClickHouse counts it
+	Args         json.RawMessage // the same arguments for every call
+	Signer       *ingest.CallSigner
+	Post         bool // also build each call's post event
 }
 
-// benchResultText is the CallToolResult of every bench post event.
-var benchResultText = json.RawMessage(`{"content":[{"type":"text","text":"bench: 3 entries"}]}`)
+// postResultText is the CallToolResult of every bench post event.
+var postResultText = json.RawMessage(`{"content":[{"type":"text","text":"bench: 3 entries"}]}`)
 
 // make builds one call for the enforcement point epID: fresh tool_call_id,
 // trace_id and correlation_id, the request_hash, and with a signer the
@@ -38,32 +38,32 @@ var benchResultText = json.RawMessage(`{"content":[{"type":"text","text":"bench:
 // call's post event as if the tool had run for 1 ms right after the call
 // was issued (the timing the worker records in the ToolCallEvent), signed
 // the same way.
-func (m *envelopeMaker) make(epID string) (*benchEnvelope, error) {
-	call, err := ingest.NewCall(epID, m.server, m.tool, m.args)
+func (m *Maker) make(epID string) (*envelope, error) {
+	call, err := ingest.NewCall(epID, m.Server, m.Tool, m.Args)
 	if err != nil {
 		return nil, err
 	}
-	call.SessionID = m.session
-	if m.signer != nil {
-		call.Actor.AgentID = m.signer.Holder()
-		if err := m.signer.Sign(call); err != nil {
+	call.SessionID = m.Session
+	if m.Signer != nil {
+		call.Actor.AgentID = m.Signer.Holder()
+		if err := m.Signer.Sign(call); err != nil {
 			return nil, err
 		}
 	}
-	env := &benchEnvelope{toolCallID: call.ToolCallID}
+	env := &envelope{toolCallID: call.ToolCallID}
 	if env.pre, err = json.Marshal(call); err != nil {
 		return nil, err
 	}
-	if !m.post {
+	if !m.Post {
 		return env, nil
 	}
 	started := time.Now()
-	post, err := ingest.PostOf(call, benchResultText, true, started, started.Add(time.Millisecond))
+	post, err := ingest.PostOf(call, postResultText, true, started, started.Add(time.Millisecond))
 	if err != nil {
 		return nil, err
 	}
-	if m.signer != nil {
-		if err := m.signer.Sign(post); err != nil { // a post event has its own issued_at
+	if m.Signer != nil {
+		if err := m.Signer.Sign(post); err != nil { // a post event has its own issued_at
 			return nil, err
 		}
 	}
@@ -83,7 +83,7 @@ func (m *envelopeMaker) make(epID string) (*benchEnvelope, error) {
 // Shutdown: stop() cancels the producers and waits for them; it must be
 // called once the queues are no longer read.
 type envelopeQueues struct {
-	q      []chan *benchEnvelope
+	q      []chan *envelope
 	cancel context.CancelFunc
 	filled sync.WaitGroup // one per producer, done at its first fill
 	wg     sync.WaitGroup // the producers
@@ -94,11 +94,11 @@ type envelopeQueues struct {
 
 // startEnvelopes starts a producer per enforcement point: epIDs[i] gets
 // counts[i] envelopes, at most depth ahead (depth >= 1).
-func startEnvelopes(m *envelopeMaker, epIDs []string, counts []int, depth int) *envelopeQueues {
+func startEnvelopes(m *Maker, epIDs []string, counts []int, depth int) *envelopeQueues {
 	ctx, cancel := context.WithCancel(context.Background())
-	qs := &envelopeQueues{q: make([]chan *benchEnvelope, len(epIDs)), cancel: cancel}
+	qs := &envelopeQueues{q: make([]chan *envelope, len(epIDs)), cancel: cancel}
 	for i, ep := range epIDs {
-		q := make(chan *benchEnvelope, min(depth, counts[i]))
+		q := make(chan *envelope, min(depth, counts[i]))
 		qs.q[i] = q
 		qs.filled.Add(1)
 		qs.wg.Add(1)
@@ -181,9 +181,9 @@ func splitCalls(calls, n int) []int {
 	return counts
 }
 
-// sendBenchCall sends a prepared envelope in phase and waits for its
-// decision, at most timeout.
-func sendBenchCall(client *ingest.Client, phase, server string, env *benchEnvelope, raw []byte, timeout time.Duration) (*schemas.Decision, error) {
+// send sends a prepared envelope in phase and waits for its decision, at
+// most timeout.
+func send(client *ingest.Client, phase, server string, env *envelope, raw []byte, timeout time.Duration) (*schemas.Decision, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	return client.Send(ctx, phase, server, env.toolCallID, raw)

@@ -1,0 +1,158 @@
+package loadgen
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// LatencySummary describes one sample of call latencies, in milliseconds.
+// Percentiles are nearest-rank from below: the value at index
+// floor(p·(n−1)) of the sorted sample, as in talosctl bench.
+type LatencySummary struct {
+	Calls  int     `json:"calls"`
+	P50ms  float64 `json:"p50_ms"`
+	P90ms  float64 `json:"p90_ms"`
+	P99ms  float64 `json:"p99_ms"`
+	MaxMs  float64 `json:"max_ms"`
+	MeanMs float64 `json:"mean_ms"`
+}
+
+// AddedLatency is what the via side adds to the direct side, in
+// milliseconds, two ways: Paired* are percentiles of the per-round
+// differences (via − direct of the same round), and the others are
+// differences of the two sides' percentiles.
+type AddedLatency struct {
+	PairedP50ms float64 `json:"paired_p50_ms"`
+	PairedP99ms float64 `json:"paired_p99_ms"`
+	P50ms       float64 `json:"p50_ms"`
+	P90ms       float64 `json:"p90_ms"`
+	P99ms       float64 `json:"p99_ms"`
+	MeanMs      float64 `json:"mean_ms"`
+}
+
+// MCPResult is a bench-mcp run, as talosctl bench-mcp --json prints it.
+type MCPResult struct {
+	Tool   string         `json:"tool"`
+	Warmup int            `json:"warmup"`
+	Direct string         `json:"direct"`
+	Via    string         `json:"via"`
+	D      LatencySummary `json:"direct_latency"`
+	V      LatencySummary `json:"via_latency"`
+	Added  AddedLatency   `json:"added"`
+}
+
+// Summarize sorts d in place and describes it; an empty sample is all zeros.
+func Summarize(d []time.Duration) LatencySummary {
+	if len(d) == 0 {
+		return LatencySummary{}
+	}
+	slices.Sort(d)
+	at := func(p float64) float64 { return ms(d[int(p*float64(len(d)-1))]) }
+	var sum time.Duration
+	for _, x := range d {
+		sum += x
+	}
+	return LatencySummary{
+		Calls: len(d), P50ms: at(0.50), P90ms: at(0.90), P99ms: at(0.99), MaxMs: at(1),
+		MeanMs: roundMs(ms(sum) / float64(len(d))),
+	}
+}
+
+// Added compares two samples taken in rounds: direct[i] and via[i] are the
+// same round. Neither slice is modified.
+func Added(direct, via []time.Duration) AddedLatency {
+	n := min(len(direct), len(via))
+	diff := make([]time.Duration, n)
+	for i := range n {
+		diff[i] = via[i] - direct[i]
+	}
+	pd := Summarize(diff)
+	ds, vs := Summarize(slices.Clone(direct)), Summarize(slices.Clone(via))
+	return AddedLatency{
+		PairedP50ms: pd.P50ms, PairedP99ms: pd.P99ms,
+		P50ms: roundMs(vs.P50ms - ds.P50ms), P90ms: roundMs(vs.P90ms - ds.P90ms), P99ms: roundMs(vs.P99ms - ds.P99ms),
+		MeanMs: roundMs(vs.MeanMs - ds.MeanMs),
+	}
+}
+
+// roundMs rounds milliseconds to whole microseconds, the resolution of every
+// figure here.
+func roundMs(msec float64) float64 { return math.Round(msec*1000) / 1000 }
+
+// MCPSide is one end of the comparison: a connected client session, named
+// in errors by Name.
+type MCPSide struct {
+	Name string
+	CS   *mcp.ClientSession
+}
+
+// CompareMCP calls p on the direct side and then the via side, round after
+// round, one call in flight: warmup rounds checked but not timed, then
+// calls timed rounds. Every call must succeed and both sides must return
+// the same result (ResultDigest). It returns each side's latencies, round
+// by round.
+func CompareMCP(ctx context.Context, direct, via MCPSide, p *mcp.CallToolParams, calls, warmup int, timeout time.Duration) (d, v []time.Duration, err error) {
+	sides := [2]MCPSide{direct, via}
+	lat := [2][]time.Duration{make([]time.Duration, 0, calls), make([]time.Duration, 0, calls)}
+	for round := -warmup; round < calls; round++ {
+		var digests [2]string
+		for i, s := range sides {
+			res, took, err := callTool(ctx, s, timeout, p)
+			if err != nil {
+				return nil, nil, fmt.Errorf("round %d: %v", round+warmup+1, err)
+			}
+			if round >= 0 {
+				lat[i] = append(lat[i], took)
+			}
+			if digests[i], err = ResultDigest(res); err != nil {
+				return nil, nil, fmt.Errorf("round %d: %s: result: %v", round+warmup+1, s.Name, err)
+			}
+		}
+		if digests[0] != digests[1] {
+			return nil, nil, fmt.Errorf("round %d: the results differ: %s returned %s, %s returned %s",
+				round+warmup+1, direct.Name, digests[0], via.Name, digests[1])
+		}
+	}
+	return lat[0], lat[1], nil
+}
+
+// callTool runs one tools/call and checks that it succeeded: a protocol
+// error (a gateway's deny among them) or a result with isError fails the
+// run.
+func callTool(ctx context.Context, s MCPSide, timeout time.Duration, p *mcp.CallToolParams) (*mcp.CallToolResult, time.Duration, error) {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	start := time.Now()
+	res, err := s.CS.CallTool(cctx, p)
+	took := time.Since(start)
+	switch {
+	case err != nil:
+		return nil, took, fmt.Errorf("%s: tools/call %s: %w", s.Name, p.Name, err)
+	case res.IsError:
+		return nil, took, fmt.Errorf("%s: tools/call %s: the result is a tool error (isError)", s.Name, p.Name)
+	}
+	return res, took, nil
+}
+
+// ResultDigest is a short digest of what a result says (content and
+// structured content; _meta is left out), to compare the two sides without
+// printing what the tool returned.
+func ResultDigest(r *mcp.CallToolResult) (string, error) {
+	b, err := json.Marshal(struct {
+		Content    []mcp.Content `json:"content"`
+		Structured any           `json:"structuredContent,omitempty"`
+	}{r.Content, r.StructuredContent})
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return fmt.Sprintf("%d bytes, sha256 %s", len(b), hex.EncodeToString(sum[:6])), nil
+}
