@@ -105,6 +105,30 @@ type Decided struct {
 	call   CallKey
 	record *PreRecord // the ledger's record of this call, as Begin or the ledger left it; nil if none is kept
 	approv bool       // record the decision for approve/reject if it is require_approval
+	// eventOf builds the ToolCallEvent for a receipt of this envelope
+	// (EventFor); nil without a Redactor or for a malformed envelope.
+	eventOf func(r *schemas.Receipt) *schemas.ToolCallEvent
+}
+
+// EventFor returns the ToolCallEvent that agrees with the receipt the audit
+// stream holds for this call, given that receipt's decision and reason
+// codes. Usually that receipt is this delivery's, and the event is
+// ToolCall. A redelivered call is answered with its first delivery's
+// receipt, which may have been decided otherwise (a kill switch applied in
+// between, a capability expired): the event is then rebuilt from the stored
+// decision, so the record never contradicts its receipt, and it is nil when
+// the stored decision leaves the call to be recorded by its post event (a
+// pre call allowed or parked for approval).
+func (o *Decided) EventFor(decision string, codes []string) *schemas.ToolCallEvent {
+	if o.eventOf == nil || (o.Receipt.Decision == decision && slices.Equal(o.Receipt.ReasonCodes, codes)) {
+		return o.ToolCall
+	}
+	if o.Receipt.Phase == schemas.PhasePre && decision != schemas.DecisionDeny {
+		return nil
+	}
+	r := o.Receipt
+	r.Decision, r.ReasonCodes = decision, codes
+	return o.eventOf(&r)
 }
 
 // Stored returns the ledger operations to run once the call's receipt is
@@ -537,9 +561,7 @@ func (d *Decider) finish(p *Pending) *Decided {
 	out := &Decided{Receipt: p.r, ReceiptID: p.receiptID, Details: p.o.Details, call: p.call, record: p.record,
 		approv: pre && d.o.Ledger != nil && p.record != nil}
 	p.done = out
-	// A call that may still run (allowed, or parked for approval) is
-	// recorded by its post event.
-	if d.o.Redactor == nil || (pre && out.Receipt.Decision != schemas.DecisionDeny) {
+	if d.o.Redactor == nil {
 		return out
 	}
 	var prior *PreRecord
@@ -558,7 +580,12 @@ func (d *Decider) finish(p *Pending) *Decided {
 			prior = &rec
 		}
 	}
-	out.ToolCall = d.event(p.pc, &p.cls, &out.Receipt, prior, flags, p.now)
+	out.eventOf = func(r *schemas.Receipt) *schemas.ToolCallEvent { return d.event(p.pc, &p.cls, r, prior, flags, p.now) }
+	// A call that may still run (allowed, or parked for approval) is
+	// recorded by its post event.
+	if !pre || out.Receipt.Decision == schemas.DecisionDeny {
+		out.ToolCall = out.eventOf(&out.Receipt)
+	}
 	return out
 }
 
