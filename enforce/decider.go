@@ -46,6 +46,12 @@ type DeciderOptions struct {
 	// ReplayCache bounds the worker's local memory of pair owners, which
 	// spares the ledger a write for a replay it already knows.
 	ReplayCache ReplayCacheOptions
+	// ReplayWindow is how long the Ledger remembers a pair (default 24 h,
+	// the ledger's). A phase-pre envelope issued longer ago than that is
+	// denied REPLAY: the ledger could no longer tell whether its
+	// correlation_id was used, so a captured envelope cannot be played
+	// again once its pair is forgotten.
+	ReplayWindow time.Duration
 	// Redactor, if set, makes the Decider build a ToolCallEvent (seed 001
 	// FR-EVT-007) for every call, with redacted, hashed payloads.
 	Redactor Redactor
@@ -255,6 +261,7 @@ type Pending struct {
 	incident, incDet []string
 	after, afterDet  []string
 	replay           bool
+	stale            bool // issued before the replay window: treated as a replay
 	auth             AuthResult
 	checked          bool // engine checks passed VAL-HTC-001: the other checks ran
 	o                Outcome
@@ -408,17 +415,35 @@ func (p *Pending) outcome() {
 }
 
 func (p *Pending) replayCodes() []string {
-	if p.replay {
+	if p.replay || p.stale {
 		return []string{schemas.CodeReplay}
 	}
 	return nil
 }
 
 func (p *Pending) replayDetails() []string {
-	if p.replay {
+	switch {
+	case p.stale:
+		return []string{"issued_at: older than the replay window, so the correlation_id can no longer be checked"}
+	case p.replay:
 		return []string{"correlation_id: already used in this session by another tool call"}
 	}
 	return nil
+}
+
+// staleAt reports whether a pre envelope issued at issuedAt is too old for
+// the ledger to vouch for its correlation_id at now. An unreadable time is
+// not judged here (the schema requires RFC 3339).
+func (d *Decider) staleAt(issuedAt string, now time.Time) bool {
+	t, err := time.Parse(time.RFC3339Nano, issuedAt)
+	if err != nil {
+		return false
+	}
+	window := d.o.ReplayWindow
+	if window <= 0 {
+		window = 24 * time.Hour
+	}
+	return now.Sub(t) > window
 }
 
 // firstOps decides as far as it can without the ledger and sets the first
@@ -433,13 +458,14 @@ func (p *Pending) firstOps() {
 		if owner, ok := d.cache.Lookup(c.SessionID, c.CorrelationID); ok && owner != c.ToolCallID {
 			p.replay = true
 		}
+		p.stale = d.staleAt(c.IssuedAt, p.now)
 	}
 	p.outcome()
 	if d.o.Ledger == nil || !p.checked {
 		return
 	}
 	switch {
-	case pre && !p.replay:
+	case pre && !p.replay && !p.stale:
 		p.claim = &LedgerOp{Kind: OpClaimCall, Call: p.call, Pre: PreRecord{
 			Decision: p.r.Decision, ReceiptID: p.receiptID, CapabilityIDs: p.r.CapabilityIDs, DecidedAt: p.r.Timestamp}}
 	case !pre && d.o.Redactor != nil:
