@@ -237,3 +237,51 @@ func TestApprovalPostFlags(t *testing.T) {
 		t.Fatalf("post of an unresolved call: flags %v", f)
 	}
 }
+
+// TestEventForStoredDecision: a redelivered call is answered with the
+// receipt its first delivery stored; its ToolCallEvent follows that
+// receipt's decision, not the redelivery's own.
+func TestEventForStoredDecision(t *testing.T) {
+	d, err := NewDecider(trustEngine(t), DeciderOptions{Ledger: NewMemLedger(), Redactor: nopRedactor{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	decide := func(env map[string]any) *Decided {
+		t.Helper()
+		raw, err := json.Marshal(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := d.DecideCall("talos.call."+env["phase"].(string)+".community", raw, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	pre := decide(withCall(envelope(schemas.PhasePre, "community", "search", map[string]any{"q": "x"}), parkedA))
+	if pre.Receipt.Decision != schemas.DecisionRequireApproval || pre.ToolCall != nil {
+		t.Fatalf("pre: %s, event %v", pre.Receipt.Decision, pre.ToolCall != nil)
+	}
+	if ev := pre.EventFor(pre.Receipt.Decision, pre.Receipt.ReasonCodes); ev != nil {
+		t.Error("an event for the delivery's own undenied decision")
+	}
+	// Stored first: a deny (a kill switch was on then). The record is a denial.
+	ev := pre.EventFor(schemas.DecisionDeny, []string{schemas.CodeKillSwitch})
+	if ev == nil || ev.Decision != schemas.DecisionDeny || !slices.Equal(ev.ReasonCodes, []string{schemas.CodeKillSwitch}) || ev.OK || ev.Error == nil {
+		t.Fatalf("event for a stored deny: %+v", ev)
+	}
+	if ev.ToolCallID != parkedA {
+		t.Errorf("event names %s", ev.ToolCallID)
+	}
+	// A delivery that denies, where an allow was stored: no record yet (the post event makes it).
+	denied := decide(withCall(envelope(schemas.PhasePre, "community", "search", map[string]any{"q": "x", "extra": 1}), parkedB))
+	if denied.Receipt.Decision != schemas.DecisionDeny || denied.ToolCall == nil {
+		t.Fatalf("denied pre: %s, event %v", denied.Receipt.Decision, denied.ToolCall != nil)
+	}
+	if ev := denied.EventFor(schemas.DecisionAllow, nil); ev != nil {
+		t.Errorf("event for a stored allow: %+v", ev)
+	}
+	if ev := denied.EventFor(denied.Receipt.Decision, denied.Receipt.ReasonCodes); ev != denied.ToolCall {
+		t.Error("the same decision does not give the delivery's own event")
+	}
+}

@@ -46,6 +46,12 @@ type DeciderOptions struct {
 	// ReplayCache bounds the worker's local memory of pair owners, which
 	// spares the ledger a write for a replay it already knows.
 	ReplayCache ReplayCacheOptions
+	// ReplayWindow is how long the Ledger remembers a pair (default 24 h,
+	// the ledger's). A phase-pre envelope issued longer ago than that is
+	// denied REPLAY: the ledger could no longer tell whether its
+	// correlation_id was used, so a captured envelope cannot be played
+	// again once its pair is forgotten.
+	ReplayWindow time.Duration
 	// Redactor, if set, makes the Decider build a ToolCallEvent
 	// (UTS FR-EVT-007) for every call, with redacted, hashed payloads.
 	Redactor Redactor
@@ -105,6 +111,30 @@ type Decided struct {
 	call   CallKey
 	record *PreRecord // the ledger's record of this call, as Begin or the ledger left it; nil if none is kept
 	approv bool       // record the decision for approve/reject if it is require_approval
+	// eventOf builds the ToolCallEvent for a receipt of this envelope
+	// (EventFor); nil without a Redactor or for a malformed envelope.
+	eventOf func(r *schemas.Receipt) *schemas.ToolCallEvent
+}
+
+// EventFor returns the ToolCallEvent that agrees with the receipt the audit
+// stream holds for this call, given that receipt's decision and reason
+// codes. Usually that receipt is this delivery's, and the event is
+// ToolCall. A redelivered call is answered with its first delivery's
+// receipt, which may have been decided otherwise (a kill switch applied in
+// between, a capability expired): the event is then rebuilt from the stored
+// decision, so the record never contradicts its receipt, and it is nil when
+// the stored decision leaves the call to be recorded by its post event (a
+// pre call allowed or parked for approval).
+func (o *Decided) EventFor(decision string, codes []string) *schemas.ToolCallEvent {
+	if o.eventOf == nil || (o.Receipt.Decision == decision && slices.Equal(o.Receipt.ReasonCodes, codes)) {
+		return o.ToolCall
+	}
+	if o.Receipt.Phase == schemas.PhasePre && decision != schemas.DecisionDeny {
+		return nil
+	}
+	r := o.Receipt
+	r.Decision, r.ReasonCodes = decision, codes
+	return o.eventOf(&r)
 }
 
 // Stored returns the ledger operations to run once the call's receipt is
@@ -231,6 +261,7 @@ type Pending struct {
 	incident, incDet []string
 	after, afterDet  []string
 	replay           bool
+	stale            bool // issued before the replay window: treated as a replay
 	auth             AuthResult
 	checked          bool // engine checks passed VAL-HTC-001: the other checks ran
 	o                Outcome
@@ -384,17 +415,35 @@ func (p *Pending) outcome() {
 }
 
 func (p *Pending) replayCodes() []string {
-	if p.replay {
+	if p.replay || p.stale {
 		return []string{schemas.CodeReplay}
 	}
 	return nil
 }
 
 func (p *Pending) replayDetails() []string {
-	if p.replay {
+	switch {
+	case p.stale:
+		return []string{"issued_at: older than the replay window, so the correlation_id can no longer be checked"}
+	case p.replay:
 		return []string{"correlation_id: already used in this session by another tool call"}
 	}
 	return nil
+}
+
+// staleAt reports whether a pre envelope issued at issuedAt is too old for
+// the ledger to vouch for its correlation_id at now. An unreadable time is
+// not judged here (the schema requires RFC 3339).
+func (d *Decider) staleAt(issuedAt string, now time.Time) bool {
+	t, err := time.Parse(time.RFC3339Nano, issuedAt)
+	if err != nil {
+		return false
+	}
+	window := d.o.ReplayWindow
+	if window <= 0 {
+		window = 24 * time.Hour
+	}
+	return now.Sub(t) > window
 }
 
 // firstOps decides as far as it can without the ledger and sets the first
@@ -409,13 +458,14 @@ func (p *Pending) firstOps() {
 		if owner, ok := d.cache.Lookup(c.SessionID, c.CorrelationID); ok && owner != c.ToolCallID {
 			p.replay = true
 		}
+		p.stale = d.staleAt(c.IssuedAt, p.now)
 	}
 	p.outcome()
 	if d.o.Ledger == nil || !p.checked {
 		return
 	}
 	switch {
-	case pre && !p.replay:
+	case pre && !p.replay && !p.stale:
 		p.claim = &LedgerOp{Kind: OpClaimCall, Call: p.call, Pre: PreRecord{
 			Decision: p.r.Decision, ReceiptID: p.receiptID, CapabilityIDs: p.r.CapabilityIDs, DecidedAt: p.r.Timestamp}}
 	case !pre && d.o.Redactor != nil:
@@ -537,9 +587,7 @@ func (d *Decider) finish(p *Pending) *Decided {
 	out := &Decided{Receipt: p.r, ReceiptID: p.receiptID, Details: p.o.Details, call: p.call, record: p.record,
 		approv: pre && d.o.Ledger != nil && p.record != nil}
 	p.done = out
-	// A call that may still run (allowed, or parked for approval) is
-	// recorded by its post event.
-	if d.o.Redactor == nil || (pre && out.Receipt.Decision != schemas.DecisionDeny) {
+	if d.o.Redactor == nil {
 		return out
 	}
 	var prior *PreRecord
@@ -558,7 +606,12 @@ func (d *Decider) finish(p *Pending) *Decided {
 			prior = &rec
 		}
 	}
-	out.ToolCall = d.event(p.pc, &p.cls, &out.Receipt, prior, flags, p.now)
+	out.eventOf = func(r *schemas.Receipt) *schemas.ToolCallEvent { return d.event(p.pc, &p.cls, r, prior, flags, p.now) }
+	// A call that may still run (allowed, or parked for approval) is
+	// recorded by its post event.
+	if !pre || out.Receipt.Decision == schemas.DecisionDeny {
+		out.ToolCall = out.eventOf(&out.Receipt)
+	}
 	return out
 }
 

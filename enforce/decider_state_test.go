@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/talos-audit/talos/schemas"
 )
@@ -351,4 +352,31 @@ func mustJSON(t testing.TB, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestDeciderReplayWindow: a pre envelope issued longer ago than the
+// replay window is a replay (the ledger has forgotten its pair by then),
+// decided without a ledger write; within the window it is decided as usual.
+func TestDeciderReplayWindow(t *testing.T) {
+	store := newCountingLedger()
+	d := deciderWith(t, store)
+	old := withCall(listDir(), callA)
+	old["issued_at"] = t0.Add(-25 * time.Hour).Format(time.RFC3339Nano)
+	r, details := mustDecide(t, d, old)
+	if r.Decision != schemas.DecisionDeny || !slices.Equal(r.ReasonCodes, []string{schemas.CodeReplay}) {
+		t.Fatalf("envelope issued 25 h ago: %s %v", r.Decision, r.ReasonCodes)
+	}
+	if len(details) != 1 || !strings.Contains(details[0], "replay window") {
+		t.Errorf("details %q", details)
+	}
+	if n := store.claims.Load(); n != 0 {
+		t.Errorf("%d ledger claims for a stale envelope", n)
+	}
+	long, err := NewDecider(testEngine(t, ModeProd), DeciderOptions{Ledger: store, ReplayWindow: 48 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := mustDecide(t, long, old); r.Decision != schemas.DecisionAllow {
+		t.Errorf("within a 48 h window: %s %v", r.Decision, r.ReasonCodes)
+	}
 }

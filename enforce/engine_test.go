@@ -79,7 +79,7 @@ func envelope(phase, server, tool string, args map[string]any) map[string]any {
 		"session_id": "s1", "ep_id": "gw-1", "server_id": server, "tool_name": tool, "transport": "mcp",
 		"actor":     map[string]any{"kind": "agent", "agent_id": "agent-1"},
 		"request":   map[string]any{"name": tool, "arguments": args},
-		"issued_at": "2025-01-15T10:20:30.123Z",
+		"issued_at": "2026-03-04T05:06:06.123Z", // just before t0: within the replay window
 	}
 }
 

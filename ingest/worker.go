@@ -435,10 +435,13 @@ func (w *Worker) storeReceipt(ctx context.Context, ch *receipts.Chain, c *call, 
 		Details:        c.out.Details,
 	}}
 	if sealedID == "" {
-		// A redelivery: answer with the receipt the stream already holds.
+		// A redelivery: answer with the receipt the stream already holds,
+		// and record the call as that receipt decided it.
 		if dec, err = decisionFromReceipt(stored); err != nil {
 			w.log.Error("stored receipt unreadable", "msg_id", c.msgID, "err", err)
 			dec = nil
+		} else {
+			c.out.ToolCall = c.out.EventFor(dec.Decision.Decision, dec.Decision.ReasonCodes)
 		}
 	}
 	c.dec = dec
