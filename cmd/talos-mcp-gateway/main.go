@@ -26,8 +26,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/talos-audit/talos/cmd/internal/mcpup"
-	"github.com/talos-audit/talos/cmd/internal/natslogin"
 	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -140,11 +140,11 @@ func (c *cli) run(log *slog.Logger) error {
 
 	nc, err := nats.Connect(c.NatsURL, opts...)
 	if err != nil {
-		return fmt.Errorf("NATS %s: %w", natslogin.Redact(c.NatsURL), err)
+		return fmt.Errorf("NATS %s: %w", natsauth.Redact(c.NatsURL), err)
 	}
 	defer nc.Close()
 	if !nc.IsConnected() {
-		log.Warn("NATS not reachable yet; every call is denied until it is", "url", natslogin.Redact(c.NatsURL))
+		log.Warn("NATS not reachable yet; every call is denied until it is", "url", natsauth.Redact(c.NatsURL))
 	}
 
 	g, err := New(Options{
@@ -205,7 +205,7 @@ func (c *cli) natsOptions() ([]nats.Option, error) {
 		nats.Timeout(2 * time.Second),
 	}
 	switch {
-	case natslogin.HasUser(c.NatsURL):
+	case natsauth.HasUser(c.NatsURL):
 	case c.NatsUser != "":
 		opts = append(opts, nats.UserInfo(c.NatsUser, c.NatsPassword))
 	case c.NatsAuth != "" && c.NatsAuth != "none":
@@ -220,11 +220,11 @@ func (c *cli) natsOptions() ([]nats.Option, error) {
 
 // authFileUser finds the enforcement user of epID in talosd's users file.
 func authFileUser(path, epID string) (user, password string, err error) {
-	users, err := natslogin.ReadUsers(path)
+	users, err := natsauth.ReadUsers(path)
 	if err != nil {
 		return "", "", fmt.Errorf("--nats-auth: %w", err)
 	}
-	u, ok := natslogin.Find(users, schemas.NATSRoleEnforcement, epID)
+	u, ok := natsauth.Find(users, schemas.NATSRoleEnforcement, epID)
 	if !ok {
 		return "", "", fmt.Errorf("--nats-auth %s has no user for enforcement point %q: add it with talosd --nats-eps %s", path, epID, epID)
 	}

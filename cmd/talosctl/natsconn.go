@@ -6,7 +6,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/talos-audit/talos/cmd/internal/natslogin"
+	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -49,14 +49,14 @@ func (g *Globals) connect(role, epID string) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(g.NatsURL, append(opts, creds...)...)
 	if err != nil {
-		return nil, failed("connect %s: %v", natslogin.Redact(g.NatsURL), err)
+		return nil, failed("connect %s: %v", natsauth.Redact(g.NatsURL), err)
 	}
 	return nc, nil
 }
 
 // natsCredentials picks the login for role (see connect).
 func (g *Globals) natsCredentials(role, epID string) ([]nats.Option, error) {
-	if natslogin.HasUser(g.NatsURL) {
+	if natsauth.HasUser(g.NatsURL) {
 		return nil, nil // nats.go logs in with the URL's userinfo
 	}
 	if g.NatsUser != "" {
@@ -72,11 +72,11 @@ func (g *Globals) natsCredentials(role, epID string) ([]nats.Option, error) {
 		}
 		path = defaultNATSAuth
 	}
-	users, err := natslogin.ReadUsers(path)
+	users, err := natsauth.ReadUsers(path)
 	if err != nil {
 		return nil, usage("--nats-auth: %v", err)
 	}
-	if u, ok := natslogin.Find(users, role, epID); ok {
+	if u, ok := natsauth.Find(users, role, epID); ok {
 		return []nats.Option{nats.UserInfo(u.User, u.Password)}, nil
 	}
 	if role == schemas.NATSRoleEnforcement {

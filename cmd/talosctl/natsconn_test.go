@@ -14,7 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/talos-audit/talos/cmd/internal/natslogin"
+	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
@@ -48,7 +48,7 @@ func TestCallWithNATSAuth(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	auth := filepath.Join(dir, "nats-auth.json")
-	var file struct{ Users []natslogin.User }
+	var file struct{ Users []natsauth.User }
 	b, err := os.ReadFile(auth)
 	if err != nil || json.Unmarshal(b, &file) != nil {
 		t.Fatalf("auth file: %v", err)

@@ -122,7 +122,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 			return fmt.Errorf("cannot listen on %s for the embedded nats-server: the address is in use "+
 				"(another talosd or nats-server?). Join it with --nats-url nats://%s, or listen elsewhere with --nats-listen HOST:PORT", f.NatsListen, f.NatsListen)
 		}
-		ns, err := natsserver.Start(natsserver.Options{Dir: filepath.Join(f.DataDir, "nats"), Host: host, Port: port, ServerName: "talosd-" + chainPrefix(f.instance()), Users: natsAuth.serverUsers()})
+		ns, err := natsserver.Start(natsserver.Options{Dir: filepath.Join(f.DataDir, "nats"), Host: host, Port: port, ServerName: "talosd-" + chainPrefix(f.instance()), Users: natsserver.Users(natsAuth)})
 		if err != nil {
 			return fmt.Errorf("embedded nats-server: %w", err)
 		}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/query/chserver"
 	"github.com/talos-audit/talos/receipts"
@@ -389,14 +390,14 @@ func demoTraffic(ctx context.Context, f *Flags, s *stack) (int, error) {
 	if f.NatsURL != "" && f.NatsUser != "" {
 		opts = append(opts, nats.UserInfo(f.NatsUser, f.NatsPassword), nats.CustomInboxPrefix(schemas.EPInboxPrefix(demoEP)))
 	} else if path := f.natsAuthPath(); path != "" {
-		a, err := loadNATSAuth(path)
+		a, err := natsauth.Load(path)
 		switch {
 		case err == nil:
-			u, ok := a.find(schemas.NATSRoleEnforcement, demoEP)
+			u, ok := a.Find(schemas.NATSRoleEnforcement, demoEP)
 			if !ok {
 				return 0, fmt.Errorf("NATS auth file %s has no user for ep_id %s", path, demoEP)
 			}
-			opts = append(opts, u.connectOptions()...)
+			opts = append(opts, u.ConnectOptions()...)
 		case f.NatsURL == "" || !errors.Is(err, fs.ErrNotExist):
 			return 0, err
 		}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/talos-audit/talos/ingest/natsauth"
 )
 
 // DefaultMaxPayload is the largest message the embedded server accepts.
@@ -133,4 +135,21 @@ func (n *Server) removeTemp() {
 		os.RemoveAll(n.tempDir)
 		n.tempDir = ""
 	}
+}
+
+// Users are the users of a NATS users file for Options.Users, each limited
+// to its role's permissions; nil for a nil file (no authentication).
+func Users(a *natsauth.File) []*server.User {
+	if a == nil {
+		return nil
+	}
+	users := make([]*server.User, 0, len(a.Users))
+	for _, u := range a.Users {
+		p := natsauth.RolePermissions(u)
+		users = append(users, &server.User{Username: u.User, Password: u.Password, Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: p.Publish.Allow, Deny: p.Publish.Deny},
+			Subscribe: &server.SubjectPermission{Allow: p.Subscribe.Allow, Deny: p.Subscribe.Deny},
+		}})
+	}
+	return users
 }
