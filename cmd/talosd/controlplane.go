@@ -4,20 +4,15 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/receipts"
-	"github.com/talos-audit/talos/schemas"
 )
 
 // trustedSigners are the keys whose control events this process applies:
@@ -64,15 +59,12 @@ func registerEnforceMetrics(reg *prometheus.Registry, e *ingest.Enforcer) {
 	)
 }
 
-// startControl prepares the control role: the control service answering
-// talos.ctl.>, with the enforcement state of this process's worker (or,
-// without the enforce role, a follower of its own) for list/show and
-// prechecks, the shared call ledger (approve and reject must name a call
-// awaiting approval), the shared replay store, and the live-worker
-// watcher. The returned run owns every goroutine it starts.
-func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn, js jetstream.JetStream,
-	key *receipts.PrivateKey, engine *enforce.Engine, signers receipts.KeySet, ledger *ingest.Ledger,
-	state func() *enforce.State, follower *ingest.ControlFollower) (func(context.Context) error, error) {
+// startControl prepares the control role (ingest.NewControlPlane) from
+// the flags: --responder-keys, --control-skew, the checkpoint settings, the
+// shared call ledger (the enforce role's, or one opened the same way), and
+// the enforcement state of this process's worker (en, nil without the
+// enforce role).
+func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn, js jetstream.JetStream, c *core, en *enforceRole) (func(context.Context) error, error) {
 	responders := receipts.KeySet{}
 	if len(f.ResponderKeys) > 0 {
 		var err error
@@ -83,66 +75,39 @@ func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn
 	if len(responders) == 0 {
 		log.Warn("no --responder-keys: every control command will be refused (CTL_UNTRUSTED_KEY); create one with 'talosctl keys gen --out responder' and pass --responder-keys responder.pub")
 	}
-	// The ledger every worker claims pairs and records decisions in (same
-	// bucket and options as the enforce role's).
-	if ledger == nil {
-		var err error
-		if ledger, err = newLedger(ctx, f, js); err != nil {
-			return nil, fmt.Errorf("call ledger: %w", err)
-		}
-	}
-	var runFollower func(context.Context) error
-	if follower == nil {
-		holder, err := enforce.NewDecider(engine, enforce.DeciderOptions{})
-		if err != nil {
-			return nil, err
-		}
-		if follower, err = ingest.NewControlFollower(js, holder, ingest.FollowerOptions{Keys: signers, Logger: log}); err != nil {
-			return nil, err
-		}
-		state, runFollower = holder.State, follower.Run
-	}
-	watch, err := ingest.NewStatusWatcher(nc)
-	if err != nil {
-		return nil, err
-	}
-	boot := make([]byte, 4)
-	_, _ = rand.Read(boot)
-	chainID := chainPrefix(f.instance()) + "-control-" + hex.EncodeToString(boot)
-	svc, err := ingest.NewControlService(nc, js, ingest.ControlOptions{
-		Chain:         receipts.NewChain(chainID, key),
+	o := ingest.ControlPlaneOptions{
 		Source:        "talos://control/" + f.instance(),
 		ResponderKeys: responders,
 		Skew:          f.ControlSkew,
 		Checkpoints:   f.checkpoints(),
-		Status:        watch,
+		Engine:        c.engine,
+		Signers:       c.signers,
 		Logger:        log,
-		Hooks: ingest.ControlHooks{
-			Precheck: follower.Precheck(func(c *schemas.ControlCommand) (string, string) {
-				if code, detail := state().Precheck(c); code != "" {
-					return code, detail
-				}
-				return enforce.AwaitsApproval(ledger, c)
-			}, 5*time.Second),
-			View:   func() schemas.IncidentView { return state().View() },
-			Replay: ledger,
-		},
-	})
+	}
+	if en != nil {
+		o.Ledger, o.State, o.Follower = en.ledger, en.state, en.follower
+	} else {
+		// The ledger every worker claims pairs and records decisions in
+		// (same bucket and options as the enforce role's).
+		var err error
+		if o.Ledger, err = newLedger(ctx, f, js); err != nil {
+			return nil, fmt.Errorf("call ledger: %w", err)
+		}
+	}
+	chainID := chainPrefix(f.instance()) + "-control-" + bootID()
+	o.Chain = receipts.NewChain(chainID, c.key)
+	run, err := ingest.NewControlPlane(nc, js, o)
 	if err != nil {
-		watch.Close()
 		return nil, err
 	}
-	log.Info("control role started", "chain", chainID, "responder_keys", len(responders), "replay_window", ledger.Window())
-	return func(ctx context.Context) error {
-		defer watch.Close()
-		var wg sync.WaitGroup
-		var ferr error
-		if runFollower != nil {
-			wg.Add(1)
-			go func() { defer wg.Done(); ferr = runFollower(ctx) }()
-		}
-		err := svc.Run(ctx)
-		wg.Wait()
-		return errors.Join(err, ferr)
-	}, nil
+	log.Info("control role started", "chain", chainID, "responder_keys", len(responders), "replay_window", o.Ledger.Window())
+	return run, nil
+}
+
+// bootID is 4 random bytes in hex: chain ids made with it differ across
+// restarts, so a restarted process never continues another's chain.
+func bootID() string {
+	boot := make([]byte, 4)
+	_, _ = rand.Read(boot)
+	return hex.EncodeToString(boot)
 }
