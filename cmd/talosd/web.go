@@ -2,18 +2,10 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
-	"net/http"
-	"os"
 	"path/filepath"
-	"strings"
-	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
@@ -32,52 +24,12 @@ func (f *Flags) webTokenFile() string {
 }
 
 // webToken returns the dashboard token: --web-token (TALOS_WEB_TOKEN), or
-// the token file's content, creating the file (32 random bytes, hex, mode
-// 0600) when it is missing. Errors never include the token.
+// the token file's (web.LoadOrCreateToken). Errors never include the token.
 func webToken(f *Flags, log *slog.Logger) (string, error) {
 	if f.WebToken != "" {
 		return f.WebToken, nil
 	}
-	path := f.webTokenFile()
-	for attempt := 0; ; attempt++ {
-		b, err := os.ReadFile(path)
-		if err == nil {
-			tok := strings.TrimSpace(string(b))
-			if tok == "" {
-				return "", fmt.Errorf("web token file %s is empty: delete it to have a new token created", path)
-			}
-			if st, err := os.Stat(path); err == nil && st.Mode().Perm()&0o077 != 0 {
-				log.Warn("web token file is readable by other users; chmod 600 it", "file", path, "mode", st.Mode().Perm().String())
-			}
-			return tok, nil
-		}
-		if !errors.Is(err, fs.ErrNotExist) || attempt > 0 {
-			return "", fmt.Errorf("web token file: %w", err)
-		}
-		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-			return "", fmt.Errorf("web token file: %w", err)
-		}
-		raw := make([]byte, 32)
-		if _, err := rand.Read(raw); err != nil {
-			return "", err
-		}
-		file, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if errors.Is(err, fs.ErrExist) {
-			continue // another talosd created it first: read theirs
-		}
-		if err != nil {
-			return "", fmt.Errorf("web token file: %w", err)
-		}
-		_, werr := file.WriteString(hex.EncodeToString(raw) + "\n")
-		if cerr := file.Close(); werr == nil {
-			werr = cerr
-		}
-		if werr != nil {
-			_ = os.Remove(path)
-			return "", fmt.Errorf("web token file %s: %w", path, werr)
-		}
-		log.Info("created the web dashboard token", "file", path)
-	}
+	return web.LoadOrCreateToken(f.webTokenFile(), log)
 }
 
 // webRole is the prepared web role: its listener is bound, so URL is final.
@@ -129,9 +81,7 @@ func startWeb(ctx context.Context, f *Flags, log *slog.Logger, key *receipts.Pri
 	}
 	h, err := web.NewHandler(web.Options{
 		Conn: conn, Database: f.ClickhouseDatabase, Keys: keys, Token: token, Logger: log,
-		Inclusion: func(ctx context.Context, receiptID string) (bool, string, error) {
-			return inclusion(ctx, conn, f.ClickhouseDatabase, receiptID, keys)
-		},
+		Inclusion: web.CheckpointInclusion(conn, f.ClickhouseDatabase, keys),
 	})
 	if err != nil {
 		conn.Close()
@@ -143,42 +93,15 @@ func startWeb(ctx context.Context, f *Flags, log *slog.Logger, key *receipts.Pri
 		return nil, fmt.Errorf("web role: listen on --web-addr %s: %w", f.WebAddr, err)
 	}
 	addr := ln.Addr().String()
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
-		WriteTimeout: web.QueryTimeout + 10*time.Second, IdleTimeout: 2 * time.Minute}
 	log.Info("web role started", "url", "http://"+addr+"/", "clickhouse", f.ClickhouseAddr, "database", f.ClickhouseDatabase,
 		"trusted_keys", len(keys), "token_from", tokenSource(f))
 	return &webRole{
 		URL: "http://" + addr + "/?token=" + token,
 		run: func(ctx context.Context) error {
 			defer conn.Close()
-			served := make(chan error, 1)
-			go func() { served <- srv.Serve(ln) }()
-			select {
-			case err := <-served:
-				return fmt.Errorf("web: %w", err)
-			case <-ctx.Done():
-			}
-			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-			<-served // http.ErrServerClosed
-			return nil
+			return web.Serve(ctx, ln, h)
 		},
 	}, nil
-}
-
-// inclusion is the receipt page's checkpoint line: the receipt's inclusion
-// proof against the signed checkpoint that covers it, built and checked.
-func inclusion(ctx context.Context, conn driver.Conn, database, receiptID string, keys receipts.KeySet) (bool, string, error) {
-	proof, res, err := query.ProveReceipt(ctx, conn, database, receiptID, keys)
-	switch {
-	case errors.Is(err, query.ErrNoCheckpoint):
-		return false, "", fmt.Errorf("%w: the chain's next checkpoint will cover it", web.ErrPending)
-	case err != nil:
-		return false, err.Error(), nil
-	}
-	return true, fmt.Sprintf("leaf %d of %d under checkpoint %d of chain %s (seq %d..%d, Merkle root %.16s…, signed by %s): inclusion proof verified",
-		proof.LeafIndex, proof.TreeSize, res.CheckpointSeq, res.ChainID, res.FromSeq, res.ToSeq, res.RootHash, res.CheckpointKID), nil
 }
 
 // tokenSource says where the token came from, for the log (never the token).
