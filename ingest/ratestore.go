@@ -200,3 +200,18 @@ func stripeOf(k string) int {
 	}
 	return int(v)
 }
+
+// NewRateLimiter is the rate limiter of p's rate limits, counting across
+// workers in the TALOS_RATE bucket (NewKVRateStore) sized to p's longest
+// window (Policy.MaxWindow), with replicas replicas. It is nil, and no
+// bucket is created, when p has no rate limits.
+func NewRateLimiter(ctx context.Context, js jetstream.JetStream, p *enforce.Policy, replicas int) (*enforce.RateLimiter, error) {
+	if p == nil || len(p.RateLimits) == 0 {
+		return nil, nil
+	}
+	store, err := NewKVRateStore(ctx, js, p.MaxWindow(), replicas)
+	if err != nil {
+		return nil, fmt.Errorf("rate store: %w", err)
+	}
+	return enforce.NewRateLimiter(p, store), nil
+}

@@ -247,3 +247,40 @@ func TestBucketsHonourReplicas(t *testing.T) {
 		t.Errorf("TTLs %s and %s, want the longer 2h kept", long.TTL(), short.TTL())
 	}
 }
+
+// TestNewRateLimiter: a policy without rate limits gets no limiter and no
+// bucket; one with limits gets a bucket sized to its longest window.
+func TestNewRateLimiter(t *testing.T) {
+	ns := testenv.NATSForTest(t)
+	_, js := connectJS(t, ns.URL())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	none, err := enforce.ParsePolicy([]byte(`{"rules":[{"name":"all","agents":["*"],"servers":["*"],"tools":["*"]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []*enforce.Policy{nil, none} {
+		if l, err := ingest.NewRateLimiter(ctx, js, p, 1); l != nil || err != nil {
+			t.Fatalf("no rate limits: limiter %v, %v", l, err)
+		}
+	}
+	if _, err := js.KeyValue(ctx, ingest.RateBucket); !errors.Is(err, jetstream.ErrBucketNotFound) {
+		t.Fatalf("a policy without rate limits created the bucket: %v", err)
+	}
+	p, err := enforce.ParsePolicy([]byte(`{"rate_limits":[` +
+		`{"name":"short","agents":["*"],"servers":["*"],"tools":["*"],"limit":5,"window":"10s"},` +
+		`{"name":"long","agents":["*"],"servers":["*"],"tools":["*"],"limit":100,"window":"1h"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := ingest.NewRateLimiter(ctx, js, p, 1); l == nil || err != nil {
+		t.Fatalf("rate limits: limiter %v, %v", l, err)
+	}
+	st, err := js.Stream(ctx, "KV_"+ingest.RateBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl := st.CachedInfo().Config.MaxAge; ttl != 2*time.Hour {
+		t.Fatalf("bucket TTL %s, want 2h (twice the longest window)", ttl)
+	}
+}

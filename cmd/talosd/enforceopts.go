@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -46,16 +45,8 @@ func enforceOptions(ctx context.Context, f *Flags, log *slog.Logger, js jetstrea
 			return o, usagef("--policy: %v", err)
 		}
 		o.Policy = p
-		if len(p.RateLimits) > 0 {
-			var maxWindow time.Duration
-			for _, l := range p.RateLimits {
-				maxWindow = max(maxWindow, time.Duration(l.Window))
-			}
-			store, err := ingest.NewKVRateStore(ctx, js, maxWindow, f.Replicas)
-			if err != nil {
-				return o, fmt.Errorf("rate store: %w", err)
-			}
-			o.RateLimiter = enforce.NewRateLimiter(p, store)
+		if o.RateLimiter, err = ingest.NewRateLimiter(ctx, js, p, f.Replicas); err != nil {
+			return o, err
 		}
 	}
 	ledger, err := newLedger(ctx, f, js)
