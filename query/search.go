@@ -42,6 +42,7 @@ type ReceiptQuery struct {
 	Session    string
 	ToolCallID string
 	ReceiptID  string
+	EP         string // the enforcement point (ep_id)
 	// Before continues a listing: only receipts older than this position
 	// (zero: start at the newest). SearchReceipts returns the position of
 	// its last row for the next page.
@@ -107,6 +108,7 @@ func (q ReceiptQuery) where(keyset bool) (string, []any, error) {
 		{"kind", q.Kind, "kind"}, {"decision", q.Decision, "decision"}, {"agent_id", q.Agent, "agent"},
 		{"server_id", q.Server, "server"}, {"tool_name", q.Tool, "tool"}, {"session_id", q.Session, "session"},
 		{"tool_call_id", q.ToolCallID, "tool_call_id"}, {"receipt_id", q.ReceiptID, "receipt_id"},
+		{"ep_id", q.EP, "ep_id"},
 	}
 	for _, e := range eq {
 		if len(e.val) > MaxFilterLen {

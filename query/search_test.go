@@ -99,6 +99,8 @@ func TestSearchReceipts(t *testing.T) {
 		{"agent", ReceiptQuery{Agent: "agent-7"}, []int{8, 7, 6, 5, 3, 2, 1, 0}},
 		{"server, tool, session, kind", ReceiptQuery{Server: "files", Tool: "read_file", Session: "sess-1", Kind: "decision"}, []int{8, 7, 6, 5, 4, 3, 2, 1, 0}},
 		{"other server", ReceiptQuery{Server: "github"}, nil},
+		{"enforcement point", ReceiptQuery{EP: "gw-1"}, []int{8, 7, 6, 5, 4, 3, 2, 1, 0}},
+		{"other enforcement point", ReceiptQuery{EP: "gw-2"}, nil},
 		{"time range [from, to)", ReceiptQuery{From: time.UnixMilli(int64(rows[5].TimeMS)), To: time.UnixMilli(int64(rows[7].TimeMS))}, []int{6, 5}},
 	}
 	for _, c := range cases {

@@ -322,8 +322,7 @@ func demoVerify(ctx context.Context, f *Flags, want int) error {
 	defer conn.Close()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		var got uint64
-		err := conn.QueryRow(ctx, "SELECT count() FROM "+f.ClickhouseDatabase+".v_receipts WHERE ep_id = '"+demo.EP+"'").Scan(&got)
+		got, err := query.CountReceipts(ctx, conn, f.ClickhouseDatabase, query.ReceiptQuery{EP: demo.EP})
 		if err == nil && got >= uint64(want) {
 			break
 		}
