@@ -84,33 +84,16 @@ func newPlane(t *testing.T) *plane {
 	responders := receipts.KeySet{}
 	responders.Add(responder.Public())
 
-	// The control role: its own state follower (list/show, precheck), the
-	// call ledger (replay administration), and the live-worker watcher.
-	holder, err := enforce.NewDecider(mustEngine(t, p.reg), enforce.DeciderOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fol, err := ingest.NewControlFollower(p.js, holder, ingest.FollowerOptions{Keys: p.keys})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The control role (NewControlPlane without an enforce worker): its own
+	// state follower (list/show, precheck), the call ledger (replay
+	// administration), and the live-worker watcher.
 	store, err := ingest.NewLedger(ctx, p.js, ingest.LedgerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	watch, err := ingest.NewStatusWatcher(p.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(watch.Close)
-	svc, err := ingest.NewControlService(p.nc, p.js, ingest.ControlOptions{
+	control, err := ingest.NewControlPlane(p.nc, p.js, ingest.ControlPlaneOptions{
 		Chain: receipts.NewChain("plane-control", p.key), Source: "talos://control/test", ResponderKeys: responders,
-		Status: watch,
-		Hooks: ingest.ControlHooks{
-			Precheck: fol.Precheck(func(c *schemas.ControlCommand) (string, string) { return holder.State().Precheck(c) }, 5*time.Second),
-			View:     func() schemas.IncidentView { return holder.State().View() },
-			Replay:   store,
-		},
+		Ledger: store, Engine: mustEngine(t, p.reg), Signers: p.keys,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +102,7 @@ func newPlane(t *testing.T) *plane {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, run := range []func(context.Context) error{fol.Run, svc.Run, sink.Run} {
+	for _, run := range []func(context.Context) error{control, sink.Run} {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = run(ctx) }()
 	}
@@ -636,3 +619,11 @@ func TestLateWorkerReplaysThousandEvents(t *testing.T) {
 }
 
 func readFileJSON(path string) (json.RawMessage, error) { return os.ReadFile(path) }
+
+// TestControlPlaneNeedsLedger: approve, reject and replay administration
+// need the shared call ledger; a control plane without one is refused.
+func TestControlPlaneNeedsLedger(t *testing.T) {
+	if _, err := ingest.NewControlPlane(nil, nil, ingest.ControlPlaneOptions{}); err == nil || !strings.Contains(err.Error(), "ledger") {
+		t.Fatalf("no ledger: %v", err)
+	}
+}

@@ -2,11 +2,15 @@
 // runs the enforce worker loop (fetch a call, decide, seal a receipt into a
 // hash chain, store it in TALOS_AUDIT, answer the enforcement point, ack) and
 // the sink loop (fetch audit records, write them to ClickHouse in bounded
-// batches, ack only after the insert returned).
+// batches, ack only after the insert returned). It also composes the
+// control plane (NewControlPlane: the control service over talos.ctl.>, its
+// prechecks against the enforcement state and the call ledger) and keeps
+// the state shared by workers in KV buckets (the call ledger, the rate
+// counters of NewRateLimiter).
 //
-// Decisions and receipt signing come in through small interfaces (Decider,
-// Sealer) and the database through Writer, so this package knows nothing of
-// enforcement rules or of ClickHouse.
+// The loops get decisions and receipt signing through small interfaces
+// (Decider, Sealer) and the database through Writer, so they know nothing
+// of enforcement rules or of ClickHouse.
 //
 // Shutdown order: cancel the context given to Run; the fetch loops stop
 // taking new messages, in-flight messages finish or are left un-acked (they

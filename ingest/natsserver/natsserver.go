@@ -2,7 +2,8 @@
 // process: the server talosd starts when no --nats-url is given, and the one
 // the tests start through testenv. It listens on the host and port it is
 // given (127.0.0.1 and a free port by default), with its store in a directory
-// the caller names or a temporary one.
+// the caller names or a temporary one. Users turns a NATS users file
+// (package natsauth) into the users it admits.
 package natsserver
 
 import (
