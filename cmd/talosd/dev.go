@@ -124,7 +124,7 @@ func (d *devCmd) ready(f *Flags) func(context.Context, *stack) error {
 // talosctl's control commands (talosctl finds it at
 // talos-data/keys/responder.key), and a capability issuer with the demo
 // agent's key and capability (the demo traffic carries signed capabilities
-// and sender signatures, seed 002).
+// and sender signatures, CP-SFC).
 func devKeys(f *Flags, keyDir string) error {
 	if f.SigningKey == "" {
 		f.SigningKey = filepath.Join(keyDir, "signing.key")
