@@ -6,7 +6,8 @@
 // control plane (NewControlPlane: the control service over talos.ctl.>, its
 // prechecks against the enforcement state and the call ledger) and keeps
 // the state shared by workers in KV buckets (the call ledger, the rate
-// counters of NewRateLimiter).
+// counters of NewRateLimiter), and names the hash chains of a start
+// (NewWorkerChains, NewControlChain: new ids at every start).
 //
 // The loops get decisions and receipt signing through small interfaces
 // (Decider, Sealer) and the database through Writer, so they know nothing

@@ -76,14 +76,6 @@ func TestComposeMatchesFlags(t *testing.T) {
 	}
 }
 
-func TestChainPrefix(t *testing.T) {
-	for in, want := range map[string]string{"worker1": "worker1", "_Ops.Host-7_": "ops-host-7", "...": "talosd", "ÄÖ node": "node"} {
-		if got := chainPrefix(in); got != want {
-			t.Errorf("chainPrefix(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 // TestComposeGrafana keeps the grafana service of docker-compose.yml in
 // step with deploy/grafana: the plugin the provisioned data source needs,
 // the directories it mounts (which must exist), the home dashboard, and

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 
@@ -31,7 +29,7 @@ func trustedSigners(f *Flags, key *receipts.PrivateKey) (receipts.KeySet, error)
 
 // workerID names this process's enforce worker in heartbeats: the instance
 // name as a subject token.
-func workerID(f *Flags) string { return chainPrefix(f.instance()) }
+func workerID(f *Flags) string { return ingest.InstanceToken(f.instance()) }
 
 func registerEnforceMetrics(reg *prometheus.Registry, e *ingest.Enforcer) {
 	w, fol := e.Worker(), e.Follower()
@@ -94,20 +92,11 @@ func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn
 			return nil, fmt.Errorf("call ledger: %w", err)
 		}
 	}
-	chainID := chainPrefix(f.instance()) + "-control-" + bootID()
-	o.Chain = receipts.NewChain(chainID, c.key)
+	o.Chain = ingest.NewControlChain(workerID(f), c.key)
 	run, err := ingest.NewControlPlane(nc, js, o)
 	if err != nil {
 		return nil, err
 	}
-	log.Info("control role started", "chain", chainID, "responder_keys", len(responders), "replay_window", o.Ledger.Window())
+	log.Info("control role started", "chain", o.Chain.ID(), "responder_keys", len(responders), "replay_window", o.Ledger.Window())
 	return run, nil
-}
-
-// bootID is 4 random bytes in hex: chain ids made with it differ across
-// restarts, so a restarted process never continues another's chain.
-func bootID() string {
-	boot := make([]byte, 4)
-	_, _ = rand.Read(boot)
-	return hex.EncodeToString(boot)
 }

@@ -10,9 +10,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -28,7 +26,6 @@ import (
 	"github.com/talos-audit/talos/ingest/natsserver"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
-	"github.com/talos-audit/talos/schemas"
 )
 
 // stack is what a running daemon exposes to `talosd dev`.
@@ -196,7 +193,7 @@ func startNATS(f *Flags, log *slog.Logger) (url string, creds []nats.Option, shu
 		return "", nil, nil, fmt.Errorf("cannot listen on %s for the embedded nats-server: the address is in use "+
 			"(another talosd or nats-server?). Join it with --nats-url nats://%s, or listen elsewhere with --nats-listen HOST:PORT", f.NatsListen, f.NatsListen)
 	}
-	ns, err := natsserver.Start(natsserver.Options{Dir: filepath.Join(f.DataDir, "nats"), Host: host, Port: port, ServerName: "talosd-" + chainPrefix(f.instance()), Users: natsserver.Users(a)})
+	ns, err := natsserver.Start(natsserver.Options{Dir: filepath.Join(f.DataDir, "nats"), Host: host, Port: port, ServerName: "talosd-" + workerID(f), Users: natsserver.Users(a)})
 	if err != nil {
 		return "", nil, nil, fmt.Errorf("embedded nats-server: %w", err)
 	}
@@ -312,17 +309,12 @@ type enforceRole struct {
 }
 
 // startEnforce prepares the enforce role: its hash chains (4 x GOMAXPROCS
-// by default, ids new on every start), the decider with the checks of
+// by default, ids new on every start: ingest.NewWorkerChains), the decider with the checks of
 // enforceOptions, and the worker.
 func startEnforce(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *nats.Conn, js jetstream.JetStream) (*enforceRole, error) {
-	base := chainPrefix(f.instance()) + "-" + bootID()
-	chains := make([]*receipts.Chain, f.chains())
-	for i := range chains {
-		id := base + "-" + strconv.Itoa(i)
-		if !schemas.ValidID(id) {
-			return nil, usagef("chain id %q from --instance %q is not a valid subject token", id, f.instance())
-		}
-		chains[i] = receipts.NewChain(id, c.key)
+	chains, base, err := ingest.NewWorkerChains(workerID(f), f.chains(), c.key)
+	if err != nil {
+		return nil, usagef("--instance %q: %v", f.instance(), err)
 	}
 	opts, err := enforceOptions(ctx, f, log, js)
 	if err != nil {
@@ -437,21 +429,6 @@ func retry(ctx context.Context, log *slog.Logger, what string, fn func() error) 
 		}
 		backoff = min(backoff*2, 5*time.Second)
 	}
-}
-
-var notToken = regexp.MustCompile(`[^a-z0-9_-]+`)
-
-// chainPrefix turns an instance name into a subject-safe chain id prefix.
-func chainPrefix(instance string) string {
-	s := notToken.ReplaceAllString(strings.ToLower(instance), "-")
-	s = strings.Trim(s, "-_")
-	if s == "" {
-		s = "talosd"
-	}
-	if len(s) > 40 {
-		s = s[:40]
-	}
-	return s
 }
 
 // addrFree reports whether a TCP listener could bind addr now.
