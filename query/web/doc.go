@@ -10,7 +10,9 @@
 // token (a bearer header, or the cookie set by visiting /?token=…). Pages
 // are html/template output with server-side SVG charts and one embedded
 // stylesheet: no script, no CDN, so it works offline under a strict
-// Content-Security-Policy.
+// Content-Security-Policy. LoadOrCreateToken keeps the token in a file
+// (mode 0600), and Serve runs the handler with timeouts fitted to its
+// queries.
 //
 // Every figure a page shows carries a stable data-figure attribute whose
 // element's text is the figure, e.g. <span data-figure="total-calls">42</span>,
