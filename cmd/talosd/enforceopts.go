@@ -15,14 +15,15 @@ import (
 )
 
 // enforceOptions builds the enforce role's checks from the flags:
-// capabilities (seed 002), preflight, policy and rate limits (seed 003),
-// the shared call ledger (replay, idempotency, post matching) and the redactor of the flight
-// recorder (seed 001).
+// capabilities (CP-EI), preflight, policy and rate limits (CSP MUST 7), the
+// shared call ledger (replay, idempotency, post matching) and the redactor
+// of the flight recorder (UTS FR-EVT-007).
 func enforceOptions(ctx context.Context, f *Flags, log *slog.Logger, js jetstream.JetStream) (enforce.DeciderOptions, error) {
 	o := enforce.DeciderOptions{
 		MaxEnvelopeBytes:  f.MaxEnvelopeBytes,
 		RequireCapability: f.Capabilities != "optional",
 		Preflight:         enforce.PreflightConfig{MaxArgsBytes: f.MaxArgsBytes},
+		ReplayWindow:      f.ReplayWindow,
 	}
 	issuers := receipts.KeySet{}
 	if len(f.CapabilityIssuers) > 0 {
