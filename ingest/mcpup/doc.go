@@ -4,8 +4,8 @@
 // narrows the action enum of an action-based tool's input schema (seed 004:
 // the completeness check and the ReadOnlyToolWrapper's schema "belt").
 //
-// Callers are talos-mcp-gateway (which proxies calls to the upstream) and
-// `talosctl registry lint` (which compares a registry manifest with the live
-// tools/list). The package holds no state: each Connect is one session the
-// caller owns and closes.
+// Callers are the MCP gateway (ingest/gateway, which proxies calls to the
+// upstream), `talosctl registry lint` (which compares a registry manifest
+// with the live tools/list) and `talosctl bench-mcp`. The package holds no
+// state: each Connect is one session the caller owns and closes.
 package mcpup
