@@ -108,3 +108,31 @@ func TestDiscoveryCheckCall(t *testing.T) {
 		t.Errorf("deploy by a subagent: %v", codes)
 	}
 }
+
+// TestViewerOf: the holder's scopes are the last delegation's, read_only
+// on any link narrows, and a delegation makes a subagent; a scope that
+// does not parse is an error, not an open view.
+func TestViewerOf(t *testing.T) {
+	root := schemas.Capability{Scopes: []string{"tool:*"}}
+	v, err := enforce.ViewerOf(&schemas.CapabilityChain{Capability: root})
+	if err != nil || v.Subagent || v.ReadOnly || len(v.Scopes) != 1 || !v.Covers("core", "deploy", "") {
+		t.Fatalf("root only: %+v %v", v, err)
+	}
+	chain := &schemas.CapabilityChain{Capability: root, Delegations: []schemas.Delegation{
+		{ChildScope: []string{"tool:core:*"}, Constraints: &schemas.Constraints{ReadOnly: true}},
+		{ChildScope: []string{"tool:core:github/method:list_prs"}},
+	}}
+	v, err = enforce.ViewerOf(chain)
+	if err != nil || !v.Subagent || !v.ReadOnly {
+		t.Fatalf("delegated: %+v %v", v, err)
+	}
+	if !v.Covers("core", "github", "list_prs") || v.Covers("core", "github", "create_issue") || v.Covers("core", "deploy", "") {
+		t.Fatalf("delegated scopes are not the last delegation's: %+v", v.Scopes)
+	}
+	if !(enforce.Viewer{}).Covers("any", "tool", "") {
+		t.Fatal("no capability: discovery must be limited by the registry only")
+	}
+	if _, err := enforce.ViewerOf(&schemas.CapabilityChain{Capability: schemas.Capability{Scopes: []string{"nonsense"}}}); err == nil {
+		t.Fatal("an unparsable scope gave a view")
+	}
+}

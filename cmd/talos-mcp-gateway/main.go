@@ -5,6 +5,10 @@
 // decided by a worker (allow, deny, require_approval), forwarded only when
 // allowed or approved, and reported afterwards with its result and timing.
 // Without an answer from Talos the call is denied (fail closed).
+//
+// This command reads the flags, connects NATS and the upstreams, and runs
+// an ingest/gateway over stdio or streamable HTTP; the rules and the call
+// flow live there.
 package main
 
 import (
