@@ -10,9 +10,10 @@ import (
 	"github.com/talos-audit/talos/schemas/jsonpointer"
 )
 
-// Discovery at an enforcement point (seeds 003 MUST 3, 004): which
-// registry-classified tools a caller's tools/list shows, and the
-// enforcement point's own refusal of a call to a tool or action it hides.
+// Discovery at an enforcement point (CSP MUST 3; CM-SUBAGENT, CM-EGRESS,
+// CM-WRAPPER): which registry-classified tools a caller's tools/list
+// shows, and the enforcement point's own refusal of a call to a tool or
+// action it hides.
 // The worker decides every call again, independently; these rules only
 // keep an agent from seeing what it could not call.
 

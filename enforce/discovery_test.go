@@ -93,7 +93,7 @@ func TestDiscoverySee(t *testing.T) {
 }
 
 // TestDiscoveryCheckCall refuses a visible tool's hidden action and passes its
-// open ones (the gateway's half of seed 004's dual enforcement).
+// open ones (the gateway's half of CM-WRAPPER's dual enforcement).
 func TestDiscoveryCheckCall(t *testing.T) {
 	d := enforce.Discovery{Registry: testRegistry(t)}
 	sub := enforce.Viewer{Subagent: true}

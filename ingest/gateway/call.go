@@ -23,7 +23,7 @@ import (
 
 // CodeDenied is the JSON-RPC error code of a tools/call the gateway refuses,
 // with data {decision, reason_codes, tool_call_id, receipt_id, details}.
-// Seed 003's sample uses -32003, but the MCP Go SDK (and so its clients)
+// The CSP sample uses -32003, but the MCP Go SDK (and so its clients)
 // reads -32003 as "client is closing" and drops the session; -32030 is in
 // the implementation-defined server range and collides with nothing known.
 const CodeDenied = -32030

@@ -16,7 +16,7 @@ import (
 
 // ListenHTTP serves streamable HTTP at addr until ctx ends (then it shuts
 // the server down, waiting up to 5 s). Every request must carry a bearer
-// token of one of the principals (seed 003 MUST 2); each principal has its
+// token of one of the principals (CSP MUST 2); each principal has its
 // own MCP handler, so its sessions, and the tools they list, are its own:
 // a session id presented with another principal's token is not found.
 // /healthz answers 503 while NATS is unreachable.

@@ -13,7 +13,7 @@ import (
 )
 
 // Principal is who a downstream MCP session speaks for: the agent, its
-// capability chain and what that chain lets it see (seed 003 MUST 3).
+// capability chain and what that chain lets it see (CSP MUST 3).
 type Principal struct {
 	Name    string
 	AgentID string
