@@ -19,6 +19,11 @@
 //     sizes, path confinement (PathEscapes), allow rules and rate limits.
 //   - CallLedger (implemented on NATS KV in ingest) binds idempotency keys
 //     to requests across workers and matches post events to pre decisions.
+//   - Discovery is the enforcement point's half of CSP MUST 3 (and
+//     CM-SUBAGENT, CM-EGRESS, CM-WRAPPER): which tools a caller (a Viewer,
+//     derived from its capability chain) sees in tools/list, and the
+//     refusal of a hidden tool or action, on the same tool-access rules
+//     (Protected, NetworkOutbound, SubagentAccess) the workers apply.
 //   - The Decider builds each call's ToolCallEvent (UTS FR-EVT-007)
 //     from payloads redacted by enforce/redact, hashed after redaction.
 //

@@ -155,6 +155,25 @@ func NewCall(epID, serverID, toolName string, arguments any) (*schemas.ToolCall,
 	}, nil
 }
 
+// SignedPost builds the phase-post envelope of a decided pre call and,
+// with a signer, signs it again (a post event has its own issued_at). A
+// nil result (the call did not run, or failed upstream) leaves result out.
+func SignedPost(pre *schemas.ToolCall, result any, ok bool, started, ended time.Time, s *CallSigner) (*schemas.ToolCall, error) {
+	post, err := PostOf(pre, result, ok, started, ended)
+	if err != nil {
+		return nil, err
+	}
+	if result == nil {
+		post.Result = nil
+	}
+	if s != nil {
+		if err := s.Sign(post); err != nil {
+			return nil, err
+		}
+	}
+	return post, nil
+}
+
 // PostOf builds the phase-post envelope for a decided pre call.
 func PostOf(pre *schemas.ToolCall, result any, ok bool, started, ended time.Time) (*schemas.ToolCall, error) {
 	res, err := json.Marshal(result)

@@ -9,6 +9,14 @@
 // counters of NewRateLimiter), and names the hash chains of a start
 // (NewWorkerChains, NewControlChain: new ids at every start).
 //
+// It is also the enforcement-point library: Client publishes a call and
+// waits for its decision, NewCall, HashRequest, CallSigner and SignedPost
+// build, hash and sign envelopes, Outbox delivers post events until
+// JetStream acknowledges them, and Approvals hands approve and reject
+// control events to parked calls. talosctl call, talosctl bench
+// (ingest/loadgen), talosd dev's demo (ingest/demo) and the MCP gateway
+// (ingest/gateway) all use it.
+//
 // The loops get decisions and receipt signing through small interfaces
 // (Decider, Sealer) and the database through Writer, so they know nothing
 // of enforcement rules or of ClickHouse.

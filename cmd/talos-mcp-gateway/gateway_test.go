@@ -20,6 +20,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/talos-audit/talos/ingest/gateway"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
@@ -190,21 +191,21 @@ func (s *stack) gatewaySession(ctx context.Context, args ...string) *gatewaySess
 // answered with.
 type result struct {
 	res    *mcp.CallToolResult
-	denied *denial
+	denied *gateway.Denial
 	err    error
 }
 
 func (g *gatewaySession) call(ctx context.Context, tool string, args map[string]any) result {
 	res, err := g.cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
 	if err == nil {
-		if id, ok := res.Meta[metaToolCallID].(string); ok {
+		if id, ok := res.Meta[gateway.MetaToolCallID].(string); ok {
 			g.forwarded.Store(id, tool)
 		}
 		return result{res: res}
 	}
 	var we *jsonrpc.Error
-	if errors.As(err, &we) && we.Code == CodeDenied {
-		var d denial
+	if errors.As(err, &we) && we.Code == gateway.CodeDenied {
+		var d gateway.Denial
 		if jerr := json.Unmarshal(we.Data, &d); jerr == nil {
 			return result{denied: &d, err: err}
 		}
@@ -227,15 +228,15 @@ func (r result) mustAllow(t *testing.T, what string) *mcp.CallToolResult {
 	if r.res == nil {
 		t.Fatalf("%s: want a result, got %v (denial %+v)", what, r.err, r.denied)
 	}
-	id, _ := r.res.Meta[metaToolCallID].(string)
-	rid, _ := r.res.Meta[metaReceiptID].(string)
+	id, _ := r.res.Meta[gateway.MetaToolCallID].(string)
+	rid, _ := r.res.Meta[gateway.MetaReceiptID].(string)
 	if id == "" || rid == "" {
 		t.Fatalf("%s: the result's _meta names no tool_call_id/receipt_id: %v", what, r.res.Meta)
 	}
 	return r.res
 }
 
-func (r result) mustDeny(t *testing.T, what string, codes ...string) *denial {
+func (r result) mustDeny(t *testing.T, what string, codes ...string) *gateway.Denial {
 	t.Helper()
 	if r.denied == nil {
 		t.Fatalf("%s: want a denial with %v, got result %v / error %v", what, codes, r.res, r.err)

@@ -5,10 +5,13 @@
 // decided by a worker (allow, deny, require_approval), forwarded only when
 // allowed or approved, and reported afterwards with its result and timing.
 // Without an answer from Talos the call is denied (fail closed).
+//
+// This command reads the flags, connects NATS and the upstreams, and runs
+// an ingest/gateway over stdio or streamable HTTP; the rules and the call
+// flow live there.
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,8 +19,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -25,8 +26,10 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
 
-	"github.com/talos-audit/talos/cmd/internal/mcpup"
 	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/enforce/redact"
+	"github.com/talos-audit/talos/ingest/gateway"
+	"github.com/talos-audit/talos/ingest/mcpup"
 	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -83,13 +86,13 @@ func main() {
 		os.Exit(2)
 	}
 	level := map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError}[c.LogLevel]
-	red, err := newLogRedactor()
+	red, err := redact.NewLogRedactor("gateway-log")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "talos-mcp-gateway:", err)
 		os.Exit(1)
 	}
-	// What the gateway logs is redacted like a payload (redactlog.go).
-	log := slog.New(newRedactingHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}), red))
+	// What the gateway logs is redacted like a payload.
+	log := slog.New(redact.NewLogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}), red))
 	if err := c.run(log); err != nil {
 		fmt.Fprintln(os.Stderr, "talos-mcp-gateway:", err)
 		var u usageError
@@ -114,13 +117,9 @@ func (c *cli) run(log *slog.Logger) error {
 	if err != nil {
 		return usageError{err}
 	}
-	var specs []mcpup.Spec
-	for _, u := range c.Upstream {
-		s, err := mcpup.ParseSpec(u)
-		if err != nil {
-			return usageError{fmt.Errorf("--upstream: %w", err)}
-		}
-		specs = append(specs, s)
+	specs, err := c.upstreams()
+	if err != nil {
+		return usageError{err}
 	}
 	opts, err := c.natsOptions()
 	if err != nil {
@@ -129,13 +128,15 @@ func (c *cli) run(log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	ups, err := connectUpstreams(ctx, specs, log)
+	ups, err := gateway.ConnectUpstreams(ctx, specs, &mcp.Implementation{Name: "talos-mcp-gateway", Version: version}, log)
 	if err != nil {
 		return err
 	}
-	access := accessPolicy{blockNetwork: c.BlockNetworkOutbound, allowNetwork: c.AllowNetworkTool}
+	discovery := enforce.Discovery{Registry: reg, BlockNetwork: c.BlockNetworkOutbound, AllowNetwork: c.AllowNetworkTool}
 	if c.Tools {
-		return printTools(reg, access, principals, ups)
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(gateway.Report(discovery, principals, ups))
 	}
 
 	nc, err := nats.Connect(c.NatsURL, opts...)
@@ -147,8 +148,8 @@ func (c *cli) run(log *slog.Logger) error {
 		log.Warn("NATS not reachable yet; every call is denied until it is", "url", natsauth.Redact(c.NatsURL))
 	}
 
-	g, err := New(Options{
-		EPID: c.EPID, Registry: reg, Access: access,
+	g, err := gateway.New(gateway.Options{
+		EPID: c.EPID, Registry: reg, Discovery: discovery,
 		DecisionTimeout: c.DecisionTimeout, ApprovalTimeout: c.ApprovalTimeout,
 		MaxEnvelopeBytes: c.MaxEnvelopeBytes, StdioSession: c.SessionID, Logger: log, Version: version,
 	}, nc, ups)
@@ -157,9 +158,9 @@ func (c *cli) run(log *slog.Logger) error {
 	}
 	g.Start(ctx)
 	defer g.Close(c.DrainTimeout)
-	log.Info("talos-mcp-gateway ready", "ep_id", c.EPID, "upstreams", len(ups), "tools", len(g.byName), "registry_digest", reg.Digest())
+	log.Info("talos-mcp-gateway ready", "ep_id", c.EPID, "upstreams", len(ups), "tools", g.Tools(), "registry_digest", reg.Digest())
 	if c.Listen != "" {
-		return serveHTTP(ctx, c.Listen, g, principals, log)
+		return g.ListenHTTP(ctx, c.Listen, principals)
 	}
 	err = g.Server(principals[0]).Run(ctx, &mcp.StdioTransport{})
 	if ctx.Err() != nil || errors.Is(err, context.Canceled) {
@@ -169,20 +170,20 @@ func (c *cli) run(log *slog.Logger) error {
 }
 
 // principals is the stdio principal (flags) or the --principals file.
-func (c *cli) principals() ([]*principal, error) {
+func (c *cli) principals() ([]*gateway.Principal, error) {
 	if c.Listen == "" {
 		if c.Principals != "" {
 			return nil, errors.New("--principals is for --listen (HTTP); stdio serves the one principal of --capability/--agent-key")
 		}
 		agent := c.AgentID
-		p, err := loadPrincipal("stdio", agent, c.Capability, c.AgentKey)
+		p, err := gateway.LoadPrincipal("stdio", agent, c.Capability, c.AgentKey)
 		if err != nil {
 			return nil, err
 		}
-		if p.agentID == "" {
-			p.agentID = c.EPID
+		if p.AgentID == "" {
+			p.AgentID = c.EPID
 		}
-		return []*principal{p}, nil
+		return []*gateway.Principal{p}, nil
 	}
 	if c.Principals == "" {
 		return nil, errors.New("--listen needs --principals (who may call, and as whom)")
@@ -190,7 +191,25 @@ func (c *cli) principals() ([]*principal, error) {
 	if c.Capability != "" || c.AgentKey != "" {
 		return nil, errors.New("with --listen, capabilities and keys are per principal, in --principals")
 	}
-	return loadPrincipals(c.Principals)
+	return gateway.LoadPrincipals(c.Principals)
+}
+
+// upstreams parses --upstream; server ids are unique.
+func (c *cli) upstreams() ([]mcpup.Spec, error) {
+	var specs []mcpup.Spec
+	seen := map[string]bool{}
+	for _, u := range c.Upstream {
+		s, err := mcpup.ParseSpec(u)
+		if err != nil {
+			return nil, fmt.Errorf("--upstream: %w", err)
+		}
+		if seen[s.ServerID] {
+			return nil, fmt.Errorf("--upstream: server_id %q given twice", s.ServerID)
+		}
+		seen[s.ServerID] = true
+		specs = append(specs, s)
+	}
+	return specs, nil
 }
 
 // natsOptions connect as this enforcement point and keep reconnecting
@@ -229,114 +248,4 @@ func authFileUser(path, epID string) (user, password string, err error) {
 		return "", "", fmt.Errorf("--nats-auth %s has no user for enforcement point %q: add it with talosd --nats-eps %s", path, epID, epID)
 	}
 	return u.User, u.Password, nil
-}
-
-// connectUpstreams starts or dials every upstream and lists its tools.
-func connectUpstreams(ctx context.Context, specs []mcpup.Spec, log *slog.Logger) ([]*upstream, error) {
-	seen := map[string]bool{}
-	var ups []*upstream
-	for _, s := range specs {
-		if seen[s.ServerID] {
-			return nil, usageError{fmt.Errorf("--upstream: server_id %q given twice", s.ServerID)}
-		}
-		seen[s.ServerID] = true
-		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		cs, err := mcpup.Connect(cctx, s, &mcp.Implementation{Name: "talos-mcp-gateway", Version: version})
-		if err != nil {
-			cancel()
-			return nil, err
-		}
-		tools, err := mcpup.ListTools(cctx, cs)
-		cancel()
-		if err != nil {
-			_ = cs.Close()
-			return nil, fmt.Errorf("upstream %s: tools/list: %w", s.ServerID, err)
-		}
-		log.Info("upstream connected", "server_id", s.ServerID, "tools", len(tools))
-		ups = append(ups, &upstream{spec: s, session: cs, tools: tools})
-	}
-	return ups, nil
-}
-
-// printTools writes, per principal, the tools it would see and why the
-// others are hidden.
-func printTools(reg *enforce.Registry, access accessPolicy, principals []*principal, ups []*upstream) error {
-	access.reg = reg
-	g := &Gateway{o: Options{Registry: reg, Access: access}, log: slog.New(slog.DiscardHandler), ups: ups, byName: map[string]upstreamTool{}}
-	g.route()
-	out := map[string]any{}
-	for _, p := range principals {
-		var visible, hidden []map[string]any
-		for _, name := range sortedKeys(g.byName) {
-			ut := g.byName[name]
-			v := access.see(p, ut.server, name)
-			if v.hidden {
-				hidden = append(hidden, map[string]any{"server_id": ut.server, "tool": name, "codes": v.codes, "why": v.detail})
-				continue
-			}
-			e := map[string]any{"server_id": ut.server, "tool": name}
-			if v.actions != nil {
-				e["actions"] = v.actions
-			}
-			visible = append(visible, e)
-		}
-		out[p.name] = map[string]any{"agent_id": p.agentID, "visible": visible, "hidden": hidden}
-	}
-	enc := json.NewEncoder(os.Stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(out)
-}
-
-// loadPrincipals reads the --principals file; relative paths in it are
-// relative to the file.
-func loadPrincipals(path string) ([]*principal, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	var f struct {
-		Principals []struct {
-			Name        string `json:"name"`
-			TokenSHA256 string `json:"token_sha256"`
-			AgentID     string `json:"agent_id"`
-			Capability  string `json:"capability"`
-			AgentKey    string `json:"agent_key"`
-		} `json:"principals"`
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil {
-		return nil, fmt.Errorf("--principals %s: %w", path, err)
-	}
-	if len(f.Principals) == 0 {
-		return nil, fmt.Errorf("--principals %s: no principals", path)
-	}
-	rel := func(p string) string {
-		if p == "" || filepath.IsAbs(p) {
-			return p
-		}
-		return filepath.Join(filepath.Dir(path), p)
-	}
-	var out []*principal
-	names := map[string]bool{}
-	for i, e := range f.Principals {
-		if e.Name == "" || names[e.Name] {
-			return nil, fmt.Errorf("--principals %s: entry %d: a unique name is required", path, i)
-		}
-		names[e.Name] = true
-		tok := strings.ToLower(e.TokenSHA256)
-		if len(tok) != 64 || strings.Trim(tok, "0123456789abcdef") != "" {
-			return nil, fmt.Errorf("--principals %s: %s: token_sha256 must be the hex sha256 of the bearer token", path, e.Name)
-		}
-		p, err := loadPrincipal(e.Name, e.AgentID, rel(e.Capability), rel(e.AgentKey))
-		if err != nil {
-			return nil, err
-		}
-		if p.agentID == "" {
-			p.agentID = e.Name
-		}
-		p.tokenSHA256 = tok
-		out = append(out, p)
-	}
-	return out, nil
 }

@@ -17,7 +17,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/talos-audit/talos/cmd/internal/mcpup"
+	"github.com/talos-audit/talos/ingest/mcpup"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/schemas"
 )

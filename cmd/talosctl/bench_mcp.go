@@ -13,8 +13,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/talos-audit/talos/cmd/internal/mcpup"
 	"github.com/talos-audit/talos/ingest/loadgen"
+	"github.com/talos-audit/talos/ingest/mcpup"
 )
 
 // benchMCPCmd measures what an MCP proxy (talos-mcp-gateway) adds to a

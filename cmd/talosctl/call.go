@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest"
-	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -44,28 +43,27 @@ func (c *callCmd) capSigner() (*ingest.CallSigner, error) {
 		}
 		return nil, nil
 	}
-	raw, err := os.ReadFile(c.Capability)
+	s, err := ingest.LoadCallSigner(c.Capability, c.AgentKey)
 	if err != nil {
-		return nil, usage("--capability: %v", err)
-	}
-	var key *receipts.PrivateKey
-	if c.AgentKey != "" {
-		if key, err = receipts.LoadPrivateKey(c.AgentKey); err != nil {
-			return nil, usage("--agent-key: %v", err)
-		}
-	}
-	s, err := ingest.NewCallSigner(raw, key)
-	if err != nil {
-		return nil, usage("--capability: %v", err)
+		return nil, usage("%v", err)
 	}
 	return s, nil
 }
 
-func readArg(s string) ([]byte, error) {
+// readJSON reads a JSON flag value given inline or as @FILE.
+func readJSON(flag, s string) (json.RawMessage, error) {
+	text := []byte(s)
 	if strings.HasPrefix(s, "@") {
-		return os.ReadFile(s[1:])
+		var err error
+		if text, err = os.ReadFile(s[1:]); err != nil {
+			return nil, usage("%s: %v", flag, err)
+		}
 	}
-	return []byte(s), nil
+	var v json.RawMessage
+	if err := json.Unmarshal(text, &v); err != nil {
+		return nil, usage("%s is not JSON: %v", flag, err)
+	}
+	return v, nil
 }
 
 func (c *callCmd) Run(g *Globals) error {
@@ -88,46 +86,79 @@ func (c *callCmd) Run(g *Globals) error {
 	defer client.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
 	defer cancel()
-
 	if c.File != "" {
-		raw, err := os.ReadFile(c.File)
-		if err != nil {
-			return usage("%v", err)
-		}
-		var ids struct {
-			Phase      string `json:"phase"`
-			ServerID   string `json:"server_id"`
-			ToolCallID string `json:"tool_call_id"`
-		}
-		_ = json.Unmarshal(raw, &ids)
-		if ids.Phase == "" {
-			ids.Phase = schemas.PhasePre
-		}
-		if c.Server != "" {
-			ids.ServerID = c.Server
-		}
-		if !schemas.ValidID(ids.ServerID) {
-			return usage("cannot route %s: give --server", c.File)
-		}
-		d, err := client.Send(ctx, ids.Phase, ids.ServerID, ids.ToolCallID, raw)
-		return printDecision(g, d, err)
+		return c.sendFile(ctx, g, client)
 	}
+	return c.sendCall(ctx, g, client)
+}
 
-	argText, err := readArg(c.Args)
+// sendFile sends --file as it is, routed by its own phase, server_id and
+// tool_call_id (or --server).
+func (c *callCmd) sendFile(ctx context.Context, g *Globals, client *ingest.Client) error {
+	raw, err := os.ReadFile(c.File)
 	if err != nil {
-		return usage("--args: %v", err)
+		return usage("%v", err)
 	}
-	var args json.RawMessage
-	if err := json.Unmarshal(argText, &args); err != nil {
-		return usage("--args is not JSON: %v", err)
+	var ids struct {
+		Phase      string `json:"phase"`
+		ServerID   string `json:"server_id"`
+		ToolCallID string `json:"tool_call_id"`
+	}
+	_ = json.Unmarshal(raw, &ids)
+	if ids.Phase == "" {
+		ids.Phase = schemas.PhasePre
+	}
+	if c.Server != "" {
+		ids.ServerID = c.Server
+	}
+	if !schemas.ValidID(ids.ServerID) {
+		return usage("cannot route %s: give --server", c.File)
+	}
+	d, err := client.Send(ctx, ids.Phase, ids.ServerID, ids.ToolCallID, raw)
+	return printDecision(g, d, err)
+}
+
+// sendCall builds, signs and sends the pre envelope of the flags' call
+// and, after an allow with --result, its post event.
+func (c *callCmd) sendCall(ctx context.Context, g *Globals, client *ingest.Client) error {
+	args, err := readJSON("--args", c.Args)
+	if err != nil {
+		return err
 	}
 	signer, err := c.capSigner()
 	if err != nil {
 		return err
 	}
-	call, err := ingest.NewCall(c.EPID, c.Server, c.Tool, args)
+	call, err := c.envelope(args, signer)
 	if err != nil {
 		return err
+	}
+	started := time.Now()
+	d, err := client.Call(ctx, call)
+	if err != nil || d.Decision != schemas.DecisionAllow || c.Result == "" {
+		return printDecision(g, d, err)
+	}
+	if err := printDecision(g, d, nil); err != nil {
+		return err
+	}
+	res, err := readJSON("--result", c.Result)
+	if err != nil {
+		return err
+	}
+	post, err := ingest.SignedPost(call, res, true, started, time.Now(), signer)
+	if err != nil {
+		return err
+	}
+	d, err = client.Call(ctx, post)
+	return printDecision(g, d, err)
+}
+
+// envelope is the pre envelope of the flags' call, signed when a signer is
+// given.
+func (c *callCmd) envelope(args json.RawMessage, signer *ingest.CallSigner) (*schemas.ToolCall, error) {
+	call, err := ingest.NewCall(c.EPID, c.Server, c.Tool, args)
+	if err != nil {
+		return nil, err
 	}
 	call.Actor.AgentID = c.Agent
 	if call.Actor.AgentID == "" && signer != nil {
@@ -145,42 +176,16 @@ func (c *callCmd) Run(g *Globals) error {
 	for _, e := range c.ExpectHash {
 		p, h, ok := strings.Cut(e, "=")
 		if !ok {
-			return usage("--expect-hash %q: want POINTER=SHA256HEX", e)
+			return nil, usage("--expect-hash %q: want POINTER=SHA256HEX", e)
 		}
 		call.ExpectedDocumentHashes = append(call.ExpectedDocumentHashes, schemas.ExpectedHash{Pointer: p, Hash: h})
 	}
 	if signer != nil {
 		if err := signer.Sign(call); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	started := time.Now()
-	d, err := client.Call(ctx, call)
-	if err != nil || d.Decision != schemas.DecisionAllow || c.Result == "" {
-		return printDecision(g, d, err)
-	}
-	if err := printDecision(g, d, nil); err != nil {
-		return err
-	}
-	resText, err := readArg(c.Result)
-	if err != nil {
-		return usage("--result: %v", err)
-	}
-	var res json.RawMessage
-	if err := json.Unmarshal(resText, &res); err != nil {
-		return usage("--result is not JSON: %v", err)
-	}
-	post, err := ingest.PostOf(call, res, true, started, time.Now())
-	if err != nil {
-		return err
-	}
-	if signer != nil {
-		if err := signer.Sign(post); err != nil { // the post event has its own issued_at
-			return err
-		}
-	}
-	d, err = client.Call(ctx, post)
-	return printDecision(g, d, err)
+	return call, nil
 }
 
 // printDecision prints a decision; a deny is not a failure, no decision is.

@@ -12,9 +12,9 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/talos-audit/talos/cmd/internal/mcpup"
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/enforce/registrylint"
+	"github.com/talos-audit/talos/ingest/mcpup"
 	"github.com/talos-audit/talos/schemas"
 )
 

@@ -48,6 +48,11 @@
 // fails only on trees it cannot walk (deeper than MaxDepth, unknown Go
 // types); callers then fail closed and never write the raw payload.
 //
+// NewLogHandler puts the same redaction in front of a slog.Handler, for
+// processes that may log text quoting a payload (the MCP gateway); its
+// markers carry pseudonyms under a key of the process's own
+// (NewLogRedactor), which link to nothing stored.
+//
 // Package plant (enforce/redact/plant) generates secrets in every format
 // and position above, for leak tests of this package and of the pipeline.
 package redact

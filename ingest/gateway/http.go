@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"errors"
-	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -15,20 +14,22 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// serveHTTP serves streamable HTTP at addr. Every request must carry a
-// bearer token of one of the principals (seed 003 MUST 2); each principal
-// has its own MCP handler, so its sessions, and the tools they list, are
-// its own: a session id presented with another principal's token is not
-// found.
-func serveHTTP(ctx context.Context, addr string, g *Gateway, principals []*principal, log *slog.Logger) error {
+// ListenHTTP serves streamable HTTP at addr until ctx ends (then it shuts
+// the server down, waiting up to 5 s). Every request must carry a bearer
+// token of one of the principals (CSP MUST 2); each principal has its
+// own MCP handler, so its sessions, and the tools they list, are its own:
+// a session id presented with another principal's token is not found.
+// /healthz answers 503 while NATS is unreachable.
+func (g *Gateway) ListenHTTP(ctx context.Context, addr string, principals []*Principal) error {
+	log := g.log
 	handlers := make(map[string]http.Handler, len(principals))
 	for _, p := range principals {
 		s := g.Server(p)
-		handlers[p.tokenSHA256] = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
+		handlers[p.TokenSHA256] = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if !g.nc.IsConnected() {
+		if !g.Connected() {
 			http.Error(w, "no connection to Talos: calls are denied", http.StatusServiceUnavailable)
 			return
 		}

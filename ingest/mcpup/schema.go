@@ -60,7 +60,7 @@ func ActionEnum(inputSchema any, actionPointer string) (values []string, ok bool
 // actionPointer (found as ActionEnum finds them) narrowed to allowed: enum
 // entries not allowed are removed, and so are oneOf/anyOf branches whose
 // const (or whose action property, for a union of object schemas) is not
-// allowed. This is seed 004's ReadOnlyToolWrapper "belt": the caller shows
+// allowed. This is CM-WRAPPER's ReadOnlyToolWrapper "belt": the caller shows
 // the narrowed schema in tools/list and still rejects other actions at call
 // time. It fails with ErrNoActionEnum when there is nothing to narrow and
 // ErrNoAllowedActions when nothing allowed remains. The input is not

@@ -1,34 +1,31 @@
-package main
+package redact
 
 import (
 	"context"
 	"crypto/rand"
 	"fmt"
 	"log/slog"
-
-	"github.com/talos-audit/talos/enforce/redact"
 )
 
-// The gateway never logs arguments or results, but what it does log can
-// quote them: an upstream's error ("exec failed: mysql -pS3cret ...",
-// "401 for Authorization: Bearer ...") comes back as the err of "upstream
-// call failed". Every string and error the gateway logs therefore goes
-// through the same redaction the workers apply to payloads before the log
-// handler writes it.
+// A process that never logs arguments or results can still log text that
+// quotes them: the MCP gateway gets an upstream's error ("exec failed:
+// mysql -pS3cret ...", "401 for Authorization: Bearer ...") back as the err
+// of "upstream call failed". Its log handler therefore puts every string
+// and error through the same redaction the workers apply to payloads.
 //
-// The gateway does not hold Talos's redaction key (it may run far from
-// talosd), so its markers carry pseudonyms under a key of its own, drawn
-// at start: they show that and where something was redacted, and do not
-// link to the pseudonyms in ClickHouse.
+// Such a process does not hold Talos's redaction key (the gateway may run
+// far from talosd), so its markers carry pseudonyms under a key of its own,
+// drawn at start: they show that and where something was redacted, and do
+// not link to the pseudonyms in ClickHouse.
 
-// newLogRedactor builds the redactor of the gateway's log, with a fresh
-// random key.
-func newLogRedactor() (*redact.Redactor, error) {
-	key := make([]byte, redact.MinKeyBytes)
+// NewLogRedactor builds the redactor of a process's log, with a fresh
+// random key named keyID.
+func NewLogRedactor(keyID string) (*Redactor, error) {
+	key := make([]byte, MinKeyBytes)
 	if _, err := rand.Read(key); err != nil {
 		return nil, fmt.Errorf("log redaction key: %w", err)
 	}
-	return redact.New(redact.Config{Key: key, KeyID: "gateway-log"})
+	return New(Config{Key: key, KeyID: keyID})
 }
 
 // redactingHandler is a slog.Handler decorator: the string and error
@@ -36,10 +33,14 @@ func newLogRedactor() (*redact.Redactor, error) {
 // are redacted before the next handler sees them.
 type redactingHandler struct {
 	next slog.Handler
-	red  *redact.Redactor
+	red  *Redactor
 }
 
-func newRedactingHandler(next slog.Handler, red *redact.Redactor) slog.Handler {
+// NewLogHandler redacts the message and every string, error and Stringer
+// attribute of a record (groups and With attributes included) with red
+// before next sees it. A string red cannot walk is replaced by a notice,
+// never logged as it was.
+func NewLogHandler(next slog.Handler, red *Redactor) slog.Handler {
 	return &redactingHandler{next: next, red: red}
 }
 

@@ -1,4 +1,4 @@
-package main
+package redact
 
 import (
 	"bytes"
@@ -9,16 +9,16 @@ import (
 	"testing"
 )
 
-// TestLogRedaction: what the gateway logs (an upstream's error quoting a
+// TestLogHandler: what the gateway logs (an upstream's error quoting a
 // call's arguments, attributes added with With, groups) reaches the log
 // without the secrets in it, and everything else is logged as it was.
-func TestLogRedaction(t *testing.T) {
-	red, err := newLogRedactor()
+func TestLogHandler(t *testing.T) {
+	red, err := NewLogRedactor("gateway-log")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
-	log := slog.New(newRedactingHandler(slog.NewTextHandler(&buf, nil), red))
+	log := slog.New(NewLogHandler(slog.NewTextHandler(&buf, nil), red))
 
 	secrets := []string{"S3cr3t-pw!", "abc.def~ghi-jkl", "hunter2hunter2", "p@ss;word"}
 	upstream := errors.New("calling \"run\": exec failed: mysql -h db -u app -p" + secrets[0] +

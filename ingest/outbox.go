@@ -1,4 +1,4 @@
-package main
+package ingest
 
 import (
 	"context"
@@ -13,50 +13,55 @@ import (
 	"github.com/talos-audit/talos/schemas"
 )
 
-// outboxLimit bounds the post events waiting for NATS. While it is full the
-// gateway denies new calls (ENFORCEMENT_UNAVAILABLE) rather than run calls
-// it could not report.
-const outboxLimit = 10000
+// OutboxLimit bounds the post events waiting for NATS. While it is full an
+// enforcement point denies new calls (ENFORCEMENT_UNAVAILABLE) rather than
+// run calls it could not report.
+const OutboxLimit = 10000
 
-// outbox delivers post events to TALOS_CALLS in order, retrying until
-// JetStream acknowledges each one: a call that ran, or that the gateway
-// refused on its own (NATS down, no decision, rejected), is never left
-// out of the audit trail because NATS was away for a while. It lives in
-// memory: a gateway killed while NATS is down loses what it holds.
-type outbox struct {
+// Outbox delivers an enforcement point's post events to TALOS_CALLS in
+// order, retrying until JetStream acknowledges each one: a call that ran,
+// or that the enforcement point refused on its own (NATS down, no
+// decision, rejected), is never left out of the audit trail because NATS
+// was away for a while. It lives in memory: a process killed while NATS
+// is down loses what it holds.
+//
+// Its one delivery goroutine is started by Start and owned by Drain, which
+// the owner MUST call before it exits.
+type Outbox struct {
 	log     *slog.Logger
 	mu      sync.Mutex
 	cond    *sync.Cond
 	q       []*schemas.ToolCall
 	busy    bool // a post is being published
 	stopped bool
-	stop    chan struct{} // closed by drain: give up
+	stop    chan struct{} // closed by Drain: give up
 	done    chan struct{} // closed when the loop has returned
 }
 
-func newOutbox(log *slog.Logger) *outbox {
-	o := &outbox{log: log, stop: make(chan struct{}), done: make(chan struct{})}
+// NewOutbox builds an outbox that logs to log.
+func NewOutbox(log *slog.Logger) *Outbox {
+	o := &Outbox{log: log, stop: make(chan struct{}), done: make(chan struct{})}
 	o.cond = sync.NewCond(&o.mu)
 	return o
 }
 
-// send queues a post event.
-func (o *outbox) send(post *schemas.ToolCall) {
+// Send queues a post event.
+func (o *Outbox) Send(post *schemas.ToolCall) {
 	o.mu.Lock()
 	o.q = append(o.q, post)
 	o.mu.Unlock()
 	o.cond.Broadcast()
 }
 
-// full reports whether no more calls should be taken.
-func (o *outbox) full() bool {
+// Full reports whether no more calls should be taken.
+func (o *Outbox) Full() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return len(o.q) >= outboxLimit
+	return len(o.q) >= OutboxLimit
 }
 
 // pending is how many posts are not yet acknowledged.
-func (o *outbox) pending() int {
+func (o *Outbox) pending() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	n := len(o.q)
@@ -66,9 +71,8 @@ func (o *outbox) pending() int {
 	return n
 }
 
-// start runs the delivery loop until drain stops it. It is owned by the
-// gateway: Close drains it.
-func (o *outbox) start(js jetstream.JetStream) {
+// Start runs the delivery loop on js until Drain stops it.
+func (o *Outbox) Start(js jetstream.JetStream) {
 	go func() {
 		defer close(o.done)
 		for {
@@ -96,9 +100,9 @@ func (o *outbox) start(js jetstream.JetStream) {
 	}()
 }
 
-// drain waits up to wait for every queued post to be delivered, then stops
+// Drain waits up to wait for every queued post to be delivered, then stops
 // the loop. It returns how many were not delivered.
-func (o *outbox) drain(wait time.Duration) int {
+func (o *Outbox) Drain(wait time.Duration) int {
 	deadline := time.Now().Add(wait)
 	for o.pending() > 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
@@ -112,9 +116,9 @@ func (o *outbox) drain(wait time.Duration) int {
 	return o.pending()
 }
 
-// deliver publishes one post until it is acknowledged, or until drain
+// deliver publishes one post until it is acknowledged, or until Drain
 // gives up (false).
-func (o *outbox) deliver(js jetstream.JetStream, post *schemas.ToolCall) bool {
+func (o *Outbox) deliver(js jetstream.JetStream, post *schemas.ToolCall) bool {
 	raw, err := json.Marshal(post)
 	if err != nil {
 		o.log.Error("post event cannot be encoded; dropped", "tool_call_id", post.ToolCallID, "err", err)

@@ -1,4 +1,16 @@
-package main
+// Package gateway is Talos's enforcement point for MCP: it sits between
+// an MCP client and one or more upstream MCP servers. tools/list shows each
+// principal only what the registry and its capability allow
+// (enforce.Discovery); every tools/call is published to Talos as a signed
+// pre envelope, decided by a worker (allow, deny, require_approval),
+// forwarded only when allowed or approved, and reported afterwards through
+// the post outbox with its result and timing. Without an answer from Talos
+// the call is denied (fail closed).
+//
+// cmd/talos-mcp-gateway wires it: upstreams (ConnectUpstreams), principals
+// (LoadPrincipal, LoadPrincipals), New, Start, then Server over stdio or
+// ListenHTTP; Close at exit drains the outbox and closes the upstreams.
+package gateway
 
 import (
 	"context"
@@ -15,21 +27,19 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/talos-audit/talos/cmd/internal/mcpup"
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/mcpup"
 	"github.com/talos-audit/talos/schemas"
 )
 
-// unroutedServer is the server_id of a call to a tool no upstream offers:
-// it is still published, so the worker denies it with a receipt.
-const unroutedServer = "unrouted"
-
 // Options configure a Gateway. Zero values mean the defaults in New.
 type Options struct {
-	EPID            string
-	Registry        *enforce.Registry
-	Access          accessPolicy
+	EPID     string
+	Registry *enforce.Registry
+	// Discovery is the exfiltration guard; its Registry is set from
+	// Registry.
+	Discovery       enforce.Discovery
 	DecisionTimeout time.Duration // default 5 s
 	ApprovalTimeout time.Duration // default 2 min
 	// MaxEnvelopeBytes bounds a pre envelope; larger calls are denied
@@ -43,19 +53,6 @@ type Options struct {
 	Version      string
 }
 
-// upstreamTool is one tool an upstream server offers.
-type upstreamTool struct {
-	server string
-	tool   *mcp.Tool
-}
-
-// upstream is one connected upstream server.
-type upstream struct {
-	spec    mcpup.Spec
-	session *mcp.ClientSession
-	tools   []*mcp.Tool
-}
-
 // Gateway is the enforcement point between MCP clients and upstream MCP
 // servers: every tools/call is published to Talos, decided by a worker,
 // forwarded only on allow (or a human approval), and reported after it ran.
@@ -65,10 +62,10 @@ type Gateway struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	client *ingest.Client
-	out    *outbox
-	appr   *approvals
+	out    *ingest.Outbox
+	appr   *ingest.Approvals
 
-	ups    []*upstream
+	ups    []*Upstream
 	byName map[string]upstreamTool // downstream tool name → its upstream tool
 
 	mu      sync.Mutex
@@ -77,7 +74,7 @@ type Gateway struct {
 
 // New builds a gateway over connected upstreams and a NATS connection
 // (which may still be reconnecting: calls are denied until it is up).
-func New(o Options, nc *nats.Conn, ups []*upstream) (*Gateway, error) {
+func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 	if !schemas.ValidID(o.EPID) {
 		return nil, fmt.Errorf("ep_id %q must match %s", o.EPID, schemas.IDPattern)
 	}
@@ -100,11 +97,11 @@ func New(o Options, nc *nats.Conn, ups []*upstream) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	o.Access.reg = o.Registry
-	g := &Gateway{o: o, log: o.Logger, nc: nc, js: js, ups: ups, byName: map[string]upstreamTool{}, servers: map[string]*mcp.Server{}}
-	g.route()
-	g.appr = newApprovals(nc, o.Logger)
-	g.out = newOutbox(o.Logger)
+	o.Discovery.Registry = o.Registry
+	g := &Gateway{o: o, log: o.Logger, nc: nc, js: js, ups: ups, servers: map[string]*mcp.Server{}}
+	g.byName = route(o.Registry, ups, o.Logger)
+	g.appr = ingest.NewApprovals(nc, o.Logger)
+	g.out = ingest.NewOutbox(o.Logger)
 	return g, nil
 }
 
@@ -112,32 +109,34 @@ func New(o Options, nc *nats.Conn, ups []*upstream) (*Gateway, error) {
 // namespace: on a clash a protected tool (built_in, or from an internal
 // server) wins; otherwise the first upstream listed keeps the name and the
 // clash is logged.
-func (g *Gateway) route() {
-	for _, u := range g.ups {
+func route(reg *enforce.Registry, ups []*Upstream, log *slog.Logger) map[string]upstreamTool {
+	byName := map[string]upstreamTool{}
+	for _, u := range ups {
 		for _, t := range u.tools {
-			cur, taken := g.byName[t.Name]
+			cur, taken := byName[t.Name]
 			if !taken {
-				g.byName[t.Name] = upstreamTool{server: u.spec.ServerID, tool: t}
+				byName[t.Name] = upstreamTool{server: u.spec.ServerID, tool: t}
 				continue
 			}
-			if rt, ok := g.o.Registry.Lookup(u.spec.ServerID, t.Name); ok && enforce.Protected(rt) {
-				if ct, ok := g.o.Registry.Lookup(cur.server, t.Name); !ok || !enforce.Protected(ct) {
-					g.byName[t.Name] = upstreamTool{server: u.spec.ServerID, tool: t}
+			if rt, ok := reg.Lookup(u.spec.ServerID, t.Name); ok && enforce.Protected(rt) {
+				if ct, ok := reg.Lookup(cur.server, t.Name); !ok || !enforce.Protected(ct) {
+					byName[t.Name] = upstreamTool{server: u.spec.ServerID, tool: t}
 					continue
 				}
 			}
-			g.log.Warn("tool name offered by two upstreams; the first keeps it",
+			log.Warn("tool name offered by two upstreams; the first keeps it",
 				"tool", t.Name, "kept", cur.server, "hidden", u.spec.ServerID)
 		}
 	}
+	return byName
 }
 
 // Start connects the gateway to Talos: the decision subscription, the
 // approval listener and the post outbox. It returns at once; while NATS is
 // not reachable, calls are denied (ENFORCEMENT_UNAVAILABLE).
 func (g *Gateway) Start(ctx context.Context) {
-	g.out.start(g.js)
-	g.appr.start()
+	g.out.Start(g.js)
+	g.appr.Start()
 	go func() {
 		for ctx.Err() == nil {
 			c, err := ingest.NewClient(g.nc, g.js, g.o.EPID)
@@ -157,15 +156,21 @@ func (g *Gateway) Start(ctx context.Context) {
 }
 
 // Close waits (up to wait) for queued post events to reach Talos, then
-// closes the upstream sessions.
+// closes the upstream sessions. Close the NATS connection after it.
 func (g *Gateway) Close(wait time.Duration) {
-	if n := g.out.drain(wait); n > 0 {
+	if n := g.out.Drain(wait); n > 0 {
 		g.log.Error("post events not delivered to Talos before exit", "count", n)
 	}
 	for _, u := range g.ups {
 		_ = u.session.Close()
 	}
 }
+
+// Tools is how many downstream tool names the gateway routes.
+func (g *Gateway) Tools() int { return len(g.byName) }
+
+// Connected reports whether the NATS connection to Talos is up.
+func (g *Gateway) Connected() bool { return g.nc.IsConnected() }
 
 func (g *Gateway) ingestClient() *ingest.Client {
 	g.mu.Lock()
@@ -176,36 +181,21 @@ func (g *Gateway) ingestClient() *ingest.Client {
 // Server is the MCP server one principal sees: only the tools discovery
 // lets it see, with action enums narrowed, and every tools/call (visible
 // or not) handled by the gateway.
-func (g *Gateway) Server(p *principal) *mcp.Server {
+func (g *Gateway) Server(p *Principal) *mcp.Server {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if s := g.servers[p.name]; s != nil {
+	if s := g.servers[p.Name]; s != nil {
 		return s
 	}
 	s := mcp.NewServer(&mcp.Implementation{Name: "talos-mcp-gateway", Version: g.o.Version}, &mcp.ServerOptions{
 		Instructions: "Tool calls pass through Talos: each is decided, receipted and audited.",
 	})
 	for _, name := range sortedKeys(g.byName) {
-		ut := g.byName[name]
-		v := g.o.Access.see(p, ut.server, name)
-		if v.hidden {
-			g.log.Debug("tool hidden", "principal", p.name, "server", ut.server, "tool", name, "why", v.detail)
+		t, ok := g.listed(p, name)
+		if !ok {
 			continue
 		}
-		t := *ut.tool
-		if v.actions != nil {
-			if schema, err := mcpup.FilterActionEnum(rawSchema(t.InputSchema), v.tool.ActionPointer, v.actions); err == nil {
-				t.InputSchema = schema
-				t.Description = strings.TrimSpace(t.Description + " (actions open to you: " + strings.Join(v.actions, ", ") + ")")
-			} else {
-				g.log.Warn("cannot narrow the action enum; tool hidden", "tool", name, "err", err)
-				continue
-			}
-		}
-		if t.InputSchema == nil {
-			t.InputSchema = json.RawMessage(`{"type":"object"}`)
-		}
-		s.AddTool(&t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		s.AddTool(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 			return g.call(ctx, p, req) // not reached: the middleware handles tools/call
 		})
 	}
@@ -217,8 +207,33 @@ func (g *Gateway) Server(p *principal) *mcp.Server {
 			return next(ctx, method, req)
 		}
 	})
-	g.servers[p.name] = s
+	g.servers[p.Name] = s
 	return s
+}
+
+// listed is the tool name as p's tools/list shows it, with its action
+// enum narrowed to the actions open to p; false when p does not see it.
+func (g *Gateway) listed(p *Principal, name string) (*mcp.Tool, bool) {
+	ut := g.byName[name]
+	v := g.o.Discovery.See(p.Viewer, ut.server, name)
+	if v.Hidden {
+		g.log.Debug("tool hidden", "principal", p.Name, "server", ut.server, "tool", name, "why", v.Detail)
+		return nil, false
+	}
+	t := *ut.tool
+	if v.Actions != nil {
+		schema, err := mcpup.FilterActionEnum(rawSchema(t.InputSchema), v.Tool.ActionPointer, v.Actions)
+		if err != nil {
+			g.log.Warn("cannot narrow the action enum; tool hidden", "tool", name, "err", err)
+			return nil, false
+		}
+		t.InputSchema = schema
+		t.Description = strings.TrimSpace(t.Description + " (actions open to you: " + strings.Join(v.Actions, ", ") + ")")
+	}
+	if t.InputSchema == nil {
+		t.InputSchema = json.RawMessage(`{"type":"object"}`)
+	}
+	return &t, true
 }
 
 // rawSchema is an upstream tool's input schema as JSON.

@@ -1,0 +1,352 @@
+package gateway
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/nats-io/nats.go"
+
+	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/schemas"
+)
+
+// CodeDenied is the JSON-RPC error code of a tools/call the gateway refuses,
+// with data {decision, reason_codes, tool_call_id, receipt_id, details}.
+// The CSP sample uses -32003, but the MCP Go SDK (and so its clients)
+// reads -32003 as "client is closing" and drops the session; -32030 is in
+// the implementation-defined server range and collides with nothing known.
+const CodeDenied = -32030
+
+// idempotencyMeta is the _meta key a client may set to give a write call
+// its idempotency key; without it the tool_call_id is used (each call is
+// then its own key, so a retried MCP request is not recognised as one).
+const idempotencyMeta = "dev.talos/idempotency_key"
+
+// _meta keys of a forwarded call's result: its tool_call_id and the
+// receipt of its pre decision, so a client can find its audit record.
+const (
+	MetaToolCallID = "dev.talos/tool_call_id"
+	MetaReceiptID  = "dev.talos/receipt_id"
+)
+
+// unroutedServer is the server_id of a call to a tool no upstream offers:
+// it is still published, so the worker denies it with a receipt.
+const unroutedServer = "unrouted"
+
+// Denial is the data of a refused call's JSON-RPC error.
+type Denial struct {
+	Decision    string   `json:"decision"`
+	ReasonCodes []string `json:"reason_codes"`
+	ToolCallID  string   `json:"tool_call_id"`
+	ReceiptID   string   `json:"receipt_id,omitempty"`
+	Details     []string `json:"details,omitempty"`
+}
+
+func deny(d Denial) error {
+	data, _ := json.Marshal(d)
+	msg := "talos: denied (" + strings.Join(d.ReasonCodes, ", ") + ")"
+	if d.ReceiptID != "" {
+		msg += "; receipt " + d.ReceiptID
+	}
+	return &jsonrpc.Error{Code: CodeDenied, Message: msg, Data: data}
+}
+
+// pending is one tools/call on its way through Talos.
+type pending struct {
+	p      *Principal
+	req    *mcp.CallToolRequest
+	ut     upstreamTool
+	routed bool
+	args   json.RawMessage
+	pre    *schemas.ToolCall
+	raw    []byte // pre, as published
+	// local is the gateway's own refusal (enforce.Discovery.CheckCall);
+	// nil when it has no objection.
+	local       []string
+	localDetail string
+	log         *slog.Logger
+}
+
+// call runs one tools/call through Talos: pre → decision (→ approval) →
+// upstream → post.
+func (g *Gateway) call(ctx context.Context, p *Principal, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	c, err := g.prepare(p, req)
+	if err != nil {
+		return nil, err
+	}
+	client, err := g.admit(c)
+	if err != nil {
+		return nil, err
+	}
+	// An approval can only follow the decision, but listen first so none
+	// is missed.
+	wait := g.appr.Expect(c.pre.ToolCallID)
+	defer g.appr.Forget(c.pre.ToolCallID)
+	d, err := g.decide(ctx, client, c)
+	if err != nil {
+		return nil, err
+	}
+	return g.resolve(ctx, c, d, wait)
+}
+
+// prepare builds the call's signed pre envelope and the gateway's own
+// verdict on it.
+func (g *Gateway) prepare(p *Principal, req *mcp.CallToolRequest) (*pending, error) {
+	params := req.Params
+	c := &pending{p: p, req: req, args: params.Arguments}
+	if len(c.args) == 0 || string(c.args) == "null" {
+		c.args = json.RawMessage(`{}`)
+	}
+	c.ut, c.routed = g.byName[params.Name]
+	server := unroutedServer
+	if c.routed {
+		server = c.ut.server
+	}
+	pre, err := g.envelope(p, g.sessionOf(req), server, params.Name, c.args, params.Meta)
+	if err != nil {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "talos: " + err.Error()}
+	}
+	c.pre = pre
+	if c.routed {
+		c.local, c.localDetail = g.o.Discovery.CheckCall(p.Viewer, server, params.Name, c.args)
+	} else {
+		c.local, c.localDetail = []string{schemas.CodeToolHidden, schemas.CodeUnknownTool}, "no upstream offers this tool"
+	}
+	c.log = g.log.With("tool_call_id", pre.ToolCallID, "server", server, "tool", params.Name, "principal", p.Name)
+	if c.raw, err = json.Marshal(pre); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// admit refuses, with a post event saying why, a call NATS would refuse
+// (too large) or that cannot reach Talos now (fail closed).
+func (g *Gateway) admit(c *pending) (*ingest.Client, error) {
+	pre := c.pre
+	if limit := g.maxEnvelope(); len(c.raw) > limit {
+		// NATS would refuse it: record the refusal with the arguments
+		// left out (their size and hash say what was refused).
+		sum := sha256.Sum256(c.args)
+		g.fail(c.p, pre, schemas.CodeDenyPayloadTooLarge, fmt.Sprintf("arguments of %d bytes (sha256 %s) exceed the envelope limit %d", len(c.args), hex.EncodeToString(sum[:]), limit), true)
+		c.log.Warn("call denied: envelope too large", "bytes", len(c.raw))
+		return nil, deny(Denial{Decision: schemas.DecisionDeny, ReasonCodes: []string{schemas.CodeDenyPayloadTooLarge}, ToolCallID: pre.ToolCallID,
+			Details: []string{fmt.Sprintf("the call is %d bytes; this enforcement point sends at most %d", len(c.raw), limit)}})
+	}
+	client := g.ingestClient()
+	if client == nil || g.nc.Status() != nats.CONNECTED || g.out.Full() {
+		g.fail(c.p, pre, schemas.CodeEnforcementUnavailable, "no connection to Talos", false)
+		c.log.Warn("call denied: Talos unreachable (fail closed)")
+		return nil, deny(Denial{Decision: schemas.DecisionDeny, ReasonCodes: []string{schemas.CodeEnforcementUnavailable}, ToolCallID: pre.ToolCallID,
+			Details: []string{"the gateway has no connection to Talos; every call is denied until it returns"}})
+	}
+	return client, nil
+}
+
+// decide publishes the pre envelope and waits for its decision; none in
+// time, or no publish, is a deny.
+func (g *Gateway) decide(ctx context.Context, client *ingest.Client, c *pending) (*schemas.Decision, error) {
+	pre := c.pre
+	dctx, cancel := context.WithTimeout(ctx, g.o.DecisionTimeout)
+	d, err := client.Send(dctx, schemas.PhasePre, pre.ServerID, pre.ToolCallID, c.raw)
+	cancel()
+	switch {
+	case errors.Is(err, ingest.ErrNoDecision):
+		g.fail(c.p, pre, schemas.CodeDecisionTimeout, "no decision within "+g.o.DecisionTimeout.String(), false)
+		c.log.Warn("call denied: no decision in time (fail closed)")
+		return nil, deny(Denial{Decision: schemas.DecisionDeny, ReasonCodes: []string{schemas.CodeDecisionTimeout}, ToolCallID: pre.ToolCallID})
+	case err != nil:
+		g.fail(c.p, pre, schemas.CodeEnforcementUnavailable, "publish failed", false)
+		c.log.Warn("call denied: cannot publish to Talos (fail closed)", "err", err)
+		return nil, deny(Denial{Decision: schemas.DecisionDeny, ReasonCodes: []string{schemas.CodeEnforcementUnavailable}, ToolCallID: pre.ToolCallID})
+	}
+	return d, nil
+}
+
+// resolve acts on the worker's decision and the gateway's own verdict:
+// forward, wait for a human, or deny.
+func (g *Gateway) resolve(ctx context.Context, c *pending, d *schemas.Decision, wait <-chan ingest.Resolution) (*mcp.CallToolResult, error) {
+	codes := union(d.ReasonCodes, c.local)
+	details := d.Details
+	if c.localDetail != "" {
+		details = append(slices.Clone(details), "gateway: "+c.localDetail)
+	}
+	switch d.Decision {
+	case schemas.DecisionDeny:
+		c.log.Info("call denied", "codes", codes, "receipt_id", d.ReceiptID)
+		return nil, deny(Denial{Decision: d.Decision, ReasonCodes: codes, ToolCallID: c.pre.ToolCallID, ReceiptID: d.ReceiptID, Details: details})
+	case schemas.DecisionRequireApproval:
+		if len(c.local) == 0 {
+			return g.awaitApproval(ctx, c, d, wait)
+		}
+	case schemas.DecisionAllow:
+		if len(c.local) == 0 {
+			return g.forward(ctx, c, d.ReceiptID)
+		}
+	}
+	// The worker did not deny, but the gateway does (a hidden tool or
+	// action): say so in the post event.
+	g.fail(c.p, c.pre, c.local[len(c.local)-1], c.localDetail, false)
+	c.log.Info("call denied by the gateway", "codes", codes)
+	return nil, deny(Denial{Decision: schemas.DecisionDeny, ReasonCodes: codes, ToolCallID: c.pre.ToolCallID, ReceiptID: d.ReceiptID, Details: details})
+}
+
+// awaitApproval parks a require_approval call until `talosctl approve` or
+// `reject` resolves it, the approval timeout passes, or the client leaves.
+func (g *Gateway) awaitApproval(ctx context.Context, c *pending, d *schemas.Decision, wait <-chan ingest.Resolution) (*mcp.CallToolResult, error) {
+	pre, log := c.pre, c.log
+	log.Warn("call awaits approval", "approve", "talosctl approve "+pre.ToolCallID, "reject", "talosctl reject "+pre.ToolCallID+" --reason ...", "timeout", g.o.ApprovalTimeout)
+	notify(ctx, c.req, "Talos: this call needs a human approval: talosctl approve "+pre.ToolCallID)
+	select {
+	case a := <-wait:
+		if a.Verb != schemas.VerbApprove {
+			g.fail(c.p, pre, schemas.CodeApprovalRejected, "rejected by "+a.Actor, false)
+			log.Info("call rejected", "by", a.Actor, "control_receipt", a.ReceiptID)
+			return nil, deny(Denial{Decision: schemas.DecisionDeny, ReasonCodes: []string{schemas.CodeApprovalRejected}, ToolCallID: pre.ToolCallID,
+				ReceiptID: a.ReceiptID, Details: []string{"rejected by " + a.Actor}})
+		}
+		log.Info("call approved", "by", a.Actor, "control_receipt", a.ReceiptID)
+		return g.forward(ctx, c, d.ReceiptID)
+	case <-time.After(g.o.ApprovalTimeout):
+		g.fail(c.p, pre, schemas.CodeApprovalTimeout, "no approval within "+g.o.ApprovalTimeout.String(), false)
+		log.Warn("call denied: no approval in time")
+		return nil, deny(Denial{Decision: schemas.DecisionDeny, ReasonCodes: []string{schemas.CodeApprovalTimeout, schemas.CodeApprovalRequired},
+			ToolCallID: pre.ToolCallID, ReceiptID: d.ReceiptID})
+	case <-ctx.Done():
+		g.fail(c.p, pre, schemas.CodeApprovalTimeout, "the client cancelled while the call awaited approval", false)
+		return nil, ctx.Err()
+	}
+}
+
+// forward runs an allowed call on its upstream and reports it.
+func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (*mcp.CallToolResult, error) {
+	up := g.upstreamOf(c.ut.server)
+	started := time.Now()
+	res, err := up.session.CallTool(ctx, &mcp.CallToolParams{Name: c.ut.tool.Name, Arguments: c.args})
+	ended := time.Now()
+	if err != nil {
+		post, perr := ingest.SignedPost(c.pre, nil, false, started, ended, c.p.Signer)
+		if perr == nil {
+			post.Error = &schemas.CallError{Code: "UPSTREAM_ERROR", Kind: "upstream"}
+			g.out.Send(post)
+		}
+		c.log.Warn("upstream call failed", "err", err)
+		return nil, err
+	}
+	post, err := ingest.SignedPost(c.pre, res, !res.IsError, started, ended, c.p.Signer)
+	if err != nil {
+		c.log.Warn("post event not built", "err", err)
+	} else {
+		g.out.Send(post)
+	}
+	c.log.Info("call forwarded", "ok", !res.IsError, "ms", ended.Sub(started).Milliseconds())
+	// Tell the client which audit record this is (after the post event
+	// was built from the upstream's own result).
+	out := *res
+	out.Meta = maps.Clone(res.Meta)
+	if out.Meta == nil {
+		out.Meta = mcp.Meta{}
+	}
+	out.Meta[MetaToolCallID] = c.pre.ToolCallID
+	out.Meta[MetaReceiptID] = receiptID
+	return &out, nil
+}
+
+// fail reports a call the gateway refused on its own. Without the
+// arguments (too large to send), the request is reduced to the tool name.
+func (g *Gateway) fail(p *Principal, pre *schemas.ToolCall, code, message string, dropArgs bool) {
+	now := time.Now()
+	src := pre
+	if dropArgs {
+		c := *pre
+		c.Request = schemas.Request{Name: pre.Request.Name, Arguments: json.RawMessage(`{}`)}
+		c.RequestHash = ""
+		src = &c
+	}
+	post, err := ingest.SignedPost(src, nil, false, now, now, p.Signer)
+	if err != nil {
+		g.log.Error("post event not built", "tool_call_id", pre.ToolCallID, "err", err)
+		return
+	}
+	post.Error = &schemas.CallError{Code: code, Kind: "denied", Message: message}
+	g.out.Send(post)
+}
+
+// envelope builds and signs the pre envelope of a call. Without a
+// capability the envelope still carries its request_hash.
+func (g *Gateway) envelope(p *Principal, session, server, tool string, args json.RawMessage, meta mcp.Meta) (*schemas.ToolCall, error) {
+	c, err := ingest.NewCall(g.o.EPID, server, tool, args)
+	if err != nil {
+		return nil, err
+	}
+	c.SessionID = session
+	c.Actor = schemas.Actor{Kind: "agent", AgentID: p.AgentID}
+	c.RegistryDigest = g.o.Registry.Digest()
+	if t, ok := g.o.Registry.Lookup(server, tool); ok && (t.ToolClass == schemas.ClassWrite || t.ActionPointer != "") {
+		c.IdempotencyKey = c.ToolCallID
+		if k, ok := meta[idempotencyMeta].(string); ok && k != "" && len(k) <= 256 {
+			c.IdempotencyKey = k
+		}
+	}
+	if p.Signer != nil {
+		if err := p.Signer.Sign(c); err != nil {
+			return nil, err
+		}
+	} else if err := ingest.HashRequest(c); err != nil {
+		return nil, fmt.Errorf("arguments cannot be canonicalised: %w", err)
+	}
+	return c, nil
+}
+
+// maxEnvelope is the largest pre envelope the gateway sends.
+func (g *Gateway) maxEnvelope() int {
+	if g.o.MaxEnvelopeBytes > 0 {
+		return g.o.MaxEnvelopeBytes
+	}
+	if mp := g.nc.MaxPayload(); mp > 128<<10 {
+		return int(mp) - 64<<10
+	}
+	return 1 << 20
+}
+
+// sessionOf is the session_id of a downstream session: the streamable
+// HTTP session id, or the gateway's own id for its stdio session.
+func (g *Gateway) sessionOf(req *mcp.CallToolRequest) string {
+	if req.Session != nil {
+		if id := req.Session.ID(); id != "" {
+			return id
+		}
+	}
+	return g.o.StdioSession
+}
+
+// notify tells the client, as a log message, what the call waits for.
+func notify(ctx context.Context, req *mcp.CallToolRequest, msg string) {
+	if req.Session == nil {
+		return
+	}
+	_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "warning", Logger: "talos", Data: msg})
+}
+
+// union is a's codes followed by b's not already in a.
+func union(a, b []string) []string {
+	out := slices.Clone(a)
+	for _, c := range b {
+		if !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
