@@ -132,27 +132,43 @@ func route(reg *enforce.Registry, ups []*Upstream, log *slog.Logger) map[string]
 }
 
 // Start connects the gateway to Talos: the decision subscription, the
-// approval listener and the post outbox. It returns at once; while NATS is
-// not reachable, calls are denied (ENFORCEMENT_UNAVAILABLE).
+// approval listener and the post outbox. The subscription is in place when
+// it returns if NATS is reachable; while it is not, calls are denied
+// (ENFORCEMENT_UNAVAILABLE) and Start keeps trying in the background.
 func (g *Gateway) Start(ctx context.Context) {
 	g.out.Start(g.js)
 	g.appr.Start()
+	// Subscribe to decisions before returning when NATS is up, so the first
+	// call finds the client; otherwise keep trying in the background (calls
+	// are denied, fail closed, until then).
+	if g.subscribe() {
+		return
+	}
 	go func() {
-		for ctx.Err() == nil {
-			c, err := ingest.NewClient(g.nc, g.js, g.o.EPID)
-			if err == nil {
-				g.mu.Lock()
-				g.client = c
-				g.mu.Unlock()
-				return
-			}
-			g.log.Warn("waiting for NATS to subscribe to decisions", "err", err)
+		for {
 			select {
 			case <-ctx.Done():
+				return
 			case <-time.After(time.Second):
+			}
+			if g.subscribe() {
+				return
 			}
 		}
 	}()
+}
+
+// subscribe makes the enforcement-point client (its decision subscription).
+func (g *Gateway) subscribe() bool {
+	c, err := ingest.NewClient(g.nc, g.js, g.o.EPID)
+	if err != nil {
+		g.log.Warn("waiting for NATS to subscribe to decisions", "err", err)
+		return false
+	}
+	g.mu.Lock()
+	g.client = c
+	g.mu.Unlock()
+	return true
 }
 
 // Close waits (up to wait) for queued post events to reach Talos, then
