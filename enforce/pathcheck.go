@@ -58,48 +58,11 @@ func pathEscapes(root, p string, depth int) (bool, string) {
 	if len(p) > maxPathBytes {
 		return true, "path too long"
 	}
-	// ASCII, the common case, needs neither the rune tables nor NFKC
-	// (ASCII text is NFKC-normal); a path with any other byte goes
-	// through the general checks, from the start.
-	ascii, why := true, ""
-	for i := 0; i < len(p); i++ {
-		b := p[i]
-		if b >= utf8.RuneSelf {
-			ascii = false
-			break
-		}
-		if why == "" {
-			switch {
-			case b == 0:
-				why = "NUL byte"
-			case b < 0x20 || b == 0x7f:
-				why = "control character"
-			case b == '\\':
-				why = "backslash"
-			}
-		}
-	}
-	if ascii && why != "" {
+	// ASCII text is NFKC-normal: only a path with another byte is
+	// normalised below.
+	ascii, why := characterProblem(p)
+	if why != "" {
 		return true, why
-	}
-	if !ascii {
-		if !utf8.ValidString(p) {
-			return true, "invalid or overlong UTF-8"
-		}
-		for _, r := range p {
-			switch {
-			case r == 0:
-				return true, "NUL byte"
-			case unicode.IsControl(r):
-				return true, "control character"
-			case unicode.Is(unicode.Cf, r):
-				return true, "invisible format character"
-			case r == '\\':
-				return true, "backslash"
-			case r >= utf8.RuneSelf && lookalike(r):
-				return true, "unicode dot or slash lookalike"
-			}
-		}
 	}
 	if strings.IndexByte(p, '%') >= 0 {
 		dec, bad, why := percentDecode(p)
@@ -117,33 +80,96 @@ func pathEscapes(root, p string, depth int) (bool, string) {
 			return true, "after NFKC normalisation: " + why
 		}
 	}
+	if why := syntaxProblem(p); why != "" {
+		return true, why
+	}
+	return resolvedEscape(root, p)
+}
+
+// characterProblem reports whether p is ASCII, and why its characters
+// make it escape ("" when they do not): NUL, control and format
+// characters, backslashes, invalid UTF-8, unicode dot or slash
+// lookalikes.
+func characterProblem(p string) (ascii bool, why string) {
+	// ASCII, the common case, needs no rune tables; a path with any other
+	// byte goes through the general checks, from the start.
+	ascii = true
+	for i := 0; i < len(p); i++ {
+		b := p[i]
+		if b >= utf8.RuneSelf {
+			ascii = false
+			break
+		}
+		if why == "" {
+			switch {
+			case b == 0:
+				why = "NUL byte"
+			case b < 0x20 || b == 0x7f:
+				why = "control character"
+			case b == '\\':
+				why = "backslash"
+			}
+		}
+	}
+	if ascii {
+		return true, why
+	}
+	if !utf8.ValidString(p) {
+		return false, "invalid or overlong UTF-8"
+	}
+	for _, r := range p {
+		switch {
+		case r == 0:
+			return false, "NUL byte"
+		case unicode.IsControl(r):
+			return false, "control character"
+		case unicode.Is(unicode.Cf, r):
+			return false, "invisible format character"
+		case r == '\\':
+			return false, "backslash"
+		case r >= utf8.RuneSelf && lookalike(r):
+			return false, "unicode dot or slash lookalike"
+		}
+	}
+	return false, ""
+}
+
+// syntaxProblem is why p has path syntax that can leave the workspace
+// whatever root is (drive letters, schemes, colons, network paths,
+// variables, parent, dot-only and home segments), or "".
+func syntaxProblem(p string) string {
 	if i := strings.IndexByte(p, ':'); i >= 0 {
 		switch {
 		case i == 1 && isASCIILetter(p[0]):
-			return true, "Windows drive letter"
+			return "Windows drive letter"
 		case strings.Contains(p, "://") || isScheme(p[:i]) && strings.HasPrefix(p[i+1:], "/"):
-			return true, "URL scheme"
+			return "URL scheme"
 		default:
-			return true, "colon (drive, scheme or alternate data stream)"
+			return "colon (drive, scheme or alternate data stream)"
 		}
 	}
 	if strings.HasPrefix(p, "//") {
-		return true, "network (UNC) path"
+		return "network (UNC) path"
 	}
 	if strings.IndexByte(p, '$') >= 0 {
-		return true, "shell variable expansion"
+		return "shell variable expansion"
 	}
 	for _, seg := range strings.Split(p, "/") {
 		switch {
 		case seg == "..":
-			return true, "parent directory segment"
+			return "parent directory segment"
 		case seg != "" && seg != "." && strings.TrimRight(seg, ". ") == "":
-			return true, "dot-only segment"
+			return "dot-only segment"
 		case strings.HasPrefix(seg, "~"):
-			return true, "home directory expansion"
+			return "home directory expansion"
 		}
 	}
+	return ""
+}
 
+// resolvedEscape reports whether p, resolved against root, lies outside
+// root or passes through a symlink farm below it.
+func resolvedEscape(root, p string) (bool, string) {
 	var full string
 	if p[0] == '/' {
 		full = path.Clean(p)

@@ -391,11 +391,6 @@ func (b *shapeBuilder) build(node any, embedded bool, ptr string) *shape {
 	if _, hasID := obj["$id"]; hasID && ptr != "" {
 		embedded = true
 	}
-	child := func(key string, v any) *shape { return b.build(v, embedded, ptr+"/"+jsonpointer.Escape(key)) }
-	childAt := func(key string, i int, v any) *shape {
-		return b.build(v, embedded, ptr+"/"+jsonpointer.Escape(key)+"/"+strconv.Itoa(i))
-	}
-
 	if ref, ok := obj["$ref"].(string); ok {
 		if t := b.resolveRef(ref, embedded); t != nil {
 			s.subs = append(s.subs, t)
@@ -409,6 +404,43 @@ func (b *shapeBuilder) build(node any, embedded bool, ptr string) *shape {
 	if _, ok := obj["$recursiveRef"]; ok {
 		s.opaque = true
 	}
+	b.objectKeywords(s, obj, embedded, ptr)
+	b.arrayKeywords(s, obj, embedded, ptr)
+	for _, kw := range []string{"allOf", "anyOf", "oneOf"} {
+		if arr, ok := obj[kw].([]any); ok {
+			for i, x := range arr {
+				s.subs = append(s.subs, b.childAt(embedded, ptr, kw, i, x))
+			}
+		}
+	}
+	for _, kw := range []string{"if", "then", "else"} {
+		if v, ok := obj[kw]; ok {
+			s.subs = append(s.subs, b.child(embedded, ptr, kw, v))
+		}
+	}
+	if ds, ok := obj["dependentSchemas"].(map[string]any); ok {
+		for k, v := range ds {
+			s.subs = append(s.subs, b.build(v, embedded, ptr+"/dependentSchemas/"+jsonpointer.Escape(k)))
+		}
+	}
+	return s
+}
+
+// child builds the subschema v of keyword key of the node at ptr.
+func (b *shapeBuilder) child(embedded bool, ptr, key string, v any) *shape {
+	return b.build(v, embedded, ptr+"/"+jsonpointer.Escape(key))
+}
+
+// childAt builds the subschema v at index i of keyword key of the node at
+// ptr.
+func (b *shapeBuilder) childAt(embedded bool, ptr, key string, i int, v any) *shape {
+	return b.build(v, embedded, ptr+"/"+jsonpointer.Escape(key)+"/"+strconv.Itoa(i))
+}
+
+// objectKeywords builds into s the members node obj (at ptr) declares:
+// properties, patternProperties, additionalProperties and
+// unevaluatedProperties.
+func (b *shapeBuilder) objectKeywords(s *shape, obj map[string]any, embedded bool, ptr string) {
 	if props, ok := obj["properties"].(map[string]any); ok {
 		s.hasProps = true
 		s.props = make(map[string]*shape, len(props))
@@ -432,45 +464,33 @@ func (b *shapeBuilder) build(node any, embedded bool, ptr string) *shape {
 			s.allowExtra = s.allowExtra || v
 		case map[string]any:
 			s.allowExtra = true
-			s.extra = append(s.extra, child(kw, v))
+			s.extra = append(s.extra, b.child(embedded, ptr, kw, v))
 		}
 	}
+}
+
+// arrayKeywords builds into s the elements node obj (at ptr) declares:
+// items (a draft 7 tuple with additionalItems, or one schema) and
+// prefixItems.
+func (b *shapeBuilder) arrayKeywords(s *shape, obj map[string]any, embedded bool, ptr string) {
 	switch v := obj["items"].(type) {
 	case []any: // draft 7 tuple
 		for i, x := range v {
-			s.prefix = append(s.prefix, childAt("items", i, x))
+			s.prefix = append(s.prefix, b.childAt(embedded, ptr, "items", i, x))
 		}
 		if ai, ok := obj["additionalItems"]; ok {
-			s.items = child("additionalItems", ai)
+			s.items = b.child(embedded, ptr, "additionalItems", ai)
 		}
 	case nil:
 	default:
-		s.items = child("items", v)
+		s.items = b.child(embedded, ptr, "items", v)
 	}
 	if pi, ok := obj["prefixItems"].([]any); ok {
 		s.prefix = s.prefix[:0]
 		for i, x := range pi {
-			s.prefix = append(s.prefix, childAt("prefixItems", i, x))
+			s.prefix = append(s.prefix, b.childAt(embedded, ptr, "prefixItems", i, x))
 		}
 	}
-	for _, kw := range []string{"allOf", "anyOf", "oneOf"} {
-		if arr, ok := obj[kw].([]any); ok {
-			for i, x := range arr {
-				s.subs = append(s.subs, childAt(kw, i, x))
-			}
-		}
-	}
-	for _, kw := range []string{"if", "then", "else"} {
-		if v, ok := obj[kw]; ok {
-			s.subs = append(s.subs, child(kw, v))
-		}
-	}
-	if ds, ok := obj["dependentSchemas"].(map[string]any); ok {
-		for k, v := range ds {
-			s.subs = append(s.subs, b.build(v, embedded, ptr+"/dependentSchemas/"+jsonpointer.Escape(k)))
-		}
-	}
-	return s
 }
 
 // resolveRef resolves a local reference ("#", "#/json/pointer", "#anchor")

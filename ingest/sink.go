@@ -90,21 +90,9 @@ func NewSink(js jetstream.JetStream, w Writer, o SinkOptions) (*Sink, error) {
 // Run consumes until ctx is cancelled; a batch being written when ctx is
 // cancelled is abandoned un-acked and will be redelivered.
 func (s *Sink) Run(ctx context.Context) error {
-	cons, err := s.js.CreateOrUpdateConsumer(ctx, schemas.StreamAudit, jetstream.ConsumerConfig{
-		Durable:       s.o.Consumer,
-		Description:   "Talos ClickHouse sink",
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       s.o.AckWait,
-		MaxAckPending: 2 * s.o.BatchRows,
-		FilterSubject: schemas.SubjectAuditAll,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
+	it, err := s.messages(ctx)
 	if err != nil {
-		return fmt.Errorf("ingest: sink consumer: %w", err)
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(s.o.BatchRows))
-	if err != nil {
-		return fmt.Errorf("ingest: sink fetch: %w", err)
+		return err
 	}
 	// A reader goroutine keeps draining the iterator while a batch is being
 	// written, into a channel as large as the iterator's buffer: around a
@@ -116,28 +104,7 @@ func (s *Sink) Run(ctx context.Context) error {
 	readerDone := make(chan struct{})
 	go func() {
 		defer close(readerDone)
-		defer close(in)
-		for {
-			m, err := it.Next()
-			if err != nil {
-				if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
-					return
-				}
-				s.o.Logger.Debug("sink fetch", "err", err)
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(100 * time.Millisecond):
-				}
-				continue
-			}
-			select {
-			case in <- m:
-			case <-ctx.Done():
-				_ = m.Nak()
-				return
-			}
-		}
+		s.read(ctx, it, in)
 	}()
 	defer func() {
 		it.Stop()
@@ -188,16 +155,72 @@ func (s *Sink) Run(ctx context.Context) error {
 		if err := s.write(ctx, msgs, recs); err != nil {
 			return nil // stopping; the deferred Nak hands the batch back
 		}
-		for _, m := range msgs {
-			if err := m.Ack(); err != nil {
-				s.o.Logger.Warn("sink ack", "err", err)
-			}
-		}
+		s.ack(msgs)
 		// The next batch reuses both slices; clearing drops this batch's
 		// messages for the collector.
 		clear(msgs)
 		clear(recs)
 		msgs, recs, size, flush = msgs[:0], recs[:0], 0, nil
+	}
+}
+
+// messages creates or updates the sink's durable consumer of
+// TALOS_AUDIT and starts pulling from it.
+func (s *Sink) messages(ctx context.Context) (jetstream.MessagesContext, error) {
+	cons, err := s.js.CreateOrUpdateConsumer(ctx, schemas.StreamAudit, jetstream.ConsumerConfig{
+		Durable:       s.o.Consumer,
+		Description:   "Talos ClickHouse sink",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       s.o.AckWait,
+		MaxAckPending: 2 * s.o.BatchRows,
+		FilterSubject: schemas.SubjectAuditAll,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ingest: sink consumer: %w", err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(s.o.BatchRows))
+	if err != nil {
+		return nil, fmt.Errorf("ingest: sink fetch: %w", err)
+	}
+	return it, nil
+}
+
+// read moves messages from it to in until the iterator is stopped or ctx
+// ends, then closes in. A fetch error is retried after a pause; a message
+// taken when ctx ends is Nak'd.
+func (s *Sink) read(ctx context.Context, it jetstream.MessagesContext, in chan<- jetstream.Msg) {
+	defer close(in)
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
+				return
+			}
+			s.o.Logger.Debug("sink fetch", "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		select {
+		case in <- m:
+		case <-ctx.Done():
+			_ = m.Nak()
+			return
+		}
+	}
+}
+
+// ack acks the messages of a written batch; a failed ack is logged, and
+// the message is redelivered after AckWait.
+func (s *Sink) ack(msgs []jetstream.Msg) {
+	for _, m := range msgs {
+		if err := m.Ack(); err != nil {
+			s.o.Logger.Warn("sink ack", "err", err)
+		}
 	}
 }
 

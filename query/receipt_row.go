@@ -401,27 +401,7 @@ func (r *jsonReader) receiptData(row *ReceiptRow) (buf []string, codes, caps, si
 				buf, caps = r.readStrings(buf)
 			}
 		case "chain":
-			if r.null() || !r.object() {
-				break
-			}
-			var ci objectIter
-			for k, ok := r.next(&ci); ok; k, ok = r.next(&ci) {
-				switch k {
-				case "chain_id":
-					row.ChainID = r.optStr()
-				case "prev_hash":
-					row.PrevHash = r.optStr()
-				case "seq":
-					if !r.null() {
-						row.ChainSeq = r.readUint()
-					}
-				default:
-					if foldsToAny(k, chainNames) {
-						r.fail()
-					}
-					r.skip()
-				}
-			}
+			r.receiptChain(row)
 		case "content_hash_alg", "correlation_id", "event_type", "mode", "response_hash", "result_code", "timestamp", "tool", "tool_id":
 			r.check(kindString)
 		case "control":
@@ -458,22 +438,7 @@ func (r *jsonReader) receiptData(row *ReceiptRow) (buf []string, codes, caps, si
 			row.SessionID = r.optStr()
 		case "signature":
 			start := it.keyStart
-			if !r.null() && r.object() {
-				var si objectIter
-				for k, ok := r.next(&si); ok; k, ok = r.next(&si) {
-					switch k {
-					case "kid":
-						row.SignerKID = r.optStr()
-					case "alg", "sig":
-						r.check(kindString)
-					default:
-						if foldsToAny(k, signatureNames) {
-							r.fail()
-						}
-						r.skip()
-					}
-				}
-			}
+			r.receiptSignature(row)
 			sig = [2]int{start, r.i}
 		case "tool_call_id":
 			row.ToolCallID = r.optStr()
@@ -491,6 +456,53 @@ func (r *jsonReader) receiptData(row *ReceiptRow) (buf []string, codes, caps, si
 		}
 	}
 	return buf, codes, caps, sig
+}
+
+// receiptChain reads null or the chain object of a receipt's data into row.
+func (r *jsonReader) receiptChain(row *ReceiptRow) {
+	if r.null() || !r.object() {
+		return
+	}
+	var it objectIter
+	for k, ok := r.next(&it); ok; k, ok = r.next(&it) {
+		switch k {
+		case "chain_id":
+			row.ChainID = r.optStr()
+		case "prev_hash":
+			row.PrevHash = r.optStr()
+		case "seq":
+			if !r.null() {
+				row.ChainSeq = r.readUint()
+			}
+		default:
+			if foldsToAny(k, chainNames) {
+				r.fail()
+			}
+			r.skip()
+		}
+	}
+}
+
+// receiptSignature reads null or the signature object of a receipt's data
+// into row.
+func (r *jsonReader) receiptSignature(row *ReceiptRow) {
+	if r.null() || !r.object() {
+		return
+	}
+	var it objectIter
+	for k, ok := r.next(&it); ok; k, ok = r.next(&it) {
+		switch k {
+		case "kid":
+			row.SignerKID = r.optStr()
+		case "alg", "sig":
+			r.check(kindString)
+		default:
+			if foldsToAny(k, signatureNames) {
+				r.fail()
+			}
+			r.skip()
+		}
+	}
 }
 
 // hashWithout is the receipt hash of a canonical event whose data.signature

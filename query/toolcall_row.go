@@ -345,8 +345,15 @@ func toolCallRowValidated(raw []byte, ce string) (ToolCallRow, []Artifact, error
 		}
 	}
 
+	return toolCallRowOfEvent(env.ID, ce, times, ev), arts, nil
+}
+
+// toolCallRowOfEvent is the row of a decoded ToolCallEvent whose
+// cloudevent is ce, with id and the times (time, timing.started_at,
+// timing.ended_at) of the event.
+func toolCallRowOfEvent(id, ce string, times [3]time.Time, ev *schemas.ToolCallEvent) ToolCallRow {
 	row := ToolCallRow{
-		EventID: env.ID, Time: times[0].Truncate(time.Second), TimeMS: uint64(times[0].UnixMilli()),
+		EventID: id, Time: times[0].Truncate(time.Second), TimeMS: uint64(times[0].UnixMilli()),
 		ToolCallID: ev.ToolCallID, TraceID: ev.TraceID, SessionID: ev.SessionID, EPID: ev.EPID, ServerID: ev.ServerID,
 		ToolName: ev.ToolName, ToolID: ev.ToolID, ToolVersion: ev.ToolVersion, Transport: ev.Transport,
 		SideEffect: ev.SideEffect, OK: ev.OK, ArgsHash: ev.ArgsHash, ResultHash: ev.ResultHash, ArgsRef: ev.ArgsRef,
@@ -376,7 +383,7 @@ func toolCallRowValidated(raw []byte, ce string) (ToolCallRow, []Artifact, error
 	if ev.Signature != nil {
 		row.SignerKID = ev.Signature.KID
 	}
-	return row, arts, nil
+	return row
 }
 
 // artifactFor returns the artifact of a payload whose sha256 must be hash.
@@ -532,22 +539,9 @@ func toolCallRowFast(raw []byte, ce string, arts []Artifact) (ToolCallRow, []Art
 	row.StartedAt, row.StartedAtMS = times[1].Truncate(time.Second), uint64(times[1].UnixMilli())
 	row.EndedAt, row.EndedAtMS = times[2].Truncate(time.Second), uint64(times[2].UnixMilli())
 
-	n := len(arts)
-	for _, p := range [2]struct {
-		hash, ref string
-		span      [2]int
-	}{{row.ArgsHash, row.ArgsRef, d.args}, {row.ResultHash, row.ResultRef, d.result}} {
-		if p.ref != "" && !namesHash(p.ref, p.hash) {
-			return row, arts[:n], false
-		}
-		if p.span[1] == 0 {
-			continue
-		}
-		content := raw[p.span[0]:p.span[1]]
-		if p.hash == "" || p.ref == "" || !hashesTo(content, p.hash) {
-			return row, arts[:n], false
-		}
-		arts = append(arts, Artifact{Ref: p.ref, ContentType: ArtifactContentType, Content: content[:len(content):len(content)]})
+	arts, ok := payloadArtifacts(raw, &row, &d, arts)
+	if !ok {
+		return row, arts, false
 	}
 
 	row.ReasonCodes, row.CapabilityIDs, row.Flags = part(d.buf, d.codes), part(d.buf, d.caps), part(d.buf, d.flags)
@@ -558,6 +552,30 @@ func toolCallRowFast(raw []byte, ce string, arts []Artifact) (ToolCallRow, []Art
 	return row, arts, true
 }
 
+// payloadArtifacts checks the refs and hashes of row against each other
+// and against the payloads d spans in raw, and appends the payloads'
+// artifacts to arts. On failure arts is returned as it was given.
+func payloadArtifacts(raw []byte, row *ToolCallRow, d *toolCallData, arts []Artifact) ([]Artifact, bool) {
+	n := len(arts)
+	for _, p := range [2]struct {
+		hash, ref string
+		span      [2]int
+	}{{row.ArgsHash, row.ArgsRef, d.args}, {row.ResultHash, row.ResultRef, d.result}} {
+		if p.ref != "" && !namesHash(p.ref, p.hash) {
+			return arts[:n], false
+		}
+		if p.span[1] == 0 {
+			continue
+		}
+		content := raw[p.span[0]:p.span[1]]
+		if p.hash == "" || p.ref == "" || !hashesTo(content, p.hash) {
+			return arts[:n], false
+		}
+		arts = append(arts, Artifact{Ref: p.ref, ContentType: ArtifactContentType, Content: content[:len(content):len(content)]})
+	}
+	return arts, true
+}
+
 // toolCallData reads data into row and d, checking the schema's "event".
 func (r *jsonReader) toolCallData(row *ToolCallRow, d *toolCallData) bool {
 	if !r.object() {
@@ -565,6 +583,9 @@ func (r *jsonReader) toolCallData(row *ToolCallRow, d *toolCallData) bool {
 	}
 	d.buf = make([]string, 0, 16)
 	var it objectIter
+	// One switch over every member of data, long as it is: split in two,
+	// each member of every ToolCallEvent the sink reads paid a second
+	// dispatch.
 	for key, ok := r.next(&it); ok; key, ok = r.next(&it) {
 		valid := true
 		switch key {

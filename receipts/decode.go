@@ -358,41 +358,12 @@ type decodeField struct {
 }
 
 func structDecoder(t reflect.Type) decodeFunc {
-	var fields []decodeField
-	byName := map[string]bool{}
-	for i := range t.NumField() {
-		sf := t.Field(i)
-		tag := sf.Tag.Get("json")
-		if tag == "-" {
-			continue
-		}
-		if sf.Anonymous {
-			return unsupported
-		}
-		if !sf.IsExported() {
-			continue
-		}
-		name, opts, _ := strings.Cut(tag, ",")
-		for o := range strings.SplitSeq(opts, ",") {
-			if o == "string" {
-				return unsupported
-			}
-		}
-		if name == "" {
-			name = sf.Name
-		}
-		if !plainName(name) {
-			return unsupported
-		}
-		if byName[name] {
-			return unsupported
-		}
-		byName[name] = true
-		fields = append(fields, decodeField{name: name, index: i, dec: typeDecoder(sf.Type)})
+	fields, ok := decodeFields(t)
+	if !ok {
+		return unsupported
 	}
 	// Members come in RFC 8785 order, which for these names is byte
 	// order: match them to the fields in one merge walk.
-	slices.SortFunc(fields, func(a, b decodeField) int { return strings.Compare(a.name, b.name) })
 	return func(d *canonDecoder, v reflect.Value) bool {
 		track := d.track
 		d.track = false
@@ -458,6 +429,47 @@ func structDecoder(t reflect.Type) decodeFunc {
 			}
 		}
 	}
+}
+
+// decodeFields lists the fields of struct type t a decoder fills, sorted
+// by member name. ok is false for a struct the decoder leaves to
+// encoding/json: an embedded field, a ",string" option, a name that is not
+// plain, or two fields of one name.
+func decodeFields(t reflect.Type) ([]decodeField, bool) {
+	var fields []decodeField
+	byName := map[string]bool{}
+	for i := range t.NumField() {
+		sf := t.Field(i)
+		tag := sf.Tag.Get("json")
+		if tag == "-" {
+			continue
+		}
+		if sf.Anonymous {
+			return nil, false
+		}
+		if !sf.IsExported() {
+			continue
+		}
+		name, opts, _ := strings.Cut(tag, ",")
+		for o := range strings.SplitSeq(opts, ",") {
+			if o == "string" {
+				return nil, false
+			}
+		}
+		if name == "" {
+			name = sf.Name
+		}
+		if !plainName(name) {
+			return nil, false
+		}
+		if byName[name] {
+			return nil, false
+		}
+		byName[name] = true
+		fields = append(fields, decodeField{name: name, index: i, dec: typeDecoder(sf.Type)})
+	}
+	slices.SortFunc(fields, func(a, b decodeField) int { return strings.Compare(a.name, b.name) })
+	return fields, true
 }
 
 // plainName reports whether a JSON member name is letters, digits and

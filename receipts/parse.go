@@ -21,58 +21,10 @@ import (
 // The returned Event has Canonical set.
 func parseSigned(raw []byte, keys KeySet) (ev *Event, chk SigCheck, ok bool) {
 	s := string(raw)
-	d := canonDecoder{b: raw, s: s}
-	var (
-		w                    wireEvent
-		dataStart, dataEnd   int
-		subject, tm, ctype   string
-		hasSubj, hasT, hasCT bool
-	)
-	// One pass checks the form and reads the attributes.
-	attrs := func(name []byte, start, end int) bool {
-		if string(name) == "data" {
-			dataStart, dataEnd = start, end
-			return raw[start] == '{'
-		}
-		d.i = start
-		v, isStr := d.str()
-		if !isStr {
-			return false
-		}
-		switch string(name) {
-		case "datacontenttype":
-			ctype, hasCT = v, true
-		case "id":
-			w.ID = v
-		case "source":
-			w.Source = v
-		case "specversion":
-			w.SpecVersion = v
-		case "subject":
-			subject, hasSubj = v, true
-		case "time":
-			tm, hasT = v, true
-		case "type":
-			w.Type = v
-		default:
-			return false
-		}
-		return true
-	}
-	if !canonicalMembers(raw, attrs) {
+	var w wireEvent
+	dataStart, dataEnd, ok := readAttributes(raw, s, &w)
+	if !ok {
 		return nil, chk, false
-	}
-	if dataEnd == 0 {
-		return nil, chk, false
-	}
-	if hasSubj {
-		w.Subject = &subject
-	}
-	if hasT {
-		w.Time = &tm
-	}
-	if hasCT {
-		w.DataContentType = &ctype
 	}
 
 	ev = &Event{ID: w.ID, Type: w.Type, Source: w.Source, Canonical: true,
@@ -97,25 +49,9 @@ func parseSigned(raw []byte, keys KeySet) (ev *Event, chk SigCheck, ok bool) {
 		}
 		sig = *ev.Data.Signature
 	} else {
-		sigStart = -1
-		for i := dataStart + 1; raw[i] != '}'; {
-			keyEnd, err := skipString(raw, i)
-			if err != nil {
-				return nil, chk, false
-			}
-			valEnd, err := skipValue(raw, keyEnd+1)
-			if err != nil {
-				return nil, chk, false
-			}
-			if string(raw[i+1:keyEnd-1]) == signatureKey {
-				sigStart, sigValStart, sigEnd = i, keyEnd+1, valEnd
-			}
-			i = valEnd
-			if raw[i] == ',' {
-				i++
-			}
-		}
-		if sigStart < 0 || raw[sigValStart] != '{' || !decodeCanonical(raw, s, sigValStart, sigEnd, &sig) {
+		var found bool
+		sigStart, sigValStart, sigEnd, found = signatureMember(raw, dataStart)
+		if !found || raw[sigValStart] != '{' || !decodeCanonical(raw, s, sigValStart, sigEnd, &sig) {
 			return nil, chk, false
 		}
 	}
@@ -145,4 +81,71 @@ func parseSigned(raw []byte, keys KeySet) (ev *Event, chk SigCheck, ok bool) {
 	ev.Hash = hex.EncodeToString(sum[:])
 	ev.KID = sig.KID
 	return ev, SigCheck{Pub: pub, Message: sum[:], Sig: sigBytes}, true
+}
+
+// readAttributes checks that raw (whose bytes s holds) is a canonical
+// object of the attributes parseSigned takes, reads them into w, and
+// returns the range of the value of data, which must be an object.
+func readAttributes(raw []byte, s string, w *wireEvent) (dataStart, dataEnd int, ok bool) {
+	d := canonDecoder{b: raw, s: s}
+	attr := func(name []byte, start, end int) bool {
+		if string(name) == "data" {
+			dataStart, dataEnd = start, end
+			return raw[start] == '{'
+		}
+		d.i = start
+		v, isStr := d.str()
+		if !isStr {
+			return false
+		}
+		switch string(name) {
+		case "datacontenttype":
+			w.DataContentType = new(v)
+		case "id":
+			w.ID = v
+		case "source":
+			w.Source = v
+		case "specversion":
+			w.SpecVersion = v
+		case "subject":
+			w.Subject = new(v)
+		case "time":
+			w.Time = new(v)
+		case "type":
+			w.Type = v
+		default:
+			return false
+		}
+		return true
+	}
+	if !canonicalMembers(raw, attr) || dataEnd == 0 {
+		return 0, 0, false
+	}
+	return dataStart, dataEnd, true
+}
+
+// signatureMember finds the signature member of the canonical data object
+// that starts at raw[dataStart]: the offsets of its key, of its value and
+// of the end of its value. found is false when data has none or does not
+// scan.
+func signatureMember(raw []byte, dataStart int) (start, valStart, end int, found bool) {
+	start = -1
+	for i := dataStart + 1; raw[i] != '}'; {
+		keyEnd, err := skipString(raw, i)
+		if err != nil {
+			return -1, 0, 0, false
+		}
+		valEnd, err := skipValue(raw, keyEnd+1)
+		if err != nil {
+			return -1, 0, 0, false
+		}
+		if string(raw[i+1:keyEnd-1]) == signatureKey {
+			start, valStart, end = i, keyEnd+1, valEnd
+		}
+		i = valEnd
+		if raw[i] == ',' {
+			i++
+		}
+	}
+	return start, valStart, end, start >= 0
 }

@@ -196,6 +196,24 @@ func signEvent(key *PrivateKey, meta Meta, v any, sizeHint int) (*Sealed, *schem
 	if found {
 		return nil, nil, errors.New("receipts: sign: data already has a signature member")
 	}
+	buf = appendAttributes(buf, ctx)
+
+	sum := sha256.Sum256(buf)
+	sig := Sign(key.Key, sum[:])
+
+	buf, sigAt, err := insertSignature(buf, at, key.KID, sig)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	s := &Sealed{ID: ctx.id, Hash: hex.EncodeToString(sum[:]), JSON: buf, KID: key.KID}
+	return s, &schemas.Signature{Alg: schemas.SignatureAlg, KID: key.KID, Sig: string(buf[sigAt : sigAt+sigLen])}, nil
+}
+
+// appendAttributes appends the members that follow data in a canonical
+// event (datacontenttype, id, source, specversion, subject, time, type)
+// and closes the event.
+func appendAttributes(buf []byte, ctx eventContext) []byte {
 	buf = append(buf, `,"datacontenttype":"`+ContentType+`","id":`...)
 	buf = appendJCSString(buf, ctx.id)
 	buf = append(buf, `,"source":`...)
@@ -210,17 +228,19 @@ func signEvent(key *PrivateKey, meta Meta, v any, sizeHint int) (*Sealed, *schem
 	buf = append(buf, `","type":`...)
 	buf = appendJCSString(buf, ctx.typ)
 	buf = append(buf, '}')
+	return buf
+}
 
-	sum := sha256.Sum256(buf)
-	sig := Sign(key.Key, sum[:])
-
-	// Insert `"signature":{...}` at its sorted place in data, in place:
-	// move the tail right and write the member into the gap.
+// insertSignature inserts the data.signature member of key kid and
+// signature sig into buf at offset at, its sorted place in data, in place:
+// it moves the tail right and writes the member into the gap. It returns
+// buf and the offset of the base64url signature in it.
+func insertSignature(buf []byte, at int, kid string, sig []byte) ([]byte, int, error) {
 	var kidBuf [64]byte
-	kid := appendJCSString(kidBuf[:0], key.KID)
+	quotedKID := appendJCSString(kidBuf[:0], kid)
 	atEnd := buf[at] == '}'
 	lead := atEnd && buf[at-1] != '{'
-	insLen := len(sigMemberPrefix) + len(kid) + len(`,"sig":"`) + sigLen + len(`"}`)
+	insLen := len(sigMemberPrefix) + len(quotedKID) + len(`,"sig":"`) + sigLen + len(`"}`)
 	if lead || !atEnd {
 		insLen++ // the comma before or after the member
 	}
@@ -232,7 +252,7 @@ func signEvent(key *PrivateKey, meta Meta, v any, sizeHint int) (*Sealed, *schem
 		w = append(w, ',')
 	}
 	w = append(w, sigMemberPrefix...)
-	w = append(w, kid...)
+	w = append(w, quotedKID...)
 	w = append(w, `,"sig":"`...)
 	sigAt := at + len(w)
 	w = base64.RawURLEncoding.AppendEncode(w, sig)
@@ -241,11 +261,9 @@ func signEvent(key *PrivateKey, meta Meta, v any, sizeHint int) (*Sealed, *schem
 		w = append(w, ',')
 	}
 	if len(w) != insLen {
-		return nil, nil, errors.New("receipts: sign: signature member length miscounted")
+		return nil, 0, errors.New("receipts: sign: signature member length miscounted")
 	}
-
-	s := &Sealed{ID: ctx.id, Hash: hex.EncodeToString(sum[:]), JSON: buf, KID: key.KID}
-	return s, &schemas.Signature{Alg: schemas.SignatureAlg, KID: key.KID, Sig: string(buf[sigAt : sigAt+sigLen])}, nil
+	return buf, sigAt, nil
 }
 
 // appendEventTime appends t in TimeLayout: UTC, truncated to the

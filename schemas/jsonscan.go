@@ -61,12 +61,7 @@ func scanStructure(raw []byte, maxDepth int, info *scanInfo) error {
 			}
 			if expectKey && len(stack) > 0 {
 				f := &stack[len(stack)-1]
-				var key string
-				if escaped {
-					key = unescapeJSON(raw[i+1 : end])
-				} else {
-					key = string(raw[i+1 : end])
-				}
+				key := memberName(raw[i+1:end], escaped)
 				if f.hasKey(key) {
 					return &scanError{what: "duplicate object key", offset: i}
 				}
@@ -121,13 +116,7 @@ func scanStructure(raw []byte, maxDepth int, info *scanInfo) error {
 					capture = 2
 				}
 			}
-			if len(stack) < cap(stack) {
-				stack = stack[:len(stack)+1]
-				f := &stack[len(stack)-1]
-				f.obj, f.capture, f.keys, f.set, f.lastKey = c == '{', capture, f.keys[:0], nil, ""
-			} else {
-				stack = append(stack, scanFrame{obj: c == '{', capture: capture})
-			}
+			stack = pushFrame(stack, c == '{', capture)
 			expectKey = c == '{'
 			i++
 		default:
@@ -135,6 +124,27 @@ func scanStructure(raw []byte, maxDepth int, info *scanInfo) error {
 		}
 	}
 	return nil
+}
+
+// memberName is the name of a member from the bytes between its quotes;
+// escaped says whether they hold an escape.
+func memberName(quoted []byte, escaped bool) string {
+	if escaped {
+		return unescapeJSON(quoted)
+	}
+	return string(quoted)
+}
+
+// pushFrame opens a frame for an object (obj) or an array, reusing the
+// key list of a frame popped earlier when the stack has room.
+func pushFrame(stack []scanFrame, obj bool, capture int) []scanFrame {
+	if len(stack) < cap(stack) {
+		stack = stack[:len(stack)+1]
+		f := &stack[len(stack)-1]
+		f.obj, f.capture, f.keys, f.set, f.lastKey = obj, capture, f.keys[:0], nil, ""
+		return stack
+	}
+	return append(stack, scanFrame{obj: obj, capture: capture})
 }
 
 func (si *scanInfo) list(capture int) *[]member {

@@ -168,9 +168,6 @@ func ptrOrRoot(ptr string) string {
 }
 
 func (c *quickCompiler) fill(s *quickSchema, m map[string]any, ptr string) error {
-	bad := func(kw, why string) error {
-		return fmt.Errorf("schemas: quick check: %s/%s: %s", ptrOrRoot(ptr), kw, why)
-	}
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
@@ -179,146 +176,173 @@ func (c *quickCompiler) fill(s *quickSchema, m map[string]any, ptr string) error
 	for _, kw := range keys {
 		val := m[kw]
 		if !quickKeywords[kw] {
-			return bad(kw, "keyword unknown to the quick check")
+			return quickError(ptr, kw, "keyword unknown to the quick check")
 		}
-		sub := func(p string, v any) (*quickSchema, error) { return c.compile(v, ptr+"/"+p) }
-		var err error
 		switch kw {
-		case "$schema":
-			if ptr != "" || val != "https://json-schema.org/draft/2020-12/schema" {
-				return bad(kw, "only draft 2020-12, at the root")
+		case "type", "const", "enum", "minLength", "maxLength", "pattern", "format", "required":
+			if why := s.assertion(kw, val); why != "" {
+				return quickError(ptr, kw, why)
 			}
-		case "$id":
-			if ptr != "" {
-				return bad(kw, "only at the root")
-			}
-		case "$defs":
-			defs, ok := val.(map[string]any)
-			if !ok {
-				return bad(kw, "not an object")
-			}
-			for name, d := range defs {
-				if _, err := sub("$defs/"+jsonpointer.Escape(name), d); err != nil {
-					return err
-				}
-			}
-		case "$ref":
-			ref, _ := val.(string)
-			target, ok := strings.CutPrefix(ref, "#")
-			if !ok {
-				return bad(kw, "only references into the same document")
-			}
-			node, found := jsonpointer.Resolve(c.root, target)
-			if !found {
-				return bad(kw, "does not resolve")
-			}
-			if s.ref, err = c.compile(node, target); err != nil {
+		default:
+			if err := c.applicator(s, kw, val, ptr); err != nil {
 				return err
 			}
-		case "type":
-			switch t := val.(type) {
-			case string:
-				if s.types = typeNames[t]; s.types == 0 {
-					return bad(kw, "unknown type")
-				}
-			case []any:
-				for _, x := range t {
-					name, _ := x.(string)
-					if typeNames[name] == 0 {
-						return bad(kw, "unknown type")
-					}
-					s.types |= typeNames[name]
-				}
-			default:
-				return bad(kw, "not a string or array")
-			}
-		case "const", "enum":
-			vals := []any{val}
-			if kw == "enum" {
-				var ok bool
-				if vals, ok = val.([]any); !ok {
-					return bad(kw, "not an array")
-				}
-			}
-			for _, x := range vals {
-				switch x.(type) {
-				case string, bool, nil:
-				default:
-					return bad(kw, "only strings, booleans and null")
-				}
-			}
-			if s.hasEnum {
-				return bad(kw, "both const and enum")
-			}
-			s.enum, s.hasEnum = vals, true
-		case "minLength", "maxLength":
-			n, ok := schemaInt(val)
-			if !ok {
-				return bad(kw, "not a non-negative integer")
-			}
-			if kw == "minLength" {
-				s.minLen = n
-			} else {
-				s.maxLen = n
-			}
-		case "pattern":
-			p, _ := val.(string)
-			if s.pattern = quickPatterns[p]; s.pattern == nil {
-				re, err := regexp.Compile(p)
-				if err != nil {
-					return bad(kw, err.Error())
-				}
-				s.pattern = re.MatchString
-			}
-		case "format":
-			if val != "date-time" {
-				return bad(kw, "only date-time")
-			}
-			s.dateTime = true
-		case "required":
-			rs, ok := val.([]any)
-			if !ok {
-				return bad(kw, "not an array")
-			}
-			for _, r := range rs {
-				name, ok := r.(string)
-				if !ok {
-					return bad(kw, "not an array of strings")
-				}
-				s.required = append(s.required, name)
-			}
-		case "properties":
-			props, ok := val.(map[string]any)
-			if !ok {
-				return bad(kw, "not an object")
-			}
-			s.props = make(map[string]*quickSchema, len(props))
-			for name, p := range props {
-				if s.props[name], err = sub("properties/"+jsonpointer.Escape(name), p); err != nil {
-					return err
-				}
-			}
-		case "additionalProperties":
-			s.additional, err = sub(kw, val)
-		case "unevaluatedProperties":
-			if val != false {
-				return bad(kw, "only false")
-			}
-			s.unevaluatedFalse = true
-		case "items":
-			s.items, err = sub(kw, val)
-		case "if":
-			s.ifS, err = sub(kw, val)
-		case "then":
-			s.thenS, err = sub(kw, val)
-		case "else":
-			s.elsS, err = sub(kw, val)
-		}
-		if err != nil {
-			return err
 		}
 	}
 	return nil
+}
+
+// quickError is the error of keyword kw of the schema at ptr.
+func quickError(ptr, kw, why string) error {
+	return fmt.Errorf("schemas: quick check: %s/%s: %s", ptrOrRoot(ptr), kw, why)
+}
+
+// applicator compiles into s the keyword kw of the schema at ptr that
+// places the document ($schema, $id), names or references schemas ($defs,
+// $ref) or applies subschemas (properties, items, if/then/else, …);
+// annotations (title, description, …) compile to nothing.
+func (c *quickCompiler) applicator(s *quickSchema, kw string, val any, ptr string) error {
+	sub := func(p string, v any) (*quickSchema, error) { return c.compile(v, ptr+"/"+p) }
+	var err error
+	switch kw {
+	case "$schema":
+		if ptr != "" || val != "https://json-schema.org/draft/2020-12/schema" {
+			return quickError(ptr, kw, "only draft 2020-12, at the root")
+		}
+	case "$id":
+		if ptr != "" {
+			return quickError(ptr, kw, "only at the root")
+		}
+	case "$defs":
+		defs, ok := val.(map[string]any)
+		if !ok {
+			return quickError(ptr, kw, "not an object")
+		}
+		for name, d := range defs {
+			if _, err := sub("$defs/"+jsonpointer.Escape(name), d); err != nil {
+				return err
+			}
+		}
+	case "$ref":
+		ref, _ := val.(string)
+		target, ok := strings.CutPrefix(ref, "#")
+		if !ok {
+			return quickError(ptr, kw, "only references into the same document")
+		}
+		node, found := jsonpointer.Resolve(c.root, target)
+		if !found {
+			return quickError(ptr, kw, "does not resolve")
+		}
+		s.ref, err = c.compile(node, target)
+	case "properties":
+		props, ok := val.(map[string]any)
+		if !ok {
+			return quickError(ptr, kw, "not an object")
+		}
+		s.props = make(map[string]*quickSchema, len(props))
+		for name, p := range props {
+			if s.props[name], err = sub("properties/"+jsonpointer.Escape(name), p); err != nil {
+				return err
+			}
+		}
+	case "additionalProperties":
+		s.additional, err = sub(kw, val)
+	case "unevaluatedProperties":
+		if val != false {
+			return quickError(ptr, kw, "only false")
+		}
+		s.unevaluatedFalse = true
+	case "items":
+		s.items, err = sub(kw, val)
+	case "if":
+		s.ifS, err = sub(kw, val)
+	case "then":
+		s.thenS, err = sub(kw, val)
+	case "else":
+		s.elsS, err = sub(kw, val)
+	}
+	return err
+}
+
+// assertion compiles into s the keyword kw that asserts something of the
+// instance itself (type, const/enum, lengths, pattern, format, required).
+// It returns why kw cannot be compiled, or "".
+func (s *quickSchema) assertion(kw string, val any) string {
+	switch kw {
+	case "type":
+		switch t := val.(type) {
+		case string:
+			if s.types = typeNames[t]; s.types == 0 {
+				return "unknown type"
+			}
+		case []any:
+			for _, x := range t {
+				name, _ := x.(string)
+				if typeNames[name] == 0 {
+					return "unknown type"
+				}
+				s.types |= typeNames[name]
+			}
+		default:
+			return "not a string or array"
+		}
+	case "const", "enum":
+		vals := []any{val}
+		if kw == "enum" {
+			var ok bool
+			if vals, ok = val.([]any); !ok {
+				return "not an array"
+			}
+		}
+		for _, x := range vals {
+			switch x.(type) {
+			case string, bool, nil:
+			default:
+				return "only strings, booleans and null"
+			}
+		}
+		if s.hasEnum {
+			return "both const and enum"
+		}
+		s.enum, s.hasEnum = vals, true
+	case "minLength", "maxLength":
+		n, ok := schemaInt(val)
+		if !ok {
+			return "not a non-negative integer"
+		}
+		if kw == "minLength" {
+			s.minLen = n
+		} else {
+			s.maxLen = n
+		}
+	case "pattern":
+		p, _ := val.(string)
+		if s.pattern = quickPatterns[p]; s.pattern == nil {
+			re, err := regexp.Compile(p)
+			if err != nil {
+				return err.Error()
+			}
+			s.pattern = re.MatchString
+		}
+	case "format":
+		if val != "date-time" {
+			return "only date-time"
+		}
+		s.dateTime = true
+	case "required":
+		rs, ok := val.([]any)
+		if !ok {
+			return "not an array"
+		}
+		for _, r := range rs {
+			name, ok := r.(string)
+			if !ok {
+				return "not an array of strings"
+			}
+			s.required = append(s.required, name)
+		}
+	}
+	return ""
 }
 
 func schemaInt(v any) (int, bool) {

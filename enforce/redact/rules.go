@@ -147,21 +147,55 @@ func buildRuleset(toml string) (rs *ruleset, err error) {
 			rs, err = nil, fmt.Errorf("redact: gitleaks ruleset: %v", p)
 		}
 	}()
+	cfg, err := translateGitleaks(toml)
+	if err != nil {
+		return nil, err
+	}
+	rs = &ruleset{global: cfg.Allowlists}
+	if rs.rules, err = contentRules(&cfg); err != nil {
+		return nil, err
+	}
+	if len(rs.rules) == 0 {
+		return nil, errors.New("redact: gitleaks ruleset has no content rules")
+	}
+	if rs.rules, err = appendGapFillers(rs.rules); err != nil {
+		return nil, err
+	}
+	for i := range rs.rules {
+		r := &rs.rules[i]
+		if r.windows == nil {
+			r.strategy = strategyFor(r.re, r.keywords)
+		}
+		r.checks = append(append([]*config.Allowlist(nil), r.allowlists...), rs.global...)
+		sort.SliceStable(r.checks, func(a, b int) bool { return allowlistCost(r.checks[a]) < allowlistCost(r.checks[b]) })
+	}
+	rs.indexKeywords()
+	return rs, nil
+}
+
+// translateGitleaks reads a gitleaks TOML configuration.
+func translateGitleaks(toml string) (config.Config, error) {
 	v := viper.New()
 	v.SetConfigType("toml")
 	if err := v.ReadConfig(strings.NewReader(toml)); err != nil {
-		return nil, fmt.Errorf("redact: gitleaks ruleset: %w", err)
+		return config.Config{}, fmt.Errorf("redact: gitleaks ruleset: %w", err)
 	}
 	var vc config.ViperConfig
 	if err := v.Unmarshal(&vc); err != nil {
-		return nil, fmt.Errorf("redact: gitleaks ruleset: %w", err)
+		return config.Config{}, fmt.Errorf("redact: gitleaks ruleset: %w", err)
 	}
 	cfg, err := vc.Translate()
 	if err != nil {
-		return nil, fmt.Errorf("redact: gitleaks ruleset: %w", err)
+		return config.Config{}, fmt.Errorf("redact: gitleaks ruleset: %w", err)
 	}
+	return cfg, nil
+}
 
-	rs = &ruleset{global: cfg.Allowlists}
+// contentRules are the rules of cfg that match content (not paths) and
+// report, in cfg's order. The generic rule gets its windows, when it is
+// gitleaks' own, and the allowlist of non-credential identifiers.
+func contentRules(cfg *config.Config) ([]scanRule, error) {
+	var rules []scanRule
 	for _, id := range cfg.OrderedRules {
 		r, ok := cfg.Rules[id]
 		if !ok || r.Regex == nil || r.Path != nil || r.SkipReport {
@@ -190,11 +224,13 @@ func buildRuleset(toml string) (rs *ruleset, err error) {
 			}
 			sr.allowlists = append(append([]*config.Allowlist(nil), sr.allowlists...), al)
 		}
-		rs.rules = append(rs.rules, sr)
+		rules = append(rules, sr)
 	}
-	if len(rs.rules) == 0 {
-		return nil, errors.New("redact: gitleaks ruleset has no content rules")
-	}
+	return rules, nil
+}
+
+// appendGapFillers appends the Talos gap fillers to rules.
+func appendGapFillers(rules []scanRule) ([]scanRule, error) {
 	for _, g := range gapFillers {
 		sr := scanRule{
 			id:          g.id,
@@ -210,18 +246,14 @@ func buildRuleset(toml string) (rs *ruleset, err error) {
 			}
 			sr.allowlists = []*config.Allowlist{al}
 		}
-		rs.rules = append(rs.rules, sr)
+		rules = append(rules, sr)
 	}
+	return rules, nil
+}
 
-	for i := range rs.rules {
-		r := &rs.rules[i]
-		if r.windows == nil {
-			r.strategy = strategyFor(r.re, r.keywords)
-		}
-		r.checks = append(append([]*config.Allowlist(nil), r.allowlists...), rs.global...)
-		sort.SliceStable(r.checks, func(a, b int) bool { return allowlistCost(r.checks[a]) < allowlistCost(r.checks[b]) })
-	}
-
+// indexKeywords indexes the rules by keyword (lower case); a rule without
+// keywords runs on every string.
+func (rs *ruleset) indexKeywords() {
 	byKeyword := map[string][]int{}
 	for i, r := range rs.rules {
 		if len(r.keywords) == 0 {
@@ -240,7 +272,6 @@ func buildRuleset(toml string) (rs *ruleset, err error) {
 		positional[i] = r.windows != nil || r.strategy != nil
 	}
 	rs.kw = newKeywordIndex(byKeyword, positional)
-	return rs, nil
 }
 
 // allowlistCost estimates what checking an allowlist costs: Go's regexp

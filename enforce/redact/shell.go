@@ -140,25 +140,14 @@ func (w *wordText) spanOf(a, b int) (int, int) {
 // its quote), at that string's closing quote. A quote that does not close
 // runs to the end of the line.
 func readShellWord(s string, i int, enclose byte) *wordText {
+	if enclose != 0 {
+		return readEnclosedWord(s, i, enclose)
+	}
 	w := &wordText{start: i}
 	k := i
 loop:
 	for k < len(s) {
 		c := s[k]
-		if enclose != 0 {
-			switch {
-			case c == enclose:
-				break loop
-			case enclose == '"' && c == '\\' && k+1 < len(s):
-				w.add(s[k+1], k, k+2)
-				w.quoted = true
-				k += 2
-			default:
-				w.add(c, k, k+1)
-				k++
-			}
-			continue
-		}
 		switch c {
 		case ' ', '\t', '\n', '\r':
 			break loop
@@ -191,22 +180,7 @@ loop:
 			k += e + 2
 		case '"':
 			w.quoted = true
-			j, closed := k+1, false
-			for j < len(s) && j-k < maxQuoteScan {
-				if s[j] == '"' {
-					closed = true
-					break
-				}
-				if s[j] == '\\' && j+1 < len(s) && strings.IndexByte("\"\\$`\n", s[j+1]) >= 0 {
-					if s[j+1] != '\n' {
-						w.add(s[j+1], j, j+2)
-					}
-					j += 2
-					continue
-				}
-				w.add(s[j], j, j+1)
-				j++
-			}
+			j, closed := w.addDoubleQuoted(s, k)
 			if !closed {
 				le := lineEnd(s, k)
 				w.lit, w.src = w.lit[:0], w.src[:0]
@@ -224,6 +198,53 @@ loop:
 	}
 	w.end = k
 	return w
+}
+
+// readEnclosedWord is readShellWord inside a string quoted with enclose:
+// the word runs to the closing quote, and inside double quotes a
+// backslash escapes the byte after it.
+func readEnclosedWord(s string, i int, enclose byte) *wordText {
+	w := &wordText{start: i}
+	k := i
+	for k < len(s) {
+		c := s[k]
+		if c == enclose {
+			break
+		}
+		if enclose == '"' && c == '\\' && k+1 < len(s) {
+			w.add(s[k+1], k, k+2)
+			w.quoted = true
+			k += 2
+			continue
+		}
+		w.add(c, k, k+1)
+		k++
+	}
+	w.end = k
+	return w
+}
+
+// addDoubleQuoted adds the contents of the double-quoted string that
+// opens at s[k], unescaping what a backslash escapes there. It returns the
+// offset of the closing quote, and closed false when none comes within
+// maxQuoteScan bytes.
+func (w *wordText) addDoubleQuoted(s string, k int) (int, bool) {
+	j := k + 1
+	for j < len(s) && j-k < maxQuoteScan {
+		if s[j] == '"' {
+			return j, true
+		}
+		if s[j] == '\\' && j+1 < len(s) && strings.IndexByte("\"\\$`\n", s[j+1]) >= 0 {
+			if s[j+1] != '\n' {
+				w.add(s[j+1], j, j+2)
+			}
+			j += 2
+			continue
+		}
+		w.add(s[j], j, j+1)
+		j++
+	}
+	return j, false
 }
 
 // flagValue is the value of a secret flag: lit[skip:] of word index word.

@@ -466,65 +466,71 @@ func (r *Redactor) pairValue(s string, pr *pair, ps *pairScan, out []found) []fo
 		return out
 	}
 	enclose := ps.enclosing(s, pr.nameStart-boolInt(pr.quoteLevel > 0))
-	add := func(start, end int, secret string) {
-		if end <= start {
-			return
-		}
-		if placeholder(secret) {
-			return
-		}
-		if normalizeName(pr.name) == "pwd" && r.pairContext(s, pr) != ctxConnection && (secret[0] == '/' || secret[0] == '~') {
-			return // the shell's working directory, not a password
-		}
-		out = append(out, found{start: start, end: end, rule: RuleSecretAssignment, secret: secret})
-	}
 	c := s[v]
 	switch {
 	case pr.quoteLevel > 0:
-		// JSON (or a quoted YAML/Python key): a JSON value.
-		switch {
-		case c == '"' || (c == '\\' && pr.quoteLevel > 1):
-			if cs, ce, ok := quotedAt(s, v, pr.quoteLevel); ok {
-				add(cs, ce, unescapeLevels(s[cs:ce], pr.quoteLevel))
-				return out
-			}
-		case c == '\'':
-			if cs, ce, ok := singleQuoted(s, v); ok {
-				add(cs, ce, strings.ReplaceAll(s[cs:ce], "''", "'"))
-				return out
-			}
-		case c == '{' || c == '[':
-			e := balanced(s, v)
-			add(v, e, s[v:e])
-			return out
-		}
-		e := v
-		for e < len(s) && !jsonScalarStop[s[e]] {
-			e++
-		}
-		add(v, e, s[v:e])
-		return out
+		return r.jsonPairValue(s, pr, v, out)
 	case pr.op == opEq:
 		return r.shellValue(s, pr, v, enclose, ps, out)
 	case c == '"':
 		if cs, ce, ok := quotedAt(s, v, 1); ok {
-			add(cs, ce, unescapeLevels(s[cs:ce], 1))
-			return out
+			return r.addSecret(out, s, pr, cs, ce, unescapeLevels(s[cs:ce], 1))
 		}
 	case c == '\'':
 		if cs, ce, ok := singleQuoted(s, v); ok {
-			add(cs, ce, strings.ReplaceAll(s[cs:ce], "''", "'"))
-			return out
+			return r.addSecret(out, s, pr, cs, ce, strings.ReplaceAll(s[cs:ce], "''", "'"))
 		}
 	case c == '{' || c == '[':
 		e := balanced(s, v)
-		add(v, e, s[v:e])
-		return out
+		return r.addSecret(out, s, pr, v, e, s[v:e])
 	case (c == '|' || c == '>') && pr.op == opColon && blockIndicator(s, v):
 		return r.blockScalar(s, pr, v, out)
 	}
-	// A plain value: to the end of the line, the enclosing quote, or the
-	// format's separator.
+	return r.plainPairValue(s, pr, v, enclose, out)
+}
+
+// addSecret records s[start:end], whose unquoted value is secret, as the
+// value of pair pr, unless it is empty, a placeholder, or a pwd that is
+// the shell's working directory rather than a password.
+func (r *Redactor) addSecret(out []found, s string, pr *pair, start, end int, secret string) []found {
+	if end <= start {
+		return out
+	}
+	if placeholder(secret) {
+		return out
+	}
+	if normalizeName(pr.name) == "pwd" && r.pairContext(s, pr) != ctxConnection && (secret[0] == '/' || secret[0] == '~') {
+		return out // the shell's working directory, not a password
+	}
+	return append(out, found{start: start, end: end, rule: RuleSecretAssignment, secret: secret})
+}
+
+// jsonPairValue reads the value at s[v] of a pair with a quoted name
+// (JSON, or a quoted YAML/Python key): a JSON value.
+func (r *Redactor) jsonPairValue(s string, pr *pair, v int, out []found) []found {
+	switch c := s[v]; {
+	case c == '"' || (c == '\\' && pr.quoteLevel > 1):
+		if cs, ce, ok := quotedAt(s, v, pr.quoteLevel); ok {
+			return r.addSecret(out, s, pr, cs, ce, unescapeLevels(s[cs:ce], pr.quoteLevel))
+		}
+	case c == '\'':
+		if cs, ce, ok := singleQuoted(s, v); ok {
+			return r.addSecret(out, s, pr, cs, ce, strings.ReplaceAll(s[cs:ce], "''", "'"))
+		}
+	case c == '{' || c == '[':
+		e := balanced(s, v)
+		return r.addSecret(out, s, pr, v, e, s[v:e])
+	}
+	e := v
+	for e < len(s) && !jsonScalarStop[s[e]] {
+		e++
+	}
+	return r.addSecret(out, s, pr, v, e, s[v:e])
+}
+
+// plainPairValue reads an unquoted value at s[v]: to the end of the line,
+// the enclosing quote enclose (0: none), or the format's separator.
+func (r *Redactor) plainPairValue(s string, pr *pair, v int, enclose byte, out []found) []found {
 	e := lineEnd(s, v)
 	if enclose != 0 {
 		if q := closingQuote(s, v, e, enclose); q >= 0 {
@@ -547,11 +553,11 @@ func (r *Redactor) pairValue(s string, pr *pair, ps *pairScan, out []found) []fo
 	if pr.op == opColon {
 		v = skipAuthScheme(s, pr.name, v, e)
 	}
-	add(v, e, s[v:e])
+	out = r.addSecret(out, s, pr, v, e, s[v:e])
 	// A value read to the end of its line may, to its writer, end at its
 	// first blank (key = VALUE and then prose): record that reading too.
 	if b := strings.IndexAny(s[v:e], " \t"); b > 0 {
-		add(v, v+b, s[v:v+b])
+		out = r.addSecret(out, s, pr, v, v+b, s[v:v+b])
 	}
 	return out
 }
