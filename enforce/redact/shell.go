@@ -268,9 +268,13 @@ func (r *Redactor) flagValues(lits []string, hint string, configMode bool, dst [
 	var seen []string
 	for i := 0; i < len(lits); i++ {
 		lit := lits[i]
-		if cf, ok := commandFlags[commandName(lit)]; ok {
-			flags, seen = cf, seen[:0]
-			continue
+		// A flag is never a command, whatever its value looks like
+		// (-pXXX/az is mysql's password, not the az command).
+		if lit == "" || lit[0] != '-' {
+			if cf, ok := commandFlags[commandName(lit)]; ok {
+				flags, seen = cf, seen[:0]
+				continue
+			}
 		}
 		if lit == "" || lit[0] != '-' || len(lit) < 2 {
 			if lit == "config" || lit == "configure" {

@@ -25,6 +25,7 @@ func TestPositional(t *testing.T) {
 		{"flag then = and concatenated quoting", `tool --token='it'\''s'"more" done`, []string{"it'smore"}, []string{"done"}},
 		{"single-dash long flag", "server -password=s3cret -port 8080", []string{"s3cret"}, []string{"8080"}},
 		{"mysql attached -p", "mysql -uroot -pS3cr3t! orders", []string{"S3cr3t!"}, []string{"orders", "-uroot"}},
+		{"attached value ending like a command", "mysql -uroot -p'x>y<0/az' orders", []string{"x>y<0/az"}, []string{"orders"}},
 		{"sshpass -p", "sshpass -p 'x y' ssh deploy@host uptime", []string{"x y"}, []string{"deploy@host"}},
 		{"command inside sh -c", `sh -c "mysql -p'pa ss' db"`, []string{"pa ss"}, []string{"db"}},
 		{"flag in prose with an apostrophe", "don't pass --token abc123def here", []string{"abc123def"}, []string{"here"}},
@@ -206,6 +207,8 @@ func TestArgumentArrays(t *testing.T) {
 		"d": []any{"tool", "--token=abc123", "--port", "8080"},
 		"e": []any{"ssh", "-p", "2222", "host"},
 		"f": []any{"-----BEGIN RSA PRIVATE KEY-----", "bm90IGEga2V5", "-----END RSA PRIVATE KEY-----"},
+		// A flag's value that ends like a command name (az) is still the flag's.
+		"g": []any{"mysql", "-u", "app", "-puß>sA1 <0/az", "orders"},
 	}
 	out, findings, err := r.Redact(viaJSON(t, doc), "/args")
 	if err != nil {
@@ -213,7 +216,7 @@ func TestArgumentArrays(t *testing.T) {
 	}
 	b, _ := json.Marshal(out)
 	red := string(b)
-	for _, s := range []string{"s3cr3t value", "P@ss w0rd", "x y", "abc123", "bm90IGEga2V5"} {
+	for _, s := range []string{"s3cr3t value", "P@ss w0rd", "x y", "abc123", "bm90IGEga2V5", "uß>sA1 <0/az"} {
 		if strings.Contains(red, s) {
 			t.Errorf("%q survives: %s", s, red)
 		}
