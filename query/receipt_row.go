@@ -187,8 +187,14 @@ func receiptRowDecoded(raw []byte, ce string) (ReceiptRow, *schemas.ControlRecor
 	if err != nil {
 		return ReceiptRow{}, nil, fmt.Errorf("query: receipt %s hash: %w", ev.ID, err)
 	}
+	return rowOfReceipt(ev.ID, kind, t, &rec, hash, ce), rec.Control, nil
+}
+
+// rowOfReceipt is the row of the receipt rec, stored as the CloudEvent ce
+// with id, kind and time t and receipt hash hash.
+func rowOfReceipt(id, kind string, t time.Time, rec *schemas.Receipt, hash, ce string) ReceiptRow {
 	row := ReceiptRow{
-		ReceiptID:      ev.ID,
+		ReceiptID:      id,
 		Kind:           kind,
 		Phase:          rec.Phase,
 		Time:           t.UTC().Truncate(time.Second),
@@ -220,7 +226,7 @@ func receiptRowDecoded(raw []byte, ce string) (ReceiptRow, *schemas.ControlRecor
 	if rec.Signature != nil {
 		row.SignerKID = rec.Signature.KID
 	}
-	return row, rec.Control, nil
+	return row
 }
 
 // receiptKind is the kind in a receipt CloudEvent type

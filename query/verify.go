@@ -353,41 +353,7 @@ func derivedRow(cloudEvent string, raw []byte, ev *receipts.Event) (ReceiptRow, 
 	if err != nil || t.Before(time.Unix(0, 0)) {
 		return ReceiptRowFromEvent(raw) // its error
 	}
-	rec := &ev.Data
-	row := ReceiptRow{
-		ReceiptID:      ev.ID,
-		Kind:           kind,
-		Phase:          rec.Phase,
-		Time:           t.UTC().Truncate(time.Second),
-		TimeMS:         uint64(t.UnixMilli()),
-		ToolCallID:     rec.ToolCallID,
-		TraceID:        rec.TraceID,
-		SessionID:      rec.SessionID,
-		EPID:           rec.EPID,
-		ServerID:       rec.ServerID,
-		ToolName:       rec.ToolName,
-		ToolClass:      rec.ToolClass,
-		Decision:       rec.Decision,
-		ReasonCodes:    rec.ReasonCodes,
-		AgentID:        rec.AgentID,
-		RequestHash:    rec.RequestHash,
-		EnvelopeHash:   rec.EnvelopeHash,
-		RegistryDigest: rec.RegistryDigest,
-		ChainID:        rec.Chain.ChainID,
-		ChainSeq:       rec.Chain.Seq,
-		PrevHash:       rec.Chain.PrevHash,
-		ReceiptHash:    ev.Hash,
-		CloudEvent:     cloudEvent,
-		CapabilityHash: rec.CapabilityHash,
-		CapabilityIDs:  nonNil(rec.CapabilityIDs),
-	}
-	if row.ReasonCodes == nil {
-		row.ReasonCodes = []string{}
-	}
-	if rec.Signature != nil {
-		row.SignerKID = rec.Signature.KID
-	}
-	return row, nil
+	return rowOfReceipt(ev.ID, kind, t, &ev.Data, ev.Hash, cloudEvent), nil
 }
 
 // sameColumns reports whether every column of a equals b's, as
