@@ -251,3 +251,40 @@ func BenchmarkSinkWriteBatchSize(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSinkDecode compares, per record, the one-pass reader of the
+// published canonical form with the general decoder (encoding/json and the
+// library's schema validation) that reads anything else, on the same
+// bytes: the reason the sink has a fast path.
+func BenchmarkSinkDecode(b *testing.B) {
+	fx := newSinkMaker(b).next(b, 1)
+	dec, call := fx.decision.Data, fx.toolCall.Data
+	b.Run("receipt/one-pass", func(b *testing.B) {
+		for b.Loop() {
+			if _, _, err := receiptRowFromEvent(dec); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("receipt/general", func(b *testing.B) {
+		for b.Loop() {
+			if _, _, err := receiptRowDecoded(dec, string(dec)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("toolcall/one-pass", func(b *testing.B) {
+		for b.Loop() {
+			if _, _, err := ToolCallRowFromEvent(call); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("toolcall/general", func(b *testing.B) {
+		for b.Loop() {
+			if _, _, err := toolCallRowValidated(call, string(call)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

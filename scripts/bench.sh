@@ -11,9 +11,9 @@
 #                                 calls/s and at 80 % of the saturation measured,
 #                                 and whether p99 stays under 50 ms up to that 80 %
 #   bash scripts/bench.sh replay  latency at 2,000 calls/s and throughput, with no
-#                                 control traffic alongside: the cost of the
-#                                 replay claim (TALOS_REPLAY_STORAGE=memory to
-#                                 compare the bucket in memory)
+#                                 control traffic alongside
+#                                 (TALOS_REPLAY_STORAGE=memory keeps the call
+#                                 ledger's bucket in memory, to compare)
 #   bash scripts/bench.sh flight  every call also sends its post event: two
 #                                 receipts and one redacted ToolCallEvent per call
 #   bash scripts/bench.sh ab [BASE] [ROUNDS]  the commit BASE (default ab02373)
@@ -217,7 +217,7 @@ main)
   ;;
 replay)
   start sink,control
-  echo "== replay bucket storage: ${TALOS_REPLAY_STORAGE:-file}"
+  echo "== call ledger bucket storage: ${TALOS_REPLAY_STORAGE:-file}"
   echo "== latency: 100 enforcement points, 2,000 calls/s offered, 2 KB envelopes"
   bench --calls 20000 --concurrency 100 --rate 2000 | grep -E "p99|end to end"
   echo "== throughput: 100 enforcement points, 4 calls in flight each"
