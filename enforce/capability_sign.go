@@ -145,11 +145,6 @@ func Delegate(holder *receipts.PrivateKey, parent any, d schemas.Delegation) (sc
 	fail := func(format string, a ...any) (schemas.Delegation, error) {
 		return d, fmt.Errorf("enforce: delegate: "+format, a...)
 	}
-	var (
-		holderID, holderKey, pIssued, pExpires string
-		pScopes                                []string
-		pReadOnly                              bool
-	)
 	switch p := parent.(type) {
 	case *schemas.Capability:
 		if p == nil {
@@ -161,19 +156,15 @@ func Delegate(holder *receipts.PrivateKey, parent any, d schemas.Delegation) (sc
 			return fail("no parent")
 		}
 		return Delegate(holder, *p, d)
-	case schemas.Capability:
-		holderID, holderKey, pScopes, pIssued, pExpires = p.Subject, p.SubjectPublicKey, p.Scopes, p.IssuedAt, p.ExpiresAt
-		pReadOnly = p.Constraints.IsReadOnly()
-	case schemas.Delegation:
-		holderID, holderKey, pScopes, pIssued, pExpires = p.DelegateeID, p.DelegateePublicKey, p.ChildScope, p.IssuedAt, p.ExpiresAt
-		pReadOnly = p.Constraints.IsReadOnly()
-	default:
+	}
+	pl, ok := parentOf(parent)
+	if !ok {
 		return fail("parent is a %T, want schemas.Capability or schemas.Delegation", parent)
 	}
 	if holder == nil || len(holder.Key) != ed25519.PrivateKeySize {
 		return fail("no valid holder key")
 	}
-	if PublicKeyString(holder.Public()) != holderKey {
+	if PublicKeyString(holder.Public()) != pl.holderKey {
 		return fail("the holder key is not the parent's holder key")
 	}
 	parentHash, err := CapabilityObjectHash(parent)
@@ -184,34 +175,10 @@ func Delegate(holder *receipts.PrivateKey, parent any, d schemas.Delegation) (sc
 	d.ParentCapabilityHash = parentHash
 	d.Signature = nil
 	if d.DelegatorID == "" {
-		d.DelegatorID = holderID
+		d.DelegatorID = pl.holderID
 	}
-	if d.DelegatorID != holderID {
-		return fail("delegator_id is not the parent's holder")
-	}
-	if err := checkScopes("child_scope", d.ChildScope); err != nil {
+	if err := pl.admits(&d); err != nil {
 		return fail("%v", err)
-	}
-	for i, s := range d.ChildScope {
-		if !scopeContained(pScopes, s) {
-			return fail("child_scope[%d] is not contained in the parent's scopes", i)
-		}
-	}
-	if pReadOnly && (d.Constraints == nil || !d.Constraints.ReadOnly) {
-		return fail("the parent is read_only; a delegation cannot drop it")
-	}
-	issued, expires, err := checkTimes(d.IssuedAt, d.ExpiresAt)
-	if err != nil {
-		return fail("%v", err)
-	}
-	if pi, err := parseTime(pIssued); err != nil || issued.Before(pi) {
-		return fail("issued_at is before the parent's issued_at")
-	}
-	if pe, err := parseTime(pExpires); err != nil || expires.After(pe) {
-		return fail("expires_at is after the parent's expires_at")
-	}
-	if _, err := ParsePublicKeyString(d.DelegateePublicKey); err != nil {
-		return fail("delegatee_public_key: %v", err)
 	}
 	sum, err := canonicalSum(&d)
 	if err != nil {
@@ -221,6 +188,60 @@ func Delegate(holder *receipts.PrivateKey, parent any, d schemas.Delegation) (sc
 		return fail("%v", err)
 	}
 	return d, nil
+}
+
+// parentLink is what a delegation inherits from the link it extends.
+type parentLink struct {
+	holderID, holderKey string
+	scopes              []string
+	issued, expires     string
+	readOnly            bool
+}
+
+// parentOf reads the link a delegation extends: a capability or a
+// delegation (by value).
+func parentOf(parent any) (parentLink, bool) {
+	switch p := parent.(type) {
+	case schemas.Capability:
+		return parentLink{p.Subject, p.SubjectPublicKey, p.Scopes, p.IssuedAt, p.ExpiresAt, p.Constraints.IsReadOnly()}, true
+	case schemas.Delegation:
+		return parentLink{p.DelegateeID, p.DelegateePublicKey, p.ChildScope, p.IssuedAt, p.ExpiresAt, p.Constraints.IsReadOnly()}, true
+	}
+	return parentLink{}, false
+}
+
+// admits checks that d may extend the parent: its delegator is the
+// parent's holder, its scopes lie within the parent's, it keeps read_only,
+// its validity lies within the parent's, and its delegatee key reads.
+func (pl parentLink) admits(d *schemas.Delegation) error {
+	if d.DelegatorID != pl.holderID {
+		return errors.New("delegator_id is not the parent's holder")
+	}
+	if err := checkScopes("child_scope", d.ChildScope); err != nil {
+		return err
+	}
+	for i, s := range d.ChildScope {
+		if !scopeContained(pl.scopes, s) {
+			return fmt.Errorf("child_scope[%d] is not contained in the parent's scopes", i)
+		}
+	}
+	if pl.readOnly && (d.Constraints == nil || !d.Constraints.ReadOnly) {
+		return errors.New("the parent is read_only; a delegation cannot drop it")
+	}
+	issued, expires, err := checkTimes(d.IssuedAt, d.ExpiresAt)
+	if err != nil {
+		return err
+	}
+	if pi, err := parseTime(pl.issued); err != nil || issued.Before(pi) {
+		return errors.New("issued_at is before the parent's issued_at")
+	}
+	if pe, err := parseTime(pl.expires); err != nil || expires.After(pe) {
+		return errors.New("expires_at is after the parent's expires_at")
+	}
+	if _, err := ParsePublicKeyString(d.DelegateePublicKey); err != nil {
+		return fmt.Errorf("delegatee_public_key: %w", err)
+	}
+	return nil
 }
 
 // scopeContained reports whether some parent scope contains child.

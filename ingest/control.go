@@ -642,18 +642,10 @@ func (s *ControlService) mutate(ctx context.Context, req *request) *schemas.Cont
 		case err == nil:
 			// The stream already has this command_id (within its duplicate
 			// window) at or before lastSeq.
-			orig, gerr := s.control.GetMsg(ctx, ack.Sequence)
-			if gerr == nil {
-				if bytes.Equal(orig.Data, sealed.JSON) {
-					return s.appendedLocked(ctx, req, sealed, ack.Sequence)
-				}
-				e, ok := eventCommand(orig)
-				if ok && e.receiptID != "" {
-					return s.repeatedLocked(ctx, req, e.appendedCommand)
-				}
-				gerr = errors.New("the stored event is not a control receipt")
+			var reply *schemas.ControlReply
+			if reply, err = s.duplicateLocked(ctx, req, sealed, ack.Sequence); reply != nil {
+				return reply
 			}
-			err = fmt.Errorf("read the original of duplicate seq %d: %w", ack.Sequence, gerr)
 		case isWrongLastSeq(err):
 			// Another instance appended since lastSeq (or an attempt of
 			// ours whose ack was lost did): read what was appended, then
@@ -671,17 +663,44 @@ func (s *ControlService) mutate(ctx context.Context, req *request) *schemas.Cont
 			backoff = 50 * time.Millisecond
 			continue
 		}
-		if ctx.Err() != nil {
+		if !s.retryAfter(ctx, cmd.CommandID, err, &backoff) {
 			return &schemas.ControlReply{Code: schemas.CtlInternal, Error: "the control service is stopping; retry"}
 		}
-		s.log.Warn("control append failed; retrying", "command_id", cmd.CommandID, "err", err, "backoff", backoff)
-		select {
-		case <-ctx.Done():
-			return &schemas.ControlReply{Code: schemas.CtlInternal, Error: "the control service is stopping; retry"}
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 2*time.Second)
 	}
+}
+
+// retryAfter logs a failed append and waits out backoff (doubled for the
+// next time, up to 2 s); false when the service is stopping.
+func (s *ControlService) retryAfter(ctx context.Context, commandID string, err error, backoff *time.Duration) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	s.log.Warn("control append failed; retrying", "command_id", commandID, "err", err, "backoff", *backoff)
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(*backoff):
+	}
+	*backoff = min(*backoff*2, 2*time.Second)
+	return true
+}
+
+// duplicateLocked answers a command the stream dropped as a duplicate of
+// the event at seq: as appended if that event is this one, as repeated if
+// it is an earlier attempt of the command; an error if it cannot be read.
+func (s *ControlService) duplicateLocked(ctx context.Context, req *request, sealed *receipts.Sealed, seq uint64) (*schemas.ControlReply, error) {
+	orig, err := s.control.GetMsg(ctx, seq)
+	if err == nil {
+		if bytes.Equal(orig.Data, sealed.JSON) {
+			return s.appendedLocked(ctx, req, sealed, seq), nil
+		}
+		e, ok := eventCommand(orig)
+		if ok && e.receiptID != "" {
+			return s.repeatedLocked(ctx, req, e.appendedCommand), nil
+		}
+		err = errors.New("the stored event is not a control receipt")
+	}
+	return nil, fmt.Errorf("read the original of duplicate seq %d: %w", seq, err)
 }
 
 // checkpointLoop cuts the control chain's checkpoints until ctx ends, then
