@@ -190,8 +190,8 @@ func Delegate(holder *receipts.PrivateKey, parent any, d schemas.Delegation) (sc
 	return d, nil
 }
 
-// parentLink is what a delegation inherits from the link it extends.
-type parentLink struct {
+// delegationParent is what a delegation inherits from the link it extends.
+type delegationParent struct {
 	holderID, holderKey string
 	scopes              []string
 	issued, expires     string
@@ -200,20 +200,20 @@ type parentLink struct {
 
 // parentOf reads the link a delegation extends: a capability or a
 // delegation (by value).
-func parentOf(parent any) (parentLink, bool) {
+func parentOf(parent any) (delegationParent, bool) {
 	switch p := parent.(type) {
 	case schemas.Capability:
-		return parentLink{p.Subject, p.SubjectPublicKey, p.Scopes, p.IssuedAt, p.ExpiresAt, p.Constraints.IsReadOnly()}, true
+		return delegationParent{p.Subject, p.SubjectPublicKey, p.Scopes, p.IssuedAt, p.ExpiresAt, p.Constraints.IsReadOnly()}, true
 	case schemas.Delegation:
-		return parentLink{p.DelegateeID, p.DelegateePublicKey, p.ChildScope, p.IssuedAt, p.ExpiresAt, p.Constraints.IsReadOnly()}, true
+		return delegationParent{p.DelegateeID, p.DelegateePublicKey, p.ChildScope, p.IssuedAt, p.ExpiresAt, p.Constraints.IsReadOnly()}, true
 	}
-	return parentLink{}, false
+	return delegationParent{}, false
 }
 
 // admits checks that d may extend the parent: its delegator is the
 // parent's holder, its scopes lie within the parent's, it keeps read_only,
 // its validity lies within the parent's, and its delegatee key reads.
-func (pl parentLink) admits(d *schemas.Delegation) error {
+func (pl delegationParent) admits(d *schemas.Delegation) error {
 	if d.DelegatorID != pl.holderID {
 		return errors.New("delegator_id is not the parent's holder")
 	}
