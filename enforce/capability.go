@@ -694,53 +694,19 @@ var decodable = regexp.MustCompile(`^/(capability/scopes|delegations/[0-9]+/chil
 // revocation targets. It returns nil and the reasons if the chain does not
 // decode (nothing more can be checked).
 func (a *Authorizer) decodeChain(tree map[string]any, canon []byte, sum [sha256.Size]byte) (*verifiedChain, []finding) {
-	var pre []finding
-	add := func(dst *[]finding, code, detail string) { *dst = append(*dst, finding{code, detail}) }
-	schemaKey := "schema\x00" + string(sum[:])
-	if _, ok := a.verified.Get(schemaKey); ok {
-		// These exact bytes matched the schema before.
-	} else if err := schemas.ValidateCapabilityChain(canon); err != nil {
-		var ve *schemas.ValidationError
-		if !errors.As(err, &ve) {
-			add(&pre, schemas.CodeSignatureInvalid, "capability: cannot be validated")
-			return nil, pre
-		}
-		isDecodable := true
-		for _, d := range ve.Details {
-			// Schema details are pointers into the chain; say where the
-			// chain sits in the envelope.
-			where := "/capability: " + d
-			if strings.HasPrefix(d, "/:") {
-				where = "/capability" + d[1:]
-			} else if strings.HasPrefix(d, "/") {
-				where = "/capability" + d
-			}
-			switch {
-			case decodable.MatchString(d) && strings.HasPrefix(d, "/capability/"):
-				add(&pre, schemas.CodeScopeMismatch, where)
-			case strings.HasPrefix(d, "/delegations"):
-				add(&pre, schemas.CodeDelegationInvalid, where)
-				isDecodable = isDecodable && decodable.MatchString(d)
-			default:
-				add(&pre, schemas.CodeSignatureInvalid, where)
-				isDecodable = false
-			}
-		}
-		if !isDecodable {
-			return nil, pre
-		}
-	} else {
-		a.verified.Add(schemaKey, struct{}{})
+	pre, ok := a.checkChainSchema(canon, sum)
+	if !ok {
+		return nil, pre
 	}
 	var c schemas.CapabilityChain
 	if err := json.Unmarshal(canon, &c); err != nil {
-		add(&pre, schemas.CodeSignatureInvalid, "capability: does not decode")
+		addFinding(&pre, schemas.CodeSignatureInvalid, "capability: does not decode")
 		return nil, pre
 	}
 	rootTree, _ := tree["capability"].(map[string]any)
 	delegTrees, _ := tree["delegations"].([]any)
 	if rootTree == nil || len(delegTrees) != len(c.Delegations) {
-		add(&pre, schemas.CodeSignatureInvalid, "capability: does not decode")
+		addFinding(&pre, schemas.CodeSignatureInvalid, "capability: does not decode")
 		return nil, pre
 	}
 	vc := &verifiedChain{
@@ -749,81 +715,168 @@ func (a *Authorizer) decodeChain(tree map[string]any, canon []byte, sum [sha256.
 		links: make([]chainLink, 1+len(c.Delegations)),
 	}
 	if len(c.Delegations) > schemas.MaxDelegationDepth {
-		add(&pre, schemas.CodeDelegationInvalid, fmt.Sprintf("capability: %d delegations, more than %d", len(c.Delegations), schemas.MaxDelegationDepth))
+		addFinding(&pre, schemas.CodeDelegationInvalid, fmt.Sprintf("capability: %d delegations, more than %d", len(c.Delegations), schemas.MaxDelegationDepth))
 	}
 	vc.pre = pre
 
 	// Link 0: the root capability, signed by a trusted issuer.
-	root := &c.Capability
-	l := &vc.links[0]
-	parentHash := objectHash(rootTree) // "" if it cannot be canonicalized
-	vc.ids = append(vc.ids, root.CapabilityID)
-	if root.Type != schemas.CapabilityTypeV1 {
-		add(&l.static, schemas.CodeSignatureInvalid, "link 0: type is not "+schemas.CapabilityTypeV1)
-	} else if sig, ok := decodeSig(root.Signature); !ok {
-		add(&l.static, schemas.CodeSignatureInvalid, "link 0: signature is malformed")
-	} else if pub, trusted := a.issuers[sig.kid]; !trusted {
-		add(&l.static, schemas.CodeSignatureInvalid, "link 0: signed by an untrusted issuer key")
-	} else if !a.verifyObject(rootTree, parentHash, pub, sig.sig) {
-		add(&l.static, schemas.CodeSignatureInvalid, "link 0: issuer signature does not verify")
-	}
-	a.prepareLink(l, 0, root.IssuedAt, root.ExpiresAt, root.CapabilityID, root.Subject)
-	holder, holderKey := root.Subject, root.SubjectPublicKey
-	scopes, issued, expires := root.Scopes, root.IssuedAt, root.ExpiresAt
-	readOnly := root.Constraints.IsReadOnly()
+	vc.ids = append(vc.ids, c.Capability.CapabilityID)
+	parent := a.checkRoot(&vc.links[0], &c.Capability, rootTree)
 
 	// Links 1..n: each delegation, signed by its parent's holder.
 	for i := range c.Delegations {
-		link := i + 1
-		l := &vc.links[link]
 		d := &c.Delegations[i]
 		dTree, _ := delegTrees[i].(map[string]any)
-		dHash := objectHash(dTree)
 		vc.ids = append(vc.ids, d.CapabilityID)
-		holderPub, keyErr := ParsePublicKeyString(holderKey)
-		switch sig, ok := decodeSig(d.Signature); {
-		case d.Type != schemas.DelegationTypeV1:
-			add(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: type is not %s", link, schemas.DelegationTypeV1))
-		case !ok:
-			add(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: signature is malformed", link))
-		case keyErr != nil:
-			add(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: the parent's holder public key is malformed", link))
-		case sig.kid != receipts.KeyID(holderPub):
-			add(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: not signed by the parent's holder key", link))
-		case !a.verifyObject(dTree, dHash, holderPub, sig.sig):
-			add(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: delegator signature does not verify", link))
-		}
-		if parentHash == "" || parentHash != d.ParentCapabilityHash {
-			add(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: parent_capability_hash is not the hash of link %d", link, link-1))
-		}
-		if d.DelegatorID != holder {
-			add(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: delegator_id is not the holder of link %d", link, link-1))
-		}
-		for j, s := range d.ChildScope {
-			if !scopeContained(scopes, s) {
-				add(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: child_scope[%d] is not contained in the scopes of link %d", link, j, link-1))
-			}
-		}
-		childRO := d.Constraints.IsReadOnly()
-		if readOnly && !childRO {
-			add(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: drops the read_only constraint of its parent", link))
-		}
-		dIssued, e1 := parseTime(d.IssuedAt)
-		pIssued, e2 := parseTime(issued)
-		if e1 != nil || e2 != nil || dIssued.Before(pIssued) {
-			add(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: issued_at is before that of link %d", link, link-1))
-		}
-		dExpires, e1 := parseTime(d.ExpiresAt)
-		pExpires, e2 := parseTime(expires)
-		if e1 != nil || e2 != nil || dExpires.After(pExpires) {
-			add(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: expires_at is after that of link %d (outlives its parent)", link, link-1))
-		}
-		a.prepareLink(l, link, d.IssuedAt, d.ExpiresAt, d.CapabilityID, d.DelegatorID, d.DelegateeID)
-		holder, holderKey = d.DelegateeID, d.DelegateePublicKey
-		scopes, issued, expires = d.ChildScope, d.IssuedAt, d.ExpiresAt
-		readOnly = readOnly || childRO
-		parentHash = dHash
+		parent = a.checkDelegation(&vc.links[i+1], i+1, d, dTree, parent)
 	}
+	vc.setLeaf(&c)
+	return vc, nil
+}
+
+// addFinding appends a finding of code with detail to *dst.
+func addFinding(dst *[]finding, code, detail string) { *dst = append(*dst, finding{code, detail}) }
+
+// checkChainSchema matches canon (sum is its sha256) against the capability
+// chain schema, remembering bytes that match. It returns the findings, and
+// whether the chain still decodes: false unless every detail is one
+// decodable allows.
+func (a *Authorizer) checkChainSchema(canon []byte, sum [sha256.Size]byte) ([]finding, bool) {
+	schemaKey := "schema\x00" + string(sum[:])
+	if _, ok := a.verified.Get(schemaKey); ok {
+		return nil, true // these exact bytes matched the schema before
+	}
+	err := schemas.ValidateCapabilityChain(canon)
+	if err == nil {
+		a.verified.Add(schemaKey, struct{}{})
+		return nil, true
+	}
+	var pre []finding
+	var ve *schemas.ValidationError
+	if !errors.As(err, &ve) {
+		addFinding(&pre, schemas.CodeSignatureInvalid, "capability: cannot be validated")
+		return pre, false
+	}
+	isDecodable := true
+	for _, d := range ve.Details {
+		// Schema details are pointers into the chain; say where the
+		// chain sits in the envelope.
+		where := "/capability: " + d
+		if strings.HasPrefix(d, "/:") {
+			where = "/capability" + d[1:]
+		} else if strings.HasPrefix(d, "/") {
+			where = "/capability" + d
+		}
+		switch {
+		case decodable.MatchString(d) && strings.HasPrefix(d, "/capability/"):
+			addFinding(&pre, schemas.CodeScopeMismatch, where)
+		case strings.HasPrefix(d, "/delegations"):
+			addFinding(&pre, schemas.CodeDelegationInvalid, where)
+			isDecodable = isDecodable && decodable.MatchString(d)
+		default:
+			addFinding(&pre, schemas.CodeSignatureInvalid, where)
+			isDecodable = false
+		}
+	}
+	return pre, isDecodable
+}
+
+// parentLink is what the next delegation is checked against: the link
+// before it.
+type parentLink struct {
+	hash              string // objectHash of the link's tree, "" if it has none
+	holder, holderKey string // who the link is for, and that holder's public key
+	scopes            []string
+	issued, expires   string
+	readOnly          bool // set if this link or any before it is read_only
+}
+
+// checkRoot checks link 0, the root capability root (tree is its decoded
+// form): its type, and its signature by a trusted issuer; it fills l and
+// returns the root as the parent of link 1.
+func (a *Authorizer) checkRoot(l *chainLink, root *schemas.Capability, tree map[string]any) parentLink {
+	hash := objectHash(tree) // "" if it cannot be canonicalized
+	if root.Type != schemas.CapabilityTypeV1 {
+		addFinding(&l.static, schemas.CodeSignatureInvalid, "link 0: type is not "+schemas.CapabilityTypeV1)
+	} else if sig, ok := decodeSig(root.Signature); !ok {
+		addFinding(&l.static, schemas.CodeSignatureInvalid, "link 0: signature is malformed")
+	} else if pub, trusted := a.issuers[sig.kid]; !trusted {
+		addFinding(&l.static, schemas.CodeSignatureInvalid, "link 0: signed by an untrusted issuer key")
+	} else if !a.verifyObject(tree, hash, pub, sig.sig) {
+		addFinding(&l.static, schemas.CodeSignatureInvalid, "link 0: issuer signature does not verify")
+	}
+	a.prepareLink(l, 0, root.IssuedAt, root.ExpiresAt, root.CapabilityID, root.Subject)
+	return parentLink{
+		hash:      hash,
+		holder:    root.Subject,
+		holderKey: root.SubjectPublicKey,
+		scopes:    root.Scopes,
+		issued:    root.IssuedAt,
+		expires:   root.ExpiresAt,
+		readOnly:  root.Constraints.IsReadOnly(),
+	}
+}
+
+// checkDelegation checks link (1..n), the delegation d (tree is its decoded
+// form), against its parent: its type and its signature by the parent's
+// holder key; that it names the parent by hash and by holder; and that it
+// narrows the parent (scopes contained, read_only kept, validity within
+// the parent's). It fills l and returns d as the parent of the next link.
+func (a *Authorizer) checkDelegation(l *chainLink, link int, d *schemas.Delegation, tree map[string]any, parent parentLink) parentLink {
+	hash := objectHash(tree)
+	holderPub, keyErr := ParsePublicKeyString(parent.holderKey)
+	switch sig, ok := decodeSig(d.Signature); {
+	case d.Type != schemas.DelegationTypeV1:
+		addFinding(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: type is not %s", link, schemas.DelegationTypeV1))
+	case !ok:
+		addFinding(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: signature is malformed", link))
+	case keyErr != nil:
+		addFinding(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: the parent's holder public key is malformed", link))
+	case sig.kid != receipts.KeyID(holderPub):
+		addFinding(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: not signed by the parent's holder key", link))
+	case !a.verifyObject(tree, hash, holderPub, sig.sig):
+		addFinding(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: delegator signature does not verify", link))
+	}
+	if parent.hash == "" || parent.hash != d.ParentCapabilityHash {
+		addFinding(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: parent_capability_hash is not the hash of link %d", link, link-1))
+	}
+	if d.DelegatorID != parent.holder {
+		addFinding(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: delegator_id is not the holder of link %d", link, link-1))
+	}
+	for j, s := range d.ChildScope {
+		if !scopeContained(parent.scopes, s) {
+			addFinding(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: child_scope[%d] is not contained in the scopes of link %d", link, j, link-1))
+		}
+	}
+	childRO := d.Constraints.IsReadOnly()
+	if parent.readOnly && !childRO {
+		addFinding(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: drops the read_only constraint of its parent", link))
+	}
+	dIssued, e1 := parseTime(d.IssuedAt)
+	pIssued, e2 := parseTime(parent.issued)
+	if e1 != nil || e2 != nil || dIssued.Before(pIssued) {
+		addFinding(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: issued_at is before that of link %d", link, link-1))
+	}
+	dExpires, e1 := parseTime(d.ExpiresAt)
+	pExpires, e2 := parseTime(parent.expires)
+	if e1 != nil || e2 != nil || dExpires.After(pExpires) {
+		addFinding(&l.static, schemas.CodeDelegationInvalid, fmt.Sprintf("link %d: expires_at is after that of link %d (outlives its parent)", link, link-1))
+	}
+	a.prepareLink(l, link, d.IssuedAt, d.ExpiresAt, d.CapabilityID, d.DelegatorID, d.DelegateeID)
+	return parentLink{
+		hash:      hash,
+		holder:    d.DelegateeID,
+		holderKey: d.DelegateePublicKey,
+		scopes:    d.ChildScope,
+		issued:    d.IssuedAt,
+		expires:   d.ExpiresAt,
+		readOnly:  parent.readOnly || childRO,
+	}
+}
+
+// setLeaf fills in what the per-call checks need of c's last link: its
+// holder and holder key, read_only, and the scopes that parse.
+func (vc *verifiedChain) setLeaf(c *schemas.CapabilityChain) {
 	vc.holder, vc.readOnly, vc.leaf = c.Holder(), c.ReadOnly(), len(c.Delegations)
 	for _, s := range c.Scopes() {
 		if sc, err := ParseScope(s); err == nil { // malformed scopes cover nothing
@@ -833,9 +886,8 @@ func (a *Authorizer) decodeChain(tree map[string]any, canon []byte, sum [sha256.
 	if pub, err := ParsePublicKeyString(c.HolderPublicKey()); err == nil {
 		vc.holderPub, vc.holderKID = pub, receipts.KeyID(pub)
 	} else {
-		add(&vc.post, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: the holder public key is malformed", vc.leaf))
+		addFinding(&vc.post, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: the holder public key is malformed", vc.leaf))
 	}
-	return vc, nil
 }
 
 // prepareLink fills l's validity window (EXPIRED unless issued_at - skew

@@ -99,9 +99,51 @@ type VerifyOptions struct {
 
 // VerifyDatabaseWith is VerifyDatabase with options.
 func VerifyDatabaseWith(ctx context.Context, conn driver.Conn, database string, keys receipts.KeySet, opts VerifyOptions) (receipts.Report, error) {
-	partial, progress := opts.Partial, opts.Progress
 	v := receipts.NewVerifier(keys)
-	v.AllowPartial = partial
+	v.AllowPartial = opts.Partial
+	extra, err := verifyCheckpoints(ctx, conn, database, v)
+	if err != nil {
+		return receipts.Report{}, fmt.Errorf("verify: %w", err)
+	}
+	feed := &receiptFeeder{v: v, held: map[string][]heldRow{}, progress: opts.Progress, extra: extra}
+	if feed.progress != nil {
+		feed.total = countReceipts(ctx, conn, database)
+	}
+	verifyEvents := receipts.VerifyEvents
+	if opts.BatchSignatures {
+		verifyEvents = receipts.VerifyEventsBatch
+	}
+	err = streamVerified(ctx, conn, database, keys, verifyEvents, feed.process)
+	var conflict *ConflictError
+	if errors.As(err, &conflict) {
+		for _, id := range conflict.ReceiptIDs {
+			feed.extra = append(feed.extra, receipts.Problem{Kind: ProblemConflictingCopies, ReceiptID: id,
+				Detail: "the same receipt_id is stored as rows that differ"})
+		}
+		err = nil
+	}
+	if err != nil {
+		return receipts.Report{}, fmt.Errorf("verify: %w", err)
+	}
+	feed.finish()
+	calls, err := verifyToolCalls(ctx, conn, database, keys)
+	if err != nil {
+		return receipts.Report{}, fmt.Errorf("verify: %w", err)
+	}
+	missing, err := missingReceipts(ctx, conn, database)
+	if err != nil {
+		return receipts.Report{}, fmt.Errorf("verify: %w", err)
+	}
+	rep := v.Finish()
+	rep.Problems = append(append(append(rep.Problems, feed.extra...), calls...), missing...)
+	return rep, nil
+}
+
+// verifyCheckpoints feeds every stored checkpoint to v and returns an
+// altered_column problem for each whose columns disagree with its signed
+// cloudevent (compared only when the verifier found that cloudevent itself
+// sound).
+func verifyCheckpoints(ctx context.Context, conn driver.Conn, database string, v *receipts.Verifier) ([]receipts.Problem, error) {
 	var extra []receipts.Problem
 	err := StreamCheckpoints(ctx, conn, database, func(row CheckpointRow) error {
 		if _, probs := v.Add([]byte(row.CloudEvent)); untrusted(probs) {
@@ -116,138 +158,137 @@ func VerifyDatabaseWith(ctx context.Context, conn driver.Conn, database string, 
 		}
 		return nil
 	})
-	if err != nil {
-		return receipts.Report{}, fmt.Errorf("verify: %w", err)
-	}
+	return extra, err
+}
 
-	total := 0
-	if progress != nil {
-		var n uint64
-		if tbl, err := table(database, TableReceipts); err == nil && conn.QueryRow(ctx, "SELECT count() FROM "+tbl).Scan(&n) == nil {
-			total = int(n)
-		}
+// countReceipts is the number of stored receipt rows, for progress; 0 if
+// it cannot be counted.
+func countReceipts(ctx context.Context, conn driver.Conn, database string) int {
+	var n uint64
+	if tbl, err := table(database, TableReceipts); err == nil && conn.QueryRow(ctx, "SELECT count() FROM "+tbl).Scan(&n) == nil {
+		return int(n)
 	}
-	type heldRow struct {
-		seq uint64
-		raw []byte
+	return 0
+}
+
+// heldRow is a displaced receipt row held back until its signed position.
+type heldRow struct {
+	seq uint64
+	raw []byte
+}
+
+// everySeq, as flush's below, releases every held row of a chain.
+const everySeq = ^uint64(0)
+
+// receiptFeeder feeds streamed receipt rows (streamVerified's process, on
+// the linking goroutine) to the receipts verifier in their signed order,
+// and collects the problems of their stored columns. A row stored away
+// from its signed position is held back (at most maxDisplaced rows) and
+// fed before the next row of its signed chain that comes after it, when
+// the stream leaves the chain it is stored in, or at finish.
+type receiptFeeder struct {
+	v        *receipts.Verifier
+	held     map[string][]heldRow // displaced rows by signed chain
+	nHeld    int
+	curChain string
+	n        int                   // rows processed
+	total    int                   // stored receipt rows, 0 if not counted
+	progress func(done, total int) // nil for none
+	extra    []receipts.Problem
+}
+
+// flush feeds the rows held for chainID whose seq is below below, in seq
+// order.
+func (f *receiptFeeder) flush(chainID string, below uint64) {
+	rows := f.held[chainID]
+	if len(rows) == 0 {
+		return
 	}
-	var (
-		held     = map[string][]heldRow{} // displaced rows by signed chain
-		nHeld    int
-		curChain string
-		n        int
-	)
-	flush := func(chainID string, below uint64) {
-		rows := held[chainID]
-		if len(rows) == 0 {
-			return
-		}
-		sort.SliceStable(rows, func(i, j int) bool { return rows[i].seq < rows[j].seq })
-		k := 0
-		for k < len(rows) && rows[k].seq < below {
-			v.Add(rows[k].raw)
-			k++
-		}
-		nHeld -= k
-		if k == len(rows) {
-			delete(held, chainID)
-		} else {
-			held[chainID] = rows[k:]
-		}
+	sort.SliceStable(rows, func(i, j int) bool { return rows[i].seq < rows[j].seq })
+	k := 0
+	for k < len(rows) && rows[k].seq < below {
+		f.v.Add(rows[k].raw)
+		k++
 	}
-	const all = ^uint64(0)
-	process := func(it *verifyItem) {
-		row, derived, derr := it.row, it.derived, it.derr
-		raw := []byte(row.CloudEvent)
-		if row.ChainID != curChain {
-			flush(curChain, all)
-			curChain = row.ChainID
-		}
-		signedOK := true // whether the signed JSON is trustworthy enough to compare columns with
-		switch {
-		case derr != nil:
-			v.AddVerified(raw, it.ev, it.verr)
+	f.nHeld -= k
+	if k == len(rows) {
+		delete(f.held, chainID)
+	} else {
+		f.held[chainID] = rows[k:]
+	}
+}
+
+// process feeds one row (or holds it back, if it is stored away from its
+// signed position) and compares its columns with its signed cloudevent.
+func (f *receiptFeeder) process(it *verifyItem) {
+	row, derived, derr := it.row, it.derived, it.derr
+	raw := []byte(row.CloudEvent)
+	if row.ChainID != f.curChain {
+		f.flush(f.curChain, everySeq)
+		f.curChain = row.ChainID
+	}
+	signedOK := true // whether the signed JSON is trustworthy enough to compare columns with
+	switch {
+	case derr != nil:
+		f.v.AddVerified(raw, it.ev, it.verr)
+		signedOK = false
+	case derived.ChainID != row.ChainID || derived.ChainSeq != row.ChainSeq:
+		f.extra = append(f.extra, receipts.Problem{Kind: ProblemReordered, ReceiptID: row.ReceiptID,
+			ChainID: derived.ChainID, Seq: derived.ChainSeq,
+			Detail: fmt.Sprintf("stored at chain %s seq %d, but signed as chain %s seq %d", row.ChainID, row.ChainSeq, derived.ChainID, derived.ChainSeq)})
+		if it.verr != nil {
 			signedOK = false
-		case derived.ChainID != row.ChainID || derived.ChainSeq != row.ChainSeq:
-			extra = append(extra, receipts.Problem{Kind: ProblemReordered, ReceiptID: row.ReceiptID,
+		}
+		if f.nHeld < maxDisplaced {
+			f.held[derived.ChainID] = append(f.held[derived.ChainID], heldRow{derived.ChainSeq, raw})
+			f.nHeld++
+		} else {
+			f.v.AddVerified(raw, it.ev, it.verr)
+		}
+	default:
+		f.flush(derived.ChainID, derived.ChainSeq)
+		if _, probs := f.v.AddVerified(raw, it.ev, it.verr); untrusted(probs) {
+			signedOK = false
+		}
+	}
+	// Columns are compared with a signed JSON that verified: an edited
+	// JSON is one problem (its signature), not also every column the
+	// edit made disagree.
+	if signedOK && !sameColumns(&row, &derived) {
+		var cols []string
+		for _, c := range CompareColumns(row, derived) {
+			if c != "chain_id" && c != "chain_seq" {
+				cols = append(cols, c)
+			}
+		}
+		if len(cols) > 0 {
+			// Named by the chain position in the cloudevent, not by
+			// the (possibly altered) columns.
+			f.extra = append(f.extra, receipts.Problem{Kind: ProblemAlteredColumn, ReceiptID: row.ReceiptID,
 				ChainID: derived.ChainID, Seq: derived.ChainSeq,
-				Detail: fmt.Sprintf("stored at chain %s seq %d, but signed as chain %s seq %d", row.ChainID, row.ChainSeq, derived.ChainID, derived.ChainSeq)})
-			if it.verr != nil {
-				signedOK = false
-			}
-			if nHeld < maxDisplaced {
-				held[derived.ChainID] = append(held[derived.ChainID], heldRow{derived.ChainSeq, raw})
-				nHeld++
-			} else {
-				v.AddVerified(raw, it.ev, it.verr)
-			}
-		default:
-			flush(derived.ChainID, derived.ChainSeq)
-			if _, probs := v.AddVerified(raw, it.ev, it.verr); untrusted(probs) {
-				signedOK = false
-			}
-		}
-		// Columns are compared with a signed JSON that verified: an edited
-		// JSON is one problem (its signature), not also every column the
-		// edit made disagree.
-		if signedOK && !sameColumns(&row, &derived) {
-			var cols []string
-			for _, c := range CompareColumns(row, derived) {
-				if c != "chain_id" && c != "chain_seq" {
-					cols = append(cols, c)
-				}
-			}
-			if len(cols) > 0 {
-				// Named by the chain position in the cloudevent, not by
-				// the (possibly altered) columns.
-				extra = append(extra, receipts.Problem{Kind: ProblemAlteredColumn, ReceiptID: row.ReceiptID,
-					ChainID: derived.ChainID, Seq: derived.ChainSeq,
-					Detail: "stored columns differ from the signed cloudevent: " + strings.Join(cols, ", ")})
-			}
-		}
-		n++
-		if progress != nil && n%10000 == 0 {
-			progress(n, max(total, n))
+				Detail: "stored columns differ from the signed cloudevent: " + strings.Join(cols, ", ")})
 		}
 	}
-	verifyEvents := receipts.VerifyEvents
-	if opts.BatchSignatures {
-		verifyEvents = receipts.VerifyEventsBatch
+	f.n++
+	if f.progress != nil && f.n%10000 == 0 {
+		f.progress(f.n, max(f.total, f.n))
 	}
-	err = streamVerified(ctx, conn, database, keys, verifyEvents, process)
-	var conflict *ConflictError
-	if errors.As(err, &conflict) {
-		for _, id := range conflict.ReceiptIDs {
-			extra = append(extra, receipts.Problem{Kind: ProblemConflictingCopies, ReceiptID: id,
-				Detail: "the same receipt_id is stored as rows that differ"})
-		}
-		err = nil
-	}
-	if err != nil {
-		return receipts.Report{}, fmt.Errorf("verify: %w", err)
-	}
-	chains := make([]string, 0, len(held))
-	for c := range held {
+}
+
+// finish feeds every row still held, chain by chain in chain_id order,
+// once the stream has ended, and reports the final progress.
+func (f *receiptFeeder) finish() {
+	chains := make([]string, 0, len(f.held))
+	for c := range f.held {
 		chains = append(chains, c)
 	}
 	sort.Strings(chains)
 	for _, c := range chains {
-		flush(c, all)
+		f.flush(c, everySeq)
 	}
-	if progress != nil && n >= 10000 {
-		progress(n, max(total, n))
+	if f.progress != nil && f.n >= 10000 {
+		f.progress(f.n, max(f.total, f.n))
 	}
-	calls, err := verifyToolCalls(ctx, conn, database, keys)
-	if err != nil {
-		return receipts.Report{}, fmt.Errorf("verify: %w", err)
-	}
-	missing, err := missingReceipts(ctx, conn, database)
-	if err != nil {
-		return receipts.Report{}, fmt.Errorf("verify: %w", err)
-	}
-	rep := v.Finish()
-	rep.Problems = append(append(append(rep.Problems, extra...), calls...), missing...)
-	return rep, nil
 }
 
 // verifyItem is one streamed receipt row with the work done on it off the
