@@ -132,6 +132,12 @@ func (c *cli) run(log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	owned := true // the upstreams are closed here until a Gateway owns them
+	defer func() {
+		if owned {
+			gateway.CloseUpstreams(ups)
+		}
+	}()
 	discovery := enforce.Discovery{Registry: reg, BlockNetwork: c.BlockNetworkOutbound, AllowNetwork: c.AllowNetworkTool}
 	if c.Tools {
 		enc := json.NewEncoder(os.Stdout)
@@ -156,6 +162,7 @@ func (c *cli) run(log *slog.Logger) error {
 	if err != nil {
 		return usageError{err}
 	}
+	owned = false
 	g.Start(ctx)
 	defer g.Close(c.DrainTimeout)
 	log.Info("talos-mcp-gateway ready", "ep_id", c.EPID, "upstreams", len(ups), "tools", g.Tools(), "registry_digest", reg.Digest())

@@ -177,9 +177,7 @@ func (g *Gateway) Close(wait time.Duration) {
 	if n := g.out.Drain(wait); n > 0 {
 		g.log.Error("post events not delivered to Talos before exit", "count", n)
 	}
-	for _, u := range g.ups {
-		_ = u.session.Close()
-	}
+	CloseUpstreams(g.ups)
 }
 
 // Tools is how many downstream tool names the gateway routes.

@@ -36,18 +36,28 @@ func ConnectUpstreams(ctx context.Context, specs []mcpup.Spec, client *mcp.Imple
 		cs, err := mcpup.Connect(cctx, s, client)
 		if err != nil {
 			cancel()
+			CloseUpstreams(ups)
 			return nil, err
 		}
 		tools, err := mcpup.ListTools(cctx, cs)
 		cancel()
 		if err != nil {
 			_ = cs.Close()
+			CloseUpstreams(ups)
 			return nil, fmt.Errorf("upstream %s: tools/list: %w", s.ServerID, err)
 		}
 		log.Info("upstream connected", "server_id", s.ServerID, "tools", len(tools))
 		ups = append(ups, &Upstream{spec: s, session: cs, tools: tools})
 	}
 	return ups, nil
+}
+
+// CloseUpstreams closes the sessions of ups (stopping stdio upstreams),
+// for a caller that keeps them without a Gateway to close them.
+func CloseUpstreams(ups []*Upstream) {
+	for _, u := range ups {
+		_ = u.session.Close()
+	}
 }
 
 // Report is, per principal name, the tools it would see and why the
