@@ -126,7 +126,7 @@ start() {
     --instance bench-worker "${http[@]}" ${worker_flags[@]+"${worker_flags[@]}"} >"$work/worker.log" 2>&1 &
   worker=$!; pids+=($worker)
   # Every call carries a capability issued by the dev issuer and is signed
-  # by the demo agent (seed 002), as an enforcement point would send it.
+  # by the demo agent, as an enforcement point would send it.
   "$work/bin/talosctl" cap issue --issuer-key "$work/dev/keys/issuer.key" --subject demo-agent \
     --subject-key "$work/dev/keys/demo-agent.pub" --scope "$scope" --ttl 6h --out "$work/cap.json" >/dev/null
   sleep 1

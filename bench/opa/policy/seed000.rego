@@ -1,4 +1,4 @@
-# The rules of seed 000 that Talos's enforce.Engine applies to a phase-pre
+# The registry rules (REG 9.2) that Talos's enforce.Engine applies to a phase-pre
 # tool call, written as a Rego policy so that OPA's cost for the same
 # decision can be measured. Input is the tool call envelope; data.talos
 # holds the pinned registry:
@@ -8,7 +8,7 @@
 #   data.talos.tools  {<server_id>: {<tool_name>: <registry tool entry>}}
 #
 # The result is {"decision": "allow"|"deny", "reason_codes": [...]}, with
-# the engine's reason codes. Not covered (other seeds): the request hash,
+# the engine's reason codes. Not covered (other requirements): the request hash,
 # capability signatures, trust metadata, subagent access, action-based
 # tools.
 package talos.seed000
