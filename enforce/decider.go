@@ -46,16 +46,20 @@ type DeciderOptions struct {
 	// ReplayCache bounds the worker's local memory of pair owners, which
 	// spares the ledger a write for a replay it already knows.
 	ReplayCache ReplayCacheOptions
-	// ReplayWindow is how long the Ledger remembers a pair (default 24 h,
-	// the ledger's). A phase-pre envelope issued longer ago than that is
-	// denied REPLAY: the ledger could no longer tell whether its
-	// correlation_id was used, so a captured envelope cannot be played
-	// again once its pair is forgotten.
+	// ReplayWindow is how long the Ledger remembers a pair (default
+	// DefaultReplayWindow, the ledger's too). A phase-pre envelope issued
+	// longer ago than that is denied REPLAY: the ledger could no longer
+	// tell whether its correlation_id was used, so a captured envelope
+	// cannot be played again once its pair is forgotten.
 	ReplayWindow time.Duration
 	// Redactor, if set, makes the Decider build a ToolCallEvent
 	// (UTS FR-EVT-007) for every call, with redacted, hashed payloads.
 	Redactor Redactor
 }
+
+// DefaultReplayWindow is how long a call ledger remembers a call unless
+// configured otherwise, and so how old a pre envelope may be.
+const DefaultReplayWindow = 24 * time.Hour
 
 // Redactor replaces secrets in a JSON tree (see enforce/redact). Redact
 // MUST NOT modify v; pointers in findings are prefixed with base.
@@ -441,7 +445,7 @@ func (d *Decider) staleAt(issuedAt string, now time.Time) bool {
 	}
 	window := d.o.ReplayWindow
 	if window <= 0 {
-		window = 24 * time.Hour
+		window = DefaultReplayWindow
 	}
 	return now.Sub(t) > window
 }

@@ -74,7 +74,7 @@ var (
 // service calls it at start.
 func NewLedger(ctx context.Context, js jetstream.JetStream, o LedgerOptions) (*Ledger, error) {
 	if o.Window <= 0 {
-		o.Window = 24 * time.Hour
+		o.Window = enforce.DefaultReplayWindow
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 5 * time.Second

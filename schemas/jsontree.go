@@ -472,19 +472,5 @@ func hex4str(s string, i int) rune {
 	if i+4 > len(s) {
 		return -1
 	}
-	var r rune
-	for _, c := range []byte(s[i : i+4]) {
-		r <<= 4
-		switch {
-		case c >= '0' && c <= '9':
-			r |= rune(c - '0')
-		case c >= 'a' && c <= 'f':
-			r |= rune(c - 'a' + 10)
-		case c >= 'A' && c <= 'F':
-			r |= rune(c - 'A' + 10)
-		default:
-			return -1
-		}
-	}
-	return r
+	return hex4([]byte(s[i : i+4]))
 }

@@ -20,7 +20,6 @@ import (
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/ingest/loadgen"
 	"github.com/talos-audit/talos/query"
-	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -171,16 +170,8 @@ func (b *benchCmd) maker(run string) (*loadgen.Maker, error) {
 	if b.AgentKey == "" {
 		return nil, usage("--capability needs --agent-key")
 	}
-	key, err := receipts.LoadPrivateKey(b.AgentKey)
-	if err != nil {
-		return nil, usage("--agent-key: %v", err)
-	}
-	raw, err := os.ReadFile(b.Capability)
-	if err != nil {
-		return nil, usage("--capability: %v", err)
-	}
-	if maker.Signer, err = ingest.NewCallSigner(raw, key); err != nil {
-		return nil, usage("--capability: %v", err)
+	if maker.Signer, err = ingest.LoadCallSigner(b.Capability, b.AgentKey); err != nil {
+		return nil, usage("%v", err)
 	}
 	return maker, nil
 }

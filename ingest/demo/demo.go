@@ -101,17 +101,11 @@ func EnsureKeyPair(name string) error {
 // Prepare wrote in keyDir; nil when there is none (the calls then go
 // unsigned).
 func Signer(keyDir string) (*ingest.CallSigner, error) {
-	raw, err := os.ReadFile(filepath.Join(keyDir, CapabilityFile))
-	if errors.Is(err, fs.ErrNotExist) {
+	capFile := filepath.Join(keyDir, CapabilityFile)
+	if _, err := os.Stat(capFile); errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
-	} else if err != nil {
-		return nil, err
 	}
-	key, err := receipts.LoadPrivateKey(filepath.Join(keyDir, Agent+".key"))
-	if err != nil {
-		return nil, fmt.Errorf("demo agent key: %w", err)
-	}
-	return ingest.NewCallSigner(raw, key)
+	return ingest.LoadCallSigner(capFile, filepath.Join(keyDir, Agent+".key"))
 }
 
 // Case is one demo call and what it shows.
