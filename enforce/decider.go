@@ -115,9 +115,10 @@ type Decided struct {
 	call   CallKey
 	record *PreRecord // the ledger's record of this call, as Begin or the ledger left it; nil if none is kept
 	approv bool       // record the decision for approve/reject if it is require_approval
-	// eventOf builds the ToolCallEvent for a receipt of this envelope
-	// (EventFor); nil without a Redactor or for a malformed envelope.
-	eventOf func(r *schemas.Receipt) *schemas.ToolCallEvent
+	// from is the decision's Pending, for EventFor to build the
+	// ToolCallEvent of another receipt of this envelope; nil without a
+	// Redactor or for a malformed envelope.
+	from *Pending
 }
 
 // EventFor returns the ToolCallEvent that agrees with the receipt the audit
@@ -130,7 +131,7 @@ type Decided struct {
 // the stored decision leaves the call to be recorded by its post event (a
 // pre call allowed or parked for approval).
 func (o *Decided) EventFor(decision string, codes []string) *schemas.ToolCallEvent {
-	if o.eventOf == nil || (o.Receipt.Decision == decision && slices.Equal(o.Receipt.ReasonCodes, codes)) {
+	if o.from == nil || (o.Receipt.Decision == decision && slices.Equal(o.Receipt.ReasonCodes, codes)) {
 		return o.ToolCall
 	}
 	if o.Receipt.Phase == schemas.PhasePre && decision != schemas.DecisionDeny {
@@ -138,7 +139,7 @@ func (o *Decided) EventFor(decision string, codes []string) *schemas.ToolCallEve
 	}
 	r := o.Receipt
 	r.Decision, r.ReasonCodes = decision, codes
-	return o.eventOf(&r)
+	return o.from.event(&r)
 }
 
 // Stored returns the ledger operations to run once the call's receipt is
@@ -279,6 +280,14 @@ type Pending struct {
 	stage    int
 	call     CallKey
 	record   *PreRecord
+	// What a post event's ToolCallEvent says of its pre decision (finish).
+	prior *PreRecord
+	flags []string
+}
+
+// event builds the ToolCallEvent of this envelope for receipt r.
+func (p *Pending) event(r *schemas.Receipt) *schemas.ToolCallEvent {
+	return p.d.event(p.pc, &p.cls, r, p.prior, p.flags, p.now)
 }
 
 // Signature is the sender signature the call still needs verified, or nil.
@@ -594,27 +603,25 @@ func (d *Decider) finish(p *Pending) *Decided {
 	if d.o.Redactor == nil {
 		return out
 	}
-	var prior *PreRecord
-	var flags []string
 	if !pre && p.claim != nil {
 		rec := p.claim.Held
 		switch {
 		case !p.claim.Found:
-			flags = append(flags, schemas.FlagPostWithoutPre)
+			p.flags = append(p.flags, schemas.FlagPostWithoutPre)
 		case rec.Decision == schemas.DecisionAllow,
 			// A responder released the parked call: it ran as approved.
 			rec.Decision == schemas.DecisionRequireApproval && approved(p.st, c.ToolCallID):
-			prior = &rec
+			p.prior = &rec
 		default:
-			flags = append(flags, schemas.FlagPostAfterDeny)
-			prior = &rec
+			p.flags = append(p.flags, schemas.FlagPostAfterDeny)
+			p.prior = &rec
 		}
 	}
-	out.eventOf = func(r *schemas.Receipt) *schemas.ToolCallEvent { return d.event(p.pc, &p.cls, r, prior, flags, p.now) }
+	out.from = p
 	// A call that may still run (allowed, or parked for approval) is
 	// recorded by its post event.
 	if !pre || out.Receipt.Decision == schemas.DecisionDeny {
-		out.ToolCall = out.eventOf(&out.Receipt)
+		out.ToolCall = p.event(&out.Receipt)
 	}
 	return out
 }
