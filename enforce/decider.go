@@ -211,6 +211,10 @@ func (d *Decider) Apply(seq uint64, rec *schemas.ControlRecord, at time.Time) er
 	return err
 }
 
+// Ledger is the call ledger of DeciderOptions (nil without one): the
+// ledger operations Begin and Resume ask for run on it.
+func (d *Decider) Ledger() CallLedger { return d.o.Ledger }
+
 // ReplayCache is the local cache of pair owners (nil without a ledger).
 func (d *Decider) ReplayCache() *ReplayCache { return d.cache }
 

@@ -94,7 +94,7 @@ func newApprovalPlane(t *testing.T) *approvalPlane {
 	enf, err := ingest.NewEnforcer(wnc, wjs, dec, ingest.EnforcerOptions{
 		WorkerID: "approver",
 		Worker: ingest.WorkerOptions{Chains: []*receipts.Chain{receipts.NewChain("approval-worker", key)},
-			Source: "talos://enforce/test", AckWait: 3 * time.Second, Ledger: ledger},
+			Source: "talos://enforce/test", AckWait: 3 * time.Second},
 		Keys:              keys,
 		HeartbeatInterval: 200 * time.Millisecond,
 		RegistryDigest:    func() string { return dec.State().Registry().Digest() },

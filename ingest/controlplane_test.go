@@ -143,7 +143,6 @@ func (p *plane) startWorker(t *testing.T, id string) *enforce.Decider {
 			Chains:  []*receipts.Chain{receipts.NewChain(id+"-"+fmt.Sprint(time.Now().UnixNano()), p.key)},
 			Source:  "talos://enforce/" + id,
 			AckWait: 3 * time.Second,
-			Ledger:  ledger,
 		},
 		Keys:              p.keys,
 		HeartbeatInterval: 200 * time.Millisecond,

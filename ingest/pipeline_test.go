@@ -145,7 +145,7 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	}
 	s := &stack{nc: nc, js: js, conn: conn, db: db, reg: reg, keys: keys, dec: dec, natsURL: natsURL, key: key,
 		workerOpts: ingest.WorkerOptions{Chains: chains, Source: "talos://enforce/test", AckWait: 3 * time.Second,
-			Checkpoints: cpo, Ledger: dopts.Ledger, MaxBatch: o.maxBatch}}
+			Checkpoints: cpo, MaxBatch: o.maxBatch}}
 	if !o.noWorker {
 		s.startWorker(t, s.workerOpts, o.workerJS)
 	}

@@ -71,7 +71,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		}
 		wnc, wjs := connectJS(b, ns.URL())
 		w, err := ingest.NewWorker(wnc, wjs, dec, ingest.WorkerOptions{Source: "talos://enforce/bench",
-			Chains: []*receipts.Chain{receipts.NewChain("bench-a", key), receipts.NewChain("bench-b", key)}, Ledger: ledger})
+			Chains: []*receipts.Chain{receipts.NewChain("bench-a", key), receipts.NewChain("bench-b", key)}})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -33,6 +33,9 @@ import (
 type Decider interface {
 	Begin(subject string, raw []byte, now time.Time, receiptID string) (*enforce.Pending, error)
 	Resume(p *enforce.Pending) (*enforce.Decided, error)
+	// Ledger runs the ledger operations the decider asks for (the call
+	// ledger its DeciderOptions name); nil if it asks for none.
+	Ledger() enforce.CallLedger
 }
 
 // WorkerOptions configures a Worker. The zero value of every field but
@@ -46,9 +49,6 @@ type WorkerOptions struct {
 	Chains []*receipts.Chain
 	// Source is the CloudEvent source, talos://enforce/<instance>.
 	Source string
-	// Ledger runs the ledger operations the decider asks for (the call
-	// ledger its DeciderOptions name); nil if it asks for none.
-	Ledger enforce.CallLedger
 	// MaxBatch bounds the calls a chain takes at once (default 16): their
 	// signatures are verified together and their ledger operations share
 	// one round trip, while their receipts go into the chain one after
@@ -359,14 +359,8 @@ func (w *Worker) resumeAll(calls []*call) {
 		for _, c := range pending {
 			ops = append(ops, c.p.Ops()...)
 		}
-		if len(ops) > 0 {
-			if w.o.Ledger == nil {
-				for _, c := range pending {
-					w.decideFailed(c, errors.New("the decider needs a call ledger and the worker has none"))
-				}
-				return
-			}
-			w.o.Ledger.Do(ops)
+		if len(ops) > 0 { // only a decider with a ledger asks for operations
+			w.d.Ledger().Do(ops)
 		}
 		next := pending[:0]
 		for _, c := range pending {
@@ -460,14 +454,7 @@ func (w *Worker) ledgerAfter(ctx context.Context, calls []*call) {
 	for _, c := range calls {
 		ops = append(ops, c.after...)
 	}
-	if w.o.Ledger == nil {
-		for _, c := range calls {
-			w.retryLater(ctx, c.m, "cannot record the decision in the call ledger", c.msgID, errors.New("no call ledger"))
-			c.done = true
-		}
-		return
-	}
-	w.o.Ledger.Do(ops)
+	w.d.Ledger().Do(ops) // Decided.Stored asks only with a ledger
 	for _, c := range calls {
 		var err error
 		for _, op := range c.after {

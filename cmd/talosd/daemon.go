@@ -330,7 +330,6 @@ func startEnforce(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *
 		Worker: ingest.WorkerOptions{
 			Chains:      chains,
 			Source:      "talos://enforce/" + f.instance(),
-			Ledger:      ledger,
 			AckWait:     f.AckWait,
 			Checkpoints: f.checkpoints(),
 		},
