@@ -222,37 +222,19 @@ func (c *cli) upstreams() ([]mcpup.Spec, error) {
 // natsOptions connect as this enforcement point and keep reconnecting
 // forever (calls are denied while disconnected).
 func (c *cli) natsOptions() ([]nats.Option, error) {
-	opts := []nats.Option{
+	login := natsauth.Login{URL: c.NatsURL, User: c.NatsUser, Password: c.NatsPassword, UsersFile: c.NatsAuth}
+	if c.NatsAuth == "" {
+		login.UsersFile = natsauth.None
+	}
+	creds, err := login.Options(schemas.NATSRoleEnforcement, c.EPID)
+	if err != nil {
+		return nil, fmt.Errorf("--nats-auth: %w", err)
+	}
+	return append([]nats.Option{
 		nats.Name("talos-mcp-gateway " + c.EPID),
-		nats.CustomInboxPrefix(schemas.EPInboxPrefix(c.EPID)),
 		nats.RetryOnFailedConnect(true),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.Timeout(2 * time.Second),
-	}
-	switch {
-	case natsauth.HasUser(c.NatsURL):
-	case c.NatsUser != "":
-		opts = append(opts, nats.UserInfo(c.NatsUser, c.NatsPassword))
-	case c.NatsAuth != "" && c.NatsAuth != "none":
-		user, pass, err := authFileUser(c.NatsAuth, c.EPID)
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, nats.UserInfo(user, pass))
-	}
-	return opts, nil
-}
-
-// authFileUser finds the enforcement user of epID in talosd's users file.
-func authFileUser(path, epID string) (user, password string, err error) {
-	users, err := natsauth.ReadUsers(path)
-	if err != nil {
-		return "", "", fmt.Errorf("--nats-auth: %w", err)
-	}
-	u, ok := natsauth.Find(users, schemas.NATSRoleEnforcement, epID)
-	if !ok {
-		return "", "", fmt.Errorf("--nats-auth %s has no user for enforcement point %q: add it with talosd --nats-eps %s", path, epID, epID)
-	}
-	return u.User, u.Password, nil
+	}, creds...), nil
 }

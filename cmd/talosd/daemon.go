@@ -26,6 +26,7 @@ import (
 	"github.com/talos-audit/talos/ingest/natsserver"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/schemas"
 )
 
 // stack is what a running daemon exposes to `talosd dev`.
@@ -179,7 +180,7 @@ func startNATS(f *Flags, log *slog.Logger) (url string, creds []nats.Option, shu
 	if err != nil {
 		return "", nil, nil, err
 	}
-	if creds, err = f.natsConnectOptions(a); err != nil {
+	if creds, err = f.natsLogin().Options(schemas.NATSRoleWorker, ""); err != nil {
 		return "", nil, nil, err
 	}
 	if f.NatsURL != "" {

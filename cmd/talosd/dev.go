@@ -5,7 +5,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"os"
 	"os/signal"
@@ -21,7 +20,6 @@ import (
 
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/ingest/demo"
-	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/query/chserver"
 	"github.com/talos-audit/talos/receipts"
@@ -249,11 +247,11 @@ Try:
 // enforcement point demo.EP with its own NATS user, printing a table of
 // their decisions. It returns how many receipts the demo produced.
 func demoTraffic(ctx context.Context, f *Flags, s *stack) (int, error) {
-	opts, err := demoLogin(f)
+	opts, err := f.natsLogin().Options(schemas.NATSRoleEnforcement, demo.EP)
 	if err != nil {
 		return 0, err
 	}
-	nc, err := nats.Connect(s.NatsURL, opts...)
+	nc, err := nats.Connect(s.NatsURL, append(opts, nats.Name("talosd dev demo "+demo.EP))...)
 	if err != nil {
 		return 0, fmt.Errorf("connect as enforcement point %s: %w", demo.EP, err)
 	}
@@ -284,32 +282,6 @@ func demoTraffic(ctx context.Context, f *Flags, s *stack) (int, error) {
 		return n, err
 	}
 	return n, tw.Flush()
-}
-
-// demoLogin are the NATS options of the demo traffic: enforcement point
-// demo.EP, with --nats-user/--nats-password when given with --nats-url,
-// else its user in the users file (optional with --nats-url).
-func demoLogin(f *Flags) ([]nats.Option, error) {
-	opts := []nats.Option{nats.Name("talosd dev demo " + demo.EP)}
-	if f.NatsURL != "" && f.NatsUser != "" {
-		return append(opts, nats.UserInfo(f.NatsUser, f.NatsPassword), nats.CustomInboxPrefix(schemas.EPInboxPrefix(demo.EP))), nil
-	}
-	path := f.natsAuthPath()
-	if path == "" {
-		return opts, nil
-	}
-	a, err := natsauth.Load(path)
-	switch {
-	case err == nil:
-		u, ok := a.Find(schemas.NATSRoleEnforcement, demo.EP)
-		if !ok {
-			return nil, fmt.Errorf("NATS auth file %s has no user for ep_id %s", path, demo.EP)
-		}
-		return append(opts, u.ConnectOptions()...), nil
-	case f.NatsURL == "" || !errors.Is(err, fs.ErrNotExist):
-		return nil, err
-	}
-	return opts, nil
 }
 
 // demoVerify waits until the demo's receipts are in ClickHouse, then

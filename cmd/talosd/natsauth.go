@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -8,10 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/talos-audit/talos/ingest/natsauth"
-	"github.com/talos-audit/talos/schemas"
 )
 
 // natsAuthPath is the users file talosd uses: --nats-auth, by default
@@ -66,22 +64,19 @@ func (f *Flags) prepareNATSAuth(log *slog.Logger) (*natsauth.File, error) {
 	return a, nil
 }
 
-// natsConnectOptions are the credentials talosd's own connection uses: the
-// worker user of the users file with the embedded server; with --nats-url,
-// --nats-user/--nats-password, else the file's worker user, else none.
-// (Credentials in the URL itself win over both; nats.go reads them.)
-func (f *Flags) natsConnectOptions(a *natsauth.File) ([]nats.Option, error) {
-	if f.NatsURL != "" && f.NatsUser != "" {
-		return []nats.Option{nats.UserInfo(f.NatsUser, f.NatsPassword)}, nil
+// natsLogin is how talosd and its demo traffic log in: with the embedded
+// server, as the users file's user of the role (the file is there:
+// prepareNATSAuth made it); with --nats-url, as natsauth.Login picks, the
+// default users file being optional.
+func (f *Flags) natsLogin() natsauth.Login {
+	if f.NatsURL == "" {
+		return natsauth.Login{UsersFile: cmp.Or(f.natsAuthPath(), natsauth.None)}
 	}
-	if a == nil {
-		return nil, nil
+	l := natsauth.Login{URL: f.NatsURL, User: f.NatsUser, Password: f.NatsPassword, UsersFile: f.NatsAuth}
+	if f.NatsAuth == "" {
+		l.Default = f.natsAuthPath()
 	}
-	u, ok := a.Find(schemas.NATSRoleWorker, "")
-	if !ok {
-		return nil, fmt.Errorf("NATS auth file %s has no user with role %q for talosd", f.natsAuthPath(), schemas.NATSRoleWorker)
-	}
-	return u.ConnectOptions(), nil
+	return l
 }
 
 // natsAuthCmd is `talosd nats-auth`: create or complete the users file
