@@ -54,7 +54,7 @@ type checkpointer struct {
 // publish is retried from first, backing off to 5 s.
 func newCheckpointer(js jetstream.JetStream, source string, now func() time.Time, log *slog.Logger, first time.Duration) *checkpointer {
 	return &checkpointer{js: js, source: source, now: now, log: log,
-		policy: retryPolicy{First: first, Max: 5 * time.Second, KeepAlive: time.Hour, Log: log, InProgress: func() {}}}
+		policy: retryPolicy{First: first, Max: 5 * time.Second, Log: log}}
 }
 
 // cut signs a checkpoint of ch's pending range (if any) and publishes it,

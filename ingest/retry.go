@@ -11,6 +11,7 @@ import (
 // off from First to Max, and telling JetStream every KeepAlive that the
 // messages being worked on are still in progress (so they are not
 // redelivered while the write waits for NATS or ClickHouse to return).
+// InProgress may be nil when no message waits on the retries.
 type retryPolicy struct {
 	First, Max, KeepAlive time.Duration
 	Log                   *slog.Logger
@@ -39,7 +40,7 @@ func (p retryPolicy) run(ctx context.Context, what string, try func() error, att
 			return ctx.Err()
 		}
 		p.Log.Warn(what+" failed; retrying", append(attrs, "err", err, "backoff", backoff)...)
-		if time.Since(lastProgress) > p.KeepAlive {
+		if p.InProgress != nil && time.Since(lastProgress) > p.KeepAlive {
 			p.InProgress()
 			lastProgress = time.Now()
 		}
@@ -50,4 +51,18 @@ func (p retryPolicy) run(ctx context.Context, what string, try func() error, att
 		}
 		backoff = min(backoff*2, p.Max)
 	}
+}
+
+// Retry calls try until it returns nil or ctx ends, logging each failure
+// as what and backing off from 200 ms to 5 s: how talosd waits at start for
+// NATS or ClickHouse to answer, with the same retry loop as the evidence
+// writes. When ctx ends first, the error joins ctx's error with try's last.
+func Retry(ctx context.Context, log *slog.Logger, what string, try func() error) error {
+	var last error
+	p := retryPolicy{First: 200 * time.Millisecond, Max: 5 * time.Second, Log: log}
+	err := p.run(ctx, what, func() error { last = try(); return last })
+	if err != nil && ctx.Err() != nil && last != nil {
+		return errors.Join(err, last)
+	}
+	return err
 }
