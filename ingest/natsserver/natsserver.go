@@ -7,9 +7,12 @@
 package natsserver
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -45,6 +48,35 @@ type Options struct {
 	Users []*server.User
 }
 
+// ErrAddrInUse is what Start's error wraps when the fixed port it was given
+// is taken (by another talosd or nats-server, say): the server could not
+// listen there, and nats-server would only time out.
+var ErrAddrInUse = errors.New("address in use")
+
+// ParseAddr splits a listen address HOST:PORT into Options.Host and
+// Options.Port.
+func ParseAddr(addr string) (host string, port int, err error) {
+	h, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		return "", 0, fmt.Errorf("port %q: %w", p, err)
+	}
+	return h, n, nil
+}
+
+// addrFree reports whether a TCP listener could bind addr now.
+func addrFree(addr string) bool {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return false
+	}
+	_ = ln.Close()
+	return true
+}
+
 // Server is a running embedded nats-server with JetStream.
 type Server struct {
 	srv     *server.Server
@@ -52,8 +84,15 @@ type Server struct {
 }
 
 // Start starts an embedded nats-server with JetStream on 127.0.0.1 and
-// returns once it accepts clients and JetStream is enabled.
+// returns once it accepts clients and JetStream is enabled. A fixed Port
+// that is taken fails at once with ErrAddrInUse.
 func Start(opts Options) (*Server, error) {
+	if opts.Port > 0 {
+		addr := net.JoinHostPort(cmp.Or(opts.Host, "127.0.0.1"), strconv.Itoa(opts.Port))
+		if !addrFree(addr) {
+			return nil, fmt.Errorf("natsserver: listen on %s: %w", addr, ErrAddrInUse)
+		}
+	}
 	n := &Server{}
 	dir := opts.Dir
 	if dir == "" {
