@@ -7,7 +7,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/receipts"
@@ -30,32 +29,6 @@ func trustedSigners(f *Flags, key *receipts.PrivateKey) (receipts.KeySet, error)
 // workerID names this process's enforce worker in heartbeats: the instance
 // name as a subject token.
 func workerID(f *Flags) string { return ingest.InstanceToken(f.instance()) }
-
-func registerEnforceMetrics(reg *prometheus.Registry, e *ingest.Enforcer) {
-	w, fol := e.Worker(), e.Follower()
-	reg.MustRegister(
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "talos_enforce_calls_total", Help: "Calls decided and acked by this worker.",
-		}, func() float64 { return float64(w.Handled()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "talos_control_applied_seq", Help: "Last TALOS_CONTROL sequence this worker applied.",
-		}, func() float64 { return float64(fol.Applied()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "talos_control_lag", Help: "Control events known but not yet applied by this worker.",
-		}, func() float64 { return float64(fol.Last() - min(fol.Last(), fol.Applied())) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "talos_control_rejected_total", Help: "Control events this worker refused to apply (bad signature or sequence).",
-		}, func() float64 { return float64(fol.Rejected()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "talos_control_caught_up", Help: "1 once the worker has replayed TALOS_CONTROL and decides calls.",
-		}, func() float64 {
-			if fol.CaughtUp() {
-				return 1
-			}
-			return 0
-		}),
-	)
-}
 
 // startControl prepares the control role (ingest.NewControlPlane) from
 // the flags: --responder-keys, --control-skew, the checkpoint settings, the

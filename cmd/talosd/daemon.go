@@ -5,25 +5,20 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
-	"net/http/pprof"
 	"os"
 	"path/filepath"
-	"strconv"
-	"sync"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/ingest/natsserver"
+	"github.com/talos-audit/talos/ingest/telemetry"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
@@ -88,16 +83,16 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 		return err
 	}
 	defer stopNATS()
-	nc, err := connectNATS(f, log, natsURL, creds)
+	nc, err := nats.Connect(natsURL, append(creds, ingest.DaemonConnOptions("talosd "+f.instance(), log)...)...)
 	if err != nil {
-		return err
+		return fmt.Errorf("connect %s: %w", natsURL, err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
 	}
-	if err := retry(ctx, log, "create streams", func() error {
+	if err := ingest.Retry(ctx, log, "create streams", func() error {
 		return ingest.EnsureStreams(ctx, js, ingest.StreamOptions{Replicas: f.Replicas})
 	}); err != nil {
 		return err
@@ -107,36 +102,53 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 			return err
 		}
 	}
-	g := newRoleGroup(ctx)
-	defer g.cancel()
-	metrics := prometheus.NewRegistry()
-	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	webURL, closeSink, err := startRoles(ctx, f, log, c, nc, js, metrics, g)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	g, gctx := errgroup.WithContext(rctx)
+	stop := func() { cancel(); _ = g.Wait() }
+	metrics := telemetry.NewRegistry()
+	webURL, closeSink, err := startRoles(gctx, f, log, c, nc, js, metrics, roleStarter(g, gctx, log))
 	defer closeSink()
 	if err != nil {
+		stop()
 		return err
 	}
-	srv := serveHTTP(f, log, metrics, nc)
+	srv := telemetry.Serve(telemetry.Options{Addr: f.HTTPAddr, Metrics: metrics, NATS: nc, Pprof: f.Pprof, Logger: log})
 	if ready != nil {
-		if err := ready(g.ctx, &stack{NatsURL: natsURL, NC: nc, JS: js, Registry: c.reg, WebURL: webURL}); err != nil {
-			g.stop()
+		if err := ready(gctx, &stack{NatsURL: natsURL, NC: nc, JS: js, Registry: c.reg, WebURL: webURL}); err != nil {
+			stop()
 			return err
 		}
 	}
-	var runErr error
-	select {
-	case <-ctx.Done():
+	<-gctx.Done()
+	if ctx.Err() != nil {
 		log.Info("shutting down")
-	case runErr = <-g.errc:
-		log.Error("role failed", "err", runErr)
 	}
-	g.stop()
+	cancel()
+	runErr := g.Wait()
 	if srv != nil {
 		sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = srv.Shutdown(sctx)
 		scancel()
 	}
 	return runErr
+}
+
+// roleStarter runs each role in g under ctx. The first role to fail while
+// ctx lasts is logged and ends the others (g cancels ctx); errors of roles
+// stopping because ctx ended are not failures.
+func roleStarter(g *errgroup.Group, ctx context.Context, log *slog.Logger) func(string, func(context.Context) error) {
+	return func(name string, run func(context.Context) error) {
+		g.Go(func() error {
+			err := run(ctx)
+			if err == nil || ctx.Err() != nil {
+				return nil
+			}
+			err = fmt.Errorf("%s: %w", name, err)
+			log.Error("role failed", "err", err)
+			return err
+		})
+	}
 }
 
 // loadCore loads the registry and the signing key for the enforce and
@@ -186,15 +198,15 @@ func startNATS(f *Flags, log *slog.Logger) (url string, creds []nats.Option, shu
 	if f.NatsURL != "" {
 		return f.NatsURL, creds, func() {}, nil
 	}
-	host, port, err := splitHostPort(f.NatsListen)
+	host, port, err := natsserver.ParseAddr(f.NatsListen)
 	if err != nil {
 		return "", nil, nil, usagef("--nats-listen: %v", err)
 	}
-	if port != 0 && !addrFree(f.NatsListen) {
+	ns, err := natsserver.Start(natsserver.Options{Dir: filepath.Join(f.DataDir, "nats"), Host: host, Port: port, ServerName: "talosd-" + workerID(f), Users: natsserver.Users(a)})
+	if errors.Is(err, natsserver.ErrAddrInUse) {
 		return "", nil, nil, fmt.Errorf("cannot listen on %s for the embedded nats-server: the address is in use "+
 			"(another talosd or nats-server?). Join it with --nats-url nats://%s, or listen elsewhere with --nats-listen HOST:PORT", f.NatsListen, f.NatsListen)
 	}
-	ns, err := natsserver.Start(natsserver.Options{Dir: filepath.Join(f.DataDir, "nats"), Host: host, Port: port, ServerName: "talosd-" + workerID(f), Users: natsserver.Users(a)})
 	if err != nil {
 		return "", nil, nil, fmt.Errorf("embedded nats-server: %w", err)
 	}
@@ -202,84 +214,27 @@ func startNATS(f *Flags, log *slog.Logger) (url string, creds []nats.Option, shu
 	return ns.URL(), creds, ns.Shutdown, nil
 }
 
-// connectNATS is talosd's own connection: it reconnects forever and logs
-// disconnects, reconnects and a final close.
-func connectNATS(f *Flags, log *slog.Logger, url string, creds []nats.Option) (*nats.Conn, error) {
-	nc, err := nats.Connect(url, append(creds,
-		nats.Name("talosd "+f.instance()),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond),
-		nats.RetryOnFailedConnect(true),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				log.Warn("nats disconnected", "err", err)
-			}
-		}),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats reconnected", "url", c.ConnectedUrl()) }),
-		nats.ClosedHandler(func(c *nats.Conn) {
-			if err := c.LastError(); err != nil { // e.g. refused credentials: nats.go gives up
-				log.Error("nats connection closed for good; restart talosd once fixed", "err", err)
-			}
-		}),
-	)...)
-	if err != nil {
-		return nil, fmt.Errorf("connect %s: %w", url, err)
-	}
-	return nc, nil
-}
-
-// roleGroup owns the roles' goroutines: each runs under ctx, and the first
-// error of one that fails before ctx ends is sent on errc.
-type roleGroup struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	errc   chan error
-}
-
-func newRoleGroup(ctx context.Context) *roleGroup {
-	g := &roleGroup{errc: make(chan error, 4)}
-	g.ctx, g.cancel = context.WithCancel(ctx)
-	return g
-}
-
-func (g *roleGroup) start(name string, run func(context.Context) error) {
-	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
-		if err := run(g.ctx); err != nil && g.ctx.Err() == nil {
-			g.errc <- fmt.Errorf("%s: %w", name, err)
-		}
-	}()
-}
-
-// stop cancels the roles and waits for their goroutines.
-func (g *roleGroup) stop() {
-	g.cancel()
-	g.wg.Wait()
-}
-
 // startRoles starts the configured roles in g: enforce, control, sink, then
 // web (after the sink, which creates the database). closeSink closes the
 // sink's ClickHouse connection; call it after g has stopped, also when err
 // is not nil.
 func startRoles(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *nats.Conn, js jetstream.JetStream,
-	metrics *prometheus.Registry, g *roleGroup) (webURL string, closeSink func(), err error) {
+	metrics *prometheus.Registry, start func(string, func(context.Context) error)) (webURL string, closeSink func(), err error) {
 	closeSink = func() {}
 	var en *enforceRole
 	if f.has("enforce") {
 		if en, err = startEnforce(ctx, f, log, c, nc, js); err != nil {
 			return "", closeSink, err
 		}
-		registerEnforceMetrics(metrics, en.enforcer)
-		g.start("enforce", en.enforcer.Run)
+		telemetry.RegisterEnforcer(metrics, en.enforcer)
+		start("enforce", en.enforcer.Run)
 	}
 	if f.has("control") {
 		run, err := startControl(ctx, f, log.With("role", "control"), nc, js, c, en)
 		if err != nil {
 			return "", closeSink, err
 		}
-		g.start("control", run)
+		start("control", run)
 	}
 	if f.has("sink") {
 		run, conn, err := startSink(ctx, f, log, js, metrics)
@@ -287,7 +242,7 @@ func startRoles(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *na
 			return "", closeSink, err
 		}
 		closeSink = func() { conn.Close() }
-		g.start("sink", run)
+		start("sink", run)
 	}
 	if f.has("web") {
 		w, err := startWeb(ctx, f, log.With("role", "web"), c.key)
@@ -295,7 +250,7 @@ func startRoles(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *na
 			return "", closeSink, err
 		}
 		webURL = w.URL
-		g.start("web", w.run)
+		start("web", w.run)
 	}
 	return webURL, closeSink, nil
 }
@@ -353,7 +308,7 @@ func startSink(ctx context.Context, f *Flags, log *slog.Logger, js jetstream.Jet
 	if f.ClickhouseAddr == "" {
 		return nil, nil, usagef("the sink role needs --clickhouse-addr HOST:PORT")
 	}
-	if err := retry(ctx, log, "connect ClickHouse "+f.ClickhouseAddr, func() error {
+	if err := ingest.Retry(ctx, log, "connect ClickHouse "+f.ClickhouseAddr, func() error {
 		c, err := query.Open(ctx, f.ClickhouseAddr, "") // the database may not exist yet
 		if err != nil {
 			return err
@@ -375,80 +330,7 @@ func startSink(ctx context.Context, f *Flags, log *slog.Logger, js jetstream.Jet
 		conn.Close()
 		return nil, nil, err
 	}
-	metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "talos_sink_rows_total", Help: "Audit records written to ClickHouse by this sink.",
-	}, func() float64 { return float64(writer.Rows()) }))
+	telemetry.RegisterSinkRows(metrics, writer.Rows)
 	log.Info("sink role started", "clickhouse", f.ClickhouseAddr, "database", f.ClickhouseDatabase)
 	return s.Run, conn, nil
-}
-
-// serveHTTP serves /healthz, /metrics and, with --pprof, /debug/pprof on
-// --http-addr; nil when there is none or it cannot listen (logged, not
-// fatal).
-func serveHTTP(f *Flags, log *slog.Logger, metrics *prometheus.Registry, nc *nats.Conn) *http.Server {
-	if f.HTTPAddr == "" {
-		return nil
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(metrics, promhttp.HandlerOpts{}))
-	if f.Pprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	}
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if nc.Status() != nats.CONNECTED {
-			http.Error(w, "nats: "+nc.Status().String(), http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	ln, err := net.Listen("tcp", f.HTTPAddr)
-	if err != nil {
-		log.Warn("http listener not started", "addr", f.HTTPAddr, "err", err)
-		return nil
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	log.Info("http", "addr", ln.Addr().String(), "paths", "/healthz /metrics")
-	return srv
-}
-
-// retry runs fn until it succeeds or ctx ends, logging each failure.
-func retry(ctx context.Context, log *slog.Logger, what string, fn func() error) error {
-	backoff := 200 * time.Millisecond
-	for {
-		err := fn()
-		if err == nil {
-			return nil
-		}
-		log.Warn(what+" failed; retrying", "err", err, "backoff", backoff)
-		select {
-		case <-ctx.Done():
-			return errors.Join(ctx.Err(), err)
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
-	}
-}
-
-// addrFree reports whether a TCP listener could bind addr now.
-func addrFree(addr string) bool {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return false
-	}
-	_ = ln.Close()
-	return true
-}
-
-func splitHostPort(addr string) (string, int, error) {
-	h, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		return "", 0, err
-	}
-	n, err := strconv.Atoi(p)
-	if err != nil {
-		return "", 0, fmt.Errorf("port %q: %w", p, err)
-	}
-	return h, n, nil
 }

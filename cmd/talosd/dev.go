@@ -327,3 +327,14 @@ func orDash(s string) string {
 	}
 	return s
 }
+
+// addrFree reports whether a TCP listener could bind addr now: a busy
+// default port of talosd dev falls back to a free one.
+func addrFree(addr string) bool {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return false
+	}
+	_ = ln.Close()
+	return true
+}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/query/web"
 	"github.com/talos-audit/talos/receipts"
@@ -70,7 +71,7 @@ func startWeb(ctx context.Context, f *Flags, log *slog.Logger, key *receipts.Pri
 		log.Warn("no --signing-key or --trusted-keys: receipt pages will show every signature as an unknown key")
 	}
 	var conn driver.Conn
-	if err := retry(ctx, log, "connect ClickHouse "+f.ClickhouseAddr, func() error {
+	if err := ingest.Retry(ctx, log, "connect ClickHouse "+f.ClickhouseAddr, func() error {
 		// No database in the handshake: it may not exist yet (the sink
 		// creates it); every query names it.
 		c, err := query.Open(ctx, f.ClickhouseAddr, "")
