@@ -12,18 +12,12 @@ import (
 	"slices"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/ingest/demo"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/query/chserver"
 	"github.com/talos-audit/talos/receipts"
-	"github.com/talos-audit/talos/schemas"
 )
 
 //go:embed demo/registry/*.json
@@ -102,7 +96,8 @@ func (d *devCmd) ready(f *Flags) func(context.Context, *stack) error {
 		if !d.DemoCalls || s.Registry == nil {
 			return nil
 		}
-		n, err := demoTraffic(ctx, f, s)
+		n, err := demo.Run(ctx, demo.RunOptions{URL: s.NatsURL, Login: f.natsLogin(), RegistryDigest: s.Registry.Digest(),
+			KeyDir: filepath.Join(f.DataDir, "keys"), Out: os.Stdout})
 		if err != nil {
 			return fmt.Errorf("demo traffic: %w", err)
 		}
@@ -117,34 +112,14 @@ func (d *devCmd) ready(f *Flags) func(context.Context, *stack) error {
 	}
 }
 
-// devKeys generates, once, the keys talosd dev needs under keyDir unless
-// the flags name them: the signing key (also trusted), a responder key for
-// talosctl's control commands (talosctl finds it at
-// talos-data/keys/responder.key), and a capability issuer with the demo
-// agent's key and capability (the demo traffic carries signed capabilities
-// and sender signatures, CP-SFC).
+// devKeys fills in the keys the flags do not name with keys generated
+// once under keyDir (demo.Keys).
 func devKeys(f *Flags, keyDir string) error {
-	if f.SigningKey == "" {
-		f.SigningKey = filepath.Join(keyDir, "signing.key")
-		if err := demo.EnsureKeyPair(filepath.Join(keyDir, "signing")); err != nil {
-			return err
-		}
-		if len(f.TrustedKeys) == 0 {
-			f.TrustedKeys = []string{filepath.Join(keyDir, "signing.pub")}
-		}
+	k := demo.Keys{SigningKey: f.SigningKey, TrustedKeys: f.TrustedKeys, ResponderKeys: f.ResponderKeys, CapabilityIssuers: f.CapabilityIssuers}
+	if err := k.Ensure(keyDir); err != nil {
+		return err
 	}
-	if len(f.ResponderKeys) == 0 {
-		if err := demo.EnsureKeyPair(filepath.Join(keyDir, "responder")); err != nil {
-			return err
-		}
-		f.ResponderKeys = []string{filepath.Join(keyDir, "responder.pub")}
-	}
-	if len(f.CapabilityIssuers) == 0 {
-		if err := demo.Prepare(keyDir); err != nil {
-			return err
-		}
-		f.CapabilityIssuers = []string{filepath.Join(keyDir, demo.IssuerKey+".pub")}
-	}
+	f.SigningKey, f.TrustedKeys, f.ResponderKeys, f.CapabilityIssuers = k.SigningKey, k.TrustedKeys, k.ResponderKeys, k.CapabilityIssuers
 	return nil
 }
 
@@ -189,99 +164,33 @@ func responderKeyFile(f *Flags) string {
 }
 
 func printBanner(f *Flags, s *stack) {
-	host, port, _ := net.SplitHostPort(f.ClickhouseAddr)
-	users := "none: NATS authentication is off (--nats-auth none)"
-	talosctl := "go run ./cmd/talosctl --nats-url " + s.NatsURL
+	b := demo.Banner{
+		NatsURL: s.NatsURL, NatsUsers: "none: NATS authentication is off (--nats-auth none)",
+		Talosctl:       "go run ./cmd/talosctl --nats-url " + s.NatsURL,
+		ClickhouseAddr: f.ClickhouseAddr, Database: f.ClickhouseDatabase,
+		Registry: f.Registry, RegistryDigest: "no enforce role in this process",
+		SigningKey: f.SigningKey, Mode: f.Mode, Capabilities: f.Capabilities, Issuers: strings.Join(f.CapabilityIssuers, ","),
+		Dashboard: "off (--no-web)",
+		KeyDir:    filepath.Join(f.DataDir, "keys"), RedactionKey: redactionKeyPath(f), ResponderKey: responderKeyFile(f),
+		SignersDir: f.signersDir(), CheckpointInterval: f.CheckpointInterval,
+	}
 	switch path := f.natsAuthPath(); {
 	case f.NatsURL != "":
-		users = "those of the nats-server at --nats-url"
+		b.NatsUsers = "those of the nats-server at --nats-url"
 	case path != "":
-		users = path + " (talosctl picks its user from it)"
-		talosctl += " --nats-auth " + path
+		b.NatsUsers = path + " (talosctl picks its user from it)"
+		b.Talosctl += " --nats-auth " + path
 	}
-	dashboard := "off (--no-web)"
 	if s.WebURL != "" {
-		dashboard = s.WebURL + "  (the token is in " + f.webTokenFile() + ")"
+		b.Dashboard = s.WebURL + "  (the token is in " + f.webTokenFile() + ")"
 		if f.WebToken != "" {
-			dashboard = s.WebURL
+			b.Dashboard = s.WebURL
 		}
 	}
-	digest := "no enforce role in this process"
 	if s.Registry != nil {
-		digest = s.Registry.Digest()
+		b.RegistryDigest = s.Registry.Digest()
 	}
-	keyDir := filepath.Join(f.DataDir, "keys")
-	capFlags := fmt.Sprintf("--capability %s --agent-key %s",
-		filepath.Join(keyDir, demo.CapabilityFile), filepath.Join(keyDir, demo.Agent+".key"))
-	fmt.Printf(`
-Talos dev stack is up.
-  NATS:        %s
-  NATS users:  %s
-  ClickHouse:  %s (database %s)
-  registry:    %s (%s)
-  signing key: %s
-  mode:        %s (capabilities %s, issuers %s)
-  dashboard:   %s
-
-Try:
-  %s call --server files --tool read_file --args '{"path":"README.md"}' %s
-  %s query secret-uses --redaction-key %s --value AKIA`+`DEMO7EXAMPLE2KEY
-  %s killswitch set tool:files/read_file --reason "drill" --wait --responder-key %s
-  %s status --responder-key %s
-  clickhouse-client --host %s --port %s --query "SELECT time, server_id, tool_name, decision, reason_codes FROM %s.v_decisions ORDER BY time"
-  go run ./cmd/talosctl --clickhouse-addr %s query denial-reasons --since 24h     # talosctl query list: the others
-  go run ./cmd/talosctl --clickhouse-addr %s verify --trusted-keys %s
-  go run ./cmd/talosctl --clickhouse-addr %s verify --trusted-keys %s --receipt RECEIPT --out proof.json   # a checkpoint covers a receipt once it is %s old
-  go run ./cmd/talosctl verify-proof --proof proof.json --trusted-keys %s
-
-`, s.NatsURL, users, f.ClickhouseAddr, f.ClickhouseDatabase, f.Registry, digest, f.SigningKey, f.Mode,
-		f.Capabilities, strings.Join(f.CapabilityIssuers, ","), dashboard,
-		talosctl, capFlags,
-		"go run ./cmd/talosctl --clickhouse-addr "+f.ClickhouseAddr, redactionKeyPath(f),
-		talosctl, responderKeyFile(f), talosctl, responderKeyFile(f),
-		host, port, f.ClickhouseDatabase, f.ClickhouseAddr, f.ClickhouseAddr, f.signersDir(),
-		f.ClickhouseAddr, f.signersDir(), f.CheckpointInterval, f.signersDir())
-}
-
-// demoTraffic sends the demo calls through the real pipeline, as
-// enforcement point demo.EP with its own NATS user, printing a table of
-// their decisions. It returns how many receipts the demo produced.
-func demoTraffic(ctx context.Context, f *Flags, s *stack) (int, error) {
-	opts, err := f.natsLogin().Options(schemas.NATSRoleEnforcement, demo.EP)
-	if err != nil {
-		return 0, err
-	}
-	nc, err := nats.Connect(s.NatsURL, append(opts, nats.Name("talosd dev demo "+demo.EP))...)
-	if err != nil {
-		return 0, fmt.Errorf("connect as enforcement point %s: %w", demo.EP, err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return 0, err
-	}
-	c, err := ingest.NewClient(nc, js, demo.EP)
-	if err != nil {
-		return 0, err
-	}
-	signer, err := demo.Signer(filepath.Join(f.DataDir, "keys"))
-	if err != nil {
-		return 0, err
-	}
-	defer c.Close()
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DEMO CALL\tTOOL\tDECISION\tREASONS\tRECEIPT")
-	n, err := demo.Send(ctx, c, s.Registry.Digest(), signer, func(dc demo.Case, dec *schemas.Decision) {
-		reasons := strings.Join(dec.ReasonCodes, ",")
-		if reasons == "" {
-			reasons = "-"
-		}
-		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\t%s\n", dc.What, dc.Server, orDash(dc.Tool), dec.Decision, reasons, dec.ReceiptID)
-	})
-	if err != nil {
-		return n, err
-	}
-	return n, tw.Flush()
+	_ = b.Write(os.Stdout)
 }
 
 // demoVerify waits until the demo's receipts are in ClickHouse, then
@@ -319,13 +228,6 @@ func demoVerify(ctx context.Context, f *Flags, want int) error {
 	}
 	fmt.Printf("\n%d demo receipts are in ClickHouse; verify: OK (%d receipts in %d chains: signatures, chain links, stored columns)\n", want, rep.Checked, len(rep.Chains))
 	return nil
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }
 
 // addrFree reports whether a TCP listener could bind addr now: a busy
