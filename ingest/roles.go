@@ -1,0 +1,156 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/receipts"
+)
+
+// EnforceRoleOptions configure NewEnforceRole: the enforce role of a
+// talosd process (DESIGN.md §4). Instance, Key and Engine are required.
+type EnforceRoleOptions struct {
+	// Instance is the process's instance name: its worker id is
+	// InstanceToken(Instance), its CloudEvent source
+	// talos://enforce/<Instance>.
+	Instance string
+	// Key signs the receipts; Engine holds the bootstrap registry.
+	Key    *receipts.PrivateKey
+	Engine *enforce.Engine
+	// Chains is the number of hash chains (signing goroutines); 0 means
+	// 4 x GOMAXPROCS.
+	Chains int
+	// Checks are the decider's checks. NewEnforceRole fills in the shared
+	// state: Checks.Ledger (the call ledger of Ledger) and, when
+	// Checks.Policy has rate limits, Checks.RateLimiter (counted across
+	// workers in Ledger.Replicas replicas).
+	Checks enforce.DeciderOptions
+	Ledger LedgerOptions
+	// AckWait and Checkpoints are the worker's (WorkerOptions).
+	AckWait     time.Duration
+	Checkpoints CheckpointOptions
+	// Signers are the keys whose control events are applied.
+	Signers           receipts.KeySet
+	HeartbeatInterval time.Duration
+	Logger            *slog.Logger
+}
+
+// ErrBadInstance is what NewEnforceRole's error wraps when the instance
+// name makes no valid chain id.
+var ErrBadInstance = errors.New("bad instance name")
+
+type badInstance struct {
+	instance string
+	err      error
+}
+
+func (e badInstance) Error() string        { return fmt.Sprintf("instance %q: %v", e.instance, e.err) }
+func (e badInstance) Is(target error) bool { return target == ErrBadInstance }
+
+// EnforceRole is a prepared enforce role: the enforcer to Run, and what a
+// control role of the same process shares with it (Share).
+type EnforceRole struct {
+	*Enforcer
+	// WorkerID names the worker in heartbeats; ChainPrefix is the common
+	// prefix of its chain ids (new at every start) and Chains their number.
+	WorkerID, ChainPrefix string
+	Chains                int
+	ledger                *Ledger
+	state                 func() *enforce.State
+}
+
+// NewEnforceRole prepares the enforce role: its hash chains
+// (NewWorkerChains), the call ledger and rate counters shared by every
+// worker, the decider over o.Engine, and the enforcer. An instance name
+// that makes no valid chain id is an error that names it.
+func NewEnforceRole(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, o EnforceRoleOptions) (*EnforceRole, error) {
+	if o.Chains <= 0 {
+		o.Chains = 4 * runtime.GOMAXPROCS(0)
+	}
+	id := InstanceToken(o.Instance)
+	chains, base, err := NewWorkerChains(id, o.Chains, o.Key)
+	if err != nil {
+		return nil, badInstance{o.Instance, err}
+	}
+	if o.Checks.Policy != nil {
+		if o.Checks.RateLimiter, err = NewRateLimiter(ctx, js, o.Checks.Policy, o.Ledger.Replicas); err != nil {
+			return nil, err
+		}
+	}
+	ledger, err := NewLedger(ctx, js, o.Ledger)
+	if err != nil {
+		return nil, fmt.Errorf("call ledger: %w", err)
+	}
+	o.Checks.Ledger = ledger
+	dec, err := enforce.NewDecider(o.Engine, o.Checks)
+	if err != nil {
+		return nil, err
+	}
+	enf, err := NewEnforcer(nc, js, dec, EnforcerOptions{
+		WorkerID:          id,
+		Worker:            WorkerOptions{Chains: chains, Source: "talos://enforce/" + o.Instance, AckWait: o.AckWait, Checkpoints: o.Checkpoints},
+		Keys:              o.Signers,
+		HeartbeatInterval: o.HeartbeatInterval,
+		RegistryDigest:    func() string { return dec.State().Registry().Digest() },
+		Logger:            o.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &EnforceRole{Enforcer: enf, WorkerID: id, ChainPrefix: base, Chains: len(chains), ledger: ledger, state: dec.State}, nil
+}
+
+// ControlRoleOptions configure NewControlRole. Instance, Key and Engine
+// are as for the enforce role; the rest are ControlPlaneOptions'.
+type ControlRoleOptions struct {
+	Instance      string
+	Key           *receipts.PrivateKey
+	Engine        *enforce.Engine
+	Signers       receipts.KeySet
+	ResponderKeys receipts.KeySet
+	Skew          time.Duration
+	Checkpoints   CheckpointOptions
+	// Ledger opens the shared call ledger when there is no Enforce role
+	// (with the options every role uses, so they open the same bucket).
+	Ledger LedgerOptions
+	// Enforce is this process's enforce role, nil without one: the control
+	// service then reads its ledger and enforcement state instead of
+	// following TALOS_CONTROL itself.
+	Enforce *EnforceRole
+	Logger  *slog.Logger
+}
+
+// NewControlRole prepares the control role (NewControlPlane) on a new
+// control chain (NewControlChain) and logs that it started.
+func NewControlRole(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, o ControlRoleOptions) (run func(context.Context) error, err error) {
+	p := ControlPlaneOptions{
+		Chain:         NewControlChain(InstanceToken(o.Instance), o.Key),
+		Source:        "talos://control/" + o.Instance,
+		ResponderKeys: o.ResponderKeys,
+		Skew:          o.Skew,
+		Checkpoints:   o.Checkpoints,
+		Engine:        o.Engine,
+		Signers:       o.Signers,
+		Logger:        o.Logger,
+	}
+	if en := o.Enforce; en != nil {
+		p.Ledger, p.State, p.Follower = en.ledger, en.state, en.Follower()
+	} else if p.Ledger, err = NewLedger(ctx, js, o.Ledger); err != nil {
+		return nil, fmt.Errorf("call ledger: %w", err)
+	}
+	if run, err = NewControlPlane(nc, js, p); err != nil {
+		return nil, err
+	}
+	if o.Logger != nil {
+		o.Logger.Info("control role started", "chain", p.Chain.ID(), "responder_keys", len(o.ResponderKeys), "replay_window", p.Ledger.Window())
+	}
+	return run, nil
+}
