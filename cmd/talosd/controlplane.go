@@ -30,12 +30,11 @@ func trustedSigners(f *Flags, key *receipts.PrivateKey) (receipts.KeySet, error)
 // name as a subject token.
 func workerID(f *Flags) string { return ingest.InstanceToken(f.instance()) }
 
-// startControl prepares the control role (ingest.NewControlPlane) from
-// the flags: --responder-keys, --control-skew, the checkpoint settings, the
-// shared call ledger (the enforce role's, or one opened the same way), and
-// the enforcement state of this process's worker (en, nil without the
-// enforce role).
-func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn, js jetstream.JetStream, c *core, en *enforceRole) (func(context.Context) error, error) {
+// startControl prepares the control role (ingest.NewControlRole) from
+// --responder-keys, --control-skew and the checkpoint settings, sharing the
+// call ledger and enforcement state of this process's enforce role (en,
+// nil without one).
+func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn, js jetstream.JetStream, c *core, en *ingest.EnforceRole) (func(context.Context) error, error) {
 	responders := receipts.KeySet{}
 	if len(f.ResponderKeys) > 0 {
 		var err error
@@ -46,30 +45,8 @@ func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn
 	if len(responders) == 0 {
 		log.Warn("no --responder-keys: every control command will be refused (CTL_UNTRUSTED_KEY); create one with 'talosctl keys gen --out responder' and pass --responder-keys responder.pub")
 	}
-	o := ingest.ControlPlaneOptions{
-		Source:        "talos://control/" + f.instance(),
-		ResponderKeys: responders,
-		Skew:          f.ControlSkew,
-		Checkpoints:   f.checkpoints(),
-		Engine:        c.engine,
-		Signers:       c.signers,
-		Logger:        log,
-	}
-	if en != nil {
-		o.Ledger, o.State, o.Follower = en.ledger, en.state, en.follower
-	} else {
-		// The ledger every worker claims pairs and records decisions in
-		// (same bucket and options as the enforce role's).
-		var err error
-		if o.Ledger, err = newLedger(ctx, f, js); err != nil {
-			return nil, fmt.Errorf("call ledger: %w", err)
-		}
-	}
-	o.Chain = ingest.NewControlChain(workerID(f), c.key)
-	run, err := ingest.NewControlPlane(nc, js, o)
-	if err != nil {
-		return nil, err
-	}
-	log.Info("control role started", "chain", o.Chain.ID(), "responder_keys", len(responders), "replay_window", o.Ledger.Window())
-	return run, nil
+	return ingest.NewControlRole(ctx, nc, js, ingest.ControlRoleOptions{
+		Instance: f.instance(), Key: c.key, Engine: c.engine, Signers: c.signers, ResponderKeys: responders,
+		Skew: f.ControlSkew, Checkpoints: f.checkpoints(), Ledger: f.ledgerOptions(), Enforce: en, Logger: log,
+	})
 }

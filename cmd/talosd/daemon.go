@@ -221,13 +221,13 @@ func startNATS(f *Flags, log *slog.Logger) (url string, creds []nats.Option, shu
 func startRoles(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *nats.Conn, js jetstream.JetStream,
 	metrics *prometheus.Registry, start func(string, func(context.Context) error)) (webURL string, closeSink func(), err error) {
 	closeSink = func() {}
-	var en *enforceRole
+	var en *ingest.EnforceRole
 	if f.has("enforce") {
 		if en, err = startEnforce(ctx, f, log, c, nc, js); err != nil {
 			return "", closeSink, err
 		}
-		telemetry.RegisterEnforcer(metrics, en.enforcer)
-		start("enforce", en.enforcer.Run)
+		telemetry.RegisterEnforcer(metrics, en.Enforcer)
+		start("enforce", en.Run)
 	}
 	if f.has("control") {
 		run, err := startControl(ctx, f, log.With("role", "control"), nc, js, c, en)
@@ -255,50 +255,26 @@ func startRoles(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *na
 	return webURL, closeSink, nil
 }
 
-// enforceRole is the prepared enforce role and what the control role of
-// the same process reads from it.
-type enforceRole struct {
-	enforcer *ingest.Enforcer
-	ledger   *ingest.Ledger
-	state    func() *enforce.State
-	follower *ingest.ControlFollower
-}
-
-// startEnforce prepares the enforce role: its hash chains (4 x GOMAXPROCS
-// by default, ids new on every start: ingest.NewWorkerChains), the decider with the checks of
-// enforceOptions, and the worker.
-func startEnforce(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *nats.Conn, js jetstream.JetStream) (*enforceRole, error) {
-	chains, base, err := ingest.NewWorkerChains(workerID(f), f.chains(), c.key)
-	if err != nil {
-		return nil, usagef("--instance %q: %v", f.instance(), err)
-	}
-	opts, err := enforceOptions(ctx, f, log, js)
+// startEnforce prepares the enforce role (ingest.NewEnforceRole) with the
+// checks of enforceChecks.
+func startEnforce(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *nats.Conn, js jetstream.JetStream) (*ingest.EnforceRole, error) {
+	checks, err := enforceChecks(f, log)
 	if err != nil {
 		return nil, err
 	}
-	ledger := opts.Ledger.(*ingest.Ledger)
-	dec, err := enforce.NewDecider(c.engine, opts)
-	if err != nil {
-		return nil, err
-	}
-	enf, err := ingest.NewEnforcer(nc, js, dec, ingest.EnforcerOptions{
-		WorkerID: workerID(f),
-		Worker: ingest.WorkerOptions{
-			Chains:      chains,
-			Source:      "talos://enforce/" + f.instance(),
-			AckWait:     f.AckWait,
-			Checkpoints: f.checkpoints(),
-		},
-		Keys:              c.signers,
-		HeartbeatInterval: f.HeartbeatInterval,
-		RegistryDigest:    func() string { return dec.State().Registry().Digest() },
-		Logger:            log.With("role", "enforce"),
+	en, err := ingest.NewEnforceRole(ctx, nc, js, ingest.EnforceRoleOptions{
+		Instance: f.instance(), Key: c.key, Engine: c.engine, Chains: f.Chains, Checks: checks, Ledger: f.ledgerOptions(),
+		AckWait: f.AckWait, Checkpoints: f.checkpoints(), Signers: c.signers, HeartbeatInterval: f.HeartbeatInterval,
+		Logger: log.With("role", "enforce"),
 	})
+	if errors.Is(err, ingest.ErrBadInstance) {
+		return nil, usagef("--%v", err)
+	}
 	if err != nil {
 		return nil, err
 	}
-	log.Info("enforce role started", "worker_id", workerID(f), "chains", len(chains), "chain_prefix", base, "signer_kid", c.key.KID, "mode", f.Mode)
-	return &enforceRole{enforcer: enf, ledger: ledger, state: dec.State, follower: enf.Follower()}, nil
+	log.Info("enforce role started", "worker_id", en.WorkerID, "chains", en.Chains, "chain_prefix", en.ChainPrefix, "signer_kid", c.key.KID, "mode", f.Mode)
+	return en, nil
 }
 
 // startSink prepares the sink role: a ClickHouse connection with the

@@ -1,12 +1,9 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"path/filepath"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/enforce/redact"
@@ -14,11 +11,11 @@ import (
 	"github.com/talos-audit/talos/receipts"
 )
 
-// enforceOptions builds the enforce role's checks from the flags:
-// capabilities (CP-EI), preflight, policy and rate limits (CSP MUST 7), the
-// shared call ledger (replay, idempotency, post matching) and the redactor
-// of the flight recorder (UTS FR-EVT-007).
-func enforceOptions(ctx context.Context, f *Flags, log *slog.Logger, js jetstream.JetStream) (enforce.DeciderOptions, error) {
+// enforceChecks are the enforce role's checks from the flags:
+// capabilities (CP-EI), preflight, policy and rate limits (CSP MUST 7) and
+// the redactor of the flight recorder (UTS FR-EVT-007). The shared call
+// ledger and rate counters are ingest.NewEnforceRole's.
+func enforceChecks(f *Flags, log *slog.Logger) (enforce.DeciderOptions, error) {
 	o := enforce.DeciderOptions{
 		MaxEnvelopeBytes:  f.MaxEnvelopeBytes,
 		RequireCapability: f.Capabilities != "optional",
@@ -35,44 +32,31 @@ func enforceOptions(ctx context.Context, f *Flags, log *slog.Logger, js jetstrea
 	} else if o.RequireCapability {
 		log.Warn("no --capability-issuers: every phase-pre call will be denied (capabilities are required; --capabilities optional turns that off)")
 	}
-	authz, err := enforce.NewAuthorizer(enforce.CapabilityConfig{Issuers: issuers})
-	if err != nil {
+	var err error
+	if o.Capabilities, err = enforce.NewAuthorizer(enforce.CapabilityConfig{Issuers: issuers}); err != nil {
 		return o, err
 	}
-	o.Capabilities = authz
 	if f.Policy != "" {
-		p, err := enforce.LoadPolicy(f.Policy)
-		if err != nil {
+		if o.Policy, err = enforce.LoadPolicy(f.Policy); err != nil {
 			return o, usagef("--policy: %v", err)
 		}
-		o.Policy = p
-		if o.RateLimiter, err = ingest.NewRateLimiter(ctx, js, p, f.Replicas); err != nil {
-			return o, err
-		}
 	}
-	ledger, err := newLedger(ctx, f, js)
-	if err != nil {
-		return o, fmt.Errorf("call ledger: %w", err)
-	}
-	o.Ledger = ledger
 	key, kid, err := redact.LoadOrCreateKey(redactionKeyPath(f), true)
 	if err != nil {
 		return o, fmt.Errorf("--redaction-key: %w", err)
 	}
-	red, err := redact.New(redact.Config{Key: key, KeyID: kid, ExtraFieldNames: f.RedactFields})
-	if err != nil {
+	if o.Redactor, err = redact.New(redact.Config{Key: key, KeyID: kid, ExtraFieldNames: f.RedactFields}); err != nil {
 		return o, err
 	}
-	o.Redactor = red
 	log.Info("enforce checks", "capabilities", f.Capabilities, "issuers", len(issuers), "policy", f.Policy != "",
 		"redaction_key_id", kid)
 	return o, nil
 }
 
-// newLedger opens the shared call ledger with the flags' window, replicas
-// and storage (every role that uses it opens it the same way).
-func newLedger(ctx context.Context, f *Flags, js jetstream.JetStream) (*ingest.Ledger, error) {
-	return ingest.NewLedger(ctx, js, ingest.LedgerOptions{Window: f.ReplayWindow, Replicas: f.Replicas, Memory: f.ReplayStorage == "memory"})
+// ledgerOptions are the shared call ledger's (every role that uses it
+// opens it the same way).
+func (f *Flags) ledgerOptions() ingest.LedgerOptions {
+	return ingest.LedgerOptions{Window: f.ReplayWindow, Replicas: f.Replicas, Memory: f.ReplayStorage == "memory"}
 }
 
 // redactionKeyPath is --redaction-key, default <data-dir>/keys/redaction.key.

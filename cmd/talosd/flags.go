@@ -2,7 +2,6 @@ package main
 
 import (
 	"os"
-	"runtime"
 	"time"
 )
 
@@ -60,13 +59,6 @@ func (f *Flags) instance() string {
 		return "talosd"
 	}
 	return h
-}
-
-func (f *Flags) chains() int {
-	if f.Chains > 0 {
-		return f.Chains
-	}
-	return 4 * runtime.GOMAXPROCS(0)
 }
 
 func (f *Flags) has(role string) bool {
