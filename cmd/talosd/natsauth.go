@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -34,34 +33,23 @@ func (f *Flags) ensureNATSAuth(path string) (*natsauth.File, []string, error) {
 	return a, added, err
 }
 
-// prepareNATSAuth reads (and, for the embedded server, creates or
-// completes) the users file. It returns nil when there is none to use:
-// --nats-auth none, or --nats-url with no users file at the default path.
+// prepareNATSAuth is natsauth.Prepare of the users file: created or
+// completed for the embedded server, optional at its default path with
+// --nats-url; nil when there is none to use.
 func (f *Flags) prepareNATSAuth(log *slog.Logger) (*natsauth.File, error) {
 	path := f.natsAuthPath()
-	if f.NatsURL != "" {
-		if path == "" {
-			return nil, nil
-		}
-		a, err := natsauth.Load(path)
-		if errors.Is(err, fs.ErrNotExist) && f.NatsAuth == "" {
-			return nil, nil // the default file is optional with --nats-url
-		}
-		return a, err
-	}
-	if path == "" {
+	if path == "" && f.NatsURL == "" {
 		log.Warn("NATS AUTHENTICATION IS OFF (--nats-auth none): any client that reaches the embedded nats-server "+
 			"can publish control commands, forge decisions and read every enforcement point's traffic; never do this outside a test", "listen", f.NatsListen)
-		return nil, nil
 	}
-	a, added, err := f.ensureNATSAuth(path)
-	if err != nil {
-		return nil, err
+	a, added, err := natsauth.Prepare(path, natsauth.PrepareOptions{Embedded: f.NatsURL == "", Optional: f.NatsAuth == "", EPs: f.NatsEPs})
+	if errors.Is(err, natsauth.ErrBadEPID) {
+		return nil, usagef("--nats-eps: %v", err)
 	}
 	if len(added) > 0 {
 		log.Info("NATS users written", "file", path, "added", added)
 	}
-	return a, nil
+	return a, err
 }
 
 // natsLogin is how talosd and its demo traffic log in: with the embedded
