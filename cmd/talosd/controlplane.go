@@ -12,8 +12,9 @@ import (
 	"github.com/talos-audit/talos/receipts"
 )
 
-// trustedSigners are the keys whose control events this process applies:
-// its own signing key and --trusted-keys (the other talosd instances').
+// trustedSigners are the keys whose control events this process applies
+// and whose receipts its dashboard trusts: its own signing key (key, nil
+// without one) and --trusted-keys (the other talosd instances').
 func trustedSigners(f *Flags, key *receipts.PrivateKey) (receipts.KeySet, error) {
 	keys := receipts.KeySet{}
 	if len(f.TrustedKeys) > 0 {
@@ -22,7 +23,9 @@ func trustedSigners(f *Flags, key *receipts.PrivateKey) (receipts.KeySet, error)
 			return nil, fmt.Errorf("trusted keys: %w", err)
 		}
 	}
-	keys.Add(key.Public())
+	if key != nil {
+		keys.Add(key.Public())
+	}
 	return keys, nil
 }
 

@@ -57,17 +57,11 @@ func startWeb(ctx context.Context, f *Flags, log *slog.Logger, key *receipts.Pri
 	if !web.ValidToken(token) {
 		return nil, usagef("--web-token / TALOS_WEB_TOKEN / %s: %v", f.webTokenFile(), web.ErrBadToken)
 	}
-	keys := receipts.KeySet{}
-	switch {
-	case key != nil:
-		if keys, err = trustedSigners(f, key); err != nil {
-			return nil, err
-		}
-	case len(f.TrustedKeys) > 0:
-		if keys, err = receipts.LoadTrustedKeys(f.TrustedKeys...); err != nil {
-			return nil, fmt.Errorf("trusted keys: %w", err)
-		}
-	default:
+	keys, err := trustedSigners(f, key)
+	if err != nil {
+		return nil, err
+	}
+	if len(keys) == 0 {
 		log.Warn("no --signing-key or --trusted-keys: receipt pages will show every signature as an unknown key")
 	}
 	var conn driver.Conn
