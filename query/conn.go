@@ -78,3 +78,19 @@ func streamContext(ctx context.Context) context.Context {
 		"max_bytes_before_external_sort": streamSortBytes,
 	}))
 }
+
+// OpenMigrated connects to addr with no database in the handshake (the
+// Talos database may not exist yet: every query names it) and migrates
+// database. It is what a process that writes or serves the database opens
+// first; the caller retries it while ClickHouse is not up.
+func OpenMigrated(ctx context.Context, addr, database string) (driver.Conn, error) {
+	conn, err := Open(ctx, addr, "")
+	if err != nil {
+		return nil, err
+	}
+	if err := Migrate(ctx, conn, database); err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	return conn, nil
+}

@@ -214,6 +214,22 @@ func CountReceipts(ctx context.Context, conn driver.Conn, database string, q Rec
 	return n, nil
 }
 
+// AwaitReceipts polls CountReceipts until at least want receipts match q
+// or timeout passes; then the error says how many arrived.
+func AwaitReceipts(ctx context.Context, conn driver.Conn, database string, q ReceiptQuery, want uint64, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		got, err := CountReceipts(ctx, conn, database, q)
+		if err == nil && got >= want {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("query: only %d of %d receipts arrived in %s (last error: %v)", got, want, timeout, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // ReceiptCopies returns the distinct stored rows of receipt id, read from
 // the receipts table with every column (v_receipts would hide a second,
 // different copy), oldest insert first. None means the receipt is not

@@ -285,16 +285,8 @@ func startSink(ctx context.Context, f *Flags, log *slog.Logger, js jetstream.Jet
 		return nil, nil, usagef("the sink role needs --clickhouse-addr HOST:PORT")
 	}
 	if err := ingest.Retry(ctx, log, "connect ClickHouse "+f.ClickhouseAddr, func() error {
-		c, err := query.Open(ctx, f.ClickhouseAddr, "") // the database may not exist yet
-		if err != nil {
-			return err
-		}
-		if err := query.Migrate(ctx, c, f.ClickhouseDatabase); err != nil {
-			_ = c.Close()
-			return err
-		}
-		conn = c
-		return nil
+		conn, err = query.OpenMigrated(ctx, f.ClickhouseAddr, f.ClickhouseDatabase)
+		return err
 	}); err != nil {
 		return nil, nil, err
 	}

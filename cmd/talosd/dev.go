@@ -49,9 +49,8 @@ func (d *devCmd) Run(f *Flags) error {
 		return err
 	}
 	// NATS: a busy default port falls back to a free one (the banner says which).
-	if f.NatsURL == "" && !addrFree(f.NatsListen) {
-		fmt.Fprintf(os.Stderr, "%s is busy; the embedded nats-server takes a free port instead\n", f.NatsListen)
-		f.NatsListen = "127.0.0.1:0"
+	if f.NatsURL == "" {
+		f.NatsListen = freeOr(f.NatsListen, "the embedded nats-server")
 	}
 	// ClickHouse: a private server under the data dir.
 	if f.ClickhouseAddr == "" {
@@ -70,10 +69,7 @@ func (d *devCmd) Run(f *Flags) error {
 		if !slices.Contains(f.Roles, "web") {
 			f.Roles = append(f.Roles, "web")
 		}
-		if !addrFree(f.WebAddr) {
-			fmt.Fprintf(os.Stderr, "%s is busy; the dashboard takes a free port instead\n", f.WebAddr)
-			f.WebAddr = "127.0.0.1:0"
-		}
+		f.WebAddr = freeOr(f.WebAddr, "the dashboard")
 	}
 	// The demo traffic logs in as its own enforcement point.
 	if !slices.Contains(f.NatsEPs, demo.EP) {
@@ -147,8 +143,7 @@ func devRegistry(f *Flags, regDir string) error {
 // --clickhouse-port or, when that is busy, a free port.
 func (d *devCmd) startClickHouse(ctx context.Context, dir string) (*chserver.Server, error) {
 	port := d.ClickhousePort
-	if port != 0 && !addrFree(fmt.Sprintf("127.0.0.1:%d", port)) {
-		fmt.Fprintf(os.Stderr, "port %d is busy; the private ClickHouse takes a free port instead\n", port)
+	if port != 0 && freeOr(fmt.Sprintf("127.0.0.1:%d", port), "the private ClickHouse") == "127.0.0.1:0" {
 		port = 0
 	}
 	fmt.Fprintln(os.Stderr, "starting a private clickhouse-server (about 10 s)…")
@@ -201,16 +196,8 @@ func demoVerify(ctx context.Context, f *Flags, want int) error {
 		return err
 	}
 	defer conn.Close()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got, err := query.CountReceipts(ctx, conn, f.ClickhouseDatabase, query.ReceiptQuery{EP: demo.EP})
-		if err == nil && got >= uint64(want) {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("only %d of %d demo receipts reached ClickHouse in 30 s (err %v)", got, want, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := query.AwaitReceipts(ctx, conn, f.ClickhouseDatabase, query.ReceiptQuery{EP: demo.EP}, uint64(want), 30*time.Second); err != nil {
+		return fmt.Errorf("demo receipts: %w", err)
 	}
 	keys, err := receipts.LoadTrustedKeys(f.TrustedKeys...)
 	if err != nil {
@@ -230,13 +217,15 @@ func demoVerify(ctx context.Context, f *Flags, want int) error {
 	return nil
 }
 
-// addrFree reports whether a TCP listener could bind addr now: a busy
-// default port of talosd dev falls back to a free one.
-func addrFree(addr string) bool {
+// freeOr is addr when a TCP listener could bind it now, else (saying so
+// on stderr) "127.0.0.1:0": a busy default port of talosd dev falls back to
+// a free one for what.
+func freeOr(addr, what string) string {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return false
+		fmt.Fprintf(os.Stderr, "%s is busy; %s takes a free port instead\n", addr, what)
+		return "127.0.0.1:0"
 	}
 	_ = ln.Close()
-	return true
+	return addr
 }

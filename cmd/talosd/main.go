@@ -11,10 +11,11 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 
 	"github.com/alecthomas/kong"
+
+	"github.com/talos-audit/talos/ingest"
 )
 
 // cli is talosd's command line. Every flag also reads TALOS_<FLAG>.
@@ -35,26 +36,6 @@ func (runCmd) Run(f *Flags) error {
 	return runDaemon(ctx, f, nil)
 }
 
-// tuneGC trades memory the daemon does not need for CPU it does: unless
-// GOGC or GOMEMLIMIT are set, the collector runs at 400% with a soft
-// memory limit, so the heap stays bounded: 100 MiB for a process that only
-// enforces (its live heap is a few tens of MiB: the replay and capability
-// caches are bounded; its RSS then stays within the 128 MiB goal of
-// DESIGN.md §5), 256 MiB (the budget) when it also embeds NATS, sinks or
-// serves control.
-func tuneGC(roles []string) {
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(400)
-	}
-	if os.Getenv("GOMEMLIMIT") == "" {
-		limit := int64(256 << 20)
-		if len(roles) == 1 && roles[0] == "enforce" {
-			limit = 100 << 20
-		}
-		debug.SetMemoryLimit(limit)
-	}
-}
-
 func main() {
 	var c cli
 	parser, err := kong.New(&c,
@@ -72,15 +53,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "run 'talosd --help' for usage")
 		os.Exit(2)
 	}
-	tuneGC(c.Flags.Roles)
-	err = k.Run(&c.Flags)
-	if err != nil {
-		var ue usageError
-		if errors.As(err, &ue) {
-			fmt.Fprintln(os.Stderr, "talosd:", err)
+	ingest.TuneGC(len(c.Flags.Roles) == 1 && c.Flags.Roles[0] == "enforce")
+	if err = k.Run(&c.Flags); err != nil {
+		fmt.Fprintln(os.Stderr, "talosd:", err)
+		if errors.As(err, new(usageError)) {
 			os.Exit(2)
 		}
-		fmt.Fprintln(os.Stderr, "talosd:", err)
 		os.Exit(1)
 	}
 }

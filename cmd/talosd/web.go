@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"path/filepath"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -66,37 +65,18 @@ func startWeb(ctx context.Context, f *Flags, log *slog.Logger, key *receipts.Pri
 	}
 	var conn driver.Conn
 	if err := ingest.Retry(ctx, log, "connect ClickHouse "+f.ClickhouseAddr, func() error {
-		// No database in the handshake: it may not exist yet (the sink
-		// creates it); every query names it.
-		c, err := query.Open(ctx, f.ClickhouseAddr, "")
-		conn = c
+		conn, err = query.Open(ctx, f.ClickhouseAddr, "") // the sink creates the database; queries name it
 		return err
 	}); err != nil {
 		return nil, err
 	}
-	h, err := web.NewHandler(web.Options{
-		Conn: conn, Database: f.ClickhouseDatabase, Keys: keys, Token: token, Logger: log,
-		Inclusion: web.CheckpointInclusion(conn, f.ClickhouseDatabase, keys),
-	})
+	d, err := web.Listen(web.Options{Conn: conn, Database: f.ClickhouseDatabase, Keys: keys, Token: token, Logger: log}, f.WebAddr)
 	if err != nil {
-		conn.Close()
-		return nil, err
+		return nil, fmt.Errorf("web role: %w", err)
 	}
-	ln, err := net.Listen("tcp", f.WebAddr)
-	if err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("web role: listen on --web-addr %s: %w", f.WebAddr, err)
-	}
-	addr := ln.Addr().String()
-	log.Info("web role started", "url", "http://"+addr+"/", "clickhouse", f.ClickhouseAddr, "database", f.ClickhouseDatabase,
+	log.Info("web role started", "url", "http://"+d.Addr()+"/", "clickhouse", f.ClickhouseAddr, "database", f.ClickhouseDatabase,
 		"trusted_keys", len(keys), "token_from", tokenSource(f))
-	return &webRole{
-		URL: "http://" + addr + "/?token=" + token,
-		run: func(ctx context.Context) error {
-			defer conn.Close()
-			return web.Serve(ctx, ln, h)
-		},
-	}, nil
+	return &webRole{URL: "http://" + d.Addr() + "/?token=" + token, run: d.Serve}, nil
 }
 
 // tokenSource says where the token came from, for the log (never the token).

@@ -86,6 +86,45 @@ func CheckpointInclusion(conn driver.Conn, database string, keys receipts.KeySet
 	}
 }
 
+// Dashboard is a dashboard handler bound to its listener: URL is final
+// before it serves.
+type Dashboard struct {
+	ln   net.Listener
+	h    http.Handler
+	conn driver.Conn
+}
+
+// Listen builds the dashboard of o (NewHandler, with CheckpointInclusion
+// when o.Inclusion is nil) and binds addr. Serve then serves it and closes
+// o.Conn; on an error Listen closes o.Conn itself.
+func Listen(o Options, addr string) (*Dashboard, error) {
+	if o.Inclusion == nil && o.Conn != nil {
+		o.Inclusion = CheckpointInclusion(o.Conn, o.Database, o.Keys)
+	}
+	h, err := NewHandler(o)
+	if err == nil {
+		var ln net.Listener
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			return &Dashboard{ln: ln, h: h, conn: o.Conn}, nil
+		}
+		err = fmt.Errorf("web: listen on %s: %w", addr, err)
+	}
+	if o.Conn != nil {
+		o.Conn.Close()
+	}
+	return nil, err
+}
+
+// Addr is the address the dashboard listens on.
+func (d *Dashboard) Addr() string { return d.ln.Addr().String() }
+
+// Serve serves the dashboard until ctx ends (see Serve), then closes its
+// ClickHouse connection.
+func (d *Dashboard) Serve(ctx context.Context) error {
+	defer d.conn.Close()
+	return Serve(ctx, d.ln, d.h)
+}
+
 // Serve serves h on ln until ctx ends, with timeouts that let a page's
 // queries (QueryTimeout) finish, then shuts the server down, giving
 // in-flight requests 2 s. It returns nil after a shutdown, else the error
