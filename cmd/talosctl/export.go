@@ -28,7 +28,7 @@ type exportCmd struct {
 const exportProgressEvery = 10000
 
 func (c *exportCmd) Run(g *Globals) error {
-	from, to, err := timeRange(c.From, c.To, c.Since, time.Now())
+	from, to, err := query.TimeRange(c.From, c.To, c.Since, time.Now())
 	if err != nil {
 		return usage("export: %v", err)
 	}
