@@ -49,30 +49,61 @@ func NewRegistry(manifests ...[]byte) (*Registry, error) {
 // LoadRegistry reads a manifest file, or every *.json file of a directory
 // (not recursive), and builds a bundle. Errors name the offending file.
 func LoadRegistry(path string) (*Registry, error) {
-	st, err := os.Stat(path)
-	if err != nil {
+	files, err := ReadManifestFiles(path)
+	switch {
+	case errors.Is(err, ErrNoManifests):
+		return nil, fmt.Errorf("enforce: registry %s: no *.json manifests", path)
+	case errors.Is(err, filepath.ErrBadPattern):
+		return nil, fmt.Errorf("enforce: registry %s: %w", path, err)
+	case err != nil:
 		return nil, fmt.Errorf("enforce: registry: %w", err)
-	}
-	files := []string{path}
-	if st.IsDir() {
-		files, err = filepath.Glob(filepath.Join(path, "*.json"))
-		if err != nil {
-			return nil, fmt.Errorf("enforce: registry %s: %w", path, err)
-		}
-		if len(files) == 0 {
-			return nil, fmt.Errorf("enforce: registry %s: no *.json manifests", path)
-		}
-		sort.Strings(files)
 	}
 	in := make([]namedManifest, 0, len(files))
 	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return nil, fmt.Errorf("enforce: registry: %w", err)
-		}
-		in = append(in, namedManifest{name: f, raw: b})
+		in = append(in, namedManifest{name: f.Path, raw: f.Raw})
 	}
 	return newRegistry(in)
+}
+
+// ErrNoManifests is wrapped by ReadManifestFiles for a directory without
+// a *.json file.
+var ErrNoManifests = errors.New("no *.json manifests")
+
+// ManifestFile is one registry manifest file as read: its path and bytes.
+type ManifestFile struct {
+	Path string
+	Raw  []byte
+}
+
+// ReadManifestFiles reads the files of a registry: path itself, or every
+// *.json file of the directory path (not recursive), sorted by name. It is
+// what LoadRegistry reads and what `talosctl registry publish` sends. A
+// directory without one is an error wrapping ErrNoManifests; the others
+// are the file system's.
+func ReadManifestFiles(path string) ([]ManifestFile, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	files := []string{path}
+	if st.IsDir() {
+		if files, err = filepath.Glob(filepath.Join(path, "*.json")); err != nil {
+			return nil, err
+		}
+		if len(files) == 0 {
+			return nil, fmt.Errorf("%s: %w", path, ErrNoManifests)
+		}
+		sort.Strings(files)
+	}
+	out := make([]ManifestFile, 0, len(files))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ManifestFile{Path: f, Raw: b})
+	}
+	return out, nil
 }
 
 func newRegistry(in []namedManifest) (*Registry, error) {

@@ -3,19 +3,15 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
 	"os"
 	"runtime/debug"
 	"runtime/pprof"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/ingest/loadgen"
@@ -93,7 +89,7 @@ func (b *benchCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	clients, err := b.clients(conns, run)
+	clients, err := loadgen.Clients(conns, b.Concurrency, run)
 	defer func() {
 		for _, c := range clients {
 			c.Close()
@@ -117,7 +113,9 @@ func (b *benchCmd) Run(g *Globals) error {
 	if g.JSON {
 		return json.NewEncoder(os.Stdout).Encode(res)
 	}
-	b.print(os.Stdout, res, ch != nil)
+	if err := res.WriteText(os.Stdout, b.Post, ch != nil); err != nil {
+		return err
+	}
 	if res.KillSwitch != nil {
 		return printKillswitch(g, res.KillSwitch)
 	}
@@ -136,36 +134,12 @@ func (b *benchCmd) killswitchOnly(g *Globals, ks *ctlSession) error {
 	return printKillswitch(g, res)
 }
 
-// clients makes the simulated enforcement points, spread over conns;
-// each subscribes to its decisions before the clock starts. It returns
-// those made so far also on error.
-func (b *benchCmd) clients(conns []*nats.Conn, run string) ([]*ingest.Client, error) {
-	var clients []*ingest.Client
-	for e := range b.Concurrency {
-		nc := conns[e%len(conns)]
-		js, err := jetstream.New(nc)
-		if err != nil {
-			return clients, err
-		}
-		client, err := ingest.NewClient(nc, js, fmt.Sprintf("%s-%d", run, e))
-		if err != nil {
-			return clients, err
-		}
-		clients = append(clients, client)
-	}
-	return clients, nil
-}
-
 // maker reads the flags that shape the envelopes: size, tool, --post, and
 // the capability to sign them with.
 func (b *benchCmd) maker(run string) (*loadgen.Maker, error) {
-	maker := &loadgen.Maker{Server: b.Server, Tool: b.Tool, Session: run, Post: b.Post}
-	var err error
-	if maker.Args, err = json.Marshal(map[string]any{"path": "bench/" + strings.Repeat("x", max(1, b.PayloadBytes-700))}); err != nil {
-		return nil, err
-	}
-	if b.Capability == "" {
-		return maker, nil
+	maker, err := loadgen.NewMaker(b.Server, b.Tool, run, b.PayloadBytes, b.Post)
+	if err != nil || b.Capability == "" {
+		return maker, err
 	}
 	if b.AgentKey == "" {
 		return nil, usage("--capability needs --agent-key")
@@ -198,87 +172,28 @@ func (b *benchCmd) measure(g *Globals, prep *loadgen.Prepared, clients []*ingest
 			return nil, err
 		}
 	}
-	var (
-		ksRes  *loadgen.KillSwitchResult
-		ksErr  error
-		ksDone = make(chan struct{})
-	)
+	var client *ingest.ControlClient
 	if ks != nil {
-		go func() {
-			defer close(ksDone)
-			ksRes, ksErr = loadgen.KillSwitchRounds(ks.client, b.KillSwitch, b.Timeout)
-		}()
-	} else {
-		close(ksDone)
+		client = ks.client
 	}
-	t := prep.Send(clients, loadgen.Pacing{Rate: b.Rate, Inflight: b.Inflight, Server: b.Server, Timeout: b.Timeout})
-	stopProfile()
-	end := loadgen.SampleCPU()
-	<-ksDone
-	if ksErr != nil {
-		return nil, failed("%v", ksErr)
+	pace := loadgen.Pacing{Rate: b.Rate, Inflight: b.Inflight, Server: b.Server, Timeout: b.Timeout}
+	res, t, err := prep.Run(clients, pace, client, b.KillSwitch, stopProfile)
+	if err != nil {
+		return nil, failed("%v", err)
 	}
-	if t.BuildErr != nil {
-		return nil, failed("building the envelopes: %v", t.BuildErr)
-	}
-	res := loadgen.NewResult(b.Concurrency, b.Rate, prep, t, end)
-	res.KillSwitch = ksRes
 	if ch != nil {
-		if err := waitEndToEnd(g, ch, run, t, &res); err != nil {
-			return nil, err
+		count := func(ctx context.Context) (n, m uint64, err error) {
+			n, err = query.CountSessionReceipts(ctx, ch, g.ClickhouseDatabase, run)
+			if err == nil && res.Posts > 0 {
+				m, err = query.CountSessionToolCalls(ctx, ch, g.ClickhouseDatabase, run)
+			}
+			return n, m, err
+		}
+		if err := loadgen.WaitEndToEnd(context.Background(), &res, t, count); err != nil {
+			return nil, failed("%v", err)
 		}
 	}
 	return &res, nil
-}
-
-// waitEndToEnd waits until every decided envelope has its receipt and
-// every post its ToolCallEvent in ClickHouse, and records how long the run
-// took end to end.
-func waitEndToEnd(g *Globals, ch driver.Conn, run string, t *loadgen.Tally, res *loadgen.Result) error {
-	want := uint64(len(t.Latency)) - uint64(t.None) + uint64(res.Posts)
-	wantEvents := uint64(res.Posts)
-	count := func(ctx context.Context) (n, m uint64, err error) {
-		n, err = query.CountSessionReceipts(ctx, ch, g.ClickhouseDatabase, run)
-		if err == nil && wantEvents > 0 {
-			m, err = query.CountSessionToolCalls(ctx, ch, g.ClickhouseDatabase, run)
-		}
-		return n, m, err
-	}
-	n, m, ok := loadgen.WaitStored(context.Background(), count, want, wantEvents, time.Now().Add(2*time.Minute))
-	if !ok {
-		return failed("only %d of %d receipts and %d of %d ToolCallEvents reached ClickHouse within 2 minutes", n, want, m, wantEvents)
-	}
-	e2e := time.Since(t.Start)
-	res.E2ESeconds = e2e.Seconds()
-	res.EventsPerSec = float64(want+wantEvents) / e2e.Seconds()
-	return nil
-}
-
-// print writes the human-readable result. scripts/bench.sh reads these
-// lines: keep their wording.
-func (b *benchCmd) print(w io.Writer, res *loadgen.Result, e2e bool) {
-	fmt.Fprintf(w, "calls %d from %d enforcement points, offered %d/s: allowed %d, denied %d, no decision %d\n",
-		res.Calls, res.Concurrency, res.OfferedRate, res.Allowed, res.Denied, res.NoDecision)
-	if b.Post {
-		fmt.Fprintf(w, "post events sent and decided: %d (latency figures are of the pre decisions)\n", res.Posts)
-	}
-	fmt.Fprintf(w, "decisions: %.0f/s; latency p50 %.2f ms, p90 %.2f ms, p99 %.2f ms, max %.2f ms\n",
-		res.DecisionsPerSec, res.P50ms, res.P90ms, res.P99ms, res.MaxMs)
-	if e2e {
-		fmt.Fprintf(w, "end to end (publish → signed receipts and ToolCallEvents in ClickHouse): %.2f s, %.0f events/s\n", res.E2ESeconds, res.EventsPerSec)
-	}
-	ahead := fmt.Sprintf("all %d envelopes built and signed before the clock started", res.Prepared)
-	if res.Prepared < res.Calls {
-		ahead = fmt.Sprintf("%d envelopes ready when the clock started, the rest built and signed during the run", res.Prepared)
-	}
-	if res.LoadGenCPUSeconds == 0 && res.PrepareCPUSeconds == 0 {
-		fmt.Fprintf(w, "load generator: CPU not measured on this OS; %s (%.2f s)\n", ahead, res.PrepareSeconds)
-		return
-	}
-	fmt.Fprintf(w, "load generator (this process) over the timed part: CPU %.2f s (user %.2f s, system %.2f s), %.0f µs per call, %.2f cores; peak RSS %.0f MiB\n",
-		res.LoadGenCPUSeconds, res.LoadGenUserSeconds, res.LoadGenSystemSeconds, res.LoadGenCPUPerCallUs,
-		res.LoadGenCPUSeconds/max(res.SendSeconds, 1e-9), res.LoadGenMaxRSSMiB)
-	fmt.Fprintf(w, "load generator before the clock: %s in %.2f s (CPU %.2f s)\n", ahead, res.PrepareSeconds, res.PrepareCPUSeconds)
 }
 
 // writeJSONFile writes v as one JSON line to path; "" writes nothing.

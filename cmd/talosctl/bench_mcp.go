@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"os"
 	"os/signal"
@@ -49,9 +47,7 @@ func (b *benchMCPCmd) Run(g *Globals) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	// Closing a session ends its stdio server; the gateway then drains the
-	// post events it still holds.
-	var sides [2]loadgen.MCPSide
+	sides, err := loadgen.ConnectMCP(ctx, specs, b.Timeout, stderr)
 	defer func() {
 		for _, s := range sides {
 			if s.CS != nil {
@@ -59,29 +55,18 @@ func (b *benchMCPCmd) Run(g *Globals) error {
 			}
 		}
 	}()
-	for i, s := range specs {
-		cctx, cancel := context.WithTimeout(ctx, b.Timeout)
-		cs, err := mcpup.Connect(cctx, s, &mcp.Implementation{Name: "talosctl-bench-mcp", Version: "dev"}, mcpup.WithStderr(stderr))
-		cancel()
-		if err != nil {
-			return failed("%v", err)
-		}
-		sides[i] = loadgen.MCPSide{Name: s.ServerID, CS: cs}
+	if err != nil {
+		return failed("%v", err)
 	}
 	direct, via, err := loadgen.CompareMCP(ctx, sides[0], sides[1], &mcp.CallToolParams{Name: b.Tool, Arguments: args}, b.Calls, b.Warmup, b.Timeout)
 	if err != nil {
 		return failed("%v", err)
 	}
-	res := loadgen.MCPResult{
-		Tool: b.Tool, Warmup: b.Warmup, Direct: specs[0].String(), Via: specs[1].String(),
-		Added: loadgen.Added(direct, via),
-		D:     loadgen.Summarize(direct), V: loadgen.Summarize(via),
-	}
+	res := loadgen.NewMCPResult(b.Tool, b.Warmup, specs, direct, via)
 	if g.JSON {
 		return json.NewEncoder(os.Stdout).Encode(res)
 	}
-	printBenchMCP(&res)
-	return nil
+	return res.WriteText(os.Stdout)
 }
 
 // check reads the flags: the call's arguments and the two sides' specs.
@@ -90,10 +75,8 @@ func (b *benchMCPCmd) check() (map[string]any, [2]mcpup.Spec, error) {
 	if b.Calls <= 0 || b.Warmup < 0 || b.Timeout <= 0 {
 		return nil, specs, usage("--calls and --timeout must be positive, --warmup must not be negative")
 	}
-	var args map[string]any
-	dec := json.NewDecoder(bytes.NewReader([]byte(b.Args)))
-	dec.UseNumber()
-	if err := dec.Decode(&args); err != nil || args == nil || dec.More() {
+	args, err := loadgen.ParseCallArgs(b.Args)
+	if err != nil {
 		return nil, specs, usage("--args must be one JSON object")
 	}
 	for i, f := range []struct{ name, val string }{{"--direct", b.Direct}, {"--via", b.Via}} {
@@ -104,19 +87,4 @@ func (b *benchMCPCmd) check() (map[string]any, [2]mcpup.Spec, error) {
 		specs[i] = s
 	}
 	return args, specs, nil
-}
-
-func printBenchMCP(res *loadgen.MCPResult) {
-	fmt.Printf("tools/call %s, %d calls per side after %d warm-up, one in flight, sides interleaved; every result checked equal\n",
-		res.Tool, res.D.Calls, res.Warmup)
-	fmt.Printf("direct: %s\nvia:    %s\n", res.Direct, res.Via)
-	fmt.Printf("%-22s %9s %9s %9s %9s %9s\n", "latency, ms", "p50", "p90", "p99", "max", "mean")
-	row := func(name string, s loadgen.LatencySummary) {
-		fmt.Printf("%-22s %9.3f %9.3f %9.3f %9.3f %9.3f\n", name, s.P50ms, s.P90ms, s.P99ms, s.MaxMs, s.MeanMs)
-	}
-	row("direct", res.D)
-	row("via", res.V)
-	a := res.Added
-	fmt.Printf("%-22s %9.3f %9.3f %9.3f %9s %9.3f\n", "added (via − direct)", a.P50ms, a.P90ms, a.P99ms, "", a.MeanMs)
-	fmt.Printf("added per round (via − direct of the same round): p50 %.3f ms, p99 %.3f ms\n", a.PairedP50ms, a.PairedP99ms)
 }

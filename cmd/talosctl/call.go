@@ -32,9 +32,6 @@ type callCmd struct {
 	AgentKey       string        `name:"agent-key" type:"path" help:"Sign the envelope (sender_signature, seed 002) with this agent key (.key): the chain holder's."`
 }
 
-// defaultAgent is actor.agent_id when neither --agent nor a chain names one.
-const defaultAgent = "talosctl-agent"
-
 // capSigner is the CallSigner of --capability and --agent-key, or nil.
 func (c *callCmd) capSigner() (*ingest.CallSigner, error) {
 	if c.Capability == "" {
@@ -99,22 +96,14 @@ func (c *callCmd) sendFile(ctx context.Context, g *Globals, client *ingest.Clien
 	if err != nil {
 		return usage("%v", err)
 	}
-	var ids struct {
-		Phase      string `json:"phase"`
-		ServerID   string `json:"server_id"`
-		ToolCallID string `json:"tool_call_id"`
-	}
-	_ = json.Unmarshal(raw, &ids)
-	if ids.Phase == "" {
-		ids.Phase = schemas.PhasePre
-	}
+	phase, server, id := ingest.EnvelopeRoute(raw)
 	if c.Server != "" {
-		ids.ServerID = c.Server
+		server = c.Server
 	}
-	if !schemas.ValidID(ids.ServerID) {
+	if !schemas.ValidID(server) {
 		return usage("cannot route %s: give --server", c.File)
 	}
-	d, err := client.Send(ctx, ids.Phase, ids.ServerID, ids.ToolCallID, raw)
+	d, err := client.Send(ctx, phase, server, id, raw)
 	return printDecision(g, d, err)
 }
 
@@ -156,36 +145,16 @@ func (c *callCmd) sendCall(ctx context.Context, g *Globals, client *ingest.Clien
 // envelope is the pre envelope of the flags' call, signed when a signer is
 // given.
 func (c *callCmd) envelope(args json.RawMessage, signer *ingest.CallSigner) (*schemas.ToolCall, error) {
-	call, err := ingest.NewCall(c.EPID, c.Server, c.Tool, args)
-	if err != nil {
-		return nil, err
-	}
-	call.Actor.AgentID = c.Agent
-	if call.Actor.AgentID == "" && signer != nil {
-		call.Actor.AgentID = signer.Holder()
-	}
-	if call.Actor.AgentID == "" {
-		call.Actor.AgentID = defaultAgent
-	}
-	if c.Session != "" {
-		call.SessionID = c.Session
-	}
-	call.IdempotencyKey = c.IdempotencyKey
-	call.ToolClass = c.ToolClass
-	call.RegistryDigest = c.RegistryDigest
+	spec := ingest.CallSpec{EPID: c.EPID, Server: c.Server, Tool: c.Tool, Args: args, Agent: c.Agent, Session: c.Session,
+		IdempotencyKey: c.IdempotencyKey, ToolClass: c.ToolClass, RegistryDigest: c.RegistryDigest}
 	for _, e := range c.ExpectHash {
 		p, h, ok := strings.Cut(e, "=")
 		if !ok {
 			return nil, usage("--expect-hash %q: want POINTER=SHA256HEX", e)
 		}
-		call.ExpectedDocumentHashes = append(call.ExpectedDocumentHashes, schemas.ExpectedHash{Pointer: p, Hash: h})
+		spec.ExpectedHashes = append(spec.ExpectedHashes, schemas.ExpectedHash{Pointer: p, Hash: h})
 	}
-	if signer != nil {
-		if err := signer.Sign(call); err != nil {
-			return nil, err
-		}
-	}
-	return call, nil
+	return spec.Envelope(signer)
 }
 
 // printDecision prints a decision; a deny is not a failure, no decision is.

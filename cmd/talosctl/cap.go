@@ -1,22 +1,20 @@
 package main
 
 import (
-	"encoding/json"
+	"crypto/ed25519"
 	"fmt"
 	"os"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 )
 
-// capCmd groups the capability commands (seed 002). They work on files
-// and keys only: no NATS.
+// capCmd groups the capability commands (the CP- capability protocol of
+// docs/REQUIREMENTS.md). They work on files and keys only: no NATS.
 type capCmd struct {
 	Issue    capIssueCmd    `cmd:"" help:"Issue a signed capability to an agent; writes a capability chain (no delegations)."`
 	Delegate capDelegateCmd `cmd:"" help:"Delegate a narrower capability from a chain's holder to another agent; writes the longer chain."`
@@ -33,42 +31,28 @@ type capLifetime struct {
 // expiry returns expires_at for a link issued at now; def is used when
 // neither flag is given.
 func (l capLifetime) expiry(now, def time.Time) (time.Time, error) {
-	switch {
-	case l.TTL != 0 && l.Expires != "":
-		return time.Time{}, usage("give --ttl or --expires, not both")
-	case l.TTL < 0:
-		return time.Time{}, usage("--ttl must be positive")
-	case l.TTL > 0:
-		return now.Add(l.TTL), nil
-	case l.Expires != "":
-		t, err := time.Parse(time.RFC3339Nano, l.Expires)
-		if err != nil {
-			return time.Time{}, usage("--expires: not an RFC 3339 time")
-		}
-		return t, nil
+	t, err := enforce.Lifetime{TTL: l.TTL, Expires: l.Expires}.ExpiresAt(now, def)
+	if err != nil {
+		return t, usage("%v", err)
 	}
-	return def, nil
+	return t, nil
 }
 
-// capTime formats a time as the wire does (RFC 3339, milliseconds, UTC).
-func capTime(t time.Time) string { return t.UTC().Format(schemas.TimeFormat) }
-
-// loadAgentKey reads an agent's NAME.pub and returns it in wire form and its kid.
-func loadAgentKey(flag, path string) (string, string, error) {
-	kid, pub, err := receipts.LoadPublicKey(path)
+// loadAgentKey reads an agent's NAME.pub.
+func loadAgentKey(flag, path string) (ed25519.PublicKey, error) {
+	_, pub, err := receipts.LoadPublicKey(path)
 	if err != nil {
-		return "", "", usage("%s: %v", flag, err)
+		return nil, usage("%s: %v", flag, err)
 	}
-	return enforce.PublicKeyString(pub), kid, nil
+	return pub, nil
 }
 
 // writeChain writes chain as indented JSON to out, or to stdout if out is "".
 func writeChain(g *Globals, chain *schemas.CapabilityChain, out, what string) error {
-	b, err := json.MarshalIndent(chain, "", "  ")
+	b, err := chain.MarshalFile()
 	if err != nil {
 		return err
 	}
-	b = append(b, '\n')
 	if out == "" {
 		_, err := os.Stdout.Write(b)
 		return err
@@ -108,7 +92,7 @@ func (c *capIssueCmd) Run(g *Globals) error {
 	if err != nil {
 		return usage("--issuer-key: %v", err)
 	}
-	pub, _, err := loadAgentKey("--subject-key", c.SubjectKey)
+	pub, err := loadAgentKey("--subject-key", c.SubjectKey)
 	if err != nil {
 		return err
 	}
@@ -117,26 +101,12 @@ func (c *capIssueCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	id := c.ID
-	if id == "" {
-		id = uuid.Must(uuid.NewV7()).String()
-	}
-	issuer := c.Issuer
-	if issuer == "" {
-		issuer = "issuer-" + key.KID
-	}
-	capb := schemas.Capability{
-		CapabilityID: id, Issuer: issuer, Subject: c.Subject, SubjectPublicKey: pub, Scopes: c.Scope,
-		IssuedAt: capTime(now), ExpiresAt: capTime(exp),
-	}
-	if c.ReadOnly {
-		capb.Constraints = &schemas.Constraints{ReadOnly: true}
-	}
-	signed, err := enforce.IssueCapability(key, capb)
+	chain, err := enforce.IssueChain(key, c.Issuer, enforce.Grant{ID: c.ID, To: c.Subject, ToKey: pub, Scopes: c.Scope,
+		ReadOnly: c.ReadOnly, IssuedAt: now, ExpiresAt: exp})
 	if err != nil {
 		return usage("%v", err)
 	}
-	return writeChain(g, &schemas.CapabilityChain{Capability: signed}, c.Out, "issued")
+	return writeChain(g, chain, c.Out, "issued")
 }
 
 // --- cap delegate ---
@@ -154,7 +124,7 @@ type capDelegateCmd struct {
 }
 
 func (c *capDelegateCmd) Run(g *Globals) error {
-	chain, err := readChainFile(c.From)
+	chain, err := schemas.ReadCapabilityChainFile(c.From)
 	if err != nil {
 		return usage("--from: %v", err)
 	}
@@ -165,11 +135,11 @@ func (c *capDelegateCmd) Run(g *Globals) error {
 	if err != nil {
 		return usage("--holder-key: %v", err)
 	}
-	pub, _, err := loadAgentKey("--to-key", c.ToKey)
+	pub, err := loadAgentKey("--to-key", c.ToKey)
 	if err != nil {
 		return err
 	}
-	def, err := time.Parse(time.RFC3339Nano, chain.ExpiresAt())
+	def, err := enforce.ChainExpiresAt(chain)
 	if err != nil {
 		return usage("--from: the last link's expires_at is not an RFC 3339 time")
 	}
@@ -178,37 +148,11 @@ func (c *capDelegateCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	id := c.ID
-	if id == "" {
-		id = uuid.Must(uuid.NewV7()).String()
-	}
-	d := schemas.Delegation{
-		CapabilityID: id, ChildScope: c.Scope, IssuedAt: capTime(now), ExpiresAt: capTime(exp),
-		DelegateeID: c.To, DelegateePublicKey: pub,
-	}
-	if c.ReadOnly {
-		d.Constraints = &schemas.Constraints{ReadOnly: true}
-	}
-	if err := enforce.ExtendChain(key, chain, d); err != nil {
+	g2 := enforce.Grant{ID: c.ID, To: c.To, ToKey: pub, Scopes: c.Scope, ReadOnly: c.ReadOnly, IssuedAt: now, ExpiresAt: exp}
+	if err := enforce.DelegateGrant(key, chain, g2); err != nil {
 		return failed("%v", err)
 	}
 	return writeChain(g, chain, c.Out, "delegated")
-}
-
-// readChainFile decodes a chain file strictly (unknown fields rejected).
-func readChainFile(path string) (*schemas.CapabilityChain, error) {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := schemas.ValidateCapabilityChain(raw); err != nil {
-		return nil, err
-	}
-	var c schemas.CapabilityChain
-	if err := json.Unmarshal(raw, &c); err != nil {
-		return nil, err
-	}
-	return &c, nil
 }
 
 // --- cap inspect ---
@@ -252,9 +196,9 @@ func (c *capInspectCmd) Run(g *Globals) error {
 		in.Result.Details = append(in.Result.Details, "no --issuers given: no issuer is trusted")
 	}
 	if g.JSON {
-		c.printJSON(&in, now)
-	} else {
-		c.print(&in, now)
+		printJSON(os.Stdout, in.Report(c.Chain, q, now))
+	} else if err := in.WriteText(os.Stdout, c.Chain, q, now); err != nil {
+		return err
 	}
 	if !in.Valid() {
 		return exitError{1, fmt.Errorf("capability chain is invalid: %s", strings.Join(in.Result.Codes, ", "))}
@@ -279,68 +223,4 @@ func (c *capInspectCmd) check() (time.Time, error) {
 		return time.Time{}, usage("--at: not an RFC 3339 time")
 	}
 	return t, nil
-}
-
-func (c *capInspectCmd) printJSON(in *enforce.Inspection, now time.Time) {
-	res := in.Result
-	out := map[string]any{"file": c.Chain, "chain_hash": in.Hash, "holder": res.Holder, "capability_ids": res.CapabilityIDs,
-		"read_only": res.ReadOnly, "links": in.Links, "valid": in.Valid(), "codes": nonNil(res.Codes), "details": nonNil(res.Details),
-		"checked_at": capTime(now)}
-	if c.Server != "" {
-		out["call"] = map[string]any{"server_id": c.Server, "tool_name": c.Tool, "method": c.Method, "resource": c.Resource != nil}
-	}
-	printJSON(os.Stdout, out)
-}
-
-func (c *capInspectCmd) print(in *enforce.Inspection, now time.Time) {
-	printChain(c.Chain, in.Hash, in.Result, in.Links)
-	if c.Server != "" {
-		fmt.Printf("scope check   %s:%s", c.Server, c.Tool)
-		if c.Method != "" {
-			fmt.Printf(" method %s", c.Method)
-		}
-		if c.Resource != nil {
-			fmt.Print(" (with resource)")
-		}
-		fmt.Println()
-	}
-	if in.Valid() {
-		fmt.Printf("verdict       VALID (checked at %s)\n", capTime(now))
-	} else {
-		fmt.Printf("verdict       INVALID: %s (checked at %s)\n", strings.Join(in.Result.Codes, ", "), capTime(now))
-	}
-	for _, d := range in.Result.Details {
-		fmt.Printf("  detail      %s\n", d)
-	}
-}
-
-func nonNil(s []string) []string {
-	if s == nil {
-		return []string{}
-	}
-	return s
-}
-
-func printChain(file, hash string, res enforce.AuthResult, links []enforce.ChainLink) {
-	fmt.Printf("capability chain %s\n", file)
-	if hash != "" {
-		fmt.Printf("  chain hash  %s\n", hash)
-	}
-	if res.Holder != "" {
-		fmt.Printf("  holder      %s\n", res.Holder)
-	}
-	for _, l := range links {
-		fmt.Printf("link %d  %s  %s\n", l.Index, l.Kind, l.CapabilityID)
-		if l.Kind == "capability" {
-			fmt.Printf("  issuer      %s (signed by kid %s)\n", l.Issuer, l.SignerKID)
-			fmt.Printf("  subject     %s (kid %s)\n", l.Holder, l.HolderKID)
-		} else {
-			fmt.Printf("  delegator   %s (signed by kid %s)\n", l.Delegator, l.SignerKID)
-			fmt.Printf("  delegatee   %s (kid %s)\n", l.Holder, l.HolderKID)
-		}
-		fmt.Printf("  scopes      %s\n", strings.Join(l.Scopes, "\n              "))
-		fmt.Printf("  read_only   %v\n", l.ReadOnly)
-		fmt.Printf("  issued      %s\n", l.IssuedAt)
-		fmt.Printf("  expires     %s (%s)\n", l.ExpiresAt, l.Expiry)
-	}
 }

@@ -41,7 +41,7 @@ func TestCapCommands(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "holder        agent-1") {
 		t.Fatalf("cap delegate: exit %d\n%s", code, out)
 	}
-	chain, err := readChainFile(p("chain.json"))
+	chain, err := schemas.ReadCapabilityChainFile(p("chain.json"))
 	if err != nil || len(chain.Delegations) != 1 || chain.Delegations[0].Constraints == nil || !chain.Delegations[0].Constraints.ReadOnly {
 		t.Fatalf("written chain: %+v %v", chain, err)
 	}
@@ -142,7 +142,7 @@ func TestCallSignsEnvelope(t *testing.T) {
 	now := time.Now()
 	root, err := enforce.IssueCapability(issuer, schemas.Capability{CapabilityID: "cap-1", Issuer: "ops", Subject: "agent-7",
 		SubjectPublicKey: enforce.PublicKeyString(agent.Public()), Scopes: []string{"tool:files:read_file"},
-		IssuedAt: capTime(now), ExpiresAt: capTime(now.Add(time.Hour))})
+		IssuedAt: now.UTC().Format(schemas.TimeFormat), ExpiresAt: now.Add(time.Hour).UTC().Format(schemas.TimeFormat)})
 	if err != nil {
 		t.Fatal(err)
 	}

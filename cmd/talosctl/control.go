@@ -6,11 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/user"
-	"path/filepath"
-	"sort"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/talos-audit/talos/enforce"
@@ -41,15 +37,7 @@ func (f *ctlFlags) actor() string {
 	if f.Actor != "" {
 		return f.Actor
 	}
-	name := "unknown"
-	if u, err := user.Current(); err == nil && u.Username != "" {
-		name = u.Username
-	}
-	host, _ := os.Hostname()
-	if host == "" {
-		return name
-	}
-	return name + "@" + host
+	return ingest.LocalActor()
 }
 
 // responderKeyDefault is where `talosd dev` writes the responder key.
@@ -117,42 +105,19 @@ func (s *ctlSession) do(cmd *schemas.ControlCommand, wait bool, what string) (*s
 	if s.g.JSON {
 		out := map[string]any{"reply": rep}
 		if prop != nil {
-			out["propagation"] = propagationJSON(prop)
+			out["propagation"] = prop.Summary()
 		}
 		printJSON(os.Stdout, out)
 	} else if schemas.MutatingVerbs[cmd.Verb] {
 		fmt.Printf("%s: ok (control seq %d, receipt %s)\n", what, rep.Seq, rep.ReceiptID)
 		if prop != nil {
-			printPropagation(os.Stdout, prop)
+			_ = prop.WriteText(os.Stdout)
 		}
 	}
 	if prop != nil && len(prop.Missing) > 0 {
 		return rep, failed("%d worker(s) did not confirm seq %d in time: %s", len(prop.Missing), rep.Seq, strings.Join(prop.Missing, ", "))
 	}
 	return rep, nil
-}
-
-func propagationJSON(p *ingest.Propagation) map[string]any {
-	applied := map[string]float64{}
-	for w, t := range p.Applied {
-		applied[w] = ms(max(0, t.Sub(p.Acked)))
-	}
-	return map[string]any{
-		"seq": p.Seq, "workers": len(p.Applied) + len(p.Missing), "missing": p.Missing,
-		"after_ack_ms": ms(p.AfterAck()), "after_send_ms": ms(p.AfterSend()), "applied_after_ack_ms": applied,
-	}
-}
-
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-func printPropagation(w io.Writer, p *ingest.Propagation) {
-	n := len(p.Applied) + len(p.Missing)
-	if n == 0 {
-		fmt.Fprintln(w, "no live workers: nothing to wait for (a worker that starts later replays the change before deciding)")
-		return
-	}
-	fmt.Fprintf(w, "enforced by %d/%d live workers %.2f ms after the ack (%.2f ms after sending)\n",
-		len(p.Applied), n, ms(p.AfterAck()), ms(p.AfterSend()))
 }
 
 func printJSON(w io.Writer, v any) {
@@ -221,8 +186,7 @@ func (c *killswitchListCmd) Run(g *Globals) error {
 	if err != nil || g.JSON {
 		return err
 	}
-	printEntries(os.Stdout, "SCOPE", v.KillSwitches, v.Seq)
-	return nil
+	return ingest.WriteStateEntries(os.Stdout, "SCOPE", v.KillSwitches, v.Seq)
 }
 
 // --- quarantine ---
@@ -268,8 +232,7 @@ func (c *quarantineListCmd) Run(g *Globals) error {
 	if err != nil || g.JSON {
 		return err
 	}
-	printEntries(os.Stdout, "SESSION", v.Quarantines, v.Seq)
-	return nil
+	return ingest.WriteStateEntries(os.Stdout, "SESSION", v.Quarantines, v.Seq)
 }
 
 // --- revoke ---
@@ -302,38 +265,14 @@ type registryPublishCmd struct {
 	Reason string `name:"reason" help:"Why (recorded in the signed control receipt)."`
 }
 
-// readManifests reads a manifest file or every *.json of a directory, the
-// same files enforce.LoadRegistry reads.
-func readManifests(path string) ([]json.RawMessage, error) {
-	st, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
-	files := []string{path}
-	if st.IsDir() {
-		if files, err = filepath.Glob(filepath.Join(path, "*.json")); err != nil {
-			return nil, err
-		}
-		sort.Strings(files)
-		if len(files) == 0 {
-			return nil, fmt.Errorf("%s: no *.json manifests", path)
-		}
-	}
-	out := make([]json.RawMessage, 0, len(files))
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, b)
-	}
-	return out, nil
-}
-
 func (c *registryPublishCmd) Run(g *Globals) error {
-	manifests, err := readManifests(c.Path)
+	files, err := enforce.ReadManifestFiles(c.Path)
 	if err != nil {
 		return usage("registry: %v", err)
+	}
+	manifests := make([]json.RawMessage, len(files))
+	for i, f := range files {
+		manifests[i] = f.Raw
 	}
 	reg, err := enforce.LoadRegistry(c.Path) // validate here first: errors name the file
 	if err != nil {
@@ -375,22 +314,7 @@ func (c *registryShowCmd) Run(g *Globals) error {
 	if err != nil || g.JSON {
 		return err
 	}
-	r := v.Registry
-	if r.Pinned == "" {
-		fmt.Println("pinned: the bootstrap registry of each worker (--registry); no registry.pin yet")
-	} else {
-		fmt.Printf("pinned: %s (control seq %d)\n", r.Pinned, r.PinnedSeq)
-	}
-	if len(r.Published) == 0 {
-		fmt.Println("published: none")
-		return nil
-	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DIGEST\tSERVERS\tTOOLS\tSEQ\tTIME\tACTOR")
-	for _, b := range r.Published {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\n", b.Digest, strings.Join(b.Servers, ","), b.Tools, b.Seq, b.Time, b.Actor)
-	}
-	return tw.Flush()
+	return ingest.WriteRegistryView(os.Stdout, v.Registry)
 }
 
 // --- replay ---
@@ -462,17 +386,7 @@ func (c *statusCmd) Run(g *Globals) error {
 	if err != nil || g.JSON {
 		return err
 	}
-	if len(rep.Status) == 0 {
-		fmt.Println("no live workers")
-		return nil
-	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "WORKER\tAPPLIED\tCONTROL_LAST\tCAUGHT_UP\tREGISTRY\tHANDLED\tREJECTED\tLAST_SEEN")
-	for _, st := range rep.Status {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%v\t%s\t%d\t%d\t%s\n", st.WorkerID, st.AppliedSeq, st.ControlLast, st.CaughtUp,
-			st.RegistryDigest, st.Handled, st.Rejected, st.Time)
-	}
-	return tw.Flush()
+	return ingest.WriteWorkerStatus(os.Stdout, rep.Status)
 }
 
 // readReply sends a read verb and returns its reply (printing it with --json).
@@ -510,17 +424,4 @@ func readState(g *Globals, f *ctlFlags, verb string) (*schemas.IncidentView, err
 		return nil, failed("%s: reply without state", verb)
 	}
 	return rep.State, nil
-}
-
-func printEntries(w io.Writer, head string, es []schemas.StateEntry, seq uint64) {
-	if len(es) == 0 {
-		fmt.Fprintf(w, "none (as of control seq %d)\n", seq)
-		return
-	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "%s\tREASON\tACTOR\tSEQ\tSINCE\n", head)
-	for _, e := range es {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", e.Target, e.Reason, e.Actor, e.Seq, e.Time)
-	}
-	_ = tw.Flush()
 }

@@ -1,13 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/talos-audit/talos/query"
@@ -28,7 +27,7 @@ type exportCmd struct {
 const exportProgressEvery = 10000
 
 func (c *exportCmd) Run(g *Globals) error {
-	from, to, err := timeRange(c.From, c.To, c.Since, time.Now())
+	from, to, err := query.TimeRange(c.From, c.To, c.Since, time.Now())
 	if err != nil {
 		return usage("export: %v", err)
 	}
@@ -39,28 +38,21 @@ func (c *exportCmd) Run(g *Globals) error {
 	}
 	defer conn.Close()
 
+	if _, err := query.NewExportWriter(io.Discard, c.Format); err != nil {
+		return usage("export: %v", err)
+	}
 	out, finish, err := c.open()
 	if err != nil {
 		return failed("export: %v", err)
 	}
-	bw := bufio.NewWriterSize(out, 1<<20)
-	ew, err := query.NewExportWriter(bw, c.Format)
-	if err != nil {
-		finish(false)
-		return usage("export: %v", err)
-	}
 	toFile := c.Out != "-"
-	n := 0
-	err = query.Export(ctx, conn, g.ClickhouseDatabase, query.ExportOptions{Kind: c.Kind, From: from, To: to}, func(r *query.ExportRecord) error {
-		if err := ew.Write(r); err != nil {
-			return err
-		}
-		n++
+	progress := func(n int) {
 		if toFile && n%exportProgressEvery == 0 {
 			fmt.Fprintf(os.Stderr, "\rexported %d records…", n)
 		}
-		return nil
-	})
+	}
+	opts := query.ExportOptions{Kind: c.Kind, From: from, To: to}
+	n, err := query.ExportTo(ctx, conn, g.ClickhouseDatabase, opts, c.Format, out, progress)
 	if toFile && n >= exportProgressEvery {
 		fmt.Fprintln(os.Stderr)
 	}
@@ -68,13 +60,6 @@ func (c *exportCmd) Run(g *Globals) error {
 	// fork): keep the file, then fail.
 	var conflict *query.ConflictError
 	complete := err == nil || errors.As(err, &conflict)
-	if complete {
-		if ferr := ew.Flush(); ferr != nil {
-			err, complete = ferr, false
-		} else if ferr := bw.Flush(); ferr != nil {
-			err, complete = ferr, false
-		}
-	}
 	if ferr := finish(complete); ferr != nil && complete {
 		err, complete = ferr, false
 	}
@@ -95,31 +80,20 @@ func (c *exportCmd) Run(g *Globals) error {
 }
 
 // open returns where the export goes and a function that ends it: for a
-// file, keep renames the temporary file over --out (else it is removed).
-func (c *exportCmd) open() (*os.File, func(keep bool) error, error) {
+// file, keep commits it over --out (else it is removed).
+func (c *exportCmd) open() (io.Writer, func(keep bool) error, error) {
 	if c.Out == "-" {
 		return os.Stdout, func(bool) error { return nil }, nil
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(c.Out), "."+filepath.Base(c.Out)+".partial-*")
+	f, err := query.CreateExportFile(c.Out)
 	if err != nil {
 		return nil, nil, err
 	}
-	return tmp, func(keep bool) error {
+	return f, func(keep bool) error {
 		if !keep {
-			tmp.Close()
-			os.Remove(tmp.Name())
+			f.Abort()
 			return nil
 		}
-		err := tmp.Sync()
-		if cerr := tmp.Close(); err == nil {
-			err = cerr
-		}
-		if err == nil {
-			err = os.Rename(tmp.Name(), c.Out)
-		}
-		if err != nil {
-			os.Remove(tmp.Name())
-		}
-		return err
+		return f.Commit()
 	}, nil
 }

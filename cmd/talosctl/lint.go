@@ -4,21 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
-	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/enforce/registrylint"
 	"github.com/talos-audit/talos/ingest/mcpup"
 	"github.com/talos-audit/talos/schemas"
 )
 
-// registryLintCmd is seed 004's completeness test run against a live
+// registryLintCmd is the completeness test (CM-COMPLETE) run against a live
 // server: what the upstream's tools/list offers that the registry does not
 // classify (a call to it would be denied in prod, or classified wrongly).
 // It needs no NATS: it reads manifest files and talks MCP to the upstream.
@@ -36,9 +32,9 @@ func (c *registryLintCmd) Run(g *Globals) error {
 		return err
 	}
 	rep := registrylint.Report{ServerID: manifestID, Server: spec.String(), Registry: c.Registry}
-	manifest, err := c.manifest(&rep)
+	manifest, err := rep.LoadManifest()
 	if err != nil {
-		return err
+		return failed("registry lint: %v", err)
 	}
 	if !rep.ManifestFound && !g.JSON {
 		if c.Registry == "" {
@@ -53,10 +49,9 @@ func (c *registryLintCmd) Run(g *Globals) error {
 	}
 	registrylint.Lint(&rep, manifest, live, mcpup.ActionEnum)
 	if c.WriteSkeleton != "" && rep.Counts[registrylint.Missing] > 0 {
-		if err := writeSkeleton(c.WriteSkeleton, &rep); err != nil {
+		if err := rep.WriteSkeleton(c.WriteSkeleton); err != nil {
 			return failed("registry lint: --write-skeleton: %v", err)
 		}
-		rep.Skeleton = c.WriteSkeleton
 	}
 	if g.JSON {
 		enc := json.NewEncoder(os.Stdout)
@@ -64,7 +59,7 @@ func (c *registryLintCmd) Run(g *Globals) error {
 		if err := enc.Encode(rep); err != nil {
 			return err
 		}
-	} else if err := printLint(os.Stdout, &rep, c.WriteSkeleton); err != nil {
+	} else if err := rep.WriteText(os.Stdout, c.WriteSkeleton != ""); err != nil {
 		return err
 	}
 	if !rep.OK {
@@ -77,7 +72,7 @@ func (c *registryLintCmd) Run(g *Globals) error {
 // check reads the flags: the server to call and the server_id whose
 // manifest it is compared with.
 func (c *registryLintCmd) check() (mcpup.Spec, string, error) {
-	spec, err := c.spec()
+	spec, err := mcpup.ParseSpecFor(c.Server, c.ServerID)
 	if err != nil {
 		return spec, "", usage("registry lint: --server: %v", err)
 	}
@@ -99,27 +94,6 @@ func (c *registryLintCmd) check() (mcpup.Spec, string, error) {
 	return spec, manifestID, nil
 }
 
-// manifest loads --registry and returns rep.ServerID's manifest (an empty
-// one when there is none), noting the digest and whether it was found.
-func (c *registryLintCmd) manifest(rep *registrylint.Report) (*schemas.Manifest, error) {
-	manifest := &schemas.Manifest{ServerID: rep.ServerID}
-	if c.Registry == "" {
-		return manifest, nil
-	}
-	reg, err := enforce.LoadRegistry(c.Registry)
-	if err != nil {
-		return nil, failed("registry lint: %v", err)
-	}
-	rep.RegistryDigest = reg.Digest()
-	for _, m := range reg.Manifests() {
-		if m.ServerID == rep.ServerID {
-			manifest, rep.ManifestFound = &m, true
-			break
-		}
-	}
-	return manifest, nil
-}
-
 // listTools connects to the server and lists its tools, noting its name
 // and version in rep.
 func (c *registryLintCmd) listTools(spec mcpup.Spec, rep *registrylint.Report) ([]*mcp.Tool, error) {
@@ -139,69 +113,4 @@ func (c *registryLintCmd) listTools(spec mcpup.Spec, rep *registrylint.Report) (
 		rep.ServerName, rep.ServerVersion = info.ServerInfo.Name, info.ServerInfo.Version
 	}
 	return live, nil
-}
-
-// spec parses --server; with --server-id, a spec that does not begin with
-// "<server_id>=" is taken as the URL or command of that server.
-func (c *registryLintCmd) spec() (mcpup.Spec, error) {
-	s, err := mcpup.ParseSpec(c.Server)
-	if err == nil || c.ServerID == "" {
-		return s, err
-	}
-	if id, _, ok := strings.Cut(c.Server, "="); ok && schemas.ValidID(strings.TrimSpace(id)) {
-		return s, err // it did name a server: the error is about the rest
-	}
-	return mcpup.ParseSpec(c.ServerID + "=" + c.Server)
-}
-
-// writeSkeleton writes the skeleton of rep's MISSING tools to path
-// (created, never overwritten).
-func writeSkeleton(path string, rep *registrylint.Report) error {
-	b, err := registrylint.Skeleton(rep.ServerID, rep.ServerVersion, rep.Findings)
-	if err != nil {
-		return err
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
-// printLint writes the human report: one line per finding, then a summary.
-func printLint(w io.Writer, rep *registrylint.Report, skeleton string) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	for _, f := range rep.Findings {
-		action := "-"
-		if f.Action != "" {
-			action = registrylint.Printable(f.Action)
-		}
-		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\n", f.Kind, rep.ServerID, registrylint.Printable(f.Tool), action, f.Detail)
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	n := rep.Counts
-	verdict := "ok"
-	if !rep.OK {
-		verdict = "FAIL"
-	}
-	server := rep.ServerName
-	if rep.ServerVersion != "" {
-		server += " " + rep.ServerVersion
-	}
-	_, err := fmt.Fprintf(w, "lint %s (%s): %d tools on the server, %d in the registry: %d missing, %d missing actions, %d stale, %d stale actions, %d without an action enum, %d advisories: %s\n",
-		rep.ServerID, strings.TrimSpace(server), rep.LiveTools, rep.RegistryTools,
-		n[registrylint.Missing], n[registrylint.MissingAction], n[registrylint.Stale], n[registrylint.StaleAction],
-		n[registrylint.NoActionEnum], n[registrylint.Advisory], verdict)
-	if err == nil && rep.Skeleton != "" {
-		_, err = fmt.Fprintf(w, "wrote a skeleton with %d tools to %s: review tool_class and trust_level before publishing\n", n[registrylint.Missing], rep.Skeleton)
-	} else if err == nil && skeleton != "" {
-		_, err = fmt.Fprintln(w, "nothing missing: no skeleton written")
-	}
-	return err
 }

@@ -141,7 +141,11 @@ func TestQuerySecretUses(t *testing.T) {
 	}
 	var res struct {
 		Pseudonym string
-		Uses      []secretUseJSON
+		Uses      []struct {
+			Time       string `json:"time"`
+			ToolCallID string `json:"tool_call_id"`
+			AgentID    string `json:"agent_id"`
+		}
 	}
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("--json output: %v\n%s", err, out)

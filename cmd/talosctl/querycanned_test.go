@@ -241,7 +241,7 @@ func TestQueryCanned(t *testing.T) {
 
 	// query list names every canned query.
 	out, code = runStdout(t, talosctl, "--json", "query", "list")
-	var list []cannedJSON
+	var list []query.Canned
 	if err := json.Unmarshal([]byte(out), &list); err != nil || code != 0 {
 		t.Fatalf("query list --json: exit %d, %v\n%s", code, err, out)
 	}

@@ -1,9 +1,11 @@
-// Package registrylint is seed 004's completeness test: it compares a
-// server's tool registry manifest with the tools that server lists over
-// MCP, and names what the registry does not classify (MISSING, a call to it
+// Package registrylint is the completeness test (CM-COMPLETE in
+// docs/REQUIREMENTS.md): it compares a server's tool registry manifest
+// with the tools that server lists over MCP, and names what the registry does not classify (MISSING, a call to it
 // is denied in prod), what it classifies that the server no longer offers
 // (STALE), and, for action-based tools, the actions on either side only.
-// It does no I/O: the caller lists the tools and writes the report.
+// It talks to no server: the caller lists the tools and passes them in;
+// report.go reads the registry, writes the skeleton file and renders the
+// report.
 package registrylint
 
 import (

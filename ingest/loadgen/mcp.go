@@ -5,12 +5,17 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/talos-audit/talos/ingest/mcpup"
 )
 
 // LatencySummary describes one sample of call latencies, in milliseconds.
@@ -155,4 +160,43 @@ func ResultDigest(r *mcp.CallToolResult) (string, error) {
 	}
 	sum := sha256.Sum256(b)
 	return fmt.Sprintf("%d bytes, sha256 %s", len(b), hex.EncodeToString(sum[:6])), nil
+}
+
+// ConnectMCP connects to the two sides of a comparison, direct first, each
+// start and handshake bounded by timeout; stdio servers' stderr goes to
+// stderr. It returns the sides connected so far also on error: close
+// their sessions (closing a stdio session ends its server; a gateway then
+// drains the post events it still holds).
+func ConnectMCP(ctx context.Context, specs [2]mcpup.Spec, timeout time.Duration, stderr io.Writer) ([2]MCPSide, error) {
+	var sides [2]MCPSide
+	for i, s := range specs {
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		cs, err := mcpup.Connect(cctx, s, &mcp.Implementation{Name: "talosctl-bench-mcp", Version: "dev"}, mcpup.WithStderr(stderr))
+		cancel()
+		if err != nil {
+			return sides, err
+		}
+		sides[i] = MCPSide{Name: s.ServerID, CS: cs}
+	}
+	return sides, nil
+}
+
+// ParseCallArgs reads a tools/call's arguments: exactly one JSON object,
+// numbers kept as written (json.Number).
+func ParseCallArgs(s string) (map[string]any, error) {
+	var args map[string]any
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.UseNumber()
+	if err := dec.Decode(&args); err != nil || args == nil || dec.More() {
+		return nil, errors.New("not one JSON object")
+	}
+	return args, nil
+}
+
+// NewMCPResult summarises a comparison of tool between the direct and via
+// specs: each side's latencies (sorted in place) and what via adds.
+func NewMCPResult(tool string, warmup int, specs [2]mcpup.Spec, direct, via []time.Duration) MCPResult {
+	added := Added(direct, via) // before Summarize sorts the rounds apart
+	return MCPResult{Tool: tool, Warmup: warmup, Direct: specs[0].String(), Via: specs[1].String(),
+		Added: added, D: Summarize(direct), V: Summarize(via)}
 }

@@ -145,3 +145,19 @@ func splitCommand(s string) ([]string, error) {
 	flush()
 	return words, nil
 }
+
+// ParseSpecFor is ParseSpec for a caller that already knows the server_id
+// (`talosctl registry lint --server-id`): s may then leave out its
+// "<server_id>=" and be the URL or command alone. A spec that does begin
+// with a valid "<server_id>=" is read as ParseSpec reads it, and its
+// error, if any, is ParseSpec's.
+func ParseSpecFor(s, serverID string) (Spec, error) {
+	spec, err := ParseSpec(s)
+	if err == nil || serverID == "" {
+		return spec, err
+	}
+	if id, _, ok := strings.Cut(s, "="); ok && schemas.ValidID(strings.TrimSpace(id)) {
+		return spec, err // it did name a server: the error is about the rest
+	}
+	return ParseSpec(serverID + "=" + s)
+}

@@ -108,3 +108,32 @@ func FuzzParseSpec(f *testing.F) {
 		}
 	})
 }
+
+func TestParseSpecFor(t *testing.T) {
+	cases := []struct {
+		name, in, id string
+		want         Spec
+		wantErr      string
+	}{
+		{name: "named spec wins", in: "fs=node x", id: "docs", want: Spec{ServerID: "fs", Command: []string{"node", "x"}}},
+		{name: "bare command takes the id", in: "node x", id: "docs", want: Spec{ServerID: "docs", Command: []string{"node", "x"}}},
+		{name: "bare URL takes the id", in: "http://h/mcp", id: "docs", want: Spec{ServerID: "docs", URL: "http://h/mcp"}},
+		{name: "URL with = in its query", in: "https://h/mcp?k=v", id: "d", want: Spec{ServerID: "d", URL: "https://h/mcp?k=v"}},
+		{name: "named spec's own error", in: `fs=node "x`, id: "docs", wantErr: "mcpup"},
+		{name: "no id to fall back on", in: "node x", wantErr: "want <server_id>="},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := ParseSpecFor(c.in, c.id)
+			if c.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+					t.Fatalf("err = %v, want %q", err, c.wantErr)
+				}
+				return
+			}
+			if err != nil || got.ServerID != c.want.ServerID || got.URL != c.want.URL || !slices.Equal(got.Command, c.want.Command) {
+				t.Fatalf("= %+v, %v; want %+v", got, err, c.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,95 @@
+package registrylint
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/schemas"
+)
+
+// LoadManifest loads the registry at rep.Registry (a manifest file or a
+// directory of *.json manifests, as enforce.LoadRegistry reads it) and
+// returns the manifest of rep.ServerID, noting the registry's digest and
+// whether the manifest was found. Without a registry, or without a
+// manifest for the server, it returns an empty manifest: every live tool
+// is then MISSING.
+func (rep *Report) LoadManifest() (*schemas.Manifest, error) {
+	manifest := &schemas.Manifest{ServerID: rep.ServerID}
+	if rep.Registry == "" {
+		return manifest, nil
+	}
+	reg, err := enforce.LoadRegistry(rep.Registry)
+	if err != nil {
+		return nil, err
+	}
+	rep.RegistryDigest = reg.Digest()
+	for _, m := range reg.Manifests() {
+		if m.ServerID == rep.ServerID {
+			manifest, rep.ManifestFound = &m, true
+			break
+		}
+	}
+	return manifest, nil
+}
+
+// WriteSkeleton writes the Skeleton of rep's MISSING tools to path, which
+// is created and never overwritten, and records path in rep.Skeleton.
+func (rep *Report) WriteSkeleton(path string) error {
+	b, err := Skeleton(rep.ServerID, rep.ServerVersion, rep.Findings)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	rep.Skeleton = path
+	return nil
+}
+
+// WriteText writes the report for a person: one line per finding (names
+// the server chose made Printable), then a summary with the verdict and
+// the skeleton written, if any. skeletonAsked says a skeleton was asked
+// for, to say when there was nothing to write.
+func (rep *Report) WriteText(w io.Writer, skeletonAsked bool) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, f := range rep.Findings {
+		action := "-"
+		if f.Action != "" {
+			action = Printable(f.Action)
+		}
+		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\n", f.Kind, rep.ServerID, Printable(f.Tool), action, f.Detail)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	n := rep.Counts
+	verdict := "ok"
+	if !rep.OK {
+		verdict = "FAIL"
+	}
+	server := rep.ServerName
+	if rep.ServerVersion != "" {
+		server += " " + rep.ServerVersion
+	}
+	_, err := fmt.Fprintf(w, "lint %s (%s): %d tools on the server, %d in the registry: %d missing, %d missing actions, %d stale, %d stale actions, %d without an action enum, %d advisories: %s\n",
+		rep.ServerID, strings.TrimSpace(server), rep.LiveTools, rep.RegistryTools,
+		n[Missing], n[MissingAction], n[Stale], n[StaleAction], n[NoActionEnum], n[Advisory], verdict)
+	if err == nil && rep.Skeleton != "" {
+		_, err = fmt.Fprintf(w, "wrote a skeleton with %d tools to %s: review tool_class and trust_level before publishing\n", n[Missing], rep.Skeleton)
+	} else if err == nil && skeletonAsked {
+		_, err = fmt.Fprintln(w, "nothing missing: no skeleton written")
+	}
+	return err
+}

@@ -1,0 +1,106 @@
+package loadgen
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/talos-audit/talos/ingest"
+)
+
+// EndToEndWait bounds WaitEndToEnd: how long ClickHouse may take to hold
+// every receipt and ToolCallEvent of a run after its last decision.
+const EndToEndWait = 2 * time.Minute
+
+// Clients makes n simulated enforcement points, ep_ids <run>-0 to
+// <run>-(n-1), spread over conns in turn; each subscribes to its decisions
+// before it is returned, so before the clock starts. It returns those made
+// so far also on error: the caller closes them.
+func Clients(conns []*nats.Conn, n int, run string) ([]*ingest.Client, error) {
+	var clients []*ingest.Client
+	for e := range n {
+		nc := conns[e%len(conns)]
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return clients, err
+		}
+		client, err := ingest.NewClient(nc, js, fmt.Sprintf("%s-%d", run, e))
+		if err != nil {
+			return clients, err
+		}
+		clients = append(clients, client)
+	}
+	return clients, nil
+}
+
+// NewMaker returns a Maker of session's calls to server's tool whose
+// envelopes are about payloadBytes long (a "path" argument under bench/),
+// each followed by its post event with post. Set Signer to sign them.
+func NewMaker(server, tool, session string, payloadBytes int, post bool) (*Maker, error) {
+	args, err := json.Marshal(map[string]any{"path": "bench/" + strings.Repeat("x", max(1, payloadBytes-700))})
+	if err != nil {
+		return nil, err
+	}
+	return &Maker{Server: server, Tool: tool, Session: session, Post: post, Args: args}, nil
+}
+
+// Run is the timed part of a bench: it sends the prepared calls to clients
+// under pace and, with ks, runs rounds kill-switch rounds at the same time
+// (each waiting at most pace.Timeout for the workers). sent, if not nil,
+// is called as soon as the last call has its decision, before the CPU is
+// sampled (talosctl bench stops its CPU profile there). It fails when a
+// kill-switch round fails or an envelope could not be built.
+func (p *Prepared) Run(clients []*ingest.Client, pace Pacing, ks *ingest.ControlClient, rounds int, sent func()) (Result, *Tally, error) {
+	var (
+		ksRes  *KillSwitchResult
+		ksErr  error
+		ksDone = make(chan struct{})
+	)
+	if ks != nil {
+		go func() {
+			defer close(ksDone)
+			ksRes, ksErr = KillSwitchRounds(ks, rounds, pace.Timeout)
+		}()
+	} else {
+		close(ksDone)
+	}
+	t := p.Send(clients, pace)
+	if sent != nil {
+		sent()
+	}
+	end := SampleCPU()
+	<-ksDone // the rounds' goroutine is done before Run returns
+	if ksErr != nil {
+		return Result{}, t, ksErr
+	}
+	if t.BuildErr != nil {
+		return Result{}, t, fmt.Errorf("building the envelopes: %w", t.BuildErr)
+	}
+	res := NewResult(len(clients), pace.Rate, p, t, end)
+	res.KillSwitch = ksRes
+	return res, t, nil
+}
+
+// WaitEndToEnd waits, at most EndToEndWait, until count reports a receipt
+// for every call of t that was decided plus one for every post event, and
+// a ToolCallEvent for every post; it then records in res how long the run
+// took end to end (from t.Start) and the events per second that makes.
+// count reads the store (ClickHouse: the caller's, as ingest never reads
+// it).
+func WaitEndToEnd(ctx context.Context, res *Result, t *Tally, count func(context.Context) (receipts, events uint64, err error)) error {
+	want := uint64(len(t.Latency)) - uint64(t.None) + uint64(res.Posts)
+	wantEvents := uint64(res.Posts)
+	n, m, ok := WaitStored(ctx, count, want, wantEvents, time.Now().Add(EndToEndWait))
+	if !ok {
+		return fmt.Errorf("only %d of %d receipts and %d of %d ToolCallEvents reached ClickHouse within 2 minutes", n, want, m, wantEvents)
+	}
+	e2e := time.Since(t.Start)
+	res.E2ESeconds = e2e.Seconds()
+	res.EventsPerSec = float64(want+wantEvents) / e2e.Seconds()
+	return nil
+}

@@ -1,0 +1,66 @@
+package query
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// TimeRange reads a time range as talosctl's --from, --to and --since
+// give it (query and export): from and to are ParseTime's forms, since a
+// start that long before now instead of from. Zero times are unbounded.
+// The errors name those flags; an empty range is one.
+func TimeRange(from, to string, since time.Duration, now time.Time) (start, end time.Time, err error) {
+	if from != "" && since != 0 {
+		return start, end, errors.New("give --from or --since, not both")
+	}
+	if since < 0 {
+		return start, end, errors.New("--since must be positive")
+	}
+	if start, err = ParseTime(from); err != nil {
+		return start, end, fmt.Errorf("--from: %v", err)
+	}
+	if end, err = ParseTime(to); err != nil {
+		return start, end, fmt.Errorf("--to: %v", err)
+	}
+	if since > 0 {
+		start = now.Add(-since)
+	}
+	if !start.IsZero() && !end.IsZero() && !start.Before(end) {
+		return start, end, errors.New("the time range is empty (--from is not before --to)")
+	}
+	return start, end, nil
+}
+
+// ParseTime reads RFC 3339 (returned in UTC) or a date (its midnight
+// UTC); "" is the zero time.
+func ParseTime(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t.UTC(), nil
+	}
+	if t, err := time.Parse(time.DateOnly, s); err == nil {
+		return t, nil
+	}
+	return time.Time{}, fmt.Errorf("%q is neither RFC 3339 (2026-06-01T12:00:00Z) nor a date (2026-06-01)", s)
+}
+
+// Unhonoured returns the filters p sets that c does not take (see
+// Canned.Filters), in the order of the Filter constants.
+func (c Canned) Unhonoured(p Params) []string {
+	given := []struct {
+		name string
+		set  bool
+	}{{FilterFrom, !p.From.IsZero()}, {FilterTo, !p.To.IsZero()}, {FilterAgent, p.Agent != ""},
+		{FilterServer, p.Server != ""}, {FilterTool, p.Tool != ""}}
+	var out []string
+	for _, f := range given {
+		if f.set && !slices.Contains(c.Filters, f.name) {
+			out = append(out, f.name)
+		}
+	}
+	return out
+}
