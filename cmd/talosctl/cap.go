@@ -12,6 +12,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -55,7 +56,7 @@ func capTime(t time.Time) string { return t.UTC().Format(schemas.TimeFormat) }
 
 // loadAgentKey reads an agent's NAME.pub and returns it in wire form and its kid.
 func loadAgentKey(flag, path string) (string, string, error) {
-	kid, pub, err := receipts.LoadPublicKey(path)
+	kid, pub, err := verify.LoadPublicKey(path)
 	if err != nil {
 		return "", "", usage("%s: %v", flag, err)
 	}
@@ -229,9 +230,9 @@ func (c *capInspectCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	issuers := receipts.KeySet{}
+	issuers := verify.KeySet{}
 	if len(c.Issuers) > 0 {
-		if issuers, err = receipts.LoadTrustedKeys(c.Issuers...); err != nil {
+		if issuers, err = verify.LoadTrustedKeys(c.Issuers...); err != nil {
 			return usage("--issuers: %v", err)
 		}
 	}

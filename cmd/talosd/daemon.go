@@ -26,6 +26,7 @@ import (
 	"github.com/talos-audit/talos/ingest/natsserver"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 )
 
 // stack is what a running daemon exposes to `talosd dev`.
@@ -58,7 +59,7 @@ type core struct {
 	reg     *enforce.Registry
 	key     *receipts.PrivateKey
 	engine  *enforce.Engine
-	signers receipts.KeySet
+	signers verify.KeySet
 }
 
 // runDaemon runs the configured roles until ctx ends. ready, if set, runs

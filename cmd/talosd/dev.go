@@ -24,7 +24,7 @@ import (
 	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/query/chserver"
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -331,7 +331,7 @@ func demoVerify(ctx context.Context, f *Flags, want int) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	keys, err := receipts.LoadTrustedKeys(f.TrustedKeys...)
+	keys, err := verify.LoadTrustedKeys(f.TrustedKeys...)
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/query/web"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 )
 
 // webTokenFile is the dashboard token file: --web-token-file, or
@@ -56,14 +57,14 @@ func startWeb(ctx context.Context, f *Flags, log *slog.Logger, key *receipts.Pri
 	if !web.ValidToken(token) {
 		return nil, usagef("--web-token / TALOS_WEB_TOKEN / %s: %v", f.webTokenFile(), web.ErrBadToken)
 	}
-	keys := receipts.KeySet{}
+	keys := verify.KeySet{}
 	switch {
 	case key != nil:
 		if keys, err = trustedSigners(f, key); err != nil {
 			return nil, err
 		}
 	case len(f.TrustedKeys) > 0:
-		if keys, err = receipts.LoadTrustedKeys(f.TrustedKeys...); err != nil {
+		if keys, err = verify.LoadTrustedKeys(f.TrustedKeys...); err != nil {
 			return nil, fmt.Errorf("trusted keys: %w", err)
 		}
 	default:
