@@ -15,8 +15,9 @@ import (
 
 	lru "github.com/hashicorp/golang-lru/v2"
 
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // CapabilityConfig configures an Authorizer. The zero value trusts no
@@ -24,7 +25,7 @@ import (
 type CapabilityConfig struct {
 	// Issuers are the trusted issuer keys (kid -> key); empty trusts no
 	// issuer, so every capability is SIGNATURE_INVALID.
-	Issuers receipts.KeySet
+	Issuers verify.KeySet
 	// Skew widens every link's [issued_at, expires_at] on both sides.
 	// 0 means DefaultCapabilitySkew (CP-PA1: 60 s).
 	Skew time.Duration
@@ -57,7 +58,7 @@ const (
 // only immutable configuration and caches of verified signatures and
 // verified chains, so it is safe for concurrent use.
 type Authorizer struct {
-	issuers receipts.KeySet
+	issuers verify.KeySet
 	skew    time.Duration
 	// verified holds objectHash+"\x00"+publicKey for every signature that
 	// verified (an object hash covers the signature, so a hit means this
@@ -77,7 +78,7 @@ type chainKey struct {
 }
 
 // NewAuthorizer checks cfg and returns an Authorizer. Every issuer kid must
-// be the key's receipts.KeyID.
+// be the key's verify.KeyID.
 func NewAuthorizer(cfg CapabilityConfig) (*Authorizer, error) {
 	if cfg.Skew < 0 {
 		return nil, errors.New("enforce: capability skew is negative")
@@ -97,13 +98,13 @@ func NewAuthorizer(cfg CapabilityConfig) (*Authorizer, error) {
 	if cfg.ChainCache == 0 {
 		cfg.ChainCache = DefaultChainCache
 	}
-	issuers := make(receipts.KeySet, len(cfg.Issuers))
+	issuers := make(verify.KeySet, len(cfg.Issuers))
 	for kid, pub := range cfg.Issuers {
 		if len(pub) != ed25519.PublicKeySize {
 			return nil, fmt.Errorf("enforce: issuer key %s is not an Ed25519 public key", kid)
 		}
-		if receipts.KeyID(pub) != kid {
-			return nil, fmt.Errorf("enforce: issuer key listed as %s has kid %s", kid, receipts.KeyID(pub))
+		if verify.KeyID(pub) != kid {
+			return nil, fmt.Errorf("enforce: issuer key listed as %s has kid %s", kid, verify.KeyID(pub))
 		}
 		issuers[kid] = bytes.Clone(pub)
 	}
@@ -160,7 +161,7 @@ type AuthRequest struct {
 	// well-formed sender signature by the holder's key, to the caller:
 	// Authorize returns it in AuthResult.Sender instead of running it, so
 	// that a caller holding many results can verify their signatures
-	// together (receipts.VerifyAll) and report each outcome with
+	// together (verify.VerifyAll) and report each outcome with
 	// AuthResult.SenderVerified.
 	DeferSender bool
 	// AgentID is the envelope's actor.agent_id ("" if none).
@@ -197,9 +198,9 @@ type AuthResult struct {
 	// verify (no signature, a malformed one, one by another key, or no
 	// holder key); Codes then already say so. While it is set the result
 	// is incomplete and OK reports false; the caller MUST verify it
-	// (receipts.Verify or receipts.VerifyAll) and pass the outcome to
+	// (verify.Verify or verify.VerifyAll) and pass the outcome to
 	// SenderVerified. Its byte slices MUST NOT be modified.
-	Sender *receipts.SigCheck
+	Sender *verify.SigCheck
 }
 
 // OK reports whether the result authorizes: no failure, and no sender
@@ -329,7 +330,7 @@ type verifiedChain struct {
 	ids       []string
 	holder    string
 	holderPub ed25519.PublicKey // nil if the holder's key is malformed
-	holderKID string            // receipts.KeyID(holderPub)
+	holderKID string            // verify.KeyID(holderPub)
 	readOnly  bool
 	scopes    []Scope // the last link's scopes that parse
 	leaf      int     // the last link's index
@@ -473,7 +474,7 @@ func sameBytes(chain any, raw []byte) bool {
 
 // canonicalOf reports whether raw's RFC 8785 form is canon.
 func canonicalOf(raw, canon []byte) bool {
-	c, err := receipts.Canonicalize(raw)
+	c, err := jsonkit.Canonicalize(raw)
 	return err == nil && bytes.Equal(c, canon)
 }
 
@@ -520,7 +521,7 @@ func scopesCover(scopes []Scope, server, tool, method, resource string, hasResou
 // checkSender checks the envelope's sender_signature: by the holder's key,
 // over EnvelopeSignedFields rebuilt from the request. With r.DeferSender
 // it returns the final signature verification instead of running it.
-func (a *Authorizer) checkSender(f *findings, r *AuthRequest, vc *verifiedChain) *receipts.SigCheck {
+func (a *Authorizer) checkSender(f *findings, r *AuthRequest, vc *verifiedChain) *verify.SigCheck {
 	if r.SenderSignature == nil {
 		f.add(schemas.CodeSignatureInvalid, "sender_signature: missing")
 		return nil
@@ -551,10 +552,10 @@ func (a *Authorizer) checkSender(f *findings, r *AuthRequest, vc *verifiedChain)
 	sum := envelopeDigest(&fields)
 	if r.DeferSender {
 		p := &pendingSender{sum: sum, sig: sig}
-		p.check = receipts.SigCheck{Pub: vc.holderPub, Message: p.sum[:], Sig: p.sig[:]}
+		p.check = verify.SigCheck{Pub: vc.holderPub, Message: p.sum[:], Sig: p.sig[:]}
 		return &p.check
 	}
-	if !receipts.Verify(vc.holderPub, sum[:], sig[:]) {
+	if !verify.Verify(vc.holderPub, sum[:], sig[:]) {
 		f.add(schemas.CodeSignatureInvalid, detailSenderMismatch)
 	}
 	return nil
@@ -563,7 +564,7 @@ func (a *Authorizer) checkSender(f *findings, r *AuthRequest, vc *verifiedChain)
 // pendingSender holds a deferred sender check and the bytes it points
 // into, in one allocation.
 type pendingSender struct {
-	check receipts.SigCheck
+	check verify.SigCheck
 	sum   [sha256.Size]byte
 	sig   [ed25519.SignatureSize]byte
 }
@@ -645,7 +646,7 @@ func chainTree(chain any) (map[string]any, []byte, error) {
 	var raw []byte
 	switch c := chain.(type) {
 	case map[string]any:
-		b, err := receipts.CanonicalTree(c)
+		b, err := jsonkit.CanonicalTree(c)
 		if err != nil {
 			return nil, nil, errNotCanonical
 		}
@@ -660,7 +661,7 @@ func chainTree(chain any) (map[string]any, []byte, error) {
 		if c == nil {
 			return nil, nil, errors.New("not a capability chain object")
 		}
-		b, err := receipts.MarshalCanonical(c)
+		b, err := jsonkit.MarshalCanonical(c)
 		if err != nil {
 			return nil, nil, errNotCanonical
 		}
@@ -668,7 +669,7 @@ func chainTree(chain any) (map[string]any, []byte, error) {
 	default:
 		return nil, nil, errors.New("not a capability chain object")
 	}
-	canon, err := receipts.Canonicalize(raw) // rejects duplicate keys
+	canon, err := jsonkit.Canonicalize(raw) // rejects duplicate keys
 	if err != nil {
 		return nil, nil, errNotCanonical
 	}
@@ -832,7 +833,7 @@ func (a *Authorizer) checkDelegation(l *chainLink, link int, d *schemas.Delegati
 		addFinding(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: signature is malformed", link))
 	case keyErr != nil:
 		addFinding(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: the parent's holder public key is malformed", link))
-	case sig.kid != receipts.KeyID(holderPub):
+	case sig.kid != verify.KeyID(holderPub):
 		addFinding(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: not signed by the parent's holder key", link))
 	case !a.verifyObject(tree, hash, holderPub, sig.sig):
 		addFinding(&l.static, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: delegator signature does not verify", link))
@@ -884,7 +885,7 @@ func (vc *verifiedChain) setLeaf(c *schemas.CapabilityChain) {
 		}
 	}
 	if pub, err := ParsePublicKeyString(c.HolderPublicKey()); err == nil {
-		vc.holderPub, vc.holderKID = pub, receipts.KeyID(pub)
+		vc.holderPub, vc.holderKID = pub, verify.KeyID(pub)
 	} else {
 		addFinding(&vc.post, schemas.CodeSignatureInvalid, fmt.Sprintf("link %d: the holder public key is malformed", vc.leaf))
 	}
@@ -940,12 +941,12 @@ func (a *Authorizer) verifyObject(obj map[string]any, hash string, pub ed25519.P
 			unsigned[k] = v
 		}
 	}
-	pre, err := receipts.CanonicalTree(unsigned)
+	pre, err := jsonkit.CanonicalTree(unsigned)
 	if err != nil {
 		return false
 	}
 	digest := sha256.Sum256(pre)
-	if !receipts.Verify(pub, digest[:], sig) {
+	if !verify.Verify(pub, digest[:], sig) {
 		return false
 	}
 	a.verified.Add(key, struct{}{})

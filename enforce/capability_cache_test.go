@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -202,7 +202,7 @@ func TestChainCacheInputForms(t *testing.T) {
 // TestChainCacheBounded: the chain cache keeps at most ChainCache entries
 // and still verifies every chain when they do not fit.
 func TestChainCacheBounded(t *testing.T) {
-	ks := receipts.KeySet{}
+	ks := verify.KeySet{}
 	ks.Add(capKey(t, 0).Public())
 	a, err := NewAuthorizer(CapabilityConfig{Issuers: ks, ChainCache: 2})
 	if err != nil {
@@ -268,7 +268,7 @@ func TestAuthorizeDeferSender(t *testing.T) {
 					if got.OK() {
 						t.Fatalf("%s: OK with a sender signature left to verify", cached)
 					}
-					got.SenderVerified(receipts.Verify(got.Sender.Pub, got.Sender.Message, got.Sender.Sig))
+					got.SenderVerified(verify.Verify(got.Sender.Pub, got.Sender.Message, got.Sender.Sig))
 				}
 				capSameResult(t, cached, got, want)
 				got.SenderVerified(false) // nothing pending: no effect
@@ -279,7 +279,7 @@ func TestAuthorizeDeferSender(t *testing.T) {
 }
 
 // TestAuthorizeDeferSenderBatch: results verified together with
-// receipts.VerifyAll, from several goroutines sharing one Authorizer,
+// verify.VerifyAll, from several goroutines sharing one Authorizer,
 // equal the immediate ones.
 func TestAuthorizeDeferSenderBatch(t *testing.T) {
 	a := capAuthorizer(t)
@@ -300,12 +300,12 @@ func TestAuthorizeDeferSenderBatch(t *testing.T) {
 		wg.Go(func() {
 			for range 5 {
 				res := make([]AuthResult, len(reqs))
-				checks := make([]receipts.SigCheck, len(reqs))
+				checks := make([]verify.SigCheck, len(reqs))
 				for i, r := range reqs {
 					res[i] = a.Authorize(r)
 					checks[i] = *res[i].Sender
 				}
-				for i, ok := range receipts.VerifyAll(checks) {
+				for i, ok := range verify.VerifyAll(checks) {
 					res[i].SenderVerified(ok)
 					if !reflect.DeepEqual(res[i], wants[i]) {
 						errs <- "batched result differs from the immediate one"
@@ -328,7 +328,7 @@ func TestAuthorizeDeferSenderBatch(t *testing.T) {
 // TestSenderVerifiedOrder: a failed sender verification takes
 // SIGNATURE_INVALID's place among the codes and adds its detail last.
 func TestSenderVerifiedOrder(t *testing.T) {
-	pending := &receipts.SigCheck{}
+	pending := &verify.SigCheck{}
 	r := AuthResult{Codes: []string{schemas.CodeExpired, schemas.CodeScopeMismatch}, Details: []string{"a", "b"}, Sender: pending}
 	r.SenderVerified(false)
 	if want := []string{schemas.CodeSignatureInvalid, schemas.CodeExpired, schemas.CodeScopeMismatch}; !slices.Equal(r.Codes, want) {

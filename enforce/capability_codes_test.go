@@ -10,8 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // TestAuthorizeCodes: each check yields its code, alone when it is the
@@ -186,8 +187,8 @@ func TestAuthorizeNoIssuers(t *testing.T) {
 func TestNewAuthorizerConfig(t *testing.T) {
 	pub := capKey(t, 0).Public()
 	for name, cfg := range map[string]CapabilityConfig{
-		"kid mismatch": {Issuers: receipts.KeySet{"0000000000000000": pub}},
-		"short key":    {Issuers: receipts.KeySet{"x": pub[:10]}},
+		"kid mismatch": {Issuers: verify.KeySet{"0000000000000000": pub}},
+		"short key":    {Issuers: verify.KeySet{"x": pub[:10]}},
 		"skew":         {Skew: -time.Second},
 		"cache":        {VerifyCache: -1},
 	} {
@@ -196,7 +197,7 @@ func TestNewAuthorizerConfig(t *testing.T) {
 		}
 	}
 	// A smaller skew is honoured.
-	ks := receipts.KeySet{}
+	ks := verify.KeySet{}
 	ks.Add(pub)
 	a, err := NewAuthorizer(CapabilityConfig{Issuers: ks, Skew: 5 * time.Second})
 	if err != nil {
@@ -210,7 +211,7 @@ func TestNewAuthorizerConfig(t *testing.T) {
 	r.Now = exp.Add(6 * time.Second)
 	capWantCodes(t, a.Authorize(r), schemas.CodeExpired)
 	// The issuer set is copied: changing the caller's map later changes nothing.
-	delete(ks, receipts.KeyID(pub))
+	delete(ks, verify.KeyID(pub))
 	r.Now = capNow
 	capWantCodes(t, a.Authorize(r))
 }
@@ -290,7 +291,7 @@ func TestChainHashIsTreeHash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := receipts.CanonicalTree(capTree(t, chain))
+	b, err := jsonkit.CanonicalTree(capTree(t, chain))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,8 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // FuzzCapabilityChain: starting from a valid chain of three delegations,
@@ -29,7 +30,7 @@ func FuzzCapabilityChain(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	origCanon, err := receipts.Canonicalize(orig)
+	origCanon, err := jsonkit.Canonicalize(orig)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -76,7 +77,7 @@ func FuzzCapabilityChain(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, data []byte, link, field uint8, val string) {
 		var chainArg any = json.RawMessage(data)
-		canon, cerr := receipts.Canonicalize(data)
+		canon, cerr := jsonkit.Canonicalize(data)
 		if field > 0 && cerr == nil {
 			var tree map[string]any
 			d := json.NewDecoder(bytes.NewReader(canon))
@@ -84,7 +85,7 @@ func FuzzCapabilityChain(f *testing.F) {
 			if d.Decode(&tree) == nil && tree != nil {
 				setLinkMember(tree, int(link%4), int(field-1), val)
 				chainArg = tree
-				canon, cerr = receipts.CanonicalTree(tree)
+				canon, cerr = jsonkit.CanonicalTree(tree)
 			}
 		}
 		r := &AuthRequest{
@@ -116,7 +117,7 @@ func FuzzCapabilityChain(f *testing.F) {
 			rr.DeferSender = deferSender
 			got := a.Authorize(&rr)
 			if got.Sender != nil {
-				got.SenderVerified(receipts.Verify(got.Sender.Pub, got.Sender.Message, got.Sender.Sig))
+				got.SenderVerified(verify.Verify(got.Sender.Pub, got.Sender.Message, got.Sender.Sig))
 			}
 			capSameResult(t, "with ChainRaw", got, want)
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -155,7 +156,7 @@ func capTree(t testing.TB, v any) map[string]any {
 
 func capAuthorizer(t testing.TB) *Authorizer {
 	t.Helper()
-	ks := receipts.KeySet{}
+	ks := verify.KeySet{}
 	ks.Add(capKey(t, 0).Public())
 	a, err := NewAuthorizer(CapabilityConfig{Issuers: ks})
 	if err != nil {

@@ -8,8 +8,9 @@ import (
 	"slices"
 	"time"
 
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // ChainLink is one link of a capability chain as a person reads it:
@@ -56,7 +57,7 @@ func (in *Inspection) Valid() bool { return len(in.Result.Codes) == 0 }
 // link's scopes cover that call.
 func (a *Authorizer) InspectChain(raw []byte, now time.Time, revoked func(string) bool, q *ScopeQuery) Inspection {
 	in := Inspection{Result: a.VerifyChain(json.RawMessage(raw), now, revoked)}
-	if canon, err := receipts.Canonicalize(raw); err == nil {
+	if canon, err := jsonkit.Canonicalize(raw); err == nil {
 		sum := sha256.Sum256(canon)
 		in.Hash = hex.EncodeToString(sum[:])
 	}
@@ -87,7 +88,7 @@ func (a *Authorizer) InspectChain(raw []byte, now time.Time, revoked func(string
 func DescribeChain(c *schemas.CapabilityChain, now time.Time) []ChainLink {
 	kidOf := func(s string) string {
 		if pub, err := ParsePublicKeyString(s); err == nil {
-			return receipts.KeyID(pub)
+			return verify.KeyID(pub)
 		}
 		return "(malformed key)"
 	}

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // Signing of capabilities, delegations and envelope sender signatures.
@@ -46,14 +48,14 @@ func signDigest(key *receipts.PrivateKey, sum [32]byte) (*schemas.Signature, err
 	}
 	return &schemas.Signature{
 		Alg: schemas.SignatureAlg,
-		KID: receipts.KeyID(key.Public()),
+		KID: verify.KeyID(key.Public()),
 		Sig: base64.RawURLEncoding.EncodeToString(receipts.Sign(key.Key, sum[:])),
 	}, nil
 }
 
 // canonicalSum is sha256(JCS(v)).
 func canonicalSum(v any) ([32]byte, error) {
-	b, err := receipts.MarshalCanonical(v)
+	b, err := jsonkit.MarshalCanonical(v)
 	if err != nil {
 		return [32]byte{}, fmt.Errorf("enforce: canonical: %w", err)
 	}
@@ -269,9 +271,9 @@ func CapabilityObjectHash(v any) (string, error) {
 	)
 	switch v.(type) {
 	case map[string]any:
-		b, err = receipts.CanonicalTree(v)
+		b, err = jsonkit.CanonicalTree(v)
 	case schemas.Capability, *schemas.Capability, schemas.Delegation, *schemas.Delegation:
-		b, err = receipts.MarshalCanonical(v)
+		b, err = jsonkit.MarshalCanonical(v)
 	default:
 		return "", fmt.Errorf("enforce: capability object hash: unsupported %T", v)
 	}
@@ -289,7 +291,7 @@ func ChainHash(c *schemas.CapabilityChain) (string, error) {
 	if c == nil {
 		return "", errors.New("enforce: chain hash: no chain")
 	}
-	b, err := receipts.MarshalCanonical(c)
+	b, err := jsonkit.MarshalCanonical(c)
 	if err != nil {
 		return "", fmt.Errorf("enforce: chain hash: %w", err)
 	}
@@ -317,28 +319,28 @@ func SignEnvelope(holder *receipts.PrivateKey, f schemas.EnvelopeSignedFields) (
 func envelopeDigest(f *schemas.EnvelopeSignedFields) [sha256.Size]byte {
 	var buf [512]byte
 	b := append(buf[:0], `{"capability_hash":`...)
-	b = receipts.AppendString(b, f.CapabilityHash)
+	b = jsonkit.AppendString(b, f.CapabilityHash)
 	b = append(b, `,"correlation_id":`...)
-	b = receipts.AppendString(b, f.CorrelationID)
+	b = jsonkit.AppendString(b, f.CorrelationID)
 	b = append(b, `,"method":`...)
-	b = receipts.AppendString(b, f.Method)
+	b = jsonkit.AppendString(b, f.Method)
 	b = append(b, `,"request_hash":`...)
-	b = receipts.AppendString(b, f.RequestHash)
+	b = jsonkit.AppendString(b, f.RequestHash)
 	b = append(b, `,"session_id":`...)
-	b = receipts.AppendString(b, f.SessionID)
+	b = jsonkit.AppendString(b, f.SessionID)
 	b = append(b, `,"timestamp":`...)
-	b = receipts.AppendString(b, f.Timestamp)
+	b = jsonkit.AppendString(b, f.Timestamp)
 	b = append(b, `,"tool":`...)
-	b = receipts.AppendString(b, f.Tool)
+	b = jsonkit.AppendString(b, f.Tool)
 	b = append(b, `,"type":`...)
-	b = receipts.AppendString(b, f.Type)
+	b = jsonkit.AppendString(b, f.Type)
 	b = append(b, '}')
 	return sha256.Sum256(b)
 }
 
 // validateChain checks a chain against capability.schema.json.
 func validateChain(c *schemas.CapabilityChain) error {
-	b, err := receipts.MarshalCanonical(c)
+	b, err := jsonkit.MarshalCanonical(c)
 	if err != nil {
 		return err
 	}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -239,7 +239,7 @@ func (d *Decider) DecideCall(subject string, raw []byte, now time.Time) (*Decide
 		return nil, err
 	}
 	if s := p.Signature(); s != nil {
-		p.Verified(receipts.Verify(s.Pub, s.Message, s.Sig))
+		p.Verified(verify.Verify(s.Pub, s.Message, s.Sig))
 	}
 	for {
 		if ops := p.Ops(); len(ops) > 0 {
@@ -275,7 +275,7 @@ type Pending struct {
 	checked          bool // engine checks passed VAL-HTC-001: the other checks ran
 	o                Outcome
 
-	sender   *receipts.SigCheck
+	sender   *verify.SigCheck
 	opsReady bool
 	ops      []*LedgerOp // to run before the next Resume
 	claim    *LedgerOp   // OpClaimCall (pre) or OpLookupCall (post)
@@ -296,7 +296,7 @@ func (p *Pending) event(r *schemas.Receipt) *schemas.ToolCallEvent {
 
 // Signature is the sender signature the call still needs verified, or nil.
 // Call Verified with the outcome before Ops and Resume.
-func (p *Pending) Signature() *receipts.SigCheck { return p.sender }
+func (p *Pending) Signature() *verify.SigCheck { return p.sender }
 
 // Verified records the outcome of verifying Signature.
 func (p *Pending) Verified(ok bool) {

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/talos-audit/talos/schemas"
-	"github.com/talos-audit/talos/schemas/jsonpointer"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // Discovery at an enforcement point (CSP MUST 3; CM-SUBAGENT, CM-EGRESS,
@@ -141,7 +141,7 @@ func (d *Discovery) CheckCall(v Viewer, server, name string, args json.RawMessag
 	}
 	var doc any
 	_ = json.Unmarshal(args, &doc)
-	val, _ := jsonpointer.Resolve(doc, vis.Tool.ActionPointer)
+	val, _ := jsonkit.ResolvePointer(doc, vis.Tool.ActionPointer)
 	action, _ := val.(string)
 	if !slices.Contains(vis.Actions, action) {
 		return []string{schemas.CodeToolHidden, schemas.CodeToolClassMismatch},

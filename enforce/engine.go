@@ -12,9 +12,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/gowebpki/jcs"
-	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
-	"github.com/talos-audit/talos/schemas/jsonpointer"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // Mode says what happens to a tool the registry does not classify.
@@ -153,7 +152,7 @@ func hashHex(b []byte) string {
 // built; a ParsedCall built by hand, without a tree, is hashed from bytes.
 func memberHash(pc *schemas.ParsedCall, key string) (string, error) {
 	if v, ok := pc.Doc[key]; ok {
-		b, err := receipts.CanonicalTree(v)
+		b, err := jsonkit.CanonicalTree(v)
 		if err != nil {
 			return "", err
 		}
@@ -411,7 +410,7 @@ func failedCall(pc *schemas.ParsedCall, hasResult bool) bool {
 // content under root. where names root in details ("request.arguments").
 func (e *Engine) documents(v *verdict, root any, where string, pointers []string, encoding string, maxItem int64, maxName string, maxBatch int64) {
 	for _, p := range pointers {
-		val, found := jsonpointer.Resolve(root, p)
+		val, found := jsonkit.ResolvePointer(root, p)
 		if !found {
 			v.add(schemas.CodeDocContentPointerInvalid, where+p+": does not resolve")
 			continue

@@ -6,9 +6,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
-	"github.com/talos-audit/talos/schemas/jsonpointer"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // Flight recorder (UTS FR-EVT-007): the ToolCallEvent of a call,
@@ -113,7 +112,7 @@ func (d *Decider) redactPayload(ev *schemas.ToolCallEvent, v any, base string) (
 		ev.Flags = appendFlag(ev.Flags, FlagRedactionFailed)
 		return nil, nil
 	}
-	b, err := receipts.CanonicalTree(red)
+	b, err := jsonkit.CanonicalTree(red)
 	if err != nil {
 		ev.Flags = appendFlag(ev.Flags, FlagRedactionFailed)
 		return nil, nil
@@ -200,7 +199,7 @@ func resources(tool *schemas.Tool, args any) *schemas.ResourcesTouched {
 	}
 	rt := &schemas.ResourcesTouched{}
 	for _, p := range tool.PathPointers {
-		if v, ok := jsonpointer.Resolve(args, p); ok {
+		if v, ok := jsonkit.ResolvePointer(args, p); ok {
 			if s, ok := v.(string); ok && s != "" {
 				rt.Files = append(rt.Files, s)
 			}

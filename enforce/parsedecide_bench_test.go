@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // benchEnvelopeBytes is the size the benchmark envelope is padded to.
@@ -25,7 +25,7 @@ const benchEnvelopeBytes = 2048
 func benchEnvelope2KB(t testing.TB, e *Engine) []byte {
 	t.Helper()
 	chain := capChain(t, 0)
-	canonChain, err := receipts.MarshalCanonical(chain)
+	canonChain, err := jsonkit.MarshalCanonical(chain)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func benchEnvelope2KB(t testing.TB, e *Engine) []byte {
 		call.Request = schemas.Request{Name: call.ToolName, Arguments: args}
 		sum := sha256.Sum256([]byte(content))
 		call.ExpectedDocumentHashes = []schemas.ExpectedHash{{Pointer: "/content", Hash: hex.EncodeToString(sum[:])}}
-		req, err := receipts.MarshalCanonical(call.Request)
+		req, err := jsonkit.MarshalCanonical(call.Request)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,7 +15,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 
 	"github.com/talos-audit/talos/schemas"
-	"github.com/talos-audit/talos/schemas/jsonpointer"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // DefaultMaxArgsBytes is the size limit of request.arguments for tools
@@ -197,7 +197,7 @@ func (p *Preflight) Check(serverID string, tool *schemas.Tool, args any, argsLen
 		}
 	}
 	for _, ptr := range tool.PathPointers {
-		v, ok := jsonpointer.Resolve(args, ptr)
+		v, ok := jsonkit.ResolvePointer(args, ptr)
 		if !ok || v == nil {
 			continue
 		}
@@ -307,7 +307,7 @@ func (is *inputSchema) classify(args any, e *jsonschema.ValidationError, unknown
 // safeKey is k if the schema declares it as a property name, else "*".
 func (is *inputSchema) safeKey(k string) string {
 	if is.names[k] {
-		return jsonpointer.Escape(k)
+		return jsonkit.EscapeToken(k)
 	}
 	return "*"
 }
@@ -366,7 +366,7 @@ func (b *shapeBuilder) collectAnchors(v any, ptr string, embedded bool) {
 			}
 		}
 		for k, x := range v {
-			b.collectAnchors(x, ptr+"/"+jsonpointer.Escape(k), embedded)
+			b.collectAnchors(x, ptr+"/"+jsonkit.EscapeToken(k), embedded)
 		}
 	case []any:
 		for i, x := range v {
@@ -420,7 +420,7 @@ func (b *shapeBuilder) build(node any, embedded bool, ptr string) *shape {
 	}
 	if ds, ok := obj["dependentSchemas"].(map[string]any); ok {
 		for k, v := range ds {
-			s.subs = append(s.subs, b.build(v, embedded, ptr+"/dependentSchemas/"+jsonpointer.Escape(k)))
+			s.subs = append(s.subs, b.build(v, embedded, ptr+"/dependentSchemas/"+jsonkit.EscapeToken(k)))
 		}
 	}
 	return s
@@ -428,13 +428,13 @@ func (b *shapeBuilder) build(node any, embedded bool, ptr string) *shape {
 
 // child builds the subschema v of keyword key of the node at ptr.
 func (b *shapeBuilder) child(embedded bool, ptr, key string, v any) *shape {
-	return b.build(v, embedded, ptr+"/"+jsonpointer.Escape(key))
+	return b.build(v, embedded, ptr+"/"+jsonkit.EscapeToken(key))
 }
 
 // childAt builds the subschema v at index i of keyword key of the node at
 // ptr.
 func (b *shapeBuilder) childAt(embedded bool, ptr, key string, i int, v any) *shape {
-	return b.build(v, embedded, ptr+"/"+jsonpointer.Escape(key)+"/"+strconv.Itoa(i))
+	return b.build(v, embedded, ptr+"/"+jsonkit.EscapeToken(key)+"/"+strconv.Itoa(i))
 }
 
 // objectKeywords builds into s the members node obj (at ptr) declares:
@@ -445,7 +445,7 @@ func (b *shapeBuilder) objectKeywords(s *shape, obj map[string]any, embedded boo
 		s.hasProps = true
 		s.props = make(map[string]*shape, len(props))
 		for k, v := range props {
-			s.props[k] = b.build(v, embedded, ptr+"/properties/"+jsonpointer.Escape(k))
+			s.props[k] = b.build(v, embedded, ptr+"/properties/"+jsonkit.EscapeToken(k))
 		}
 	}
 	if pats, ok := obj["patternProperties"].(map[string]any); ok {
@@ -455,7 +455,7 @@ func (b *shapeBuilder) objectKeywords(s *shape, obj map[string]any, embedded boo
 				s.opaque = true // the compiler accepted it; be lenient here
 				continue
 			}
-			s.patterns = append(s.patterns, patternShape{re, b.build(v, embedded, ptr+"/patternProperties/"+jsonpointer.Escape(pat))})
+			s.patterns = append(s.patterns, patternShape{re, b.build(v, embedded, ptr+"/patternProperties/"+jsonkit.EscapeToken(pat))})
 		}
 	}
 	for _, kw := range []string{"additionalProperties", "unevaluatedProperties"} {
@@ -517,7 +517,7 @@ func (b *shapeBuilder) resolveRef(ref string, embedded bool) *shape {
 	if embedded {
 		return nil
 	}
-	target, ok := jsonpointer.Resolve(b.root, frag)
+	target, ok := jsonkit.ResolvePointer(b.root, frag)
 	if !ok {
 		return nil
 	}

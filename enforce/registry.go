@@ -12,7 +12,7 @@ import (
 
 	"github.com/gowebpki/jcs"
 	"github.com/talos-audit/talos/schemas"
-	"github.com/talos-audit/talos/schemas/jsonpointer"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // Registry is a validated registry bundle: one manifest per server, looked
@@ -233,7 +233,7 @@ func (r *Registry) Classify(serverID, toolName string, args any) Classification 
 	c.Class = t.ToolClass
 	if t.ActionPointer != "" {
 		c.Class = ""
-		if v, found := jsonpointer.Resolve(args, t.ActionPointer); found {
+		if v, found := jsonkit.ResolvePointer(args, t.ActionPointer); found {
 			c.Action, _ = v.(string)
 		}
 		for i := range t.Actions {
@@ -247,7 +247,7 @@ func (r *Registry) Classify(serverID, toolName string, args any) Classification 
 		}
 	}
 	if t.ResourcePointer != "" {
-		if v, found := jsonpointer.Resolve(args, t.ResourcePointer); found {
+		if v, found := jsonkit.ResolvePointer(args, t.ResourcePointer); found {
 			c.Resource, c.HasResource = v.(string)
 		}
 	}

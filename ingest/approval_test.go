@@ -18,6 +18,7 @@ import (
 	"github.com/talos-audit/talos/enforce/redact"
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -37,7 +38,7 @@ type approvalPlane struct {
 	client *ingest.Client
 	ctl    *ingest.ControlClient
 	fol    *ingest.ControlFollower
-	keys   receipts.KeySet
+	keys   verify.KeySet
 }
 
 func newApprovalPlane(t *testing.T) *approvalPlane {
@@ -69,13 +70,13 @@ func newApprovalPlane(t *testing.T) *approvalPlane {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys := receipts.KeySet{}
+	keys := verify.KeySet{}
 	keys.Add(key.Public())
 	responder, err := receipts.GenerateKey()
 	if err != nil {
 		t.Fatal(err)
 	}
-	responders := receipts.KeySet{}
+	responders := verify.KeySet{}
 	responders.Add(responder.Public())
 
 	ledger, err := ingest.NewLedger(ctx, js, ingest.LedgerOptions{})
@@ -199,7 +200,7 @@ func TestApprovalThroughControlPlane(t *testing.T) {
 	if d.Decision != schemas.DecisionRequireApproval || !slices.Equal(d.ReasonCodes, []string{schemas.CodeApprovalRequired}) || d.ReceiptID == "" {
 		t.Fatalf("community call: %s %v receipt %q", d.Decision, d.ReasonCodes, d.ReceiptID)
 	}
-	if _, err := receipts.VerifyEvent(d.Receipt, p.keys); err != nil {
+	if _, err := verify.VerifyEvent(d.Receipt, p.keys); err != nil {
 		t.Fatalf("require_approval receipt does not verify: %v", err)
 	}
 
@@ -224,7 +225,7 @@ func TestApprovalThroughControlPlane(t *testing.T) {
 	}
 	select {
 	case m := <-events:
-		ev, err := receipts.VerifyEvent(m.Data, p.keys)
+		ev, err := verify.VerifyEvent(m.Data, p.keys)
 		if err != nil {
 			t.Fatalf("approve event does not verify: %v", err)
 		}
@@ -272,7 +273,7 @@ func TestApprovalThroughControlPlane(t *testing.T) {
 	}
 	select {
 	case m := <-events:
-		ev, err := receipts.VerifyEvent(m.Data, p.keys)
+		ev, err := verify.VerifyEvent(m.Data, p.keys)
 		if err != nil || m.Subject != schemas.ControlSubject(schemas.VerbReject) || ev.Data.Control == nil ||
 			ev.Data.Control.Target != other.ToolCallID || ev.Data.Control.Reason != "asks for secrets" {
 			t.Fatalf("reject event on %s: %v", m.Subject, err)

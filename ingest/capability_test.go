@@ -18,7 +18,9 @@ import (
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // capFixture issues capabilities for the capability pipeline tests: one
@@ -68,7 +70,7 @@ func (f *capFixture) root(t *testing.T, signer *receipts.PrivateKey, scopes []st
 func capStack(t *testing.T, f *capFixture) *stack {
 	t.Helper()
 	return newStack(t, stackOptions{configure: func(t *testing.T, js jetstream.JetStream, o *enforce.DeciderOptions) {
-		issuers := receipts.KeySet{}
+		issuers := verify.KeySet{}
 		issuers.Add(f.issuer.Public())
 		a, err := enforce.NewAuthorizer(enforce.CapabilityConfig{Issuers: issuers})
 		if err != nil {
@@ -247,7 +249,7 @@ func TestCapabilityDenialsThroughPipeline(t *testing.T) {
 func resignDelegation(t *testing.T, holder *receipts.PrivateKey, d schemas.Delegation) schemas.Delegation {
 	t.Helper()
 	d.Signature = nil
-	b, err := receipts.MarshalCanonical(d)
+	b, err := jsonkit.MarshalCanonical(d)
 	if err != nil {
 		t.Fatal(err)
 	}

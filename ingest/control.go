@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -86,7 +87,7 @@ type ControlOptions struct {
 	// Source is the CloudEvent source, talos://control/<instance>.
 	Source string
 	// ResponderKeys are the responder keys whose commands are accepted.
-	ResponderKeys receipts.KeySet
+	ResponderKeys verify.KeySet
 	// Skew is the freshness window of issued_at (default 5 min).
 	Skew time.Duration
 	// MaxCommandBytes bounds a request (default 8 MiB); a command whose

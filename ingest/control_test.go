@@ -17,6 +17,7 @@ import (
 
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -28,9 +29,9 @@ type controlEnv struct {
 	nc         *nats.Conn
 	js         jetstream.JetStream
 	responder  *receipts.PrivateKey
-	responders receipts.KeySet
+	responders verify.KeySet
 	signer     *receipts.PrivateKey
-	signers    receipts.KeySet // verifies control receipts
+	signers    verify.KeySet // verifies control receipts
 }
 
 func newControlEnv(t *testing.T) *controlEnv {
@@ -47,12 +48,12 @@ func newControlEnv(t *testing.T) *controlEnv {
 	if e.responder, err = receipts.GenerateKey(); err != nil {
 		t.Fatal(err)
 	}
-	e.responders = receipts.KeySet{}
+	e.responders = verify.KeySet{}
 	e.responders.Add(e.responder.Public())
 	if e.signer, err = receipts.GenerateKey(); err != nil {
 		t.Fatal(err)
 	}
-	e.signers = receipts.KeySet{}
+	e.signers = verify.KeySet{}
 	e.signers.Add(e.signer.Public())
 	return e
 }
@@ -201,9 +202,9 @@ func (e *controlEnv) waitCopied(t *testing.T) {
 // checkAudit verifies and schema-validates every receipt in TALOS_AUDIT,
 // checks every chain has no gap, fork or bad link, and that no receipt
 // is stored twice. It returns the events by id.
-func (e *controlEnv) checkAudit(t *testing.T, extra receipts.KeySet) map[string][]byte {
+func (e *controlEnv) checkAudit(t *testing.T, extra verify.KeySet) map[string][]byte {
 	t.Helper()
-	keys := receipts.KeySet{}
+	keys := verify.KeySet{}
 	for k, v := range e.signers {
 		keys[k] = v
 	}
@@ -226,8 +227,8 @@ func (e *controlEnv) checkAudit(t *testing.T, extra receipts.KeySet) map[string]
 		byID[ev.ID] = m.Data
 		all = append(all, m.Data)
 	}
-	receipts.SortForVerify(all)
-	v := receipts.NewVerifier(keys)
+	verify.SortForVerify(all)
+	v := verify.NewVerifier(keys)
 	for _, raw := range all {
 		v.Add(raw)
 	}
@@ -265,7 +266,7 @@ func TestControlAcceptedMutation(t *testing.T) {
 	if err := schemas.ValidateReceiptEvent(raw); err != nil {
 		t.Fatalf("receipt schema: %v\n%s", err, raw)
 	}
-	ev, err := receipts.VerifyEvent(raw, e.signers)
+	ev, err := verify.VerifyEvent(raw, e.signers)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -506,7 +507,7 @@ func TestControlTwoServicesAppendConcurrently(t *testing.T) {
 		if m.Sequence != uint64(i+1) || !seqs[m.Sequence] {
 			t.Fatalf("TALOS_CONTROL seq %d at position %d", m.Sequence, i)
 		}
-		ev, err := receipts.VerifyEvent(m.Data, e.signers)
+		ev, err := verify.VerifyEvent(m.Data, e.signers)
 		if err != nil {
 			t.Fatal(err)
 		}

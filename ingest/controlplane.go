@@ -12,6 +12,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -23,7 +24,7 @@ type ControlPlaneOptions struct {
 	Source string
 	// ResponderKeys are the keys whose signed commands are accepted; none
 	// refuses every command (CTL_UNTRUSTED_KEY).
-	ResponderKeys receipts.KeySet
+	ResponderKeys verify.KeySet
 	// Skew bounds a command's issued_at against this clock.
 	Skew time.Duration
 	// Checkpoints are the control chain's checkpoint settings.
@@ -39,7 +40,7 @@ type ControlPlaneOptions struct {
 	State    func() *enforce.State
 	Follower *ControlFollower
 	Engine   *enforce.Engine
-	Signers  receipts.KeySet
+	Signers  verify.KeySet
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }

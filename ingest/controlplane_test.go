@@ -19,6 +19,7 @@ import (
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -35,7 +36,7 @@ type plane struct {
 	db     string
 	reg    *enforce.Registry
 	key    *receipts.PrivateKey // talosd
-	keys   receipts.KeySet
+	keys   verify.KeySet
 	ctl    *ingest.ControlClient
 	client *ingest.Client
 
@@ -75,13 +76,13 @@ func newPlane(t *testing.T) *plane {
 	if p.key, err = receipts.GenerateKey(); err != nil {
 		t.Fatal(err)
 	}
-	p.keys = receipts.KeySet{}
+	p.keys = verify.KeySet{}
 	p.keys.Add(p.key.Public())
 	responder, err := receipts.GenerateKey()
 	if err != nil {
 		t.Fatal(err)
 	}
-	responders := receipts.KeySet{}
+	responders := verify.KeySet{}
 	responders.Add(responder.Public())
 
 	// The control role (NewControlPlane without an enforce worker): its own

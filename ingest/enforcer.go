@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -30,7 +30,7 @@ type EnforcerOptions struct {
 	WorkerID string
 	Worker   WorkerOptions
 	// Keys are the talosd keys whose control events are applied.
-	Keys receipts.KeySet
+	Keys verify.KeySet
 	// HeartbeatInterval is the period of status heartbeats (default 1 s).
 	HeartbeatInterval time.Duration
 	// RegistryDigest reports the registry the decider enforces now.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -31,7 +31,7 @@ type Applier interface {
 type FollowerOptions struct {
 	// Keys are the trusted talosd signing keys. Required: a follower that
 	// trusts nobody would reject every event.
-	Keys receipts.KeySet
+	Keys verify.KeySet
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// OnApplied, if set, is called from Run after each event is processed
@@ -49,7 +49,7 @@ type FollowerOptions struct {
 // (sequence, subject, reason; never command contents beyond verb and
 // target), counted in Rejected, and skipped:
 //
-//   - receipts.VerifyEvent passes with the trusted keys;
+//   - verify.VerifyEvent passes with the trusted keys;
 //   - its type is dev.talos.receipt.control.v1 and data.event_type is "control";
 //   - data.control is accepted, has a command, and command.verb equals
 //     control.verb, which is a mutating verb (schemas.MutatingVerbs);
@@ -334,11 +334,11 @@ const (
 // event (nil if it could not be parsed), its time, and "" if it may be
 // applied, else why not. For an event with a bad or untrusted signature
 // the returned event is untrusted.
-func followCheckEvent(subject string, data []byte, seq uint64, keys receipts.KeySet) (*receipts.Event, time.Time, string) {
-	ev, err := receipts.VerifyEvent(data, keys)
+func followCheckEvent(subject string, data []byte, seq uint64, keys verify.KeySet) (*verify.Event, time.Time, string) {
+	ev, err := verify.VerifyEvent(data, keys)
 	if err != nil {
-		var ve *receipts.VerifyError
-		if errors.As(err, &ve) && ve.Kind != receipts.ProblemMalformed {
+		var ve *verify.VerifyError
+		if errors.As(err, &ve) && ve.Kind != verify.ProblemMalformed {
 			return ev, time.Time{}, followWhyBadSignature + " (" + ve.Kind + ")"
 		}
 		return nil, time.Time{}, followWhyMalformed

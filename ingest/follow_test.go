@@ -18,6 +18,7 @@ import (
 
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -42,8 +43,8 @@ func newFollowSigner(t testing.TB, chainID string) *followSigner {
 		base: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}
 }
 
-func (s *followSigner) keys() receipts.KeySet {
-	ks := receipts.KeySet{}
+func (s *followSigner) keys() verify.KeySet {
+	ks := verify.KeySet{}
 	ks.Add(s.key.Public())
 	return ks
 }

@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/enforce"
-	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // LedgerBucket is the NATS KV bucket of the shared call ledger.
@@ -227,37 +227,37 @@ func appendPreRecord(b []byte, toolCallID string, rec *enforce.PreRecord) []byte
 	b = append(b, '{')
 	if toolCallID != "" {
 		b = append(b, `"tool_call_id":`...)
-		b = receipts.AppendString(b, toolCallID)
+		b = jsonkit.AppendString(b, toolCallID)
 		b = append(b, ',')
 	}
 	b = append(b, `"decision":`...)
-	b = receipts.AppendString(b, rec.Decision)
+	b = jsonkit.AppendString(b, rec.Decision)
 	b = append(b, `,"receipt_id":`...)
-	b = receipts.AppendString(b, rec.ReceiptID)
+	b = jsonkit.AppendString(b, rec.ReceiptID)
 	if len(rec.CapabilityIDs) > 0 {
 		b = append(b, `,"capability_ids":[`...)
 		for i, id := range rec.CapabilityIDs {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = receipts.AppendString(b, id)
+			b = jsonkit.AppendString(b, id)
 		}
 		b = append(b, ']')
 	}
 	b = append(b, `,"decided_at":`...)
-	b = receipts.AppendString(b, rec.DecidedAt)
+	b = jsonkit.AppendString(b, rec.DecidedAt)
 	return append(b, '}')
 }
 
 // appendIdemRecord writes rec as json.Marshal writes an enforce.IdemRecord.
 func appendIdemRecord(b []byte, rec *enforce.IdemRecord) []byte {
 	b = append(b, `{"request_hash":`...)
-	b = receipts.AppendString(b, rec.RequestHash)
+	b = jsonkit.AppendString(b, rec.RequestHash)
 	b = append(b, `,"tool_call_id":`...)
-	b = receipts.AppendString(b, rec.ToolCallID)
+	b = jsonkit.AppendString(b, rec.ToolCallID)
 	if rec.ReceiptID != "" {
 		b = append(b, `,"receipt_id":`...)
-		b = receipts.AppendString(b, rec.ReceiptID)
+		b = jsonkit.AppendString(b, rec.ReceiptID)
 	}
 	return append(b, '}')
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -39,7 +40,7 @@ type stack struct {
 	conn   driver.Conn
 	db     string
 	reg    *enforce.Registry
-	keys   receipts.KeySet
+	keys   verify.KeySet
 	client *ingest.Client
 	dec    *enforce.Decider
 
@@ -132,7 +133,7 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys := receipts.KeySet{}
+	keys := verify.KeySet{}
 	keys.Add(key.Public())
 	chains := []*receipts.Chain{receipts.NewChain("test-a", key), receipts.NewChain("test-b", key)}
 	// A short AckWait: a redelivery (after an outage) shows up within the
@@ -431,7 +432,7 @@ func TestPipelineReasonCodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !names(rep.Problems, receipts.ProblemBadSignature, victim) {
+	if !names(rep.Problems, verify.ProblemBadSignature, victim) {
 		t.Fatalf("edited cloudevent of %s not named: %v", victim, rep.Problems)
 	}
 
@@ -452,7 +453,7 @@ func TestPipelineReasonCodes(t *testing.T) {
 	}
 	found := false
 	for _, p := range rep.Problems {
-		if p.Kind == receipts.ProblemChainGap && p.ChainID == chain && strings.HasPrefix(p.Detail, "seq 2 missing") && p.Seq == 3 {
+		if p.Kind == verify.ProblemChainGap && p.ChainID == chain && strings.HasPrefix(p.Detail, "seq 2 missing") && p.Seq == 3 {
 			found = true
 		}
 	}
@@ -461,7 +462,7 @@ func TestPipelineReasonCodes(t *testing.T) {
 	}
 }
 
-func names(ps []receipts.Problem, kind, id string) bool {
+func names(ps []verify.Problem, kind, id string) bool {
 	for _, p := range ps {
 		if p.Kind == kind && p.ReceiptID == id {
 			return true
@@ -515,7 +516,7 @@ func TestPipelinePostPhase(t *testing.T) {
 	if d.Decision != "allow" || d.Phase != "post" {
 		t.Fatalf("post: %s %s %v", d.Phase, d.Decision, d.ReasonCodes)
 	}
-	ev, err := receipts.VerifyEvent(d.Receipt, s.keys)
+	ev, err := verify.VerifyEvent(d.Receipt, s.keys)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 )
 
 // EnforceRoleOptions configure NewEnforceRole: the enforce role of a
@@ -38,7 +39,7 @@ type EnforceRoleOptions struct {
 	AckWait     time.Duration
 	Checkpoints CheckpointOptions
 	// Signers are the keys whose control events are applied.
-	Signers           receipts.KeySet
+	Signers           verify.KeySet
 	HeartbeatInterval time.Duration
 	Logger            *slog.Logger
 }
@@ -114,8 +115,8 @@ type ControlRoleOptions struct {
 	Instance      string
 	Key           *receipts.PrivateKey
 	Engine        *enforce.Engine
-	Signers       receipts.KeySet
-	ResponderKeys receipts.KeySet
+	Signers       verify.KeySet
+	ResponderKeys verify.KeySet
 	Skew          time.Duration
 	Checkpoints   CheckpointOptions
 	// Ledger opens the shared call ledger when there is no Enforce role

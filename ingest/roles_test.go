@@ -10,6 +10,7 @@ import (
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/testenv"
 )
 
@@ -33,7 +34,7 @@ func TestRoles(t *testing.T) {
 		t.Fatal(err)
 	}
 	engine := mustEngine(t, reg)
-	signers := receipts.KeySet{}
+	signers := verify.KeySet{}
 	signers.Add(key.Public())
 	ledger := ingest.LedgerOptions{Window: time.Hour, Memory: true}
 	en, err := ingest.NewEnforceRole(ctx, nc, js, ingest.EnforceRoleOptions{

@@ -10,6 +10,7 @@ import (
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // CallSigner makes calls an agent can prove (CP-SFC): it attaches one
@@ -28,7 +29,7 @@ type CallSigner struct {
 // writes it). key may be nil: the chain and request_hash are attached but
 // the envelope is not signed (for testing what the worker does then).
 func NewCallSigner(chainJSON []byte, key *receipts.PrivateKey) (*CallSigner, error) {
-	canon, err := receipts.Canonicalize(chainJSON)
+	canon, err := jsonkit.Canonicalize(chainJSON)
 	if err != nil {
 		return nil, fmt.Errorf("capability chain: not JSON: %w", err)
 	}
@@ -95,7 +96,7 @@ func (s *CallSigner) Sign(c *schemas.ToolCall) error {
 // HashRequest sets c's request_hash: the hex sha256 of the RFC 8785 form
 // of its request. It fails on arguments that cannot be canonicalised.
 func HashRequest(c *schemas.ToolCall) error {
-	req, err := receipts.MarshalCanonical(c.Request)
+	req, err := jsonkit.MarshalCanonical(c.Request)
 	if err != nil {
 		return err
 	}

@@ -19,7 +19,9 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // Decider decides calls in steps (see enforce.Decider): Begin does the
@@ -322,11 +324,11 @@ func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jet
 }
 
 // verifySenders verifies the batch's sender signatures together, in one
-// batch equation (receipts.VerifyAllBatch: RFC 8032's cofactored check;
+// batch equation (verify.VerifyAllBatch: RFC 8032's cofactored check;
 // a batch that fails is checked signature by signature with
 // crypto/ed25519's rules).
 func (w *Worker) verifySenders(calls []*call) {
-	var checks []receipts.SigCheck
+	var checks []verify.SigCheck
 	var of []*call
 	for _, c := range calls {
 		if c.done {
@@ -340,7 +342,7 @@ func (w *Worker) verifySenders(calls []*call) {
 	if len(checks) == 0 {
 		return
 	}
-	for i, ok := range receipts.VerifyAllBatch(checks) {
+	for i, ok := range verify.VerifyAllBatch(checks) {
 		of[i].p.Verified(ok)
 	}
 }
@@ -657,17 +659,17 @@ func decisionFromReceipt(raw []byte) (*wireDecision, error) {
 func encodeDecision(d *schemas.Decision) []byte {
 	b := make([]byte, 0, 256+len(d.Receipt)+64*len(d.Details))
 	b = append(b, `{"tool_call_id":`...)
-	b = receipts.AppendString(b, d.ToolCallID)
+	b = jsonkit.AppendString(b, d.ToolCallID)
 	b = append(b, `,"phase":`...)
-	b = receipts.AppendString(b, d.Phase)
+	b = jsonkit.AppendString(b, d.Phase)
 	b = append(b, `,"decision":`...)
-	b = receipts.AppendString(b, d.Decision)
+	b = jsonkit.AppendString(b, d.Decision)
 	b = append(b, `,"reason_codes":`...)
 	b = appendStrings(b, d.ReasonCodes)
 	b = append(b, `,"receipt_id":`...)
-	b = receipts.AppendString(b, d.ReceiptID)
+	b = jsonkit.AppendString(b, d.ReceiptID)
 	b = append(b, `,"registry_digest":`...)
-	b = receipts.AppendString(b, d.RegistryDigest)
+	b = jsonkit.AppendString(b, d.RegistryDigest)
 	b = append(b, `,"receipt":`...)
 	if len(d.Receipt) == 0 {
 		b = append(b, "null"...)
@@ -692,7 +694,7 @@ func appendStrings(b []byte, ss []string) []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = receipts.AppendString(b, s)
+		b = jsonkit.AppendString(b, s)
 	}
 	return append(b, ']')
 }

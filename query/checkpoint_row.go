@@ -10,7 +10,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -161,7 +161,7 @@ var ErrNoCheckpoint = errors.New("query: no checkpoint covers this receipt yet")
 // over the receipt hashes of that range (recomputed from the stored signed
 // JSON, not taken from the receipt_hash column). The proof is checked
 // with keys before it is returned.
-func ProveReceipt(ctx context.Context, conn driver.Conn, database, receiptID string, keys receipts.KeySet) (*receipts.Proof, *receipts.ProofResult, error) {
+func ProveReceipt(ctx context.Context, conn driver.Conn, database, receiptID string, keys verify.KeySet) (*verify.Proof, *verify.ProofResult, error) {
 	tbl, err := table(database, TableReceipts)
 	if err != nil {
 		return nil, nil, err
@@ -197,7 +197,7 @@ func ProveReceipt(ctx context.Context, conn driver.Conn, database, receiptID str
 		if seq != next {
 			return fmt.Errorf("query: chain %s seq %d is not stored: the range of checkpoint %d cannot be proven", row.ChainID, next, cp.CheckpointSeq)
 		}
-		h, err := receipts.ReceiptHash([]byte(ce))
+		h, err := verify.ReceiptHash([]byte(ce))
 		if err != nil {
 			return err
 		}
@@ -208,7 +208,7 @@ func ProveReceipt(ctx context.Context, conn driver.Conn, database, receiptID str
 	if err != nil {
 		return nil, nil, err
 	}
-	return receipts.BuildProof([]byte(ce), []byte(cp.CloudEvent), hashes, keys)
+	return verify.BuildProof([]byte(ce), []byte(cp.CloudEvent), hashes, keys)
 }
 
 func scanReceiptRange(ctx context.Context, conn driver.Conn, database, chainID string, from, to uint64, fn func(seq uint64, ce string) error) error {

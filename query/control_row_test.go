@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -88,7 +89,7 @@ func TestSinkProjectsControlReceipts(t *testing.T) {
 	if n := count(t, ctx, conn, "SELECT count() FROM `"+db+"`.dead_letters"); n != 0 {
 		t.Errorf("%d dead letters, want 0", n)
 	}
-	rep, err := VerifyDatabase(ctx, conn, db, receipts.KeySet{key.KID: key.Public()}, false, nil)
+	rep, err := VerifyDatabase(ctx, conn, db, verify.KeySet{key.KID: key.Public()}, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

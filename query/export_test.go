@@ -15,6 +15,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -25,10 +26,10 @@ var expAt = time.Date(2026, 7, 1, 9, 0, 0, 125e6, time.UTC)
 // carries JSON escapes), two pretty-printed (multi-line) receipts of
 // another chain, one ToolCallEvent row and one checkpoint row. It returns
 // the trusted keys and the signed receipts of the first chain in order.
-func exportFixture(t *testing.T, ctx context.Context, conn driver.Conn, db string) (receipts.KeySet, [][]byte) {
+func exportFixture(t *testing.T, ctx context.Context, conn driver.Conn, db string) (verify.KeySet, [][]byte) {
 	t.Helper()
 	key := testKey(t)
-	keys := receipts.KeySet{}
+	keys := verify.KeySet{}
 	keys.Add(key.Public())
 	ch := receipts.NewChain("exp-w1", key)
 	var recs []schemas.AuditRecord
@@ -153,7 +154,7 @@ func TestExportVerifiesOffline(t *testing.T) {
 	// The pretty-printed receipts became one line each with the same
 	// receipt hash; the signed ones are byte for byte what was stored.
 	for i, line := range lines {
-		h, err := receipts.ReceiptHash([]byte(line))
+		h, err := verify.ReceiptHash([]byte(line))
 		if err != nil {
 			t.Fatalf("line %d: %v", i+1, err)
 		}
@@ -165,7 +166,7 @@ func TestExportVerifiesOffline(t *testing.T) {
 			t.Fatalf("line %d differs from the signed bytes", i+1)
 		}
 	}
-	v := receipts.NewVerifier(keys)
+	v := verify.NewVerifier(keys)
 	for _, line := range lines[2:] {
 		v.Add([]byte(line))
 	}

@@ -15,8 +15,9 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // ReceiptRow is one row of the receipts table. Every column except
@@ -183,7 +184,7 @@ func receiptRowDecoded(raw []byte, ce string) (ReceiptRow, *schemas.ControlRecor
 		return ReceiptRow{}, nil, fmt.Errorf("query: receipt %s has no data", ev.ID)
 	}
 	rec := *ev.Data
-	hash, err := receipts.ReceiptHash(raw)
+	hash, err := verify.ReceiptHash(raw)
 	if err != nil {
 		return ReceiptRow{}, nil, fmt.Errorf("query: receipt %s hash: %w", ev.ID, err)
 	}
@@ -513,13 +514,9 @@ func (r *jsonReader) receiptSignature(row *ReceiptRow) {
 
 // hashWithout is the receipt hash of a canonical event whose data.signature
 // member spans raw[start:end]: hex sha256 of raw without that member and
-// one comma next to it (receipts.ReceiptHash of the same bytes).
+// one comma next to it (verify.ReceiptHash of the same bytes).
 func hashWithout(raw []byte, start, end int) string {
-	if end < len(raw) && raw[end] == ',' {
-		end++
-	} else if start > 0 && raw[start-1] == ',' {
-		start--
-	}
+	start, end = jsonkit.Member{Start: start, End: end}.Without(raw)
 	h := sha256Pool.Get().(*pooledSHA256)
 	h.h.Reset()
 	h.h.Write(raw[:start])

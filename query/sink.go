@@ -8,12 +8,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 	"unsafe"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // SinkWriter projects TALOS_AUDIT records into ClickHouse. It implements
@@ -325,113 +325,37 @@ func (r *jsonReader) elem(n *int) bool {
 }
 
 // rawString reads a string token and returns its content as it is in the
-// document, and whether it holds escapes (which it checks).
+// document, and whether it holds escapes (which it checks: no escaped
+// UTF-16 surrogate, paired or not, is taken).
 func (r *jsonReader) rawString() (string, bool) {
 	if r.peek() != '"' {
 		r.fail()
 		return "", false
 	}
+	end, escaped, ok := jsonkit.ScanString(r.s, r.i)
+	if !ok || escaped && escapesSurrogate(r.s[r.i:end]) {
+		r.fail()
+		return "", false
+	}
 	start := r.i + 1
-	escaped := false
-	for i := start; i < len(r.s); {
-		i = plainRun(r.s, i)
-		if i >= len(r.s) {
-			break
-		}
-		c := r.s[i]
-		switch {
-		case c == '"':
-			r.i = i + 1
-			return r.s[start:i], escaped
-		case c == '\\':
-			escaped = true
-			n := escapeLen(r.s[i:])
-			if n == 0 {
-				r.fail()
-				return "", false
+	r.i = end
+	return r.s[start : end-1], escaped
+}
+
+// escapesSurrogate reports whether the JSON string tok (checked by
+// jsonkit.ScanString) holds an escape that decodes to a character
+// beyond U+FFFF (written as a surrogate pair).
+func escapesSurrogate(tok string) bool {
+	for i := 0; i < len(tok); i++ {
+		if tok[i] == '\\' {
+			_, n := jsonkit.DecodeEscape(tok, i)
+			if n == 12 {
+				return true
 			}
-			i += n
-		case c < 0x20:
-			r.fail()
-			return "", false
-		default: // not ASCII
-			ru, n := utf8.DecodeRuneInString(r.s[i:])
-			if ru == utf8.RuneError && n == 1 {
-				r.fail()
-				return "", false
-			}
-			i += n
+			i += n - 1
 		}
 	}
-	r.fail()
-	return "", false
-}
-
-// plainRun returns the index of the first byte at or after i in s that is
-// a quote, a backslash, a control character or not ASCII (len(s) if none),
-// looking at eight bytes at a time.
-func plainRun(s string, i int) int {
-	const (
-		ones  = 0x0101010101010101
-		highs = 0x8080808080808080
-	)
-	for ; i+8 <= len(s); i += 8 {
-		x := uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
-			uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56
-		q, bs := x^(ones*'"'), x^(ones*'\\')
-		// (v-ones*n)&^v&highs is non-zero exactly when a byte of v is below
-		// n (n <= 0x80): control characters in x, zero bytes (quotes and
-		// backslashes) in q and bs; x&highs are the bytes above ASCII.
-		if (x|(x-ones*0x20)&^x|(q-ones)&^q|(bs-ones)&^bs)&highs != 0 {
-			break
-		}
-	}
-	for ; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= utf8.RuneSelf {
-			return i
-		}
-	}
-	return i
-}
-
-// escapeLen is the length of the escape sequence at the start of s, or 0
-// if it is not one the reader takes (invalid, or a UTF-16 surrogate).
-func escapeLen(s string) int {
-	if len(s) < 2 {
-		return 0
-	}
-	switch s[1] {
-	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-		return 2
-	case 'u':
-		v, ok := hex4(s[2:])
-		if !ok || v >= 0xD800 && v <= 0xDFFF {
-			return 0
-		}
-		return 6
-	}
-	return 0
-}
-
-func hex4(s string) (rune, bool) {
-	if len(s) < 4 {
-		return 0, false
-	}
-	var v rune
-	for i := 0; i < 4; i++ {
-		c := s[i]
-		switch {
-		case '0' <= c && c <= '9':
-			v = v<<4 | rune(c-'0')
-		case 'a' <= c && c <= 'f':
-			v = v<<4 | rune(c-'a'+10)
-		case 'A' <= c && c <= 'F':
-			v = v<<4 | rune(c-'A'+10)
-		default:
-			return 0, false
-		}
-	}
-	return v, true
+	return false
 }
 
 // str reads a string value, unescaped.
@@ -440,35 +364,7 @@ func (r *jsonReader) str() string {
 	if !escaped || r.bad {
 		return s
 	}
-	b := make([]byte, 0, len(s))
-	for i := 0; i < len(s); {
-		if s[i] != '\\' {
-			b = append(b, s[i])
-			i++
-			continue
-		}
-		switch s[i+1] {
-		case 'b':
-			b = append(b, '\b')
-		case 'f':
-			b = append(b, '\f')
-		case 'n':
-			b = append(b, '\n')
-		case 'r':
-			b = append(b, '\r')
-		case 't':
-			b = append(b, '\t')
-		case 'u':
-			v, _ := hex4(s[i+2:])
-			b = utf8.AppendRune(b, v)
-			i += 6
-			continue
-		default: // " \ /
-			b = append(b, s[i+1])
-		}
-		i += 2
-	}
-	return string(b)
+	return jsonkit.Unescape(s)
 }
 
 // null consumes a null literal if one is next.
@@ -504,44 +400,14 @@ func (r *jsonReader) boolean() bool {
 
 // number reads a JSON number token and returns it as written.
 func (r *jsonReader) number() string {
-	s, start := r.s, r.i
-	i := start
-	if i < len(s) && s[i] == '-' {
-		i++
-	}
-	digits := func() bool {
-		j := i
-		for i < len(s) && '0' <= s[i] && s[i] <= '9' {
-			i++
-		}
-		return i > j
-	}
-	switch {
-	case i < len(s) && s[i] == '0':
-		i++
-	case !digits():
+	start := r.i
+	end := jsonkit.NumberEnd(r.s, start)
+	if end < 0 {
 		r.fail()
 		return ""
 	}
-	if i < len(s) && s[i] == '.' {
-		i++
-		if !digits() {
-			r.fail()
-			return ""
-		}
-	}
-	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
-		i++
-		if i < len(s) && (s[i] == '+' || s[i] == '-') {
-			i++
-		}
-		if !digits() {
-			r.fail()
-			return ""
-		}
-	}
-	r.i = i
-	return s[start:i]
+	r.i = end
+	return r.s[start:end]
 }
 
 // readUint reads a number that is a plain non-negative integer within

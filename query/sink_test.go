@@ -354,24 +354,3 @@ func differentFields(a, b any) []string {
 	}
 	return out
 }
-
-// plainRun stops at the first quote, backslash, control character or
-// non-ASCII byte wherever it is in a word, and nowhere else.
-func TestPlainRun(t *testing.T) {
-	for b := 0; b < 256; b++ {
-		special := b < 0x20 || b == '"' || b == '\\' || b >= 0x80
-		for pos := 0; pos < 20; pos++ {
-			for start := 0; start < 3; start++ {
-				s := []byte(strings.Repeat("a~ ZZ!#[", 3))
-				s[pos] = byte(b)
-				want := len(s)
-				if special && pos >= start {
-					want = pos
-				}
-				if got := plainRun(string(s), start); got != want {
-					t.Fatalf("byte %#x at %d from %d: stopped at %d, want %d", b, pos, start, got, want)
-				}
-			}
-		}
-	}
-}

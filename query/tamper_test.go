@@ -12,6 +12,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -23,7 +24,7 @@ type auditFixture struct {
 	conn driver.Conn
 	db   string
 	key  *receipts.PrivateKey
-	keys receipts.KeySet
+	keys verify.KeySet
 	ids  []string // receipt ids by seq-1
 	cps  []string // checkpoint ids
 	head string   // receipt hash of seq 30
@@ -34,7 +35,7 @@ func newAuditFixture(t *testing.T) *auditFixture {
 	t.Helper()
 	ctx, conn, db := migrated(t)
 	f := &auditFixture{ctx: ctx, conn: conn, db: db, key: testKey(t)}
-	f.keys = receipts.KeySet{f.key.KID: f.key.Public()}
+	f.keys = verify.KeySet{f.key.KID: f.key.Public()}
 	ch := receipts.NewChain("w1", f.key)
 	var recs []schemas.AuditRecord
 	seq := uint64(0)
@@ -72,7 +73,7 @@ func (f *auditFixture) mutate(t *testing.T, tbl, tail string) {
 	}
 }
 
-func (f *auditFixture) verify(t *testing.T) receipts.Report {
+func (f *auditFixture) verify(t *testing.T) verify.Report {
 	t.Helper()
 	rep, err := VerifyDatabase(f.ctx, f.conn, f.db, f.keys, false, nil)
 	if err != nil {
@@ -82,7 +83,7 @@ func (f *auditFixture) verify(t *testing.T) receipts.Report {
 }
 
 // problems renders a report's problems as "kind record-id" lines, sorted.
-func problems(rep receipts.Report) []string {
+func problems(rep verify.Report) []string {
 	var out []string
 	for _, p := range rep.Problems {
 		out = append(out, p.Kind+" "+p.ReceiptID)
@@ -91,7 +92,7 @@ func problems(rep receipts.Report) []string {
 	return out
 }
 
-func wantProblems(t *testing.T, rep receipts.Report, want ...string) {
+func wantProblems(t *testing.T, rep verify.Report, want ...string) {
 	t.Helper()
 	sort.Strings(want)
 	if got := problems(rep); strings.Join(got, "\n") != strings.Join(want, "\n") {
@@ -118,7 +119,7 @@ func TestVerifyDatabaseTamperCases(t *testing.T) {
 		f.mutate(t, TableReceipts, "UPDATE decision = 'deny' WHERE receipt_id = '"+f.ids[6]+"'")
 		rep := f.verify(t)
 		wantProblems(t, rep, ProblemAlteredColumn+" "+f.ids[6])
-		if p := rep.Problems[0]; p.Seq != 7 || !strings.HasSuffix(p.Detail, ": decision") || Category(p.Kind) != receipts.CategoryAltered {
+		if p := rep.Problems[0]; p.Seq != 7 || !strings.HasSuffix(p.Detail, ": decision") || Category(p.Kind) != verify.CategoryAltered {
 			t.Fatalf("%s", p)
 		}
 	})
@@ -128,7 +129,7 @@ func TestVerifyDatabaseTamperCases(t *testing.T) {
 		rep := f.verify(t)
 		// One problem: the signature. Its checkpoint cannot be compared
 		// (counted, not reported again).
-		wantProblems(t, rep, receipts.ProblemBadSignature+" "+f.ids[11])
+		wantProblems(t, rep, verify.ProblemBadSignature+" "+f.ids[11])
 		if rep.Checkpoints != 2 || rep.CheckpointsUnchecked != 1 {
 			t.Fatalf("checkpoints verified %d, unchecked %d", rep.Checkpoints, rep.CheckpointsUnchecked)
 		}
@@ -139,12 +140,12 @@ func TestVerifyDatabaseTamperCases(t *testing.T) {
 		rep := f.verify(t)
 		// The gap, at the receipt after it; and the deleted receipt by its
 		// id, from the ToolCallEvent that names it.
-		wantProblems(t, rep, receipts.ProblemChainGap+" "+f.ids[15], ProblemMissingReceipt+" "+f.ids[14])
+		wantProblems(t, rep, verify.ProblemChainGap+" "+f.ids[15], ProblemMissingReceipt+" "+f.ids[14])
 		for _, p := range rep.Problems {
-			if Category(p.Kind) != receipts.CategoryMissing {
+			if Category(p.Kind) != verify.CategoryMissing {
 				t.Fatalf("%s is not 'missing'", p)
 			}
-			if p.Kind == receipts.ProblemChainGap && !strings.Contains(p.Detail, "seq 15 missing") {
+			if p.Kind == verify.ProblemChainGap && !strings.Contains(p.Detail, "seq 15 missing") {
 				t.Fatalf("%s", p)
 			}
 			if p.Kind == ProblemMissingReceipt && !strings.Contains(p.Detail, f.tcEv) {
@@ -157,7 +158,7 @@ func TestVerifyDatabaseTamperCases(t *testing.T) {
 		f.mutate(t, TableReceipts, "DELETE WHERE chain_seq >= 29")
 		rep := f.verify(t)
 		// Only the last checkpoint knows seq 29 and 30 existed.
-		wantProblems(t, rep, receipts.ProblemChainGap+" "+f.cps[2])
+		wantProblems(t, rep, verify.ProblemChainGap+" "+f.cps[2])
 		if p := rep.Problems[0]; !strings.Contains(p.Detail, "seq 29..30 missing after receipt "+f.ids[27]) {
 			t.Fatalf("%s", p)
 		}
@@ -174,8 +175,8 @@ func TestVerifyDatabaseTamperCases(t *testing.T) {
 			t.Fatal(err)
 		}
 		rep := f.verify(t)
-		wantProblems(t, rep, receipts.ProblemUnknownKey+" "+eventID(t, rec.Data))
-		if p := rep.Problems[0]; p.Seq != 31 || Category(p.Kind) != receipts.CategoryForeign || !strings.Contains(p.Detail, forger.KID) {
+		wantProblems(t, rep, verify.ProblemUnknownKey+" "+eventID(t, rec.Data))
+		if p := rep.Problems[0]; p.Seq != 31 || Category(p.Kind) != verify.CategoryForeign || !strings.Contains(p.Detail, forger.KID) {
 			t.Fatalf("%s", p)
 		}
 	})
@@ -211,7 +212,7 @@ func TestVerifyDatabaseTamperCases(t *testing.T) {
 		// link at seq 3 it is a fork, and the first checkpoint's root
 		// cannot hold for both.
 		if !strings.Contains(strings.Join(problems(rep), "\n"), ProblemConflictingCopies+" "+f.ids[2]) ||
-			!strings.Contains(strings.Join(cats, " "), receipts.CategoryDuplicated) {
+			!strings.Contains(strings.Join(cats, " "), verify.CategoryDuplicated) {
 			t.Fatalf("%v", rep.Problems)
 		}
 	})
@@ -222,8 +223,8 @@ func TestVerifyDatabaseTamperCases(t *testing.T) {
 		rep := f.verify(t)
 		// The edited JSON no longer verifies, so checkpoint 3 follows a
 		// missing checkpoint 2.
-		wantProblems(t, rep, ProblemAlteredColumn+" "+f.cps[0], receipts.ProblemBadSignature+" "+f.cps[1],
-			receipts.ProblemCheckpointGap+" "+f.cps[2])
+		wantProblems(t, rep, ProblemAlteredColumn+" "+f.cps[0], verify.ProblemBadSignature+" "+f.cps[1],
+			verify.ProblemCheckpointGap+" "+f.cps[2])
 	})
 }
 
@@ -249,11 +250,11 @@ func TestProveReceipt(t *testing.T) {
 	}
 	// Offline: the serialized proof and the public key only.
 	b, _ := json.Marshal(proof)
-	var back receipts.Proof
+	var back verify.Proof
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := receipts.VerifyProof(&back, receipts.KeySet{f.key.KID: f.key.Public()}); err != nil {
+	if _, err := verify.VerifyProof(&back, verify.KeySet{f.key.KID: f.key.Public()}); err != nil {
 		t.Fatal(err)
 	}
 	// A receipt after the last checkpoint has no proof yet.

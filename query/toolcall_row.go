@@ -16,7 +16,7 @@ import (
 	"github.com/gowebpki/jcs"
 
 	"github.com/talos-audit/talos/schemas"
-	"github.com/talos-audit/talos/schemas/jsonpointer"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // ToolCallRow is one row of tool_calls: a ToolCallEvent (UTS FR-EVT-007)
@@ -1055,7 +1055,7 @@ func isFlag(s string) bool {
 func isCapabilityID(s string) bool { return runesBetween(s, 1, 128) }
 
 // isRedactionPointer: ^(/([^~/]|~[01])*)+$
-func isRedactionPointer(s string) bool { return s != "" && jsonpointer.Valid(s) }
+func isRedactionPointer(s string) bool { return s != "" && jsonkit.ValidPointer(s) }
 
 // isPseudonym: ^hmac-sha256:[^:]+:[0-9a-f]{64}$
 func isPseudonym(s string) bool {

@@ -19,6 +19,7 @@ import (
 	"github.com/gowebpki/jcs"
 
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -590,7 +591,7 @@ func TestVerifyDatabaseToolCalls(t *testing.T) {
 	if err := w.Write(ctx, []schemas.AuditRecord{rec, {Subject: "talos.audit.toolcall.files", Data: good, StreamSeq: 2}}); err != nil {
 		t.Fatal(err)
 	}
-	keys := receipts.KeySet{key.KID: key.Public()}
+	keys := verify.KeySet{key.KID: key.Public()}
 	rep, err := VerifyDatabase(ctx, conn, db, keys, false, nil)
 	if err != nil || !rep.OK() {
 		t.Fatalf("untampered: %v %v", rep.Problems, err)
@@ -610,7 +611,7 @@ func TestVerifyDatabaseToolCalls(t *testing.T) {
 		got[p.ReceiptID] = p.Kind + ": " + p.Detail
 	}
 	if len(got) != 2 || !strings.HasPrefix(got[eventID(t, good)], ProblemAlteredColumn+":") || !strings.HasSuffix(got[eventID(t, good)], ": agent_id") ||
-		!strings.HasPrefix(got[eventID(t, alien)], receipts.ProblemUnknownKey+":") {
+		!strings.HasPrefix(got[eventID(t, alien)], verify.ProblemUnknownKey+":") {
 		t.Fatalf("problems = %v", rep.Problems)
 	}
 }
@@ -674,7 +675,7 @@ func TestReceiptCapabilityColumns(t *testing.T) {
 			t.Errorf("receipt %d: capability columns %q %q", i+1, r.CapabilityHash, r.CapabilityIDs)
 		}
 	}
-	keys := receipts.KeySet{key.KID: key.Public()}
+	keys := verify.KeySet{key.KID: key.Public()}
 	if rep, err := VerifyDatabase(ctx, conn, db, keys, false, nil); err != nil || !rep.OK() {
 		t.Fatalf("untampered: %v %v", rep.Problems, err)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -42,20 +42,20 @@ const (
 func Category(kind string) string {
 	switch kind {
 	case ProblemAlteredColumn:
-		return receipts.CategoryAltered
+		return verify.CategoryAltered
 	case ProblemConflictingCopies:
-		return receipts.CategoryDuplicated
+		return verify.CategoryDuplicated
 	case ProblemInvalidToolCall:
-		return receipts.CategoryMalformed
+		return verify.CategoryMalformed
 	case ProblemReordered:
-		return receipts.CategoryReordered
+		return verify.CategoryReordered
 	case ProblemMissingReceipt:
-		return receipts.CategoryMissing
+		return verify.CategoryMissing
 	}
-	return receipts.Category(kind)
+	return verify.Category(kind)
 }
 
-// RecordToolCall is receipts.Problem.Record for a ToolCallEvent.
+// RecordToolCall is verify.Problem.Record for a ToolCallEvent.
 const RecordToolCall = "tool call event"
 
 // maxDisplaced bounds the rows VerifyDatabase holds back to feed them in
@@ -77,7 +77,7 @@ const maxDisplaced = 100_000
 // chains whose first stored receipt is not seq 1 (after retention).
 // progress, if set, is called every 10,000 receipts with the count so far
 // and the number of stored receipt rows.
-func VerifyDatabase(ctx context.Context, conn driver.Conn, database string, keys receipts.KeySet, partial bool, progress func(done, total int)) (receipts.Report, error) {
+func VerifyDatabase(ctx context.Context, conn driver.Conn, database string, keys verify.KeySet, partial bool, progress func(done, total int)) (verify.Report, error) {
 	return VerifyDatabaseWith(ctx, conn, database, keys, VerifyOptions{Partial: partial, Progress: progress})
 }
 
@@ -90,7 +90,7 @@ type VerifyOptions struct {
 	// far and the number of stored receipt rows.
 	Progress func(done, total int)
 	// BatchSignatures checks receipt signatures with batch verification
-	// (receipts.VerifyEventsBatch): several times cheaper, and it accepts,
+	// (verify.VerifyEventsBatch): several times cheaper, and it accepts,
 	// besides every signature crypto/ed25519 accepts, one that satisfies
 	// only the cofactored Ed25519 equation (which only the signer can
 	// make). By default every signature is held to crypto/ed25519's rules.
@@ -98,41 +98,41 @@ type VerifyOptions struct {
 }
 
 // VerifyDatabaseWith is VerifyDatabase with options.
-func VerifyDatabaseWith(ctx context.Context, conn driver.Conn, database string, keys receipts.KeySet, opts VerifyOptions) (receipts.Report, error) {
-	v := receipts.NewVerifier(keys)
+func VerifyDatabaseWith(ctx context.Context, conn driver.Conn, database string, keys verify.KeySet, opts VerifyOptions) (verify.Report, error) {
+	v := verify.NewVerifier(keys)
 	v.AllowPartial = opts.Partial
 	extra, err := verifyCheckpoints(ctx, conn, database, v)
 	if err != nil {
-		return receipts.Report{}, fmt.Errorf("verify: %w", err)
+		return verify.Report{}, fmt.Errorf("verify: %w", err)
 	}
 	feed := &receiptFeeder{v: v, held: map[string][]heldRow{}, progress: opts.Progress, extra: extra}
 	if feed.progress != nil {
 		feed.total = countReceipts(ctx, conn, database)
 	}
-	verifyEvents := receipts.VerifyEvents
+	verifyEvents := verify.VerifyEvents
 	if opts.BatchSignatures {
-		verifyEvents = receipts.VerifyEventsBatch
+		verifyEvents = verify.VerifyEventsBatch
 	}
 	err = streamVerified(ctx, conn, database, keys, verifyEvents, feed.process)
 	var conflict *ConflictError
 	if errors.As(err, &conflict) {
 		for _, id := range conflict.ReceiptIDs {
-			feed.extra = append(feed.extra, receipts.Problem{Kind: ProblemConflictingCopies, ReceiptID: id,
+			feed.extra = append(feed.extra, verify.Problem{Kind: ProblemConflictingCopies, ReceiptID: id,
 				Detail: "the same receipt_id is stored as rows that differ"})
 		}
 		err = nil
 	}
 	if err != nil {
-		return receipts.Report{}, fmt.Errorf("verify: %w", err)
+		return verify.Report{}, fmt.Errorf("verify: %w", err)
 	}
 	feed.finish()
 	calls, err := verifyToolCalls(ctx, conn, database, keys)
 	if err != nil {
-		return receipts.Report{}, fmt.Errorf("verify: %w", err)
+		return verify.Report{}, fmt.Errorf("verify: %w", err)
 	}
 	missing, err := missingReceipts(ctx, conn, database)
 	if err != nil {
-		return receipts.Report{}, fmt.Errorf("verify: %w", err)
+		return verify.Report{}, fmt.Errorf("verify: %w", err)
 	}
 	rep := v.Finish()
 	rep.Problems = append(append(append(rep.Problems, feed.extra...), calls...), missing...)
@@ -143,16 +143,16 @@ func VerifyDatabaseWith(ctx context.Context, conn driver.Conn, database string, 
 // altered_column problem for each whose columns disagree with its signed
 // cloudevent (compared only when the verifier found that cloudevent itself
 // sound).
-func verifyCheckpoints(ctx context.Context, conn driver.Conn, database string, v *receipts.Verifier) ([]receipts.Problem, error) {
-	var extra []receipts.Problem
+func verifyCheckpoints(ctx context.Context, conn driver.Conn, database string, v *verify.Verifier) ([]verify.Problem, error) {
+	var extra []verify.Problem
 	err := StreamCheckpoints(ctx, conn, database, func(row CheckpointRow) error {
 		if _, probs := v.Add([]byte(row.CloudEvent)); untrusted(probs) {
 			return nil
 		}
 		if derived, err := CheckpointRowFromEvent([]byte(row.CloudEvent)); err == nil {
 			if cols := CompareCheckpointColumns(row, derived); len(cols) > 0 {
-				extra = append(extra, receipts.Problem{Kind: ProblemAlteredColumn, ReceiptID: row.CheckpointID,
-					ChainID: derived.ChainID, Seq: derived.CheckpointSeq, Record: receipts.RecordCheckpoint,
+				extra = append(extra, verify.Problem{Kind: ProblemAlteredColumn, ReceiptID: row.CheckpointID,
+					ChainID: derived.ChainID, Seq: derived.CheckpointSeq, Record: verify.RecordCheckpoint,
 					Detail: "stored columns differ from the signed cloudevent: " + strings.Join(cols, ", ")})
 			}
 		}
@@ -187,14 +187,14 @@ const everySeq = ^uint64(0)
 // fed before the next row of its signed chain that comes after it, when
 // the stream leaves the chain it is stored in, or at finish.
 type receiptFeeder struct {
-	v        *receipts.Verifier
+	v        *verify.Verifier
 	held     map[string][]heldRow // displaced rows by signed chain
 	nHeld    int
 	curChain string
 	n        int                   // rows processed
 	total    int                   // stored receipt rows, 0 if not counted
 	progress func(done, total int) // nil for none
-	extra    []receipts.Problem
+	extra    []verify.Problem
 }
 
 // flush feeds the rows held for chainID whose seq is below below, in seq
@@ -233,7 +233,7 @@ func (f *receiptFeeder) process(it *verifyItem) {
 		f.v.AddVerified(raw, it.ev, it.verr)
 		signedOK = false
 	case derived.ChainID != row.ChainID || derived.ChainSeq != row.ChainSeq:
-		f.extra = append(f.extra, receipts.Problem{Kind: ProblemReordered, ReceiptID: row.ReceiptID,
+		f.extra = append(f.extra, verify.Problem{Kind: ProblemReordered, ReceiptID: row.ReceiptID,
 			ChainID: derived.ChainID, Seq: derived.ChainSeq,
 			Detail: fmt.Sprintf("stored at chain %s seq %d, but signed as chain %s seq %d", row.ChainID, row.ChainSeq, derived.ChainID, derived.ChainSeq)})
 		if it.verr != nil {
@@ -264,7 +264,7 @@ func (f *receiptFeeder) process(it *verifyItem) {
 		if len(cols) > 0 {
 			// Named by the chain position in the cloudevent, not by
 			// the (possibly altered) columns.
-			f.extra = append(f.extra, receipts.Problem{Kind: ProblemAlteredColumn, ReceiptID: row.ReceiptID,
+			f.extra = append(f.extra, verify.Problem{Kind: ProblemAlteredColumn, ReceiptID: row.ReceiptID,
 				ChainID: derived.ChainID, Seq: derived.ChainSeq,
 				Detail: "stored columns differ from the signed cloudevent: " + strings.Join(cols, ", ")})
 		}
@@ -298,7 +298,7 @@ type verifyItem struct {
 	row     ReceiptRow
 	derived ReceiptRow
 	derr    error
-	ev      *receipts.Event
+	ev      *verify.Event
 	verr    error
 }
 
@@ -314,8 +314,8 @@ const verifyBatchRows = 256
 // process for every row, in stream order, after its signature check (by
 // verifyEvents, a batch at a time) and derivation ran on one of
 // GOMAXPROCS goroutines. Memory: a few batches in flight.
-func streamVerified(ctx context.Context, conn driver.Conn, database string, keys receipts.KeySet,
-	verifyEvents func([][]byte, receipts.KeySet) ([]*receipts.Event, []error), process func(*verifyItem)) error {
+func streamVerified(ctx context.Context, conn driver.Conn, database string, keys verify.KeySet,
+	verifyEvents func([][]byte, verify.KeySet) ([]*verify.Event, []error), process func(*verifyItem)) error {
 	workers := runtime.GOMAXPROCS(0)
 	work := make(chan *verifyBatch, 2*workers)
 	ordered := make(chan *verifyBatch, 4*workers)
@@ -375,7 +375,7 @@ func streamVerified(ctx context.Context, conn driver.Conn, database string, keys
 // event read as published (ev.Canonical) is not parsed again: its row is
 // built from ev, which holds exactly what ReceiptRowFromEvent would read
 // from the same bytes.
-func derivedRow(cloudEvent string, raw []byte, ev *receipts.Event) (ReceiptRow, error) {
+func derivedRow(cloudEvent string, raw []byte, ev *verify.Event) (ReceiptRow, error) {
 	if ev == nil || !ev.Canonical {
 		return ReceiptRowFromEvent(raw)
 	}
@@ -414,10 +414,10 @@ func sameColumns(a, b *ReceiptRow) bool {
 
 // untrusted reports whether the verifier found the event itself bad
 // (rather than only its place in the chain).
-func untrusted(probs []receipts.Problem) bool {
+func untrusted(probs []verify.Problem) bool {
 	for _, p := range probs {
 		switch p.Kind {
-		case receipts.ProblemBadSignature, receipts.ProblemMalformed, receipts.ProblemUnknownKey:
+		case verify.ProblemBadSignature, verify.ProblemMalformed, verify.ProblemUnknownKey:
 			return true
 		}
 	}
@@ -427,7 +427,7 @@ func untrusted(probs []receipts.Problem) bool {
 // missingReceipts names the receipts that stored ToolCallEvents say were
 // made but that are not in the receipts table (a deleted row is then
 // named by its id, not only by the gap it leaves in its chain).
-func missingReceipts(ctx context.Context, conn driver.Conn, database string) ([]receipts.Problem, error) {
+func missingReceipts(ctx context.Context, conn driver.Conn, database string) ([]verify.Problem, error) {
 	calls, err := table(database, TableToolCalls)
 	if err != nil {
 		return nil, err
@@ -439,13 +439,13 @@ func missingReceipts(ctx context.Context, conn driver.Conn, database string) ([]
 		return nil, fmt.Errorf("query: missing receipts: %w", err)
 	}
 	defer rows.Close()
-	var out []receipts.Problem
+	var out []verify.Problem
 	for rows.Next() {
 		var rid, eid, tcid string
 		if err := rows.Scan(&rid, &eid, &tcid); err != nil {
 			return nil, err
 		}
-		out = append(out, receipts.Problem{Kind: ProblemMissingReceipt, ReceiptID: rid,
+		out = append(out, verify.Problem{Kind: ProblemMissingReceipt, ReceiptID: rid,
 			Detail: fmt.Sprintf("not stored, but tool call event %s (tool_call_id %s) names it as its decision receipt", eid, tcid)})
 	}
 	return out, rows.Err()
@@ -454,27 +454,27 @@ func missingReceipts(ctx context.Context, conn driver.Conn, database string) ([]
 // verifyToolCalls checks each stored tool_calls row: its cloudevent's
 // signature against keys, that it is an acceptable ToolCallEvent, and that
 // its columns agree with it.
-func verifyToolCalls(ctx context.Context, conn driver.Conn, database string, keys receipts.KeySet) ([]receipts.Problem, error) {
-	var problems []receipts.Problem
+func verifyToolCalls(ctx context.Context, conn driver.Conn, database string, keys verify.KeySet) ([]verify.Problem, error) {
+	var problems []verify.Problem
 	conflicts, err := streamToolCalls(ctx, conn, database, func(row ToolCallRow) error {
-		if _, err := receipts.VerifyEvent([]byte(row.CloudEvent), keys); err != nil {
-			kind := receipts.ProblemMalformed
-			var ve *receipts.VerifyError
+		if _, err := verify.VerifyEvent([]byte(row.CloudEvent), keys); err != nil {
+			kind := verify.ProblemMalformed
+			var ve *verify.VerifyError
 			if errors.As(err, &ve) {
 				kind = ve.Kind
 			}
-			problems = append(problems, receipts.Problem{Kind: kind, ReceiptID: row.EventID, Record: RecordToolCall,
+			problems = append(problems, verify.Problem{Kind: kind, ReceiptID: row.EventID, Record: RecordToolCall,
 				Detail: "tool call event: " + err.Error()})
 			return nil
 		}
 		derived, _, err := ToolCallRowFromEvent([]byte(row.CloudEvent))
 		if err != nil {
-			problems = append(problems, receipts.Problem{Kind: ProblemInvalidToolCall, ReceiptID: row.EventID, Record: RecordToolCall,
+			problems = append(problems, verify.Problem{Kind: ProblemInvalidToolCall, ReceiptID: row.EventID, Record: RecordToolCall,
 				Detail: "signed tool call event is not acceptable: " + err.Error()})
 			return nil
 		}
 		if cols := CompareToolCallColumns(row, derived); len(cols) > 0 {
-			problems = append(problems, receipts.Problem{Kind: ProblemAlteredColumn, ReceiptID: derived.EventID, Record: RecordToolCall,
+			problems = append(problems, verify.Problem{Kind: ProblemAlteredColumn, ReceiptID: derived.EventID, Record: RecordToolCall,
 				Detail: "tool call event " + derived.ToolCallID + ": stored columns differ from the signed cloudevent: " + strings.Join(cols, ", ")})
 		}
 		return nil
@@ -483,7 +483,7 @@ func verifyToolCalls(ctx context.Context, conn driver.Conn, database string, key
 		return nil, err
 	}
 	for _, id := range conflicts {
-		problems = append(problems, receipts.Problem{Kind: ProblemConflictingCopies, ReceiptID: id, Record: RecordToolCall,
+		problems = append(problems, verify.Problem{Kind: ProblemConflictingCopies, ReceiptID: id, Record: RecordToolCall,
 			Detail: "the same tool call event_id is stored as rows that differ"})
 	}
 	return problems, nil

@@ -4,18 +4,18 @@ import (
 	"fmt"
 	"sort"
 
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
 // Categories are the auditor's problem categories, in the order a report
 // names them.
-var Categories = []string{receipts.CategoryMissing, receipts.CategoryAltered, receipts.CategoryReordered,
-	receipts.CategoryDuplicated, receipts.CategoryForeign, receipts.CategoryMalformed}
+var Categories = []string{verify.CategoryMissing, verify.CategoryAltered, verify.CategoryReordered,
+	verify.CategoryDuplicated, verify.CategoryForeign, verify.CategoryMalformed}
 
 // SortProblems orders problems by chain, then seq (stable otherwise), and
 // counts them per Category.
-func SortProblems(probs []receipts.Problem) map[string]int {
+func SortProblems(probs []verify.Problem) map[string]int {
 	sort.SliceStable(probs, func(i, j int) bool {
 		a, b := probs[i], probs[j]
 		if a.ChainID != b.ChainID {
@@ -34,24 +34,24 @@ func SortProblems(probs []receipts.Problem) map[string]int {
 // instead of the database: the checkpoint covering receipt id, signed by a
 // trusted key, and the receipt hashes of its range, all taken from events.
 // It fails with ErrNoCheckpoint when no checkpoint in events covers it.
-func ProveFromEvents(events [][]byte, id string, keys receipts.KeySet) (*receipts.Proof, *receipts.ProofResult, error) {
+func ProveFromEvents(events [][]byte, id string, keys verify.KeySet) (*verify.Proof, *verify.ProofResult, error) {
 	type signedCheckpoint struct {
 		raw []byte
-		cp  *receipts.VerifiedCheckpoint
+		cp  *verify.VerifiedCheckpoint
 	}
 	var (
-		target    *receipts.Event
+		target    *verify.Event
 		targetRaw []byte
 		cps       []signedCheckpoint
 		bySeq     = map[string]map[uint64]string{} // chain -> seq -> receipt hash
 	)
 	for _, raw := range events {
-		ev, err := receipts.VerifyEvent(raw, keys)
+		ev, err := verify.VerifyEvent(raw, keys)
 		if err != nil {
 			continue // not trusted: not part of a proof
 		}
 		if ev.Type == schemas.TypeCheckpoint {
-			if cp, err := receipts.CheckpointOf(ev); err == nil {
+			if cp, err := verify.CheckpointOf(ev); err == nil {
 				cps = append(cps, signedCheckpoint{raw, cp})
 			}
 			continue
@@ -85,7 +85,7 @@ func ProveFromEvents(events [][]byte, id string, keys receipts.KeySet) (*receipt
 			}
 			hashes = append(hashes, h)
 		}
-		return receipts.BuildProof(targetRaw, x.raw, hashes, keys)
+		return verify.BuildProof(targetRaw, x.raw, hashes, keys)
 	}
 	return nil, nil, fmt.Errorf("receipt %s (chain %s seq %d): %w", id, c.ChainID, c.Seq, ErrNoCheckpoint)
 }

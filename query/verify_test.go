@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -63,7 +64,7 @@ func fill(v reflect.Value, n *int, path string) {
 // reads the general way.
 func TestDerivedRowMatchesReceiptRowFromEvent(t *testing.T) {
 	key := testKey(t)
-	keys := receipts.KeySet{key.KID: key.Public()}
+	keys := verify.KeySet{key.KID: key.Public()}
 	full := func(i int) *schemas.Receipt {
 		var r schemas.Receipt
 		n := i * 1000
@@ -116,7 +117,7 @@ func TestDerivedRowMatchesReceiptRowFromEvent(t *testing.T) {
 	}
 	canonical := 0
 	for i, raw := range raws {
-		ev, _ := receipts.VerifyEvent(raw, keys)
+		ev, _ := verify.VerifyEvent(raw, keys)
 		if i < n && ev != nil && ev.Canonical {
 			canonical++
 		}
@@ -150,8 +151,8 @@ func TestVerifyDatabaseBatchSignatures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantProblems(t, want, ProblemAlteredColumn+" "+f.ids[6], receipts.ProblemBadSignature+" "+f.ids[11],
-		receipts.ProblemChainGap+" "+f.ids[15], ProblemMissingReceipt+" "+f.ids[14],
+	wantProblems(t, want, ProblemAlteredColumn+" "+f.ids[6], verify.ProblemBadSignature+" "+f.ids[11],
+		verify.ProblemChainGap+" "+f.ids[15], ProblemMissingReceipt+" "+f.ids[14],
 		ProblemReordered+" "+f.ids[19], ProblemReordered+" "+f.ids[20])
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("with batch signatures:\n%+v\nwithout:\n%+v", got, want)

@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // benchReceipt is a receipt whose sealed event is about 2 KB.
@@ -70,12 +72,12 @@ func BenchmarkVerify(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	keys := KeySet{}
+	keys := verify.KeySet{}
 	keys.Add(c.key.Public())
 	b.SetBytes(int64(size))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := VerifyEvent(s.JSON, keys); err != nil {
+		if _, err := verify.VerifyEvent(s.JSON, keys); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -87,7 +89,7 @@ func BenchmarkMarshalCanonical(b *testing.B) {
 	r := sampleReceipt(1, 8)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := MarshalCanonical(r); err != nil {
+		if _, err := jsonkit.MarshalCanonical(r); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -101,7 +103,7 @@ func BenchmarkMarshalThenJCS(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := Canonicalize(j); err != nil {
+		if _, err := jsonkit.Canonicalize(j); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -109,9 +111,9 @@ func BenchmarkMarshalThenJCS(b *testing.B) {
 
 // synthLikeEvents are n sealed receipts shaped like talosctl synth's
 // (about 1.2 KB each), by one key.
-func synthLikeEvents(b *testing.B, n int) (KeySet, [][]byte) {
+func synthLikeEvents(b *testing.B, n int) (verify.KeySet, [][]byte) {
 	key := testKey(b, 1)
-	keys := KeySet{}
+	keys := verify.KeySet{}
 	keys.Add(key.Public())
 	c := NewChain("synth-0", key)
 	raws := make([][]byte, n)
@@ -130,29 +132,14 @@ func synthLikeEvents(b *testing.B, n int) (KeySet, [][]byte) {
 	return keys, raws
 }
 
-// BenchmarkParseSigned is the verifier's one parse of a stored receipt,
-// everything but the signature check.
-func BenchmarkParseSigned(b *testing.B) {
-	keys, raws := synthLikeEvents(b, 64)
-	b.SetBytes(int64(len(raws[0])))
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		if _, _, ok := parseSigned(raws[i%len(raws)], keys); !ok {
-			b.Fatal("not parsed")
-		}
-		i++
-	}
-}
-
 // BenchmarkVerifyEvents is per-receipt verification in batches of 256, as
 // the database verifier runs it, with each signature rule.
 func BenchmarkVerifyEvents(b *testing.B) {
 	keys, raws := synthLikeEvents(b, 256)
 	for _, f := range []struct {
 		name string
-		fn   func([][]byte, KeySet) ([]*Event, []error)
-	}{{"stdlib-rules", VerifyEvents}, {"batch", VerifyEventsBatch}} {
+		fn   func([][]byte, verify.KeySet) ([]*verify.Event, []error)
+	}{{"stdlib-rules", verify.VerifyEvents}, {"batch", verify.VerifyEventsBatch}} {
 		b.Run(f.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
@@ -203,7 +190,7 @@ func BenchmarkEd25519(b *testing.B) {
 	})
 	b.Run("verify/voi", func(b *testing.B) {
 		for b.Loop() {
-			if !Verify(pub, sum[:], sig) {
+			if !verify.Verify(pub, sum[:], sig) {
 				b.Fatal("bad signature")
 			}
 		}

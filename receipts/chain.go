@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -57,7 +58,7 @@ func NewChain(id string, key *PrivateKey) *Chain {
 // prev_checkpoint_hash genesis), which a verifier of the whole chain
 // reports; resume only a chain that was never checkpointed.
 func ResumeChain(id string, key *PrivateKey, seq uint64, hash string) (*Chain, error) {
-	if !isHexHash(hash) {
+	if _, err := verify.ParseHash(hash); err != nil {
 		return nil, fmt.Errorf("receipts: resume chain %s: head hash %q is not lowercase hex sha256", id, hash)
 	}
 	if seq == 0 && hash != schemas.GenesisHash {
@@ -132,17 +133,4 @@ func (c *Chain) Commit(s *Sealed) error {
 	}
 	c.seq, c.hash = s.Seq, s.Hash
 	return nil
-}
-
-func isHexHash(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
-	for i := range len(s) {
-		c := s[i]
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
 }

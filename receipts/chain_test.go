@@ -13,12 +13,14 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 func TestSealVerifyRoundTrip(t *testing.T) {
 	key := testKey(t, 1)
-	keys := KeySet{}
+	keys := verify.KeySet{}
 	keys.Add(key.Public())
 	c := NewChain("w1-0", key)
 	prev := schemas.GenesisHash
@@ -40,25 +42,25 @@ func TestSealVerifyRoundTrip(t *testing.T) {
 		}
 		// Published bytes are canonical, and are the signed bytes plus
 		// data.signature: removing it gives bytes whose sha256 is the hash.
-		if canon, err := Canonicalize(s.JSON); err != nil || !bytes.Equal(canon, s.JSON) {
+		if canon, err := jsonkit.Canonicalize(s.JSON); err != nil || !bytes.Equal(canon, s.JSON) {
 			t.Errorf("published JSON is not canonical: %v", err)
 		}
-		dm, _, _, _ := findMember(s.JSON, 0, "data")
-		sm, found, _, _ := findMember(s.JSON, dm.valStart, "signature")
+		dm, _, _, _ := jsonkit.FindMember(s.JSON, 0, "data")
+		sm, found, _, _ := jsonkit.FindMember(s.JSON, dm.ValStart, "signature")
 		if !found {
 			t.Fatal("no data.signature in published JSON")
 		}
-		sum := sha256.Sum256(removeMember(s.JSON, sm))
+		sum := sha256.Sum256(jsonkit.RemoveMember(s.JSON, sm))
 		if hex.EncodeToString(sum[:]) != s.Hash {
 			t.Error("hash is not sha256 of the published bytes minus data.signature")
 		}
 		// The whole data equals the canonical encoding of the filled receipt.
-		want, _ := MarshalCanonical(r)
-		if !bytes.Equal(s.JSON[dm.valStart:dm.end], want) {
-			t.Errorf("published data differs from the filled receipt:\n%s\n%s", s.JSON[dm.valStart:dm.end], want)
+		want, _ := jsonkit.MarshalCanonical(r)
+		if !bytes.Equal(s.JSON[dm.ValStart:dm.End], want) {
+			t.Errorf("published data differs from the filled receipt:\n%s\n%s", s.JSON[dm.ValStart:dm.End], want)
 		}
 
-		ev, err := VerifyEvent(s.JSON, keys)
+		ev, err := verify.VerifyEvent(s.JSON, keys)
 		if err != nil {
 			t.Fatalf("verify after sign: %v", err)
 		}
@@ -154,9 +156,9 @@ func TestSealDoesNotAdvance(t *testing.T) {
 	if err := c.Commit(next); err != nil {
 		t.Fatal(err)
 	}
-	keys := KeySet{}
+	keys := verify.KeySet{}
 	keys.Add(key.Public())
-	v := NewVerifier(keys)
+	v := verify.NewVerifier(keys)
 	v.Add(b.JSON)
 	v.Add(next.JSON)
 	if r := v.Finish(); !r.OK() {
@@ -177,9 +179,9 @@ func TestResumeChain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys := KeySet{}
+	keys := verify.KeySet{}
 	keys.Add(key.Public())
-	v := NewVerifier(keys)
+	v := verify.NewVerifier(keys)
 	for _, l := range append(links, s.JSON) {
 		v.Add(l)
 	}
@@ -231,7 +233,7 @@ func TestSealRejects(t *testing.T) {
 
 func TestSignEvent(t *testing.T) {
 	key := testKey(t, 1)
-	keys := KeySet{}
+	keys := verify.KeySet{}
 	keys.Add(key.Public())
 	m := testMeta(1)
 	m.Type, m.Subject = schemas.TypeCheckpoint, ""
@@ -251,7 +253,7 @@ func TestSignEvent(t *testing.T) {
 		if bytes.Contains(s.JSON, []byte(`"subject"`)) {
 			t.Errorf("%s: empty subject written", name)
 		}
-		if _, err := VerifyEvent(s.JSON, keys); err != nil {
+		if _, err := verify.VerifyEvent(s.JSON, keys); err != nil {
 			t.Errorf("%s: %v\n%s", name, err, s.JSON)
 		}
 	}
@@ -295,9 +297,9 @@ func TestChainConcurrentSealCommit(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	keys := KeySet{}
+	keys := verify.KeySet{}
 	keys.Add(key.Public())
-	v := NewVerifier(keys)
+	v := verify.NewVerifier(keys)
 	for _, raw := range stored {
 		v.Add(raw)
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -43,13 +44,13 @@ func checkpointed(t *testing.T, c *Chain, n, every int, final bool) (recs, cps [
 	return recs, cps
 }
 
-func verifyAll(keys KeySet, partial bool, sets ...[][]byte) Report {
+func verifyAll(keys verify.KeySet, partial bool, sets ...[][]byte) verify.Report {
 	var all [][]byte
 	for _, s := range sets {
 		all = append(all, s...)
 	}
-	SortForVerify(all)
-	v := NewVerifier(keys)
+	verify.SortForVerify(all)
+	v := verify.NewVerifier(keys)
 	v.AllowPartial = partial
 	for _, raw := range all {
 		v.Add(raw)
@@ -70,7 +71,7 @@ func decodeCheckpoint(t *testing.T, raw []byte) schemas.Checkpoint {
 
 func TestChainCheckpoints(t *testing.T) {
 	key := testKey(t, 1)
-	keys := KeySet{}
+	keys := verify.KeySet{}
 	keys.Add(key.Public())
 	c := NewChain("w1", key)
 	if cp, err := c.Checkpoint(Meta{Source: "talos://enforce/test"}, false); cp != nil || err != nil {
@@ -82,7 +83,7 @@ func TestChainCheckpoints(t *testing.T) {
 	}
 	var prev string = schemas.GenesisHash
 	for i, raw := range cps {
-		vc, err := VerifyCheckpoint(raw, keys)
+		vc, err := verify.VerifyCheckpoint(raw, keys)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,17 +94,17 @@ func TestChainCheckpoints(t *testing.T) {
 			t.Errorf("checkpoint %d: %+v", i+1, vc.Checkpoint)
 		}
 		// The root is RFC 6962 over the receipt hashes of the range.
-		var leaves []Hash
+		var leaves []verify.Hash
 		for _, r := range recs[from-1 : to] {
-			ev, err := VerifyEvent(r, keys)
+			ev, err := verify.VerifyEvent(r, keys)
 			if err != nil {
 				t.Fatal(err)
 			}
-			l, _ := ReceiptLeaf(ev.Hash)
+			l, _ := verify.ReceiptLeaf(ev.Hash)
 			leaves = append(leaves, l)
 		}
-		if RootOf(leaves).String() != vc.RootHash {
-			t.Errorf("checkpoint %d root differs from RootOf its receipts", i+1)
+		if verify.RootOf(leaves).String() != vc.RootHash {
+			t.Errorf("checkpoint %d root differs from verify.RootOf its receipts", i+1)
 		}
 		prev = vc.Hash
 	}
@@ -122,7 +123,7 @@ func TestChainCheckpoints(t *testing.T) {
 	}
 }
 
-func oneProblem(t *testing.T, r Report, kind, id, detail string) {
+func oneProblem(t *testing.T, r verify.Report, kind, id, detail string) {
 	t.Helper()
 	if len(r.Problems) != 1 {
 		t.Fatalf("want one %s problem, got %d: %v", kind, len(r.Problems), r.Problems)
@@ -144,15 +145,15 @@ func eventID(t *testing.T, raw []byte) string {
 
 func TestCheckpointTamperCases(t *testing.T) {
 	key := testKey(t, 1)
-	keys := KeySet{}
+	keys := verify.KeySet{}
 	keys.Add(key.Public())
 	recs, cps := checkpointed(t, NewChain("w1", key), 20, 5, false)
 
 	t.Run("tail deleted after its checkpoint", func(t *testing.T) {
 		// Receipts 19 and 20 gone: only the checkpoint knows they existed.
 		r := verifyAll(keys, false, recs[:18], cps)
-		oneProblem(t, r, ProblemChainGap, eventID(t, cps[3]), "seq 19..20 missing after receipt "+eventID(t, recs[17]))
-		if Category(r.Problems[0].Kind) != CategoryMissing {
+		oneProblem(t, r, verify.ProblemChainGap, eventID(t, cps[3]), "seq 19..20 missing after receipt "+eventID(t, recs[17]))
+		if verify.Category(r.Problems[0].Kind) != verify.CategoryMissing {
 			t.Fatal("a deleted tail is not 'missing'")
 		}
 	})
@@ -161,20 +162,20 @@ func TestCheckpointTamperCases(t *testing.T) {
 		// reported (it cannot be compared; it is counted as unchecked).
 		rest := append(append([][]byte{}, recs[:7]...), recs[8:]...)
 		r := verifyAll(keys, false, rest, cps)
-		oneProblem(t, r, ProblemChainGap, eventID(t, recs[8]), "seq 8 missing")
+		oneProblem(t, r, verify.ProblemChainGap, eventID(t, recs[8]), "seq 8 missing")
 		if r.Checkpoints != 3 || r.CheckpointsUnchecked != 1 {
 			t.Fatalf("checkpoints %d unchecked %d", r.Checkpoints, r.CheckpointsUnchecked)
 		}
 	})
 	t.Run("every receipt of a chain deleted", func(t *testing.T) {
 		r := verifyAll(keys, false, cps)
-		if r.OK() || r.Problems[len(r.Problems)-1].Kind != ProblemChainGap {
+		if r.OK() || r.Problems[len(r.Problems)-1].Kind != verify.ProblemChainGap {
 			t.Fatalf("%+v", r.Problems)
 		}
 	})
 	t.Run("checkpoint deleted", func(t *testing.T) {
 		r := verifyAll(keys, false, recs, append(append([][]byte{}, cps[:1]...), cps[2:]...))
-		oneProblem(t, r, ProblemCheckpointGap, eventID(t, cps[2]), "checkpoint 2 missing")
+		oneProblem(t, r, verify.ProblemCheckpointGap, eventID(t, cps[2]), "checkpoint 2 missing")
 	})
 	t.Run("checkpoint by an untrusted key", func(t *testing.T) {
 		other := testKey(t, 9)
@@ -186,8 +187,8 @@ func TestCheckpointTamperCases(t *testing.T) {
 			kinds = append(kinds, p.Kind)
 		}
 		// The foreign checkpoint is named; checkpoint 1 is then missing.
-		if len(r.Problems) != 2 || r.Problems[0].Kind != ProblemUnknownKey || r.Problems[0].Record != RecordCheckpoint ||
-			r.Problems[0].ReceiptID != eventID(t, foreign[0]) || r.Problems[1].Kind != ProblemCheckpointGap {
+		if len(r.Problems) != 2 || r.Problems[0].Kind != verify.ProblemUnknownKey || r.Problems[0].Record != verify.RecordCheckpoint ||
+			r.Problems[0].ReceiptID != eventID(t, foreign[0]) || r.Problems[1].Kind != verify.ProblemCheckpointGap {
 			t.Fatalf("problems %v: %v", kinds, r.Problems)
 		}
 	})
@@ -217,26 +218,26 @@ func TestCheckpointTamperCases(t *testing.T) {
 		r := verifyAll(keys, false, forged, cps)
 		// Checkpoint 2 (seq 6..10) no longer matches; checkpoint 3 starts
 		// after a different prev_hash, and so do the ones after it.
-		if len(r.Problems) < 2 || r.Problems[0].Kind != ProblemCheckpointMismatch || r.Problems[0].ReceiptID != eventID(t, cps[1]) ||
+		if len(r.Problems) < 2 || r.Problems[0].Kind != verify.ProblemCheckpointMismatch || r.Problems[0].ReceiptID != eventID(t, cps[1]) ||
 			!strings.Contains(r.Problems[0].Detail, "Merkle root over the stored receipts seq 6..10") {
 			t.Fatalf("%v", r.Problems)
 		}
 		for _, p := range r.Problems {
-			if p.Kind != ProblemCheckpointMismatch || Category(p.Kind) != CategoryAltered {
+			if p.Kind != verify.ProblemCheckpointMismatch || verify.Category(p.Kind) != verify.CategoryAltered {
 				t.Fatalf("unexpected %s", p)
 			}
 		}
 	})
 	t.Run("duplicate and conflicting checkpoints", func(t *testing.T) {
 		r := verifyAll(keys, false, recs, cps, cps[:1])
-		oneProblem(t, r, ProblemDuplicateSeq, eventID(t, cps[0]), "same content")
+		oneProblem(t, r, verify.ProblemDuplicateSeq, eventID(t, cps[0]), "same content")
 	})
 	t.Run("receipts after a final checkpoint", func(t *testing.T) {
 		c := NewChain("w2", key)
 		recs2, cps2 := checkpointed(t, c, 4, 10, true)
 		more := buildLinks(t, c, 5, 6, 1)
 		r := verifyAll(keys, false, recs2, cps2, more)
-		oneProblem(t, r, ProblemCheckpointMismatch, eventID(t, cps2[0]), "final checkpoint")
+		oneProblem(t, r, verify.ProblemCheckpointMismatch, eventID(t, cps2[0]), "final checkpoint")
 	})
 	t.Run("a partial range verifies its checkpoints", func(t *testing.T) {
 		r := verifyAll(keys, true, recs[10:], cps[2:])
@@ -248,19 +249,19 @@ func TestCheckpointTamperCases(t *testing.T) {
 
 func TestInclusionProofOffline(t *testing.T) {
 	key := testKey(t, 1)
-	keys := KeySet{}
+	keys := verify.KeySet{}
 	keys.Add(key.Public())
 	recs, cps := checkpointed(t, NewChain("w1", key), 13, 13, false)
 	var hashes []string
 	for _, r := range recs {
-		ev, err := VerifyEvent(r, keys)
+		ev, err := verify.VerifyEvent(r, keys)
 		if err != nil {
 			t.Fatal(err)
 		}
 		hashes = append(hashes, ev.Hash)
 	}
 	for i := range recs {
-		p, res, err := BuildProof(recs[i], cps[0], hashes, keys)
+		p, res, err := verify.BuildProof(recs[i], cps[0], hashes, keys)
 		if err != nil {
 			t.Fatalf("receipt %d: %v", i+1, err)
 		}
@@ -269,50 +270,50 @@ func TestInclusionProofOffline(t *testing.T) {
 		}
 		// Round trip through JSON, as a file handed to an auditor.
 		b, _ := json.Marshal(p)
-		var back Proof
+		var back verify.Proof
 		if err := json.Unmarshal(b, &back); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := VerifyProof(&back, keys); err != nil {
+		if _, err := verify.VerifyProof(&back, keys); err != nil {
 			t.Fatalf("receipt %d: %v", i+1, err)
 		}
 	}
-	p, _, err := BuildProof(recs[4], cps[0], hashes, keys)
+	p, _, err := verify.BuildProof(recs[4], cps[0], hashes, keys)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mut := func(f func(q *Proof)) error {
+	mut := func(f func(q *verify.Proof)) error {
 		q := *p
 		q.AuditPath = append([]string(nil), p.AuditPath...)
 		f(&q)
-		_, err := VerifyProof(&q, keys)
+		_, err := verify.VerifyProof(&q, keys)
 		return err
 	}
 	other := testKey(t, 7)
-	otherKeys := KeySet{}
+	otherKeys := verify.KeySet{}
 	otherKeys.Add(other.Public())
 	cases := map[string]error{
-		"path hash flipped": mut(func(q *Proof) { q.AuditPath[0] = strings.Repeat("0", 64) }),
-		"wrong leaf index":  mut(func(q *Proof) { q.LeafIndex++ }),
-		"wrong tree size":   mut(func(q *Proof) { q.TreeSize++ }),
-		"another receipt":   mut(func(q *Proof) { q.Receipt = recs[5] }),
-		"receipt edited":    mut(func(q *Proof) { q.Receipt = []byte(strings.Replace(string(q.Receipt), `"allow"`, `"deny"`, 1)) }),
-		"checkpoint edited": mut(func(q *Proof) {
+		"path hash flipped": mut(func(q *verify.Proof) { q.AuditPath[0] = strings.Repeat("0", 64) }),
+		"wrong leaf index":  mut(func(q *verify.Proof) { q.LeafIndex++ }),
+		"wrong tree size":   mut(func(q *verify.Proof) { q.TreeSize++ }),
+		"another receipt":   mut(func(q *verify.Proof) { q.Receipt = recs[5] }),
+		"receipt edited":    mut(func(q *verify.Proof) { q.Receipt = []byte(strings.Replace(string(q.Receipt), `"allow"`, `"deny"`, 1)) }),
+		"checkpoint edited": mut(func(q *verify.Proof) {
 			q.Checkpoint = []byte(strings.Replace(string(q.Checkpoint), `"tree_size":13`, `"tree_size":14`, 1))
 		}),
-		"not a proof":           mut(func(q *Proof) { q.Format = "x" }),
-		"path truncated":        mut(func(q *Proof) { q.AuditPath = q.AuditPath[1:] }),
-		"checkpoint as receipt": mut(func(q *Proof) { q.Receipt = q.Checkpoint }),
+		"not a proof":           mut(func(q *verify.Proof) { q.Format = "x" }),
+		"path truncated":        mut(func(q *verify.Proof) { q.AuditPath = q.AuditPath[1:] }),
+		"checkpoint as receipt": mut(func(q *verify.Proof) { q.Receipt = q.Checkpoint }),
 	}
 	for name, err := range cases {
-		if !errors.Is(err, ErrProofInvalid) {
-			t.Errorf("%s: %v, want ErrProofInvalid", name, err)
+		if !errors.Is(err, verify.ErrProofInvalid) {
+			t.Errorf("%s: %v, want verify.ErrProofInvalid", name, err)
 		}
 	}
-	if _, err := VerifyProof(p, otherKeys); !errors.Is(err, ErrProofInvalid) || !strings.Contains(err.Error(), "not a trusted key") {
+	if _, err := verify.VerifyProof(p, otherKeys); !errors.Is(err, verify.ErrProofInvalid) || !strings.Contains(err.Error(), "not a trusted key") {
 		t.Errorf("untrusted key: %v", err)
 	}
-	if _, _, err := BuildProof(recs[0], cps[0], hashes[:12], keys); err == nil {
+	if _, _, err := verify.BuildProof(recs[0], cps[0], hashes[:12], keys); err == nil {
 		t.Error("BuildProof with a short range accepted")
 	}
 }

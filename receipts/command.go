@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // Sentinels of VerifyCommand, which the control service maps to refusal
@@ -23,7 +25,7 @@ var (
 func commandDigest(cmd *schemas.ControlCommand) ([32]byte, error) {
 	cp := *cmd
 	cp.Signature = nil
-	b, err := MarshalCanonical(&cp)
+	b, err := jsonkit.MarshalCanonical(&cp)
 	if err != nil {
 		return [32]byte{}, fmt.Errorf("receipts: command: %w", err)
 	}
@@ -49,14 +51,14 @@ func SignCommand(key *PrivateKey, cmd *schemas.ControlCommand) error {
 
 // VerifyCommand checks cmd's responder signature against keys and returns
 // the signer's kid. Errors: ErrUnsigned, ErrUntrustedKey, or one that
-// errors.Is ErrBadSignature.
-func VerifyCommand(cmd *schemas.ControlCommand, keys KeySet) (string, error) {
+// errors.Is verify.ErrBadSignature.
+func VerifyCommand(cmd *schemas.ControlCommand, keys verify.KeySet) (string, error) {
 	s := cmd.Signature
 	if s == nil || s.Sig == "" {
 		return "", ErrUnsigned
 	}
 	if s.Alg != schemas.SignatureAlg {
-		return s.KID, &VerifyError{Kind: ProblemBadSignature, Detail: fmt.Sprintf("command signature alg %q, want %q", s.Alg, schemas.SignatureAlg)}
+		return s.KID, &verify.VerifyError{Kind: verify.ProblemBadSignature, Detail: fmt.Sprintf("command signature alg %q, want %q", s.Alg, schemas.SignatureAlg)}
 	}
 	pub, ok := keys[s.KID]
 	if !ok {
@@ -64,14 +66,14 @@ func VerifyCommand(cmd *schemas.ControlCommand, keys KeySet) (string, error) {
 	}
 	sig, err := base64.RawURLEncoding.DecodeString(s.Sig)
 	if err != nil || len(sig) != ed25519.SignatureSize {
-		return s.KID, &VerifyError{Kind: ProblemBadSignature, Detail: "command sig is not a base64url Ed25519 signature"}
+		return s.KID, &verify.VerifyError{Kind: verify.ProblemBadSignature, Detail: "command sig is not a base64url Ed25519 signature"}
 	}
 	sum, err := commandDigest(cmd)
 	if err != nil {
 		return s.KID, err
 	}
-	if !Verify(pub, sum[:], sig) {
-		return s.KID, &VerifyError{Kind: ProblemBadSignature, Detail: "command signature by " + s.KID + " does not match the command"}
+	if !verify.Verify(pub, sum[:], sig) {
+		return s.KID, &verify.VerifyError{Kind: verify.ProblemBadSignature, Detail: "command signature by " + s.KID + " does not match the command"}
 	}
 	return s.KID, nil
 }

@@ -4,10 +4,12 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"testing"
+
+	"github.com/talos-audit/talos/receipts/verify"
 )
 
 // TestSignVerifyMatchStdlib pins that Sign makes crypto/ed25519's bytes and
-// Verify agrees with crypto/ed25519.Verify, also on altered inputs.
+// verify.Verify agrees with crypto/ed25519.Verify, also on altered inputs.
 func TestSignVerifyMatchStdlib(t *testing.T) {
 	for i := 0; i < 200; i++ {
 		pub, priv, err := ed25519.GenerateKey(rand.Reader)
@@ -27,17 +29,17 @@ func TestSignVerifyMatchStdlib(t *testing.T) {
 			{flip(pub, i%32), msg, sig},
 		}
 		for k, c := range cases {
-			got := Verify(c[0], c[1], c[2])
+			got := verify.Verify(c[0], c[1], c[2])
 			want := ed25519.Verify(c[0], c[1], c[2])
 			if got != want {
-				t.Fatalf("case %d/%d: Verify = %v, crypto/ed25519 = %v", i, k, got, want)
+				t.Fatalf("case %d/%d: verify.Verify = %v, crypto/ed25519 = %v", i, k, got, want)
 			}
 		}
-		if got := VerifyAll([]SigCheck{{pub, msg, sig}, {pub, msg, flip(sig, 0)}}); !got[0] || got[1] {
+		if got := verify.VerifyAll([]verify.SigCheck{{Pub: pub, Message: msg, Sig: sig}, {Pub: pub, Message: msg, Sig: flip(sig, 0)}}); !got[0] || got[1] {
 			t.Fatalf("VerifyAll = %v, want [true false]", got)
 		}
 	}
-	if Verify(make([]byte, 31), nil, make([]byte, 64)) || Verify(make([]byte, 32), nil, make([]byte, 63)) {
+	if verify.Verify(make([]byte, 31), nil, make([]byte, 64)) || verify.Verify(make([]byte, 32), nil, make([]byte, 63)) {
 		t.Fatal("malformed key or signature verified")
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 var updateGolden = flag.Bool("update", false, "rewrite the golden files under testdata/sealed from the current code")
@@ -157,7 +158,7 @@ func goldenCases() []goldenCase {
 			if err := SignCommand(testKey(t, 4), cmd); err != nil {
 				t.Fatal(err)
 			}
-			b, err := MarshalCanonical(cmd)
+			b, err := jsonkit.MarshalCanonical(cmd)
 			if err != nil {
 				t.Fatal(err)
 			}

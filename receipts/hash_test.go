@@ -5,10 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
-// ReceiptHash agrees with the verifier's hash on canonical input (fast
+// verify.ReceiptHash agrees with the verifier's hash on canonical input (fast
 // path) and on re-indented input (slow path).
 func TestReceiptHash(t *testing.T) {
 	key, err := NewKeyFromSeed(bytes.Repeat([]byte{7}, 32))
@@ -21,22 +22,22 @@ func TestReceiptHash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys := KeySet{}
+	keys := verify.KeySet{}
 	keys.Add(key.Public())
-	ev, err := VerifyEvent(s.JSON, keys)
+	ev, err := verify.VerifyEvent(s.JSON, keys)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fast, err := ReceiptHash(s.JSON)
+	fast, err := verify.ReceiptHash(s.JSON)
 	if err != nil || fast != ev.Hash || fast != s.Hash {
 		t.Fatalf("fast path %s (%v), want %s", fast, err, ev.Hash)
 	}
 	spaced := bytes.ReplaceAll(s.JSON, []byte(`,"`), []byte(`, "`))
-	slow, err := ReceiptHash(spaced)
+	slow, err := verify.ReceiptHash(spaced)
 	if err != nil || slow != ev.Hash {
 		t.Fatalf("slow path %s (%v), want %s", slow, err, ev.Hash)
 	}
-	if _, err := ReceiptHash([]byte(`{"data":{}}`)); err == nil {
+	if _, err := verify.ReceiptHash([]byte(`{"data":{}}`)); err == nil {
 		t.Fatal("an unsigned event has no receipt hash")
 	}
 }

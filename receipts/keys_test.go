@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/talos-audit/talos/receipts/verify"
 )
 
 func TestKeyPairRoundTrip(t *testing.T) {
@@ -14,7 +16,7 @@ func TestKeyPairRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(k.KID) != 16 || k.KID != KeyID(k.Public()) {
+	if len(k.KID) != 16 || k.KID != verify.KeyID(k.Public()) {
 		t.Fatalf("kid %q", k.KID)
 	}
 	name := filepath.Join(dir, "worker")
@@ -41,7 +43,7 @@ func TestKeyPairRoundTrip(t *testing.T) {
 	if got.KID != k.KID || !got.Key.Equal(k.Key) {
 		t.Error("loaded private key differs")
 	}
-	ks, err := LoadTrustedKeys(name + ".pub")
+	ks, err := verify.LoadTrustedKeys(name + ".pub")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +133,7 @@ func TestLoadKeysErrors(t *testing.T) {
 	}
 }
 
-func loadPub(p string) error  { _, err := LoadTrustedKeys(p); return err }
+func loadPub(p string) error  { _, err := verify.LoadTrustedKeys(p); return err }
 func loadPriv(p string) error { _, err := LoadPrivateKey(p); return err }
 
 func TestLoadTrustedKeysDirectory(t *testing.T) {
@@ -147,14 +149,14 @@ func TestLoadTrustedKeysDirectory(t *testing.T) {
 	if err := WriteKeyPair(c, filepath.Join(other, "c")); err != nil {
 		t.Fatal(err)
 	}
-	ks, err := LoadTrustedKeys(dir, filepath.Join(other, "c.pub"))
+	ks, err := verify.LoadTrustedKeys(dir, filepath.Join(other, "c.pub"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(ks) != 3 || ks[a.KID] == nil || ks[b.KID] == nil || ks[c.KID] == nil {
 		t.Errorf("got %d keys: %v", len(ks), ks)
 	}
-	if _, err := LoadTrustedKeys(); err == nil {
+	if _, err := verify.LoadTrustedKeys(); err == nil {
 		t.Error("no paths: want error")
 	}
 }
@@ -165,7 +167,7 @@ func TestWritePublicKey(t *testing.T) {
 	if err := WritePublicKey(k.Public(), path); err != nil {
 		t.Fatal(err)
 	}
-	kid, pub, err := LoadPublicKey(path)
+	kid, pub, err := verify.LoadPublicKey(path)
 	if err != nil || kid != k.KID || !pub.Equal(k.Public()) {
 		t.Fatalf("read back %q %v", kid, err)
 	}

@@ -4,6 +4,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"testing"
+
+	"github.com/talos-audit/talos/receipts/verify"
 )
 
 // The Certificate Transparency reference tree (RFC 6962 test data): these
@@ -22,22 +24,22 @@ var ctRoots = []string{
 	"5dc9da79a70659a9ad559cb701ded9a2ab9d823aad2f4960cfe370eff4604328",
 }
 
-func ctLeafHashes(t *testing.T) []Hash {
+func ctLeafHashes(t *testing.T) []verify.Hash {
 	t.Helper()
-	out := make([]Hash, len(ctLeaves))
+	out := make([]verify.Hash, len(ctLeaves))
 	for i, s := range ctLeaves {
 		b, err := hex.DecodeString(s)
 		if err != nil {
 			t.Fatal(err)
 		}
-		out[i] = LeafHash(b)
+		out[i] = verify.LeafHash(b)
 	}
 	return out
 }
 
-func mustParseHash(t *testing.T, s string) Hash {
+func mustParseHash(t *testing.T, s string) verify.Hash {
 	t.Helper()
-	h, err := ParseHash(s)
+	h, err := verify.ParseHash(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +48,7 @@ func mustParseHash(t *testing.T, s string) Hash {
 
 func TestTreeMatchesRFC6962Roots(t *testing.T) {
 	leaves := ctLeafHashes(t)
-	var tree Tree
+	var tree verify.Tree
 	if got := tree.Root().String(); got != ctRoots[0] {
 		t.Fatalf("empty root %s, want %s", got, ctRoots[0])
 	}
@@ -55,12 +57,12 @@ func TestTreeMatchesRFC6962Roots(t *testing.T) {
 		if got := tree.Root().String(); got != ctRoots[n] {
 			t.Errorf("size %d: streaming root %s, want %s", n, got, ctRoots[n])
 		}
-		if got := RootOf(leaves[:n]).String(); got != ctRoots[n] {
-			t.Errorf("size %d: RootOf %s, want %s", n, got, ctRoots[n])
+		if got := verify.RootOf(leaves[:n]).String(); got != ctRoots[n] {
+			t.Errorf("size %d: verify.RootOf %s, want %s", n, got, ctRoots[n])
 		}
 	}
 	tree.Reset()
-	if tree.Size() != 0 || tree.Root() != EmptyRoot() {
+	if tree.Size() != 0 || tree.Root() != verify.EmptyRoot() {
 		t.Fatal("Reset did not empty the tree")
 	}
 }
@@ -84,7 +86,7 @@ func TestInclusionProofMatchesRFC6962Vectors(t *testing.T) {
 		{0, 1, nil},
 	}
 	for _, tc := range cases {
-		got, err := InclusionProof(leaves[:tc.size], tc.index)
+		got, err := verify.InclusionProof(leaves[:tc.size], tc.index)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,7 +98,7 @@ func TestInclusionProofMatchesRFC6962Vectors(t *testing.T) {
 				t.Errorf("leaf %d of %d: proof[%d] %s, want %s", tc.index, tc.size, i, got[i], tc.proof[i])
 			}
 		}
-		if err := VerifyInclusion(leaves[tc.index], tc.index, tc.size, got, mustParseHash(t, ctRoots[tc.size])); err != nil {
+		if err := verify.VerifyInclusion(leaves[tc.index], tc.index, tc.size, got, mustParseHash(t, ctRoots[tc.size])); err != nil {
 			t.Errorf("leaf %d of %d: %v", tc.index, tc.size, err)
 		}
 	}
@@ -106,59 +108,59 @@ func TestInclusionProofMatchesRFC6962Vectors(t *testing.T) {
 // proof survives a change to the leaf, the index or any proof hash, or a
 // truncated or extended path. (The size is signed in the checkpoint.)
 func TestInclusionRoundTripAndTamper(t *testing.T) {
-	var leaves []Hash
+	var leaves []verify.Hash
 	for i := range 70 {
-		leaves = append(leaves, LeafHash([]byte{byte(i), byte(i * 7)}))
+		leaves = append(leaves, verify.LeafHash([]byte{byte(i), byte(i * 7)}))
 	}
 	for size := uint64(1); size <= uint64(len(leaves)); size++ {
-		root := RootOf(leaves[:size])
+		root := verify.RootOf(leaves[:size])
 		for idx := uint64(0); idx < size; idx++ {
-			proof, err := InclusionProof(leaves[:size], idx)
+			proof, err := verify.InclusionProof(leaves[:size], idx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := VerifyInclusion(leaves[idx], idx, size, proof, root); err != nil {
+			if err := verify.VerifyInclusion(leaves[idx], idx, size, proof, root); err != nil {
 				t.Fatalf("size %d leaf %d: %v", size, idx, err)
 			}
 			other := leaves[(idx+1)%uint64(len(leaves))]
-			if VerifyInclusion(other, idx, size, proof, root) == nil {
+			if verify.VerifyInclusion(other, idx, size, proof, root) == nil {
 				t.Fatalf("size %d leaf %d: another leaf verified", size, idx)
 			}
-			if size > 1 && VerifyInclusion(leaves[idx], (idx+1)%size, size, proof, root) == nil {
+			if size > 1 && verify.VerifyInclusion(leaves[idx], (idx+1)%size, size, proof, root) == nil {
 				t.Fatalf("size %d leaf %d: another index verified", size, idx)
 			}
 			for i := range proof {
-				bad := append([]Hash(nil), proof...)
+				bad := append([]verify.Hash(nil), proof...)
 				bad[i][0] ^= 1
-				if err := VerifyInclusion(leaves[idx], idx, size, bad, root); !errors.Is(err, ErrProofMismatch) {
+				if err := verify.VerifyInclusion(leaves[idx], idx, size, bad, root); !errors.Is(err, verify.ErrProofMismatch) {
 					t.Fatalf("size %d leaf %d: proof[%d] flipped: %v", size, idx, i, err)
 				}
 			}
-			if len(proof) > 0 && VerifyInclusion(leaves[idx], idx, size, proof[:len(proof)-1], root) == nil {
+			if len(proof) > 0 && verify.VerifyInclusion(leaves[idx], idx, size, proof[:len(proof)-1], root) == nil {
 				t.Fatalf("size %d leaf %d: a truncated proof verified", size, idx)
 			}
-			if VerifyInclusion(leaves[idx], idx, size, append(proof, root), root) == nil {
+			if verify.VerifyInclusion(leaves[idx], idx, size, append(proof, root), root) == nil {
 				t.Fatalf("size %d leaf %d: an extended proof verified", size, idx)
 			}
 		}
 	}
-	if _, err := InclusionProof(leaves[:3], 3); err == nil {
+	if _, err := verify.InclusionProof(leaves[:3], 3); err == nil {
 		t.Fatal("index outside the tree accepted")
 	}
 }
 
 func TestReceiptLeaf(t *testing.T) {
 	h := "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
-	l, err := ReceiptLeaf(h)
+	l, err := verify.ReceiptLeaf(h)
 	if err != nil {
 		t.Fatal(err)
 	}
 	raw, _ := hex.DecodeString(h)
-	if l != LeafHash(raw) {
+	if l != verify.LeafHash(raw) {
 		t.Fatal("ReceiptLeaf is not the leaf hash of the raw receipt hash")
 	}
 	for _, bad := range []string{"", "00", h[:63] + "G", "00112233445566778899AABBCCDDEEFF00112233445566778899aabbccddeeff"} {
-		if _, err := ReceiptLeaf(bad); err == nil {
+		if _, err := verify.ReceiptLeaf(bad); err == nil {
 			t.Errorf("ReceiptLeaf(%q) accepted", bad)
 		}
 	}

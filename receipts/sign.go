@@ -14,14 +14,13 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // TimeLayout is the CloudEvent time format: RFC 3339, milliseconds, UTC.
 const TimeLayout = "2006-01-02T15:04:05.000Z"
-
-// ContentType is the datacontenttype of every Talos CloudEvent.
-const ContentType = "application/json"
 
 // Meta is the CloudEvent context of an event to sign.
 type Meta struct {
@@ -47,7 +46,7 @@ type Sealed struct {
 }
 
 // SignEvent signs a CloudEvent whose data is v, which MUST encode (see
-// MarshalCanonical) as a JSON object without a "signature" member; the
+// jsonkit.MarshalCanonical) as a JSON object without a "signature" member; the
 // signature is added as data.signature. Use it for signed events outside a
 // receipt chain (control events, checkpoints); receipts go through
 // Chain.Seal.
@@ -150,6 +149,9 @@ func unreserved(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~'
 }
 
+// signatureKey is the data member a signature is written to.
+const signatureKey = "signature"
+
 // sigMemberPrefix starts the data.signature member; the kid, the sig and
 // `"}` follow.
 const sigMemberPrefix = `"signature":{"alg":"` + schemas.SignatureAlg + `","kid":`
@@ -175,23 +177,13 @@ func signEvent(key *PrivateKey, meta Meta, v any, sizeHint int) (*Sealed, *schem
 
 	// Canonical event without data.signature; members in RFC 8785 order:
 	// data, datacontenttype, id, source, specversion, subject, time, type.
-	e := canonEncoder{track: true}
 	buf := append(make([]byte, 0, sizeHint+64), `{"data":`...)
-	dataStart := len(buf)
-	buf, err = e.encode(buf, v)
+	buf, at, found, err := jsonkit.AppendCanonicalObject(buf, v, signatureKey)
 	if err != nil {
 		return nil, nil, fmt.Errorf("receipts: sign: %w", err)
 	}
-	if buf[dataStart] != '{' {
-		return nil, nil, errors.New("receipts: sign: data must be a JSON object")
-	}
-	at, found := e.sigAt, e.sigFound
 	if at < 0 {
-		m, f, _, err := findMember(buf, dataStart, signatureKey)
-		if err != nil {
-			return nil, nil, fmt.Errorf("receipts: sign: %w", err)
-		}
-		at, found = m.start, f
+		return nil, nil, errors.New("receipts: sign: data must be a JSON object")
 	}
 	if found {
 		return nil, nil, errors.New("receipts: sign: data already has a signature member")
@@ -214,19 +206,19 @@ func signEvent(key *PrivateKey, meta Meta, v any, sizeHint int) (*Sealed, *schem
 // event (datacontenttype, id, source, specversion, subject, time, type)
 // and closes the event.
 func appendAttributes(buf []byte, ctx eventContext) []byte {
-	buf = append(buf, `,"datacontenttype":"`+ContentType+`","id":`...)
-	buf = appendJCSString(buf, ctx.id)
+	buf = append(buf, `,"datacontenttype":"`+verify.ContentType+`","id":`...)
+	buf = jsonkit.AppendString(buf, ctx.id)
 	buf = append(buf, `,"source":`...)
-	buf = appendJCSString(buf, ctx.source)
+	buf = jsonkit.AppendString(buf, ctx.source)
 	buf = append(buf, `,"specversion":"1.0"`...)
 	if ctx.subject != "" {
 		buf = append(buf, `,"subject":`...)
-		buf = appendJCSString(buf, ctx.subject)
+		buf = jsonkit.AppendString(buf, ctx.subject)
 	}
 	buf = append(buf, `,"time":"`...)
 	buf = appendEventTime(buf, ctx.time)
 	buf = append(buf, `","type":`...)
-	buf = appendJCSString(buf, ctx.typ)
+	buf = jsonkit.AppendString(buf, ctx.typ)
 	buf = append(buf, '}')
 	return buf
 }
@@ -237,7 +229,7 @@ func appendAttributes(buf []byte, ctx eventContext) []byte {
 // buf and the offset of the base64url signature in it.
 func insertSignature(buf []byte, at int, kid string, sig []byte) ([]byte, int, error) {
 	var kidBuf [64]byte
-	quotedKID := appendJCSString(kidBuf[:0], kid)
+	quotedKID := jsonkit.AppendString(kidBuf[:0], kid)
 	atEnd := buf[at] == '}'
 	lead := atEnd && buf[at-1] != '{'
 	insLen := len(sigMemberPrefix) + len(quotedKID) + len(`,"sig":"`) + sigLen + len(`"}`)

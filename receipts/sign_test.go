@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/talos-audit/talos/receipts/verify"
 )
 
 // sdkContext is what the CloudEvents Go SDK makes of a context: the values
@@ -16,7 +18,7 @@ func sdkContext(id, source, typ, subject string) (ctx eventContext, ok bool) {
 	ev.SetSource(source)
 	ev.SetType(typ)
 	ev.SetSubject(subject)
-	ev.SetDataContentType(ContentType)
+	ev.SetDataContentType(verify.ContentType)
 	if ev.Validate() != nil {
 		return ctx, false
 	}

@@ -3,22 +3,24 @@ package receipts
 import (
 	"strings"
 	"testing"
+
+	"github.com/talos-audit/talos/receipts/verify"
 )
 
-// ReadEvents takes JSON lines (blank lines skipped) or one JSON array.
+// verify.ReadEvents takes JSON lines (blank lines skipped) or one JSON array.
 func TestReadEvents(t *testing.T) {
 	for _, tc := range []struct{ name, in string }{
 		{"lines", "{\"id\":\"a\"}\n\n  {\"id\":\"b\"}  \n"},
 		{"array", " [{\"id\":\"a\"}, {\"id\":\"b\"}]\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			evs, err := ReadEvents(strings.NewReader(tc.in), "f")
+			evs, err := verify.ReadEvents(strings.NewReader(tc.in), "f")
 			if err != nil || len(evs) != 2 || string(evs[0]) != `{"id":"a"}` || string(evs[1]) != `{"id":"b"}` {
 				t.Fatalf("%q: %v %q", tc.in, err, evs)
 			}
 		})
 	}
-	if _, err := ReadEvents(strings.NewReader("[{"), "f.json"); err == nil || !strings.HasPrefix(err.Error(), "f.json: ") {
+	if _, err := verify.ReadEvents(strings.NewReader("[{"), "f.json"); err == nil || !strings.HasPrefix(err.Error(), "f.json: ") {
 		t.Fatalf("broken array: %v", err)
 	}
 }

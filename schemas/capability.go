@@ -6,7 +6,7 @@ package schemas
 // signature covers sha256(JCS(object without "signature")): a signature
 // made for one object type cannot verify as another (context confusion).
 // Signatures are Ed25519, base64url without padding, in a Signature
-// {alg, kid, sig} where kid is receipts.KeyID of the signing key.
+// {alg, kid, sig} where kid is verify.KeyID of the signing key.
 
 // Signed object types.
 const (

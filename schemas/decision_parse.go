@@ -2,7 +2,8 @@ package schemas
 
 import (
 	"encoding/json"
-	"unicode/utf8"
+
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // ParseDecision decodes a decision reply as json.Unmarshal into a Decision
@@ -83,7 +84,9 @@ func parseDecisionFast(b []byte) (*Decision, bool) {
 		}
 		break
 	}
-	if p.i != len(b) || !utf8.Valid(b) {
+	// Every string was checked for UTF-8 (jsonkit.ScanString); the rest
+	// of what was read is ASCII.
+	if p.i != len(b) {
 		return nil, false
 	}
 	return d, true
@@ -110,23 +113,15 @@ func (p *decisionParser) byte(c byte) bool {
 	return false
 }
 
-// plainString reads a string without escapes or control characters.
+// plainString reads a string without escapes.
 func (p *decisionParser) plainString() (string, bool) {
-	if !p.byte('"') {
+	end, escaped, ok := jsonkit.ScanString(p.b, p.i)
+	if !ok || escaped {
 		return "", false
 	}
-	start := p.i
-	for ; p.i < len(p.b); p.i++ {
-		switch c := p.b[p.i]; {
-		case c == '"':
-			s := string(p.b[start:p.i])
-			p.i++
-			return s, true
-		case c == '\\' || c < 0x20:
-			return "", false
-		}
-	}
-	return "", false
+	str := string(p.b[p.i+1 : end-1])
+	p.i = end
+	return str, true
 }
 
 // strings reads null or an array of plain strings.
@@ -212,54 +207,16 @@ func (p *decisionParser) skip(depth int) bool {
 	case c == 'n':
 		return p.literal("null")
 	case c == '-' || c >= '0' && c <= '9':
-		start := p.i
-		for p.i < len(p.b) {
-			c := p.b[p.i]
-			if !(c >= '0' && c <= '9' || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E') {
-				break
-			}
-			p.i++
-		}
-		return json.Valid(p.b[start:p.i])
+		end := jsonkit.NumberEnd(p.b, p.i)
+		p.i = end
+		return end >= 0
 	}
 	return false
 }
 
 // skipString passes over a string, escapes included.
 func (p *decisionParser) skipString() bool {
-	if !p.byte('"') {
-		return false
-	}
-	for p.i < len(p.b) {
-		switch c := p.b[p.i]; {
-		case c == '"':
-			p.i++
-			return true
-		case c == '\\':
-			if p.i+1 >= len(p.b) {
-				return false
-			}
-			switch p.b[p.i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				p.i += 2
-			case 'u':
-				if p.i+6 > len(p.b) {
-					return false
-				}
-				for _, h := range p.b[p.i+2 : p.i+6] {
-					if !(h >= '0' && h <= '9' || h >= 'a' && h <= 'f' || h >= 'A' && h <= 'F') {
-						return false
-					}
-				}
-				p.i += 6
-			default:
-				return false
-			}
-		case c < 0x20:
-			return false
-		default:
-			p.i++
-		}
-	}
-	return false
+	end, _, ok := jsonkit.ScanString(p.b, p.i)
+	p.i = end
+	return ok
 }

@@ -3,7 +3,8 @@ package schemas
 import (
 	"bytes"
 	"fmt"
-	"unicode/utf8"
+
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // member is the value span of one object member, as byte offsets into the
@@ -130,7 +131,7 @@ func scanStructure(raw []byte, maxDepth int, info *scanInfo) error {
 // escaped says whether they hold an escape.
 func memberName(quoted []byte, escaped bool) string {
 	if escaped {
-		return unescapeJSON(quoted)
+		return jsonkit.Unescape(quoted)
 	}
 	return string(quoted)
 }
@@ -198,7 +199,8 @@ func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\
 
 // scanString returns the offset of the closing quote of the string whose
 // contents start at i, whether it contains escapes, and an error for an
-// unpaired surrogate escape.
+// unpaired surrogate escape (the only escape problem json.Valid input can
+// have).
 func scanString(raw []byte, i int) (end int, escaped bool, err error) {
 	for {
 		q := bytes.IndexByte(raw[i:], '"')
@@ -211,82 +213,10 @@ func scanString(raw []byte, i int) (end int, escaped bool, err error) {
 		}
 		escaped = true
 		j := i + bs
-		if raw[j+1] != 'u' {
-			i = j + 2
-			continue
-		}
-		r := hex4(raw[j+2 : j+6])
-		switch {
-		case r >= 0xD800 && r < 0xDC00:
-			if j+12 > len(raw) || raw[j+6] != '\\' || raw[j+7] != 'u' {
-				return 0, true, &scanError{what: "unpaired surrogate escape", offset: j}
-			}
-			if lo := hex4(raw[j+8 : j+12]); lo < 0xDC00 || lo > 0xDFFF {
-				return 0, true, &scanError{what: "unpaired surrogate escape", offset: j}
-			}
-			i = j + 12
-		case r >= 0xDC00 && r <= 0xDFFF:
+		_, n := jsonkit.DecodeEscape(raw, j)
+		if n == 0 {
 			return 0, true, &scanError{what: "unpaired surrogate escape", offset: j}
-		default:
-			i = j + 6
 		}
+		i = j + n
 	}
-}
-
-func hex4(b []byte) rune {
-	var r rune
-	for _, c := range b {
-		r <<= 4
-		switch {
-		case c >= '0' && c <= '9':
-			r |= rune(c - '0')
-		case c >= 'a' && c <= 'f':
-			r |= rune(c - 'a' + 10)
-		case c >= 'A' && c <= 'F':
-			r |= rune(c - 'A' + 10)
-		default:
-			return -1
-		}
-	}
-	return r
-}
-
-// unescapeJSON decodes the contents of a valid JSON string whose surrogate
-// escapes are paired (scanString checked both).
-func unescapeJSON(s []byte) string {
-	b := make([]byte, 0, len(s))
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c != '\\' {
-			b = append(b, c)
-			i++
-			continue
-		}
-		switch s[i+1] {
-		case 'b':
-			b = append(b, '\b')
-		case 'f':
-			b = append(b, '\f')
-		case 'n':
-			b = append(b, '\n')
-		case 'r':
-			b = append(b, '\r')
-		case 't':
-			b = append(b, '\t')
-		case 'u':
-			r := hex4(s[i+2 : i+6])
-			i += 6
-			if r >= 0xD800 && r < 0xDC00 {
-				lo := hex4(s[i+2 : i+6])
-				r = 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00)
-				i += 6
-			}
-			b = utf8.AppendRune(b, r)
-			continue
-		default: // '"', '\\', '/'
-			b = append(b, s[i+1])
-		}
-		i += 2
-	}
-	return string(b)
 }

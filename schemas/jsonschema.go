@@ -12,7 +12,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 
-	"github.com/talos-audit/talos/schemas/jsonpointer"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 //go:embed mcp/*.json talos/*.json
@@ -187,7 +187,7 @@ func SafeLocation(doc any, loc []string, declared map[string]bool) string {
 		switch c := cur.(type) {
 		case []any:
 			isIndex = true
-			if i, ok := jsonpointer.Index(tok); ok && i < len(c) {
+			if i, ok := jsonkit.ArrayIndex(tok); ok && i < len(c) {
 				cur = c[i]
 			} else {
 				cur = nil
@@ -195,14 +195,14 @@ func SafeLocation(doc any, loc []string, declared map[string]bool) string {
 		case map[string]any:
 			cur = c[tok]
 		default:
-			_, isIndex = jsonpointer.Index(tok)
+			_, isIndex = jsonkit.ArrayIndex(tok)
 			cur = nil
 		}
 		switch {
 		case isIndex:
 			sb.WriteString(tok)
 		case declared[tok]:
-			sb.WriteString(jsonpointer.Escape(tok))
+			sb.WriteString(jsonkit.EscapeToken(tok))
 		default:
 			sb.WriteByte('*')
 		}

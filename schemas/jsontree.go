@@ -1,11 +1,9 @@
 package schemas
 
 import (
-	"encoding/binary"
 	"encoding/json"
-	"math/bits"
-	"unicode/utf16"
-	"unicode/utf8"
+
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // envelopeSpans are the exact input bytes of the envelope members that
@@ -306,171 +304,26 @@ func (p *treeParser) array(level int) (any, bool) {
 
 // number decodes a number with RFC 8259's grammar, as json.Number.
 func (p *treeParser) number() (any, bool) {
-	s, start := p.src, p.pos
-	i := p.pos
-	if s[i] == '-' {
-		i++
-	}
-	switch {
-	case i < len(s) && s[i] == '0':
-		i++
-	case i < len(s) && s[i] >= '1' && s[i] <= '9':
-		for i++; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
-		}
-	default:
+	end := jsonkit.NumberEnd(p.src, p.pos)
+	if end < 0 {
 		return nil, false
 	}
-	if i < len(s) && s[i] == '.' {
-		i++
-		d := i
-		for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
-		}
-		if i == d {
-			return nil, false
-		}
-	}
-	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
-		i++
-		if i < len(s) && (s[i] == '+' || s[i] == '-') {
-			i++
-		}
-		d := i
-		for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
-		}
-		if i == d {
-			return nil, false
-		}
-	}
-	p.pos = i
-	return json.Number(s[start:i]), true
+	n := json.Number(p.src[p.pos:end])
+	p.pos = end
+	return n, true
 }
 
-const (
-	lsb = 0x0101010101010101
-	msb = 0x8080808080808080
-)
-
-// plainWord reports whether none of the 8 bytes in x ends, escapes or
-// breaks a JSON string: no '"', no '\\', no control byte and no non-ASCII
-// byte (those are validated one rune at a time).
-func plainWord(x uint64) uint64 {
-	q := x ^ (lsb * '"')
-	b := x ^ (lsb * '\\')
-	return ((x-lsb*0x20)&^x | (q-lsb)&^q | (b-lsb)&^b | x) & msb
-}
-
-// str decodes the string at p.pos ('"').
+// str decodes the string at p.pos ('"'). One without escapes is a
+// substring of src.
 func (p *treeParser) str() (string, bool) {
-	s := p.src
+	end, escaped, ok := jsonkit.ScanString(p.src, p.pos)
+	if !ok {
+		return "", false
+	}
 	start := p.pos + 1
-	i := start
-	for {
-		for i+8 <= len(s) {
-			if w := plainWord(binary.LittleEndian.Uint64(p.raw[i:])); w != 0 {
-				i += bits.TrailingZeros64(w) >> 3
-				break
-			}
-			i += 8
-		}
-		if i >= len(s) {
-			return "", false
-		}
-		switch c := s[i]; {
-		case c == '"':
-			p.pos = i + 1
-			return s[start:i], true
-		case c == '\\':
-			return p.escapedStr(start, i)
-		case c < 0x20:
-			return "", false
-		case c >= utf8.RuneSelf:
-			r, n := utf8.DecodeRuneInString(s[i:])
-			if r == utf8.RuneError && n == 1 {
-				return "", false
-			}
-			i += n
-		default:
-			i++
-		}
+	p.pos = end
+	if escaped {
+		return jsonkit.Unescape(p.src[start : end-1]), true
 	}
-}
-
-// escapedStr finishes decoding a string whose contents start at start and
-// whose first escape is at i.
-func (p *treeParser) escapedStr(start, i int) (string, bool) {
-	s := p.src
-	buf := make([]byte, 0, len(s[start:i])+16)
-	buf = append(buf, s[start:i]...)
-	for i < len(s) {
-		c := s[i]
-		switch {
-		case c == '"':
-			p.pos = i + 1
-			return string(buf), true
-		case c < 0x20:
-			return "", false
-		case c >= utf8.RuneSelf:
-			r, n := utf8.DecodeRuneInString(s[i:])
-			if r == utf8.RuneError && n == 1 {
-				return "", false
-			}
-			buf = append(buf, s[i:i+n]...)
-			i += n
-			continue
-		case c != '\\':
-			buf = append(buf, c)
-			i++
-			continue
-		}
-		if i+1 >= len(s) {
-			return "", false
-		}
-		switch s[i+1] {
-		case '"', '\\', '/':
-			buf = append(buf, s[i+1])
-		case 'b':
-			buf = append(buf, '\b')
-		case 'f':
-			buf = append(buf, '\f')
-		case 'n':
-			buf = append(buf, '\n')
-		case 'r':
-			buf = append(buf, '\r')
-		case 't':
-			buf = append(buf, '\t')
-		case 'u':
-			r := hex4str(s, i+2)
-			if r < 0 {
-				return "", false
-			}
-			i += 6
-			if utf16.IsSurrogate(r) {
-				// Only a high surrogate immediately followed by an
-				// escaped low one decodes; anything else is unpaired.
-				if r >= 0xDC00 || i+6 > len(s) || s[i] != '\\' || s[i+1] != 'u' {
-					return "", false
-				}
-				lo := hex4str(s, i+2)
-				if lo < 0xDC00 || lo > 0xDFFF {
-					return "", false
-				}
-				r = utf16.DecodeRune(r, lo)
-				i += 6
-			}
-			buf = utf8.AppendRune(buf, r)
-			continue
-		default:
-			return "", false
-		}
-		i += 2
-	}
-	return "", false
-}
-
-// hex4str is the value of the four hex digits at s[i:], or -1.
-func hex4str(s string, i int) rune {
-	if i+4 > len(s) {
-		return -1
-	}
-	return hex4([]byte(s[i : i+4]))
+	return p.src[start : end-1], true
 }

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/talos-audit/talos/schemas/jsonpointer"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // quickSchema is a JSON Schema (draft 2020-12) compiled for a quick
@@ -101,7 +101,7 @@ var quickPatterns = map[string]func(string) bool{
 	`^[A-Za-z0-9_-]{22,256}$`:    isCorrelationID,
 	`^[0-9a-f]{64}$`:             isHex256,
 	`^sha256:[0-9a-f]{64}$`:      isDigestString,
-	`^(/([^~/]|~[01])*)*$`:       jsonpointer.Valid,
+	`^(/([^~/]|~[01])*)*$`:       jsonkit.ValidPointer,
 }
 
 // compileQuickSchema compiles the schema document doc (as
@@ -219,7 +219,7 @@ func (c *quickCompiler) applicator(s *quickSchema, kw string, val any, ptr strin
 			return quickError(ptr, kw, "not an object")
 		}
 		for name, d := range defs {
-			if _, err := sub("$defs/"+jsonpointer.Escape(name), d); err != nil {
+			if _, err := sub("$defs/"+jsonkit.EscapeToken(name), d); err != nil {
 				return err
 			}
 		}
@@ -229,7 +229,7 @@ func (c *quickCompiler) applicator(s *quickSchema, kw string, val any, ptr strin
 		if !ok {
 			return quickError(ptr, kw, "only references into the same document")
 		}
-		node, found := jsonpointer.Resolve(c.root, target)
+		node, found := jsonkit.ResolvePointer(c.root, target)
 		if !found {
 			return quickError(ptr, kw, "does not resolve")
 		}
@@ -241,7 +241,7 @@ func (c *quickCompiler) applicator(s *quickSchema, kw string, val any, ptr strin
 		}
 		s.props = make(map[string]*quickSchema, len(props))
 		for name, p := range props {
-			if s.props[name], err = sub("properties/"+jsonpointer.Escape(name), p); err != nil {
+			if s.props[name], err = sub("properties/"+jsonkit.EscapeToken(name), p); err != nil {
 				return err
 			}
 		}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
-	"github.com/talos-audit/talos/schemas/jsonpointer"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // toolCallSchemaDoc is the embedded tool call schema as the library
@@ -266,7 +266,7 @@ func schemaProps(t testing.TB, root map[string]any) []schemaProp {
 			return
 		}
 		if ref, ok := node["$ref"].(string); ok {
-			target, found := jsonpointer.Resolve(root, strings.TrimPrefix(ref, "#"))
+			target, found := jsonkit.ResolvePointer(root, strings.TrimPrefix(ref, "#"))
 			if !found {
 				t.Fatalf("unresolved $ref %s", ref)
 			}

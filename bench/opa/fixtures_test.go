@@ -16,6 +16,7 @@ import (
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // envelopeBytes is the size of the benchmark envelope.
@@ -118,14 +119,14 @@ func envelope(t testing.TB, c call) []byte {
 			t.Fatal(err)
 		}
 		chain := &schemas.CapabilityChain{Capability: capability}
-		if tc.Capability, err = receipts.MarshalCanonical(chain); err != nil {
+		if tc.Capability, err = jsonkit.MarshalCanonical(chain); err != nil {
 			t.Fatal(err)
 		}
 		chainHash, err := enforce.ChainHash(chain)
 		if err != nil {
 			t.Fatal(err)
 		}
-		req, err := receipts.MarshalCanonical(tc.Request)
+		req, err := jsonkit.MarshalCanonical(tc.Request)
 		if err != nil {
 			t.Fatal(err)
 		}

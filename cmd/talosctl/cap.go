@@ -10,6 +10,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -40,7 +41,7 @@ func (l capLifetime) expiry(now, def time.Time) (time.Time, error) {
 
 // loadAgentKey reads an agent's NAME.pub.
 func loadAgentKey(flag, path string) (ed25519.PublicKey, error) {
-	_, pub, err := receipts.LoadPublicKey(path)
+	_, pub, err := verify.LoadPublicKey(path)
 	if err != nil {
 		return nil, usage("%s: %v", flag, err)
 	}
@@ -173,9 +174,9 @@ func (c *capInspectCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	issuers := receipts.KeySet{}
+	issuers := verify.KeySet{}
 	if len(c.Issuers) > 0 {
-		if issuers, err = receipts.LoadTrustedKeys(c.Issuers...); err != nil {
+		if issuers, err = verify.LoadTrustedKeys(c.Issuers...); err != nil {
 			return usage("--issuers: %v", err)
 		}
 	}

@@ -13,7 +13,9 @@ import (
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 	"github.com/talos-audit/talos/testenv"
 )
 
@@ -166,7 +168,7 @@ func TestCallSignsEnvelope(t *testing.T) {
 	if err := signer.Sign(call); err != nil {
 		t.Fatal(err)
 	}
-	ks := receipts.KeySet{}
+	ks := verify.KeySet{}
 	ks.Add(issuer.Public())
 	authz, err := enforce.NewAuthorizer(enforce.CapabilityConfig{Issuers: ks})
 	if err != nil {
@@ -181,7 +183,7 @@ func TestCallSignsEnvelope(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		reqCanon, _ := receipts.CanonicalTree(pc.Doc["request"])
+		reqCanon, _ := jsonkit.CanonicalTree(pc.Doc["request"])
 		if h := sha256Hex(reqCanon); h != pc.Call.RequestHash {
 			t.Fatalf("request_hash %s, want %s", pc.Call.RequestHash, h)
 		}

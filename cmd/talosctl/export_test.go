@@ -12,7 +12,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce/redact"
 	"github.com/talos-audit/talos/query"
-	"github.com/talos-audit/talos/receipts"
+	receiptverify "github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/testenv"
 )
 
@@ -98,7 +98,7 @@ func TestExportVerifiesOffline(t *testing.T) {
 	os.WriteFile(tampered, []byte(strings.Join(append([]string{edited}, lines[1:]...), "\n")+"\n"), 0o644)
 	out, code = verify(tampered)
 	t.Logf("talosctl verify --file on an edited export:\n%s", out)
-	if code != 1 || !strings.Contains(out, fx.allowed) || !strings.Contains(out, receipts.ProblemBadSignature) || !strings.Contains(out, "FAILED") {
+	if code != 1 || !strings.Contains(out, fx.allowed) || !strings.Contains(out, receiptverify.ProblemBadSignature) || !strings.Contains(out, "FAILED") {
 		t.Fatalf("verify of the edited export: exit %d, want 1 naming %s\n%s", code, fx.allowed, out)
 	}
 
@@ -109,7 +109,7 @@ func TestExportVerifiesOffline(t *testing.T) {
 	if n := strings.Count(string(pdata), "\n"); n != 4 {
 		t.Fatalf("export --from +2s: %d records, want 4 (seq 4..7)", n)
 	}
-	if out, code := verify(part); code != 1 || !strings.Contains(out, receipts.ProblemChainGap) {
+	if out, code := verify(part); code != 1 || !strings.Contains(out, receiptverify.ProblemChainGap) {
 		t.Fatalf("verify of a partial export without --partial: exit %d\n%s", code, out)
 	}
 	if out, code := verify(part, "--partial"); code != 0 {

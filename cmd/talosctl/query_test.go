@@ -17,6 +17,7 @@ import (
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 	"github.com/talos-audit/talos/testenv"
 )
 
@@ -30,7 +31,7 @@ func plantToolCall(t *testing.T, ctx context.Context, w *query.SinkWriter, r *re
 	if err != nil {
 		t.Fatal(err)
 	}
-	payload, err := receipts.MarshalCanonical(redacted)
+	payload, err := jsonkit.MarshalCanonical(redacted)
 	if err != nil {
 		t.Fatal(err)
 	}

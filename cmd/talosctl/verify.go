@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/talos-audit/talos/query"
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 )
 
 type verifyCmd struct {
@@ -24,7 +24,7 @@ type verifyCmd struct {
 }
 
 func (c *verifyCmd) Run(g *Globals) error {
-	keys, err := receipts.LoadTrustedKeys(c.TrustedKeys...)
+	keys, err := verify.LoadTrustedKeys(c.TrustedKeys...)
 	if err != nil {
 		return usage("%v", err)
 	}
@@ -35,7 +35,7 @@ func (c *verifyCmd) Run(g *Globals) error {
 		return c.prove(g, keys)
 	}
 	var (
-		rep    receipts.Report
+		rep    verify.Report
 		source string
 	)
 	if c.File != "" {
@@ -44,7 +44,7 @@ func (c *verifyCmd) Run(g *Globals) error {
 		if err != nil {
 			return usage("%v", err)
 		}
-		rep = receipts.VerifyFile(events, keys, c.Partial, c.BatchSignatures)
+		rep = verify.VerifyFile(events, keys, c.Partial, c.BatchSignatures)
 	} else {
 		source = fmt.Sprintf("ClickHouse %s database %s", g.ClickhouseAddr, g.ClickhouseDatabase)
 		if rep, err = c.verifyDatabase(g, keys); err != nil {
@@ -87,11 +87,11 @@ func (c *verifyCmd) Run(g *Globals) error {
 
 // verifyDatabase verifies the ClickHouse database, with a progress bar
 // unless --json.
-func (c *verifyCmd) verifyDatabase(g *Globals, keys receipts.KeySet) (receipts.Report, error) {
+func (c *verifyCmd) verifyDatabase(g *Globals, keys verify.KeySet) (verify.Report, error) {
 	ctx := context.Background()
 	conn, err := query.Open(ctx, g.ClickhouseAddr, g.ClickhouseDatabase)
 	if err != nil {
-		return receipts.Report{}, failed("clickhouse %s: %v", g.ClickhouseAddr, err)
+		return verify.Report{}, failed("clickhouse %s: %v", g.ClickhouseAddr, err)
 	}
 	defer conn.Close()
 	var bar *progressBar
@@ -107,9 +107,9 @@ func (c *verifyCmd) verifyDatabase(g *Globals, keys receipts.KeySet) (receipts.R
 	return rep, nil
 }
 
-func printVerifyJSON(source string, rep *receipts.Report, counts map[string]int) error {
+func printVerifyJSON(source string, rep *verify.Report, counts map[string]int) error {
 	type problem struct {
-		receipts.Problem
+		verify.Problem
 		Category string `json:"category"`
 	}
 	probs := make([]problem, len(rep.Problems))
@@ -124,10 +124,10 @@ func printVerifyJSON(source string, rep *receipts.Report, counts map[string]int)
 }
 
 // prove prints the inclusion proof of c.Receipt.
-func (c *verifyCmd) prove(g *Globals, keys receipts.KeySet) error {
+func (c *verifyCmd) prove(g *Globals, keys verify.KeySet) error {
 	var (
-		proof *receipts.Proof
-		res   *receipts.ProofResult
+		proof *verify.Proof
+		res   *verify.ProofResult
 		err   error
 	)
 	if c.File != "" {
@@ -172,7 +172,7 @@ type verifyProofCmd struct {
 }
 
 func (c *verifyProofCmd) Run(g *Globals) error {
-	keys, err := receipts.LoadTrustedKeys(c.TrustedKeys...)
+	keys, err := verify.LoadTrustedKeys(c.TrustedKeys...)
 	if err != nil {
 		return usage("%v", err)
 	}
@@ -185,11 +185,11 @@ func (c *verifyProofCmd) Run(g *Globals) error {
 	if err != nil {
 		return usage("%v", err)
 	}
-	var p receipts.Proof
+	var p verify.Proof
 	if err := json.Unmarshal(b, &p); err != nil {
 		return failed("FAILED: %s is not an inclusion proof: %v", c.Proof, err)
 	}
-	res, err := receipts.VerifyProof(&p, keys)
+	res, err := verify.VerifyProof(&p, keys)
 	if err != nil {
 		return failed("FAILED: %v", err)
 	}
@@ -205,12 +205,12 @@ func (c *verifyProofCmd) Run(g *Globals) error {
 // readEvents reads the CloudEvents of a file, or of standard input for "-".
 func readEvents(path string) ([][]byte, error) {
 	if path == "-" {
-		return receipts.ReadEvents(os.Stdin, path)
+		return verify.ReadEvents(os.Stdin, path)
 	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	return receipts.ReadEvents(f, path)
+	return verify.ReadEvents(f, path)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -129,7 +130,7 @@ func TestVerifyCLI(t *testing.T) {
 		t.Fatalf("verify-proof: exit %d\n%s", code, out)
 	}
 	b, _ := os.ReadFile(proofFile)
-	var p receipts.Proof
+	var p verify.Proof
 	if err := json.Unmarshal(b, &p); err != nil {
 		t.Fatal(err)
 	}

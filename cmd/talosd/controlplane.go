@@ -10,16 +10,17 @@ import (
 
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 )
 
 // trustedSigners are the keys whose control events this process applies
 // and whose receipts its dashboard trusts: its own signing key (key, nil
 // without one) and --trusted-keys (the other talosd instances').
-func trustedSigners(f *Flags, key *receipts.PrivateKey) (receipts.KeySet, error) {
-	keys := receipts.KeySet{}
+func trustedSigners(f *Flags, key *receipts.PrivateKey) (verify.KeySet, error) {
+	keys := verify.KeySet{}
 	if len(f.TrustedKeys) > 0 {
 		var err error
-		if keys, err = receipts.LoadTrustedKeys(f.TrustedKeys...); err != nil {
+		if keys, err = verify.LoadTrustedKeys(f.TrustedKeys...); err != nil {
 			return nil, fmt.Errorf("trusted keys: %w", err)
 		}
 	}
@@ -38,10 +39,10 @@ func workerID(f *Flags) string { return ingest.InstanceToken(f.instance()) }
 // call ledger and enforcement state of this process's enforce role (en,
 // nil without one).
 func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn, js jetstream.JetStream, c *core, en *ingest.EnforceRole) (func(context.Context) error, error) {
-	responders := receipts.KeySet{}
+	responders := verify.KeySet{}
 	if len(f.ResponderKeys) > 0 {
 		var err error
-		if responders, err = receipts.LoadTrustedKeys(f.ResponderKeys...); err != nil {
+		if responders, err = verify.LoadTrustedKeys(f.ResponderKeys...); err != nil {
 			return nil, fmt.Errorf("responder keys: %w", err)
 		}
 	}

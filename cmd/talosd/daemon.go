@@ -21,6 +21,7 @@ import (
 	"github.com/talos-audit/talos/ingest/telemetry"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -54,7 +55,7 @@ type core struct {
 	reg     *enforce.Registry
 	key     *receipts.PrivateKey
 	engine  *enforce.Engine
-	signers receipts.KeySet
+	signers verify.KeySet
 }
 
 // runDaemon runs the configured roles until ctx ends. ready, if set, runs

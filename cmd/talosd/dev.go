@@ -17,7 +17,7 @@ import (
 	"github.com/talos-audit/talos/ingest/demo"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/query/chserver"
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 )
 
 //go:embed demo/registry/*.json
@@ -199,7 +199,7 @@ func demoVerify(ctx context.Context, f *Flags, want int) error {
 	if err := query.AwaitReceipts(ctx, conn, f.ClickhouseDatabase, query.ReceiptQuery{EP: demo.EP}, uint64(want), 30*time.Second); err != nil {
 		return fmt.Errorf("demo receipts: %w", err)
 	}
-	keys, err := receipts.LoadTrustedKeys(f.TrustedKeys...)
+	keys, err := verify.LoadTrustedKeys(f.TrustedKeys...)
 	if err != nil {
 		return err
 	}

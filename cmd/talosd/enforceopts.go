@@ -8,7 +8,7 @@ import (
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/enforce/redact"
 	"github.com/talos-audit/talos/ingest"
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 )
 
 // enforceChecks are the enforce role's checks from the flags:
@@ -22,9 +22,9 @@ func enforceChecks(f *Flags, log *slog.Logger) (enforce.DeciderOptions, error) {
 		Preflight:         enforce.PreflightConfig{MaxArgsBytes: f.MaxArgsBytes},
 		ReplayWindow:      f.ReplayWindow,
 	}
-	issuers := receipts.KeySet{}
+	issuers := verify.KeySet{}
 	if len(f.CapabilityIssuers) > 0 {
-		ks, err := receipts.LoadTrustedKeys(f.CapabilityIssuers...)
+		ks, err := verify.LoadTrustedKeys(f.CapabilityIssuers...)
 		if err != nil {
 			return o, usagef("--capability-issuers: %v", err)
 		}

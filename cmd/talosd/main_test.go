@@ -23,6 +23,7 @@ import (
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -229,7 +230,7 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	if receiptsPerCall != 0 {
 		t.Fatalf("%d calls have other than one receipt", receiptsPerCall)
 	}
-	keys := receipts.KeySet{}
+	keys := verify.KeySet{}
 	keys.Add(key.Public())
 	rep, err := query.VerifyDatabase(ctx, conn, db, keys, false, nil)
 	if err != nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -368,7 +369,7 @@ func TestWebDashboardInChromium(t *testing.T) {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		_, _, err := query.ProveReceipt(ctx, conn, db, killReceipt, receipts.KeySet{workerKey.KID: workerKey.Public()})
+		_, _, err := query.ProveReceipt(ctx, conn, db, killReceipt, verify.KeySet{workerKey.KID: workerKey.Public()})
 		if err == nil {
 			break
 		}

@@ -12,7 +12,7 @@ import (
 	"strings"
 
 	"github.com/talos-audit/talos/schemas"
-	"github.com/talos-audit/talos/schemas/jsonpointer"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // Rule names Talos adds to the gitleaks rule IDs in findings.
@@ -303,7 +303,7 @@ func (w *walker) pointer() string {
 			sb.WriteString(strconv.Itoa(t.index))
 			continue
 		}
-		sb.WriteString(jsonpointer.Escape(t.key))
+		sb.WriteString(jsonkit.EscapeToken(t.key))
 	}
 	return sb.String()
 }

@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	"mvdan.cc/sh/v3/syntax"
+
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // Secrets after command-line flags. Text holding a candidate flag (a
@@ -749,6 +751,6 @@ func (w *wordText) addANSIC(s string, a, b int) {
 }
 
 func hexByte(s string) (byte, bool) {
-	r, ok := hex4("00" + s)
-	return byte(r), ok
+	r := jsonkit.Hex4("00"+s, 0)
+	return byte(r), r >= 0
 }

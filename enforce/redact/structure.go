@@ -3,6 +3,8 @@ package redact
 import (
 	"regexp"
 	"strings"
+
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // Redaction by position. A value is a secret because of where it sits,
@@ -978,7 +980,7 @@ func jsonStringWord(s string, a, b int) *wordText {
 			c = '\f'
 		case 'u':
 			if k+5 < b {
-				if rn, ok := hex4(s[k+2 : k+6]); ok {
+				if rn := jsonkit.Hex4(s, k+2); rn >= 0 {
 					for _, x := range []byte(string(rn)) {
 						w.add(x, k, k+6)
 					}
@@ -1172,7 +1174,7 @@ func unescapeJSON(s string) string {
 			sb.WriteByte('\f')
 		case 'u':
 			if i+4 < len(s) {
-				if r, ok := hex4(s[i+1 : i+5]); ok {
+				if r := jsonkit.Hex4(s, i+1); r >= 0 {
 					sb.WriteRune(r)
 					i += 4
 					continue
@@ -1184,22 +1186,4 @@ func unescapeJSON(s string) string {
 		}
 	}
 	return sb.String()
-}
-
-func hex4(s string) (rune, bool) {
-	var r rune
-	for i := 0; i < 4; i++ {
-		c := s[i]
-		switch {
-		case '0' <= c && c <= '9':
-			r = r<<4 | rune(c-'0')
-		case 'a' <= c && c <= 'f':
-			r = r<<4 | rune(c-'a'+10)
-		case 'A' <= c && c <= 'F':
-			r = r<<4 | rune(c-'A'+10)
-		default:
-			return 0, false
-		}
-	}
-	return r, true
 }

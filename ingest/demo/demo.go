@@ -27,6 +27,7 @@ import (
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -58,7 +59,7 @@ func Prepare(keyDir string) error {
 	if err != nil {
 		return fmt.Errorf("demo capability issuer: %w", err)
 	}
-	_, agent, err := receipts.LoadPublicKey(filepath.Join(keyDir, Agent+".pub"))
+	_, agent, err := verify.LoadPublicKey(filepath.Join(keyDir, Agent+".pub"))
 	if err != nil {
 		return fmt.Errorf("demo agent key: %w", err)
 	}

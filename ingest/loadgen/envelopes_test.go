@@ -13,6 +13,7 @@ import (
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // The prepared envelopes are what `talosctl call` would send: valid
@@ -69,7 +70,7 @@ func TestBenchEnvelopes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		req, err := receipts.MarshalCanonical(pc.Call.Request)
+		req, err := jsonkit.MarshalCanonical(pc.Call.Request)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/testenv"
 )
 
@@ -39,7 +40,7 @@ func TestWriteVerifies(t *testing.T) {
 	if done != o.Receipts {
 		t.Fatalf("progress reported %d rows, want %d", done, o.Receipts)
 	}
-	rep, err := query.VerifyDatabase(ctx, conn, db, receipts.KeySet{key.KID: key.Public()}, false, nil)
+	rep, err := query.VerifyDatabase(ctx, conn, db, verify.KeySet{key.KID: key.Public()}, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 	"strings"
 
 	"github.com/talos-audit/talos/query"
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -214,14 +214,14 @@ func (h *handler) verifyReceipt(r *http.Request, copies []query.ReceiptRow) ([]c
 	var checks []check
 
 	sig := check{Name: "signature", Label: "Signature"}
-	ev, err := receipts.VerifyEvent(raw, h.o.Keys)
-	var ve *receipts.VerifyError
+	ev, err := verify.VerifyEvent(raw, h.o.Keys)
+	var ve *verify.VerifyError
 	switch {
 	case err == nil:
 		sig.Status, sig.Class, sig.Detail = "valid", "ok", "Ed25519 signature by trusted key "+ev.KID
-	case errors.As(err, &ve) && ve.Kind == receipts.ProblemUnknownKey:
+	case errors.As(err, &ve) && ve.Kind == verify.ProblemUnknownKey:
 		sig.Status, sig.Class, sig.Detail = "unknown key", "problem", "signed by key "+ev.KID+", which is not in the trusted set"
-	case errors.As(err, &ve) && ve.Kind == receipts.ProblemBadSignature:
+	case errors.As(err, &ve) && ve.Kind == verify.ProblemBadSignature:
 		sig.Status, sig.Class, sig.Detail = "bad", "problem", ve.Detail
 	default:
 		sig.Status, sig.Class, sig.Detail = "malformed", "problem", err.Error()
@@ -303,7 +303,7 @@ func (h *handler) chainCheck(r *http.Request, signed *query.ReceiptRow) check {
 		return c
 	}
 	for _, p := range prev {
-		if hash, err := receipts.ReceiptHash([]byte(p.CloudEvent)); err == nil && hash == signed.PrevHash {
+		if hash, err := verify.ReceiptHash([]byte(p.CloudEvent)); err == nil && hash == signed.PrevHash {
 			c.Status, c.Class = "linked", "ok"
 			c.Detail = where + ": prev_hash is the hash of receipt " + p.ReceiptID + " (seq " + strconv.FormatUint(p.ChainSeq, 10) + ")"
 			return c

@@ -18,7 +18,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/talos-audit/talos/query"
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 )
 
 // LoadOrCreateToken returns the access token kept in the file at path,
@@ -72,7 +72,7 @@ func LoadOrCreateToken(path string, log *slog.Logger) (string, error) {
 // inclusion proof against the signed checkpoint covering it and checks it
 // with keys (query.ProveReceipt). A receipt no checkpoint covers yet is
 // ErrPending; a proof that fails is not ok, with the reason as detail.
-func CheckpointInclusion(conn driver.Conn, database string, keys receipts.KeySet) func(ctx context.Context, receiptID string) (bool, string, error) {
+func CheckpointInclusion(conn driver.Conn, database string, keys verify.KeySet) func(ctx context.Context, receiptID string) (bool, string, error) {
 	return func(ctx context.Context, receiptID string) (bool, string, error) {
 		proof, res, err := query.ProveReceipt(ctx, conn, database, receiptID, keys)
 		switch {

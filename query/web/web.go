@@ -15,7 +15,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/talos-audit/talos/query"
-	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 )
 
 //go:embed templates/*.html
@@ -32,9 +32,9 @@ var ErrPending = errors.New("not yet covered by a checkpoint")
 // the zero value of the others means: no trusted keys (every signature
 // shows as an unknown key), no checkpoint check, slog.Default, time.Now.
 type Options struct {
-	Conn     driver.Conn     // ClickHouse, read only
-	Database string          // the Talos database
-	Keys     receipts.KeySet // trusted signers, for the receipt page's verification status
+	Conn     driver.Conn   // ClickHouse, read only
+	Database string        // the Talos database
+	Keys     verify.KeySet // trusted signers, for the receipt page's verification status
 	// Token is the access token every request but /healthz must present.
 	// 16 to 256 characters from [A-Za-z0-9._~+/=-] (it travels in a
 	// header, a URL and a cookie).
@@ -86,7 +86,7 @@ func NewHandler(o Options) (http.Handler, error) {
 		o.Now = time.Now
 	}
 	if o.Keys == nil {
-		o.Keys = receipts.KeySet{}
+		o.Keys = verify.KeySet{}
 	}
 	pages, err := parsePages()
 	if err != nil {

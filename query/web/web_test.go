@@ -17,6 +17,7 @@ import (
 
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -132,7 +133,7 @@ func newFixture(t *testing.T, opts func(*Options)) *fixture {
 		t.Fatalf("the fixture has %d records the sink could not project (%v)", rejected, err)
 	}
 
-	o := Options{Conn: conn, Database: db, Keys: receipts.KeySet{f.key.KID: f.key.Public()}, Token: testToken,
+	o := Options{Conn: conn, Database: db, Keys: verify.KeySet{f.key.KID: f.key.Public()}, Token: testToken,
 		Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return at0.Add(3 * time.Hour) }}
 	if opts != nil {
 		opts(&o)

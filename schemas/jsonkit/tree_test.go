@@ -1,4 +1,4 @@
-package receipts
+package jsonkit_test
 
 import (
 	"bytes"
@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 func decodeTree(t testing.TB, b []byte) any {
@@ -31,7 +33,7 @@ func TestCanonicalTreeVectors(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := CanonicalTree(decodeTree(t, raw))
+		got, err := jsonkit.CanonicalTree(decodeTree(t, raw))
 		if err != nil {
 			t.Fatalf("%s: %v", in, err)
 		}
@@ -44,7 +46,7 @@ func TestCanonicalTreeVectors(t *testing.T) {
 func FuzzCanonicalTree(f *testing.F) {
 	f.Add([]byte(`{"b":[1,2.50,-0,1e21,"\u00e9"],"a":{"\ud83d\ude00":true,"z":null}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		want, err := Canonicalize(b)
+		want, err := jsonkit.Canonicalize(b)
 		if err != nil {
 			return
 		}
@@ -54,7 +56,7 @@ func FuzzCanonicalTree(f *testing.F) {
 		if d.Decode(&v) != nil || d.More() {
 			return
 		}
-		got, err := CanonicalTree(v)
+		got, err := jsonkit.CanonicalTree(v)
 		if err != nil {
 			return // e.g. invalid UTF-8 that jcs passes through differently
 		}

@@ -1,19 +1,19 @@
-package receipts
+package verify
 
 import (
 	"bytes"
 	"encoding"
-	"encoding/binary"
 	"encoding/json"
 	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"unicode/utf8"
+
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
-// This file reads canonical JSON (already checked by isCanonicalObject)
+// This file reads canonical JSON (already checked by jsonkit.IsCanonicalObject)
 // into Go values the way encoding/json's Unmarshal does, for the shapes
 // Talos signs: structs of strings, bools, integers, pointers and slices.
 // It exists so the verifier parses each event once, in one pass, instead
@@ -115,7 +115,7 @@ var rawMessageType = reflect.TypeFor[json.RawMessage]()
 // decodeRawMessage keeps a copy of the value's bytes, null included, as
 // json.RawMessage's UnmarshalJSON does.
 func decodeRawMessage(d *canonDecoder, v reflect.Value) bool {
-	end, err := skipValue(d.b, d.i)
+	end, err := jsonkit.SkipValue(d.b, d.i)
 	if err != nil {
 		return false
 	}
@@ -180,61 +180,20 @@ func (d *canonDecoder) str() (string, bool) {
 		return "", false
 	}
 	start := d.i + 1
-	i := start
-	for i < len(d.b) {
-		for i+8 <= len(d.b) && quoteFreeWord(binary.LittleEndian.Uint64(d.b[i:])) {
-			i += 8
-		}
-		if i >= len(d.b) {
-			break
-		}
-		switch d.b[i] {
-		case '"':
-			d.i = i + 1
-			return d.text(start, i), true
-		case '\\':
-			end, err := skipString(d.b, d.i)
-			if err != nil {
-				return "", false
-			}
-			d.i = end
-			return unescapeCanonical(d.b[start : end-1]), true
-		}
-		i++
+	i := jsonkit.QuoteRun(d.b, start)
+	switch {
+	case i >= len(d.b):
+		return "", false
+	case d.b[i] == '"':
+		d.i = i + 1
+		return d.text(start, i), true
 	}
-	return "", false
-}
-
-// unescapeCanonical decodes the body of a canonical JSON string, whose
-// only escapes are \" \\ \b \f \n \r \t and \u00xx.
-func unescapeCanonical(b []byte) string {
-	out := make([]byte, 0, len(b))
-	for i := 0; i < len(b); i++ {
-		c := b[i]
-		if c != '\\' {
-			out = append(out, c)
-			continue
-		}
-		i++
-		switch b[i] {
-		case 'b':
-			out = append(out, '\b')
-		case 'f':
-			out = append(out, '\f')
-		case 'n':
-			out = append(out, '\n')
-		case 'r':
-			out = append(out, '\r')
-		case 't':
-			out = append(out, '\t')
-		case 'u':
-			out = utf8.AppendRune(out, rune(unhex(b[i+3])<<4|unhex(b[i+4])))
-			i += 4
-		default: // '"', '\\'
-			out = append(out, b[i])
-		}
+	end, err := jsonkit.SkipString(d.b, d.i)
+	if err != nil {
+		return "", false
 	}
-	return string(out)
+	d.i = end
+	return jsonkit.Unescape(d.b[start : end-1]), true
 }
 
 func decodeBool(d *canonDecoder, v reflect.Value) bool {
@@ -406,7 +365,7 @@ func structDecoder(t reflect.Type) decodeFunc {
 						return false
 					}
 				}
-				end, err := skipValue(d.b, d.i)
+				end, err := jsonkit.SkipValue(d.b, d.i)
 				if err != nil {
 					return false
 				}

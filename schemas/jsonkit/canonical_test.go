@@ -1,17 +1,20 @@
-package receipts
+package jsonkit_test
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // jcsVectors are RFC 8785's test vectors (testdata/jcs/README.md).
@@ -33,7 +36,7 @@ func TestCanonicalizeVectors(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := Canonicalize(src)
+			got, err := jsonkit.Canonicalize(src)
 			if err != nil {
 				t.Fatalf("Canonicalize: %v", err)
 			}
@@ -41,7 +44,7 @@ func TestCanonicalizeVectors(t *testing.T) {
 				t.Errorf("got  %s\nwant %s", got, want)
 			}
 			// Canonical output is a fixed point.
-			again, err := Canonicalize(got)
+			again, err := jsonkit.Canonicalize(got)
 			if err != nil || !bytes.Equal(again, got) {
 				t.Errorf("not idempotent: %s (%v)", again, err)
 			}
@@ -58,8 +61,8 @@ func TestCanonicalizeRejects(t *testing.T) {
 		"invalid utf8":  "\"\xff\"",
 		"nan":           `NaN`,
 	} {
-		if out, err := Canonicalize([]byte(in)); err == nil {
-			t.Errorf("%s: Canonicalize(%q) = %s, want error", name, in, out)
+		if out, err := jsonkit.Canonicalize([]byte(in)); err == nil {
+			t.Errorf("%s: jsonkit.Canonicalize(%q) = %s, want error", name, in, out)
 		}
 	}
 }
@@ -112,7 +115,7 @@ func TestMarshalCanonicalMatchesJCS(t *testing.T) {
 	}
 	for name, v := range cases {
 		t.Run(name, func(t *testing.T) {
-			got, err := MarshalCanonical(v)
+			got, err := jsonkit.MarshalCanonical(v)
 			if err != nil {
 				t.Fatalf("MarshalCanonical: %v", err)
 			}
@@ -120,12 +123,12 @@ func TestMarshalCanonicalMatchesJCS(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want, err := Canonicalize(j)
+			want, err := jsonkit.Canonicalize(j)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(got, want) {
-				t.Errorf("MarshalCanonical differs from Canonicalize(json.Marshal):\ngot  %s\nwant %s", got, want)
+				t.Errorf("MarshalCanonical differs from jsonkit.Canonicalize(json.Marshal):\ngot  %s\nwant %s", got, want)
 			}
 		})
 	}
@@ -140,10 +143,10 @@ func TestMarshalCanonicalRejects(t *testing.T) {
 		v    any
 		want error
 	}{
-		"uint above 2^53": {[]uint64{1<<53 + 1}, ErrUnsafeInteger},
-		"int below -2^53": {map[string]int64{"x": -(1 << 53) - 1}, ErrUnsafeInteger},
-		"receipt seq":     {&schemas.Receipt{Chain: schemas.Chain{Seq: math.MaxUint64}}, ErrUnsafeInteger},
-		"size_bytes":      {schemas.DocumentHash{SizeBytes: math.MaxInt64}, ErrUnsafeInteger},
+		"uint above 2^53": {[]uint64{1<<53 + 1}, jsonkit.ErrUnsafeInteger},
+		"int below -2^53": {map[string]int64{"x": -(1 << 53) - 1}, jsonkit.ErrUnsafeInteger},
+		"receipt seq":     {&schemas.Receipt{Chain: schemas.Chain{Seq: math.MaxUint64}}, jsonkit.ErrUnsafeInteger},
+		"size_bytes":      {schemas.DocumentHash{SizeBytes: math.MaxInt64}, jsonkit.ErrUnsafeInteger},
 		"nan":             {math.NaN(), nil},
 		"inf":             {math.Inf(1), nil},
 		"embedded":        {embedded{}, nil},
@@ -155,7 +158,7 @@ func TestMarshalCanonicalRejects(t *testing.T) {
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			out, err := MarshalCanonical(c.v)
+			out, err := jsonkit.MarshalCanonical(c.v)
 			if err == nil {
 				t.Fatalf("MarshalCanonical = %s, want error", out)
 			}
@@ -186,14 +189,14 @@ func FuzzCanonicalize(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
-		out, err := Canonicalize(in)
+		out, err := jsonkit.Canonicalize(in)
 		if err != nil {
 			return
 		}
 		if !json.Valid(out) {
 			t.Fatalf("output is not valid JSON: %q (input %q)", out, in)
 		}
-		again, err := Canonicalize(out)
+		again, err := jsonkit.Canonicalize(out)
 		if err != nil {
 			t.Fatalf("canonical output rejected: %v (output %q)", err, out)
 		}
@@ -204,7 +207,7 @@ func FuzzCanonicalize(f *testing.F) {
 }
 
 // FuzzMarshalCanonical checks that the one-pass encoder agrees with
-// Canonicalize(json.Marshal) on receipts with arbitrary strings.
+// jsonkit.Canonicalize(json.Marshal) on receipts with arbitrary strings.
 func FuzzMarshalCanonical(f *testing.F) {
 	f.Add("write_file", "/a/b", "<&>\u2028", int64(5), uint64(1))
 	f.Add("\xff\xfe", "\x00", "😂", int64(-1), uint64(1<<53))
@@ -215,10 +218,10 @@ func FuzzMarshalCanonical(f *testing.F) {
 		r.DocumentHashes[0].SizeBytes = size
 		r.ReasonCodes = []string{code, strings.ToUpper(code)}
 		r.Chain.Seq = seq
-		got, err := MarshalCanonical(r)
+		got, err := jsonkit.MarshalCanonical(r)
 		if size > 1<<53 || size < -(1<<53) || seq > 1<<53 {
-			if !errors.Is(err, ErrUnsafeInteger) {
-				t.Fatalf("want ErrUnsafeInteger, got %v", err)
+			if !errors.Is(err, jsonkit.ErrUnsafeInteger) {
+				t.Fatalf("want jsonkit.ErrUnsafeInteger, got %v", err)
 			}
 			return
 		}
@@ -226,7 +229,7 @@ func FuzzMarshalCanonical(f *testing.F) {
 			t.Fatal(err)
 		}
 		j, _ := json.Marshal(r)
-		want, err := Canonicalize(j)
+		want, err := jsonkit.Canonicalize(j)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,41 +239,26 @@ func FuzzMarshalCanonical(f *testing.F) {
 	})
 }
 
-// TestPlainASCII8 checks the eight-byte fast skip of appendJCSString
-// against the byte-by-byte rule: every byte value at every position, and
-// random words.
-func TestPlainASCII8(t *testing.T) {
-	plain := func(s string) bool {
-		for i := range len(s) {
-			if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x80 {
-				return false
-			}
-		}
-		return true
+func hexOf(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+// sampleReceipt is a realistic decision receipt with docs document hashes.
+func sampleReceipt(i, docs int) *schemas.Receipt {
+	r := &schemas.Receipt{
+		EventType: schemas.KindDecision, Tool: "write_file", CapabilityHash: hexOf("cap"),
+		RequestHash: hexOf(fmt.Sprint("req", i)), AgentID: "agent-7", ToolID: "fs/write_file",
+		Timestamp: "2025-03-01T12:00:00.123Z", ResultCode: schemas.DecisionAllow, EnvelopeHash: hexOf(fmt.Sprint("env", i)),
+		ToolCallID: fmt.Sprintf("0190f5d2-7b3a-7c4e-8a1b-%012d", i), TraceID: "0190f5d2-7b3a-7c4e-8a1b-aaaaaaaaaaaa",
+		CorrelationID: "q2Xo9Fh3bTz1c5Vd8KpL0w", SessionID: "sess-42", EPID: "gw-1", ServerID: "fs", ToolName: "write_file",
+		Phase: schemas.PhasePre, Mode: "prod", Decision: schemas.DecisionAllow, ReasonCodes: []string{},
+		ToolClass: schemas.ClassWrite, RegistryDigest: "sha256:" + hexOf("registry"), ContentHashAlg: schemas.ContentHashAlg,
 	}
-	check := func(b []byte) {
-		if got, want := plainASCII8(string(b)), plain(string(b)); got != want {
-			t.Fatalf("plainASCII8(%q) = %v, want %v", b, got, want)
-		}
+	for d := range docs {
+		r.DocumentHashes = append(r.DocumentHashes, schemas.DocumentHash{Pointer: fmt.Sprintf("/files/%d/content", d),
+			Hash: hexOf(fmt.Sprint("doc", i, d)), SizeBytes: int64(1000 * (d + 1))})
+		r.BatchTotalBytes += int64(1000 * (d + 1))
 	}
-	for pos := range 8 {
-		for c := range 256 {
-			for _, fill := range []byte{'a', 0x1f, '"', 0xff, 0x21, 0x5d} {
-				b := bytes.Repeat([]byte{fill}, 8)
-				b[pos] = byte(c)
-				check(b)
-			}
-		}
-	}
-	r := rand.New(rand.NewPCG(1, 2))
-	for range 200000 {
-		b := make([]byte, 8)
-		for i := range b {
-			b[i] = byte(r.IntN(256))
-			if r.IntN(2) == 0 {
-				b[i] = byte(0x20 + r.IntN(0x60))
-			}
-		}
-		check(b)
-	}
+	return r
 }

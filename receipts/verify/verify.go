@@ -1,4 +1,4 @@
-package receipts
+package verify
 
 import (
 	"crypto/ed25519"
@@ -15,9 +15,13 @@ import (
 	"github.com/gowebpki/jcs"
 
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // Problem kinds reported by the verifier.
+// ContentType is the datacontenttype of every Talos CloudEvent.
+const ContentType = "application/json"
+
 const (
 	ProblemMalformed        = "malformed"          // not a parsable, complete, signed CloudEvent
 	ProblemUnknownKey       = "unknown_key"        // signed by a key not in the trusted set (foreign)
@@ -67,9 +71,9 @@ func Category(kind string) string {
 
 // Sentinels for errors.Is on VerifyEvent errors.
 var (
-	ErrMalformed    = errors.New("receipts: malformed event")
-	ErrUnknownKey   = errors.New("receipts: unknown signing key")
-	ErrBadSignature = errors.New("receipts: bad signature")
+	ErrMalformed    = errors.New("verify: malformed event")
+	ErrUnknownKey   = errors.New("verify: unknown signing key")
+	ErrBadSignature = errors.New("verify: bad signature")
 )
 
 // VerifyError is the error of VerifyEvent; Kind is a Problem kind.
@@ -78,7 +82,7 @@ type VerifyError struct {
 	Detail string
 }
 
-func (e *VerifyError) Error() string { return "receipts: " + e.Kind + ": " + e.Detail }
+func (e *VerifyError) Error() string { return "verify: " + e.Kind + ": " + e.Detail }
 
 // Is matches ErrMalformed, ErrUnknownKey and ErrBadSignature by Kind.
 func (e *VerifyError) Is(target error) bool {
@@ -215,7 +219,7 @@ func verifyEventGeneral(raw []byte, keys KeySet) (*Event, error) {
 		return nil, malformed("CloudEvent attributes: %v", err)
 	}
 	ev := &Event{ID: w.ID, Type: w.Type, Source: w.Source, Hash: hex.EncodeToString(sum[:]),
-		RawData: json.RawMessage(canon[dm.valStart:dm.end])}
+		RawData: json.RawMessage(canon[dm.ValStart:dm.End])}
 	if w.Subject != nil {
 		ev.Subject = *w.Subject
 	}
@@ -238,7 +242,7 @@ func verifyEventGeneral(raw []byte, keys KeySet) (*Event, error) {
 	}
 
 	var sig schemas.Signature
-	if err := json.Unmarshal(canon[sm.valStart:sm.end], &sig); err != nil {
+	if err := json.Unmarshal(canon[sm.ValStart:sm.End], &sig); err != nil {
 		return nil, malformed("event %s: data.signature: %v", w.ID, err)
 	}
 	if sig.Alg != schemas.SignatureAlg {
@@ -611,7 +615,7 @@ type sortKey struct {
 // sortKeyOf reads raw's sort key as json.Unmarshal does (ok is whether it
 // returns no error); events as published are read in one pass.
 func sortKeyOf(raw []byte) (w sortKey, ok bool) {
-	if isCanonicalObject(raw) && decodeCanonical(raw, "", 0, len(raw), &w) {
+	if jsonkit.IsCanonicalObject(raw) && decodeCanonical(raw, "", 0, len(raw), &w) {
 		return w, true
 	}
 	w = sortKey{}

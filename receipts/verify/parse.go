@@ -1,4 +1,4 @@
-package receipts
+package verify
 
 import (
 	"crypto/ed25519"
@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // parseSigned reads a signed event in one pass, as VerifyEvent does up to
@@ -77,7 +78,7 @@ func parseSigned(raw []byte, keys KeySet) (ev *Event, chk SigCheck, ok bool) {
 	}
 
 	// The receipt hash: the event without data.signature.
-	sum := hashWithout(raw, member{start: sigStart, valStart: sigValStart, end: sigEnd})
+	sum := hashWithout(raw, jsonkit.Member{Start: sigStart, ValStart: sigValStart, End: sigEnd})
 	ev.Hash = hex.EncodeToString(sum[:])
 	ev.KID = sig.KID
 	return ev, SigCheck{Pub: pub, Message: sum[:], Sig: sigBytes}, true
@@ -118,7 +119,7 @@ func readAttributes(raw []byte, s string, w *wireEvent) (dataStart, dataEnd int,
 		}
 		return true
 	}
-	if !canonicalMembers(raw, attr) || dataEnd == 0 {
+	if !jsonkit.CanonicalMembers(raw, attr) || dataEnd == 0 {
 		return 0, 0, false
 	}
 	return dataStart, dataEnd, true
@@ -131,11 +132,11 @@ func readAttributes(raw []byte, s string, w *wireEvent) (dataStart, dataEnd int,
 func signatureMember(raw []byte, dataStart int) (start, valStart, end int, found bool) {
 	start = -1
 	for i := dataStart + 1; raw[i] != '}'; {
-		keyEnd, err := skipString(raw, i)
+		keyEnd, err := jsonkit.SkipString(raw, i)
 		if err != nil {
 			return -1, 0, 0, false
 		}
-		valEnd, err := skipValue(raw, keyEnd+1)
+		valEnd, err := jsonkit.SkipValue(raw, keyEnd+1)
 		if err != nil {
 			return -1, 0, 0, false
 		}

@@ -1,4 +1,4 @@
-package receipts
+package verify
 
 import (
 	"crypto/sha256"
@@ -7,6 +7,8 @@ import (
 	"fmt"
 
 	"github.com/gowebpki/jcs"
+
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // ReceiptHash returns the receipt hash of a signed event: lowercase hex
@@ -21,14 +23,17 @@ func ReceiptHash(raw []byte) (string, error) {
 	if err != nil {
 		canon, cerr := jcs.Transform(raw)
 		if cerr != nil {
-			return "", fmt.Errorf("receipts: receipt hash: %w", cerr)
+			return "", fmt.Errorf("verify: receipt hash: %w", cerr)
 		}
 		if sum, err = hashUnsigned(canon); err != nil {
-			return "", fmt.Errorf("receipts: receipt hash: %w", err)
+			return "", fmt.Errorf("verify: receipt hash: %w", err)
 		}
 	}
 	return hex.EncodeToString(sum[:]), nil
 }
+
+// signatureKey is the data member a signature is written to.
+const signatureKey = "signature"
 
 var (
 	errNoData      = errors.New("no data object")
@@ -38,33 +43,27 @@ var (
 // signedParts finds data and data.signature in canonical event bytes and
 // hashes the event without the signature: the receipt hash preimage of
 // DESIGN.md §3. The verifier and ReceiptHash share it.
-func signedParts(canon []byte) (data, sig member, sum [32]byte, err error) {
-	data, found, _, err := findMember(canon, 0, "data")
+func signedParts(canon []byte) (data, sig jsonkit.Member, sum [32]byte, err error) {
+	data, found, _, err := jsonkit.FindMember(canon, 0, "data")
 	if err != nil {
-		return member{}, member{}, sum, err
+		return jsonkit.Member{}, jsonkit.Member{}, sum, err
 	}
-	if !found || canon[data.valStart] != '{' {
-		return member{}, member{}, sum, errNoData
+	if !found || canon[data.ValStart] != '{' {
+		return jsonkit.Member{}, jsonkit.Member{}, sum, errNoData
 	}
-	sig, found, _, err = findMember(canon, data.valStart, "signature")
+	sig, found, _, err = jsonkit.FindMember(canon, data.ValStart, signatureKey)
 	if err != nil {
-		return member{}, member{}, sum, err
+		return jsonkit.Member{}, jsonkit.Member{}, sum, err
 	}
 	if !found {
-		return member{}, member{}, sum, errNoSignature
+		return jsonkit.Member{}, jsonkit.Member{}, sum, errNoSignature
 	}
 	return data, sig, hashWithout(canon, sig), nil
 }
 
-// hashWithout is sha256(removeMember(b, m)), without the copy.
-func hashWithout(b []byte, m member) (sum [32]byte) {
-	start, end := m.start, m.end
-	switch {
-	case end < len(b) && b[end] == ',':
-		end++
-	case start > 0 && b[start-1] == ',':
-		start--
-	}
+// hashWithout is sha256(jsonkit.RemoveMember(b, m)), without the copy.
+func hashWithout(b []byte, m jsonkit.Member) (sum [32]byte) {
+	start, end := m.Without(b)
 	h := sha256.New()
 	h.Write(b[:start])
 	h.Write(b[end:])

@@ -1,4 +1,4 @@
-package receipts
+package verify
 
 import (
 	"crypto/ed25519"
@@ -28,7 +28,7 @@ func sigChecks(t testing.TB, n, nkeys int) []SigCheck {
 	for i := range checks {
 		priv := privs[i%nkeys]
 		sum := sha256.Sum256(fmt.Append(nil, "message ", i))
-		checks[i] = SigCheck{Pub: priv.Public().(ed25519.PublicKey), Message: sum[:], Sig: Sign(priv, sum[:])}
+		checks[i] = SigCheck{Pub: priv.Public().(ed25519.PublicKey), Message: sum[:], Sig: ed25519.Sign(priv, sum[:])}
 	}
 	return checks
 }
@@ -170,4 +170,11 @@ func TestVerifyAllBatchCofactored(t *testing.T) {
 	if got := VerifyAllBatch(checks[7:8]); got[0] {
 		t.Error("a chunk too small for a batch must use the standard rules")
 	}
+}
+
+// flip returns a copy of b with one bit of byte i changed.
+func flip(b []byte, i int) []byte {
+	c := append([]byte(nil), b...)
+	c[i] ^= 0x40
+	return c
 }

@@ -1,4 +1,4 @@
-package jsonpointer
+package jsonkit
 
 import (
 	"encoding/json"
@@ -23,7 +23,7 @@ func TestResolve(t *testing.T) {
 		{"/a/b", nil, false}, {"/foo/99999999999999999999", nil, false},
 	}
 	for _, tc := range cases {
-		got, found := Resolve(doc, tc.ptr)
+		got, found := ResolvePointer(doc, tc.ptr)
 		if found != tc.found {
 			t.Errorf("%q: found %v", tc.ptr, found)
 			continue
@@ -48,17 +48,17 @@ func FuzzPointer(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		// Arbitrary pointers never panic against a tree with objects and arrays.
 		doc := map[string]any{"a": []any{map[string]any{"b": "x"}, "y"}, "": []any{}, "~/": map[string]any{}}
-		Resolve(doc, s)
+		ResolvePointer(doc, s)
 		// A pointer that parses round-trips exactly through escaping.
-		if toks, err := Parse(s); err == nil {
-			if got := Join(toks); got != s {
+		if toks, err := ParsePointer(s); err == nil {
+			if got := JoinPointer(toks); got != s {
 				t.Fatalf("round trip %q -> %q -> %q", s, toks, got)
 			}
 		}
 		// Treat s as NUL-separated raw tokens: escape, parse back, resolve.
 		toks := strings.Split(s, "\x00")
-		p := Join(toks)
-		back, err := Parse(p)
+		p := JoinPointer(toks)
+		back, err := ParsePointer(p)
 		if err != nil || !slices.Equal(back, toks) {
 			t.Fatalf("tokens %q -> %q -> %q (%v)", toks, p, back, err)
 		}
@@ -66,7 +66,7 @@ func FuzzPointer(f *testing.F) {
 		for i := len(toks) - 1; i >= 0; i-- {
 			tree = map[string]any{toks[i]: tree}
 		}
-		if v, ok := Resolve(tree, p); !ok || v != "LEAF" {
+		if v, ok := ResolvePointer(tree, p); !ok || v != "LEAF" {
 			t.Fatalf("%q does not resolve its own tree", p)
 		}
 	})
@@ -74,11 +74,11 @@ func FuzzPointer(f *testing.F) {
 
 func TestValid(t *testing.T) {
 	for s, want := range map[string]bool{"": true, "/": true, "/a~0b/~1c//d": true, "a": false, "/~": false, "/~2": false, "/a~": false} {
-		if Valid(s) != want {
-			t.Errorf("Valid(%q) = %v, want %v", s, !want, want)
+		if ValidPointer(s) != want {
+			t.Errorf("ValidPointer(%q) = %v, want %v", s, !want, want)
 		}
 	}
-	if toks, err := Parse("/~01"); err != nil || len(toks) != 1 || toks[0] != "~1" {
-		t.Errorf(`Parse("/~01") = %q, %v; want ["~1"] (unescape ~1 before ~0)`, toks, err)
+	if toks, err := ParsePointer("/~01"); err != nil || len(toks) != 1 || toks[0] != "~1" {
+		t.Errorf(`ParsePointer("/~01") = %q, %v; want ["~1"] (unescapeToken ~1 before ~0)`, toks, err)
 	}
 }

@@ -1,4 +1,4 @@
-package receipts
+package jsonkit
 
 import (
 	"encoding/json"
@@ -21,7 +21,7 @@ func CanonicalTree(v any) ([]byte, error) {
 
 func appendTree(dst []byte, v any, depth int) ([]byte, error) {
 	if depth > maxCanonDepth {
-		return nil, fmt.Errorf("receipts: canonical: value nested too deeply")
+		return nil, fmt.Errorf("jsonkit: canonical: value nested too deeply")
 	}
 	switch x := v.(type) {
 	case nil:
@@ -32,21 +32,21 @@ func appendTree(dst []byte, v any, depth int) ([]byte, error) {
 		}
 		return append(dst, "false"...), nil
 	case string:
-		return appendJCSString(dst, x), nil
+		return AppendString(dst, x), nil
 	case json.Number:
 		f, err := strconv.ParseFloat(string(x), 64)
 		if err != nil {
-			return nil, fmt.Errorf("receipts: canonical: number %w", err)
+			return nil, fmt.Errorf("jsonkit: canonical: number %w", err)
 		}
 		s, err := jcs.NumberToJSON(f)
 		if err != nil {
-			return nil, fmt.Errorf("receipts: canonical: %w", err)
+			return nil, fmt.Errorf("jsonkit: canonical: %w", err)
 		}
 		return append(dst, s...), nil
 	case float64:
 		s, err := jcs.NumberToJSON(x)
 		if err != nil {
-			return nil, fmt.Errorf("receipts: canonical: %w", err)
+			return nil, fmt.Errorf("jsonkit: canonical: %w", err)
 		}
 		return append(dst, s...), nil
 	case []any:
@@ -72,7 +72,7 @@ func appendTree(dst []byte, v any, depth int) ([]byte, error) {
 			if i > 0 {
 				dst = append(dst, ',')
 			}
-			dst = appendJCSString(dst, k)
+			dst = AppendString(dst, k)
 			dst = append(dst, ':')
 			var err error
 			if dst, err = appendTree(dst, x[k], depth+1); err != nil {
@@ -81,5 +81,5 @@ func appendTree(dst []byte, v any, depth int) ([]byte, error) {
 		}
 		return append(dst, '}'), nil
 	}
-	return nil, fmt.Errorf("receipts: canonical: unsupported tree value %T", v)
+	return nil, fmt.Errorf("jsonkit: canonical: unsupported tree value %T", v)
 }

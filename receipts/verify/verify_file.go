@@ -1,4 +1,4 @@
-package receipts
+package verify
 
 import (
 	"bufio"

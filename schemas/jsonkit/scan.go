@@ -1,8 +1,8 @@
-package receipts
+package jsonkit
 
 import (
 	"bytes"
-	"encoding/binary"
+
 	"errors"
 	"strconv"
 	"unicode/utf8"
@@ -13,47 +13,43 @@ import (
 // This file walks canonical JSON (RFC 8785 output: valid JSON with no
 // insignificant whitespace) by byte offsets, so that the signer can insert
 // data.signature and the verifier can remove it without re-encoding
-// anything. Inputs MUST already be canonical; callers get them from
-// Canonicalize or MarshalCanonical.
+// anything (DESIGN.md §3). Inputs of the walkers MUST already be canonical;
+// callers get them from Canonicalize or MarshalCanonical, or check them
+// with IsCanonicalObject.
 
-var errNotCanonical = errors.New("receipts: not canonical JSON")
+// ErrNotCanonical is returned by the walkers for input they cannot walk.
+var ErrNotCanonical = errors.New("jsonkit: not canonical JSON")
 
-// skipString returns the index just past the string starting at b[i] ('"').
-func skipString(b []byte, i int) (int, error) {
+// SkipString returns the index just past the string starting at b[i] ('"').
+func SkipString(b []byte, i int) (int, error) {
 	if i >= len(b) || b[i] != '"' {
-		return 0, errNotCanonical
+		return 0, ErrNotCanonical
 	}
-	for i++; i < len(b); i++ {
-		for i+8 <= len(b) && quoteFreeWord(binary.LittleEndian.Uint64(b[i:])) {
-			i += 8
+	for i++; ; i++ {
+		if i = QuoteRun(b, i); i >= len(b) {
+			return 0, ErrNotCanonical
 		}
-		if i >= len(b) {
-			break
-		}
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
+		if b[i] == '"' {
 			return i + 1, nil
 		}
+		i++ // the escaped byte
 	}
-	return 0, errNotCanonical
 }
 
-// skipValue returns the index just past the value starting at b[i].
-func skipValue(b []byte, i int) (int, error) {
+// SkipValue returns the index just past the value starting at b[i].
+func SkipValue(b []byte, i int) (int, error) {
 	if i >= len(b) {
-		return 0, errNotCanonical
+		return 0, ErrNotCanonical
 	}
 	switch b[i] {
 	case '"':
-		return skipString(b, i)
+		return SkipString(b, i)
 	case '{', '[':
 		depth := 0
 		for ; i < len(b); i++ {
 			switch b[i] {
 			case '"':
-				end, err := skipString(b, i)
+				end, err := SkipString(b, i)
 				if err != nil {
 					return 0, err
 				}
@@ -67,7 +63,7 @@ func skipValue(b []byte, i int) (int, error) {
 				}
 			}
 		}
-		return 0, errNotCanonical
+		return 0, ErrNotCanonical
 	default: // number or literal
 		for ; i < len(b); i++ {
 			switch b[i] {
@@ -79,57 +75,57 @@ func skipValue(b []byte, i int) (int, error) {
 	}
 }
 
-// member is the byte range of one object member: the key token starts at
-// start, the value occupies [valStart, end).
-type member struct {
-	start, valStart, end int
+// Member is the byte range of one object member: the key token starts at
+// Start, the value occupies [ValStart, End).
+type Member struct {
+	Start, ValStart, End int
 }
 
-// findMember looks for key among the members of the object starting at
-// b[i] ('{'). If found, m is its range; otherwise m.start is the index at
+// FindMember looks for key among the members of the object starting at
+// b[i] ('{'). If found, m is its range; otherwise m.Start is the index at
 // which a member with that key would be inserted to keep RFC 8785 order
 // (the start of the first greater key, or the closing '}'). objEnd is the
 // index just past the object.
-func findMember(b []byte, i int, key string) (m member, found bool, objEnd int, err error) {
+func FindMember(b []byte, i int, key string) (m Member, found bool, objEnd int, err error) {
 	if i >= len(b) || b[i] != '{' {
-		return member{}, false, 0, errNotCanonical
+		return Member{}, false, 0, ErrNotCanonical
 	}
 	insertAt := -1
 	i++
 	for {
 		if i >= len(b) {
-			return member{}, false, 0, errNotCanonical
+			return Member{}, false, 0, ErrNotCanonical
 		}
 		if b[i] == '}' {
 			if insertAt < 0 {
 				insertAt = i
 			}
 			if !found {
-				m = member{start: insertAt}
+				m = Member{Start: insertAt}
 			}
 			return m, found, i + 1, nil
 		}
-		keyEnd, err := skipString(b, i)
+		keyEnd, err := SkipString(b, i)
 		if err != nil {
-			return member{}, false, 0, err
+			return Member{}, false, 0, err
 		}
 		c, err := compareKey(b[i:keyEnd], key)
 		if err != nil {
-			return member{}, false, 0, err
+			return Member{}, false, 0, err
 		}
 		if keyEnd >= len(b) || b[keyEnd] != ':' {
-			return member{}, false, 0, errNotCanonical
+			return Member{}, false, 0, ErrNotCanonical
 		}
-		valEnd, err := skipValue(b, keyEnd+1)
+		valEnd, err := SkipValue(b, keyEnd+1)
 		if err != nil {
-			return member{}, false, 0, err
+			return Member{}, false, 0, err
 		}
 		switch {
 		case c == 0:
 			if found {
-				return member{}, false, 0, errors.New("receipts: duplicate key " + strconv.Quote(key))
+				return Member{}, false, 0, errors.New("jsonkit: duplicate key " + strconv.Quote(key))
 			}
-			m, found = member{start: i, valStart: keyEnd + 1, end: valEnd}, true
+			m, found = Member{Start: i, ValStart: keyEnd + 1, End: valEnd}, true
 		case c > 0 && insertAt < 0:
 			insertAt = i
 		}
@@ -149,22 +145,30 @@ func compareKey(tok []byte, key string) (int, error) {
 	// Canonical escapes (\" \\ \b \f \n \r \t \u00xx) are a subset of Go's.
 	s, err := strconv.Unquote(string(tok))
 	if err != nil {
-		return 0, errNotCanonical
+		return 0, ErrNotCanonical
 	}
 	return compareUTF16(s, key), nil
 }
 
-// removeMember returns b without member m of an object and without one of
-// the commas that separated it from its neighbours. The result is a new
-// slice.
-func removeMember(b []byte, m member) []byte {
-	start, end := m.start, m.end
+// Without is the range of b that removing member m of an object drops:
+// the member and one of the commas that separated it from its
+// neighbours. b[:start] and b[end:] are the object without it.
+func (m Member) Without(b []byte) (start, end int) {
+	start, end = m.Start, m.End
 	switch {
 	case end < len(b) && b[end] == ',':
 		end++
 	case start > 0 && b[start-1] == ',':
 		start--
 	}
+	return start, end
+}
+
+// RemoveMember returns b without member m of an object and without one of
+// the commas that separated it from its neighbours. The result is a new
+// slice.
+func RemoveMember(b []byte, m Member) []byte {
+	start, end := m.Without(b)
 	out := make([]byte, 0, len(b)-(end-start))
 	out = append(out, b[:start]...)
 	return append(out, b[end:]...)
@@ -174,7 +178,7 @@ func removeMember(b []byte, m member) []byte {
 // documents take the general path.
 const maxFastDepth = 64
 
-// isCanonicalObject reports whether b is a JSON object exactly as RFC 8785
+// IsCanonicalObject reports whether b is a JSON object exactly as RFC 8785
 // writes it (what Canonicalize would return unchanged): no insignificant
 // white space, members in UTF-16 order without duplicates, strings with
 // only the escapes RFC 8785 uses and valid UTF-8, numbers in their
@@ -182,15 +186,15 @@ const maxFastDepth = 64
 // confirm cheaply (an escaped or non-ASCII member name, nesting beyond
 // maxFastDepth) is reported as not canonical, and the caller canonicalizes
 // it the general way.
-func isCanonicalObject(b []byte) bool {
-	return canonicalMembers(b, nil)
+func IsCanonicalObject(b []byte) bool {
+	return CanonicalMembers(b, nil)
 }
 
-// canonicalMembers is isCanonicalObject that also calls member, if not
+// CanonicalMembers is IsCanonicalObject that also calls member, if not
 // nil, for each top-level member in order: its name (without quotes,
 // plain ASCII) and the range [valStart, valEnd) of its value. It stops
 // with false when member returns false.
-func canonicalMembers(b []byte, member func(name []byte, valStart, valEnd int) bool) bool {
+func CanonicalMembers(b []byte, member func(name []byte, valStart, valEnd int) bool) bool {
 	if len(b) == 0 || b[0] != '{' {
 		return false
 	}
@@ -309,45 +313,23 @@ func canonObject(b []byte, i, depth int, member func(name []byte, valStart, valE
 // control character, and only the escapes \" \\ \b \f \n \r \t and \u00xx
 // (lowercase hex) for the other control characters.
 func canonString(b []byte, i int) (int, bool) {
-	for i++; i < len(b); {
-		for i+8 <= len(b) && plainWord(binary.LittleEndian.Uint64(b[i:])) {
-			i += 8
-		}
-		if i >= len(b) {
-			break
+	for i++; ; {
+		if i = PlainRun(b, i); i >= len(b) {
+			return 0, false
 		}
 		c := b[i]
 		switch {
 		case c == '"':
 			return i + 1, true
 		case c == '\\':
-			if i+1 >= len(b) {
+			n := canonEscape(b, i)
+			if n == 0 {
 				return 0, false
 			}
-			switch b[i+1] {
-			case '"', '\\', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				if len(b)-i < 6 || b[i+2] != '0' || b[i+3] != '0' {
-					return 0, false
-				}
-				hi, lo := b[i+4], b[i+5]
-				if hi != '0' && hi != '1' || !(lo >= '0' && lo <= '9' || lo >= 'a' && lo <= 'f') {
-					return 0, false
-				}
-				switch v := (hi-'0')<<4 | unhex(lo); v {
-				case '\b', '\f', '\n', '\r', '\t':
-					return 0, false // has a short form
-				}
-				i += 6
-			default:
-				return 0, false
-			}
+			i += n
 		case c < 0x20:
 			return 0, false
-		case c < utf8.RuneSelf:
-			i++
-		default:
+		default: // not ASCII
 			r, size := utf8.DecodeRune(b[i:])
 			if r == utf8.RuneError && size <= 1 {
 				return 0, false
@@ -355,14 +337,29 @@ func canonString(b []byte, i int) (int, bool) {
 			i += size
 		}
 	}
-	return 0, false
 }
 
-func unhex(c byte) byte {
-	if c <= '9' {
-		return c - '0'
+// canonEscape is the length of the escape at b[i] ('\\') if it is one RFC
+// 8785 writes (\" \\ \b \f \n \r \t, or \u00xx in lowercase hex for a
+// control character without a short form), else 0.
+func canonEscape(b []byte, i int) int {
+	if i+1 >= len(b) {
+		return 0
 	}
-	return c - 'a' + 10
+	switch b[i+1] {
+	case '"', '\\', 'b', 'f', 'n', 'r', 't':
+		return 2
+	case 'u':
+		if len(b)-i < 6 || b[i+2] != '0' || b[i+3] != '0' || b[i+4] != '0' && b[i+4] != '1' || b[i+5] >= 'A' && b[i+5] <= 'F' {
+			return 0
+		}
+		switch Hex4(b, i+2) {
+		case -1, '\b', '\f', '\n', '\r', '\t': // not hex, or has a short form
+			return 0
+		}
+		return 6
+	}
+	return 0
 }
 
 // canonNumber checks a number in its ECMAScript form (RFC 8785 §3.2.2.3).

@@ -1,4 +1,4 @@
-package receipts
+package jsonkit
 
 import (
 	"encoding"
@@ -24,7 +24,7 @@ const maxSafeInteger = 1 << 53
 // ErrUnsafeInteger is returned by MarshalCanonical for an integer beyond
 // ±2^53. RFC 8785 numbers are IEEE doubles, so such a value would be
 // silently rounded; producers MUST carry it as a JSON string instead.
-var ErrUnsafeInteger = errors.New("receipts: integer beyond ±2^53 cannot be canonicalized; carry it as a string")
+var ErrUnsafeInteger = errors.New("jsonkit: integer beyond ±2^53 cannot be canonicalized; carry it as a string")
 
 // Canonicalize returns the RFC 8785 (JCS) form of the JSON document b. It
 // rejects documents that are not JSON, have duplicate object keys, invalid
@@ -36,7 +36,7 @@ func Canonicalize(b []byte) ([]byte, error) {
 	}
 	out, err := jcs.Transform(b)
 	if err != nil {
-		return nil, fmt.Errorf("receipts: canonicalize: %w", err)
+		return nil, fmt.Errorf("jsonkit: canonicalize: %w", err)
 	}
 	return out, nil
 }
@@ -66,26 +66,53 @@ func appendCanonical(dst []byte, v any) ([]byte, error) {
 // cyclic value fails instead of overflowing the stack.
 const maxCanonDepth = 1000
 
-var errCanonDepth = errors.New("receipts: canonical: value nested too deeply (cycle?)")
+var errCanonDepth = errors.New("jsonkit: canonical: value nested too deeply (cycle?)")
+
+// AppendCanonicalObject appends the RFC 8785 form of v, which MUST encode
+// as a JSON object, to dst, as MarshalCanonical writes it, and finds in
+// the same pass the place of the member named key: at is the offset in b
+// of that member if the object has one (found), else of the first member
+// whose name sorts after key, or of the closing brace — where the member
+// goes to keep RFC 8785 order. The signer inserts data.signature there
+// without encoding the object again. at is -1 if v is not an object.
+func AppendCanonicalObject(dst []byte, v any, key string) (b []byte, at int, found bool, err error) {
+	e := canonEncoder{track: true, key: key}
+	start := len(dst)
+	if b, err = e.encode(dst, v); err != nil {
+		return nil, -1, false, err
+	}
+	if b[start] != '{' {
+		return b, -1, false, nil
+	}
+	if e.at < 0 { // written by a json.Marshaler: look the place up
+		m, f, _, err := FindMember(b, start, key)
+		if err != nil {
+			return nil, -1, false, err
+		}
+		return b, m.Start, f, nil
+	}
+	return b, e.at, e.found, nil
+}
 
 // canonEncoder is the state of one encoding; the bytes themselves travel
 // through the encoders as an argument and a result.
 //
 // With track set, the first struct or map it writes (the top-level object,
-// behind any pointers) records where a member named "signature" would go:
-// sigAt is the offset of the first member whose name sorts after it, or of
-// the closing brace, and sigFound is set if the object has such a member.
-// sigAt stays -1 if the top-level value was written another way (a
-// json.Marshaler), in which case the caller looks the place up itself.
+// behind any pointers) records where the member named key goes: at is the
+// offset of that member, of the first member whose name sorts after it,
+// or of the closing brace, and found is set if the object has the member.
+// at stays -1 if the top-level value was written another way (a
+// json.Marshaler).
 type canonEncoder struct {
-	track    bool
-	sigAt    int
-	sigFound bool
+	track bool
+	key   string
+	at    int
+	found bool
 }
 
 // encode appends the canonical form of v to b.
 func (e *canonEncoder) encode(b []byte, v any) ([]byte, error) {
-	e.sigAt = -1
+	e.at = -1
 	if v == nil {
 		return append(b, "null"...), nil
 	}
@@ -205,7 +232,7 @@ func kindEncoder(t reflect.Type) encoderFunc {
 		return structEncoder(t)
 	}
 	return func(*canonEncoder, []byte, reflect.Value, int) ([]byte, error) {
-		return nil, fmt.Errorf("receipts: canonical: unsupported type %s", t)
+		return nil, fmt.Errorf("jsonkit: canonical: unsupported type %s", t)
 	}
 }
 
@@ -213,7 +240,7 @@ func stringEncoder(_ *canonEncoder, b []byte, v reflect.Value, depth int) ([]byt
 	if depth > maxCanonDepth {
 		return nil, errCanonDepth
 	}
-	return appendJCSString(b, v.String()), nil
+	return AppendString(b, v.String()), nil
 }
 
 func boolEncoder(_ *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte, error) {
@@ -265,7 +292,7 @@ func appendFloat(b []byte, f float64, depth int) ([]byte, error) {
 	}
 	s, err := jcs.NumberToJSON(f)
 	if err != nil {
-		return nil, fmt.Errorf("receipts: canonical: %w", err)
+		return nil, fmt.Errorf("jsonkit: canonical: %w", err)
 	}
 	return append(b, s...), nil
 }
@@ -301,7 +328,7 @@ func bytesEncoder(_ *canonEncoder, b []byte, v reflect.Value, depth int) ([]byte
 	if v.IsNil() {
 		return append(b, "null"...), nil
 	}
-	return appendJCSString(b, base64.StdEncoding.EncodeToString(v.Bytes())), nil
+	return AppendString(b, base64.StdEncoding.EncodeToString(v.Bytes())), nil
 }
 
 func sliceEncoder(t reflect.Type) encoderFunc {
@@ -346,7 +373,7 @@ func mapEncoder(t reflect.Type) encoderFunc {
 			if v.IsNil() {
 				return append(b, "null"...), nil
 			}
-			return nil, fmt.Errorf("receipts: canonical: unsupported map key type %s", t.Key())
+			return nil, fmt.Errorf("jsonkit: canonical: unsupported map key type %s", t.Key())
 		}
 	}
 	elem := typeEncoder(t.Elem())
@@ -375,7 +402,7 @@ func mapEncoder(t reflect.Type) encoderFunc {
 		slices.SortFunc(entries, func(a, b entry) int { return compareUTF16(a.key, b.key) })
 		for i := 1; i < len(entries); i++ {
 			if entries[i].key == entries[i-1].key {
-				return nil, fmt.Errorf("receipts: canonical: map keys collide after UTF-8 repair: %q", entries[i].key)
+				return nil, fmt.Errorf("jsonkit: canonical: map keys collide after UTF-8 repair: %q", entries[i].key)
 			}
 		}
 		b = append(b, '{')
@@ -383,27 +410,24 @@ func mapEncoder(t reflect.Type) encoderFunc {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			if track && e.sigAt < 0 {
-				if c := compareUTF16(en.key, signatureKey); c >= 0 {
-					e.sigAt, e.sigFound = len(b), c == 0
+			if track && e.at < 0 {
+				if c := compareUTF16(en.key, e.key); c >= 0 {
+					e.at, e.found = len(b), c == 0
 				}
 			}
-			b = appendJCSString(b, en.key)
+			b = AppendString(b, en.key)
 			b = append(b, ':')
 			var err error
 			if b, err = elem(e, b, en.val, depth+1); err != nil {
 				return nil, err
 			}
 		}
-		if track && e.sigAt < 0 {
-			e.sigAt = len(b)
+		if track && e.at < 0 {
+			e.at = len(b)
 		}
 		return append(b, '}'), nil
 	}
 }
-
-// signatureKey is the data member a signature is written to.
-const signatureKey = "signature"
 
 func structEncoder(t reflect.Type) encoderFunc {
 	info, err := structInfoOf(t)
@@ -433,12 +457,14 @@ func structEncoder(t reflect.Type) encoderFunc {
 				b = append(b, ',')
 			}
 			first = false
-			if track && e.sigAt < 0 && f.sigOrder >= 0 {
-				e.sigAt, e.sigFound = len(b), f.sigOrder == 0
+			if track && e.at < 0 {
+				if c := compareUTF16(f.name, e.key); c >= 0 {
+					e.at, e.found = len(b), c == 0
+				}
 			}
 			b = append(b, f.quotedName...)
 			if f.plainString && depth < maxCanonDepth {
-				b = appendJCSString(b, fv.String())
+				b = AppendString(b, fv.String())
 				continue
 			}
 			var err error
@@ -446,8 +472,8 @@ func structEncoder(t reflect.Type) encoderFunc {
 				return nil, err
 			}
 		}
-		if track && e.sigAt < 0 {
-			e.sigAt = len(b)
+		if track && e.at < 0 {
+			e.at = len(b)
 		}
 		return append(b, '}'), nil
 	}
@@ -488,11 +514,11 @@ func appendMarshaler(b []byte, v reflect.Value) ([]byte, error) {
 	m := v.Interface().(json.Marshaler)
 	raw, err := m.MarshalJSON()
 	if err != nil {
-		return nil, fmt.Errorf("receipts: canonical: %s.MarshalJSON: %w", v.Type(), err)
+		return nil, fmt.Errorf("jsonkit: canonical: %s.MarshalJSON: %w", v.Type(), err)
 	}
 	c, err := Canonicalize(raw)
 	if err != nil {
-		return nil, fmt.Errorf("receipts: canonical: %s: %w", v.Type(), err)
+		return nil, fmt.Errorf("jsonkit: canonical: %s: %w", v.Type(), err)
 	}
 	return append(b, c...), nil
 }
@@ -503,9 +529,9 @@ func appendTextMarshaler(b []byte, v reflect.Value) ([]byte, error) {
 	}
 	text, err := v.Interface().(encoding.TextMarshaler).MarshalText()
 	if err != nil {
-		return nil, fmt.Errorf("receipts: canonical: %s.MarshalText: %w", v.Type(), err)
+		return nil, fmt.Errorf("jsonkit: canonical: %s.MarshalText: %w", v.Type(), err)
 	}
-	return appendJCSString(b, string(text)), nil
+	return AppendString(b, string(text)), nil
 }
 
 // emptyFunc is encoding/json's definition of empty for omitempty, for one
@@ -534,10 +560,7 @@ type fieldInfo struct {
 	quotedName []byte // canonical JSON string of the member name, then ':'
 	omitEmpty  bool
 	isEmpty    func(reflect.Value) bool
-	// sigOrder is how the name compares with "signature" in RFC 8785
-	// order (negative, 0, positive).
-	sigOrder int
-	enc      encoderFunc
+	enc        encoderFunc
 	// plainString is set for a string field without a marshaler of its
 	// own, which the struct encoder writes itself.
 	plainString bool
@@ -577,7 +600,7 @@ func buildStructInfo(t reflect.Type) (*structInfo, error) {
 			continue
 		}
 		if sf.Anonymous {
-			return nil, fmt.Errorf("receipts: canonical: %s: embedded field %s is not supported", t, sf.Name)
+			return nil, fmt.Errorf("jsonkit: canonical: %s: embedded field %s is not supported", t, sf.Name)
 		}
 		if !sf.IsExported() {
 			continue
@@ -592,27 +615,23 @@ func buildStructInfo(t reflect.Type) (*structInfo, error) {
 			case "omitempty":
 				omit = true
 			case "string", "omitzero":
-				return nil, fmt.Errorf("receipts: canonical: %s.%s: tag option %q is not supported", t, sf.Name, o)
+				return nil, fmt.Errorf("jsonkit: canonical: %s.%s: tag option %q is not supported", t, sf.Name, o)
 			}
 		}
 		if seen[name] {
-			return nil, fmt.Errorf("receipts: canonical: %s: duplicate JSON name %q", t, name)
+			return nil, fmt.Errorf("jsonkit: canonical: %s: duplicate JSON name %q", t, name)
 		}
 		seen[name] = true
-		fs = append(fs, fieldInfo{index: i, name: name, quotedName: append(appendJCSString(nil, name), ':'),
-			omitEmpty: omit, isEmpty: emptyFunc(sf.Type.Kind()), sigOrder: compareUTF16(name, signatureKey), enc: typeEncoder(sf.Type),
+		fs = append(fs, fieldInfo{index: i, name: name, quotedName: append(AppendString(nil, name), ':'),
+			omitEmpty: omit, isEmpty: emptyFunc(sf.Type.Kind()), enc: typeEncoder(sf.Type),
 			plainString: sf.Type.Kind() == reflect.String && !implementsAny(sf.Type, marshalerType, textMarshalerType)})
 	}
 	slices.SortFunc(fs, func(a, b fieldInfo) int { return compareUTF16(a.name, b.name) })
 	return &structInfo{fields: fs}, nil
 }
 
-// lessUTF16 orders strings by their UTF-16 code units, as RFC 8785 sorts
-// object members.
-func lessUTF16(a, b string) bool {
-	return compareUTF16(a, b) < 0
-}
-
+// compareUTF16 orders strings by their UTF-16 code units, as RFC 8785
+// sorts object members.
 func compareUTF16(a, b string) int {
 	for a != "" && b != "" {
 		ra, na := utf8.DecodeRuneInString(a)
@@ -643,27 +662,18 @@ func utf16Units(r rune) [2]uint16 {
 // UTF-8 is replaced by U+FFFD, as encoding/json does. The result is also
 // valid JSON for any decoder, so hand-written encoders of wire records use
 // it for their strings.
-func AppendString(dst []byte, s string) []byte { return appendJCSString(dst, s) }
-
-func appendJCSString(dst []byte, s string) []byte {
+func AppendString(dst []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(s); {
-		// Skip eight plain ASCII bytes at a time (most of a receipt is
-		// hex, ids and names).
-		for i+8 <= len(s) && plainASCII8(s[i:i+8]) {
-			i += 8
-		}
-		if i >= len(s) {
+		// Most of a receipt is hex, ids and names: skip plain ASCII
+		// eight bytes at a time.
+		if i = PlainRun(s, i); i >= len(s) {
 			break
 		}
 		c := s[i]
 		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
 			dst = append(dst, s[start:i]...)
 			switch c {
 			case '"', '\\':
@@ -698,31 +708,3 @@ func appendJCSString(dst []byte, s string) []byte {
 	dst = append(dst, s[start:]...)
 	return append(dst, '"')
 }
-
-// plainASCII8 reports whether the eight bytes of s (len(s) == 8) are all
-// ASCII that a JSON string holds literally: no control character, '"',
-// '\\' or byte ≥ 0x80.
-func plainASCII8(s string) bool {
-	_ = s[7]
-	return plainWord(uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
-		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56)
-}
-
-// Word-at-a-time byte tests (eight bytes in a uint64): the high bit of a
-// byte of (x - ones*c) &^ x is set, for the lowest such byte at least,
-// exactly where a byte of x is below c.
-const ones, highs = 0x0101010101010101, 0x8080808080808080
-
-// plainWord reports whether no byte of x is a control character, '"',
-// '\\' or ≥ 0x80.
-func plainWord(x uint64) bool {
-	return ((x-ones*0x20)&^x|zeroByte(x^(ones*'"'))|zeroByte(x^(ones*'\\'))|x)&highs == 0
-}
-
-// quoteFreeWord reports whether no byte of x is '"' or '\\'.
-func quoteFreeWord(x uint64) bool {
-	return (zeroByte(x^(ones*'"'))|zeroByte(x^(ones*'\\')))&highs == 0
-}
-
-// zeroByte has the high bit of some byte set if a byte of y is zero.
-func zeroByte(y uint64) uint64 { return (y - ones) &^ y }

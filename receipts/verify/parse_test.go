@@ -1,4 +1,4 @@
-package receipts
+package verify_test
 
 import (
 	"bytes"
@@ -8,20 +8,22 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-	"unicode/utf8"
 
 	"github.com/gowebpki/jcs"
 
+	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // signedSamples are signed events of every kind the verifier meets, as
 // published (canonical), for the tests below.
-func signedSamples(t testing.TB) (keys KeySet, events [][]byte) {
+func signedSamples(t testing.TB) (keys verify.KeySet, events [][]byte) {
 	key := seededKey(1)
-	keys = KeySet{}
+	keys = verify.KeySet{}
 	keys.Add(key.Public())
-	c := NewChain("w1", key)
+	c := receipts.NewChain("w1", key)
 	for i := 1; i <= 3; i++ {
 		r := sampleReceipt(i, i)
 		if i == 2 {
@@ -44,33 +46,33 @@ func signedSamples(t testing.TB) (keys KeySet, events [][]byte) {
 		}
 		events = append(events, s.JSON)
 	}
-	cp, err := c.Checkpoint(Meta{Source: "talos://enforce/w1", Time: testTime, ID: "cp-1"}, false)
+	cp, err := c.Checkpoint(receipts.Meta{Source: "talos://enforce/w1", Time: testTime, ID: "cp-1"}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	events = append(events, cp.JSON)
 	m := testMeta(9)
 	m.Type, m.Subject = schemas.TypeToolCall, ""
-	tc, err := SignEvent(key, m, map[string]any{"a": 1.5, "tool_call_id": "t", "z": []any{nil, true}})
+	tc, err := receipts.SignEvent(key, m, map[string]any{"a": 1.5, "tool_call_id": "t", "z": []any{nil, true}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return keys, append(events, tc.JSON)
 }
 
-// checkPathsAgree asserts that VerifyEvent (whichever path it takes) and
+// checkPathsAgree asserts that verify.VerifyEvent (whichever path it takes) and
 // the general path return the same event and the same error for raw, and
 // reports whether the fast path handled it.
-func checkPathsAgree(t *testing.T, raw []byte, keys KeySet) (fast bool) {
+func checkPathsAgree(t *testing.T, raw []byte, keys verify.KeySet) (fast bool) {
 	t.Helper()
-	gev, gerr := verifyEventGeneral(raw, keys)
-	ev, chk, ok := parseSigned(raw, keys)
+	gev, gerr := verify.VerifyEventGeneral(raw, keys)
+	ev, chk, ok := verify.ParseSigned(raw, keys)
 	if !ok {
 		return false
 	}
 	var err error
-	if !Verify(chk.Pub, chk.Message, chk.Sig) {
-		err = badSignature(ev)
+	if !verify.Verify(chk.Pub, chk.Message, chk.Sig) {
+		err = verify.BadSignature(ev)
 	}
 	if fmt.Sprint(err) != fmt.Sprint(gerr) {
 		t.Fatalf("fast path error %v, general path %v\n%s", err, gerr, raw)
@@ -144,12 +146,12 @@ func TestVerifyEventPathsAgree(t *testing.T) {
 			if fast := checkPathsAgree(t, c.raw, keys); fast != c.fast {
 				t.Errorf("fast path taken: %v, want %v", fast, c.fast)
 			}
-			// VerifyEvent and VerifyEvents give what the general path gives.
-			gev, gerr := verifyEventGeneral(c.raw, keys)
-			ev, err := VerifyEvent(c.raw, keys)
-			evs, errs := VerifyEvents([][]byte{events[1], c.raw}, keys)
+			// verify.VerifyEvent and verify.VerifyEvents give what the general path gives.
+			gev, gerr := verify.VerifyEventGeneral(c.raw, keys)
+			ev, err := verify.VerifyEvent(c.raw, keys)
+			evs, errs := verify.VerifyEvents([][]byte{events[1], c.raw}, keys)
 			if fmt.Sprint(err) != fmt.Sprint(gerr) || fmt.Sprint(errs[1]) != fmt.Sprint(gerr) || errs[0] != nil {
-				t.Errorf("errors: VerifyEvent %v, VerifyEvents %v, general %v", err, errs, gerr)
+				t.Errorf("errors: verify.VerifyEvent %v, verify.VerifyEvents %v, general %v", err, errs, gerr)
 			}
 			if (ev == nil) != (gev == nil) || (evs[1] == nil) != (gev == nil) || ev != nil && (ev.Hash != gev.Hash || evs[1].Hash != gev.Hash) {
 				t.Errorf("events: %+v / %+v / %+v", ev, evs[1], gev)
@@ -170,36 +172,6 @@ func FuzzVerifyEventPaths(f *testing.F) {
 	})
 }
 
-// FuzzCanonicalCheck: isCanonicalObject never accepts what Canonicalize
-// would change, and accepts Canonicalize's output for objects with plain
-// member names.
-func FuzzCanonicalCheck(f *testing.F) {
-	_, events := signedSamples(f)
-	for _, e := range events {
-		f.Add(e)
-	}
-	for _, s := range []string{`{}`, `{"a":-0}`, `{"a":1e21,"b":1e-7,"c":0.1,"d":-5,"e":123456789012345678}`,
-		`{"a":"\u001f\u007f\b","b":[[],{}],"c":true,"d":false,"e":null}`, `{"b":1,"a":2}`, `{"a":1,"a":1}`,
-		`{"a":"\/"}`, `{"a":"\u00e9"}`, `{"a":1.0}`, `{"a":"` + "\xff" + `"}`, `{"é":1}`, `{"a":01}`} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		canon, err := jcs.Transform(b)
-		if isCanonicalObject(b) && (err != nil || !bytes.Equal(canon, b)) {
-			t.Fatalf("accepted as canonical, but Canonicalize gives %q (%v) for %q", canon, err, b)
-		}
-		if err != nil || len(canon) == 0 || canon[0] != '{' || isCanonicalObject(canon) {
-			return
-		}
-		// Rejected canonical output: only for escaped or non-ASCII
-		// member names, or deep nesting.
-		if !bytes.ContainsFunc(canon, func(r rune) bool { return r == '\\' || r >= utf8.RuneSelf }) &&
-			bytes.Count(canon, []byte("{"))+bytes.Count(canon, []byte("[")) < maxFastDepth {
-			t.Fatalf("canonical output rejected: %q", canon)
-		}
-	})
-}
-
 // FuzzDecodeCanonical: where the one-pass decoder reads a canonical
 // document into a receipt, encoding/json reads the same.
 func FuzzDecodeCanonical(f *testing.F) {
@@ -213,13 +185,13 @@ func FuzzDecodeCanonical(f *testing.F) {
 	f.Add([]byte(`{"data":{"control":{"command":{"manifests":[{"a":1},null,"x",[]]}}}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		canon, err := jcs.Transform(b)
-		if err != nil || !isCanonicalObject(canon) {
+		if err != nil || !jsonkit.IsCanonicalObject(canon) {
 			return
 		}
 		var fast struct {
 			Data schemas.Receipt `json:"data"`
 		}
-		if !decodeCanonical(canon, string(canon), 0, len(canon), &fast) {
+		if !verify.DecodeCanonical(canon, string(canon), 0, len(canon), &fast) {
 			return
 		}
 		var slow struct {
@@ -235,13 +207,13 @@ func FuzzDecodeCanonical(f *testing.F) {
 		var copied struct {
 			Data schemas.Receipt `json:"data"`
 		}
-		if !decodeCanonical(canon, "", 0, len(canon), &copied) || !reflect.DeepEqual(copied, slow) {
+		if !verify.DecodeCanonical(canon, "", 0, len(canon), &copied) || !reflect.DeepEqual(copied, slow) {
 			t.Fatalf("decoding with copies differs on %s:\n%+v\n%+v", canon, copied, slow)
 		}
 	})
 }
 
-// TestSortKeyReadsLikeEncodingJSON: SortForVerify's one-pass read of an
+// TestSortKeyReadsLikeEncodingJSON: verify.SortForVerify's one-pass read of an
 // event's id and chain position gives what encoding/json gives, for events
 // as published and variants it must leave to encoding/json.
 func TestSortKeyReadsLikeEncodingJSON(t *testing.T) {
@@ -264,8 +236,8 @@ func TestSortKeyReadsLikeEncodingJSON(t *testing.T) {
 		raws = append(raws, []byte(strings.Replace(rec, edit[0], edit[1], 1)))
 	}
 	for i, raw := range raws {
-		got, ok := sortKeyOf(raw)
-		var want sortKey
+		got, ok := verify.SortKeyOf(raw)
+		var want verify.SortKey
 		wantOK := json.Unmarshal(raw, &want) == nil
 		if ok != wantOK || ok && got != want {
 			t.Errorf("event %d: %+v %v, encoding/json %+v %v\n%s", i, got, ok, want, wantOK, raw)
@@ -279,19 +251,19 @@ func TestVerifyEventsMatchesVerifyEvent(t *testing.T) {
 	keys, events := signedSamples(t)
 	bad := bytes.Clone(events[0])
 	bad[bytes.Index(bad, []byte(`"sig":"`))+9] ^= 1
-	other := KeySet{}
+	other := verify.KeySet{}
 	other.Add(seededKey(7).Public())
 	batch := append([][]byte{bad, []byte(`{}`), []byte(`not json`)}, events...)
-	for _, ks := range []KeySet{keys, other} {
-		evs, errs := VerifyEvents(batch, ks)
+	for _, ks := range []verify.KeySet{keys, other} {
+		evs, errs := verify.VerifyEvents(batch, ks)
 		for i, raw := range batch {
-			ev, err := VerifyEvent(raw, ks)
+			ev, err := verify.VerifyEvent(raw, ks)
 			if fmt.Sprint(err) != fmt.Sprint(errs[i]) || !reflect.DeepEqual(ev, evs[i]) {
-				t.Errorf("event %d: VerifyEvents %v %v, VerifyEvent %v %v", i, evs[i], errs[i], ev, err)
+				t.Errorf("event %d: verify.VerifyEvents %v %v, verify.VerifyEvent %v %v", i, evs[i], errs[i], ev, err)
 			}
 		}
 	}
-	if _, errs := VerifyEvents(batch, keys); !errors.Is(errs[0], ErrBadSignature) || errs[3] != nil {
+	if _, errs := verify.VerifyEvents(batch, keys); !errors.Is(errs[0], verify.ErrBadSignature) || errs[3] != nil {
 		t.Errorf("errors %v", errs)
 	}
 }
@@ -304,19 +276,19 @@ func FuzzVerifyEventValues(f *testing.F) {
 	f.Add("a\"\\\x01\u2028😀\xff", "é", 17, byte('"'), false)
 	f.Add("", "\x7f", 400, byte('\\'), true)
 	key := seededKey(1)
-	keys := KeySet{}
+	keys := verify.KeySet{}
 	keys.Add(key.Public())
 	f.Fuzz(func(t *testing.T, agent, tool string, pos int, b byte, resign bool) {
 		r := sampleReceipt(1, 1)
 		r.AgentID, r.Tool, r.ReasonCodes = agent, tool, []string{tool, agent}
-		s, err := NewChain("w1", key).Seal(testMeta(1), r)
+		s, err := receipts.NewChain("w1", key).Seal(testMeta(1), r)
 		if err != nil {
 			t.Fatal(err)
 		}
 		raw := s.JSON
 		if !resign {
 			// Same bytes but the agent, unsigned: a bad signature.
-			raw = []byte(strings.Replace(string(raw), string(appendJCSString(nil, agent)), `"x"`, 1))
+			raw = []byte(strings.Replace(string(raw), string(jsonkit.AppendString(nil, agent)), `"x"`, 1))
 		}
 		if pos > 0 {
 			raw[pos%len(raw)] = b

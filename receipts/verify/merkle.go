@@ -1,4 +1,4 @@
-package receipts
+package verify
 
 import (
 	"bytes"
@@ -29,7 +29,7 @@ func (h Hash) String() string { return hex.EncodeToString(h[:]) }
 func ParseHash(s string) (Hash, error) {
 	var h Hash
 	if !isHexHash(s) {
-		return h, fmt.Errorf("receipts: %q is not a lowercase hex sha256", s)
+		return h, fmt.Errorf("verify: %q is not a lowercase hex sha256", s)
 	}
 	_, err := hex.Decode(h[:], []byte(s))
 	return h, err
@@ -62,7 +62,7 @@ func EmptyRoot() Hash { return sha256.Sum256(nil) }
 func ReceiptLeaf(receiptHash string) (Hash, error) {
 	var raw Hash
 	if !isHexHash(receiptHash) {
-		return Hash{}, fmt.Errorf("receipts: receipt hash %q is not lowercase hex sha256", receiptHash)
+		return Hash{}, fmt.Errorf("verify: receipt hash %q is not lowercase hex sha256", receiptHash)
 	}
 	if _, err := hex.Decode(raw[:], []byte(receiptHash)); err != nil {
 		return Hash{}, err
@@ -124,7 +124,7 @@ func RootOf(leaves []Hash) Hash {
 // hashes from the leaf up to the root.
 func InclusionProof(leaves []Hash, index uint64) ([]Hash, error) {
 	if index >= uint64(len(leaves)) {
-		return nil, fmt.Errorf("receipts: inclusion proof: index %d outside a tree of %d leaves", index, len(leaves))
+		return nil, fmt.Errorf("verify: inclusion proof: index %d outside a tree of %d leaves", index, len(leaves))
 	}
 	return path(leaves, index), nil
 }
@@ -146,13 +146,13 @@ func splitPoint(n uint64) uint64 { return 1 << (bits.Len64(n-1) - 1) }
 
 // ErrProofMismatch is returned by VerifyInclusion when a proof does not
 // lead to the expected root.
-var ErrProofMismatch = errors.New("receipts: inclusion proof does not match the root")
+var ErrProofMismatch = errors.New("verify: inclusion proof does not match the root")
 
 // VerifyInclusion checks that leaf is at index in a tree of size leaves
 // whose root is root, given its audit path (RFC 9162 §2.1.3.2).
 func VerifyInclusion(leaf Hash, index, size uint64, proof []Hash, root Hash) error {
 	if index >= size {
-		return fmt.Errorf("receipts: inclusion proof: index %d outside a tree of %d leaves", index, size)
+		return fmt.Errorf("verify: inclusion proof: index %d outside a tree of %d leaves", index, size)
 	}
 	fn, sn := index, size-1
 	r := leaf
@@ -179,4 +179,19 @@ func VerifyInclusion(leaf Hash, index, size uint64, proof []Hash, root Hash) err
 		return ErrProofMismatch
 	}
 	return nil
+}
+
+// isHexHash reports whether s is a hash as DESIGN.md §3 writes it: 64
+// lowercase hex digits.
+func isHexHash(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for i := range len(s) {
+		c := s[i]
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }

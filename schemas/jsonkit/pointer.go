@@ -1,7 +1,8 @@
-// Package jsonpointer is RFC 6901 JSON pointers, the one implementation
-// every package uses: syntax checks, parsing into reference tokens,
-// escaping, joining, and resolving against a decoded JSON document.
-package jsonpointer
+package jsonkit
+
+// This file is RFC 6901 JSON pointers, the one implementation every package
+// uses: syntax checks, parsing into reference tokens, escaping, joining,
+// and resolving against a decoded JSON document.
 
 import (
 	"errors"
@@ -9,12 +10,12 @@ import (
 	"strings"
 )
 
-// ErrSyntax is returned for a string that is not a JSON pointer.
-var ErrSyntax = errors.New("jsonpointer: invalid JSON pointer")
+// ErrPointerSyntax is returned for a string that is not a JSON pointer.
+var ErrPointerSyntax = errors.New("jsonkit: invalid JSON pointer")
 
-// Valid reports whether p is a JSON pointer: "" (the whole document), or
+// ValidPointer reports whether p is a JSON pointer: "" (the whole document), or
 // "/"-prefixed reference tokens in which "~" only appears as "~0" or "~1".
-func Valid(p string) bool {
+func ValidPointer(p string) bool {
 	if p == "" {
 		return true
 	}
@@ -29,11 +30,11 @@ func Valid(p string) bool {
 	return true
 }
 
-// Parse splits p into unescaped reference tokens. "" is the whole document
+// ParsePointer splits p into unescaped reference tokens. "" is the whole document
 // (no tokens).
-func Parse(p string) ([]string, error) {
-	if !Valid(p) {
-		return nil, ErrSyntax
+func ParsePointer(p string) ([]string, error) {
+	if !ValidPointer(p) {
+		return nil, ErrPointerSyntax
 	}
 	if p == "" {
 		return nil, nil
@@ -41,41 +42,41 @@ func Parse(p string) ([]string, error) {
 	toks := strings.Split(p[1:], "/")
 	for i, t := range toks {
 		if strings.Contains(t, "~") {
-			toks[i] = unescape(t)
+			toks[i] = unescapeToken(t)
 		}
 	}
 	return toks, nil
 }
 
-// unescape decodes a token Valid accepted: "~1" is "/", then "~0" is "~".
-func unescape(t string) string {
+// unescapeToken decodes a token ValidPointer accepted: "~1" is "/", then "~0" is "~".
+func unescapeToken(t string) string {
 	return strings.ReplaceAll(strings.ReplaceAll(t, "~1", "/"), "~0", "~")
 }
 
-// Escape escapes one reference token ("~" → "~0", "/" → "~1").
-func Escape(t string) string {
+// EscapeToken escapes one reference token ("~" → "~0", "/" → "~1").
+func EscapeToken(t string) string {
 	if !strings.ContainsAny(t, "~/") {
 		return t
 	}
 	return strings.ReplaceAll(strings.ReplaceAll(t, "~", "~0"), "/", "~1")
 }
 
-// Join builds a pointer from unescaped tokens.
-func Join(toks []string) string {
+// JoinPointer builds a pointer from unescaped tokens.
+func JoinPointer(toks []string) string {
 	var sb strings.Builder
 	for _, t := range toks {
 		sb.WriteByte('/')
-		sb.WriteString(Escape(t))
+		sb.WriteString(EscapeToken(t))
 	}
 	return sb.String()
 }
 
-// Resolve evaluates p against a decoded JSON document (objects
+// ResolvePointer evaluates p against a decoded JSON document (objects
 // map[string]any, arrays []any, as encoding/json decodes into any). Array
-// tokens must be canonical indexes (Index) within bounds; "-" never
+// tokens must be canonical indexes (ArrayIndex) within bounds; "-" never
 // resolves. found is false for a malformed pointer or a missing member.
-func Resolve(doc any, p string) (v any, found bool) {
-	toks, err := Parse(p)
+func ResolvePointer(doc any, p string) (v any, found bool) {
+	toks, err := ParsePointer(p)
 	if err != nil {
 		return nil, false
 	}
@@ -89,7 +90,7 @@ func Resolve(doc any, p string) (v any, found bool) {
 			}
 			cur = next
 		case []any:
-			i, ok := Index(t)
+			i, ok := ArrayIndex(t)
 			if !ok || i >= len(v) {
 				return nil, false
 			}
@@ -101,9 +102,9 @@ func Resolve(doc any, p string) (v any, found bool) {
 	return cur, true
 }
 
-// Index reads an array index token: "0", or digits without a leading zero
+// ArrayIndex reads an array index token: "0", or digits without a leading zero
 // (at most 9 of them).
-func Index(t string) (int, bool) {
+func ArrayIndex(t string) (int, bool) {
 	if t == "" || len(t) > 9 || (len(t) > 1 && t[0] == '0') {
 		return 0, false
 	}
