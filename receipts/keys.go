@@ -181,3 +181,20 @@ func WritePublicKey(pub ed25519.PublicKey, path string) error {
 	}
 	return writeFileMode(path, append(b, '\n'), 0o644, false)
 }
+
+// KeepPublicKey adds k's public key to dir, the directory of every key a
+// signer ever used (so receipts signed before a rotation keep verifying),
+// as <kid>.pub. added is false when that file was already there.
+func KeepPublicKey(dir string, k *PrivateKey) (path string, added bool, err error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return dir, false, err
+	}
+	path = filepath.Join(dir, k.KID+".pub")
+	switch err := WritePublicKey(k.Public(), path); {
+	case errors.Is(err, ErrKeyFileExists):
+		return path, false, nil
+	case err != nil:
+		return path, false, err
+	}
+	return path, true, nil
+}

@@ -175,3 +175,32 @@ func TestWritePublicKey(t *testing.T) {
 		t.Fatalf("second write: %v", err)
 	}
 }
+
+// TestKeepPublicKey checks a signer's key directory: the first keep writes
+// <kid>.pub that verifies as the key, a second keep adds nothing, and a
+// directory that cannot be made is an error.
+func TestKeepPublicKey(t *testing.T) {
+	k, err := GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "signers")
+	path, added, err := KeepPublicKey(dir, k)
+	if err != nil || !added || filepath.Base(path) != k.KID+".pub" {
+		t.Fatalf("first keep: %s %v %v", path, added, err)
+	}
+	kid, pub, err := verify.LoadPublicKey(path)
+	if err != nil || kid != k.KID || !pub.Equal(k.Public()) {
+		t.Fatalf("kept key: %s %v", kid, err)
+	}
+	if _, added, err := KeepPublicKey(dir, k); err != nil || added {
+		t.Fatalf("second keep: added %v, err %v", added, err)
+	}
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := KeepPublicKey(filepath.Join(file, "sub"), k); err == nil {
+		t.Fatal("keeping under a file: no error")
+	}
+}
