@@ -29,7 +29,7 @@ type callCmd struct {
 	File           string        `name:"file" type:"path" help:"Send this envelope file as-is (may be malformed: for testing)."`
 	Timeout        time.Duration `name:"timeout" default:"10s" help:"How long to wait for the decision; none in time means deny (fail closed)."`
 	Capability     string        `name:"capability" type:"existingfile" help:"Attach this capability chain (JSON, from talosctl cap issue|delegate) with the request_hash."`
-	AgentKey       string        `name:"agent-key" type:"path" help:"Sign the envelope (sender_signature, seed 002) with this agent key (.key): the chain holder's."`
+	AgentKey       string        `name:"agent-key" type:"path" help:"Sign the envelope (sender_signature, CP-SFC) with this agent key (.key): the chain holder's."`
 }
 
 // capSigner is the CallSigner of --capability and --agent-key, or nil.

@@ -32,9 +32,9 @@ func (c *exportCmd) Run(g *Globals) error {
 		return usage("export: %v", err)
 	}
 	ctx := context.Background()
-	conn, err := query.Open(ctx, g.ClickhouseAddr, g.ClickhouseDatabase)
+	conn, err := g.clickhouse(ctx)
 	if err != nil {
-		return failed("clickhouse %s: %v", g.ClickhouseAddr, err)
+		return err
 	}
 	defer conn.Close()
 

@@ -43,7 +43,7 @@ type cli struct {
 	Registry   registryCmd   `cmd:"" help:"Publish, pin and show tool registry bundles."`
 	Replay     replayCmd     `cmd:"" help:"The correlation_id replay cache: stats, check, flush."`
 	Status     statusCmd     `cmd:"" help:"Live workers: the control seq each has applied, its registry digest, whether it decides."`
-	Cap        capCmd        `cmd:"" help:"Capabilities (seed 002): issue, delegate and inspect signed capability chains."`
+	Cap        capCmd        `cmd:"" help:"Capabilities (the CP- requirements): issue, delegate and inspect signed capability chains."`
 }
 
 // exitError carries an exit code: 1 for a failed check, 2 for usage.

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"context"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/nats-io/nats.go"
 
 	"github.com/talos-audit/talos/ingest/natsauth"
+	"github.com/talos-audit/talos/query"
 )
 
 // defaultNATSAuth is where `talosd dev` (scripts/dev.sh) keeps its auth
@@ -29,4 +32,14 @@ func (g *Globals) connect(role, epID string) (*nats.Conn, error) {
 		return nil, failed("connect %s: %v", natsauth.Redact(g.NatsURL), err)
 	}
 	return nc, nil
+}
+
+// clickhouse opens the ClickHouse database of the flags; failing to is a
+// failure (exit 1).
+func (g *Globals) clickhouse(ctx context.Context) (driver.Conn, error) {
+	conn, err := query.Open(ctx, g.ClickhouseAddr, g.ClickhouseDatabase)
+	if err != nil {
+		return nil, failed("clickhouse %s: %v", g.ClickhouseAddr, err)
+	}
+	return conn, nil
 }

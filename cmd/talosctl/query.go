@@ -57,9 +57,9 @@ func (c *secretUsesCmd) Run(g *Globals) error {
 	}
 
 	ctx := context.Background()
-	conn, err := query.Open(ctx, g.ClickhouseAddr, g.ClickhouseDatabase)
+	conn, err := g.clickhouse(ctx)
 	if err != nil {
-		return failed("clickhouse %s: %v", g.ClickhouseAddr, err)
+		return err
 	}
 	defer conn.Close()
 	uses, err := query.SecretUses(ctx, conn, g.ClickhouseDatabase, pseudonym, c.Limit)
@@ -155,9 +155,9 @@ func (c *cannedCmd) Run(g *Globals) error {
 	}
 
 	ctx := context.Background()
-	conn, err := query.Open(ctx, g.ClickhouseAddr, g.ClickhouseDatabase)
+	conn, err := g.clickhouse(ctx)
 	if err != nil {
-		return failed("clickhouse %s: %v", g.ClickhouseAddr, err)
+		return err
 	}
 	defer conn.Close()
 	res, err := query.RunCanned(ctx, conn, g.ClickhouseDatabase, q.Name, p)
