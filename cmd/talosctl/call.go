@@ -163,9 +163,7 @@ func printDecision(g *Globals, d *schemas.Decision, err error) error {
 		return failed("%v", err)
 	}
 	if g.JSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(d)
+		return printJSON(os.Stdout, d)
 	}
 	reasons := strings.Join(d.ReasonCodes, ", ")
 	if reasons == "" {
