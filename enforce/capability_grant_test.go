@@ -71,6 +71,19 @@ func TestIssueAndDelegateGrant(t *testing.T) {
 		res.CapabilityIDs[1] != "cap-d1" {
 		t.Fatalf("the chain does not verify: %+v", res)
 	}
+	f, err := DescribeChainFile("d.json", chain)
+	h, _ := ChainHash(chain)
+	if err != nil || f.Holder != capAgent(1) || f.ChainHash != h || len(f.CapabilityIDs) != 2 {
+		t.Fatalf("DescribeChainFile = %+v, %v", f, err)
+	}
+	var text bytes.Buffer
+	if err := f.WriteText(&text, "delegated"); err != nil || text.String() != "delegated d.json\n  capability id cap-d1\n  holder        "+
+		capAgent(1)+"\n  chain hash    "+h+"\n" {
+		t.Fatalf("WriteText: %q %v", text.String(), err)
+	}
+	if b, _ := json.Marshal(f); !strings.HasPrefix(string(b), `{"capability_ids":[`) || !strings.HasSuffix(string(b), `"holder":"`+capAgent(1)+`"}`) {
+		t.Fatalf("JSON %s", b)
+	}
 	if _, err := IssueChain(capKey(t, 0), "ops", Grant{To: "x", ToKey: capKey(t, 1).Public(), Scopes: []string{"files"},
 		IssuedAt: issued, ExpiresAt: exp}); err == nil {
 		t.Fatal("a bad scope was issued")

@@ -43,19 +43,15 @@ func (f *ctlFlags) actor() string {
 // responderKeyDefault is where `talosd dev` writes the responder key.
 const responderKeyDefault = "talos-data/keys/responder.key"
 
+// key loads --responder-key, by default the one `talosd dev` writes.
 func (f *ctlFlags) key() (*receipts.PrivateKey, error) {
-	path := f.ResponderKey
-	if path == "" {
-		if _, err := os.Stat(responderKeyDefault); err != nil {
-			return nil, usage("control commands are signed: pass --responder-key FILE (a key talosd trusts via --responder-keys)")
-		}
-		path = responderKeyDefault
+	if f.ResponderKey != "" {
+		return loadKey("responder key", f.ResponderKey)
 	}
-	k, err := receipts.LoadPrivateKey(path)
-	if err != nil {
-		return nil, usage("responder key: %v", err)
+	if _, err := os.Stat(responderKeyDefault); err != nil {
+		return nil, usage("control commands are signed: pass --responder-key FILE (a key talosd trusts via --responder-keys)")
 	}
-	return k, nil
+	return loadKey("responder key", responderKeyDefault)
 }
 
 // open connects a control client; done disconnects it.
