@@ -121,24 +121,23 @@ func mutate(g *Globals, f *ctlFlags, wait bool, verb, what string, fill func(*sc
 	return err
 }
 
-// readReply sends a read verb and returns its reply (printing it with --json).
-func readReply(g *Globals, f *ctlFlags, verb string, fill func(*schemas.ControlCommand)) (*schemas.ControlReply, error) {
+// read sends a read verb and prints its reply: as JSON with --json, else
+// as ingest.WriteReply renders it (which also fails a reply without what
+// the verb reads).
+func (f *ctlFlags) read(g *Globals, verb string, fill func(*schemas.ControlCommand)) error {
 	rep, _, err := f.send(g, verb, false, fill)
-	if err == nil && g.JSON {
-		_ = printJSON(os.Stdout, rep)
-	}
-	return rep, err
-}
-
-func readState(g *Globals, f *ctlFlags, verb string) (*schemas.IncidentView, error) {
-	rep, err := readReply(g, f, verb, nil)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if rep.State == nil {
-		return nil, failed("%s: reply without state", verb)
+	w := io.Writer(os.Stdout)
+	if g.JSON {
+		_ = printJSON(os.Stdout, rep)
+		w = io.Discard
 	}
-	return rep.State, nil
+	if err := ingest.WriteReply(w, verb, rep); err != nil {
+		return failed("%v", err)
+	}
+	return nil
 }
 
 func printJSON(w io.Writer, v any) error {
@@ -182,13 +181,7 @@ func (c *killswitchClearCmd) Run(g *Globals) error { return c.send(g, schemas.Ve
 
 type killswitchListCmd struct{ ctlFlags }
 
-func (c *killswitchListCmd) Run(g *Globals) error {
-	v, err := readState(g, &c.ctlFlags, schemas.VerbKillSwitchList)
-	if err != nil || g.JSON {
-		return err
-	}
-	return ingest.WriteStateEntries(os.Stdout, "SCOPE", v.KillSwitches, v.Seq)
-}
+func (c *killswitchListCmd) Run(g *Globals) error { return c.read(g, schemas.VerbKillSwitchList, nil) }
 
 // --- quarantine ---
 
@@ -222,13 +215,7 @@ func (c *quarantineClearCmd) Run(g *Globals) error { return c.send(g, schemas.Ve
 
 type quarantineListCmd struct{ ctlFlags }
 
-func (c *quarantineListCmd) Run(g *Globals) error {
-	v, err := readState(g, &c.ctlFlags, schemas.VerbQuarantineList)
-	if err != nil || g.JSON {
-		return err
-	}
-	return ingest.WriteStateEntries(os.Stdout, "SESSION", v.Quarantines, v.Seq)
-}
+func (c *quarantineListCmd) Run(g *Globals) error { return c.read(g, schemas.VerbQuarantineList, nil) }
 
 // --- revoke ---
 
@@ -300,13 +287,7 @@ func (c *registryPinCmd) Run(g *Globals) error {
 
 type registryShowCmd struct{ ctlFlags }
 
-func (c *registryShowCmd) Run(g *Globals) error {
-	v, err := readState(g, &c.ctlFlags, schemas.VerbRegistryShow)
-	if err != nil || g.JSON {
-		return err
-	}
-	return ingest.WriteRegistryView(os.Stdout, v.Registry)
-}
+func (c *registryShowCmd) Run(g *Globals) error { return c.read(g, schemas.VerbRegistryShow, nil) }
 
 // --- replay ---
 
@@ -318,17 +299,7 @@ type replayCmd struct {
 
 type replayStatsCmd struct{ ctlFlags }
 
-func (c *replayStatsCmd) Run(g *Globals) error {
-	rep, err := readReply(g, &c.ctlFlags, schemas.VerbReplayStats, nil)
-	if err != nil || g.JSON {
-		return err
-	}
-	if rep.Replay == nil {
-		return failed("replay.stats: empty reply")
-	}
-	fmt.Printf("correlation ids remembered: %d (%d bytes), window %s\n", rep.Replay.Keys, rep.Replay.Bytes, rep.Replay.Window)
-	return nil
-}
+func (c *replayStatsCmd) Run(g *Globals) error { return c.read(g, schemas.VerbReplayStats, nil) }
 
 type replayCheckCmd struct {
 	ctlFlags
@@ -337,18 +308,9 @@ type replayCheckCmd struct {
 }
 
 func (c *replayCheckCmd) Run(g *Globals) error {
-	rep, err := readReply(g, &c.ctlFlags, schemas.VerbReplayCheck, func(cmd *schemas.ControlCommand) {
+	return c.read(g, schemas.VerbReplayCheck, func(cmd *schemas.ControlCommand) {
 		cmd.SessionID, cmd.CorrelationID = c.Session, c.CorrelationID
 	})
-	if err != nil || g.JSON {
-		return err
-	}
-	if rep.Replay == nil || rep.Replay.Seen == nil || !*rep.Replay.Seen {
-		fmt.Println("not seen: a call with this correlation id would not be a replay")
-		return nil
-	}
-	fmt.Printf("seen: used by tool call %s; another call with it is denied REPLAY\n", rep.Replay.ToolCall)
-	return nil
 }
 
 type replayFlushCmd struct {
@@ -372,10 +334,4 @@ func (c *replayFlushCmd) Run(g *Globals) error {
 
 type statusCmd struct{ ctlFlags }
 
-func (c *statusCmd) Run(g *Globals) error {
-	rep, err := readReply(g, &c.ctlFlags, schemas.VerbStatus, nil)
-	if err != nil || g.JSON {
-		return err
-	}
-	return ingest.WriteWorkerStatus(os.Stdout, rep.Status)
-}
+func (c *statusCmd) Run(g *Globals) error { return c.read(g, schemas.VerbStatus, nil) }

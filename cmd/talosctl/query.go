@@ -131,29 +131,11 @@ func (c *cannedCmd) Run(g *Globals) error {
 	if !ok {
 		return usage("query: unknown canned query %q; run 'talosctl query list' to see them", c.Name)
 	}
-	format := c.Format
-	switch {
-	case format == "" && g.JSON:
-		format = query.FormatJSON
-	case format == "":
-		format = query.FormatTable
-	case format != query.FormatTable && format != query.FormatCSV && format != query.FormatJSON:
-		return usage("query %s: --format %q: want table, csv or json", q.Name, format)
-	case g.JSON && format != query.FormatJSON:
-		return usage("query %s: --json contradicts --format %s", q.Name, format)
-	}
-	if c.Limit < 1 || c.Limit > query.MaxLimit {
-		return usage("query %s: --limit must be 1 to %d", q.Name, query.MaxLimit)
-	}
-	from, to, err := query.TimeRange(c.From, c.To, c.Since, time.Now())
+	format, p, err := q.ReadFlags(query.CannedFlags{Format: c.Format, JSON: g.JSON, From: c.From, To: c.To, Since: c.Since,
+		Agent: c.Agent, Server: c.Server, Tool: c.Tool, Limit: c.Limit}, time.Now())
 	if err != nil {
 		return usage("query %s: %v", q.Name, err)
 	}
-	p := query.Params{From: from, To: to, Agent: c.Agent, Server: c.Server, Tool: c.Tool, Limit: c.Limit}
-	if extra := q.Unhonoured(p); len(extra) > 0 {
-		return usage("query %s: takes no --%s (its filters: %s)", q.Name, extra[0], strings.Join(q.Filters, ", "))
-	}
-
 	ctx := context.Background()
 	conn, err := g.clickhouse(ctx)
 	if err != nil {
