@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"time"
@@ -37,25 +35,10 @@ func (c *secretUsesCmd) Run(g *Globals) error {
 	if c.Limit < 0 {
 		return usage("query secret-uses: --limit must be >= 0")
 	}
-	pseudonym := c.Pseudonym
-	if pseudonym != "" {
-		if !redact.ValidPseudonym(pseudonym) {
-			return usage("query secret-uses: --pseudonym is not of the form hmac-sha256:<kid>:<64 hex digits>")
-		}
-	} else {
-		secret := c.Value
-		if secret == "-" {
-			var err error
-			if secret, err = readSecretLine(os.Stdin); err != nil {
-				return usage("query secret-uses: read the secret from standard input: %v", err)
-			}
-		}
-		var err error
-		if pseudonym, err = pseudonymOf(c.RedactionKey, secret); err != nil {
-			return usage("query secret-uses: %v", err)
-		}
+	pseudonym, err := redact.LookupPseudonym(c.Value, c.Pseudonym, c.RedactionKey, os.Stdin)
+	if err != nil {
+		return usage("query secret-uses: %v", err)
 	}
-
 	ctx := context.Background()
 	conn, err := g.clickhouse(ctx)
 	if err != nil {
@@ -67,29 +50,6 @@ func (c *secretUsesCmd) Run(g *Globals) error {
 		return failed("%v", err)
 	}
 	return query.WriteSecretUses(os.Stdout, g.JSON, pseudonym, uses)
-}
-
-// readSecretLine reads one line (without its line ending) from r.
-func readSecretLine(r io.Reader) (string, error) {
-	line, err := bufio.NewReader(r).ReadString('\n')
-	if err != nil && !errors.Is(err, io.EOF) {
-		return "", err
-	}
-	line = strings.TrimSuffix(strings.TrimSuffix(line, "\n"), "\r")
-	if line == "" {
-		return "", errors.New("empty")
-	}
-	return line, nil
-}
-
-// pseudonymOf computes the pseudonym talosd records for secret, with the
-// key at keyPath (never created: a new key would match nothing).
-func pseudonymOf(keyPath, secret string) (string, error) {
-	p, err := redact.PseudonymWithKeyFile(keyPath, secret)
-	if errors.Is(err, redact.ErrNoKey) {
-		return "", fmt.Errorf("no redaction key at %s (talosd writes it under its --data-dir; pass --redaction-key)", keyPath)
-	}
-	return p, err
 }
 
 // Help lists the canned queries under `talosctl query --help`.
