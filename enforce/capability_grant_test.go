@@ -131,3 +131,27 @@ func TestInspectionReport(t *testing.T) {
 		}
 	}
 }
+
+func TestNewScopeQuery(t *testing.T) {
+	res := "docs/a.md"
+	if q, err := NewScopeQuery("files", "read_file", "", &res); err != nil || q == nil || q.Server != "files" || q.Tool != "read_file" || q.Resource != &res {
+		t.Fatalf("a call: %+v, %v", q, err)
+	}
+	if q, err := NewScopeQuery("", "", "", nil); err != nil || q != nil {
+		t.Fatalf("no call: %+v, %v", q, err)
+	}
+	for _, c := range []struct {
+		server, tool, method string
+		resource             *string
+		err                  string
+	}{
+		{server: "files", err: "--server and --tool go together"},
+		{tool: "read_file", err: "--server and --tool go together"},
+		{method: "get", err: "--method and --resource need --server and --tool"},
+		{resource: &res, err: "--method and --resource need --server and --tool"},
+	} {
+		if _, err := NewScopeQuery(c.server, c.tool, c.method, c.resource); err == nil || err.Error() != c.err {
+			t.Errorf("%+v: %v, want %q", c, err, c.err)
+		}
+	}
+}

@@ -93,7 +93,7 @@ func (b *benchCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	if err := writeJSONFile(b.JSONOut, res); err != nil {
+	if err := loadgen.WriteJSONFile(b.JSONOut, res); err != nil {
 		return err
 	}
 	if g.JSON {
@@ -114,7 +114,7 @@ func (b *benchCmd) killswitchOnly(g *Globals, ks *ingest.ControlClient) error {
 	if err != nil {
 		return failed("%v", err)
 	}
-	if err := writeJSONFile(b.JSONOut, map[string]any{"killswitch": res}); err != nil {
+	if err := loadgen.WriteJSONFile(b.JSONOut, map[string]any{"killswitch": res}); err != nil {
 		return err
 	}
 	return printKillswitch(g, res)
@@ -159,14 +159,15 @@ func (b *benchCmd) measure(g *Globals, prep *loadgen.Prepared, clients []*ingest
 	return &res, nil
 }
 
-// writeJSONFile writes v as one JSON line to path; "" writes nothing.
-func writeJSONFile(path string, v any) error {
-	if path == "" {
-		return nil
+func printKillswitch(g *Globals, r *loadgen.KillSwitchResult) error {
+	if g.JSON {
+		return json.NewEncoder(os.Stdout).Encode(map[string]any{"killswitch": r})
 	}
-	b, err := json.Marshal(v)
-	if err != nil {
+	if err := r.WriteText(os.Stdout); err != nil {
 		return err
 	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
+	if r.Missing > 0 {
+		return failed("%d worker confirmations missing", r.Missing)
+	}
+	return nil
 }

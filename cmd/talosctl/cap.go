@@ -174,9 +174,15 @@ type capInspectCmd struct {
 }
 
 func (c *capInspectCmd) Run(g *Globals) error {
-	now, err := c.check()
+	q, err := enforce.NewScopeQuery(c.Server, c.Tool, c.Method, c.Resource)
 	if err != nil {
-		return err
+		return usage("%v", err)
+	}
+	now := time.Now()
+	if c.At != "" {
+		if now, err = time.Parse(time.RFC3339Nano, c.At); err != nil {
+			return usage("--at: not an RFC 3339 time")
+		}
 	}
 	issuers := verify.KeySet{}
 	if len(c.Issuers) > 0 {
@@ -192,10 +198,6 @@ func (c *capInspectCmd) Run(g *Globals) error {
 	if err != nil {
 		return usage("%v", err)
 	}
-	var q *enforce.ScopeQuery
-	if c.Server != "" {
-		q = &enforce.ScopeQuery{Server: c.Server, Tool: c.Tool, Method: c.Method, Resource: c.Resource}
-	}
 	in := authz.InspectChain(raw, now, func(s string) bool { return slices.Contains(c.Revoked, s) }, q)
 	if len(issuers) == 0 {
 		in.Result.Details = append(in.Result.Details, "no --issuers given: no issuer is trusted")
@@ -209,23 +211,4 @@ func (c *capInspectCmd) Run(g *Globals) error {
 		return exitError{1, fmt.Errorf("capability chain is invalid: %s", strings.Join(in.Result.Codes, ", "))}
 	}
 	return nil
-}
-
-// check reads the flags: the call flags go together, and --at is the time
-// to check at (default now).
-func (c *capInspectCmd) check() (time.Time, error) {
-	if (c.Server == "") != (c.Tool == "") {
-		return time.Time{}, usage("--server and --tool go together")
-	}
-	if c.Server == "" && (c.Method != "" || c.Resource != nil) {
-		return time.Time{}, usage("--method and --resource need --server and --tool")
-	}
-	if c.At == "" {
-		return time.Now(), nil
-	}
-	t, err := time.Parse(time.RFC3339Nano, c.At)
-	if err != nil {
-		return time.Time{}, usage("--at: not an RFC 3339 time")
-	}
-	return t, nil
 }

@@ -86,3 +86,17 @@ func TestProfileStart(t *testing.T) {
 		t.Fatal("a started file in a missing directory: no error")
 	}
 }
+
+// WriteJSONFile writes one JSON line, and nothing without a path.
+func TestWriteJSONFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "res.json")
+	if err := WriteJSONFile(path, map[string]int{"calls": 3}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(path); err != nil || string(b) != "{\"calls\":3}\n" {
+		t.Fatalf("%q %v", b, err)
+	}
+	if err := WriteJSONFile("", map[string]int{}); err != nil {
+		t.Fatal(err)
+	}
+}
