@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/google/uuid"
@@ -114,4 +115,30 @@ func ChainExpiresAt(chain *schemas.CapabilityChain) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("enforce: the last link's expires_at is not an RFC 3339 time")
 	}
 	return t, nil
+}
+
+// ChainFile describes a chain written to a file, as `talosctl cap issue`
+// and `cap delegate` report it (the JSON keys in alphabetical order).
+type ChainFile struct {
+	CapabilityIDs []string `json:"capability_ids"` // root first
+	ChainHash     string   `json:"chain_hash"`
+	File          string   `json:"file"`
+	Holder        string   `json:"holder"`
+}
+
+// DescribeChainFile describes chain, written to file.
+func DescribeChainFile(file string, chain *schemas.CapabilityChain) (*ChainFile, error) {
+	h, err := ChainHash(chain)
+	if err != nil {
+		return nil, err
+	}
+	return &ChainFile{CapabilityIDs: chain.CapabilityIDs(), ChainHash: h, File: file, Holder: chain.Holder()}, nil
+}
+
+// WriteText writes "<what> <file>", then the last capability id, the
+// holder and the chain hash, one a line.
+func (f *ChainFile) WriteText(w io.Writer, what string) error {
+	_, err := fmt.Fprintf(w, "%s %s\n  capability id %s\n  holder        %s\n  chain hash    %s\n",
+		what, f.File, f.CapabilityIDs[len(f.CapabilityIDs)-1], f.Holder, f.ChainHash)
+	return err
 }

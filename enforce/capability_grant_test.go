@@ -71,6 +71,19 @@ func TestIssueAndDelegateGrant(t *testing.T) {
 		res.CapabilityIDs[1] != "cap-d1" {
 		t.Fatalf("the chain does not verify: %+v", res)
 	}
+	f, err := DescribeChainFile("d.json", chain)
+	h, _ := ChainHash(chain)
+	if err != nil || f.Holder != capAgent(1) || f.ChainHash != h || len(f.CapabilityIDs) != 2 {
+		t.Fatalf("DescribeChainFile = %+v, %v", f, err)
+	}
+	var text bytes.Buffer
+	if err := f.WriteText(&text, "delegated"); err != nil || text.String() != "delegated d.json\n  capability id cap-d1\n  holder        "+
+		capAgent(1)+"\n  chain hash    "+h+"\n" {
+		t.Fatalf("WriteText: %q %v", text.String(), err)
+	}
+	if b, _ := json.Marshal(f); !strings.HasPrefix(string(b), `{"capability_ids":[`) || !strings.HasSuffix(string(b), `"holder":"`+capAgent(1)+`"}`) {
+		t.Fatalf("JSON %s", b)
+	}
 	if _, err := IssueChain(capKey(t, 0), "ops", Grant{To: "x", ToKey: capKey(t, 1).Public(), Scopes: []string{"files"},
 		IssuedAt: issued, ExpiresAt: exp}); err == nil {
 		t.Fatal("a bad scope was issued")
@@ -115,6 +128,30 @@ func TestInspectionReport(t *testing.T) {
 		"scope check   docs:read (with resource)\n", "verdict       INVALID: SCOPE_MISMATCH (checked at 2025-01-15T10:00:00.000Z)\n", "  detail      "} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("text lacks %q:\n%s", want, text.String())
+		}
+	}
+}
+
+func TestNewScopeQuery(t *testing.T) {
+	res := "docs/a.md"
+	if q, err := NewScopeQuery("files", "read_file", "", &res); err != nil || q == nil || q.Server != "files" || q.Tool != "read_file" || q.Resource != &res {
+		t.Fatalf("a call: %+v, %v", q, err)
+	}
+	if q, err := NewScopeQuery("", "", "", nil); err != nil || q != nil {
+		t.Fatalf("no call: %+v, %v", q, err)
+	}
+	for _, c := range []struct {
+		server, tool, method string
+		resource             *string
+		err                  string
+	}{
+		{server: "files", err: "--server and --tool go together"},
+		{tool: "read_file", err: "--server and --tool go together"},
+		{method: "get", err: "--method and --resource need --server and --tool"},
+		{resource: &res, err: "--method and --resource need --server and --tool"},
+	} {
+		if _, err := NewScopeQuery(c.server, c.tool, c.method, c.resource); err == nil || err.Error() != c.err {
+			t.Errorf("%+v: %v, want %q", c, err, c.err)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -36,6 +37,22 @@ type ChainLink struct {
 type ScopeQuery struct {
 	Server, Tool, Method string
 	Resource             *string
+}
+
+// NewScopeQuery is the ScopeQuery of `talosctl cap inspect`'s call flags:
+// nil without a server; server and tool go together, and method and
+// resource need them. The errors name the flags.
+func NewScopeQuery(server, tool, method string, resource *string) (*ScopeQuery, error) {
+	if (server == "") != (tool == "") {
+		return nil, errors.New("--server and --tool go together")
+	}
+	if server == "" {
+		if method != "" || resource != nil {
+			return nil, errors.New("--method and --resource need --server and --tool")
+		}
+		return nil, nil
+	}
+	return &ScopeQuery{Server: server, Tool: tool, Method: method, Resource: resource}, nil
 }
 
 // Inspection is what InspectChain finds of a chain file: the verdict of

@@ -872,4 +872,21 @@ func TestControlDoAndWait(t *testing.T) {
 	if err != nil || !r.OK || p != nil {
 		t.Fatalf("status: %+v %+v %v", r, p, err)
 	}
+	// Send folds the outcome into one error: workers that did not confirm,
+	// a refusal, or nothing for a read without a wait.
+	r, p, err = c.Send(ctx, killSwitch(c, "agent:bot-3"), 500*time.Millisecond)
+	var unconfirmed *ingest.UnconfirmedError
+	if !errors.As(err, &unconfirmed) || r == nil || r.Seq != 3 || p == nil || unconfirmed.Seq != 3 ||
+		!slices.Equal(unconfirmed.Missing, []string{"w2"}) || !strings.Contains(err.Error(), "1 worker(s) did not confirm seq 3") {
+		t.Fatalf("send with a missing worker: %+v %+v %v", r, p, err)
+	}
+	r, p, err = c.Send(ctx, killSwitch(c, "nowhere:x"), time.Second)
+	var refused *ingest.RefusedError
+	if !errors.As(err, &refused) || r == nil || r.OK || p != nil || refused.Reply != r ||
+		!strings.HasPrefix(err.Error(), schemas.VerbKillSwitchSet+" refused: ") {
+		t.Fatalf("send refused: %+v %+v %v", r, p, err)
+	}
+	if r, p, err = c.Send(ctx, c.NewCommand(schemas.VerbStatus), 0); err != nil || !r.OK || p != nil {
+		t.Fatalf("send status: %+v %+v %v", r, p, err)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -171,4 +172,54 @@ func (c *ControlClient) DoAndWait(ctx context.Context, cmd *schemas.ControlComma
 	// Running out of time (wait, or ctx's own deadline) is what Missing
 	// reports.
 	return reply, p, nil
+}
+
+// RefusedError is a reply with OK false: the control service refused
+// the command (Reply.Code says why).
+type RefusedError struct {
+	Verb  string
+	Reply *schemas.ControlReply
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("%s refused: %s (%s)", e.Verb, e.Reply.Error, e.Reply.Code)
+}
+
+// UnconfirmedError is an accepted mutation that some live workers did not
+// report applied within the wait.
+type UnconfirmedError struct {
+	Seq     uint64
+	Missing []string
+}
+
+func (e *UnconfirmedError) Error() string {
+	return fmt.Sprintf("%d worker(s) did not confirm seq %d in time: %s", len(e.Missing), e.Seq, strings.Join(e.Missing, ", "))
+}
+
+// Send does cmd and, when wait is positive, waits up to wait for every
+// live worker to apply it (DoAndWait). It folds the outcome into one
+// error: no reply is a nil reply and Do's error; a refusal is the reply
+// and a *RefusedError; workers that did not confirm in time are the reply,
+// the propagation and an *UnconfirmedError. Propagation is nil without a
+// wait, for a refusal and for a read.
+func (c *ControlClient) Send(ctx context.Context, cmd *schemas.ControlCommand, wait time.Duration) (*schemas.ControlReply, *Propagation, error) {
+	var (
+		rep  *schemas.ControlReply
+		prop *Propagation
+		err  error
+	)
+	if wait > 0 {
+		rep, prop, err = c.DoAndWait(ctx, cmd, wait)
+	} else {
+		rep, err = c.Do(ctx, cmd)
+	}
+	switch {
+	case err != nil:
+		return nil, nil, err
+	case !rep.OK:
+		return rep, nil, &RefusedError{Verb: cmd.Verb, Reply: rep}
+	case prop != nil && len(prop.Missing) > 0:
+		return rep, prop, &UnconfirmedError{Seq: rep.Seq, Missing: prop.Missing}
+	}
+	return rep, prop, nil
 }

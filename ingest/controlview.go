@@ -117,3 +117,40 @@ func WriteWorkerStatus(w io.Writer, status []schemas.WorkerStatus) error {
 	}
 	return tw.Flush()
 }
+
+// WriteReply writes the reply of a read verb as talosctl prints it: the
+// kill switches or quarantines (WriteStateEntries), the registry
+// (WriteRegistryView), the replay store's figures or one correlation id's
+// use, the live workers (WriteWorkerStatus). A reply without what its verb
+// reads is an error, and so is a verb that reads nothing.
+func WriteReply(w io.Writer, verb string, rep *schemas.ControlReply) error {
+	switch verb {
+	case schemas.VerbKillSwitchList, schemas.VerbQuarantineList, schemas.VerbRegistryShow:
+		v := rep.State
+		switch {
+		case v == nil:
+			return fmt.Errorf("%s: reply without state", verb)
+		case verb == schemas.VerbKillSwitchList:
+			return WriteStateEntries(w, "SCOPE", v.KillSwitches, v.Seq)
+		case verb == schemas.VerbQuarantineList:
+			return WriteStateEntries(w, "SESSION", v.Quarantines, v.Seq)
+		}
+		return WriteRegistryView(w, v.Registry)
+	case schemas.VerbReplayStats:
+		if rep.Replay == nil {
+			return fmt.Errorf("%s: empty reply", verb)
+		}
+		_, err := fmt.Fprintf(w, "correlation ids remembered: %d (%d bytes), window %s\n", rep.Replay.Keys, rep.Replay.Bytes, rep.Replay.Window)
+		return err
+	case schemas.VerbReplayCheck:
+		if rep.Replay == nil || rep.Replay.Seen == nil || !*rep.Replay.Seen {
+			_, err := fmt.Fprintln(w, "not seen: a call with this correlation id would not be a replay")
+			return err
+		}
+		_, err := fmt.Fprintf(w, "seen: used by tool call %s; another call with it is denied REPLAY\n", rep.Replay.ToolCall)
+		return err
+	case schemas.VerbStatus:
+		return WriteWorkerStatus(w, rep.Status)
+	}
+	return fmt.Errorf("%s: not a read verb", verb)
+}

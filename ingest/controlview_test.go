@@ -58,6 +58,24 @@ func TestControlViewsText(t *testing.T) {
 	st := []schemas.WorkerStatus{{WorkerID: "w1", AppliedSeq: 9, ControlLast: 9, CaughtUp: true, RegistryDigest: "sha256:ab", Handled: 10, Time: "T"}}
 	check("status", "WORKER  APPLIED  CONTROL_LAST  CAUGHT_UP  REGISTRY   HANDLED  REJECTED  LAST_SEEN\nw1      9        9             true       sha256:ab  10       0         T\n",
 		WriteWorkerStatus(&out, st))
+	state := &schemas.ControlReply{OK: true, State: &schemas.IncidentView{Seq: 4, Quarantines: es, Registry: r}}
+	check("quarantine.list", "SESSION  REASON    ACTOR  SEQ  SINCE\nglobal   incident  ops@h  3    T\n", WriteReply(&out, schemas.VerbQuarantineList, state))
+	check("killswitch.list", "none (as of control seq 4)\n", WriteReply(&out, schemas.VerbKillSwitchList, state))
+	check("registry.show", "pinned: sha256:ab (control seq 9)\nDIGEST     SERVERS     TOOLS  SEQ  TIME  ACTOR\nsha256:ab  docs,files  5      8    T     ops\n",
+		WriteReply(&out, schemas.VerbRegistryShow, state))
+	check("status", "no live workers\n", WriteReply(&out, schemas.VerbStatus, &schemas.ControlReply{OK: true}))
+	replay := &schemas.ControlReply{OK: true, Replay: &schemas.ReplayInfo{Keys: 3, Bytes: 120, Window: "24h0m0s"}}
+	check("replay.stats", "correlation ids remembered: 3 (120 bytes), window 24h0m0s\n", WriteReply(&out, schemas.VerbReplayStats, replay))
+	check("replay.check unseen", "not seen: a call with this correlation id would not be a replay\n", WriteReply(&out, schemas.VerbReplayCheck, replay))
+	seen := true
+	replay.Replay.Seen, replay.Replay.ToolCall = &seen, "tc-1"
+	check("replay.check seen", "seen: used by tool call tc-1; another call with it is denied REPLAY\n", WriteReply(&out, schemas.VerbReplayCheck, replay))
+	for verb, want := range map[string]string{schemas.VerbRegistryShow: "registry.show: reply without state",
+		schemas.VerbReplayStats: "replay.stats: empty reply", schemas.VerbRevoke: "revoke: not a read verb"} {
+		if err := WriteReply(&out, verb, &schemas.ControlReply{OK: true}); err == nil || err.Error() != want {
+			t.Errorf("%s: %v, want %q", verb, err, want)
+		}
+	}
 	if a := LocalActor(); a == "" || strings.HasSuffix(a, "@") {
 		t.Errorf("LocalActor = %q", a)
 	}

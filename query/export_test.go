@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -270,5 +272,19 @@ func TestExportReportsConflictingCopies(t *testing.T) {
 	slices.Sort(got)
 	if want := []string{"1:allow", "2:allow", "2:deny", "3:deny"}; !slices.Equal(got, want) {
 		t.Fatalf("exported %v, want %v (both versions, seq 1 once)", got, want)
+	}
+	// ExportToPath keeps such an export (it is whole), and leaves the path
+	// alone after any other error.
+	path := filepath.Join(t.TempDir(), "out.jsonl")
+	n, err := ExportToPath(ctx, conn, db, ExportOptions{Kind: ExportReceipts}, ExportJSONL, path, nil)
+	if b, _ := os.ReadFile(path); !errors.As(err, &ce) || n != 4 || strings.Count(string(b), "\n") != 4 {
+		t.Fatalf("ExportToPath: %d records, %v; file %q", n, err, b)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.jsonl")
+	if _, err := ExportToPath(ctx, conn, db, ExportOptions{Kind: "secrets"}, ExportJSONL, bad, nil); err == nil {
+		t.Fatal("ExportToPath: unknown kind accepted")
+	}
+	if entries, _ := os.ReadDir(filepath.Dir(bad)); len(entries) != 0 {
+		t.Fatalf("after a failed export: %v", entries)
 	}
 }

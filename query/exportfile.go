@@ -48,6 +48,26 @@ func ExportTo(ctx context.Context, conn driver.Conn, database string, opts Expor
 	return n, err
 }
 
+// ExportToPath is ExportTo into the file at path, which appears only once
+// the export is whole (ExportFile): without error, or with a
+// *ConflictError. After any other error path is left as it was.
+func ExportToPath(ctx context.Context, conn driver.Conn, database string, opts ExportOptions, format, path string, progress func(n int)) (int, error) {
+	f, err := CreateExportFile(path)
+	if err != nil {
+		return 0, err
+	}
+	n, err := ExportTo(ctx, conn, database, opts, format, f, progress)
+	var conflict *ConflictError
+	if err != nil && !errors.As(err, &conflict) {
+		f.Abort()
+		return n, err
+	}
+	if cerr := f.Commit(); cerr != nil {
+		return n, cerr
+	}
+	return n, err
+}
+
 // ExportFile is an export on its way to a file that appears only once
 // complete: the bytes go to a temporary file beside it, which Commit
 // renames over it and Abort removes. Call one of the two.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -63,4 +64,44 @@ func (c Canned) Unhonoured(p Params) []string {
 		}
 	}
 	return out
+}
+
+// CannedFlags are a canned query's flags as talosctl query takes them.
+type CannedFlags struct {
+	Format              string // FormatTable, FormatCSV or FormatJSON; "" the default
+	JSON                bool   // --json: FormatJSON, which another format contradicts
+	From, To            string // ParseTime's forms
+	Since               time.Duration
+	Agent, Server, Tool string
+	Limit               int
+}
+
+// ReadFlags checks f for c in this order: the output format (FormatTable
+// by default), the row limit (1 to MaxLimit), the time range (TimeRange),
+// then the filters, each of which c must take (Unhonoured). It returns the
+// format and the parameters to run c with; the errors name the flags.
+func (c Canned) ReadFlags(f CannedFlags, now time.Time) (string, Params, error) {
+	format := f.Format
+	switch {
+	case format == "" && f.JSON:
+		format = FormatJSON
+	case format == "":
+		format = FormatTable
+	case format != FormatTable && format != FormatCSV && format != FormatJSON:
+		return "", Params{}, fmt.Errorf("--format %q: want table, csv or json", format)
+	case f.JSON && format != FormatJSON:
+		return "", Params{}, fmt.Errorf("--json contradicts --format %s", format)
+	}
+	if f.Limit < 1 || f.Limit > MaxLimit {
+		return "", Params{}, fmt.Errorf("--limit must be 1 to %d", MaxLimit)
+	}
+	from, to, err := TimeRange(f.From, f.To, f.Since, now)
+	if err != nil {
+		return "", Params{}, err
+	}
+	p := Params{From: from, To: to, Agent: f.Agent, Server: f.Server, Tool: f.Tool, Limit: f.Limit}
+	if extra := c.Unhonoured(p); len(extra) > 0 {
+		return "", Params{}, fmt.Errorf("takes no --%s (its filters: %s)", extra[0], strings.Join(c.Filters, ", "))
+	}
+	return format, p, nil
 }

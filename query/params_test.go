@@ -1,6 +1,7 @@
 package query
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -52,5 +53,44 @@ func TestUnhonoured(t *testing.T) {
 	}
 	if got := q.Unhonoured(Params{Agent: "a"}); got != nil {
 		t.Errorf("Unhonoured of honoured filters = %v", got)
+	}
+}
+
+// ReadFlags: the format by default and with --json, each error in its
+// order, and the parameters of good flags.
+func TestReadFlags(t *testing.T) {
+	q := Canned{Name: "q", Filters: []string{FilterFrom, FilterTo, FilterAgent}}
+	now := time.Date(2026, 6, 2, 0, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		name   string
+		f      CannedFlags
+		format string
+		err    string
+	}{
+		{name: "default", f: CannedFlags{Limit: 10}, format: FormatTable},
+		{name: "json", f: CannedFlags{JSON: true, Limit: 10}, format: FormatJSON},
+		{name: "csv", f: CannedFlags{Format: FormatCSV, Limit: 10}, format: FormatCSV},
+		{name: "bad format first", f: CannedFlags{Format: "xml", Limit: 0}, err: `--format "xml": want table, csv or json`},
+		{name: "json contradicts", f: CannedFlags{Format: FormatCSV, JSON: true, Limit: 10}, err: "--json contradicts --format csv"},
+		{name: "limit before range", f: CannedFlags{Limit: MaxLimit + 1, From: "x"}, err: fmt.Sprintf("--limit must be 1 to %d", MaxLimit)},
+		{name: "range", f: CannedFlags{Limit: 10, From: "x"}, err: `--from: "x" is neither RFC 3339 (2026-06-01T12:00:00Z) nor a date (2026-06-01)`},
+		{name: "filter", f: CannedFlags{Limit: 10, Server: "files", Tool: "t"}, err: "takes no --server (its filters: from, to, agent)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			format, _, err := q.ReadFlags(c.f, now)
+			if c.err != "" {
+				if err == nil || err.Error() != c.err {
+					t.Fatalf("err = %v, want %q", err, c.err)
+				}
+				return
+			}
+			if err != nil || format != c.format {
+				t.Fatalf("= %q, %v; want %q", format, err, c.format)
+			}
+		})
+	}
+	_, p, err := q.ReadFlags(CannedFlags{Since: time.Hour, Agent: "a", Limit: 5}, now)
+	if err != nil || !p.From.Equal(now.Add(-time.Hour)) || !p.To.IsZero() || p.Agent != "a" || p.Limit != 5 {
+		t.Fatalf("params %+v, %v", p, err)
 	}
 }

@@ -211,6 +211,19 @@ func CountSessionToolCalls(ctx context.Context, conn driver.Conn, database, sess
 	return n, err
 }
 
+// SessionCounter returns a counter of what of one session ClickHouse
+// holds: its distinct receipts and, with events, its distinct
+// ToolCallEvents (else 0), for loadgen.WaitEndToEnd.
+func SessionCounter(conn driver.Conn, database, sessionID string, events bool) func(context.Context) (receipts, toolCalls uint64, err error) {
+	return func(ctx context.Context) (n, m uint64, err error) {
+		n, err = CountSessionReceipts(ctx, conn, database, sessionID)
+		if err == nil && events {
+			m, err = CountSessionToolCalls(ctx, conn, database, sessionID)
+		}
+		return n, m, err
+	}
+}
+
 // jsonReader reads a published CloudEvent in one pass, for the row
 // builders' fast paths. It accepts only what those fast paths are sure
 // about: exactly one JSON value with no insignificant whitespace, object

@@ -3,6 +3,7 @@ package query
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -353,4 +354,49 @@ func differentFields(a, b any) []string {
 		}
 	}
 	return out
+}
+
+// SessionCounter counts one session's receipts and, when asked, its
+// ToolCallEvents.
+func TestSessionCounter(t *testing.T) {
+	ctx, conn, db := migrated(t)
+	m := newSinkMaker(t)
+	var recs []schemas.AuditRecord
+	for i := range 3 {
+		fx := m.next(t, i)
+		recs = append(recs, fx.decision, fx.effect, fx.toolCall)
+	}
+	if err := NewSinkWriter(conn, db).Write(ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	receiptsOf, callsOf := map[string]uint64{}, map[string]uint64{}
+	for _, rec := range recs {
+		if strings.HasPrefix(rec.Subject, schemas.SubjectToolCall) {
+			c, _, err := ToolCallRowFromEvent(rec.Data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			callsOf[c.SessionID]++
+		} else if r, err := ReceiptRowFromEvent(rec.Data); err != nil {
+			t.Fatal(err)
+		} else {
+			receiptsOf[r.SessionID]++
+		}
+	}
+	for _, session := range slices.Concat(slices.Collect(maps.Keys(receiptsOf)), slices.Collect(maps.Keys(callsOf))) {
+		n, c, err := SessionCounter(conn, db, session, true)(ctx)
+		if err != nil || n != receiptsOf[session] || c != callsOf[session] {
+			t.Fatalf("session %s: %d receipts, %d tool calls (%v); want %d, %d", session, n, c, err, receiptsOf[session], callsOf[session])
+		}
+	}
+	row, err := ReceiptRowFromEvent(recs[0].Data)
+	if err != nil || receiptsOf[row.SessionID] == 0 {
+		t.Fatal(err)
+	}
+	if n, c, err := SessionCounter(conn, db, row.SessionID, false)(ctx); err != nil || n != receiptsOf[row.SessionID] || c != 0 {
+		t.Fatalf("without events: %d receipts, %d tool calls (%v)", n, c, err)
+	}
+	if n, _, err := SessionCounter(conn, db, "no-such-session", true)(ctx); err != nil || n != 0 {
+		t.Fatalf("another session: %d receipts (%v)", n, err)
+	}
 }

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"os"
 	"runtime/debug"
-	"runtime/pprof"
-	"sync"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -31,7 +29,7 @@ type benchCmd struct {
 	ClickHouse   bool          `name:"clickhouse" default:"true" negatable:"" help:"Also measure end to end: until every receipt is in ClickHouse."`
 	Timeout      time.Duration `name:"timeout" default:"10s" help:"Decision timeout per call (none in time counts as a deny)."`
 	Post         bool          `name:"post" help:"After each allow, also send the call's post event (a small result): every call then yields two receipts and a ToolCallEvent with redacted, hashed payloads."`
-	Capability   string        `name:"capability" type:"existingfile" help:"Sign every call with this capability chain (seed 002), as its holder (--agent-key); needed when talosd requires capabilities."`
+	Capability   string        `name:"capability" type:"existingfile" help:"Sign every call with this capability chain (CP-PA1), as its holder (--agent-key); needed when talosd requires capabilities."`
 	AgentKey     string        `name:"agent-key" type:"path" help:"The chain holder's key (.key) for --capability."`
 	KillSwitch   int           `name:"killswitch" help:"Also measure kill-switch propagation: this many set/clear rounds (each waits until every live worker enforces it), during the call load; with --calls 0, on an idle stack."`
 	PrepareAhead int           `name:"prepare-ahead" help:"Envelopes (pre and post) are built and signed before their send, off the measured path. 0: all of them before the clock starts (about 3 KB of heap per call, 6 KB with --post). N: about N kept ready (at least one per enforcement point), the rest built during the run on the same CPU (and counted in the load generator's CPU)."`
@@ -48,14 +46,14 @@ func (b *benchCmd) Run(g *Globals) error {
 	if b.Calls == 0 && b.KillSwitch == 0 {
 		return usage("nothing to measure: --calls 0 needs --killswitch N")
 	}
-	var ks *ctlSession
+	var ks *ingest.ControlClient
 	if b.KillSwitch > 0 {
-		var err error
-		if ks, err = (&ctlFlags{signerFlags: b.signerFlags, Timeout: b.Timeout}).open(g); err != nil {
+		client, closeCtl, err := (&ctlFlags{signerFlags: b.signerFlags, Timeout: b.Timeout}).open(g)
+		if err != nil {
 			return err
 		}
-		defer ks.close()
-		if b.Calls == 0 {
+		defer closeCtl()
+		if ks = client; b.Calls == 0 {
 			return b.killswitchOnly(g, ks)
 		}
 	}
@@ -65,16 +63,13 @@ func (b *benchCmd) Run(g *Globals) error {
 		debug.SetGCPercent(400)
 	}
 	run := "bench-" + uuid.NewString()[:8]
-	conns := make([]*nats.Conn, b.Connections)
-	for i := range conns {
-		// One NATS user for every simulated enforcement point: the worker
-		// user may read all their decision subjects.
-		nc, err := g.connect(schemas.NATSRoleWorker, "")
-		if err != nil {
-			return err
-		}
-		defer nc.Close()
-		conns[i] = nc
+	// One NATS user for every simulated enforcement point: the worker user
+	// may read all their decision subjects.
+	clients, closeAll, err := loadgen.Connect(b.Connections, b.Concurrency, run,
+		func() (*nats.Conn, error) { return g.connect(schemas.NATSRoleWorker, "") })
+	defer closeAll()
+	if err != nil {
+		return err
 	}
 	var ch driver.Conn
 	if b.ClickHouse {
@@ -89,15 +84,6 @@ func (b *benchCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	clients, err := loadgen.Clients(conns, b.Concurrency, run)
-	defer func() {
-		for _, c := range clients {
-			c.Close()
-		}
-	}()
-	if err != nil {
-		return err
-	}
 	prep, err := loadgen.Prepare(maker, clients, b.Calls, b.PrepareAhead)
 	if err != nil {
 		return failed("building the envelopes: %v", err)
@@ -107,7 +93,7 @@ func (b *benchCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	if err := writeJSONFile(b.JSONOut, res); err != nil {
+	if err := loadgen.WriteJSONFile(b.JSONOut, res); err != nil {
 		return err
 	}
 	if g.JSON {
@@ -123,12 +109,12 @@ func (b *benchCmd) Run(g *Globals) error {
 }
 
 // killswitchOnly measures kill-switch propagation on an idle stack.
-func (b *benchCmd) killswitchOnly(g *Globals, ks *ctlSession) error {
-	res, err := loadgen.KillSwitchRounds(ks.client, b.KillSwitch, b.Timeout)
+func (b *benchCmd) killswitchOnly(g *Globals, ks *ingest.ControlClient) error {
+	res, err := loadgen.KillSwitchRounds(ks, b.KillSwitch, b.Timeout)
 	if err != nil {
 		return failed("%v", err)
 	}
-	if err := writeJSONFile(b.JSONOut, map[string]any{"killswitch": res}); err != nil {
+	if err := loadgen.WriteJSONFile(b.JSONOut, map[string]any{"killswitch": res}); err != nil {
 		return err
 	}
 	return printKillswitch(g, res)
@@ -153,42 +139,19 @@ func (b *benchCmd) maker(run string) (*loadgen.Maker, error) {
 // measure is the timed part: the calls (and kill-switch rounds, with ks)
 // under the CPU profile, then, with ch, the wait until ClickHouse holds
 // every receipt and ToolCallEvent of the run.
-func (b *benchCmd) measure(g *Globals, prep *loadgen.Prepared, clients []*ingest.Client, ks *ctlSession, ch driver.Conn, run string) (*loadgen.Result, error) {
-	stopProfile := func() {}
-	if b.CPUProfile != "" {
-		f, err := os.Create(b.CPUProfile)
-		if err != nil {
-			return nil, err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return nil, err
-		}
-		stopProfile = sync.OnceFunc(pprof.StopCPUProfile)
-		defer stopProfile()
-	}
-	if b.StartedFile != "" {
-		if err := os.WriteFile(b.StartedFile, nil, 0o644); err != nil {
-			return nil, err
-		}
-	}
-	var client *ingest.ControlClient
-	if ks != nil {
-		client = ks.client
+func (b *benchCmd) measure(g *Globals, prep *loadgen.Prepared, clients []*ingest.Client, ks *ingest.ControlClient, ch driver.Conn, run string) (*loadgen.Result, error) {
+	stopProfile, err := loadgen.Profile{CPUProfile: b.CPUProfile, StartedFile: b.StartedFile}.Start()
+	defer stopProfile()
+	if err != nil {
+		return nil, err
 	}
 	pace := loadgen.Pacing{Rate: b.Rate, Inflight: b.Inflight, Server: b.Server, Timeout: b.Timeout}
-	res, t, err := prep.Run(clients, pace, client, b.KillSwitch, stopProfile)
+	res, t, err := prep.Run(clients, pace, ks, b.KillSwitch, stopProfile)
 	if err != nil {
 		return nil, failed("%v", err)
 	}
 	if ch != nil {
-		count := func(ctx context.Context) (n, m uint64, err error) {
-			n, err = query.CountSessionReceipts(ctx, ch, g.ClickhouseDatabase, run)
-			if err == nil && res.Posts > 0 {
-				m, err = query.CountSessionToolCalls(ctx, ch, g.ClickhouseDatabase, run)
-			}
-			return n, m, err
-		}
+		count := query.SessionCounter(ch, g.ClickhouseDatabase, run, res.Posts > 0)
 		if err := loadgen.WaitEndToEnd(context.Background(), &res, t, count); err != nil {
 			return nil, failed("%v", err)
 		}
@@ -196,14 +159,15 @@ func (b *benchCmd) measure(g *Globals, prep *loadgen.Prepared, clients []*ingest
 	return &res, nil
 }
 
-// writeJSONFile writes v as one JSON line to path; "" writes nothing.
-func writeJSONFile(path string, v any) error {
-	if path == "" {
-		return nil
+func printKillswitch(g *Globals, r *loadgen.KillSwitchResult) error {
+	if g.JSON {
+		return json.NewEncoder(os.Stdout).Encode(map[string]any{"killswitch": r})
 	}
-	b, err := json.Marshal(v)
-	if err != nil {
+	if err := r.WriteText(os.Stdout); err != nil {
 		return err
 	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
+	if r.Missing > 0 {
+		return failed("%d worker confirmations missing", r.Missing)
+	}
+	return nil
 }

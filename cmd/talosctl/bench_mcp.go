@@ -47,14 +47,8 @@ func (b *benchMCPCmd) Run(g *Globals) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	sides, err := loadgen.ConnectMCP(ctx, specs, b.Timeout, stderr)
-	defer func() {
-		for _, s := range sides {
-			if s.CS != nil {
-				_ = s.CS.Close()
-			}
-		}
-	}()
+	sides, closeAll, err := loadgen.ConnectMCP(ctx, specs, b.Timeout, stderr)
+	defer closeAll()
 	if err != nil {
 		return failed("%v", err)
 	}

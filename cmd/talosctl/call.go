@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"strings"
 	"time"
@@ -29,7 +28,7 @@ type callCmd struct {
 	File           string        `name:"file" type:"path" help:"Send this envelope file as-is (may be malformed: for testing)."`
 	Timeout        time.Duration `name:"timeout" default:"10s" help:"How long to wait for the decision; none in time means deny (fail closed)."`
 	Capability     string        `name:"capability" type:"existingfile" help:"Attach this capability chain (JSON, from talosctl cap issue|delegate) with the request_hash."`
-	AgentKey       string        `name:"agent-key" type:"path" help:"Sign the envelope (sender_signature, seed 002) with this agent key (.key): the chain holder's."`
+	AgentKey       string        `name:"agent-key" type:"path" help:"Sign the envelope (sender_signature, CP-SFC) with this agent key (.key): the chain holder's."`
 }
 
 // capSigner is the CallSigner of --capability and --agent-key, or nil.
@@ -145,15 +144,12 @@ func (c *callCmd) sendCall(ctx context.Context, g *Globals, client *ingest.Clien
 // envelope is the pre envelope of the flags' call, signed when a signer is
 // given.
 func (c *callCmd) envelope(args json.RawMessage, signer *ingest.CallSigner) (*schemas.ToolCall, error) {
-	spec := ingest.CallSpec{EPID: c.EPID, Server: c.Server, Tool: c.Tool, Args: args, Agent: c.Agent, Session: c.Session,
-		IdempotencyKey: c.IdempotencyKey, ToolClass: c.ToolClass, RegistryDigest: c.RegistryDigest}
-	for _, e := range c.ExpectHash {
-		p, h, ok := strings.Cut(e, "=")
-		if !ok {
-			return nil, usage("--expect-hash %q: want POINTER=SHA256HEX", e)
-		}
-		spec.ExpectedHashes = append(spec.ExpectedHashes, schemas.ExpectedHash{Pointer: p, Hash: h})
+	hashes, err := ingest.ParseExpectedHashes(c.ExpectHash)
+	if err != nil {
+		return nil, usage("--expect-hash %v", err)
 	}
+	spec := ingest.CallSpec{EPID: c.EPID, Server: c.Server, Tool: c.Tool, Args: args, Agent: c.Agent, Session: c.Session,
+		IdempotencyKey: c.IdempotencyKey, ToolClass: c.ToolClass, RegistryDigest: c.RegistryDigest, ExpectedHashes: hashes}
 	return spec.Envelope(signer)
 }
 
@@ -163,18 +159,7 @@ func printDecision(g *Globals, d *schemas.Decision, err error) error {
 		return failed("%v", err)
 	}
 	if g.JSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(d)
+		return printJSON(os.Stdout, d)
 	}
-	reasons := strings.Join(d.ReasonCodes, ", ")
-	if reasons == "" {
-		reasons = "none"
-	}
-	fmt.Printf("%s (phase %s)\n  tool_call_id    %s\n  reason codes    %s\n  receipt         %s\n  registry digest %s\n",
-		strings.ToUpper(d.Decision), d.Phase, d.ToolCallID, reasons, d.ReceiptID, d.RegistryDigest)
-	for _, det := range d.Details {
-		fmt.Printf("  detail          %s\n", det)
-	}
-	return nil
+	return ingest.WriteDecision(os.Stdout, d)
 }

@@ -48,30 +48,34 @@ func loadAgentKey(flag, path string) (ed25519.PublicKey, error) {
 	return pub, nil
 }
 
-// writeChain writes chain as indented JSON to out, or to stdout if out is "".
+// loadKey reads a signing key (.key); a failure is a usage error naming
+// what.
+func loadKey(what, path string) (*receipts.PrivateKey, error) {
+	k, err := receipts.LoadPrivateKey(path)
+	if err != nil {
+		return nil, usage("%s: %v", what, err)
+	}
+	return k, nil
+}
+
+// writeChain writes chain as indented JSON to out, or to stdout if out is
+// "", and reports a file as what.
 func writeChain(g *Globals, chain *schemas.CapabilityChain, out, what string) error {
 	b, err := chain.MarshalFile()
 	if err != nil {
 		return err
 	}
-	if out == "" {
-		_, err := os.Stdout.Write(b)
+	if err := writeOut(out, b); err != nil || out == "" {
 		return err
 	}
-	if err := os.WriteFile(out, b, 0o644); err != nil {
-		return failed("%v", err)
-	}
-	h, err := enforce.ChainHash(chain)
+	f, err := enforce.DescribeChainFile(out, chain)
 	if err != nil {
 		return err
 	}
-	ids, holder := chain.CapabilityIDs(), chain.Holder()
 	if g.JSON {
-		printJSON(os.Stdout, map[string]any{"file": out, "chain_hash": h, "capability_ids": ids, "holder": holder})
-		return nil
+		return printJSON(os.Stdout, f)
 	}
-	fmt.Printf("%s %s\n  capability id %s\n  holder        %s\n  chain hash    %s\n", what, out, ids[len(ids)-1], holder, h)
-	return nil
+	return f.WriteText(os.Stdout, what)
 }
 
 // --- cap issue ---
@@ -89,9 +93,9 @@ type capIssueCmd struct {
 }
 
 func (c *capIssueCmd) Run(g *Globals) error {
-	key, err := receipts.LoadPrivateKey(c.IssuerKey)
+	key, err := loadKey("--issuer-key", c.IssuerKey)
 	if err != nil {
-		return usage("--issuer-key: %v", err)
+		return err
 	}
 	pub, err := loadAgentKey("--subject-key", c.SubjectKey)
 	if err != nil {
@@ -132,9 +136,9 @@ func (c *capDelegateCmd) Run(g *Globals) error {
 	if len(chain.Delegations) >= schemas.MaxDelegationDepth {
 		return failed("the chain already has %d delegations (MAX_DELEGATION_DEPTH)", schemas.MaxDelegationDepth)
 	}
-	key, err := receipts.LoadPrivateKey(c.HolderKey)
+	key, err := loadKey("--holder-key", c.HolderKey)
 	if err != nil {
-		return usage("--holder-key: %v", err)
+		return err
 	}
 	pub, err := loadAgentKey("--to-key", c.ToKey)
 	if err != nil {
@@ -170,9 +174,15 @@ type capInspectCmd struct {
 }
 
 func (c *capInspectCmd) Run(g *Globals) error {
-	now, err := c.check()
+	q, err := enforce.NewScopeQuery(c.Server, c.Tool, c.Method, c.Resource)
 	if err != nil {
-		return err
+		return usage("%v", err)
+	}
+	now := time.Now()
+	if c.At != "" {
+		if now, err = time.Parse(time.RFC3339Nano, c.At); err != nil {
+			return usage("--at: not an RFC 3339 time")
+		}
 	}
 	issuers := verify.KeySet{}
 	if len(c.Issuers) > 0 {
@@ -188,10 +198,6 @@ func (c *capInspectCmd) Run(g *Globals) error {
 	if err != nil {
 		return usage("%v", err)
 	}
-	var q *enforce.ScopeQuery
-	if c.Server != "" {
-		q = &enforce.ScopeQuery{Server: c.Server, Tool: c.Tool, Method: c.Method, Resource: c.Resource}
-	}
 	in := authz.InspectChain(raw, now, func(s string) bool { return slices.Contains(c.Revoked, s) }, q)
 	if len(issuers) == 0 {
 		in.Result.Details = append(in.Result.Details, "no --issuers given: no issuer is trusted")
@@ -205,23 +211,4 @@ func (c *capInspectCmd) Run(g *Globals) error {
 		return exitError{1, fmt.Errorf("capability chain is invalid: %s", strings.Join(in.Result.Codes, ", "))}
 	}
 	return nil
-}
-
-// check reads the flags: the call flags go together, and --at is the time
-// to check at (default now).
-func (c *capInspectCmd) check() (time.Time, error) {
-	if (c.Server == "") != (c.Tool == "") {
-		return time.Time{}, usage("--server and --tool go together")
-	}
-	if c.Server == "" && (c.Method != "" || c.Resource != nil) {
-		return time.Time{}, usage("--method and --resource need --server and --tool")
-	}
-	if c.At == "" {
-		return time.Now(), nil
-	}
-	t, err := time.Parse(time.RFC3339Nano, c.At)
-	if err != nil {
-		return time.Time{}, usage("--at: not an RFC 3339 time")
-	}
-	return t, nil
 }

@@ -3,11 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
@@ -43,87 +45,107 @@ func (f *ctlFlags) actor() string {
 // responderKeyDefault is where `talosd dev` writes the responder key.
 const responderKeyDefault = "talos-data/keys/responder.key"
 
+// key loads --responder-key, by default the one `talosd dev` writes.
 func (f *ctlFlags) key() (*receipts.PrivateKey, error) {
-	path := f.ResponderKey
-	if path == "" {
-		if _, err := os.Stat(responderKeyDefault); err != nil {
-			return nil, usage("control commands are signed: pass --responder-key FILE (a key talosd trusts via --responder-keys)")
-		}
-		path = responderKeyDefault
+	if f.ResponderKey != "" {
+		return loadKey("responder key", f.ResponderKey)
 	}
-	k, err := receipts.LoadPrivateKey(path)
-	if err != nil {
-		return nil, usage("responder key: %v", err)
+	if _, err := os.Stat(responderKeyDefault); err != nil {
+		return nil, usage("control commands are signed: pass --responder-key FILE (a key talosd trusts via --responder-keys)")
 	}
-	return k, nil
+	return loadKey("responder key", responderKeyDefault)
 }
 
-// ctlSession is one connected control client.
-type ctlSession struct {
-	client *ingest.ControlClient
-	close  func()
-	f      *ctlFlags
-	g      *Globals
-}
-
-func (f *ctlFlags) open(g *Globals) (*ctlSession, error) {
+// open connects a control client; done disconnects it.
+func (f *ctlFlags) open(g *Globals) (client *ingest.ControlClient, done func(), err error) {
 	key, err := f.key()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	nc, err := g.connect("responder", "")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return &ctlSession{client: ingest.NewControlClient(nc, key, f.actor()), close: nc.Close, f: f, g: g}, nil
+	return ingest.NewControlClient(nc, key, f.actor()), nc.Close, nil
 }
 
-// do sends cmd and, with wait, waits for every live worker to apply it. It
-// prints the outcome and returns an exit error for a refusal.
-func (s *ctlSession) do(cmd *schemas.ControlCommand, wait bool, what string) (*schemas.ControlReply, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.f.Timeout)
+// send sends verb's command, filled by fill, and with wait waits for every
+// live worker to apply it. With --json it prints a refusal's reply.
+func (f *ctlFlags) send(g *Globals, verb string, wait bool, fill func(*schemas.ControlCommand)) (*schemas.ControlReply, *ingest.Propagation, error) {
+	client, done, err := f.open(g)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer done()
+	cmd := client.NewCommand(verb)
+	if fill != nil {
+		fill(cmd)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), f.Timeout)
 	defer cancel()
-	var (
-		rep  *schemas.ControlReply
-		prop *ingest.Propagation
-		err  error
-	)
+	var within time.Duration
 	if wait {
-		rep, prop, err = s.client.DoAndWait(ctx, cmd, s.f.Timeout)
-	} else {
-		rep, err = s.client.Do(ctx, cmd)
+		within = f.Timeout
+	}
+	rep, prop, err := client.Send(ctx, cmd, within)
+	var refused *ingest.RefusedError
+	switch {
+	case rep == nil:
+		return nil, nil, failed("%s: %v", verb, err)
+	case errors.As(err, &refused) && g.JSON:
+		_ = printJSON(os.Stdout, rep)
 	}
 	if err != nil {
-		return nil, failed("%s: %v", cmd.Verb, err)
+		err = failed("%v", err)
 	}
-	if !rep.OK {
-		if s.g.JSON {
-			printJSON(os.Stdout, rep)
-		}
-		return rep, failed("%s refused: %s (%s)", cmd.Verb, rep.Error, rep.Code)
+	return rep, prop, err
+}
+
+// mutate sends one signed mutating command, filled by fill, and reports it
+// as what (waiting for every live worker with wait).
+func mutate(g *Globals, f *ctlFlags, wait bool, verb, what string, fill func(*schemas.ControlCommand)) error {
+	rep, prop, err := f.send(g, verb, wait, fill)
+	if rep == nil || !rep.OK {
+		return err
 	}
-	if s.g.JSON {
+	if g.JSON {
 		out := map[string]any{"reply": rep}
 		if prop != nil {
 			out["propagation"] = prop.Summary()
 		}
-		printJSON(os.Stdout, out)
-	} else if schemas.MutatingVerbs[cmd.Verb] {
+		_ = printJSON(os.Stdout, out)
+	} else if schemas.MutatingVerbs[verb] {
 		fmt.Printf("%s: ok (control seq %d, receipt %s)\n", what, rep.Seq, rep.ReceiptID)
 		if prop != nil {
 			_ = prop.WriteText(os.Stdout)
 		}
 	}
-	if prop != nil && len(prop.Missing) > 0 {
-		return rep, failed("%d worker(s) did not confirm seq %d in time: %s", len(prop.Missing), rep.Seq, strings.Join(prop.Missing, ", "))
-	}
-	return rep, nil
+	return err
 }
 
-func printJSON(w io.Writer, v any) {
+// read sends a read verb and prints its reply: as JSON with --json, else
+// as ingest.WriteReply renders it (which also fails a reply without what
+// the verb reads).
+func (f *ctlFlags) read(g *Globals, verb string, fill func(*schemas.ControlCommand)) error {
+	rep, _, err := f.send(g, verb, false, fill)
+	if err != nil {
+		return err
+	}
+	w := io.Writer(os.Stdout)
+	if g.JSON {
+		_ = printJSON(os.Stdout, rep)
+		w = io.Discard
+	}
+	if err := ingest.WriteReply(w, verb, rep); err != nil {
+		return failed("%v", err)
+	}
+	return nil
+}
+
+func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
+	return enc.Encode(v)
 }
 
 // --- killswitch ---
@@ -134,60 +156,34 @@ type killswitchCmd struct {
 	List  killswitchListCmd  `cmd:"" help:"List active kill switches."`
 }
 
-type killswitchSetCmd struct {
+// scopeArgs are the arguments of killswitch set and clear.
+type scopeArgs struct {
 	ctlFlags
 	waitFlags
-	Scope  string `arg:"" help:"global | server:<id> | tool:<server_id>/<tool_name> | agent:<agent_id> | session:<id> | egress:global | egress:agent:<agent_id> | egress:session:<id>"`
+	Scope  string `arg:"" help:"global | server:<id> | tool:<server_id>/<tool_name> | agent:<agent_id> | session:<id> | egress:global | egress:agent:<agent_id> | egress:session:<id> (to clear: as it was set)"`
 	Reason string `name:"reason" required:"" help:"Why (recorded in the signed control receipt)."`
 }
 
-func (c *killswitchSetCmd) Run(g *Globals) error {
-	return scopeCmd(g, &c.ctlFlags, c.Wait, schemas.VerbKillSwitchSet, c.Scope, c.Reason)
-}
-
-type killswitchClearCmd struct {
-	ctlFlags
-	waitFlags
-	Scope  string `arg:"" help:"The scope to clear, as it was set."`
-	Reason string `name:"reason" required:"" help:"Why (recorded in the signed control receipt)."`
-}
-
-func (c *killswitchClearCmd) Run(g *Globals) error {
-	return scopeCmd(g, &c.ctlFlags, c.Wait, schemas.VerbKillSwitchClear, c.Scope, c.Reason)
-}
-
-func scopeCmd(g *Globals, f *ctlFlags, wait bool, verb, scope, reason string) error {
-	if _, _, ok := schemas.ParseScope(scope); !ok {
-		return usage("scope %q: want global, server:<id>, tool:<server_id>/<tool_name>, agent:<agent_id>, session:<id>, or egress:global, egress:agent:<agent_id>, egress:session:<id>", scope)
+func (a *scopeArgs) send(g *Globals, verb string) error {
+	if _, _, ok := schemas.ParseScope(a.Scope); !ok {
+		return usage("scope %q: want global, server:<id>, tool:<server_id>/<tool_name>, agent:<agent_id>, session:<id>, or egress:global, egress:agent:<agent_id>, egress:session:<id>", a.Scope)
 	}
-	return mutate(g, f, wait, verb, verb+" "+scope, func(cmd *schemas.ControlCommand) {
-		cmd.Scope, cmd.Reason = scope, reason
+	return mutate(g, &a.ctlFlags, a.Wait, verb, verb+" "+a.Scope, func(cmd *schemas.ControlCommand) {
+		cmd.Scope, cmd.Reason = a.Scope, a.Reason
 	})
 }
 
-// mutate sends one signed mutating command, filled by fill, and reports it
-// as what (waiting for every live worker with wait).
-func mutate(g *Globals, f *ctlFlags, wait bool, verb, what string, fill func(*schemas.ControlCommand)) error {
-	s, err := f.open(g)
-	if err != nil {
-		return err
-	}
-	defer s.close()
-	cmd := s.client.NewCommand(verb)
-	fill(cmd)
-	_, err = s.do(cmd, wait, what)
-	return err
-}
+type killswitchSetCmd struct{ scopeArgs }
+
+func (c *killswitchSetCmd) Run(g *Globals) error { return c.send(g, schemas.VerbKillSwitchSet) }
+
+type killswitchClearCmd struct{ scopeArgs }
+
+func (c *killswitchClearCmd) Run(g *Globals) error { return c.send(g, schemas.VerbKillSwitchClear) }
 
 type killswitchListCmd struct{ ctlFlags }
 
-func (c *killswitchListCmd) Run(g *Globals) error {
-	v, err := readState(g, &c.ctlFlags, schemas.VerbKillSwitchList)
-	if err != nil || g.JSON {
-		return err
-	}
-	return ingest.WriteStateEntries(os.Stdout, "SCOPE", v.KillSwitches, v.Seq)
-}
+func (c *killswitchListCmd) Run(g *Globals) error { return c.read(g, schemas.VerbKillSwitchList, nil) }
 
 // --- quarantine ---
 
@@ -197,43 +193,31 @@ type quarantineCmd struct {
 	List  quarantineListCmd  `cmd:"" help:"List quarantined sessions."`
 }
 
-type quarantineSetCmd struct {
+// sessionArgs are the arguments of quarantine set and clear.
+type sessionArgs struct {
 	ctlFlags
 	waitFlags
 	Session string `arg:"" help:"session_id"`
 	Reason  string `name:"reason" required:"" help:"Why (recorded in the signed control receipt)."`
 }
 
-func (c *quarantineSetCmd) Run(g *Globals) error {
-	return sessionCmd(g, &c.ctlFlags, c.Wait, schemas.VerbQuarantineSet, c.Session, c.Reason)
-}
-
-type quarantineClearCmd struct {
-	ctlFlags
-	waitFlags
-	Session string `arg:"" help:"session_id"`
-	Reason  string `name:"reason" required:"" help:"Why (recorded in the signed control receipt)."`
-}
-
-func (c *quarantineClearCmd) Run(g *Globals) error {
-	return sessionCmd(g, &c.ctlFlags, c.Wait, schemas.VerbQuarantineClear, c.Session, c.Reason)
-}
-
-func sessionCmd(g *Globals, f *ctlFlags, wait bool, verb, session, reason string) error {
-	return mutate(g, f, wait, verb, verb+" "+session, func(cmd *schemas.ControlCommand) {
-		cmd.SessionID, cmd.Reason = session, reason
+func (a *sessionArgs) send(g *Globals, verb string) error {
+	return mutate(g, &a.ctlFlags, a.Wait, verb, verb+" "+a.Session, func(cmd *schemas.ControlCommand) {
+		cmd.SessionID, cmd.Reason = a.Session, a.Reason
 	})
 }
 
+type quarantineSetCmd struct{ sessionArgs }
+
+func (c *quarantineSetCmd) Run(g *Globals) error { return c.send(g, schemas.VerbQuarantineSet) }
+
+type quarantineClearCmd struct{ sessionArgs }
+
+func (c *quarantineClearCmd) Run(g *Globals) error { return c.send(g, schemas.VerbQuarantineClear) }
+
 type quarantineListCmd struct{ ctlFlags }
 
-func (c *quarantineListCmd) Run(g *Globals) error {
-	v, err := readState(g, &c.ctlFlags, schemas.VerbQuarantineList)
-	if err != nil || g.JSON {
-		return err
-	}
-	return ingest.WriteStateEntries(os.Stdout, "SESSION", v.Quarantines, v.Seq)
-}
+func (c *quarantineListCmd) Run(g *Globals) error { return c.read(g, schemas.VerbQuarantineList, nil) }
 
 // --- revoke ---
 
@@ -256,7 +240,7 @@ type registryCmd struct {
 	Publish registryPublishCmd `cmd:"" help:"Validate and store a registry bundle (a manifest file or a directory of *.json manifests); prints its digest. Does not pin it."`
 	Pin     registryPinCmd     `cmd:"" help:"Pin a published bundle by digest: every worker switches to it atomically."`
 	Show    registryShowCmd    `cmd:"" help:"Show the pinned digest and the published bundles."`
-	Lint    registryLintCmd    `cmd:"" help:"Compare a server's manifest with the live tools/list of the upstream MCP server (seed 004 completeness): exit 1 when tools or actions are missing from the registry."`
+	Lint    registryLintCmd    `cmd:"" help:"Compare a server's manifest with the live tools/list of the upstream MCP server (CM-COMPLETE): exit 1 when tools or actions are missing from the registry."`
 }
 
 type registryPublishCmd struct {
@@ -278,14 +262,10 @@ func (c *registryPublishCmd) Run(g *Globals) error {
 	if err != nil {
 		return failed("%v", err)
 	}
-	s, err := c.open(g)
+	err = mutate(g, &c.ctlFlags, false, schemas.VerbRegistryPublish, "registry publish "+reg.Digest(), func(cmd *schemas.ControlCommand) {
+		cmd.Manifests, cmd.Reason = manifests, c.Reason
+	})
 	if err != nil {
-		return err
-	}
-	defer s.close()
-	cmd := s.client.NewCommand(schemas.VerbRegistryPublish)
-	cmd.Manifests, cmd.Reason = manifests, c.Reason
-	if _, err := s.do(cmd, false, "registry publish "+reg.Digest()); err != nil {
 		return err
 	}
 	if !g.JSON {
@@ -309,13 +289,7 @@ func (c *registryPinCmd) Run(g *Globals) error {
 
 type registryShowCmd struct{ ctlFlags }
 
-func (c *registryShowCmd) Run(g *Globals) error {
-	v, err := readState(g, &c.ctlFlags, schemas.VerbRegistryShow)
-	if err != nil || g.JSON {
-		return err
-	}
-	return ingest.WriteRegistryView(os.Stdout, v.Registry)
-}
+func (c *registryShowCmd) Run(g *Globals) error { return c.read(g, schemas.VerbRegistryShow, nil) }
 
 // --- replay ---
 
@@ -327,17 +301,7 @@ type replayCmd struct {
 
 type replayStatsCmd struct{ ctlFlags }
 
-func (c *replayStatsCmd) Run(g *Globals) error {
-	rep, err := readReply(g, &c.ctlFlags, schemas.VerbReplayStats, nil)
-	if err != nil || g.JSON {
-		return err
-	}
-	if rep.Replay == nil {
-		return failed("replay.stats: empty reply")
-	}
-	fmt.Printf("correlation ids remembered: %d (%d bytes), window %s\n", rep.Replay.Keys, rep.Replay.Bytes, rep.Replay.Window)
-	return nil
-}
+func (c *replayStatsCmd) Run(g *Globals) error { return c.read(g, schemas.VerbReplayStats, nil) }
 
 type replayCheckCmd struct {
 	ctlFlags
@@ -346,18 +310,9 @@ type replayCheckCmd struct {
 }
 
 func (c *replayCheckCmd) Run(g *Globals) error {
-	rep, err := readReply(g, &c.ctlFlags, schemas.VerbReplayCheck, func(cmd *schemas.ControlCommand) {
+	return c.read(g, schemas.VerbReplayCheck, func(cmd *schemas.ControlCommand) {
 		cmd.SessionID, cmd.CorrelationID = c.Session, c.CorrelationID
 	})
-	if err != nil || g.JSON {
-		return err
-	}
-	if rep.Replay == nil || rep.Replay.Seen == nil || !*rep.Replay.Seen {
-		fmt.Println("not seen: a call with this correlation id would not be a replay")
-		return nil
-	}
-	fmt.Printf("seen: used by tool call %s; another call with it is denied REPLAY\n", rep.Replay.ToolCall)
-	return nil
 }
 
 type replayFlushCmd struct {
@@ -381,47 +336,45 @@ func (c *replayFlushCmd) Run(g *Globals) error {
 
 type statusCmd struct{ ctlFlags }
 
-func (c *statusCmd) Run(g *Globals) error {
-	rep, err := readReply(g, &c.ctlFlags, schemas.VerbStatus, nil)
-	if err != nil || g.JSON {
-		return err
-	}
-	return ingest.WriteWorkerStatus(os.Stdout, rep.Status)
+func (c *statusCmd) Run(g *Globals) error { return c.read(g, schemas.VerbStatus, nil) }
+
+// --- approve / reject ---
+
+// approveCmd releases a call parked for human approval (decision
+// require_approval): the control service records a signed approve event,
+// the enforcement point that parked the call runs it.
+type approveCmd struct {
+	ctlFlags
+	waitFlags
+	ToolCallID string `arg:"" name:"tool_call_id" help:"The tool_call_id of the call awaiting approval (from its decision or the gateway's log)."`
+	Reason     string `name:"reason" help:"Why (recorded in the signed control receipt)."`
 }
 
-// readReply sends a read verb and returns its reply (printing it with --json).
-func readReply(g *Globals, f *ctlFlags, verb string, fill func(*schemas.ControlCommand)) (*schemas.ControlReply, error) {
-	s, err := f.open(g)
-	if err != nil {
-		return nil, err
-	}
-	defer s.close()
-	cmd := s.client.NewCommand(verb)
-	if fill != nil {
-		fill(cmd)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), f.Timeout)
-	defer cancel()
-	rep, err := s.client.Do(ctx, cmd)
-	if err != nil {
-		return nil, failed("%s: %v", verb, err)
-	}
-	if g.JSON {
-		printJSON(os.Stdout, rep)
-	}
-	if !rep.OK {
-		return rep, failed("%s refused: %s (%s)", verb, rep.Error, rep.Code)
-	}
-	return rep, nil
+func (c *approveCmd) Run(g *Globals) error {
+	return approvalCmd(g, &c.ctlFlags, c.Wait, schemas.VerbApprove, c.ToolCallID, c.Reason)
 }
 
-func readState(g *Globals, f *ctlFlags, verb string) (*schemas.IncidentView, error) {
-	rep, err := readReply(g, f, verb, nil)
-	if err != nil {
-		return nil, err
+// rejectCmd refuses a call parked for human approval: the enforcement
+// point denies it (APPROVAL_REJECTED).
+type rejectCmd struct {
+	ctlFlags
+	waitFlags
+	ToolCallID string `arg:"" name:"tool_call_id" help:"The tool_call_id of the call awaiting approval."`
+	Reason     string `name:"reason" required:"" help:"Why (recorded in the signed control receipt)."`
+}
+
+func (c *rejectCmd) Run(g *Globals) error {
+	return approvalCmd(g, &c.ctlFlags, c.Wait, schemas.VerbReject, c.ToolCallID, c.Reason)
+}
+
+// approvalCmd sends approve or reject for toolCallID. The control service
+// refuses a call that does not await approval (CTL_NOT_FOUND, CTL_INVALID)
+// or was already resolved (CTL_CONFLICT); talosctl then exits 1.
+func approvalCmd(g *Globals, f *ctlFlags, wait bool, verb, toolCallID, reason string) error {
+	if _, err := uuid.Parse(toolCallID); err != nil || len(toolCallID) != 36 {
+		return usage("%s: %q is not a tool_call_id (a UUID)", verb, toolCallID)
 	}
-	if rep.State == nil {
-		return nil, failed("%s: reply without state", verb)
-	}
-	return rep.State, nil
+	return mutate(g, f, wait, verb, verb+" "+toolCallID, func(cmd *schemas.ControlCommand) {
+		cmd.Target, cmd.Reason = toolCallID, reason
+	})
 }

@@ -32,18 +32,14 @@ func (c *exportCmd) Run(g *Globals) error {
 		return usage("export: %v", err)
 	}
 	ctx := context.Background()
-	conn, err := query.Open(ctx, g.ClickhouseAddr, g.ClickhouseDatabase)
+	conn, err := g.clickhouse(ctx)
 	if err != nil {
-		return failed("clickhouse %s: %v", g.ClickhouseAddr, err)
+		return err
 	}
 	defer conn.Close()
 
 	if _, err := query.NewExportWriter(io.Discard, c.Format); err != nil {
 		return usage("export: %v", err)
-	}
-	out, finish, err := c.open()
-	if err != nil {
-		return failed("export: %v", err)
 	}
 	toFile := c.Out != "-"
 	progress := func(n int) {
@@ -52,18 +48,19 @@ func (c *exportCmd) Run(g *Globals) error {
 		}
 	}
 	opts := query.ExportOptions{Kind: c.Kind, From: from, To: to}
-	n, err := query.ExportTo(ctx, conn, g.ClickhouseDatabase, opts, c.Format, out, progress)
+	var n int
+	if toFile {
+		n, err = query.ExportToPath(ctx, conn, g.ClickhouseDatabase, opts, c.Format, c.Out, progress)
+	} else {
+		n, err = query.ExportTo(ctx, conn, g.ClickhouseDatabase, opts, c.Format, os.Stdout, progress)
+	}
 	if toFile && n >= exportProgressEvery {
 		fmt.Fprintln(os.Stderr)
 	}
 	// Conflicting copies are all in the export (the verifier names the
-	// fork): keep the file, then fail.
+	// fork): it is kept, then fails.
 	var conflict *query.ConflictError
-	complete := err == nil || errors.As(err, &conflict)
-	if ferr := finish(complete); ferr != nil && complete {
-		err, complete = ferr, false
-	}
-	if !complete {
+	if err != nil && !errors.As(err, &conflict) {
 		return failed("export: %v", err)
 	}
 	if toFile {
@@ -77,23 +74,4 @@ func (c *exportCmd) Run(g *Globals) error {
 		return failed("export: %v (every version is in the export; verify --file names them)", conflict)
 	}
 	return nil
-}
-
-// open returns where the export goes and a function that ends it: for a
-// file, keep commits it over --out (else it is removed).
-func (c *exportCmd) open() (io.Writer, func(keep bool) error, error) {
-	if c.Out == "-" {
-		return os.Stdout, func(bool) error { return nil }, nil
-	}
-	f, err := query.CreateExportFile(c.Out)
-	if err != nil {
-		return nil, nil, err
-	}
-	return f, func(keep bool) error {
-		if !keep {
-			f.Abort()
-			return nil
-		}
-		return f.Commit()
-	}, nil
 }

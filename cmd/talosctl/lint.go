@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"time"
@@ -54,9 +53,7 @@ func (c *registryLintCmd) Run(g *Globals) error {
 		}
 	}
 	if g.JSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
+		if err := printJSON(os.Stdout, rep); err != nil {
 			return err
 		}
 	} else if err := rep.WriteText(os.Stdout, c.WriteSkeleton != ""); err != nil {
@@ -99,18 +96,13 @@ func (c *registryLintCmd) check() (mcpup.Spec, string, error) {
 func (c *registryLintCmd) listTools(spec mcpup.Spec, rep *registrylint.Report) ([]*mcp.Tool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
 	defer cancel()
-	cs, err := mcpup.Connect(ctx, spec, &mcp.Implementation{Name: "talosctl-registry-lint", Version: "1"},
+	live, info, err := mcpup.ListServer(ctx, spec, &mcp.Implementation{Name: "talosctl-registry-lint", Version: "1"},
 		mcpup.WithTerminateWait(time.Second))
 	if err != nil {
 		return nil, failed("registry lint: %v", err)
 	}
-	defer cs.Close()
-	live, err := mcpup.ListTools(ctx, cs)
-	if err != nil {
-		return nil, failed("registry lint: server %q: %v", spec.ServerID, err)
-	}
-	if info := cs.InitializeResult(); info != nil && info.ServerInfo != nil {
-		rep.ServerName, rep.ServerVersion = info.ServerInfo.Name, info.ServerInfo.Version
+	if info != nil {
+		rep.ServerName, rep.ServerVersion = info.Name, info.Version
 	}
 	return live, nil
 }

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"time"
@@ -37,29 +35,14 @@ func (c *secretUsesCmd) Run(g *Globals) error {
 	if c.Limit < 0 {
 		return usage("query secret-uses: --limit must be >= 0")
 	}
-	pseudonym := c.Pseudonym
-	if pseudonym != "" {
-		if !redact.ValidPseudonym(pseudonym) {
-			return usage("query secret-uses: --pseudonym is not of the form hmac-sha256:<kid>:<64 hex digits>")
-		}
-	} else {
-		secret := c.Value
-		if secret == "-" {
-			var err error
-			if secret, err = readSecretLine(os.Stdin); err != nil {
-				return usage("query secret-uses: read the secret from standard input: %v", err)
-			}
-		}
-		var err error
-		if pseudonym, err = pseudonymOf(c.RedactionKey, secret); err != nil {
-			return usage("query secret-uses: %v", err)
-		}
-	}
-
-	ctx := context.Background()
-	conn, err := query.Open(ctx, g.ClickhouseAddr, g.ClickhouseDatabase)
+	pseudonym, err := redact.LookupPseudonym(c.Value, c.Pseudonym, c.RedactionKey, os.Stdin)
 	if err != nil {
-		return failed("clickhouse %s: %v", g.ClickhouseAddr, err)
+		return usage("query secret-uses: %v", err)
+	}
+	ctx := context.Background()
+	conn, err := g.clickhouse(ctx)
+	if err != nil {
+		return err
 	}
 	defer conn.Close()
 	uses, err := query.SecretUses(ctx, conn, g.ClickhouseDatabase, pseudonym, c.Limit)
@@ -67,29 +50,6 @@ func (c *secretUsesCmd) Run(g *Globals) error {
 		return failed("%v", err)
 	}
 	return query.WriteSecretUses(os.Stdout, g.JSON, pseudonym, uses)
-}
-
-// readSecretLine reads one line (without its line ending) from r.
-func readSecretLine(r io.Reader) (string, error) {
-	line, err := bufio.NewReader(r).ReadString('\n')
-	if err != nil && !errors.Is(err, io.EOF) {
-		return "", err
-	}
-	line = strings.TrimSuffix(strings.TrimSuffix(line, "\n"), "\r")
-	if line == "" {
-		return "", errors.New("empty")
-	}
-	return line, nil
-}
-
-// pseudonymOf computes the pseudonym talosd records for secret, with the
-// key at keyPath (never created: a new key would match nothing).
-func pseudonymOf(keyPath, secret string) (string, error) {
-	p, err := redact.PseudonymWithKeyFile(keyPath, secret)
-	if errors.Is(err, redact.ErrNoKey) {
-		return "", fmt.Errorf("no redaction key at %s (talosd writes it under its --data-dir; pass --redaction-key)", keyPath)
-	}
-	return p, err
 }
 
 // Help lists the canned queries under `talosctl query --help`.
@@ -131,33 +91,15 @@ func (c *cannedCmd) Run(g *Globals) error {
 	if !ok {
 		return usage("query: unknown canned query %q; run 'talosctl query list' to see them", c.Name)
 	}
-	format := c.Format
-	switch {
-	case format == "" && g.JSON:
-		format = query.FormatJSON
-	case format == "":
-		format = query.FormatTable
-	case format != query.FormatTable && format != query.FormatCSV && format != query.FormatJSON:
-		return usage("query %s: --format %q: want table, csv or json", q.Name, format)
-	case g.JSON && format != query.FormatJSON:
-		return usage("query %s: --json contradicts --format %s", q.Name, format)
-	}
-	if c.Limit < 1 || c.Limit > query.MaxLimit {
-		return usage("query %s: --limit must be 1 to %d", q.Name, query.MaxLimit)
-	}
-	from, to, err := query.TimeRange(c.From, c.To, c.Since, time.Now())
+	format, p, err := q.ReadFlags(query.CannedFlags{Format: c.Format, JSON: g.JSON, From: c.From, To: c.To, Since: c.Since,
+		Agent: c.Agent, Server: c.Server, Tool: c.Tool, Limit: c.Limit}, time.Now())
 	if err != nil {
 		return usage("query %s: %v", q.Name, err)
 	}
-	p := query.Params{From: from, To: to, Agent: c.Agent, Server: c.Server, Tool: c.Tool, Limit: c.Limit}
-	if extra := q.Unhonoured(p); len(extra) > 0 {
-		return usage("query %s: takes no --%s (its filters: %s)", q.Name, extra[0], strings.Join(q.Filters, ", "))
-	}
-
 	ctx := context.Background()
-	conn, err := query.Open(ctx, g.ClickhouseAddr, g.ClickhouseDatabase)
+	conn, err := g.clickhouse(ctx)
 	if err != nil {
-		return failed("clickhouse %s: %v", g.ClickhouseAddr, err)
+		return err
 	}
 	defer conn.Close()
 	res, err := query.RunCanned(ctx, conn, g.ClickhouseDatabase, q.Name, p)

@@ -41,13 +41,13 @@ func (c *synthCmd) Run(g *Globals) error {
 	if err := query.Migrate(ctx, conn, g.ClickhouseDatabase); err != nil {
 		return failed("%v", err)
 	}
-	bar := newProgressBar(os.Stderr, "writing", "receipts")
+	bar := query.NewProgressBar(os.Stderr, "writing", "receipts")
 	done := 0
 	start := time.Now()
 	err = synth.Write(ctx, conn, g.ClickhouseDatabase, key,
 		synth.Options{Receipts: c.Receipts, Chains: c.Chains, CheckpointEvery: c.CheckpointEvery, Batch: c.Batch},
-		func(k int) { done += k; bar.update(done, c.Receipts) })
-	bar.done()
+		func(k int) { done += k; bar.Update(done, c.Receipts) })
+	bar.Done()
 	if err != nil {
 		return failed("synth: %v", err)
 	}

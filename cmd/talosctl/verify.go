@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -34,93 +33,49 @@ func (c *verifyCmd) Run(g *Globals) error {
 	if c.Receipt != "" {
 		return c.prove(g, keys)
 	}
-	var (
-		rep    verify.Report
-		source string
-	)
+	var out *query.VerifyOutcome
 	if c.File != "" {
-		source = c.File
-		events, err := readEvents(c.File)
+		events, err := verify.ReadEventsFile(c.File, os.Stdin)
 		if err != nil {
 			return usage("%v", err)
 		}
-		rep = verify.VerifyFile(events, keys, c.Partial, c.BatchSignatures)
-	} else {
-		source = fmt.Sprintf("ClickHouse %s database %s", g.ClickhouseAddr, g.ClickhouseDatabase)
-		if rep, err = c.verifyDatabase(g, keys); err != nil {
-			return err
-		}
+		out = query.NewVerifyOutcome(c.File, verify.VerifyFile(events, keys, c.Partial, c.BatchSignatures))
+	} else if out, err = c.verifyDatabase(g, keys); err != nil {
+		return err
 	}
-	counts := query.SortProblems(rep.Problems)
 	if g.JSON {
-		if err := printVerifyJSON(source, &rep, counts); err != nil {
+		if err := out.WriteJSON(os.Stdout); err != nil {
 			return err
 		}
-	} else {
-		for _, p := range rep.Problems {
-			fmt.Printf("%-10s %s\n", strings.ToUpper(query.Category(p.Kind)), p.String())
-		}
+	} else if err := out.WriteText(os.Stdout); err != nil {
+		return err
 	}
-	scope := fmt.Sprintf("%d receipts in %d chains, %d checkpoints", rep.Checked, len(rep.Chains), rep.CheckpointsSeen)
-	if !rep.OK() {
-		var parts []string
-		for _, cat := range query.Categories {
-			if counts[cat] > 0 {
-				parts = append(parts, fmt.Sprintf("%d %s", counts[cat], cat))
-			}
-		}
-		return failed("FAILED: %d problems (%s) in %s from %s", len(rep.Problems), strings.Join(parts, ", "), scope, source)
-	}
-	if !g.JSON {
-		tail := ""
-		if rep.Uncovered > 0 {
-			tail = fmt.Sprintf("; %d receipts follow the last checkpoint of their chain (hash-chained, not yet checkpointed)", rep.Uncovered)
-		}
-		if rep.CheckpointsUnchecked > 0 {
-			tail += fmt.Sprintf("; %d checkpoints could not be compared with their receipts", rep.CheckpointsUnchecked)
-		}
-		fmt.Printf("OK: %s verified (signatures, chain links, %d Merkle roots, stored columns) from %s%s\n",
-			scope, rep.Checkpoints, source, tail)
+	if err := out.Err(); err != nil {
+		return failed("%v", err)
 	}
 	return nil
 }
 
 // verifyDatabase verifies the ClickHouse database, with a progress bar
 // unless --json.
-func (c *verifyCmd) verifyDatabase(g *Globals, keys verify.KeySet) (verify.Report, error) {
+func (c *verifyCmd) verifyDatabase(g *Globals, keys verify.KeySet) (*query.VerifyOutcome, error) {
 	ctx := context.Background()
-	conn, err := query.Open(ctx, g.ClickhouseAddr, g.ClickhouseDatabase)
+	conn, err := g.clickhouse(ctx)
 	if err != nil {
-		return verify.Report{}, failed("clickhouse %s: %v", g.ClickhouseAddr, err)
+		return nil, err
 	}
 	defer conn.Close()
-	var bar *progressBar
+	var bar *query.ProgressBar
 	if !g.JSON {
-		bar = newProgressBar(os.Stderr, "verifying", "receipts")
+		bar = query.NewProgressBar(os.Stderr, "verifying", "receipts")
 	}
 	rep, err := query.VerifyDatabaseWith(ctx, conn, g.ClickhouseDatabase, keys,
-		query.VerifyOptions{Partial: c.Partial, Progress: bar.update, BatchSignatures: c.BatchSignatures})
-	bar.done()
+		query.VerifyOptions{Partial: c.Partial, Progress: bar.Update, BatchSignatures: c.BatchSignatures})
+	bar.Done()
 	if err != nil {
-		return rep, failed("%v", err)
+		return nil, failed("%v", err)
 	}
-	return rep, nil
-}
-
-func printVerifyJSON(source string, rep *verify.Report, counts map[string]int) error {
-	type problem struct {
-		verify.Problem
-		Category string `json:"category"`
-	}
-	probs := make([]problem, len(rep.Problems))
-	for i, p := range rep.Problems {
-		probs[i] = problem{p, query.Category(p.Kind)}
-	}
-	out := map[string]any{"source": source, "ok": rep.OK(), "checked": rep.Checked, "chains": len(rep.Chains),
-		"checkpoints_seen": rep.CheckpointsSeen, "checkpoints_verified": rep.Checkpoints,
-		"checkpoints_unchecked": rep.CheckpointsUnchecked, "uncheckpointed_receipts": rep.Uncovered,
-		"categories": counts, "problems": probs}
-	return json.NewEncoder(os.Stdout).Encode(out)
+	return query.NewVerifyOutcome(fmt.Sprintf("ClickHouse %s database %s", g.ClickhouseAddr, g.ClickhouseDatabase), rep), nil
 }
 
 // prove prints the inclusion proof of c.Receipt.
@@ -131,16 +86,16 @@ func (c *verifyCmd) prove(g *Globals, keys verify.KeySet) error {
 		err   error
 	)
 	if c.File != "" {
-		events, rerr := readEvents(c.File)
+		events, rerr := verify.ReadEventsFile(c.File, os.Stdin)
 		if rerr != nil {
 			return usage("%v", rerr)
 		}
 		proof, res, err = query.ProveFromEvents(events, c.Receipt, keys)
 	} else {
 		ctx := context.Background()
-		conn, cerr := query.Open(ctx, g.ClickhouseAddr, g.ClickhouseDatabase)
+		conn, cerr := g.clickhouse(ctx)
 		if cerr != nil {
-			return failed("clickhouse %s: %v", g.ClickhouseAddr, cerr)
+			return cerr
 		}
 		defer conn.Close()
 		proof, res, err = query.ProveReceipt(ctx, conn, g.ClickhouseDatabase, c.Receipt, keys)
@@ -152,12 +107,7 @@ func (c *verifyCmd) prove(g *Globals, keys verify.KeySet) error {
 	if err != nil {
 		return err
 	}
-	b = append(b, '\n')
-	if c.Out != "" {
-		if err := os.WriteFile(c.Out, b, 0o644); err != nil {
-			return failed("%v", err)
-		}
-	} else if _, err := os.Stdout.Write(b); err != nil {
+	if err := writeOut(c.Out, append(b, '\n')); err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "receipt %s (chain %s seq %d) is leaf %d of %d under checkpoint %s (#%d, seq %d..%d, root %s): proof verified.\n"+
@@ -176,12 +126,7 @@ func (c *verifyProofCmd) Run(g *Globals) error {
 	if err != nil {
 		return usage("%v", err)
 	}
-	var b []byte
-	if c.Proof == "-" {
-		b, err = io.ReadAll(os.Stdin)
-	} else {
-		b, err = os.ReadFile(c.Proof)
-	}
+	b, err := readInput(c.Proof)
 	if err != nil {
 		return usage("%v", err)
 	}
@@ -202,15 +147,23 @@ func (c *verifyProofCmd) Run(g *Globals) error {
 	return nil
 }
 
-// readEvents reads the CloudEvents of a file, or of standard input for "-".
-func readEvents(path string) ([][]byte, error) {
+// readInput reads the file at path, or standard input for "-".
+func readInput(path string) ([]byte, error) {
 	if path == "-" {
-		return verify.ReadEvents(os.Stdin, path)
+		return io.ReadAll(os.Stdin)
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
+	return os.ReadFile(path)
+}
+
+// writeOut writes b to the file at path (a failure), or to standard
+// output when path is "".
+func writeOut(path string, b []byte) error {
+	if path == "" {
+		_, err := os.Stdout.Write(b)
+		return err
 	}
-	defer f.Close()
-	return verify.ReadEvents(f, path)
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return failed("%v", err)
+	}
+	return nil
 }

@@ -1,7 +1,12 @@
 package redact
 
 import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
 	"regexp"
+	"strings"
 )
 
 // pseudonymPattern is the form of a pseudonym as the ToolCallEvent schema
@@ -27,4 +32,32 @@ func PseudonymWithKeyFile(keyPath, secret string) (string, error) {
 		return "", err
 	}
 	return r.Pseudonym(secret), nil
+}
+
+// LookupPseudonym is the pseudonym an auditor looks for (`talosctl query
+// secret-uses`): pseudonym itself when it is given (it must be
+// ValidPseudonym), else that of secret with the key file at keyPath
+// (PseudonymWithKeyFile); a secret "-" is read as one line from stdin.
+// The errors name talosctl's flags.
+func LookupPseudonym(secret, pseudonym, keyPath string, stdin io.Reader) (string, error) {
+	if pseudonym != "" {
+		if !ValidPseudonym(pseudonym) {
+			return "", errors.New("--pseudonym is not of the form hmac-sha256:<kid>:<64 hex digits>")
+		}
+		return pseudonym, nil
+	}
+	if secret == "-" {
+		line, err := bufio.NewReader(stdin).ReadString('\n')
+		if err != nil && !errors.Is(err, io.EOF) {
+			return "", fmt.Errorf("read the secret from standard input: %w", err)
+		}
+		if secret = strings.TrimSuffix(strings.TrimSuffix(line, "\n"), "\r"); secret == "" {
+			return "", errors.New("read the secret from standard input: empty")
+		}
+	}
+	p, err := PseudonymWithKeyFile(keyPath, secret)
+	if errors.Is(err, ErrNoKey) {
+		return "", fmt.Errorf("no redaction key at %s (talosd writes it under its --data-dir; pass --redaction-key)", keyPath)
+	}
+	return p, err
 }

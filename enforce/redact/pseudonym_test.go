@@ -3,6 +3,7 @@ package redact
 import (
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -28,6 +29,37 @@ func TestPseudonymWithKeyFile(t *testing.T) {
 	got, err := PseudonymWithKeyFile(path, "s3cret")
 	if err != nil || got != r.Pseudonym("s3cret") || !ValidPseudonym(got) {
 		t.Fatalf("PseudonymWithKeyFile = %q, %v; want %q", got, err, r.Pseudonym("s3cret"))
+	}
+}
+
+// LookupPseudonym takes a pseudonym as it is, or computes the one of a
+// secret, given or read as one line.
+func TestLookupPseudonym(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "redaction.key")
+	if _, err := LookupPseudonym("s3cret", "", path, nil); err == nil || !strings.Contains(err.Error(), "no redaction key at "+path) {
+		t.Fatalf("no key: %v", err)
+	}
+	if _, _, err := LoadOrCreateKey(path, true); err != nil {
+		t.Fatal(err)
+	}
+	want, err := PseudonymWithKeyFile(path, "s3cret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]struct{ secret, stdin string }{"value": {"s3cret", ""}, "line": {"-", "s3cret\r\nmore\n"},
+		"last line": {"-", "s3cret"}} {
+		if got, err := LookupPseudonym(c.secret, "", path, strings.NewReader(c.stdin)); err != nil || got != want {
+			t.Errorf("%s: %q, %v; want %q", name, got, err, want)
+		}
+	}
+	if got, err := LookupPseudonym("", want, "/nonexistent", nil); err != nil || got != want {
+		t.Errorf("a pseudonym: %q, %v", got, err)
+	}
+	if _, err := LookupPseudonym("", "hmac-sha256:k1:00", path, nil); err == nil || !strings.HasPrefix(err.Error(), "--pseudonym is not") {
+		t.Errorf("a bad pseudonym: %v", err)
+	}
+	if _, err := LookupPseudonym("-", "", path, strings.NewReader("\n")); err == nil || err.Error() != "read the secret from standard input: empty" {
+		t.Errorf("an empty line: %v", err)
 	}
 }
 

@@ -164,21 +164,27 @@ func ResultDigest(r *mcp.CallToolResult) (string, error) {
 
 // ConnectMCP connects to the two sides of a comparison, direct first, each
 // start and handshake bounded by timeout; stdio servers' stderr goes to
-// stderr. It returns the sides connected so far also on error: close
-// their sessions (closing a stdio session ends its server; a gateway then
-// drains the post events it still holds).
-func ConnectMCP(ctx context.Context, specs [2]mcpup.Spec, timeout time.Duration, stderr io.Writer) ([2]MCPSide, error) {
-	var sides [2]MCPSide
+// stderr. closeAll closes the sessions connected (closing a stdio session
+// ends its server; a gateway then drains the post events it still holds);
+// it is set also on error, for the caller to call.
+func ConnectMCP(ctx context.Context, specs [2]mcpup.Spec, timeout time.Duration, stderr io.Writer) (sides [2]MCPSide, closeAll func(), err error) {
+	closeAll = func() {
+		for _, s := range sides {
+			if s.CS != nil {
+				_ = s.CS.Close()
+			}
+		}
+	}
 	for i, s := range specs {
 		cctx, cancel := context.WithTimeout(ctx, timeout)
 		cs, err := mcpup.Connect(cctx, s, &mcp.Implementation{Name: "talosctl-bench-mcp", Version: "dev"}, mcpup.WithStderr(stderr))
 		cancel()
 		if err != nil {
-			return sides, err
+			return sides, closeAll, err
 		}
 		sides[i] = MCPSide{Name: s.ServerID, CS: cs}
 	}
-	return sides, nil
+	return sides, closeAll, nil
 }
 
 // ParseCallArgs reads a tools/call's arguments: exactly one JSON object,

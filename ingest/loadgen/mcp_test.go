@@ -1,12 +1,18 @@
 package loadgen
 
 import (
+	"context"
+	"io"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/talos-audit/talos/ingest/mcpup"
 )
 
 func msList(v ...float64) []time.Duration {
@@ -114,5 +120,33 @@ func TestResultDigest(t *testing.T) {
 	structured.StructuredContent = map[string]any{"n": 1}
 	if b := digest(structured); a == b {
 		t.Errorf("structured content ignored: %s", a)
+	}
+}
+
+// ConnectMCP returns the sides connected before a failure, and closeAll
+// closes them.
+func TestConnectMCPCloseAll(t *testing.T) {
+	srv := mcp.NewServer(&mcp.Implementation{Name: "direct", Version: "1"}, nil)
+	hs := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	defer hs.Close()
+	var specs [2]mcpup.Spec
+	var err error
+	if specs[0], err = mcpup.ParseSpec("direct=" + hs.URL); err != nil {
+		t.Fatal(err)
+	}
+	if specs[1], err = mcpup.ParseSpec("via=/nonexistent/gateway"); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	sides, closeAll, err := ConnectMCP(ctx, specs, 10*time.Second, io.Discard)
+	if err == nil || closeAll == nil || sides[0].CS == nil || sides[0].Name != "direct" || sides[1].CS != nil {
+		t.Fatalf("ConnectMCP: %+v %v", sides, err)
+	}
+	if _, err := sides[0].CS.ListTools(ctx, nil); err != nil {
+		t.Fatalf("the direct side before closeAll: %v", err)
+	}
+	closeAll()
+	if _, err := sides[0].CS.ListTools(ctx, nil); err == nil {
+		t.Fatal("the direct side still answers after closeAll")
 	}
 }

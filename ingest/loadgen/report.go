@@ -1,8 +1,10 @@
 package loadgen
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 )
 
@@ -63,4 +65,17 @@ func (res *MCPResult) WriteText(w io.Writer) error {
 	fmt.Fprintf(&b, "added per round (via − direct of the same round): p50 %.3f ms, p99 %.3f ms\n", a.PairedP50ms, a.PairedP99ms)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// WriteJSONFile writes v as one JSON line to path, as `talosctl bench
+// --json-out` keeps a result; "" writes nothing.
+func WriteJSONFile(path string, v any) error {
+	if path == "" {
+		return nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
 }

@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -36,6 +39,64 @@ func Clients(conns []*nats.Conn, n int, run string) ([]*ingest.Client, error) {
 		clients = append(clients, client)
 	}
 	return clients, nil
+}
+
+// Connect dials conns NATS connections with dial and makes Clients over
+// them. closeAll closes every client and connection made; it is set also
+// on error, for the caller to call.
+func Connect(conns, clients int, run string, dial func() (*nats.Conn, error)) (_ []*ingest.Client, closeAll func(), err error) {
+	var (
+		ncs []*nats.Conn
+		cs  []*ingest.Client
+	)
+	closeAll = func() {
+		for _, c := range cs {
+			c.Close()
+		}
+		for _, nc := range ncs {
+			nc.Close()
+		}
+	}
+	for range conns {
+		nc, err := dial()
+		if err != nil {
+			return nil, closeAll, err
+		}
+		ncs = append(ncs, nc)
+	}
+	cs, err = Clients(ncs, clients, run)
+	return cs, closeAll, err
+}
+
+// Profile instruments the timed part of a run; the zero value does
+// nothing.
+type Profile struct {
+	CPUProfile  string // write a CPU profile (go tool pprof) to this file
+	StartedFile string // create this file when the timed part starts
+}
+
+// Start starts the CPU profile, then creates the started file. stop ends
+// the profile and closes its file; it may be called more than once, and
+// must be called also after an error.
+func (p Profile) Start() (stop func(), err error) {
+	stop = func() {}
+	if p.CPUProfile != "" {
+		f, err := os.Create(p.CPUProfile)
+		if err != nil {
+			return stop, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return stop, err
+		}
+		stop = sync.OnceFunc(func() { pprof.StopCPUProfile(); f.Close() })
+	}
+	if p.StartedFile != "" {
+		if err := os.WriteFile(p.StartedFile, nil, 0o644); err != nil {
+			return stop, err
+		}
+	}
+	return stop, nil
 }
 
 // NewMaker returns a Maker of session's calls to server's tool whose

@@ -153,3 +153,22 @@ func ListTools(ctx context.Context, cs *mcp.ClientSession) ([]*mcp.Tool, error) 
 	}
 	return tools, nil
 }
+
+// ListServer connects to s, lists every tool (ListTools) and closes the
+// session: what a one-off check of a server (talosctl registry lint)
+// needs. info is the server's name and version, nil if it gave none. A
+// listing error names the server.
+func ListServer(ctx context.Context, s Spec, client *mcp.Implementation, opts ...Option) (tools []*mcp.Tool, info *mcp.Implementation, err error) {
+	cs, err := Connect(ctx, s, client, opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer cs.Close()
+	if tools, err = ListTools(ctx, cs); err != nil {
+		return nil, nil, fmt.Errorf("server %q: %w", s.ServerID, err)
+	}
+	if r := cs.InitializeResult(); r != nil {
+		info = r.ServerInfo
+	}
+	return tools, info, nil
+}

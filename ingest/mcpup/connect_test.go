@@ -88,6 +88,10 @@ func TestConnectHTTPListsEveryPage(t *testing.T) {
 	if got := toolNames(tools); !slices.Equal(got, want) {
 		t.Fatalf("tools %q, want %q", got, want)
 	}
+	tools, info, err := ListServer(ctx, spec, &mcp.Implementation{Name: "talos-test", Version: "0"})
+	if err != nil || info == nil || info.Name != "paged" || info.Version != "1.0.0" || !slices.Equal(toolNames(tools), want) {
+		t.Fatalf("ListServer: %q %+v %v", toolNames(tools), info, err)
+	}
 }
 
 func TestConnectHTTPUnreachable(t *testing.T) {

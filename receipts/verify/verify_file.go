@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
 	"sync"
 )
@@ -40,6 +41,20 @@ func ReadEvents(r io.Reader, name string) ([][]byte, error) {
 		out = append(out, append([]byte(nil), line...))
 	}
 	return out, sc.Err()
+}
+
+// ReadEventsFile is ReadEvents of the file at path, or of stdin when path
+// is "-".
+func ReadEventsFile(path string, stdin io.Reader) ([][]byte, error) {
+	if path == "-" {
+		return ReadEvents(stdin, path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return ReadEvents(f, path)
 }
 
 // fileBatch is how many events VerifyFile verifies together; a window of

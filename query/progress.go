@@ -1,4 +1,4 @@
-package main
+package query
 
 import (
 	"fmt"
@@ -7,21 +7,26 @@ import (
 	"time"
 )
 
-// progressBar draws "[#####.....] 45%  450,000/1,000,000 receipts  38,211/s"
-// on one terminal line, redrawn in place. A nil bar does nothing.
-type progressBar struct {
+// ProgressBar draws "verifying [#####.....] 45%  450,000/1,000,000
+// receipts  38,211/s  ETA 14s" on one terminal line, redrawn in place: the
+// progress callback of VerifyOptions (and of synth.Write). A nil
+// *ProgressBar does nothing: a caller that shows no progress passes a nil
+// bar's Update.
+type ProgressBar struct {
 	w          io.Writer
 	verb, unit string
 	start      time.Time
 	drawn      bool
 }
 
-func newProgressBar(w io.Writer, verb, unit string) *progressBar {
-	return &progressBar{w: w, verb: verb, unit: unit, start: time.Now()}
+// NewProgressBar returns a bar that writes to w, starting its rate clock
+// now; verb and unit name what it counts ("verifying", "receipts").
+func NewProgressBar(w io.Writer, verb, unit string) *ProgressBar {
+	return &ProgressBar{w: w, verb: verb, unit: unit, start: time.Now()}
 }
 
-// update redraws the bar for done of total.
-func (b *progressBar) update(done, total int) {
+// Update redraws the bar for done of total.
+func (b *ProgressBar) Update(done, total int) {
 	if b == nil {
 		return
 	}
@@ -38,8 +43,8 @@ func (b *progressBar) update(done, total int) {
 	b.drawn = true
 }
 
-// done ends the bar's line, if it drew one.
-func (b *progressBar) done() {
+// Done ends the bar's line, if it drew one.
+func (b *ProgressBar) Done() {
 	if b != nil && b.drawn {
 		fmt.Fprintln(b.w)
 	}

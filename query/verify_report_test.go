@@ -1,0 +1,58 @@
+package query
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/talos-audit/talos/receipts/verify"
+)
+
+// A clean report prints its OK line and no error; one with problems
+// prints a line per problem, sorted, and fails naming the categories.
+func TestVerifyOutcome(t *testing.T) {
+	ok := NewVerifyOutcome("export.jsonl", verify.Report{Checked: 29, CheckpointsSeen: 4, Checkpoints: 4, Uncovered: 3,
+		Chains: map[string]verify.ChainSummary{"w1": {}, "w2": {}}})
+	var buf bytes.Buffer
+	if err := ok.WriteText(&buf); err != nil || ok.Err() != nil {
+		t.Fatal(err, ok.Err())
+	}
+	if want := "OK: 29 receipts in 2 chains, 4 checkpoints verified (signatures, chain links, 4 Merkle roots, stored columns) from export.jsonl" +
+		"; 3 receipts follow the last checkpoint of their chain (hash-chained, not yet checkpointed)\n"; buf.String() != want {
+		t.Fatalf("text %q", buf.String())
+	}
+
+	bad := NewVerifyOutcome("ClickHouse db", verify.Report{Checked: 5, Chains: map[string]verify.ChainSummary{"w1": {}},
+		Problems: []verify.Problem{
+			{Kind: ProblemAlteredColumn, ReceiptID: "r4", ChainID: "w1", Seq: 4},
+			{Kind: verify.ProblemChainGap, ReceiptID: "r2", ChainID: "w1", Seq: 2},
+			{Kind: verify.ProblemUnknownKey, ReceiptID: "r3", ChainID: "w1", Seq: 3},
+		}})
+	buf.Reset()
+	if err := bad.WriteText(&buf); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "MISSING    ") || !strings.HasPrefix(lines[1], "FOREIGN    ") ||
+		!strings.HasPrefix(lines[2], "ALTERED    ") || strings.Contains(buf.String(), "OK:") {
+		t.Fatalf("text %q", buf.String())
+	}
+	if err := bad.Err(); err == nil || err.Error() != "FAILED: 3 problems (1 missing, 1 altered, 1 foreign) in 5 receipts in 1 chains, 0 checkpoints from ClickHouse db" {
+		t.Fatalf("Err = %v", err)
+	}
+	buf.Reset()
+	if err := bad.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var out struct {
+		Source     string
+		OK         bool
+		Categories map[string]int
+		Problems   []struct{ Kind, Category string }
+	}
+	if err := json.Unmarshal(buf.Bytes(), &out); err != nil || out.OK || out.Source != "ClickHouse db" ||
+		out.Categories["altered"] != 1 || len(out.Problems) != 3 || out.Problems[2].Category != "altered" {
+		t.Fatalf("JSON %s (%v)", buf.String(), err)
+	}
+}
