@@ -42,8 +42,8 @@ func sha(s string) string {
 // TestToolsListPerPrincipal serves two principals over streamable HTTP:
 // alice holds a capability for both servers, bob a read-only one for
 // server-everything only. Their tools/list differ exactly as their
-// capabilities do (seed 003 MUST 3), bob sees only the read-only actions
-// of an action-based tool (seed 004), and his call to a hidden action is
+// capabilities do (CSP MUST 3), bob sees only the read-only actions
+// of an action-based tool (CM-ACTIONS), and his call to a hidden action is
 // refused by the gateway and, independently, by the worker.
 func TestToolsListPerPrincipal(t *testing.T) {
 	s := startStack(t)
