@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/talos-audit/talos/ingest/checkpoint"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
@@ -98,7 +99,7 @@ type ControlOptions struct {
 	// verb; nil means no workers are reported.
 	Status *StatusWatcher
 	// Checkpoints says when the control chain cuts a signed checkpoint.
-	Checkpoints CheckpointOptions
+	Checkpoints checkpoint.Options
 	Logger      *slog.Logger
 	Now         func() time.Time
 }
@@ -127,7 +128,7 @@ type ControlService struct {
 	js  jetstream.JetStream
 	o   ControlOptions
 	log *slog.Logger
-	cp  *checkpointer
+	cp  *checkpoint.Publisher
 
 	// Set by Run before any handler starts; read-only afterwards.
 	control, audit jetstream.Stream
@@ -175,9 +176,9 @@ func NewControlService(nc *nats.Conn, js jetstream.JetStream, o ControlOptions) 
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	o.Checkpoints = o.Checkpoints.withDefaults()
+	o.Checkpoints = o.Checkpoints.WithDefaults()
 	s := &ControlService{nc: nc, js: js, o: o, log: o.Logger, appended: map[string]appendedCommand{}}
-	s.cp = newCheckpointer(js, o.Source, o.Now, o.Logger, 50*time.Millisecond)
+	s.cp = checkpoint.NewPublisher(js, o.Source, o.Now, o.Logger, 50*time.Millisecond)
 	return s, nil
 }
 
@@ -708,16 +709,16 @@ func (s *ControlService) duplicateLocked(ctx context.Context, req *request, seal
 // its final one. Chain.Checkpoint covers committed links only, so it needs
 // no lock against the handlers.
 func (s *ControlService) checkpointLoop(ctx context.Context) {
-	tick := time.NewTicker(s.o.Checkpoints.tick())
+	tick := time.NewTicker(s.o.Checkpoints.Tick())
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			s.cp.final(s.o.Chain)
+			s.cp.Final(s.o.Chain)
 			return
 		case <-tick.C:
-			if s.o.Checkpoints.due(s.o.Chain, time.Now()) {
-				_ = s.cp.cut(ctx, s.o.Chain, false)
+			if s.o.Checkpoints.Due(s.o.Chain, time.Now()) {
+				_ = s.cp.Cut(ctx, s.o.Chain, false)
 			}
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/ingest/checkpoint"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
@@ -28,7 +29,7 @@ type ControlPlaneOptions struct {
 	// Skew bounds a command's issued_at against this clock.
 	Skew time.Duration
 	// Checkpoints are the control chain's checkpoint settings.
-	Checkpoints CheckpointOptions
+	Checkpoints checkpoint.Options
 	// Ledger is the shared call ledger: approve and reject must name a call
 	// awaiting approval, and it is the control service's replay store.
 	// Required.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/checkpoint"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -64,7 +65,7 @@ type stackOptions struct {
 	configure func(t *testing.T, js jetstream.JetStream, o *enforce.DeciderOptions)
 	// checkpoints replaces the worker's checkpoint settings (default: a
 	// checkpoint every 7 receipts of a chain).
-	checkpoints *ingest.CheckpointOptions
+	checkpoints *checkpoint.Options
 	// maxBatch is the worker's MaxBatch (0: its default).
 	maxBatch int
 	// workerJS, if set, wraps the JetStream handle of the worker (which has
@@ -140,7 +141,7 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	// tests' waits instead of after the 30 s default.
 	// Checkpoints every 7 receipts per chain: every test exercises them,
 	// and VerifyDatabase checks them.
-	cpo := ingest.CheckpointOptions{Every: 7}
+	cpo := checkpoint.Options{Every: 7}
 	if o.checkpoints != nil {
 		cpo = *o.checkpoints
 	}
@@ -540,7 +541,7 @@ func TestPipelinePostPhase(t *testing.T) {
 // Every cuts a checkpoint once its oldest uncovered receipt is Interval
 // old, and the checkpoint verifies against them.
 func TestCheckpointAfterInterval(t *testing.T) {
-	s := newStack(t, stackOptions{checkpoints: &ingest.CheckpointOptions{Every: 1000, Interval: 300 * time.Millisecond}})
+	s := newStack(t, stackOptions{checkpoints: &checkpoint.Options{Every: 1000, Interval: 300 * time.Millisecond}})
 	for range 3 {
 		s.call(t, newCall(t, "files", "read_file", map[string]any{"path": "a.txt"}))
 	}

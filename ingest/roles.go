@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/ingest/checkpoint"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 )
@@ -37,7 +38,7 @@ type EnforceRoleOptions struct {
 	Ledger LedgerOptions
 	// AckWait and Checkpoints are the worker's (WorkerOptions).
 	AckWait     time.Duration
-	Checkpoints CheckpointOptions
+	Checkpoints checkpoint.Options
 	// Signers are the keys whose control events are applied.
 	Signers           verify.KeySet
 	HeartbeatInterval time.Duration
@@ -118,7 +119,7 @@ type ControlRoleOptions struct {
 	Signers       verify.KeySet
 	ResponderKeys verify.KeySet
 	Skew          time.Duration
-	Checkpoints   CheckpointOptions
+	Checkpoints   checkpoint.Options
 	// Ledger opens the shared call ledger when there is no Enforce role
 	// (with the options every role uses, so they open the same bucket).
 	Ledger LedgerOptions

@@ -1,4 +1,4 @@
-package ingest_test
+package retry_test
 
 import (
 	"context"
@@ -8,14 +8,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/retry"
 )
 
-func TestRetry(t *testing.T) {
+func TestDo(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	t.Run("succeeds after failures", func(t *testing.T) {
 		calls := 0
-		err := ingest.Retry(context.Background(), log, "try", func() error {
+		err := retry.Do(context.Background(), log, "try", func() error {
 			if calls++; calls < 3 {
 				return errors.New("not yet")
 			}
@@ -29,7 +29,7 @@ func TestRetry(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
 		refused := errors.New("connection refused")
-		err := ingest.Retry(ctx, log, "try", func() error { return refused })
+		err := retry.Do(ctx, log, "try", func() error { return refused })
 		if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, refused) {
 			t.Fatalf("err %v: want both the context's and the last failure", err)
 		}
