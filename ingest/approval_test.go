@@ -17,6 +17,7 @@ import (
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/enforce/redact"
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
@@ -35,7 +36,7 @@ const approvalManifest = `{"schema_id": "talos.mcp.tool_registry", "schema_versi
 type approvalPlane struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
-	client *ingest.Client
+	client *ep.Client
 	ctl    *ingest.ControlClient
 	fol    *ingest.ControlFollower
 	keys   verify.KeySet
@@ -128,7 +129,7 @@ func newApprovalPlane(t *testing.T) *approvalPlane {
 	if err := fol.WaitCaughtUp(wctx); err != nil {
 		t.Fatal(err)
 	}
-	client, err := ingest.NewClient(nc, js, "test-ep")
+	client, err := ep.NewClient(nc, js, "test-ep")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +248,7 @@ func TestApprovalThroughControlPlane(t *testing.T) {
 	// The worker has applied the approval before the gateway's post event
 	// reaches it (in production the gateway runs the tool first).
 	waitFor(t, 10*time.Second, func() bool { return p.fol.Applied() >= rep.Seq })
-	post, err := ingest.PostOf(parked, map[string]any{"content": []any{map[string]any{"type": "text", "text": "sunny"}}}, true, time.Now(), time.Now())
+	post, err := ep.PostOf(parked, map[string]any{"content": []any{map[string]any{"type": "text", "text": "sunny"}}}, true, time.Now(), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +286,7 @@ func TestApprovalThroughControlPlane(t *testing.T) {
 		t.Fatalf("approve after reject: %+v", again)
 	}
 	waitFor(t, 10*time.Second, func() bool { return p.fol.Applied() >= rej.Seq })
-	post, err = ingest.PostOf(other, map[string]any{"content": []any{}}, true, time.Now(), time.Now())
+	post, err = ep.PostOf(other, map[string]any{"content": []any{}}, true, time.Now(), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

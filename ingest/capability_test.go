@@ -16,6 +16,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -91,7 +92,7 @@ func signed(t *testing.T, c *schemas.ToolCall, chain *schemas.CapabilityChain, k
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := ingest.NewCallSigner(b, key)
+	s, err := ep.NewCallSigner(b, key)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -38,7 +39,7 @@ type plane struct {
 	key    *receipts.PrivateKey // talosd
 	keys   verify.KeySet
 	ctl    *ingest.ControlClient
-	client *ingest.Client
+	client *ep.Client
 
 	mu      sync.Mutex
 	workers map[string]*planeWorker
@@ -108,7 +109,7 @@ func newPlane(t *testing.T) *plane {
 		go func() { defer wg.Done(); _ = run(ctx) }()
 	}
 	p.ctl = ingest.NewControlClient(p.nc, responder, "alice@test")
-	if p.client, err = ingest.NewClient(p.nc, p.js, "test-ep"); err != nil {
+	if p.client, err = ep.NewClient(p.nc, p.js, "test-ep"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.client.Close() })
@@ -260,7 +261,7 @@ func (p *plane) onEveryWorker(t *testing.T, mk func() *schemas.ToolCall, check f
 	return out
 }
 
-func callOK(t *testing.T, c *ingest.Client, call *schemas.ToolCall) *schemas.Decision {
+func callOK(t *testing.T, c *ep.Client, call *schemas.ToolCall) *schemas.Decision {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()

@@ -20,6 +20,7 @@ import (
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/ingest/checkpoint"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -42,7 +43,7 @@ type stack struct {
 	db     string
 	reg    *enforce.Registry
 	keys   verify.KeySet
-	client *ingest.Client
+	client *ep.Client
 	dec    *enforce.Decider
 
 	natsURL    string
@@ -159,7 +160,7 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	go func() { _ = sink.Run(ctx); done <- struct{}{} }()
 	t.Cleanup(func() { cancel(); <-done })
 
-	client, err := ingest.NewClient(nc, js, "test-ep")
+	client, err := ep.NewClient(nc, js, "test-ep")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +240,7 @@ func (s *stack) waitRows(t *testing.T, view, where string, n uint64) {
 
 func newCall(t *testing.T, server, tool string, args any) *schemas.ToolCall {
 	t.Helper()
-	c, err := ingest.NewCall("test-ep", server, tool, args)
+	c, err := ep.NewCall("test-ep", server, tool, args)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -509,7 +510,7 @@ func TestPipelinePostPhase(t *testing.T) {
 		t.Fatalf("pre: %s %v", d.Decision, d.ReasonCodes)
 	}
 	text := "# Talos\nsecret-free content\n"
-	post, err := ingest.PostOf(pre, map[string]any{"content": []any{map[string]any{"type": "text", "text": text}}}, true, started, time.Now())
+	post, err := ep.PostOf(pre, map[string]any{"content": []any{map[string]any{"type": "text", "text": text}}}, true, started, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

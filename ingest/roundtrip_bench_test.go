@@ -12,6 +12,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
@@ -79,14 +80,14 @@ func BenchmarkRoundTrip(b *testing.B) {
 		done := make(chan struct{})
 		go func() { _ = w.Run(wctx); close(done) }()
 		defer func() { cancel(); <-done }()
-		client, err := ingest.NewClient(nc, js, "bench-ep")
+		client, err := ep.NewClient(nc, js, "bench-ep")
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer client.Close()
 
 		send := func() {
-			c, err := ingest.NewCall("bench-ep", "files", "list_directory", map[string]string{"path": "bench/" + pad})
+			c, err := ep.NewCall("bench-ep", "files", "list_directory", map[string]string{"path": "bench/" + pad})
 			if err != nil {
 				b.Fatal(err)
 			}

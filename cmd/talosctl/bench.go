@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/ingest/loadgen"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/schemas"
@@ -144,7 +145,7 @@ func (b *benchCmd) maker(run string) (*loadgen.Maker, error) {
 	if b.AgentKey == "" {
 		return nil, usage("--capability needs --agent-key")
 	}
-	if maker.Signer, err = ingest.LoadCallSigner(b.Capability, b.AgentKey); err != nil {
+	if maker.Signer, err = ep.LoadCallSigner(b.Capability, b.AgentKey); err != nil {
 		return nil, usage("%v", err)
 	}
 	return maker, nil
@@ -153,7 +154,7 @@ func (b *benchCmd) maker(run string) (*loadgen.Maker, error) {
 // measure is the timed part: the calls (and kill-switch rounds, with ks)
 // under the CPU profile, then, with ch, the wait until ClickHouse holds
 // every receipt and ToolCallEvent of the run.
-func (b *benchCmd) measure(g *Globals, prep *loadgen.Prepared, clients []*ingest.Client, ks *ctlSession, ch driver.Conn, run string) (*loadgen.Result, error) {
+func (b *benchCmd) measure(g *Globals, prep *loadgen.Prepared, clients []*ep.Client, ks *ctlSession, ch driver.Conn, run string) (*loadgen.Result, error) {
 	stopProfile := func() {}
 	if b.CPUProfile != "" {
 		f, err := os.Create(b.CPUProfile)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -33,14 +33,14 @@ type callCmd struct {
 }
 
 // capSigner is the CallSigner of --capability and --agent-key, or nil.
-func (c *callCmd) capSigner() (*ingest.CallSigner, error) {
+func (c *callCmd) capSigner() (*ep.CallSigner, error) {
 	if c.Capability == "" {
 		if c.AgentKey != "" {
 			return nil, usage("--agent-key needs --capability (the key signs for the chain's holder)")
 		}
 		return nil, nil
 	}
-	s, err := ingest.LoadCallSigner(c.Capability, c.AgentKey)
+	s, err := ep.LoadCallSigner(c.Capability, c.AgentKey)
 	if err != nil {
 		return nil, usage("%v", err)
 	}
@@ -76,7 +76,7 @@ func (c *callCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	client, err := ingest.NewClient(nc, js, c.EPID)
+	client, err := ep.NewClient(nc, js, c.EPID)
 	if err != nil {
 		return usage("%v", err)
 	}
@@ -91,12 +91,12 @@ func (c *callCmd) Run(g *Globals) error {
 
 // sendFile sends --file as it is, routed by its own phase, server_id and
 // tool_call_id (or --server).
-func (c *callCmd) sendFile(ctx context.Context, g *Globals, client *ingest.Client) error {
+func (c *callCmd) sendFile(ctx context.Context, g *Globals, client *ep.Client) error {
 	raw, err := os.ReadFile(c.File)
 	if err != nil {
 		return usage("%v", err)
 	}
-	phase, server, id := ingest.EnvelopeRoute(raw)
+	phase, server, id := ep.EnvelopeRoute(raw)
 	if c.Server != "" {
 		server = c.Server
 	}
@@ -109,7 +109,7 @@ func (c *callCmd) sendFile(ctx context.Context, g *Globals, client *ingest.Clien
 
 // sendCall builds, signs and sends the pre envelope of the flags' call
 // and, after an allow with --result, its post event.
-func (c *callCmd) sendCall(ctx context.Context, g *Globals, client *ingest.Client) error {
+func (c *callCmd) sendCall(ctx context.Context, g *Globals, client *ep.Client) error {
 	args, err := readJSON("--args", c.Args)
 	if err != nil {
 		return err
@@ -134,7 +134,7 @@ func (c *callCmd) sendCall(ctx context.Context, g *Globals, client *ingest.Clien
 	if err != nil {
 		return err
 	}
-	post, err := ingest.SignedPost(call, res, true, started, time.Now(), signer)
+	post, err := ep.SignedPost(call, res, true, started, time.Now(), signer)
 	if err != nil {
 		return err
 	}
@@ -144,8 +144,8 @@ func (c *callCmd) sendCall(ctx context.Context, g *Globals, client *ingest.Clien
 
 // envelope is the pre envelope of the flags' call, signed when a signer is
 // given.
-func (c *callCmd) envelope(args json.RawMessage, signer *ingest.CallSigner) (*schemas.ToolCall, error) {
-	spec := ingest.CallSpec{EPID: c.EPID, Server: c.Server, Tool: c.Tool, Args: args, Agent: c.Agent, Session: c.Session,
+func (c *callCmd) envelope(args json.RawMessage, signer *ep.CallSigner) (*schemas.ToolCall, error) {
+	spec := ep.CallSpec{EPID: c.EPID, Server: c.Server, Tool: c.Tool, Args: args, Agent: c.Agent, Session: c.Session,
 		IdempotencyKey: c.IdempotencyKey, ToolClass: c.ToolClass, RegistryDigest: c.RegistryDigest}
 	for _, e := range c.ExpectHash {
 		p, h, ok := strings.Cut(e, "=")
@@ -159,7 +159,7 @@ func (c *callCmd) envelope(args json.RawMessage, signer *ingest.CallSigner) (*sc
 
 // printDecision prints a decision; a deny is not a failure, no decision is.
 func printDecision(g *Globals, d *schemas.Decision, err error) error {
-	if err != nil { // includes ingest.ErrNoDecision: no decision is a deny, and a failure
+	if err != nil { // includes ep.ErrNoDecision: no decision is a deny, and a failure
 		return failed("%v", err)
 	}
 	if g.JSON {

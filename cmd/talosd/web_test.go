@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -245,7 +246,7 @@ func TestWebDashboardInChromium(t *testing.T) {
 	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	client, err := ingest.NewClient(nc, js, "web-ep")
+	client, err := ep.NewClient(nc, js, "web-ep")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +263,7 @@ func TestWebDashboardInChromium(t *testing.T) {
 	calls, denials := 0, 0
 	send := func(c sent) (*schemas.ToolCall, *schemas.Decision) {
 		t.Helper()
-		call, err := ingest.NewCall("web-ep", c.server, c.tool, c.args)
+		call, err := ep.NewCall("web-ep", c.server, c.tool, c.args)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -286,7 +287,7 @@ func TestWebDashboardInChromium(t *testing.T) {
 			}
 		}
 		if c.post {
-			post, err := ingest.PostOf(call, map[string]any{"content": []any{map[string]any{"type": "text", "text": "hello"}}}, true, started, time.Now())
+			post, err := ep.PostOf(call, map[string]any{"content": []any{map[string]any{"type": "text", "text": "hello"}}}, true, started, time.Now())
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package ingest_test
+package ep_test
 
 import (
 	"context"
@@ -10,18 +10,19 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
 
 func outboxPost(t *testing.T) *schemas.ToolCall {
 	t.Helper()
-	pre, err := ingest.NewCall("ep-outbox", "files", "read_file", map[string]any{"path": "a"})
+	pre, err := ep.NewCall("ep-outbox", "files", "read_file", map[string]any{"path": "a"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	post, err := ingest.SignedPost(pre, nil, false, now, now, nil)
+	post, err := ep.SignedPost(pre, nil, false, now, now, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +34,7 @@ func outboxPost(t *testing.T) *schemas.ToolCall {
 // the stream appears; Drain then reports nothing left.
 func TestOutboxRetriesUntilStored(t *testing.T) {
 	_, js := connectJS(t, testenv.NATSForTest(t).URL())
-	out := ingest.NewOutbox(slog.New(slog.DiscardHandler))
+	out := ep.NewOutbox(slog.New(slog.DiscardHandler))
 	out.Start(js)
 	post := outboxPost(t)
 	out.Send(post)
@@ -68,7 +69,7 @@ func TestOutboxRetriesUntilStored(t *testing.T) {
 // limit.
 func TestOutboxDrainGivesUp(t *testing.T) {
 	_, js := connectJS(t, testenv.NATSForTest(t).URL())
-	out := ingest.NewOutbox(slog.New(slog.DiscardHandler))
+	out := ep.NewOutbox(slog.New(slog.DiscardHandler))
 	out.Start(js)
 	out.Send(outboxPost(t))
 	out.Send(outboxPost(t))

@@ -1,4 +1,4 @@
-package ingest_test
+package ep_test
 
 import (
 	"encoding/json"
@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -16,7 +16,7 @@ import (
 // command, and a call no longer expected, get nothing.
 func TestApprovalsRouteByToolCallID(t *testing.T) {
 	nc, _ := connectJS(t, testenv.NATSForTest(t).URL())
-	a := ingest.NewApprovals(nc, slog.New(slog.DiscardHandler))
+	a := ep.NewApprovals(nc, slog.New(slog.DiscardHandler))
 	a.Start()
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
@@ -35,7 +35,7 @@ func TestApprovalsRouteByToolCallID(t *testing.T) {
 	publish("ctl-1", schemas.VerbApprove, "call-1", true)
 	publish("ctl-2", schemas.VerbReject, "call-2", true)
 	publish("ctl-9", schemas.VerbApprove, "call-unknown", true)
-	for ch, want := range map[<-chan ingest.Resolution]ingest.Resolution{
+	for ch, want := range map[<-chan ep.Resolution]ep.Resolution{
 		approved: {Verb: schemas.VerbApprove, Actor: "alice@host", ReceiptID: "ctl-1"},
 		rejected: {Verb: schemas.VerbReject, Actor: "alice@host", ReceiptID: "ctl-2"},
 	} {
