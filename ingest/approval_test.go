@@ -18,6 +18,7 @@ import (
 	"github.com/talos-audit/talos/enforce/redact"
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/ingest/ep"
+	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
@@ -80,7 +81,7 @@ func newApprovalPlane(t *testing.T) *approvalPlane {
 	responders := verify.KeySet{}
 	responders.Add(responder.Public())
 
-	ledger, err := ingest.NewLedger(ctx, js, ingest.LedgerOptions{})
+	ledger, err := kv.NewLedger(ctx, js, kv.LedgerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

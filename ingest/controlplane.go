@@ -12,6 +12,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest/checkpoint"
+	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
@@ -33,7 +34,7 @@ type ControlPlaneOptions struct {
 	// Ledger is the shared call ledger: approve and reject must name a call
 	// awaiting approval, and it is the control service's replay store.
 	// Required.
-	Ledger *Ledger
+	Ledger *kv.Ledger
 	// State and Follower are the enforcement state of this process's
 	// enforce worker and the follower that keeps it current. When Follower
 	// is nil, the control plane runs a follower of its own over a decider
@@ -45,6 +46,8 @@ type ControlPlaneOptions struct {
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
+
+var _ ReplayAdmin = (*kv.Ledger)(nil)
 
 // PrecheckWait bounds how long a control command's precheck waits for the
 // follower to apply the control events before it.

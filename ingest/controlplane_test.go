@@ -18,6 +18,7 @@ import (
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/ingest/ep"
+	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -89,7 +90,7 @@ func newPlane(t *testing.T) *plane {
 	// The control role (NewControlPlane without an enforce worker): its own
 	// state follower (list/show, precheck), the call ledger (replay
 	// administration), and the live-worker watcher.
-	store, err := ingest.NewLedger(ctx, p.js, ingest.LedgerOptions{})
+	store, err := kv.NewLedger(ctx, p.js, kv.LedgerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +132,7 @@ func (p *plane) startWorker(t *testing.T, id string) *enforce.Decider {
 	t.Helper()
 	nc, js := connectJS(t, p.url)
 	ctx, cancel := context.WithCancel(context.Background())
-	ledger, err := ingest.NewLedger(ctx, js, ingest.LedgerOptions{})
+	ledger, err := kv.NewLedger(ctx, js, kv.LedgerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

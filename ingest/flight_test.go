@@ -15,8 +15,8 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/enforce/redact"
-	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/ingest/ep"
+	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -47,11 +47,11 @@ func flightStack(t *testing.T) (*stack, *redact.Redactor) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		store, err := ingest.NewKVRateStore(ctx, js, p.MaxWindow(), 1)
+		store, err := kv.NewKVRateStore(ctx, js, p.MaxWindow(), 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ledger, err := ingest.NewLedger(ctx, js, ingest.LedgerOptions{})
+		ledger, err := kv.NewLedger(ctx, js, kv.LedgerOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

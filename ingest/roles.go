@@ -13,6 +13,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest/checkpoint"
+	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 )
@@ -35,7 +36,7 @@ type EnforceRoleOptions struct {
 	// Checks.Policy has rate limits, Checks.RateLimiter (counted across
 	// workers in Ledger.Replicas replicas).
 	Checks enforce.DeciderOptions
-	Ledger LedgerOptions
+	Ledger kv.LedgerOptions
 	// AckWait and Checkpoints are the worker's (WorkerOptions).
 	AckWait     time.Duration
 	Checkpoints checkpoint.Options
@@ -65,7 +66,7 @@ type EnforceRole struct {
 	// prefix of its chain ids (new at every start) and Chains their number.
 	WorkerID, ChainPrefix string
 	Chains                int
-	ledger                *Ledger
+	ledger                *kv.Ledger
 	state                 func() *enforce.State
 }
 
@@ -83,11 +84,11 @@ func NewEnforceRole(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, 
 		return nil, badInstance{o.Instance, err}
 	}
 	if o.Checks.Policy != nil {
-		if o.Checks.RateLimiter, err = NewRateLimiter(ctx, js, o.Checks.Policy, o.Ledger.Replicas); err != nil {
+		if o.Checks.RateLimiter, err = kv.NewRateLimiter(ctx, js, o.Checks.Policy, o.Ledger.Replicas); err != nil {
 			return nil, err
 		}
 	}
-	ledger, err := NewLedger(ctx, js, o.Ledger)
+	ledger, err := kv.NewLedger(ctx, js, o.Ledger)
 	if err != nil {
 		return nil, fmt.Errorf("call ledger: %w", err)
 	}
@@ -122,7 +123,7 @@ type ControlRoleOptions struct {
 	Checkpoints   checkpoint.Options
 	// Ledger opens the shared call ledger when there is no Enforce role
 	// (with the options every role uses, so they open the same bucket).
-	Ledger LedgerOptions
+	Ledger kv.LedgerOptions
 	// Enforce is this process's enforce role, nil without one: the control
 	// service then reads its ledger and enforcement state instead of
 	// following TALOS_CONTROL itself.
@@ -145,7 +146,7 @@ func NewControlRole(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, 
 	}
 	if en := o.Enforce; en != nil {
 		p.Ledger, p.State, p.Follower = en.ledger, en.state, en.Follower()
-	} else if p.Ledger, err = NewLedger(ctx, js, o.Ledger); err != nil {
+	} else if p.Ledger, err = kv.NewLedger(ctx, js, o.Ledger); err != nil {
 		return nil, fmt.Errorf("call ledger: %w", err)
 	}
 	if run, err = NewControlPlane(nc, js, p); err != nil {

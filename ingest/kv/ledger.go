@@ -1,4 +1,4 @@
-package ingest
+package kv
 
 import (
 	"context"
@@ -64,10 +64,7 @@ type Ledger struct {
 	timeout time.Duration
 }
 
-var (
-	_ enforce.CallLedger = (*Ledger)(nil)
-	_ ReplayAdmin        = (*Ledger)(nil)
-)
+var _ enforce.CallLedger = (*Ledger)(nil)
 
 // NewLedger creates the TALOS_LEDGER bucket, or updates an existing one to
 // the options, and returns a ledger on it. Every worker and control

@@ -1,4 +1,4 @@
-package ingest_test
+package kv_test
 
 import (
 	"context"
@@ -12,24 +12,24 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/enforce"
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/testenv"
 )
 
-var _ enforce.RateStore = (*ingest.KVRateStore)(nil)
+var _ enforce.RateStore = (*kv.KVRateStore)(nil)
 
-func newRateStore(t testing.TB, js jetstream.JetStream, maxWindow time.Duration) *ingest.KVRateStore {
+func newRateStore(t testing.TB, js jetstream.JetStream, maxWindow time.Duration) *kv.KVRateStore {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := ingest.NewKVRateStore(ctx, js, maxWindow, 1)
+	s, err := kv.NewKVRateStore(ctx, js, maxWindow, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s
 }
 
-func take(t testing.TB, s *ingest.KVRateStore, key string, window time.Duration, now time.Time, want int64) {
+func take(t testing.TB, s *kv.KVRateStore, key string, window time.Duration, now time.Time, want int64) {
 	t.Helper()
 	n, err := s.Take(key, window, now)
 	if err != nil {
@@ -42,7 +42,7 @@ func take(t testing.TB, s *ingest.KVRateStore, key string, window time.Duration,
 
 func TestRateKey(t *testing.T) {
 	now := time.Unix(120, 0)
-	k := ingest.RateKey("limit|agent-1|fs|read", time.Minute, now)
+	k := kv.RateKey("limit|agent-1|fs|read", time.Minute, now)
 	hash, idx, ok := strings.Cut(k, ".")
 	if !ok || len(hash) != 32 || idx != "2" {
 		t.Fatalf("RateKey = %s, want <32 hex>.2", k)
@@ -50,10 +50,10 @@ func TestRateKey(t *testing.T) {
 	if strings.Contains(k, "agent") {
 		t.Fatal("key carries the raw limit key")
 	}
-	if ingest.RateKey("limit|agent-1|fs|read", time.Second, now) == k {
+	if kv.RateKey("limit|agent-1|fs|read", time.Second, now) == k {
 		t.Fatal("windows of different lengths share a key")
 	}
-	if got := ingest.RateKey("k", time.Minute, time.Unix(-1, 0)); !strings.HasSuffix(got, ".-1") {
+	if got := kv.RateKey("k", time.Minute, time.Unix(-1, 0)); !strings.HasSuffix(got, ".-1") {
 		t.Fatalf("negative index: %s", got)
 	}
 }
@@ -65,7 +65,7 @@ func TestKVRateStoreTwoWorkers(t *testing.T) {
 	ns := testenv.NATSForTest(t)
 	_, js1 := connectJS(t, ns.URL())
 	_, js2 := connectJS(t, ns.URL())
-	workers := []*ingest.KVRateStore{newRateStore(t, js1, time.Minute), newRateStore(t, js2, time.Minute)}
+	workers := []*kv.KVRateStore{newRateStore(t, js1, time.Minute), newRateStore(t, js2, time.Minute)}
 
 	const goroutines, takes = 8, 100 // goroutines per worker, takes per goroutine
 	total := len(workers) * goroutines * takes
@@ -121,10 +121,10 @@ func TestKVRateStoreWindows(t *testing.T) {
 	take(t, s, "k", time.Second, t0, 1)                  // other window length
 	take(t, s, "other", time.Minute, t0, 1)              // other key
 
-	if _, err := s.Take("k", 0, t0); !errors.Is(err, ingest.ErrRateWindow) {
+	if _, err := s.Take("k", 0, t0); !errors.Is(err, kv.ErrRateWindow) {
 		t.Fatalf("zero window: %v", err)
 	}
-	if _, err := s.Take("k", time.Hour, t0); !errors.Is(err, ingest.ErrRateWindow) {
+	if _, err := s.Take("k", time.Hour, t0); !errors.Is(err, kv.ErrRateWindow) {
 		t.Fatalf("window beyond the TTL: %v", err)
 	}
 }
@@ -143,19 +143,19 @@ func TestKVRateStoreStaleRevision(t *testing.T) {
 	take(t, a, "k", time.Minute, now, 3) // a's cached revision is stale
 	take(t, a, "k", time.Minute, now, 4)
 
-	kv, err := js1.KeyValue(context.Background(), ingest.RateBucket)
+	bucket, err := js1.KeyValue(context.Background(), kv.RateBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := kv.Delete(context.Background(), ingest.RateKey("k", time.Minute, now)); err != nil {
+	if err := bucket.Delete(context.Background(), kv.RateKey("k", time.Minute, now)); err != nil {
 		t.Fatal(err)
 	}
 	take(t, a, "k", time.Minute, now, 1)
 	take(t, b, "k", time.Minute, now, 2)
 
 	// A value that is not a count is an error, never a guess.
-	bad := ingest.RateKey("bad", time.Minute, now)
-	if _, err := kv.Put(context.Background(), bad, []byte("x")); err != nil {
+	bad := kv.RateKey("bad", time.Minute, now)
+	if _, err := bucket.Put(context.Background(), bad, []byte("x")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Take("bad", time.Minute, now); err == nil {
@@ -179,7 +179,7 @@ func TestKVRateStoreBucketConfig(t *testing.T) {
 	if s.TTL() != 2*time.Hour {
 		t.Fatalf("TTL = %s after a shorter update, want 2h kept", s.TTL())
 	}
-	st, err := js.Stream(context.Background(), "KV_"+ingest.RateBucket)
+	st, err := js.Stream(context.Background(), "KV_"+kv.RateBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,17 +229,17 @@ func TestBucketsHonourReplicas(t *testing.T) {
 	_, js := connectJS(t, ns.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := ingest.NewKVRateStore(ctx, js, time.Minute, 3); err == nil || !strings.Contains(strings.ToLower(err.Error()), "replica") {
+	if _, err := kv.NewKVRateStore(ctx, js, time.Minute, 3); err == nil || !strings.Contains(strings.ToLower(err.Error()), "replica") {
 		t.Errorf("rate store at 3 replicas on one server: %v, want a replicas error", err)
 	}
-	if _, err := ingest.NewLedger(ctx, js, ingest.LedgerOptions{Replicas: 3}); err == nil || !strings.Contains(strings.ToLower(err.Error()), "replica") {
+	if _, err := kv.NewLedger(ctx, js, kv.LedgerOptions{Replicas: 3}); err == nil || !strings.Contains(strings.ToLower(err.Error()), "replica") {
 		t.Errorf("ledger at 3 replicas on one server: %v, want a replicas error", err)
 	}
-	long, err := ingest.NewKVRateStore(ctx, js, time.Hour, 1)
+	long, err := kv.NewKVRateStore(ctx, js, time.Hour, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	short, err := ingest.NewKVRateStore(ctx, js, time.Minute, 0)
+	short, err := kv.NewKVRateStore(ctx, js, time.Minute, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,11 +260,11 @@ func TestNewRateLimiter(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []*enforce.Policy{nil, none} {
-		if l, err := ingest.NewRateLimiter(ctx, js, p, 1); l != nil || err != nil {
+		if l, err := kv.NewRateLimiter(ctx, js, p, 1); l != nil || err != nil {
 			t.Fatalf("no rate limits: limiter %v, %v", l, err)
 		}
 	}
-	if _, err := js.KeyValue(ctx, ingest.RateBucket); !errors.Is(err, jetstream.ErrBucketNotFound) {
+	if _, err := js.KeyValue(ctx, kv.RateBucket); !errors.Is(err, jetstream.ErrBucketNotFound) {
 		t.Fatalf("a policy without rate limits created the bucket: %v", err)
 	}
 	p, err := enforce.ParsePolicy([]byte(`{"rate_limits":[` +
@@ -273,10 +273,10 @@ func TestNewRateLimiter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l, err := ingest.NewRateLimiter(ctx, js, p, 1); l == nil || err != nil {
+	if l, err := kv.NewRateLimiter(ctx, js, p, 1); l == nil || err != nil {
 		t.Fatalf("rate limits: limiter %v, %v", l, err)
 	}
-	st, err := js.Stream(ctx, "KV_"+ingest.RateBucket)
+	st, err := js.Stream(ctx, "KV_"+kv.RateBucket)
 	if err != nil {
 		t.Fatal(err)
 	}

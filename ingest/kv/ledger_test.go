@@ -1,4 +1,4 @@
-package ingest_test
+package kv_test
 
 import (
 	"context"
@@ -11,15 +11,15 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/enforce"
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/testenv"
 )
 
-func newLedger(t testing.TB, js jetstream.JetStream, o ingest.LedgerOptions) *ingest.Ledger {
+func newLedger(t testing.TB, js jetstream.JetStream, o kv.LedgerOptions) *kv.Ledger {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	l, err := ingest.NewLedger(ctx, js, o)
+	l, err := kv.NewLedger(ctx, js, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func claimOp(session, corr, call string) *enforce.LedgerOp {
 }
 
 // claim claims (session, corr) for call and checks who holds it after.
-func claim(t testing.TB, l *ingest.Ledger, session, corr, call, want string) {
+func claim(t testing.TB, l *kv.Ledger, session, corr, call, want string) {
 	t.Helper()
 	op := claimOp(session, corr, call)
 	l.Do([]*enforce.LedgerOp{op})
@@ -53,7 +53,7 @@ func claim(t testing.TB, l *ingest.Ledger, session, corr, call, want string) {
 	}
 }
 
-func check(t testing.TB, l *ingest.Ledger, session, corr, wantOwner string) {
+func check(t testing.TB, l *kv.Ledger, session, corr, wantOwner string) {
 	t.Helper()
 	owner, seen, err := l.Check(context.Background(), session, corr)
 	if err != nil {
@@ -64,7 +64,7 @@ func check(t testing.TB, l *ingest.Ledger, session, corr, wantOwner string) {
 	}
 }
 
-func pairKeys(t testing.TB, l *ingest.Ledger) uint64 {
+func pairKeys(t testing.TB, l *kv.Ledger) uint64 {
 	t.Helper()
 	st, err := l.Stats(context.Background())
 	if err != nil {
@@ -82,8 +82,8 @@ func TestLedgerPairsAcrossWorkers(t *testing.T) {
 	ns := testenv.NATSForTest(t)
 	_, js1 := connectJS(t, ns.URL())
 	_, js2 := connectJS(t, ns.URL())
-	w1 := newLedger(t, js1, ingest.LedgerOptions{})
-	w2 := newLedger(t, js2, ingest.LedgerOptions{})
+	w1 := newLedger(t, js1, kv.LedgerOptions{})
+	w2 := newLedger(t, js2, kv.LedgerOptions{})
 
 	claim(t, w1, "sess-a", "corr-1", "call-1", "call-1") // first claim wins
 	claim(t, w2, "sess-a", "corr-1", "call-2", "call-1") // a replay, seen by the other worker
@@ -122,7 +122,7 @@ func TestLedgerPairsAcrossWorkers(t *testing.T) {
 	for i := range ops {
 		ops[i] = claimOp("sess-race", "corr-race", fmt.Sprintf("call-r%d", i))
 	}
-	for half, l := range []*ingest.Ledger{w1, w2} {
+	for half, l := range []*kv.Ledger{w1, w2} {
 		wg.Add(1)
 		go func() { defer wg.Done(); l.Do(ops[half*8 : half*8+8]) }()
 	}
@@ -182,10 +182,10 @@ func TestLedgerPairsAcrossWorkers(t *testing.T) {
 // recorded for approval is found by its tool_call_id on the other worker.
 func TestLedgerIdempotencyAndApprovals(t *testing.T) {
 	url := testenv.NATSForTest(t).URL()
-	var ledgers [2]*ingest.Ledger
+	var ledgers [2]*kv.Ledger
 	for i := range ledgers {
 		_, js := connectJS(t, url)
-		ledgers[i] = newLedger(t, js, ingest.LedgerOptions{})
+		ledgers[i] = newLedger(t, js, kv.LedgerOptions{})
 	}
 	key := enforce.IdempotencyKey("agent-a", "files", "write_file", "k1")
 	ops := make([]*enforce.LedgerOp, 16)
@@ -241,24 +241,24 @@ func TestLedgerIdempotencyAndApprovals(t *testing.T) {
 func TestLedgerDeletedKey(t *testing.T) {
 	ns := testenv.NATSForTest(t)
 	_, js := connectJS(t, ns.URL())
-	l := newLedger(t, js, ingest.LedgerOptions{})
+	l := newLedger(t, js, kv.LedgerOptions{})
 	ctx := context.Background()
-	kv, err := js.KeyValue(ctx, ingest.LedgerBucket)
+	bucket, err := js.KeyValue(ctx, kv.LedgerBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
 	key := func(call string) string {
-		return ingest.CallRecordKey(enforce.CallKey{SessionID: "sess", CorrelationID: "corr", ToolCallID: call})
+		return kv.CallRecordKey(enforce.CallKey{SessionID: "sess", CorrelationID: "corr", ToolCallID: call})
 	}
 	claim(t, l, "sess", "corr", "call-a", "call-a")
-	if err := kv.Delete(ctx, key("call-a")); err != nil {
+	if err := bucket.Delete(ctx, key("call-a")); err != nil {
 		t.Fatal(err)
 	}
 	check(t, l, "sess", "corr", "")
 	claim(t, l, "sess", "corr", "call-b", "call-b")
 	claim(t, l, "sess", "corr", "call-c", "call-b")
 
-	if err := kv.Purge(ctx, key("call-b")); err != nil {
+	if err := bucket.Purge(ctx, key("call-b")); err != nil {
 		t.Fatal(err)
 	}
 	check(t, l, "sess", "corr", "")
@@ -285,7 +285,7 @@ func TestLedgerDeletedKey(t *testing.T) {
 func TestLedgerWindowExpiry(t *testing.T) {
 	ns := testenv.NATSForTest(t)
 	_, js := connectJS(t, ns.URL())
-	l := newLedger(t, js, ingest.LedgerOptions{Window: time.Second})
+	l := newLedger(t, js, kv.LedgerOptions{Window: time.Second})
 	claim(t, l, "sess", "corr", "call-a", "call-a")
 	deadline := time.Now().Add(15 * time.Second)
 	for {
@@ -314,7 +314,7 @@ func TestLedgerSurvivesRestart(t *testing.T) {
 	t.Cleanup(ns.Shutdown) // safe after the Shutdown below
 	port := ns.NATS().Addr().(*net.TCPAddr).Port
 	_, js := connectJS(t, ns.URL())
-	l := newLedger(t, js, ingest.LedgerOptions{})
+	l := newLedger(t, js, kv.LedgerOptions{})
 	claim(t, l, "sess", "corr", "call-a", "call-a")
 	ns.Shutdown()
 
@@ -324,7 +324,7 @@ func TestLedgerSurvivesRestart(t *testing.T) {
 	}
 	t.Cleanup(ns2.Shutdown)
 	_, js2 := connectJS(t, ns2.URL())
-	l2 := newLedger(t, js2, ingest.LedgerOptions{}) // a restarted worker
+	l2 := newLedger(t, js2, kv.LedgerOptions{}) // a restarted worker
 	claim(t, l2, "sess", "corr", "call-b", "call-a")
 	check(t, l2, "sess", "corr", "call-a")
 	// The old ledger's connection reconnects and sees the same record.
@@ -348,7 +348,7 @@ func TestLedgerSurvivesRestart(t *testing.T) {
 func TestLedgerInputAndOptions(t *testing.T) {
 	ns := testenv.NATSForTest(t)
 	_, js := connectJS(t, ns.URL())
-	l := newLedger(t, js, ingest.LedgerOptions{Memory: true, Window: time.Hour})
+	l := newLedger(t, js, kv.LedgerOptions{Memory: true, Window: time.Hour})
 	for _, call := range []string{"", "a.b", "a*", "a>", string(make([]byte, 129))} {
 		op := claimOp("s", "c", call)
 		if l.Do([]*enforce.LedgerOp{op}); op.Err == nil || op.Won {
@@ -362,19 +362,19 @@ func TestLedgerInputAndOptions(t *testing.T) {
 		t.Fatalf("stats %+v, %v", st, err)
 	}
 	// A ledger re-opened with other options updates the bucket.
-	l2 := newLedger(t, js, ingest.LedgerOptions{Memory: true, Window: 2 * time.Hour})
-	kv, err := js.KeyValue(context.Background(), ingest.LedgerBucket)
+	l2 := newLedger(t, js, kv.LedgerOptions{Memory: true, Window: 2 * time.Hour})
+	bucket, err := js.KeyValue(context.Background(), kv.LedgerBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	status, err := kv.Status(context.Background())
+	status, err := bucket.Status(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if status.TTL() != 2*time.Hour || status.History() != 1 || l2.Window() != 2*time.Hour {
 		t.Fatalf("bucket TTL %v history %d", status.TTL(), status.History())
 	}
-	if _, err := ingest.NewLedger(context.Background(), js, ingest.LedgerOptions{}); err == nil {
+	if _, err := kv.NewLedger(context.Background(), js, kv.LedgerOptions{}); err == nil {
 		t.Fatal("a file ledger opened over a memory bucket")
 	}
 }
@@ -386,7 +386,7 @@ func BenchmarkLedgerClaims(b *testing.B) {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
 			ns := testenv.NATSForTest(b)
 			_, js := connectJS(b, ns.URL())
-			l := newLedger(b, js, ingest.LedgerOptions{})
+			l := newLedger(b, js, kv.LedgerOptions{})
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i += batch {
