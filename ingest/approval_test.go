@@ -17,6 +17,7 @@ import (
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/enforce/redact"
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/receipts"
@@ -38,8 +39,8 @@ type approvalPlane struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	client *ep.Client
-	ctl    *ingest.ControlClient
-	fol    *ingest.ControlFollower
+	ctl    *control.ControlClient
+	fol    *control.ControlFollower
 	keys   verify.KeySet
 }
 
@@ -106,9 +107,9 @@ func newApprovalPlane(t *testing.T) *approvalPlane {
 		t.Fatal(err)
 	}
 	fol := enf.Follower()
-	svc, err := ingest.NewControlService(nc, js, ingest.ControlOptions{
+	svc, err := control.NewControlService(nc, js, control.ControlOptions{
 		Chain: receipts.NewChain("approval-control", key), Source: "talos://control/test", ResponderKeys: responders,
-		Hooks: ingest.ControlHooks{
+		Hooks: control.ControlHooks{
 			Precheck: fol.Precheck(func(c *schemas.ControlCommand) (string, string) {
 				if code, detail := dec.State().Precheck(c); code != "" {
 					return code, detail
@@ -135,7 +136,7 @@ func newApprovalPlane(t *testing.T) *approvalPlane {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	return &approvalPlane{nc: nc, js: js, client: client, ctl: ingest.NewControlClient(nc, responder, "alice@test"), fol: fol, keys: keys}
+	return &approvalPlane{nc: nc, js: js, client: client, ctl: control.NewControlClient(nc, responder, "alice@test"), fol: fol, keys: keys}
 }
 
 // resolve sends approve or reject of toolCallID with reason.

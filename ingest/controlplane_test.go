@@ -17,6 +17,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/query"
@@ -39,7 +40,7 @@ type plane struct {
 	reg    *enforce.Registry
 	key    *receipts.PrivateKey // talosd
 	keys   verify.KeySet
-	ctl    *ingest.ControlClient
+	ctl    *control.ControlClient
 	client *ep.Client
 
 	mu      sync.Mutex
@@ -94,7 +95,7 @@ func newPlane(t *testing.T) *plane {
 	if err != nil {
 		t.Fatal(err)
 	}
-	control, err := ingest.NewControlPlane(p.nc, p.js, ingest.ControlPlaneOptions{
+	runControl, err := control.NewControlPlane(p.nc, p.js, control.ControlPlaneOptions{
 		Chain: receipts.NewChain("plane-control", p.key), Source: "talos://control/test", ResponderKeys: responders,
 		Ledger: store, Engine: mustEngine(t, p.reg), Signers: p.keys,
 	})
@@ -105,11 +106,11 @@ func newPlane(t *testing.T) *plane {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, run := range []func(context.Context) error{control, sink.Run} {
+	for _, run := range []func(context.Context) error{runControl, sink.Run} {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = run(ctx) }()
 	}
-	p.ctl = ingest.NewControlClient(p.nc, responder, "alice@test")
+	p.ctl = control.NewControlClient(p.nc, responder, "alice@test")
 	if p.client, err = ep.NewClient(p.nc, p.js, "test-ep"); err != nil {
 		t.Fatal(err)
 	}
@@ -545,7 +546,7 @@ func TestLateWorkerReplaysThousandEvents(t *testing.T) {
 		t.Fatalf("unsigned command: %s (%v)", msg.Data, err)
 	}
 	stranger, _ := receipts.GenerateKey()
-	mallory := ingest.NewControlClient(p.nc, stranger, "mallory")
+	mallory := control.NewControlClient(p.nc, stranger, "mallory")
 	forged, err := mallory.Do(ctx, func() *schemas.ControlCommand {
 		c := mallory.NewCommand(schemas.VerbKillSwitchClear)
 		c.Scope, c.Reason = "global", "forged"
@@ -625,7 +626,7 @@ func readFileJSON(path string) (json.RawMessage, error) { return os.ReadFile(pat
 // TestControlPlaneNeedsLedger: approve, reject and replay administration
 // need the shared call ledger; a control plane without one is refused.
 func TestControlPlaneNeedsLedger(t *testing.T) {
-	if _, err := ingest.NewControlPlane(nil, nil, ingest.ControlPlaneOptions{}); err == nil || !strings.Contains(err.Error(), "ledger") {
+	if _, err := control.NewControlPlane(nil, nil, control.ControlPlaneOptions{}); err == nil || !strings.Contains(err.Error(), "ledger") {
 		t.Fatalf("no ledger: %v", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest/checkpoint"
+	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -112,7 +113,7 @@ func NewEnforceRole(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, 
 }
 
 // ControlRoleOptions configure NewControlRole. Instance, Key and Engine
-// are as for the enforce role; the rest are ControlPlaneOptions'.
+// are as for the enforce role; the rest are control.ControlPlaneOptions'.
 type ControlRoleOptions struct {
 	Instance      string
 	Key           *receipts.PrivateKey
@@ -131,10 +132,10 @@ type ControlRoleOptions struct {
 	Logger  *slog.Logger
 }
 
-// NewControlRole prepares the control role (NewControlPlane) on a new
+// NewControlRole prepares the control role (control.NewControlPlane) on a new
 // control chain (NewControlChain) and logs that it started.
 func NewControlRole(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, o ControlRoleOptions) (run func(context.Context) error, err error) {
-	p := ControlPlaneOptions{
+	p := control.ControlPlaneOptions{
 		Chain:         NewControlChain(InstanceToken(o.Instance), o.Key),
 		Source:        "talos://control/" + o.Instance,
 		ResponderKeys: o.ResponderKeys,
@@ -149,7 +150,7 @@ func NewControlRole(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, 
 	} else if p.Ledger, err = kv.NewLedger(ctx, js, o.Ledger); err != nil {
 		return nil, fmt.Errorf("call ledger: %w", err)
 	}
-	if run, err = NewControlPlane(nc, js, p); err != nil {
+	if run, err = control.NewControlPlane(nc, js, p); err != nil {
 		return nil, err
 	}
 	if o.Logger != nil {

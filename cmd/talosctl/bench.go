@@ -13,7 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/ingest/loadgen"
 	"github.com/talos-audit/talos/query"
@@ -173,7 +173,7 @@ func (b *benchCmd) measure(g *Globals, prep *loadgen.Prepared, clients []*ep.Cli
 			return nil, err
 		}
 	}
-	var client *ingest.ControlClient
+	var client *control.ControlClient
 	if ks != nil {
 		client = ks.client
 	}

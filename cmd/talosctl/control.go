@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/talos-audit/talos/enforce"
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -37,7 +37,7 @@ func (f *ctlFlags) actor() string {
 	if f.Actor != "" {
 		return f.Actor
 	}
-	return ingest.LocalActor()
+	return control.LocalActor()
 }
 
 // responderKeyDefault is where `talosd dev` writes the responder key.
@@ -60,7 +60,7 @@ func (f *ctlFlags) key() (*receipts.PrivateKey, error) {
 
 // ctlSession is one connected control client.
 type ctlSession struct {
-	client *ingest.ControlClient
+	client *control.ControlClient
 	close  func()
 	f      *ctlFlags
 	g      *Globals
@@ -75,7 +75,7 @@ func (f *ctlFlags) open(g *Globals) (*ctlSession, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &ctlSession{client: ingest.NewControlClient(nc, key, f.actor()), close: nc.Close, f: f, g: g}, nil
+	return &ctlSession{client: control.NewControlClient(nc, key, f.actor()), close: nc.Close, f: f, g: g}, nil
 }
 
 // do sends cmd and, with wait, waits for every live worker to apply it. It
@@ -85,7 +85,7 @@ func (s *ctlSession) do(cmd *schemas.ControlCommand, wait bool, what string) (*s
 	defer cancel()
 	var (
 		rep  *schemas.ControlReply
-		prop *ingest.Propagation
+		prop *control.Propagation
 		err  error
 	)
 	if wait {
@@ -186,7 +186,7 @@ func (c *killswitchListCmd) Run(g *Globals) error {
 	if err != nil || g.JSON {
 		return err
 	}
-	return ingest.WriteStateEntries(os.Stdout, "SCOPE", v.KillSwitches, v.Seq)
+	return control.WriteStateEntries(os.Stdout, "SCOPE", v.KillSwitches, v.Seq)
 }
 
 // --- quarantine ---
@@ -232,7 +232,7 @@ func (c *quarantineListCmd) Run(g *Globals) error {
 	if err != nil || g.JSON {
 		return err
 	}
-	return ingest.WriteStateEntries(os.Stdout, "SESSION", v.Quarantines, v.Seq)
+	return control.WriteStateEntries(os.Stdout, "SESSION", v.Quarantines, v.Seq)
 }
 
 // --- revoke ---
@@ -314,7 +314,7 @@ func (c *registryShowCmd) Run(g *Globals) error {
 	if err != nil || g.JSON {
 		return err
 	}
-	return ingest.WriteRegistryView(os.Stdout, v.Registry)
+	return control.WriteRegistryView(os.Stdout, v.Registry)
 }
 
 // --- replay ---
@@ -386,7 +386,7 @@ func (c *statusCmd) Run(g *Globals) error {
 	if err != nil || g.JSON {
 		return err
 	}
-	return ingest.WriteWorkerStatus(os.Stdout, rep.Status)
+	return control.WriteWorkerStatus(os.Stdout, rep.Status)
 }
 
 // readReply sends a read verb and returns its reply (printing it with --json).

@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
@@ -313,11 +314,11 @@ func TestWebDashboardInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	control := ingest.NewControlClient(nc, responder, "alice")
+	cc := control.NewControlClient(nc, responder, "alice")
 	// The control service waits only for workers it has heard from: wait
 	// for the worker's first heartbeat, as `talosctl status` shows it.
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		rep, err := control.Do(ctx, control.NewCommand(schemas.VerbStatus))
+		rep, err := cc.Do(ctx, cc.NewCommand(schemas.VerbStatus))
 		if err == nil && rep.OK && len(rep.Status) == 1 && rep.Status[0].CaughtUp {
 			break
 		}
@@ -328,9 +329,9 @@ func TestWebDashboardInChromium(t *testing.T) {
 	}
 	ctl := func(verb, scope, reason string) {
 		t.Helper()
-		cmd := control.NewCommand(verb)
+		cmd := cc.NewCommand(verb)
 		cmd.Scope, cmd.Reason = scope, reason
-		rep, prop, err := control.DoAndWait(ctx, cmd, 20*time.Second)
+		rep, prop, err := cc.DoAndWait(ctx, cmd, 20*time.Second)
 		if err != nil || !rep.OK || len(prop.Missing) > 0 || len(prop.Applied) == 0 {
 			t.Fatalf("%s %s: %v %+v %+v", verb, scope, err, rep, prop)
 		}

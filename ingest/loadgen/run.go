@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/ingest/ep"
 )
 
@@ -56,7 +56,7 @@ func NewMaker(server, tool, session string, payloadBytes int, post bool) (*Maker
 // is called as soon as the last call has its decision, before the CPU is
 // sampled (talosctl bench stops its CPU profile there). It fails when a
 // kill-switch round fails or an envelope could not be built.
-func (p *Prepared) Run(clients []*ep.Client, pace Pacing, ks *ingest.ControlClient, rounds int, sent func()) (Result, *Tally, error) {
+func (p *Prepared) Run(clients []*ep.Client, pace Pacing, ks *control.ControlClient, rounds int, sent func()) (Result, *Tally, error) {
 	var (
 		ksRes  *KillSwitchResult
 		ksErr  error

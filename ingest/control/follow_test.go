@@ -1,4 +1,4 @@
-package ingest_test
+package control_test
 
 import (
 	"bytes"
@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
@@ -182,7 +183,7 @@ func followEnsureStreams(t testing.TB, js jetstream.JetStream) {
 
 // followRun starts f.Run and stops it (checking it returns nil) when
 // the test ends.
-func followRun(t *testing.T, f *ingest.ControlFollower) {
+func followRun(t *testing.T, f *control.ControlFollower) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -200,7 +201,7 @@ func followRun(t *testing.T, f *ingest.ControlFollower) {
 	})
 }
 
-func followWaitApplied(t *testing.T, f *ingest.ControlFollower, seq uint64) {
+func followWaitApplied(t *testing.T, f *control.ControlFollower, seq uint64) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for f.Applied() < seq {
@@ -241,7 +242,7 @@ func TestFollowReplaysThenTails(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var calls []call
-	f, err := ingest.NewControlFollower(js, a, ingest.FollowerOptions{Keys: signer.keys(),
+	f, err := control.NewControlFollower(js, a, control.FollowerOptions{Keys: signer.keys(),
 		OnApplied: func(seq uint64, caughtUp bool) {
 			mu.Lock()
 			calls = append(calls, call{seq, caughtUp})
@@ -314,7 +315,7 @@ func TestFollowEmptyStreamAndLateStream(t *testing.T) {
 	_, js := connectJS(t, ns.URL())
 	signer := newFollowSigner(t, "talosd-control")
 	a := &followApplier{}
-	f, err := ingest.NewControlFollower(js, a, ingest.FollowerOptions{Keys: signer.keys()})
+	f, err := control.NewControlFollower(js, a, control.FollowerOptions{Keys: signer.keys()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -438,7 +439,7 @@ func TestFollowRejects(t *testing.T) {
 
 	logs := &followLogBuffer{}
 	a := &followApplier{failOn: map[uint64]bool{last - 1: true}}
-	f, err := ingest.NewControlFollower(js, a, ingest.FollowerOptions{Keys: ks,
+	f, err := control.NewControlFollower(js, a, control.FollowerOptions{Keys: ks,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -502,7 +503,7 @@ func TestFollowSurvivesNATSRestart(t *testing.T) {
 	signer.publishValid(js, 1, 10)
 
 	a := &followApplier{}
-	f, err := ingest.NewControlFollower(js, a, ingest.FollowerOptions{Keys: signer.keys()})
+	f, err := control.NewControlFollower(js, a, control.FollowerOptions{Keys: signer.keys()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -553,14 +554,14 @@ func TestFollowSurvivesNATSRestart(t *testing.T) {
 func TestNewControlFollowerValidates(t *testing.T) {
 	ns := testenv.NATSForTest(t)
 	_, js := connectJS(t, ns.URL())
-	if _, err := ingest.NewControlFollower(js, &followApplier{}, ingest.FollowerOptions{}); err == nil {
+	if _, err := control.NewControlFollower(js, &followApplier{}, control.FollowerOptions{}); err == nil {
 		t.Fatal("follower without trusted keys")
 	}
 	ks := newFollowSigner(t, "c").keys()
-	if _, err := ingest.NewControlFollower(js, nil, ingest.FollowerOptions{Keys: ks}); err == nil {
+	if _, err := control.NewControlFollower(js, nil, control.FollowerOptions{Keys: ks}); err == nil {
 		t.Fatal("follower without applier")
 	}
-	f, err := ingest.NewControlFollower(js, &followApplier{}, ingest.FollowerOptions{Keys: ks})
+	f, err := control.NewControlFollower(js, &followApplier{}, control.FollowerOptions{Keys: ks})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -599,7 +600,7 @@ func BenchmarkFollowTail(b *testing.B) {
 		events[i] = signer.seal(seq, followRecord(seq, schemas.VerbKillSwitchSet), nil)
 	}
 	a := make(chanApplier, 1)
-	f, err := ingest.NewControlFollower(js, a, ingest.FollowerOptions{Keys: signer.keys()})
+	f, err := control.NewControlFollower(js, a, control.FollowerOptions{Keys: signer.keys()})
 	if err != nil {
 		b.Fatal(err)
 	}

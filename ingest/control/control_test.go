@@ -1,4 +1,4 @@
-package ingest_test
+package control_test
 
 import (
 	"bytes"
@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
@@ -60,10 +61,10 @@ func newControlEnv(t *testing.T) *controlEnv {
 
 // startControl runs a control service with its own connection and chain
 // until the test ends.
-func (e *controlEnv) startControl(t *testing.T, chainID string, mod func(*ingest.ControlOptions)) {
+func (e *controlEnv) startControl(t *testing.T, chainID string, mod func(*control.ControlOptions)) {
 	t.Helper()
 	nc, js := connectJS(t, e.url)
-	o := ingest.ControlOptions{
+	o := control.ControlOptions{
 		Chain:         receipts.NewChain(chainID, e.signer),
 		Source:        "talos://control/" + chainID,
 		ResponderKeys: e.responders,
@@ -71,7 +72,7 @@ func (e *controlEnv) startControl(t *testing.T, chainID string, mod func(*ingest
 	if mod != nil {
 		mod(&o)
 	}
-	s, err := ingest.NewControlService(nc, js, o)
+	s, err := control.NewControlService(nc, js, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,11 +106,11 @@ func (e *controlEnv) startControl(t *testing.T, chainID string, mod func(*ingest
 	})
 }
 
-func (e *controlEnv) client() *ingest.ControlClient {
-	return ingest.NewControlClient(e.nc, e.responder, "alice")
+func (e *controlEnv) client() *control.ControlClient {
+	return control.NewControlClient(e.nc, e.responder, "alice")
 }
 
-func do(t *testing.T, c *ingest.ControlClient, cmd *schemas.ControlCommand) *schemas.ControlReply {
+func do(t *testing.T, c *control.ControlClient, cmd *schemas.ControlCommand) *schemas.ControlReply {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -190,7 +191,7 @@ func (e *controlEnv) waitCopied(t *testing.T) {
 		if err != nil {
 			return false
 		}
-		ci, err := st.Consumer(ctx, ingest.ControlAuditConsumer)
+		ci, err := st.Consumer(ctx, control.ControlAuditConsumer)
 		if err != nil {
 			return false
 		}
@@ -239,7 +240,7 @@ func (e *controlEnv) checkAudit(t *testing.T, extra verify.KeySet) map[string][]
 	return byID
 }
 
-func killSwitch(c *ingest.ControlClient, scope string) *schemas.ControlCommand {
+func killSwitch(c *control.ControlClient, scope string) *schemas.ControlCommand {
 	cmd := c.NewCommand(schemas.VerbKillSwitchSet)
 	cmd.Scope, cmd.Reason = scope, "incident 7"
 	return cmd
@@ -305,7 +306,7 @@ func TestControlAcceptedMutation(t *testing.T) {
 
 func TestControlRefusals(t *testing.T) {
 	e := newControlEnv(t)
-	e.startControl(t, "control-a", func(o *ingest.ControlOptions) {
+	e.startControl(t, "control-a", func(o *control.ControlOptions) {
 		o.Hooks.Precheck = func(_ context.Context, cmd *schemas.ControlCommand, _ uint64) (string, string) {
 			if cmd.Verb == schemas.VerbRegistryPin {
 				return schemas.CtlNotFound, "digest " + cmd.Digest + " was never published"
@@ -613,12 +614,12 @@ func TestControlReadsAndReplay(t *testing.T) {
 		Registry: schemas.RegistryView{Pinned: "sha256:" + strings.Repeat("1", 64), PinnedSeq: 3, Published: []schemas.PublishedBundle{}}}
 	var views sync.Map
 	replay := &fakeReplay{}
-	sw, err := ingest.NewStatusWatcher(e.nc)
+	sw, err := control.NewStatusWatcher(e.nc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sw.Close()
-	e.startControl(t, "control-a", func(o *ingest.ControlOptions) {
+	e.startControl(t, "control-a", func(o *control.ControlOptions) {
 		o.Hooks.View = func() schemas.IncidentView { views.Store("called", true); return view }
 		o.Hooks.Replay = replay
 		o.Status = sw
@@ -741,7 +742,7 @@ func fakeWorker(t *testing.T, nc *nats.Conn, id string, interval time.Duration, 
 
 func TestStatusWatcherWaitApplied(t *testing.T) {
 	e := newControlEnv(t)
-	w, err := ingest.NewStatusWatcher(e.nc)
+	w, err := control.NewStatusWatcher(e.nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -814,12 +815,12 @@ func TestStatusWatcherWaitApplied(t *testing.T) {
 
 func TestControlDoAndWait(t *testing.T) {
 	e := newControlEnv(t)
-	sw, err := ingest.NewStatusWatcher(e.nc)
+	sw, err := control.NewStatusWatcher(e.nc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sw.Close()
-	e.startControl(t, "control-a", func(o *ingest.ControlOptions) { o.Status = sw })
+	e.startControl(t, "control-a", func(o *control.ControlOptions) { o.Status = sw })
 
 	// A worker that applies whatever TALOS_CONTROL holds, reported by
 	// heartbeat.

@@ -1,4 +1,4 @@
-package ingest_test
+package control_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -51,7 +51,7 @@ func nextStatus(t testing.TB, ch chan *nats.Msg) schemas.WorkerStatus {
 }
 
 // runHeartbeat starts h.Run and stops it when the test ends.
-func runHeartbeat(t testing.TB, h *ingest.Heartbeat) {
+func runHeartbeat(t testing.TB, h *control.Heartbeat) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -78,7 +78,7 @@ func TestHeartbeatPeriodic(t *testing.T) {
 	ns := testenv.NATSForTest(t)
 	ch := heartbeatSub(t, ns.URL(), "worker-1")
 	now := time.Date(2030, 5, 6, 7, 8, 9, 123e6, time.UTC)
-	h, err := ingest.NewHeartbeat(heartbeatConn(t, ns.URL()), ingest.HeartbeatOptions{
+	h, err := control.NewHeartbeat(heartbeatConn(t, ns.URL()), control.HeartbeatOptions{
 		WorkerID: "worker-1",
 		Interval: 50 * time.Millisecond,
 		Status: func() schemas.WorkerStatus {
@@ -108,7 +108,7 @@ func TestHeartbeatPeriodic(t *testing.T) {
 
 // waitPublished waits for h.Published to satisfy ok: the counter moves
 // just after the publish, so a subscriber may see a heartbeat first.
-func waitPublished(t testing.TB, h *ingest.Heartbeat, ok func(uint64) bool) {
+func waitPublished(t testing.TB, h *control.Heartbeat, ok func(uint64) bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for !ok(h.Published()) {
@@ -122,7 +122,7 @@ func waitPublished(t testing.TB, h *ingest.Heartbeat, ok func(uint64) bool) {
 func TestHeartbeatKeepsStatusFields(t *testing.T) {
 	ns := testenv.NATSForTest(t)
 	ch := heartbeatSub(t, ns.URL(), "worker-2")
-	h, err := ingest.NewHeartbeat(heartbeatConn(t, ns.URL()), ingest.HeartbeatOptions{
+	h, err := control.NewHeartbeat(heartbeatConn(t, ns.URL()), control.HeartbeatOptions{
 		WorkerID: "worker-2",
 		Status: func() schemas.WorkerStatus {
 			return schemas.WorkerStatus{WorkerID: "worker-2", Time: "2030-01-01T00:00:00.000Z", IntervalMS: 3000}
@@ -142,7 +142,7 @@ func TestHeartbeatPoke(t *testing.T) {
 	ns := testenv.NATSForTest(t)
 	ch := heartbeatSub(t, ns.URL(), "worker-3")
 	var applied atomic.Uint64
-	h, err := ingest.NewHeartbeat(heartbeatConn(t, ns.URL()), ingest.HeartbeatOptions{
+	h, err := control.NewHeartbeat(heartbeatConn(t, ns.URL()), control.HeartbeatOptions{
 		WorkerID: "worker-3",
 		Interval: time.Hour, // only the first heartbeat and pokes
 		Status:   func() schemas.WorkerStatus { return schemas.WorkerStatus{AppliedSeq: applied.Load()} },
@@ -179,7 +179,7 @@ func TestHeartbeatPokesCoalesce(t *testing.T) {
 		gate    chan struct{} // while set, Status blocks on it
 		entered = make(chan struct{}, 16)
 	)
-	h, err := ingest.NewHeartbeat(heartbeatConn(t, ns.URL()), ingest.HeartbeatOptions{
+	h, err := control.NewHeartbeat(heartbeatConn(t, ns.URL()), control.HeartbeatOptions{
 		WorkerID: "worker-4",
 		Interval: time.Hour,
 		Status: func() schemas.WorkerStatus {
@@ -230,17 +230,17 @@ func TestNewHeartbeatValidates(t *testing.T) {
 	ns := testenv.NATSForTest(t)
 	nc := heartbeatConn(t, ns.URL())
 	status := func() schemas.WorkerStatus { return schemas.WorkerStatus{} }
-	for _, o := range []ingest.HeartbeatOptions{
+	for _, o := range []control.HeartbeatOptions{
 		{WorkerID: "", Status: status},
 		{WorkerID: "Worker 1", Status: status},
 		{WorkerID: "w.1", Status: status}, // would be two subject tokens
 		{WorkerID: "w1"},                  // no Status
 	} {
-		if _, err := ingest.NewHeartbeat(nc, o); err == nil {
+		if _, err := control.NewHeartbeat(nc, o); err == nil {
 			t.Errorf("NewHeartbeat(%q, status %v) accepted", o.WorkerID, o.Status != nil)
 		}
 	}
-	h, err := ingest.NewHeartbeat(nc, ingest.HeartbeatOptions{WorkerID: "w1", Status: status})
+	h, err := control.NewHeartbeat(nc, control.HeartbeatOptions{WorkerID: "w1", Status: status})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func BenchmarkHeartbeatPoke(b *testing.B) {
 	ns := testenv.NATSForTest(b)
 	ch := heartbeatSub(b, ns.URL(), "bench")
 	var seq atomic.Uint64
-	h, err := ingest.NewHeartbeat(heartbeatConn(b, ns.URL()), ingest.HeartbeatOptions{
+	h, err := control.NewHeartbeat(heartbeatConn(b, ns.URL()), control.HeartbeatOptions{
 		WorkerID: "bench",
 		Interval: time.Hour,
 		Status:   func() schemas.WorkerStatus { return schemas.WorkerStatus{AppliedSeq: seq.Load(), CaughtUp: true} },
