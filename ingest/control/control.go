@@ -52,7 +52,8 @@ const (
 )
 
 // ControlHooks connect the control service to the enforcement state it
-// cannot see itself (package ingest does not import enforce).
+// cannot see itself (the service does not import enforce; NewControlPlane
+// fills them in).
 type ControlHooks struct {
 	// Precheck may refuse an otherwise valid mutating command (e.g. pin of
 	// an unknown digest): code "" accepts. A code must look like the Ctl*
