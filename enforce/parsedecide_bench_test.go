@@ -15,7 +15,7 @@ import (
 const benchEnvelopeBytes = 2048
 
 // benchEnvelope2KB is a phase-pre envelope as an enforcement point that
-// signs its calls sends it (ingest.CallSigner: the canonical capability
+// signs its calls sends it (ingest/ep.CallSigner: the canonical capability
 // chain, request_hash, sender_signature by the chain's holder), for a
 // write document operation of the test registry (files/write_file), so
 // that every REG 9.2 rule of DecidePre runs: classification, the

@@ -17,6 +17,9 @@ import (
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/enforce/redact"
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/control"
+	"github.com/talos-audit/talos/ingest/ep"
+	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
@@ -35,9 +38,9 @@ const approvalManifest = `{"schema_id": "talos.mcp.tool_registry", "schema_versi
 type approvalPlane struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
-	client *ingest.Client
-	ctl    *ingest.ControlClient
-	fol    *ingest.ControlFollower
+	client *ep.Client
+	ctl    *control.ControlClient
+	fol    *control.ControlFollower
 	keys   verify.KeySet
 }
 
@@ -79,7 +82,7 @@ func newApprovalPlane(t *testing.T) *approvalPlane {
 	responders := verify.KeySet{}
 	responders.Add(responder.Public())
 
-	ledger, err := ingest.NewLedger(ctx, js, ingest.LedgerOptions{})
+	ledger, err := kv.NewLedger(ctx, js, kv.LedgerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,9 +107,9 @@ func newApprovalPlane(t *testing.T) *approvalPlane {
 		t.Fatal(err)
 	}
 	fol := enf.Follower()
-	svc, err := ingest.NewControlService(nc, js, ingest.ControlOptions{
+	svc, err := control.NewControlService(nc, js, control.ControlOptions{
 		Chain: receipts.NewChain("approval-control", key), Source: "talos://control/test", ResponderKeys: responders,
-		Hooks: ingest.ControlHooks{
+		Hooks: control.ControlHooks{
 			Precheck: fol.Precheck(func(c *schemas.ControlCommand) (string, string) {
 				if code, detail := dec.State().Precheck(c); code != "" {
 					return code, detail
@@ -128,12 +131,12 @@ func newApprovalPlane(t *testing.T) *approvalPlane {
 	if err := fol.WaitCaughtUp(wctx); err != nil {
 		t.Fatal(err)
 	}
-	client, err := ingest.NewClient(nc, js, "test-ep")
+	client, err := ep.NewClient(nc, js, "test-ep")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	return &approvalPlane{nc: nc, js: js, client: client, ctl: ingest.NewControlClient(nc, responder, "alice@test"), fol: fol, keys: keys}
+	return &approvalPlane{nc: nc, js: js, client: client, ctl: control.NewControlClient(nc, responder, "alice@test"), fol: fol, keys: keys}
 }
 
 // resolve sends approve or reject of toolCallID with reason.
@@ -247,7 +250,7 @@ func TestApprovalThroughControlPlane(t *testing.T) {
 	// The worker has applied the approval before the gateway's post event
 	// reaches it (in production the gateway runs the tool first).
 	waitFor(t, 10*time.Second, func() bool { return p.fol.Applied() >= rep.Seq })
-	post, err := ingest.PostOf(parked, map[string]any{"content": []any{map[string]any{"type": "text", "text": "sunny"}}}, true, time.Now(), time.Now())
+	post, err := ep.PostOf(parked, map[string]any{"content": []any{map[string]any{"type": "text", "text": "sunny"}}}, true, time.Now(), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +288,7 @@ func TestApprovalThroughControlPlane(t *testing.T) {
 		t.Fatalf("approve after reject: %+v", again)
 	}
 	waitFor(t, 10*time.Second, func() bool { return p.fol.Applied() >= rej.Seq })
-	post, err = ingest.PostOf(other, map[string]any{"content": []any{}}, true, time.Now(), time.Now())
+	post, err = ep.PostOf(other, map[string]any{"content": []any{}}, true, time.Now(), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/enforce"
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
+	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -77,7 +78,7 @@ func capStack(t *testing.T, f *capFixture) *stack {
 			t.Fatal(err)
 		}
 		ctx := context.Background()
-		ledger, err := ingest.NewLedger(ctx, js, ingest.LedgerOptions{})
+		ledger, err := kv.NewLedger(ctx, js, kv.LedgerOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -91,7 +92,7 @@ func signed(t *testing.T, c *schemas.ToolCall, chain *schemas.CapabilityChain, k
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := ingest.NewCallSigner(b, key)
+	s, err := ep.NewCallSigner(b, key)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,9 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/control"
+	"github.com/talos-audit/talos/ingest/ep"
+	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -37,8 +40,8 @@ type plane struct {
 	reg    *enforce.Registry
 	key    *receipts.PrivateKey // talosd
 	keys   verify.KeySet
-	ctl    *ingest.ControlClient
-	client *ingest.Client
+	ctl    *control.ControlClient
+	client *ep.Client
 
 	mu      sync.Mutex
 	workers map[string]*planeWorker
@@ -88,11 +91,11 @@ func newPlane(t *testing.T) *plane {
 	// The control role (NewControlPlane without an enforce worker): its own
 	// state follower (list/show, precheck), the call ledger (replay
 	// administration), and the live-worker watcher.
-	store, err := ingest.NewLedger(ctx, p.js, ingest.LedgerOptions{})
+	store, err := kv.NewLedger(ctx, p.js, kv.LedgerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	control, err := ingest.NewControlPlane(p.nc, p.js, ingest.ControlPlaneOptions{
+	runControl, err := control.NewControlPlane(p.nc, p.js, control.ControlPlaneOptions{
 		Chain: receipts.NewChain("plane-control", p.key), Source: "talos://control/test", ResponderKeys: responders,
 		Ledger: store, Engine: mustEngine(t, p.reg), Signers: p.keys,
 	})
@@ -103,12 +106,12 @@ func newPlane(t *testing.T) *plane {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, run := range []func(context.Context) error{control, sink.Run} {
+	for _, run := range []func(context.Context) error{runControl, sink.Run} {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = run(ctx) }()
 	}
-	p.ctl = ingest.NewControlClient(p.nc, responder, "alice@test")
-	if p.client, err = ingest.NewClient(p.nc, p.js, "test-ep"); err != nil {
+	p.ctl = control.NewControlClient(p.nc, responder, "alice@test")
+	if p.client, err = ep.NewClient(p.nc, p.js, "test-ep"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.client.Close() })
@@ -130,7 +133,7 @@ func (p *plane) startWorker(t *testing.T, id string) *enforce.Decider {
 	t.Helper()
 	nc, js := connectJS(t, p.url)
 	ctx, cancel := context.WithCancel(context.Background())
-	ledger, err := ingest.NewLedger(ctx, js, ingest.LedgerOptions{})
+	ledger, err := kv.NewLedger(ctx, js, kv.LedgerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +263,7 @@ func (p *plane) onEveryWorker(t *testing.T, mk func() *schemas.ToolCall, check f
 	return out
 }
 
-func callOK(t *testing.T, c *ingest.Client, call *schemas.ToolCall) *schemas.Decision {
+func callOK(t *testing.T, c *ep.Client, call *schemas.ToolCall) *schemas.Decision {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -543,7 +546,7 @@ func TestLateWorkerReplaysThousandEvents(t *testing.T) {
 		t.Fatalf("unsigned command: %s (%v)", msg.Data, err)
 	}
 	stranger, _ := receipts.GenerateKey()
-	mallory := ingest.NewControlClient(p.nc, stranger, "mallory")
+	mallory := control.NewControlClient(p.nc, stranger, "mallory")
 	forged, err := mallory.Do(ctx, func() *schemas.ControlCommand {
 		c := mallory.NewCommand(schemas.VerbKillSwitchClear)
 		c.Scope, c.Reason = "global", "forged"
@@ -623,7 +626,7 @@ func readFileJSON(path string) (json.RawMessage, error) { return os.ReadFile(pat
 // TestControlPlaneNeedsLedger: approve, reject and replay administration
 // need the shared call ledger; a control plane without one is refused.
 func TestControlPlaneNeedsLedger(t *testing.T) {
-	if _, err := ingest.NewControlPlane(nil, nil, ingest.ControlPlaneOptions{}); err == nil || !strings.Contains(err.Error(), "ledger") {
+	if _, err := control.NewControlPlane(nil, nil, control.ControlPlaneOptions{}); err == nil || !strings.Contains(err.Error(), "ledger") {
 		t.Fatalf("no ledger: %v", err)
 	}
 }

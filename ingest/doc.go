@@ -1,24 +1,22 @@
-// Package ingest is Talos's JetStream plumbing: it creates the three streams,
-// runs the enforce worker loop (fetch a call, decide, seal a receipt into a
-// hash chain, store it in TALOS_AUDIT, answer the enforcement point, ack) and
-// the sink loop (fetch audit records, write them to ClickHouse in bounded
-// batches, ack only after the insert returned). It also composes the
-// control plane (NewControlPlane: the control service over talos.ctl.>, its
-// prechecks against the enforcement state and the call ledger) and keeps
-// the state shared by workers in KV buckets (the call ledger, the rate
-// counters of NewRateLimiter), and names the hash chains of a start
-// (NewWorkerChains, NewControlChain: new ids at every start).
+// Package ingest is talosd's JetStream pipeline: it creates the three
+// streams, runs the enforce worker loop (fetch a call, decide, seal a
+// receipt into a hash chain, store it in TALOS_AUDIT, answer the
+// enforcement point, ack) and the sink loop (fetch audit records, write
+// them to ClickHouse in bounded batches, ack only after the insert
+// returned), and composes talosd's roles: NewEnforceRole (a worker with its
+// control follower and heartbeat, the Enforcer, over the shared call
+// ledger and rate counters) and NewControlRole (the control plane), each
+// on hash chains named anew at every start (NewWorkerChains,
+// NewControlChain). DaemonConnOptions and TuneGC set up the process.
 //
-// It is also the enforcement-point library: Client publishes a call and
-// waits for its decision, NewCall, HashRequest, CallSigner and SignedPost
-// build, hash and sign envelopes, Outbox delivers post events until
-// JetStream acknowledges them, and Approvals hands approve and reject
-// control events to parked calls. talosctl call, talosctl bench
-// (ingest/loadgen), talosd dev's demo (ingest/demo) and the MCP gateway
-// (ingest/gateway) all use it.
+// The parts it composes are packages of their own: ingest/control (the
+// control plane, follower and heartbeats), ingest/kv (the KV stores),
+// ingest/checkpoint (chain checkpoints) and ingest/retry (the retry of
+// evidence writes). The enforcement-point library is ingest/ep; it does not
+// import this package.
 //
-// The loops get decisions and receipt signing through small interfaces
-// (Decider, Sealer) and the database through Writer, so they know nothing
+// The loops get decisions through small interfaces (Decider,
+// StatefulDecider) and the database through Writer, so they know nothing
 // of enforcement rules or of ClickHouse.
 //
 // Shutdown order: cancel the context given to Run; the fetch loops stop

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -19,7 +20,7 @@ import (
 // one goroutine) while Decide runs concurrently.
 type StatefulDecider interface {
 	Decider
-	Applier
+	control.Applier
 }
 
 // EnforcerOptions configures an Enforcer. WorkerID and Worker.Chains and
@@ -45,8 +46,8 @@ type EnforcerOptions struct {
 // a worker that has not replayed the kill switches the others enforce does
 // not decide (fails closed; the calls wait in TALOS_CALLS).
 type Enforcer struct {
-	fol *ControlFollower
-	hb  *Heartbeat
+	fol *control.ControlFollower
+	hb  *control.Heartbeat
 	w   *Worker
 	log *slog.Logger
 }
@@ -67,7 +68,7 @@ func NewEnforcer(nc *nats.Conn, js jetstream.JetStream, d StatefulDecider, o Enf
 		return nil, err
 	}
 	e := &Enforcer{w: w, log: o.Logger}
-	fol, err := NewControlFollower(js, d, FollowerOptions{
+	fol, err := control.NewControlFollower(js, d, control.FollowerOptions{
 		Keys:   o.Keys,
 		Logger: o.Logger,
 		OnApplied: func(_ uint64, caughtUp bool) {
@@ -80,7 +81,7 @@ func NewEnforcer(nc *nats.Conn, js jetstream.JetStream, d StatefulDecider, o Enf
 		return nil, err
 	}
 	e.fol = fol
-	hb, err := NewHeartbeat(nc, HeartbeatOptions{
+	hb, err := control.NewHeartbeat(nc, control.HeartbeatOptions{
 		WorkerID: o.WorkerID,
 		Interval: o.HeartbeatInterval,
 		Logger:   o.Logger,
@@ -104,7 +105,7 @@ func NewEnforcer(nc *nats.Conn, js jetstream.JetStream, d StatefulDecider, o Enf
 }
 
 // Follower is the control follower (for metrics and tests).
-func (e *Enforcer) Follower() *ControlFollower { return e.fol }
+func (e *Enforcer) Follower() *control.ControlFollower { return e.fol }
 
 // Worker is the call worker (for metrics and tests).
 func (e *Enforcer) Worker() *Worker { return e.w }

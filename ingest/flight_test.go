@@ -15,7 +15,8 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/enforce/redact"
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
+	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -46,11 +47,11 @@ func flightStack(t *testing.T) (*stack, *redact.Redactor) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		store, err := ingest.NewKVRateStore(ctx, js, p.MaxWindow(), 1)
+		store, err := kv.NewKVRateStore(ctx, js, p.MaxWindow(), 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ledger, err := ingest.NewLedger(ctx, js, ingest.LedgerOptions{})
+		ledger, err := kv.NewLedger(ctx, js, kv.LedgerOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -164,7 +165,7 @@ func TestToolCallEventsRecordEveryCall(t *testing.T) {
 		t.Fatalf("pre: %s %v %v", d.Decision, d.ReasonCodes, d.Details)
 	}
 	started := time.Now().Add(-40 * time.Millisecond)
-	post, err := ingest.PostOf(pre, map[string]any{"content": []any{map[string]any{"type": "text", "text": "ok"}}}, true, started, time.Now())
+	post, err := ep.PostOf(pre, map[string]any{"content": []any{map[string]any{"type": "text", "text": "ok"}}}, true, started, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +224,7 @@ func TestToolCallEventsRecordEveryCall(t *testing.T) {
 
 	// A post event no worker decided in phase pre is recorded and flagged.
 	orphan := newCall(t, "files", "read_file", map[string]any{"path": "x.txt"})
-	orphanPost, _ := ingest.PostOf(orphan, map[string]any{"content": []any{}}, true, time.Now(), time.Now())
+	orphanPost, _ := ep.PostOf(orphan, map[string]any{"content": []any{}}, true, time.Now(), time.Now())
 	s.call(t, orphanPost)
 	s.waitRows(t, query.ViewToolCalls, fmt.Sprintf("tool_call_id = '%s' AND has(flags, '%s')", orphan.ToolCallID, schemas.FlagPostWithoutPre), 1)
 

@@ -19,6 +19,8 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/checkpoint"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -41,7 +43,7 @@ type stack struct {
 	db     string
 	reg    *enforce.Registry
 	keys   verify.KeySet
-	client *ingest.Client
+	client *ep.Client
 	dec    *enforce.Decider
 
 	natsURL    string
@@ -64,7 +66,7 @@ type stackOptions struct {
 	configure func(t *testing.T, js jetstream.JetStream, o *enforce.DeciderOptions)
 	// checkpoints replaces the worker's checkpoint settings (default: a
 	// checkpoint every 7 receipts of a chain).
-	checkpoints *ingest.CheckpointOptions
+	checkpoints *checkpoint.Options
 	// maxBatch is the worker's MaxBatch (0: its default).
 	maxBatch int
 	// workerJS, if set, wraps the JetStream handle of the worker (which has
@@ -140,7 +142,7 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	// tests' waits instead of after the 30 s default.
 	// Checkpoints every 7 receipts per chain: every test exercises them,
 	// and VerifyDatabase checks them.
-	cpo := ingest.CheckpointOptions{Every: 7}
+	cpo := checkpoint.Options{Every: 7}
 	if o.checkpoints != nil {
 		cpo = *o.checkpoints
 	}
@@ -158,7 +160,7 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	go func() { _ = sink.Run(ctx); done <- struct{}{} }()
 	t.Cleanup(func() { cancel(); <-done })
 
-	client, err := ingest.NewClient(nc, js, "test-ep")
+	client, err := ep.NewClient(nc, js, "test-ep")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +240,7 @@ func (s *stack) waitRows(t *testing.T, view, where string, n uint64) {
 
 func newCall(t *testing.T, server, tool string, args any) *schemas.ToolCall {
 	t.Helper()
-	c, err := ingest.NewCall("test-ep", server, tool, args)
+	c, err := ep.NewCall("test-ep", server, tool, args)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -508,7 +510,7 @@ func TestPipelinePostPhase(t *testing.T) {
 		t.Fatalf("pre: %s %v", d.Decision, d.ReasonCodes)
 	}
 	text := "# Talos\nsecret-free content\n"
-	post, err := ingest.PostOf(pre, map[string]any{"content": []any{map[string]any{"type": "text", "text": text}}}, true, started, time.Now())
+	post, err := ep.PostOf(pre, map[string]any{"content": []any{map[string]any{"type": "text", "text": text}}}, true, started, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -540,7 +542,7 @@ func TestPipelinePostPhase(t *testing.T) {
 // Every cuts a checkpoint once its oldest uncovered receipt is Interval
 // old, and the checkpoint verifies against them.
 func TestCheckpointAfterInterval(t *testing.T) {
-	s := newStack(t, stackOptions{checkpoints: &ingest.CheckpointOptions{Every: 1000, Interval: 300 * time.Millisecond}})
+	s := newStack(t, stackOptions{checkpoints: &checkpoint.Options{Every: 1000, Interval: 300 * time.Millisecond}})
 	for range 3 {
 		s.call(t, newCall(t, "files", "read_file", map[string]any{"path": "a.txt"}))
 	}

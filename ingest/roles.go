@@ -12,6 +12,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/ingest/checkpoint"
+	"github.com/talos-audit/talos/ingest/control"
+	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 )
@@ -34,10 +37,10 @@ type EnforceRoleOptions struct {
 	// Checks.Policy has rate limits, Checks.RateLimiter (counted across
 	// workers in Ledger.Replicas replicas).
 	Checks enforce.DeciderOptions
-	Ledger LedgerOptions
+	Ledger kv.LedgerOptions
 	// AckWait and Checkpoints are the worker's (WorkerOptions).
 	AckWait     time.Duration
-	Checkpoints CheckpointOptions
+	Checkpoints checkpoint.Options
 	// Signers are the keys whose control events are applied.
 	Signers           verify.KeySet
 	HeartbeatInterval time.Duration
@@ -64,7 +67,7 @@ type EnforceRole struct {
 	// prefix of its chain ids (new at every start) and Chains their number.
 	WorkerID, ChainPrefix string
 	Chains                int
-	ledger                *Ledger
+	ledger                *kv.Ledger
 	state                 func() *enforce.State
 }
 
@@ -82,11 +85,11 @@ func NewEnforceRole(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, 
 		return nil, badInstance{o.Instance, err}
 	}
 	if o.Checks.Policy != nil {
-		if o.Checks.RateLimiter, err = NewRateLimiter(ctx, js, o.Checks.Policy, o.Ledger.Replicas); err != nil {
+		if o.Checks.RateLimiter, err = kv.NewRateLimiter(ctx, js, o.Checks.Policy, o.Ledger.Replicas); err != nil {
 			return nil, err
 		}
 	}
-	ledger, err := NewLedger(ctx, js, o.Ledger)
+	ledger, err := kv.NewLedger(ctx, js, o.Ledger)
 	if err != nil {
 		return nil, fmt.Errorf("call ledger: %w", err)
 	}
@@ -110,7 +113,7 @@ func NewEnforceRole(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, 
 }
 
 // ControlRoleOptions configure NewControlRole. Instance, Key and Engine
-// are as for the enforce role; the rest are ControlPlaneOptions'.
+// are as for the enforce role; the rest are control.ControlPlaneOptions'.
 type ControlRoleOptions struct {
 	Instance      string
 	Key           *receipts.PrivateKey
@@ -118,10 +121,10 @@ type ControlRoleOptions struct {
 	Signers       verify.KeySet
 	ResponderKeys verify.KeySet
 	Skew          time.Duration
-	Checkpoints   CheckpointOptions
+	Checkpoints   checkpoint.Options
 	// Ledger opens the shared call ledger when there is no Enforce role
 	// (with the options every role uses, so they open the same bucket).
-	Ledger LedgerOptions
+	Ledger kv.LedgerOptions
 	// Enforce is this process's enforce role, nil without one: the control
 	// service then reads its ledger and enforcement state instead of
 	// following TALOS_CONTROL itself.
@@ -129,10 +132,10 @@ type ControlRoleOptions struct {
 	Logger  *slog.Logger
 }
 
-// NewControlRole prepares the control role (NewControlPlane) on a new
+// NewControlRole prepares the control role (control.NewControlPlane) on a new
 // control chain (NewControlChain) and logs that it started.
 func NewControlRole(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, o ControlRoleOptions) (run func(context.Context) error, err error) {
-	p := ControlPlaneOptions{
+	p := control.ControlPlaneOptions{
 		Chain:         NewControlChain(InstanceToken(o.Instance), o.Key),
 		Source:        "talos://control/" + o.Instance,
 		ResponderKeys: o.ResponderKeys,
@@ -144,10 +147,10 @@ func NewControlRole(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, 
 	}
 	if en := o.Enforce; en != nil {
 		p.Ledger, p.State, p.Follower = en.ledger, en.state, en.Follower()
-	} else if p.Ledger, err = NewLedger(ctx, js, o.Ledger); err != nil {
+	} else if p.Ledger, err = kv.NewLedger(ctx, js, o.Ledger); err != nil {
 		return nil, fmt.Errorf("call ledger: %w", err)
 	}
-	if run, err = NewControlPlane(nc, js, p); err != nil {
+	if run, err = control.NewControlPlane(nc, js, p); err != nil {
 		return nil, err
 	}
 	if o.Logger != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/testenv"
@@ -36,7 +37,7 @@ func TestRoles(t *testing.T) {
 	engine := mustEngine(t, reg)
 	signers := verify.KeySet{}
 	signers.Add(key.Public())
-	ledger := ingest.LedgerOptions{Window: time.Hour, Memory: true}
+	ledger := kv.LedgerOptions{Window: time.Hour, Memory: true}
 	en, err := ingest.NewEnforceRole(ctx, nc, js, ingest.EnforceRoleOptions{
 		Instance: "Roles Test", Key: key, Engine: engine, Signers: signers, Ledger: ledger, HeartbeatInterval: 50 * time.Millisecond,
 	})

@@ -12,6 +12,8 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
+	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
@@ -60,7 +62,10 @@ func BenchmarkRoundTrip(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		ledger := newLedger(b, js, ingest.LedgerOptions{})
+		ledger, err := kv.NewLedger(context.Background(), js, kv.LedgerOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
 		dec, err := enforce.NewDecider(engine, enforce.DeciderOptions{Ledger: ledger})
 		if err != nil {
 			b.Fatal(err)
@@ -79,14 +84,14 @@ func BenchmarkRoundTrip(b *testing.B) {
 		done := make(chan struct{})
 		go func() { _ = w.Run(wctx); close(done) }()
 		defer func() { cancel(); <-done }()
-		client, err := ingest.NewClient(nc, js, "bench-ep")
+		client, err := ep.NewClient(nc, js, "bench-ep")
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer client.Close()
 
 		send := func() {
-			c, err := ingest.NewCall("bench-ep", "files", "list_directory", map[string]string{"path": "bench/" + pad})
+			c, err := ep.NewCall("bench-ep", "files", "list_directory", map[string]string{"path": "bench/" + pad})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/talos-audit/talos/ingest/retry"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -226,11 +227,11 @@ func (s *Sink) ack(msgs []jetstream.Msg) {
 
 // write retries the batch until it is written or ctx ends.
 func (s *Sink) write(ctx context.Context, msgs []jetstream.Msg, recs []schemas.AuditRecord) error {
-	p := retryPolicy{First: s.o.RetryBackoff, Max: 10 * time.Second, KeepAlive: s.o.AckWait / 3, Log: s.o.Logger,
+	p := retry.Policy{First: s.o.RetryBackoff, Max: 10 * time.Second, KeepAlive: s.o.AckWait / 3, Log: s.o.Logger,
 		InProgress: func() {
 			for _, m := range msgs {
 				_ = m.InProgress()
 			}
 		}}
-	return p.run(ctx, "audit write", func() error { return s.w.Write(ctx, recs) }, "rows", len(recs))
+	return p.Run(ctx, "audit write", func() error { return s.w.Write(ctx, recs) }, "rows", len(recs))
 }

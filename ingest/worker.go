@@ -18,6 +18,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/ingest/checkpoint"
+	"github.com/talos-audit/talos/ingest/retry"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
@@ -66,7 +68,7 @@ type WorkerOptions struct {
 	// succeeds or the worker stops: an audit record is never dropped.
 	RetryBackoff time.Duration
 	// Checkpoints says when each chain cuts a signed checkpoint.
-	Checkpoints CheckpointOptions
+	Checkpoints checkpoint.Options
 	Logger      *slog.Logger
 	Now         func() time.Time
 }
@@ -81,7 +83,7 @@ type Worker struct {
 	o     WorkerOptions
 	audit jetstream.Stream
 	log   *slog.Logger
-	cp    *checkpointer
+	cp    *checkpoint.Publisher
 
 	handled atomic.Uint64
 }
@@ -118,9 +120,9 @@ func NewWorker(nc *nats.Conn, js jetstream.JetStream, d Decider, o WorkerOptions
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	o.Checkpoints = o.Checkpoints.withDefaults()
+	o.Checkpoints = o.Checkpoints.WithDefaults()
 	w := &Worker{nc: nc, js: js, d: d, o: o, log: o.Logger}
-	w.cp = newCheckpointer(js, o.Source, o.Now, o.Logger, o.RetryBackoff)
+	w.cp = checkpoint.NewPublisher(js, o.Source, o.Now, o.Logger, o.RetryBackoff)
 	return w, nil
 }
 
@@ -203,14 +205,14 @@ func (w *Worker) Run(ctx context.Context) error {
 // Interval, and a final one when it stops.
 func (w *Worker) runChain(ctx context.Context, ch *receipts.Chain, work <-chan jetstream.Msg) {
 	cpo := w.o.Checkpoints
-	tick := time.NewTicker(cpo.tick())
+	tick := time.NewTicker(cpo.Tick())
 	defer tick.Stop()
 	batch := make([]jetstream.Msg, 0, w.o.MaxBatch)
 	for {
 		select {
 		case m, ok := <-work:
 			if !ok {
-				w.cp.final(ch)
+				w.cp.Final(ch)
 				return
 			}
 			batch = append(batch[:0], m)
@@ -235,16 +237,16 @@ func (w *Worker) runChain(ctx context.Context, ch *receipts.Chain, work <-chan j
 			} else {
 				w.handleBatch(ctx, ch, batch)
 				if n, _ := ch.Pending(); n >= uint64(cpo.Every) {
-					_ = w.cp.cut(ctx, ch, false)
+					_ = w.cp.Cut(ctx, ch, false)
 				}
 			}
 			if !open {
-				w.cp.final(ch)
+				w.cp.Final(ch)
 				return
 			}
 		case <-tick.C:
-			if cpo.due(ch, time.Now()) {
-				_ = w.cp.cut(ctx, ch, false)
+			if cpo.Due(ch, time.Now()) {
+				_ = w.cp.Cut(ctx, ch, false)
 			}
 		}
 	}
@@ -519,7 +521,7 @@ func (w *Worker) storeEvents(ctx context.Context, ch *receipts.Chain, calls []*c
 			}
 		}
 		// Retry this one alone until TALOS_AUDIT takes it or ctx ends.
-		err = w.retry(s.c.m).run(ctx, "toolcall event publish", func() error {
+		err = w.retry(s.c.m).Run(ctx, "toolcall event publish", func() error {
 			_, err := w.js.PublishMsg(ctx, s.msg)
 			return err
 		}, "tool_call_id", s.c.out.ToolCall.ToolCallID, "first_err", err)
@@ -572,10 +574,10 @@ func (w *Worker) resume(p *enforce.Pending) (out *enforce.Decided, err error) {
 // It returns the stored bytes, and the receipt id when the stored receipt is
 // this call's own new link ("" when an earlier delivery's receipt won).
 func (w *Worker) store(ctx context.Context, ch *receipts.Chain, m jetstream.Msg, meta receipts.Meta, r *schemas.Receipt, subject, msgID string) (stored []byte, sealedID string, err error) {
-	err = w.retry(m).run(ctx, "audit publish", func() error {
+	err = w.retry(m).Run(ctx, "audit publish", func() error {
 		sealed, err := ch.Seal(meta, r)
 		if err != nil {
-			return errStop{fmt.Errorf("seal: %w", err)}
+			return retry.Stop(fmt.Errorf("seal: %w", err))
 		}
 		msg := &nats.Msg{Subject: subject, Data: sealed.JSON, Header: nats.Header{}}
 		msg.Header.Set(jetstream.MsgIDHeader, msgID)
@@ -585,7 +587,7 @@ func (w *Worker) store(ctx context.Context, ch *receipts.Chain, m jetstream.Msg,
 		}
 		if !ack.Duplicate {
 			stored, sealedID = sealed.JSON, sealed.ID
-			return errStop{ch.Commit(sealed)}
+			return retry.Stop(ch.Commit(sealed))
 		}
 		orig, err := w.audit.GetMsg(ctx, ack.Sequence)
 		if err != nil {
@@ -594,7 +596,7 @@ func (w *Worker) store(ctx context.Context, ch *receipts.Chain, m jetstream.Msg,
 		if bytes.Equal(orig.Data, sealed.JSON) {
 			// Our own earlier attempt was stored after all.
 			stored, sealedID = sealed.JSON, sealed.ID
-			return errStop{ch.Commit(sealed)}
+			return retry.Stop(ch.Commit(sealed))
 		}
 		// Another delivery's receipt was stored; our chain does not
 		// advance, so the dropped duplicate leaves no gap.
@@ -608,8 +610,8 @@ func (w *Worker) store(ctx context.Context, ch *receipts.Chain, m jetstream.Msg,
 }
 
 // retry is the worker's retry policy for the evidence of call m.
-func (w *Worker) retry(m jetstream.Msg) retryPolicy {
-	return retryPolicy{First: w.o.RetryBackoff, Max: 5 * time.Second, KeepAlive: w.o.AckWait / 3, Log: w.log,
+func (w *Worker) retry(m jetstream.Msg) retry.Policy {
+	return retry.Policy{First: w.o.RetryBackoff, Max: 5 * time.Second, KeepAlive: w.o.AckWait / 3, Log: w.log,
 		InProgress: func() { _ = m.InProgress() }}
 }
 

@@ -86,7 +86,7 @@ type call struct {
 }
 
 // envelope builds c's envelope the way a signing enforcement point does
-// (ingest.CallSigner): the canonical capability chain, request_hash, and
+// (ingest/ep.CallSigner): the canonical capability chain, request_hash, and
 // the holder's sender_signature.
 func envelope(t testing.TB, c call) []byte {
 	t.Helper()

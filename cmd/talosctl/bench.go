@@ -11,7 +11,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/control"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/ingest/loadgen"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/schemas"
@@ -46,7 +47,7 @@ func (b *benchCmd) Run(g *Globals) error {
 	if b.Calls == 0 && b.KillSwitch == 0 {
 		return usage("nothing to measure: --calls 0 needs --killswitch N")
 	}
-	var ks *ingest.ControlClient
+	var ks *control.ControlClient
 	if b.KillSwitch > 0 {
 		client, closeCtl, err := (&ctlFlags{signerFlags: b.signerFlags, Timeout: b.Timeout}).open(g)
 		if err != nil {
@@ -109,7 +110,7 @@ func (b *benchCmd) Run(g *Globals) error {
 }
 
 // killswitchOnly measures kill-switch propagation on an idle stack.
-func (b *benchCmd) killswitchOnly(g *Globals, ks *ingest.ControlClient) error {
+func (b *benchCmd) killswitchOnly(g *Globals, ks *control.ControlClient) error {
 	res, err := loadgen.KillSwitchRounds(ks, b.KillSwitch, b.Timeout)
 	if err != nil {
 		return failed("%v", err)
@@ -130,7 +131,7 @@ func (b *benchCmd) maker(run string) (*loadgen.Maker, error) {
 	if b.AgentKey == "" {
 		return nil, usage("--capability needs --agent-key")
 	}
-	if maker.Signer, err = ingest.LoadCallSigner(b.Capability, b.AgentKey); err != nil {
+	if maker.Signer, err = ep.LoadCallSigner(b.Capability, b.AgentKey); err != nil {
 		return nil, usage("%v", err)
 	}
 	return maker, nil
@@ -139,7 +140,7 @@ func (b *benchCmd) maker(run string) (*loadgen.Maker, error) {
 // measure is the timed part: the calls (and kill-switch rounds, with ks)
 // under the CPU profile, then, with ch, the wait until ClickHouse holds
 // every receipt and ToolCallEvent of the run.
-func (b *benchCmd) measure(g *Globals, prep *loadgen.Prepared, clients []*ingest.Client, ks *ingest.ControlClient, ch driver.Conn, run string) (*loadgen.Result, error) {
+func (b *benchCmd) measure(g *Globals, prep *loadgen.Prepared, clients []*ep.Client, ks *control.ControlClient, ch driver.Conn, run string) (*loadgen.Result, error) {
 	stopProfile, err := loadgen.Profile{CPUProfile: b.CPUProfile, StartedFile: b.StartedFile}.Start()
 	defer stopProfile()
 	if err != nil {

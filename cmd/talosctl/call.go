@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -32,14 +32,14 @@ type callCmd struct {
 }
 
 // capSigner is the CallSigner of --capability and --agent-key, or nil.
-func (c *callCmd) capSigner() (*ingest.CallSigner, error) {
+func (c *callCmd) capSigner() (*ep.CallSigner, error) {
 	if c.Capability == "" {
 		if c.AgentKey != "" {
 			return nil, usage("--agent-key needs --capability (the key signs for the chain's holder)")
 		}
 		return nil, nil
 	}
-	s, err := ingest.LoadCallSigner(c.Capability, c.AgentKey)
+	s, err := ep.LoadCallSigner(c.Capability, c.AgentKey)
 	if err != nil {
 		return nil, usage("%v", err)
 	}
@@ -75,7 +75,7 @@ func (c *callCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	client, err := ingest.NewClient(nc, js, c.EPID)
+	client, err := ep.NewClient(nc, js, c.EPID)
 	if err != nil {
 		return usage("%v", err)
 	}
@@ -90,12 +90,12 @@ func (c *callCmd) Run(g *Globals) error {
 
 // sendFile sends --file as it is, routed by its own phase, server_id and
 // tool_call_id (or --server).
-func (c *callCmd) sendFile(ctx context.Context, g *Globals, client *ingest.Client) error {
+func (c *callCmd) sendFile(ctx context.Context, g *Globals, client *ep.Client) error {
 	raw, err := os.ReadFile(c.File)
 	if err != nil {
 		return usage("%v", err)
 	}
-	phase, server, id := ingest.EnvelopeRoute(raw)
+	phase, server, id := ep.EnvelopeRoute(raw)
 	if c.Server != "" {
 		server = c.Server
 	}
@@ -108,7 +108,7 @@ func (c *callCmd) sendFile(ctx context.Context, g *Globals, client *ingest.Clien
 
 // sendCall builds, signs and sends the pre envelope of the flags' call
 // and, after an allow with --result, its post event.
-func (c *callCmd) sendCall(ctx context.Context, g *Globals, client *ingest.Client) error {
+func (c *callCmd) sendCall(ctx context.Context, g *Globals, client *ep.Client) error {
 	args, err := readJSON("--args", c.Args)
 	if err != nil {
 		return err
@@ -133,7 +133,7 @@ func (c *callCmd) sendCall(ctx context.Context, g *Globals, client *ingest.Clien
 	if err != nil {
 		return err
 	}
-	post, err := ingest.SignedPost(call, res, true, started, time.Now(), signer)
+	post, err := ep.SignedPost(call, res, true, started, time.Now(), signer)
 	if err != nil {
 		return err
 	}
@@ -143,23 +143,23 @@ func (c *callCmd) sendCall(ctx context.Context, g *Globals, client *ingest.Clien
 
 // envelope is the pre envelope of the flags' call, signed when a signer is
 // given.
-func (c *callCmd) envelope(args json.RawMessage, signer *ingest.CallSigner) (*schemas.ToolCall, error) {
-	hashes, err := ingest.ParseExpectedHashes(c.ExpectHash)
+func (c *callCmd) envelope(args json.RawMessage, signer *ep.CallSigner) (*schemas.ToolCall, error) {
+	hashes, err := ep.ParseExpectedHashes(c.ExpectHash)
 	if err != nil {
 		return nil, usage("--expect-hash %v", err)
 	}
-	spec := ingest.CallSpec{EPID: c.EPID, Server: c.Server, Tool: c.Tool, Args: args, Agent: c.Agent, Session: c.Session,
+	spec := ep.CallSpec{EPID: c.EPID, Server: c.Server, Tool: c.Tool, Args: args, Agent: c.Agent, Session: c.Session,
 		IdempotencyKey: c.IdempotencyKey, ToolClass: c.ToolClass, RegistryDigest: c.RegistryDigest, ExpectedHashes: hashes}
 	return spec.Envelope(signer)
 }
 
 // printDecision prints a decision; a deny is not a failure, no decision is.
 func printDecision(g *Globals, d *schemas.Decision, err error) error {
-	if err != nil { // includes ingest.ErrNoDecision: no decision is a deny, and a failure
+	if err != nil { // includes ep.ErrNoDecision: no decision is a deny, and a failure
 		return failed("%v", err)
 	}
 	if g.JSON {
 		return printJSON(os.Stdout, d)
 	}
-	return ingest.WriteDecision(os.Stdout, d)
+	return ep.WriteDecision(os.Stdout, d)
 }

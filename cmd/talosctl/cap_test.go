@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/talos-audit/talos/enforce"
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
@@ -160,7 +160,7 @@ func TestCallSignsEnvelope(t *testing.T) {
 	if signer.Holder() != "agent-7" {
 		t.Fatalf("holder %q", signer.Holder())
 	}
-	call, err := ingest.NewCall("ep", "files", "read_file", json.RawMessage(`{"path": "/work/a", "n": 1.0}`))
+	call, err := ep.NewCall("ep", "files", "read_file", json.RawMessage(`{"path": "/work/a", "n": 1.0}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,7 @@ func TestCallSignsEnvelope(t *testing.T) {
 	if res := authorize(call); !res.OK() {
 		t.Fatalf("pre: %v %v", res.Codes, res.Details)
 	}
-	post, err := ingest.PostOf(call, json.RawMessage(`{"content":[]}`), true, now, now.Add(1500*time.Millisecond))
+	post, err := ep.PostOf(call, json.RawMessage(`{"content":[]}`), true, now, now.Add(1500*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,11 +210,11 @@ func TestCallSignsEnvelope(t *testing.T) {
 		t.Fatalf("post: %v %v", res.Codes, res.Details)
 	}
 	// Without a key: the chain and request_hash, no signature.
-	unsigned, err := ingest.NewCallSigner(b, nil)
+	unsigned, err := ep.NewCallSigner(b, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	call2, _ := ingest.NewCall("ep", "files", "read_file", json.RawMessage(`{}`))
+	call2, _ := ep.NewCall("ep", "files", "read_file", json.RawMessage(`{}`))
 	if err := unsigned.Sign(call2); err != nil || call2.SenderSignature != nil || call2.Capability == nil || call2.RequestHash == "" {
 		t.Fatalf("unsigned: %v %+v", err, call2)
 	}

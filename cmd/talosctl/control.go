@@ -12,7 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/talos-audit/talos/enforce"
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -39,7 +39,7 @@ func (f *ctlFlags) actor() string {
 	if f.Actor != "" {
 		return f.Actor
 	}
-	return ingest.LocalActor()
+	return control.LocalActor()
 }
 
 // responderKeyDefault is where `talosd dev` writes the responder key.
@@ -57,7 +57,7 @@ func (f *ctlFlags) key() (*receipts.PrivateKey, error) {
 }
 
 // open connects a control client; done disconnects it.
-func (f *ctlFlags) open(g *Globals) (client *ingest.ControlClient, done func(), err error) {
+func (f *ctlFlags) open(g *Globals) (client *control.ControlClient, done func(), err error) {
 	key, err := f.key()
 	if err != nil {
 		return nil, nil, err
@@ -66,12 +66,12 @@ func (f *ctlFlags) open(g *Globals) (client *ingest.ControlClient, done func(), 
 	if err != nil {
 		return nil, nil, err
 	}
-	return ingest.NewControlClient(nc, key, f.actor()), nc.Close, nil
+	return control.NewControlClient(nc, key, f.actor()), nc.Close, nil
 }
 
 // send sends verb's command, filled by fill, and with wait waits for every
 // live worker to apply it. With --json it prints a refusal's reply.
-func (f *ctlFlags) send(g *Globals, verb string, wait bool, fill func(*schemas.ControlCommand)) (*schemas.ControlReply, *ingest.Propagation, error) {
+func (f *ctlFlags) send(g *Globals, verb string, wait bool, fill func(*schemas.ControlCommand)) (*schemas.ControlReply, *control.Propagation, error) {
 	client, done, err := f.open(g)
 	if err != nil {
 		return nil, nil, err
@@ -88,7 +88,7 @@ func (f *ctlFlags) send(g *Globals, verb string, wait bool, fill func(*schemas.C
 		within = f.Timeout
 	}
 	rep, prop, err := client.Send(ctx, cmd, within)
-	var refused *ingest.RefusedError
+	var refused *control.RefusedError
 	switch {
 	case rep == nil:
 		return nil, nil, failed("%s: %v", verb, err)
@@ -124,7 +124,7 @@ func mutate(g *Globals, f *ctlFlags, wait bool, verb, what string, fill func(*sc
 }
 
 // read sends a read verb and prints its reply: as JSON with --json, else
-// as ingest.WriteReply renders it (which also fails a reply without what
+// as control.WriteReply renders it (which also fails a reply without what
 // the verb reads).
 func (f *ctlFlags) read(g *Globals, verb string, fill func(*schemas.ControlCommand)) error {
 	rep, _, err := f.send(g, verb, false, fill)
@@ -136,7 +136,7 @@ func (f *ctlFlags) read(g *Globals, verb string, fill func(*schemas.ControlComma
 		_ = printJSON(os.Stdout, rep)
 		w = io.Discard
 	}
-	if err := ingest.WriteReply(w, verb, rep); err != nil {
+	if err := control.WriteReply(w, verb, rep); err != nil {
 		return failed("%v", err)
 	}
 	return nil

@@ -20,7 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/enforce/redact/plant"
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
@@ -146,7 +146,7 @@ func TestRedactionPropertyPipeline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := ingest.NewClient(nc, js, "redaction-property")
+	client, err := ep.NewClient(nc, js, "redaction-property")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,7 +368,7 @@ func TestRedactionPropertyPipeline(t *testing.T) {
 }
 
 // sendAll sends the calls, eight at a time.
-func sendAll(t *testing.T, ctx context.Context, client *ingest.Client, seed uint64, calls []*sentCall) {
+func sendAll(t *testing.T, ctx context.Context, client *ep.Client, seed uint64, calls []*sentCall) {
 	t.Helper()
 	var wg sync.WaitGroup
 	work := make(chan *sentCall)
@@ -457,13 +457,13 @@ func rng2(seed uint64, c *sentCall) *rand.Rand {
 
 // sendCase sends one call: phase pre, then phase post with the result and
 // an error message, unless the pre decision denied it.
-func sendCase(ctx context.Context, client *ingest.Client, rng *rand.Rand, c *sentCall) error {
+func sendCase(ctx context.Context, client *ep.Client, rng *rand.Rand, c *sentCall) error {
 	tool := "list-prs"
 	if c.denied {
 		tool = "delete-everything" // not in the registry: denied, arguments recorded
 	}
 	args := plant.Args(rng, c.cases...)
-	call, err := ingest.NewCall(client.EPID(), "github", tool, args)
+	call, err := ep.NewCall(client.EPID(), "github", tool, args)
 	if err != nil {
 		return err
 	}
@@ -485,7 +485,7 @@ func sendCase(ctx context.Context, client *ingest.Client, rng *rand.Rand, c *sen
 		return fmt.Errorf("a call to an unknown tool was allowed")
 	}
 	started := time.Now()
-	post, err := ingest.PostOf(call, plant.Result(c.cases...), false, started, time.Now())
+	post, err := ep.PostOf(call, plant.Result(c.cases...), false, started, time.Now())
 	if err != nil {
 		return err
 	}

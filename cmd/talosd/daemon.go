@@ -18,6 +18,7 @@ import (
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/ingest/natsserver"
+	"github.com/talos-audit/talos/ingest/retry"
 	"github.com/talos-audit/talos/ingest/telemetry"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
@@ -93,7 +94,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 	if err != nil {
 		return err
 	}
-	if err := ingest.Retry(ctx, log, "create streams", func() error {
+	if err := retry.Do(ctx, log, "create streams", func() error {
 		return ingest.EnsureStreams(ctx, js, ingest.StreamOptions{Replicas: f.Replicas})
 	}); err != nil {
 		return err
@@ -285,7 +286,7 @@ func startSink(ctx context.Context, f *Flags, log *slog.Logger, js jetstream.Jet
 	if f.ClickhouseAddr == "" {
 		return nil, nil, usagef("the sink role needs --clickhouse-addr HOST:PORT")
 	}
-	if err := ingest.Retry(ctx, log, "connect ClickHouse "+f.ClickhouseAddr, func() error {
+	if err := retry.Do(ctx, log, "connect ClickHouse "+f.ClickhouseAddr, func() error {
 		conn, err = query.OpenMigrated(ctx, f.ClickhouseAddr, f.ClickhouseDatabase)
 		return err
 	}); err != nil {

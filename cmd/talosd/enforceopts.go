@@ -7,7 +7,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/enforce/redact"
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/receipts/verify"
 )
 
@@ -55,8 +55,8 @@ func enforceChecks(f *Flags, log *slog.Logger) (enforce.DeciderOptions, error) {
 
 // ledgerOptions are the shared call ledger's (every role that uses it
 // opens it the same way).
-func (f *Flags) ledgerOptions() ingest.LedgerOptions {
-	return ingest.LedgerOptions{Window: f.ReplayWindow, Replicas: f.Replicas, Memory: f.ReplayStorage == "memory"}
+func (f *Flags) ledgerOptions() kv.LedgerOptions {
+	return kv.LedgerOptions{Window: f.ReplayWindow, Replicas: f.Replicas, Memory: f.ReplayStorage == "memory"}
 }
 
 // redactionKeyPath is --redaction-key, default <data-dir>/keys/redaction.key.

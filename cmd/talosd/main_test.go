@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -141,7 +142,7 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	client, err := ingest.NewClient(nc, js, "crash-ep")
+	client, err := ep.NewClient(nc, js, "crash-ep")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +152,7 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 		if i%4 == 3 {
 			tool = "rm_rf" // a deny, so both kinds of decision are in flight
 		}
-		c, err := ingest.NewCall("crash-ep", "files", tool, argsJSON)
+		c, err := ep.NewCall("crash-ep", "files", tool, argsJSON)
 		if err != nil {
 			t.Fatal(err)
 		}

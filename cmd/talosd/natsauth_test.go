@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
@@ -72,11 +72,11 @@ func TestDaemonNATSAuth(t *testing.T) {
 		}
 		defer nc.Close()
 		js, _ := jetstream.New(nc)
-		c, err := ingest.NewClient(nc, js, "gw-1")
+		c, err := ep.NewClient(nc, js, "gw-1")
 		if err != nil {
 			t.Fatal(err)
 		}
-		call, _ := ingest.NewCall("gw-1", "files", "list_directory", map[string]any{"path": "."})
+		call, _ := ep.NewCall("gw-1", "files", "list_directory", map[string]any{"path": "."})
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		d, err := c.Call(ctx, call)

@@ -4,13 +4,13 @@ import (
 	"log/slog"
 	"path/filepath"
 
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/checkpoint"
 	"github.com/talos-audit/talos/receipts"
 )
 
 // checkpoints are the chains' checkpoint settings from the flags.
-func (f *Flags) checkpoints() ingest.CheckpointOptions {
-	return ingest.CheckpointOptions{Every: f.CheckpointEvery, Interval: f.CheckpointInterval}
+func (f *Flags) checkpoints() checkpoint.Options {
+	return checkpoint.Options{Every: f.CheckpointEvery, Interval: f.CheckpointInterval}
 }
 
 // signersDir keeps the public key of every signing key this data dir's

@@ -8,7 +8,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/retry"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/query/web"
 	"github.com/talos-audit/talos/receipts"
@@ -64,7 +64,7 @@ func startWeb(ctx context.Context, f *Flags, log *slog.Logger, key *receipts.Pri
 		log.Warn("no --signing-key or --trusted-keys: receipt pages will show every signature as an unknown key")
 	}
 	var conn driver.Conn
-	if err := ingest.Retry(ctx, log, "connect ClickHouse "+f.ClickhouseAddr, func() error {
+	if err := retry.Do(ctx, log, "connect ClickHouse "+f.ClickhouseAddr, func() error {
 		conn, err = query.Open(ctx, f.ClickhouseAddr, "") // the sink creates the database; queries name it
 		return err
 	}); err != nil {

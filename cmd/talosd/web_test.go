@@ -24,6 +24,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/control"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -245,7 +247,7 @@ func TestWebDashboardInChromium(t *testing.T) {
 	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	client, err := ingest.NewClient(nc, js, "web-ep")
+	client, err := ep.NewClient(nc, js, "web-ep")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +264,7 @@ func TestWebDashboardInChromium(t *testing.T) {
 	calls, denials := 0, 0
 	send := func(c sent) (*schemas.ToolCall, *schemas.Decision) {
 		t.Helper()
-		call, err := ingest.NewCall("web-ep", c.server, c.tool, c.args)
+		call, err := ep.NewCall("web-ep", c.server, c.tool, c.args)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -286,7 +288,7 @@ func TestWebDashboardInChromium(t *testing.T) {
 			}
 		}
 		if c.post {
-			post, err := ingest.PostOf(call, map[string]any{"content": []any{map[string]any{"type": "text", "text": "hello"}}}, true, started, time.Now())
+			post, err := ep.PostOf(call, map[string]any{"content": []any{map[string]any{"type": "text", "text": "hello"}}}, true, started, time.Now())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -312,11 +314,11 @@ func TestWebDashboardInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	control := ingest.NewControlClient(nc, responder, "alice")
+	cc := control.NewControlClient(nc, responder, "alice")
 	// The control service waits only for workers it has heard from: wait
 	// for the worker's first heartbeat, as `talosctl status` shows it.
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		rep, err := control.Do(ctx, control.NewCommand(schemas.VerbStatus))
+		rep, err := cc.Do(ctx, cc.NewCommand(schemas.VerbStatus))
 		if err == nil && rep.OK && len(rep.Status) == 1 && rep.Status[0].CaughtUp {
 			break
 		}
@@ -327,9 +329,9 @@ func TestWebDashboardInChromium(t *testing.T) {
 	}
 	ctl := func(verb, scope, reason string) {
 		t.Helper()
-		cmd := control.NewCommand(verb)
+		cmd := cc.NewCommand(verb)
 		cmd.Scope, cmd.Reason = scope, reason
-		rep, prop, err := control.DoAndWait(ctx, cmd, 20*time.Second)
+		rep, prop, err := cc.DoAndWait(ctx, cmd, 20*time.Second)
 		if err != nil || !rep.OK || len(prop.Missing) > 0 || len(prop.Applied) == 0 {
 			t.Fatalf("%s %s: %v %+v %+v", verb, scope, err, rep, prop)
 		}

@@ -25,7 +25,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/talos-audit/talos/enforce"
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
@@ -101,12 +101,12 @@ func EnsureKeyPair(name string) error {
 // Signer signs the demo traffic as the demo agent with the capability
 // Prepare wrote in keyDir; nil when there is none (the calls then go
 // unsigned).
-func Signer(keyDir string) (*ingest.CallSigner, error) {
+func Signer(keyDir string) (*ep.CallSigner, error) {
 	capFile := filepath.Join(keyDir, CapabilityFile)
 	if _, err := os.Stat(capFile); errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
-	return ingest.LoadCallSigner(capFile, filepath.Join(keyDir, Agent+".key"))
+	return ep.LoadCallSigner(capFile, filepath.Join(keyDir, Agent+".key"))
 }
 
 // Case is one demo call and what it shows.
@@ -175,7 +175,7 @@ func Cases() []Case {
 // unless it is nil. report sees each case's phase-pre decision. It returns
 // how many receipts the demo produced (a post event after an allow makes
 // one more), also when it stops at an error.
-func Send(ctx context.Context, c *ingest.Client, registryDigest string, signer *ingest.CallSigner, report func(Case, *schemas.Decision)) (int, error) {
+func Send(ctx context.Context, c *ep.Client, registryDigest string, signer *ep.CallSigner, report func(Case, *schemas.Decision)) (int, error) {
 	n := 0
 	for _, dc := range Cases() {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -193,13 +193,13 @@ func Send(ctx context.Context, c *ingest.Client, registryDigest string, signer *
 
 // send sends one case: its phase-pre call and, after an allow of a case
 // with a result, the post event (posts is then 1, also if that fails).
-func (dc Case) send(ctx context.Context, c *ingest.Client, registryDigest string, signer *ingest.CallSigner) (dec *schemas.Decision, posts int, err error) {
+func (dc Case) send(ctx context.Context, c *ep.Client, registryDigest string, signer *ep.CallSigner) (dec *schemas.Decision, posts int, err error) {
 	if dc.raw != nil {
 		id := uuid.Must(uuid.NewV7()).String()
 		dec, err = c.Send(ctx, schemas.PhasePre, dc.Server, id, []byte(fmt.Sprintf(string(dc.raw), id)))
 		return dec, 0, err
 	}
-	call, err := ingest.NewCall(c.EPID(), dc.Server, dc.Tool, dc.args)
+	call, err := ep.NewCall(c.EPID(), dc.Server, dc.Tool, dc.args)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -220,7 +220,7 @@ func (dc Case) send(ctx context.Context, c *ingest.Client, registryDigest string
 	if dec.Decision != schemas.DecisionAllow || dc.result == nil {
 		return dec, 0, nil
 	}
-	post, err := ingest.PostOf(call, dc.result, true, started, time.Now())
+	post, err := ep.PostOf(call, dc.result, true, started, time.Now())
 	if err != nil {
 		return dec, 0, err
 	}

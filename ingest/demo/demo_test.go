@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 )
 
 // TestPrepareAndSigner: Prepare makes the issuer's and the agent's keys
@@ -36,7 +36,7 @@ func TestPrepareAndSigner(t *testing.T) {
 	if err != nil || s == nil || s.Holder() != Agent {
 		t.Fatalf("signer: %v, %v", s, err)
 	}
-	call, err := ingest.NewCall(EP, "files", "read_file", map[string]any{"path": "README.md"})
+	call, err := ep.NewCall(EP, "files", "read_file", map[string]any{"path": "README.md"})
 	if err != nil {
 		t.Fatal(err)
 	}

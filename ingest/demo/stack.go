@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -89,7 +89,7 @@ func Run(ctx context.Context, o RunOptions) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	c, err := ingest.NewClient(nc, js, EP)
+	c, err := ep.NewClient(nc, js, EP)
 	if err != nil {
 		return 0, err
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
 
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -132,7 +132,7 @@ func (g *Gateway) prepare(p *Principal, req *mcp.CallToolRequest) (*pending, err
 
 // admit refuses, with a post event saying why, a call NATS would refuse
 // (too large) or that cannot reach Talos now (fail closed).
-func (g *Gateway) admit(c *pending) (*ingest.Client, error) {
+func (g *Gateway) admit(c *pending) (*ep.Client, error) {
 	pre := c.pre
 	if limit := g.maxEnvelope(); len(c.raw) > limit {
 		// NATS would refuse it: record the refusal with the arguments
@@ -155,13 +155,13 @@ func (g *Gateway) admit(c *pending) (*ingest.Client, error) {
 
 // decide publishes the pre envelope and waits for its decision; none in
 // time, or no publish, is a deny.
-func (g *Gateway) decide(ctx context.Context, client *ingest.Client, c *pending) (*schemas.Decision, error) {
+func (g *Gateway) decide(ctx context.Context, client *ep.Client, c *pending) (*schemas.Decision, error) {
 	pre := c.pre
 	dctx, cancel := context.WithTimeout(ctx, g.o.DecisionTimeout)
 	d, err := client.Send(dctx, schemas.PhasePre, pre.ServerID, pre.ToolCallID, c.raw)
 	cancel()
 	switch {
-	case errors.Is(err, ingest.ErrNoDecision):
+	case errors.Is(err, ep.ErrNoDecision):
 		g.fail(c.p, pre, schemas.CodeDecisionTimeout, "no decision within "+g.o.DecisionTimeout.String(), false)
 		c.log.Warn("call denied: no decision in time (fail closed)")
 		return nil, deny(Denial{Decision: schemas.DecisionDeny, ReasonCodes: []string{schemas.CodeDecisionTimeout}, ToolCallID: pre.ToolCallID})
@@ -175,7 +175,7 @@ func (g *Gateway) decide(ctx context.Context, client *ingest.Client, c *pending)
 
 // resolve acts on the worker's decision and the gateway's own verdict:
 // forward, wait for a human, or deny.
-func (g *Gateway) resolve(ctx context.Context, c *pending, d *schemas.Decision, wait <-chan ingest.Resolution) (*mcp.CallToolResult, error) {
+func (g *Gateway) resolve(ctx context.Context, c *pending, d *schemas.Decision, wait <-chan ep.Resolution) (*mcp.CallToolResult, error) {
 	codes := union(d.ReasonCodes, c.local)
 	details := d.Details
 	if c.localDetail != "" {
@@ -203,7 +203,7 @@ func (g *Gateway) resolve(ctx context.Context, c *pending, d *schemas.Decision, 
 
 // awaitApproval parks a require_approval call until `talosctl approve` or
 // `reject` resolves it, the approval timeout passes, or the client leaves.
-func (g *Gateway) awaitApproval(ctx context.Context, c *pending, d *schemas.Decision, wait <-chan ingest.Resolution) (*mcp.CallToolResult, error) {
+func (g *Gateway) awaitApproval(ctx context.Context, c *pending, d *schemas.Decision, wait <-chan ep.Resolution) (*mcp.CallToolResult, error) {
 	pre, log := c.pre, c.log
 	log.Warn("call awaits approval", "approve", "talosctl approve "+pre.ToolCallID, "reject", "talosctl reject "+pre.ToolCallID+" --reason ...", "timeout", g.o.ApprovalTimeout)
 	notify(ctx, c.req, "Talos: this call needs a human approval: talosctl approve "+pre.ToolCallID)
@@ -235,7 +235,7 @@ func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (*m
 	res, err := up.session.CallTool(ctx, &mcp.CallToolParams{Name: c.ut.tool.Name, Arguments: c.args})
 	ended := time.Now()
 	if err != nil {
-		post, perr := ingest.SignedPost(c.pre, nil, false, started, ended, c.p.Signer)
+		post, perr := ep.SignedPost(c.pre, nil, false, started, ended, c.p.Signer)
 		if perr == nil {
 			post.Error = &schemas.CallError{Code: "UPSTREAM_ERROR", Kind: "upstream"}
 			g.out.Send(post)
@@ -243,7 +243,7 @@ func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (*m
 		c.log.Warn("upstream call failed", "err", err)
 		return nil, err
 	}
-	post, err := ingest.SignedPost(c.pre, res, !res.IsError, started, ended, c.p.Signer)
+	post, err := ep.SignedPost(c.pre, res, !res.IsError, started, ended, c.p.Signer)
 	if err != nil {
 		c.log.Warn("post event not built", "err", err)
 	} else {
@@ -273,7 +273,7 @@ func (g *Gateway) fail(p *Principal, pre *schemas.ToolCall, code, message string
 		c.RequestHash = ""
 		src = &c
 	}
-	post, err := ingest.SignedPost(src, nil, false, now, now, p.Signer)
+	post, err := ep.SignedPost(src, nil, false, now, now, p.Signer)
 	if err != nil {
 		g.log.Error("post event not built", "tool_call_id", pre.ToolCallID, "err", err)
 		return
@@ -285,7 +285,7 @@ func (g *Gateway) fail(p *Principal, pre *schemas.ToolCall, code, message string
 // envelope builds and signs the pre envelope of a call. Without a
 // capability the envelope still carries its request_hash.
 func (g *Gateway) envelope(p *Principal, session, server, tool string, args json.RawMessage, meta mcp.Meta) (*schemas.ToolCall, error) {
-	c, err := ingest.NewCall(g.o.EPID, server, tool, args)
+	c, err := ep.NewCall(g.o.EPID, server, tool, args)
 	if err != nil {
 		return nil, err
 	}
@@ -302,7 +302,7 @@ func (g *Gateway) envelope(p *Principal, session, server, tool string, args json
 		if err := p.Signer.Sign(c); err != nil {
 			return nil, err
 		}
-	} else if err := ingest.HashRequest(c); err != nil {
+	} else if err := ep.HashRequest(c); err != nil {
 		return nil, fmt.Errorf("arguments cannot be canonicalised: %w", err)
 	}
 	return c, nil

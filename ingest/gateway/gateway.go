@@ -28,7 +28,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/enforce"
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/ingest/mcpup"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -61,9 +61,9 @@ type Gateway struct {
 	log    *slog.Logger
 	nc     *nats.Conn
 	js     jetstream.JetStream
-	client *ingest.Client
-	out    *ingest.Outbox
-	appr   *ingest.Approvals
+	client *ep.Client
+	out    *ep.Outbox
+	appr   *ep.Approvals
 
 	ups    []*Upstream
 	byName map[string]upstreamTool // downstream tool name → its upstream tool
@@ -100,8 +100,8 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 	o.Discovery.Registry = o.Registry
 	g := &Gateway{o: o, log: o.Logger, nc: nc, js: js, ups: ups, servers: map[string]*mcp.Server{}}
 	g.byName = route(o.Registry, ups, o.Logger)
-	g.appr = ingest.NewApprovals(nc, o.Logger)
-	g.out = ingest.NewOutbox(o.Logger)
+	g.appr = ep.NewApprovals(nc, o.Logger)
+	g.out = ep.NewOutbox(o.Logger)
 	return g, nil
 }
 
@@ -160,7 +160,7 @@ func (g *Gateway) Start(ctx context.Context) {
 
 // subscribe makes the enforcement-point client (its decision subscription).
 func (g *Gateway) subscribe() bool {
-	c, err := ingest.NewClient(g.nc, g.js, g.o.EPID)
+	c, err := ep.NewClient(g.nc, g.js, g.o.EPID)
 	if err != nil {
 		g.log.Warn("waiting for NATS to subscribe to decisions", "err", err)
 		return false
@@ -186,7 +186,7 @@ func (g *Gateway) Tools() int { return len(g.byName) }
 // Connected reports whether the NATS connection to Talos is up.
 func (g *Gateway) Connected() bool { return g.nc.IsConnected() }
 
-func (g *Gateway) ingestClient() *ingest.Client {
+func (g *Gateway) ingestClient() *ep.Client {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.client

@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/talos-audit/talos/enforce"
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 )
 
 // Principal is who a downstream MCP session speaks for: the agent, its
@@ -17,7 +17,7 @@ import (
 type Principal struct {
 	Name    string
 	AgentID string
-	Signer  *ingest.CallSigner // nil: calls carry no capability
+	Signer  *ep.CallSigner // nil: calls carry no capability
 	// Viewer is what discovery knows of the chain: its holder's effective
 	// scopes (nil without a capability) and its narrowing.
 	Viewer enforce.Viewer
@@ -37,7 +37,7 @@ func LoadPrincipal(name, agentID, capFile, keyFile string) (*Principal, error) {
 		return p, nil
 	}
 	var err error
-	if p.Signer, err = ingest.LoadCallSigner(capFile, keyFile); err != nil {
+	if p.Signer, err = ep.LoadCallSigner(capFile, keyFile); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	if p.Viewer, err = enforce.ViewerOf(p.Signer.Chain()); err != nil {

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -25,7 +25,7 @@ type Maker struct {
 	Server, Tool string
 	Session      string          // every call's session_id: the run, as ClickHouse counts it
 	Args         json.RawMessage // the same arguments for every call
-	Signer       *ingest.CallSigner
+	Signer       *ep.CallSigner
 	Post         bool // also build each call's post event
 }
 
@@ -39,7 +39,7 @@ var postResultText = json.RawMessage(`{"content":[{"type":"text","text":"bench: 
 // was issued (the timing the worker records in the ToolCallEvent), signed
 // the same way.
 func (m *Maker) make(epID string) (*envelope, error) {
-	call, err := ingest.NewCall(epID, m.Server, m.Tool, m.Args)
+	call, err := ep.NewCall(epID, m.Server, m.Tool, m.Args)
 	if err != nil {
 		return nil, err
 	}
@@ -58,7 +58,7 @@ func (m *Maker) make(epID string) (*envelope, error) {
 		return env, nil
 	}
 	started := time.Now()
-	post, err := ingest.PostOf(call, postResultText, true, started, started.Add(time.Millisecond))
+	post, err := ep.PostOf(call, postResultText, true, started, started.Add(time.Millisecond))
 	if err != nil {
 		return nil, err
 	}
@@ -183,7 +183,7 @@ func splitCalls(calls, n int) []int {
 
 // send sends a prepared envelope in phase and waits for its decision, at
 // most timeout.
-func send(client *ingest.Client, phase, server string, env *envelope, raw []byte, timeout time.Duration) (*schemas.Decision, error) {
+func send(client *ep.Client, phase, server string, env *envelope, raw []byte, timeout time.Duration) (*schemas.Decision, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	return client.Send(ctx, phase, server, env.toolCallID, raw)

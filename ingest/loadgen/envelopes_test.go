@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/talos-audit/talos/enforce"
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/schemas/jsonkit"
@@ -84,7 +84,7 @@ func TestBenchEnvelopes(t *testing.T) {
 
 // newTestCallSigner issues a capability over tool:files:* to "bench-agent"
 // and returns a signer holding it.
-func newTestCallSigner(t *testing.T, issuer, agent *receipts.PrivateKey) *ingest.CallSigner {
+func newTestCallSigner(t *testing.T, issuer, agent *receipts.PrivateKey) *ep.CallSigner {
 	t.Helper()
 	now := time.Now().UTC()
 	c, err := enforce.IssueCapability(issuer, schemas.Capability{
@@ -99,7 +99,7 @@ func newTestCallSigner(t *testing.T, issuer, agent *receipts.PrivateKey) *ingest
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := ingest.NewCallSigner(raw, agent)
+	s, err := ep.NewCallSigner(raw, agent)
 	if err != nil {
 		t.Fatal(err)
 	}

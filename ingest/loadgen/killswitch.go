@@ -6,7 +6,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -33,7 +33,7 @@ const KillSwitchScope = "tool:bench-killswitch/none"
 // rounds times, each command waiting (at most timeout) until every live
 // worker enforces it. It fails when a command is refused or no live worker
 // confirms one.
-func KillSwitchRounds(client *ingest.ControlClient, rounds int, timeout time.Duration) (*KillSwitchResult, error) {
+func KillSwitchRounds(client *control.ControlClient, rounds int, timeout time.Duration) (*KillSwitchResult, error) {
 	var afterAck, afterSend []time.Duration
 	res := &KillSwitchResult{}
 	for i := 0; i < 2*rounds; i++ {

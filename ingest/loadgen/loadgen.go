@@ -19,7 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -55,7 +55,7 @@ type Prepared struct {
 // the same order), at most prepareAhead in all (0: all of them, before it
 // returns), then collects the garbage that made, so neither is on the
 // measured path.
-func Prepare(m *Maker, clients []*ingest.Client, calls, prepareAhead int) (*Prepared, error) {
+func Prepare(m *Maker, clients []*ep.Client, calls, prepareAhead int) (*Prepared, error) {
 	epIDs := make([]string, len(clients))
 	for e, c := range clients {
 		epIDs[e] = c.EPID()
@@ -97,7 +97,7 @@ type Tally struct {
 // Send sends every prepared envelope, clients[i] those of the i-th
 // enforcement point, and returns when each has its decision (or timed
 // out). After an allow it also sends the call's post event, if built.
-func (p *Prepared) Send(clients []*ingest.Client, pace Pacing) *Tally {
+func (p *Prepared) Send(clients []*ep.Client, pace Pacing) *Tally {
 	var interval time.Duration
 	if pace.Rate > 0 {
 		interval = time.Duration(float64(time.Second) * float64(len(clients)) / float64(pace.Rate))
@@ -133,7 +133,7 @@ type counters struct{ allowed, denied, none, posted atomic.Int64 }
 
 // sender is one enforcement point of a run.
 type sender struct {
-	client *ingest.Client
+	client *ep.Client
 	pace   Pacing
 	c      *counters
 }

@@ -13,7 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/control"
+	"github.com/talos-audit/talos/ingest/ep"
 )
 
 // EndToEndWait bounds WaitEndToEnd: how long ClickHouse may take to hold
@@ -24,15 +25,15 @@ const EndToEndWait = 2 * time.Minute
 // <run>-(n-1), spread over conns in turn; each subscribes to its decisions
 // before it is returned, so before the clock starts. It returns those made
 // so far also on error: the caller closes them.
-func Clients(conns []*nats.Conn, n int, run string) ([]*ingest.Client, error) {
-	var clients []*ingest.Client
+func Clients(conns []*nats.Conn, n int, run string) ([]*ep.Client, error) {
+	var clients []*ep.Client
 	for e := range n {
 		nc := conns[e%len(conns)]
 		js, err := jetstream.New(nc)
 		if err != nil {
 			return clients, err
 		}
-		client, err := ingest.NewClient(nc, js, fmt.Sprintf("%s-%d", run, e))
+		client, err := ep.NewClient(nc, js, fmt.Sprintf("%s-%d", run, e))
 		if err != nil {
 			return clients, err
 		}
@@ -44,10 +45,10 @@ func Clients(conns []*nats.Conn, n int, run string) ([]*ingest.Client, error) {
 // Connect dials conns NATS connections with dial and makes Clients over
 // them. closeAll closes every client and connection made; it is set also
 // on error, for the caller to call.
-func Connect(conns, clients int, run string, dial func() (*nats.Conn, error)) (_ []*ingest.Client, closeAll func(), err error) {
+func Connect(conns, clients int, run string, dial func() (*nats.Conn, error)) (_ []*ep.Client, closeAll func(), err error) {
 	var (
 		ncs []*nats.Conn
-		cs  []*ingest.Client
+		cs  []*ep.Client
 	)
 	closeAll = func() {
 		for _, c := range cs {
@@ -116,7 +117,7 @@ func NewMaker(server, tool, session string, payloadBytes int, post bool) (*Maker
 // is called as soon as the last call has its decision, before the CPU is
 // sampled (talosctl bench stops its CPU profile there). It fails when a
 // kill-switch round fails or an envelope could not be built.
-func (p *Prepared) Run(clients []*ingest.Client, pace Pacing, ks *ingest.ControlClient, rounds int, sent func()) (Result, *Tally, error) {
+func (p *Prepared) Run(clients []*ep.Client, pace Pacing, ks *control.ControlClient, rounds int, sent func()) (Result, *Tally, error) {
 	var (
 		ksRes  *KillSwitchResult
 		ksErr  error

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/ingest/natsserver"
 	"github.com/talos-audit/talos/schemas"
@@ -114,13 +115,13 @@ func TestNATSPermissions(t *testing.T) {
 	alphaUser := mustUser(t, a, schemas.NATSRoleEnforcement, "alpha")
 
 	t.Run("enforcement", func(t *testing.T) {
-		ep := dialAuth(t, ns.URL(), alphaUser.ConnectOptions()...)
-		js, err := jetstream.New(ep.Conn)
+		alpha := dialAuth(t, ns.URL(), alphaUser.ConnectOptions()...)
+		js, err := jetstream.New(alpha.Conn)
 		if err != nil {
 			t.Fatal(err)
 		}
 		// (a) a call goes into TALOS_CALLS and the PubAck comes back.
-		call, err := ingest.NewCall("alpha", "files", "read_file", map[string]any{"path": "a"})
+		call, err := ep.NewCall("alpha", "files", "read_file", map[string]any{"path": "a"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -138,19 +139,19 @@ func TestNATSPermissions(t *testing.T) {
 		// (b) its own decisions arrive; (c) another's do not, and it may
 		// not even subscribe to them.
 		own := make(chan *nats.Msg, 4)
-		if _, err := ep.ChanSubscribe(schemas.DecisionSubject("alpha"), own); err != nil {
+		if _, err := alpha.ChanSubscribe(schemas.DecisionSubject("alpha"), own); err != nil {
 			t.Fatal(err)
 		}
 		other := make(chan *nats.Msg, 4)
-		if _, err := ep.ChanSubscribe(schemas.DecisionSubject("beta"), other); err != nil {
+		if _, err := alpha.ChanSubscribe(schemas.DecisionSubject("beta"), other); err != nil {
 			t.Fatal(err)
 		}
-		ep.wantViolation(t, "Subscription", schemas.DecisionSubject("beta"))
+		alpha.wantViolation(t, "Subscription", schemas.DecisionSubject("beta"))
 		for _, subj := range []string{"talos.decision.>", "talos.decision.*", ">", "_INBOX.>", schemas.EPInboxPrefix("beta") + ".>", "talos.ctl.>", "talos.status.>", "talos.audit.>"} {
-			if _, err := ep.SubscribeSync(subj); err != nil {
+			if _, err := alpha.SubscribeSync(subj); err != nil {
 				t.Fatal(err)
 			}
-			ep.wantViolation(t, "Subscription", subj)
+			alpha.wantViolation(t, "Subscription", subj)
 		}
 		// The worker answers beta first, then alpha, on one connection: once
 		// alpha's decision is in, beta's would have been too.
@@ -178,17 +179,17 @@ func TestNATSPermissions(t *testing.T) {
 		// it parked, and no other control event.
 		resolved := make(chan *nats.Msg, 4)
 		for _, v := range []string{schemas.VerbApprove, schemas.VerbReject} {
-			if _, err := ep.ChanSubscribe(schemas.ControlSubject(v), resolved); err != nil {
+			if _, err := alpha.ChanSubscribe(schemas.ControlSubject(v), resolved); err != nil {
 				t.Fatal(err)
 			}
 		}
 		for _, subj := range []string{"talos.control.>", schemas.ControlSubject(schemas.VerbKillSwitchSet)} {
-			if _, err := ep.SubscribeSync(subj); err != nil {
+			if _, err := alpha.SubscribeSync(subj); err != nil {
 				t.Fatal(err)
 			}
-			ep.wantViolation(t, "Subscription", subj)
+			alpha.wantViolation(t, "Subscription", subj)
 		}
-		if err := ep.Flush(); err != nil {
+		if err := alpha.Flush(); err != nil {
 			t.Fatal(err)
 		}
 		for _, v := range []string{schemas.VerbApprove, schemas.VerbReject} {
@@ -220,12 +221,12 @@ func TestNATSPermissions(t *testing.T) {
 		denied := []string{schemas.CtlSubject(schemas.VerbKillSwitchSet), schemas.DecisionSubject("beta"),
 			schemas.StatusSubject("w1"), schemas.ControlSubject(schemas.VerbKillSwitchSet), schemas.ReceiptSubject(schemas.KindDecision, "files")}
 		for _, subj := range denied {
-			if err := ep.Publish(subj, []byte(`{"verb":"killswitch.set","scope":"global"}`)); err != nil {
+			if err := alpha.Publish(subj, []byte(`{"verb":"killswitch.set","scope":"global"}`)); err != nil {
 				t.Fatal(err)
 			}
-			ep.wantViolation(t, "Publish", subj)
+			alpha.wantViolation(t, "Publish", subj)
 		}
-		if err := ep.Publish("talos.call.pre.probe", []byte("probe")); err != nil {
+		if err := alpha.Publish("talos.call.pre.probe", []byte("probe")); err != nil {
 			t.Fatal(err)
 		}
 		select {
@@ -243,7 +244,7 @@ func TestNATSPermissions(t *testing.T) {
 		if _, err := js.Stream(sctx, schemas.StreamCalls); err == nil {
 			t.Fatal("an enforcement point read stream info")
 		}
-		ep.wantViolation(t, "Publish", "$JS.API.STREAM.INFO."+schemas.StreamCalls)
+		alpha.wantViolation(t, "Publish", "$JS.API.STREAM.INFO."+schemas.StreamCalls)
 	})
 
 	t.Run("enforcement without its inbox prefix gets no PubAck", func(t *testing.T) {

@@ -1,0 +1,13 @@
+// Package ep is the enforcement-point library: what a process that stands
+// between an agent and its tools needs to have each call decided by Talos.
+// NewCall, CallSpec, SignedPost and PostOf build envelopes; HashRequest
+// sets their request_hash and CallSigner attaches a capability chain and
+// signs them (CP-SFC); Client publishes a call to TALOS_CALLS and waits for
+// its decision (ErrNoDecision: deny, fail closed); Outbox delivers post
+// events until JetStream acknowledges them; Approvals hands approve and
+// reject control events to parked calls.
+//
+// talosctl call, talosctl bench (ingest/loadgen), talosd dev's demo
+// (ingest/demo) and the MCP gateway (ingest/gateway) all use it. It imports
+// no other ingest package: an enforcement point links none of the daemon.
+package ep
