@@ -577,148 +577,137 @@ func payloadArtifacts(raw []byte, row *ToolCallRow, d *toolCallData, arts []Arti
 }
 
 // toolCallData reads data into row and d, checking the schema's "event".
+// It is one switch over every member of data, two lines a member: split
+// in two, each member of every ToolCallEvent the sink reads paid a second
+// dispatch.
 func (r *jsonReader) toolCallData(row *ToolCallRow, d *toolCallData) bool {
 	if !r.object() {
 		return false
 	}
 	d.buf = make([]string, 0, 16)
 	var it objectIter
-	// One switch over every member of data, long as it is: split in two,
-	// each member of every ToolCallEvent the sink reads paid a second
-	// dispatch.
 	for key, ok := r.next(&it); ok; key, ok = r.next(&it) {
-		valid := true
+		valid := false
 		switch key {
 		case "actor":
-			d.seen |= tcActor
-			valid = r.actor(row)
+			valid = d.mark(tcActor) && r.actor(row)
 		case "args_hash":
-			d.seen |= tcArgsHash
-			row.ArgsHash = r.str()
-			valid = isHex64(row.ArgsHash)
+			valid = d.mark(tcArgsHash) && isHex64(r.strTo(&row.ArgsHash))
 		case "args_ref":
-			d.seen |= tcArgsRef
-			row.ArgsRef = r.str()
-			valid = isRef(row.ArgsRef)
+			valid = d.mark(tcArgsRef) && isRef(r.strTo(&row.ArgsRef))
 		case "capability_ids":
-			d.seen |= tcCapabilityIDs
-			d.buf, d.caps, valid = r.checkedStrings(d.buf, isCapabilityID)
+			valid = d.mark(tcCapabilityIDs) && r.checkedStringsTo(d, &d.caps, isCapabilityID)
 		case "decision":
-			d.seen |= tcDecision
-			row.Decision = r.str()
-			valid = row.Decision == schemas.DecisionAllow || row.Decision == schemas.DecisionDeny || row.Decision == schemas.DecisionRequireApproval
+			valid = d.mark(tcDecision) && isDecision(r.strTo(&row.Decision))
 		case "ep_id":
-			d.seen |= tcEPID
-			row.EPID = r.str()
-			valid = isIDOrEmpty(row.EPID)
+			valid = d.mark(tcEPID) && isIDOrEmpty(r.strTo(&row.EPID))
 		case "error":
-			d.seen |= tcError
-			valid = r.callError(row)
+			valid = d.mark(tcError) && r.callError(row)
 		case "flags":
-			d.seen |= tcFlags
-			d.buf, d.flags, valid = r.checkedStrings(d.buf, isFlag)
+			valid = d.mark(tcFlags) && r.checkedStringsTo(d, &d.flags, isFlag)
 		case "idempotency":
-			d.seen |= tcIdempotency
-			row.Idempotency = r.str()
-			valid = row.Idempotency == schemas.IdempotencyIdempotent || row.Idempotency == schemas.IdempotencyWithKey ||
-				row.Idempotency == schemas.IdempotencyNonIdempotent
+			valid = d.mark(tcIdempotency) && isIdempotency(r.strTo(&row.Idempotency))
 		case "idempotency_key":
-			d.seen |= tcIdempotencyKey
-			row.IdempotencyKey = r.str()
-			valid = runesBetween(row.IdempotencyKey, 1, 256)
+			valid = d.mark(tcIdempotencyKey) && runesBetween(r.strTo(&row.IdempotencyKey), 1, 256)
 		case "ok":
-			d.seen |= tcOK
-			row.OK = r.boolean()
+			valid = d.mark(tcOK) && r.booleanTo(&row.OK)
 		case "parent_span_id":
-			d.seen |= tcParentSpanID
-			row.ParentSpanID = r.str()
-			valid = runesBetween(row.ParentSpanID, 1, 128)
+			valid = d.mark(tcParentSpanID) && runesBetween(r.strTo(&row.ParentSpanID), 1, 128)
 		case "payloads":
-			d.seen |= tcPayloads
-			valid = r.payloads(d)
+			valid = d.mark(tcPayloads) && r.payloads(d)
 		case "phase":
-			d.seen |= tcPhase
-			row.Phase = r.str()
-			valid = row.Phase == schemas.PhasePre || row.Phase == schemas.PhasePost
+			valid = d.mark(tcPhase) && isPhase(r.strTo(&row.Phase))
 		case "reason_codes":
-			d.seen |= tcReasonCodes
-			d.buf, d.codes, valid = r.checkedStrings(d.buf, isReasonCode)
+			valid = d.mark(tcReasonCodes) && r.checkedStringsTo(d, &d.codes, isReasonCode)
 		case "receipt_id":
-			d.seen |= tcReceiptID
-			row.ReceiptID = r.str()
-			valid = isUUIDv7(row.ReceiptID)
+			valid = d.mark(tcReceiptID) && isUUIDv7(r.strTo(&row.ReceiptID))
 		case "redactions":
-			d.seen |= tcRedactions
-			valid = r.redactions(d)
+			valid = d.mark(tcRedactions) && r.redactions(d)
 		case "resources_touched":
-			d.seen |= tcResources
-			valid = r.resources(d)
+			valid = d.mark(tcResources) && r.resources(d)
 		case "result_hash":
-			d.seen |= tcResultHash
-			row.ResultHash = r.str()
-			valid = isHex64(row.ResultHash)
+			valid = d.mark(tcResultHash) && isHex64(r.strTo(&row.ResultHash))
 		case "result_ref":
-			d.seen |= tcResultRef
-			row.ResultRef = r.str()
-			valid = isRef(row.ResultRef)
+			valid = d.mark(tcResultRef) && isRef(r.strTo(&row.ResultRef))
 		case "server_id":
-			d.seen |= tcServerID
-			row.ServerID = r.str()
-			valid = isIDOrEmpty(row.ServerID)
+			valid = d.mark(tcServerID) && isIDOrEmpty(r.strTo(&row.ServerID))
 		case "session_id":
-			d.seen |= tcSessionID
-			row.SessionID = r.str()
-			valid = runesBetween(row.SessionID, 0, 256)
+			valid = d.mark(tcSessionID) && runesBetween(r.strTo(&row.SessionID), 0, 256)
 		case "side_effect":
-			d.seen |= tcSideEffect
-			row.SideEffect = r.str()
-			valid = row.SideEffect == schemas.SideEffectRead || row.SideEffect == schemas.SideEffectWrite ||
-				row.SideEffect == schemas.SideEffectExecute
+			valid = d.mark(tcSideEffect) && isSideEffect(r.strTo(&row.SideEffect))
 		case "signature":
-			d.seen |= tcSignature
-			valid = r.signature(row)
+			valid = d.mark(tcSignature) && r.signature(row)
 		case "timing":
-			d.seen |= tcTiming
-			valid = r.timing(row, d)
+			valid = d.mark(tcTiming) && r.timing(row, d)
 		case "tool_call_id":
-			d.seen |= tcToolCallID
-			row.ToolCallID = r.str()
-			valid = isUUID(row.ToolCallID)
+			valid = d.mark(tcToolCallID) && isUUID(r.strTo(&row.ToolCallID))
 		case "tool_id":
-			d.seen |= tcToolID
-			row.ToolID = r.str()
-			valid = runesBetween(row.ToolID, 1, 512)
+			valid = d.mark(tcToolID) && runesBetween(r.strTo(&row.ToolID), 1, 512)
 		case "tool_name":
-			d.seen |= tcToolName
-			row.ToolName = r.str()
-			valid = runesBetween(row.ToolName, 0, 256)
+			valid = d.mark(tcToolName) && runesBetween(r.strTo(&row.ToolName), 0, 256)
 		case "tool_version":
-			d.seen |= tcToolVersion
-			row.ToolVersion = r.str()
-			valid = runesBetween(row.ToolVersion, 1, 128)
+			valid = d.mark(tcToolVersion) && runesBetween(r.strTo(&row.ToolVersion), 1, 128)
 		case "trace_id":
-			d.seen |= tcTraceID
-			row.TraceID = r.str()
-			valid = isUUID(row.TraceID)
+			valid = d.mark(tcTraceID) && isUUID(r.strTo(&row.TraceID))
 		case "transport":
-			d.seen |= tcTransport
-			row.Transport = r.str()
-			switch row.Transport {
-			case "local", "mcp", "mex", "stage_bridge", "other":
-			default:
-				valid = false
-			}
+			valid = d.mark(tcTransport) && isTransport(r.strTo(&row.Transport))
 		case "type":
-			d.seen |= tcType
-			valid = r.str() == schemas.ToolCallEventKind
-		default:
-			valid = false
+			valid = d.mark(tcType) && r.str() == schemas.ToolCallEventKind
 		}
 		if !valid {
 			r.fail()
 		}
 	}
 	return !r.bad
+}
+
+// mark records that data has member bit; it is always true, to read as the
+// first term of a member's check.
+func (d *toolCallData) mark(bit uint64) bool {
+	d.seen |= bit
+	return true
+}
+
+// strTo reads a string into *p and returns it.
+func (r *jsonReader) strTo(p *string) string {
+	*p = r.str()
+	return *p
+}
+
+// booleanTo reads a boolean into *p; r fails on anything else.
+func (r *jsonReader) booleanTo(p *bool) bool {
+	*p = r.boolean()
+	return !r.bad
+}
+
+// checkedStringsTo reads an array of strings that each satisfy ok onto
+// d.buf, its span into *span.
+func (r *jsonReader) checkedStringsTo(d *toolCallData, span *[2]int, ok func(string) bool) bool {
+	var valid bool
+	d.buf, *span, valid = r.checkedStrings(d.buf, ok)
+	return valid
+}
+
+func isDecision(s string) bool {
+	return s == schemas.DecisionAllow || s == schemas.DecisionDeny || s == schemas.DecisionRequireApproval
+}
+
+func isIdempotency(s string) bool {
+	return s == schemas.IdempotencyIdempotent || s == schemas.IdempotencyWithKey || s == schemas.IdempotencyNonIdempotent
+}
+
+func isPhase(s string) bool { return s == schemas.PhasePre || s == schemas.PhasePost }
+
+func isSideEffect(s string) bool {
+	return s == schemas.SideEffectRead || s == schemas.SideEffectWrite || s == schemas.SideEffectExecute
+}
+
+func isTransport(s string) bool {
+	switch s {
+	case "local", "mcp", "mex", "stage_bridge", "other":
+		return true
+	}
+	return false
 }
 
 // checkedStrings reads an array of strings that each satisfy ok onto buf.
