@@ -94,3 +94,33 @@ func OpenMigrated(ctx context.Context, addr, database string) (driver.Conn, erro
 	}
 	return conn, nil
 }
+
+// selectAll runs q with args and reads every row with scan, in order;
+// errors say what was being read.
+func selectAll[T any](ctx context.Context, conn driver.Conn, what, q string, scan func(driver.Rows, *T) error, args ...any) ([]T, error) {
+	rows, err := conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("query: %s: %w", what, err)
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		var r T
+		if err := scan(rows, &r); err != nil {
+			return nil, fmt.Errorf("query: %s: %w", what, err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("query: %s: %w", what, err)
+	}
+	return out, nil
+}
+
+// limited appends a LIMIT of n to q when n > 0.
+func limited(q string, n int) string {
+	if n > 0 {
+		return q + fmt.Sprintf(" LIMIT %d", n)
+	}
+	return q
+}

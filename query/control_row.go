@@ -89,25 +89,12 @@ func ControlEvents(ctx context.Context, conn driver.Conn, database string, limit
 	if err != nil {
 		return nil, err
 	}
-	q := "SELECT " + controlColumnsSQL + " FROM " + v + " ORDER BY time_ms, event_id"
-	if limit > 0 {
-		q += fmt.Sprintf(" LIMIT %d", limit)
-	}
-	rows, err := conn.Query(ctx, q)
-	if err != nil {
-		return nil, fmt.Errorf("query: control events: %w", err)
-	}
-	defer rows.Close()
-	var out []ControlEventRow
-	for rows.Next() {
-		var r ControlEventRow
+	q := limited("SELECT "+controlColumnsSQL+" FROM "+v+" ORDER BY time_ms, event_id", limit)
+	return selectAll(ctx, conn, "control events", q, func(rows driver.Rows, r *ControlEventRow) error {
 		var accepted uint8
-		if err := rows.Scan(&r.EventID, &r.Type, &r.Verb, &r.Time, &r.TimeMS, &r.StreamSeq, &r.Actor, &r.Target, &r.Reason,
-			&r.SignerKID, &r.CommandID, &accepted, &r.Code, &r.CommandHash, &r.ResponderKID, &r.ChainID, &r.ChainSeq, &r.CloudEvent); err != nil {
-			return nil, fmt.Errorf("query: control events: %w", err)
-		}
+		err := rows.Scan(&r.EventID, &r.Type, &r.Verb, &r.Time, &r.TimeMS, &r.StreamSeq, &r.Actor, &r.Target, &r.Reason,
+			&r.SignerKID, &r.CommandID, &accepted, &r.Code, &r.CommandHash, &r.ResponderKID, &r.ChainID, &r.ChainSeq, &r.CloudEvent)
 		r.Accepted = accepted == 1
-		out = append(out, r)
-	}
-	return out, rows.Err()
+		return err
+	})
 }

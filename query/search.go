@@ -170,30 +170,16 @@ func SearchReceipts(ctx context.Context, conn driver.Conn, database string, q Re
 	case limit > MaxSearchLimit:
 		limit = MaxSearchLimit
 	}
-	rows, err := conn.Query(ctx, "SELECT receipt_id, kind, phase, time_ms, tool_call_id, session_id, ep_id, server_id, "+
-		"tool_name, decision, reason_codes, agent_id, chain_id, chain_seq FROM "+view+where+
-		fmt.Sprintf(" ORDER BY time_ms DESC, receipt_id DESC LIMIT %d", limit), args...)
-	if err != nil {
-		return nil, fmt.Errorf("query: search receipts: %w", err)
-	}
-	defer rows.Close()
-	var out []ReceiptSummary
-	for rows.Next() {
-		var (
-			s  ReceiptSummary
-			ms uint64
-		)
-		if err := rows.Scan(&s.ReceiptID, &s.Kind, &s.Phase, &ms, &s.ToolCallID, &s.SessionID, &s.EPID, &s.ServerID,
-			&s.ToolName, &s.Decision, &s.ReasonCodes, &s.AgentID, &s.ChainID, &s.ChainSeq); err != nil {
-			return nil, fmt.Errorf("query: search receipts: %w", err)
-		}
+	sql := "SELECT receipt_id, kind, phase, time_ms, tool_call_id, session_id, ep_id, server_id, " +
+		"tool_name, decision, reason_codes, agent_id, chain_id, chain_seq FROM " + view + where +
+		fmt.Sprintf(" ORDER BY time_ms DESC, receipt_id DESC LIMIT %d", limit)
+	return selectAll(ctx, conn, "search receipts", sql, func(rows driver.Rows, s *ReceiptSummary) error {
+		var ms uint64
+		err := rows.Scan(&s.ReceiptID, &s.Kind, &s.Phase, &ms, &s.ToolCallID, &s.SessionID, &s.EPID, &s.ServerID,
+			&s.ToolName, &s.Decision, &s.ReasonCodes, &s.AgentID, &s.ChainID, &s.ChainSeq)
 		s.Time = time.UnixMilli(int64(ms)).UTC()
-		out = append(out, s)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("query: search receipts: %w", err)
-	}
-	return out, nil
+		return err
+	}, args...)
 }
 
 // CountReceipts counts the receipts of v_receipts matching q (Before and

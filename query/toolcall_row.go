@@ -1269,25 +1269,12 @@ func ToolCallRejections(ctx context.Context, conn driver.Conn, database string, 
 	if err != nil {
 		return nil, err
 	}
-	q := "SELECT " + rejectionColumnsSQL + " FROM " + tbl + " ORDER BY time_ms, event_id, inserted_at LIMIT 1 BY event_id"
-	if limit > 0 {
-		q += fmt.Sprintf(" LIMIT %d", limit)
-	}
-	rows, err := conn.Query(ctx, q)
-	if err != nil {
-		return nil, fmt.Errorf("query: tool call rejections: %w", err)
-	}
-	defer rows.Close()
-	var out []ToolCallRejection
-	for rows.Next() {
-		var r ToolCallRejection
-		if err := rows.Scan(&r.EventID, &r.Time, &r.TimeMS, &r.Subject, &r.StreamSeq, &r.Missing, &r.Reason, &r.CloudEvent); err != nil {
-			return nil, fmt.Errorf("query: tool call rejections: %w", err)
-		}
+	q := limited("SELECT "+rejectionColumnsSQL+" FROM "+tbl+" ORDER BY time_ms, event_id, inserted_at LIMIT 1 BY event_id", limit)
+	return selectAll(ctx, conn, "tool call rejections", q, func(rows driver.Rows, r *ToolCallRejection) error {
+		err := rows.Scan(&r.EventID, &r.Time, &r.TimeMS, &r.Subject, &r.StreamSeq, &r.Missing, &r.Reason, &r.CloudEvent)
 		r.Time = r.Time.UTC()
-		out = append(out, r)
-	}
-	return out, rows.Err()
+		return err
+	})
 }
 
 // ToolCalls returns v_tool_calls (one row per tool_call_id), oldest first,
@@ -1297,24 +1284,8 @@ func ToolCalls(ctx context.Context, conn driver.Conn, database string, limit int
 	if err != nil {
 		return nil, err
 	}
-	q := "SELECT " + toolCallColumnsSQL + " FROM " + v + " ORDER BY time_ms, tool_call_id"
-	if limit > 0 {
-		q += fmt.Sprintf(" LIMIT %d", limit)
-	}
-	rows, err := conn.Query(ctx, q)
-	if err != nil {
-		return nil, fmt.Errorf("query: tool calls: %w", err)
-	}
-	defer rows.Close()
-	var out []ToolCallRow
-	for rows.Next() {
-		var r ToolCallRow
-		if err := r.scan(rows); err != nil {
-			return nil, fmt.Errorf("query: tool calls: %w", err)
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	q := limited("SELECT "+toolCallColumnsSQL+" FROM "+v+" ORDER BY time_ms, tool_call_id", limit)
+	return selectAll(ctx, conn, "tool calls", q, func(rows driver.Rows, r *ToolCallRow) error { return r.scan(rows) })
 }
 
 // SecretUse is one call that used a secret, found by its pseudonym.
@@ -1356,26 +1327,13 @@ ARRAY JOIN arrayEnumerate(redaction_pseudonyms) AS i
 WHERE p = ?
 ORDER BY tool_call_id, i
 LIMIT 1 BY tool_call_id`
-	q = "SELECT time_ms, tool_call_id, agent_id, server_id, tool_name, pointer, rule FROM (" + q + ") ORDER BY time_ms, tool_call_id"
-	if limit > 0 {
-		q += fmt.Sprintf(" LIMIT %d", limit)
-	}
-	rows, err := conn.Query(ctx, q, pseudonym, pseudonym)
-	if err != nil {
-		return nil, fmt.Errorf("query: secret uses: %w", err)
-	}
-	defer rows.Close()
-	var out []SecretUse
-	for rows.Next() {
-		var u SecretUse
+	q = limited("SELECT time_ms, tool_call_id, agent_id, server_id, tool_name, pointer, rule FROM ("+q+") ORDER BY time_ms, tool_call_id", limit)
+	return selectAll(ctx, conn, "secret uses", q, func(rows driver.Rows, u *SecretUse) error {
 		var ms uint64
-		if err := rows.Scan(&ms, &u.ToolCallID, &u.AgentID, &u.ServerID, &u.ToolName, &u.Pointer, &u.Rule); err != nil {
-			return nil, fmt.Errorf("query: secret uses: %w", err)
-		}
+		err := rows.Scan(&ms, &u.ToolCallID, &u.AgentID, &u.ServerID, &u.ToolName, &u.Pointer, &u.Rule)
 		u.Time = time.UnixMilli(int64(ms)).UTC()
-		out = append(out, u)
-	}
-	return out, rows.Err()
+		return err
+	}, pseudonym, pseudonym)
 }
 
 // streamToolCalls calls fn for every distinct stored row of
