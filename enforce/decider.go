@@ -386,7 +386,8 @@ func (d *Decider) Begin(subject string, raw []byte, now time.Time, receiptID str
 	if !slices.Contains(p.engine.ReasonCodes, schemas.CodeEnvelopeInvalid) {
 		p.checked = true
 		p.incident, p.incDet = st.Check(c)
-		if pre {
+		// A refused request's report (DENY_UNAUTHENTICATED) has nothing to authorize or preflight.
+		if pre && c.ServerID != schemas.ServerUnauthenticated {
 			p.auth = d.authorize(st, pc, &p.cls, &p.engine, now)
 			p.sender = p.auth.Sender
 			if p.after, p.afterDet, err = d.preflight(st, pc, &p.cls, now); err != nil {

@@ -74,3 +74,41 @@ func TestDeciderDeniesWhatItCannotTrust(t *testing.T) {
 		t.Errorf("not JSON: %+v", r)
 	}
 }
+
+// TestDeciderUnauthenticatedReport: an enforcement point's report of a
+// request it refused for want of credentials (CSP MUST 2) is denied with
+// DENY_UNAUTHENTICATED alone, even where capabilities are required and a
+// rule set would refuse it otherwise: the receipt says why the request
+// was refused, not what it lacked besides.
+func TestDeciderUnauthenticatedReport(t *testing.T) {
+	pol, err := ParsePolicy([]byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := NewDecider(testEngine(t, ModeProd), DeciderOptions{Capabilities: capAuthorizer(t), RequireCapability: true, Policy: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := envelope("pre", schemas.ServerUnauthenticated, "tools/call", map[string]any{"reason": "expired", "source": "192.0.2.7"})
+	delete(env["actor"].(map[string]any), "agent_id")
+	raw, _ := json.Marshal(env)
+	r, details, err := d.Decide("talos.call.pre."+schemas.ServerUnauthenticated, raw, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Decision != schemas.DecisionDeny || !slices.Equal(r.ReasonCodes, []string{schemas.CodeDenyUnauthenticated}) ||
+		r.ResultCode != schemas.CodeDenyUnauthenticated || len(details) != 1 {
+		t.Fatalf("got %s %v (result_code %s, details %v), want deny [DENY_UNAUTHENTICATED]", r.Decision, r.ReasonCodes, r.ResultCode, details)
+	}
+	// The same tool name on an ordinary server is an unknown tool, not an
+	// authentication failure.
+	env = envelope("pre", "files", "tools/call", map[string]any{})
+	raw, _ = json.Marshal(env)
+	r, _, err = newTestDecider(t).Decide("talos.call.pre.files", raw, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(r.ReasonCodes, schemas.CodeDenyUnauthenticated) {
+		t.Fatalf("an ordinary server's call got %v", r.ReasonCodes)
+	}
+}

@@ -187,6 +187,13 @@ func canonicalHash(b []byte) (string, error) {
 // (class-dependent checks are then skipped).
 func (e *Engine) common(pc *schemas.ParsedCall, cls *Classification, v *verdict) (*schemas.Tool, bool) {
 	call := &pc.Call
+	if call.ServerID == schemas.ServerUnauthenticated {
+		// An enforcement point's report of a request it refused for want
+		// of credentials (CSP MUST 2): no tool runs, whatever the registry
+		// lists, and nothing else is said about it.
+		v.add(schemas.CodeDenyUnauthenticated, "enforcement point: the request carried no valid credentials and was refused there")
+		return nil, false
+	}
 	if call.RequestHash != "" && call.RequestHash != v.out.RequestHash {
 		v.add(schemas.CodeRequestHashMismatch, "request_hash: differs from sha256(JCS(request))")
 	}

@@ -80,7 +80,18 @@ const (
 	// input_schema other than by an unknown field (CSP MUST 7 "schema
 	// validation"; the specification names no code for it).
 	CodeDenySchemaViolation = "DENY_SCHEMA_VIOLATION"
+	// CodeDenyUnauthenticated: an enforcement point refused a request that
+	// carried no valid credentials (CSP MUST 2, AUTH-01, AUTH-02) and
+	// reported the attempt on ServerUnauthenticated; the worker denies it
+	// with this code alone, so the refusal has a signed receipt.
+	CodeDenyUnauthenticated = "DENY_UNAUTHENTICATED"
 )
+
+// ServerUnauthenticated is the reserved server_id on which an enforcement
+// point reports a request it refused for want of valid credentials. No
+// tool runs there: every envelope naming it is denied
+// (CodeDenyUnauthenticated), so trusting the report can only deny.
+const ServerUnauthenticated = "unauthenticated"
 
 // ApprovalCodes are codes that, with warnings only, make the decision
 // require_approval rather than deny.

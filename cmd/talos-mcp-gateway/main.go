@@ -19,16 +19,19 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/alecthomas/kong"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
+	"golang.org/x/time/rate"
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/enforce/redact"
 	"github.com/talos-audit/talos/ingest/gateway"
+	"github.com/talos-audit/talos/ingest/jwtauth"
 	"github.com/talos-audit/talos/ingest/mcpup"
 	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/schemas"
@@ -52,8 +55,24 @@ type cli struct {
 	AgentID    string `name:"agent-id" help:"actor.agent_id of calls (default: the chain's holder, else the ep id)."`
 	SessionID  string `name:"session-id" help:"session_id of the stdio session (default: stdio-<uuid>, new each start)."`
 
-	Listen     string `name:"listen" help:"Serve streamable HTTP on this address (e.g. 127.0.0.1:8931) instead of stdio; needs --principals."`
-	Principals string `name:"principals" type:"existingfile" help:"HTTP callers: JSON {\"principals\":[{\"name\",\"token_sha256\",\"agent_id\",\"capability\",\"agent_key\"}]}; each sees its own tools."`
+	Listen     string `name:"listen" help:"Serve streamable HTTP on this address (e.g. 0.0.0.0:8931) instead of stdio; needs --principals and --tls-cert/--tls-key (or, on a loopback address only, --insecure-plain-http)."`
+	Principals string `name:"principals" type:"existingfile" help:"HTTP callers: JSON {\"principals\":[{\"name\",\"token_sha256\",\"jwt_subject\",\"jwt_principal\",\"agent_id\",\"capability\",\"agent_key\"}]}; each sees its own tools. A static token (token_sha256) is tried first; otherwise a JWT selects the principal whose jwt_principal is its talos_principal claim, or, without that claim, whose jwt_subject is its sub."`
+
+	TLSCert           string `name:"tls-cert" type:"existingfile" help:"HTTP mode: the server certificate (chain), PEM; TLS 1.2 or later is served."`
+	TLSKey            string `name:"tls-key" type:"existingfile" help:"HTTP mode: the key of --tls-cert, PEM."`
+	InsecurePlainHTTP bool   `name:"insecure-plain-http" help:"HTTP mode without TLS: allowed only when --listen is a loopback address (local testing)."`
+
+	JWTIssuer     string        `name:"jwt-issuer" help:"HTTP mode: accept JWT bearer tokens from this issuer (their iss); needs --jwt-audience and --jwks-file or --jwks-url."`
+	JWTAudience   string        `name:"jwt-audience" help:"The audience (aud) a JWT must name, e.g. talos-mcp-gateway."`
+	JWKSFile      string        `name:"jwks-file" type:"existingfile" help:"The issuer's public keys (a JWKS document), read again every --jwks-refresh."`
+	JWKSURL       string        `name:"jwks-url" help:"The issuer's JWKS URL (https only), fetched every --jwks-refresh and cached; while no current key set is held, every JWT is refused."`
+	JWTAlgorithms []string      `name:"jwt-algorithms" default:"RS256,ES256,EdDSA" help:"Signature algorithms a JWT may use (asymmetric only: RS*, PS*, ES*, EdDSA)."`
+	JWTLeeway     time.Duration `name:"jwt-leeway" default:"30s" help:"Clock skew allowed on a JWT's exp, nbf and iat."`
+	JWKSRefresh   time.Duration `name:"jwks-refresh" default:"5m" help:"How often the JWKS is read again (sooner after a failure, or for a key id it lacks)."`
+	JWKSMaxStale  time.Duration `name:"jwks-max-stale" default:"15m" help:"How long the last JWKS read stays in use while reading it again fails; then every JWT is refused."`
+
+	AuthRefusalRate  float64 `name:"auth-refusal-rate" default:"1" help:"Refused (unauthenticated) requests reported to Talos per second and source address; beyond it and --auth-refusal-burst they are still refused, and counted in /metrics."`
+	AuthRefusalBurst int     `name:"auth-refusal-burst" default:"5" help:"Burst of refused requests reported to Talos per source address."`
 
 	DecisionTimeout      time.Duration `name:"decision-timeout" default:"5s" help:"How long to wait for a decision; none in time means deny."`
 	ApprovalTimeout      time.Duration `name:"approval-timeout" default:"2m" help:"How long a require_approval call waits for talosctl approve|reject; then it is denied."`
@@ -117,6 +136,10 @@ func (c *cli) run(log *slog.Logger) error {
 	if err != nil {
 		return usageError{err}
 	}
+	httpOpts, keys, err := c.httpOptions(principals, log)
+	if err != nil {
+		return usageError{err}
+	}
 	specs, err := c.upstreams()
 	if err != nil {
 		return usageError{err}
@@ -167,13 +190,27 @@ func (c *cli) run(log *slog.Logger) error {
 	defer g.Close(c.DrainTimeout)
 	log.Info("talos-mcp-gateway ready", "ep_id", c.EPID, "upstreams", len(ups), "tools", g.Tools(), "registry_digest", reg.Digest())
 	if c.Listen != "" {
-		return g.ListenHTTP(ctx, c.Listen, principals)
+		return serveHTTP(ctx, stop, g, httpOpts, keys)
 	}
 	err = g.Server(principals[0]).Run(ctx, &mcp.StdioTransport{})
 	if ctx.Err() != nil || errors.Is(err, context.Canceled) {
 		return nil
 	}
 	return err
+}
+
+// serveHTTP runs the HTTP mode, and the JWKS refresher beside it when
+// there is one: the refresher is owned here, stopped (stop) and waited for
+// before the gateway closes.
+func serveHTTP(ctx context.Context, stop context.CancelFunc, g *gateway.Gateway, o *gateway.HTTPOptions, keys *jwtauth.KeySet) error {
+	if keys != nil {
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { defer wg.Done(); keys.Run(ctx) }()
+		defer wg.Wait()
+		defer stop()
+	}
+	return g.ListenHTTP(ctx, *o)
 }
 
 // principals is the stdio principal (flags) or the --principals file.
@@ -199,6 +236,57 @@ func (c *cli) principals() ([]*gateway.Principal, error) {
 		return nil, errors.New("with --listen, capabilities and keys are per principal, in --principals")
 	}
 	return gateway.LoadPrincipals(c.Principals)
+}
+
+// httpOptions are the HTTP mode's TLS and JWT settings (CSP MUST 2): nil
+// for stdio. A JWKS file that cannot be read is a usage error; a JWKS URL
+// that cannot be fetched yet is not (its refresher keeps trying, and every
+// JWT is refused meanwhile).
+func (c *cli) httpOptions(principals []*gateway.Principal, log *slog.Logger) (*gateway.HTTPOptions, *jwtauth.KeySet, error) {
+	jwtSet := c.JWTIssuer != "" || c.JWTAudience != "" || c.JWKSFile != "" || c.JWKSURL != ""
+	if c.Listen == "" {
+		if c.TLSCert != "" || c.TLSKey != "" || c.InsecurePlainHTTP || jwtSet {
+			return nil, nil, errors.New("--tls-*, --insecure-plain-http, --jwt-* and --jwks-* are for --listen (HTTP)")
+		}
+		return nil, nil, nil
+	}
+	o := &gateway.HTTPOptions{Addr: c.Listen, Principals: principals, InsecurePlainHTTP: c.InsecurePlainHTTP,
+		Refusals: gateway.RefusalLimits{PerSource: rate.Limit(c.AuthRefusalRate), PerSourceBurst: c.AuthRefusalBurst}}
+	if c.TLSCert != "" || c.TLSKey != "" {
+		var err error
+		if o.TLS, err = gateway.LoadTLS(c.TLSCert, c.TLSKey); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := gateway.CheckListen(c.Listen, o.TLS != nil, c.InsecurePlainHTTP); err != nil {
+		return nil, nil, err
+	}
+	if !jwtSet {
+		for _, p := range principals {
+			if p.TokenSHA256 == "" {
+				return nil, nil, fmt.Errorf("principal %s is reached by JWT only, but no --jwt-issuer/--jwks-* is given", p.Name)
+			}
+		}
+		return o, nil, nil
+	}
+	keys, err := jwtauth.NewKeySet(jwtauth.KeySetOptions{File: c.JWKSFile, URL: c.JWKSURL, Refresh: c.JWKSRefresh,
+		MaxStale: c.JWKSMaxStale, Logger: log})
+	if err != nil {
+		return nil, nil, err
+	}
+	if o.JWT, err = jwtauth.NewVerifier(jwtauth.Options{Issuer: c.JWTIssuer, Audience: c.JWTAudience,
+		Algorithms: c.JWTAlgorithms, Leeway: c.JWTLeeway, Keys: keys}); err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := keys.Refresh(ctx); err != nil {
+		if c.JWKSFile != "" {
+			return nil, nil, fmt.Errorf("--jwks-file: %w", err)
+		}
+		log.Warn("JWKS not fetched yet: every JWT is refused until it is", "url", c.JWKSURL, "err", err)
+	}
+	return o, keys, nil
 }
 
 // upstreams parses --upstream; server ids are unique.

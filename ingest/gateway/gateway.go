@@ -26,6 +26,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest/ep"
@@ -64,6 +65,11 @@ type Gateway struct {
 	client *ep.Client
 	out    *ep.Outbox
 	appr   *ep.Approvals
+	// refused carries the reports of refused HTTP requests
+	// (refusals), apart from out so they can never deny a call.
+	refused *ep.Outbox
+	metrics *prometheus.Registry
+	authRef *prometheus.CounterVec // talos_gateway_auth_refusals_total
 
 	ups    []*Upstream
 	byName map[string]upstreamTool // downstream tool name → its upstream tool
@@ -102,6 +108,12 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 	g.byName = route(o.Registry, ups, o.Logger)
 	g.appr = ep.NewApprovals(nc, o.Logger)
 	g.out = ep.NewOutbox(o.Logger)
+	g.refused = ep.NewOutbox(o.Logger)
+	g.metrics = prometheus.NewRegistry()
+	g.authRef = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "talos_gateway_auth_refusals_total",
+		Help: "HTTP requests refused for want of valid credentials, by reason, and whether Talos was told (receipted) or the refusal limits left it out."},
+		[]string{"reason", "receipted"})
+	g.metrics.MustRegister(g.authRef)
 	return g, nil
 }
 
@@ -137,6 +149,7 @@ func route(reg *enforce.Registry, ups []*Upstream, log *slog.Logger) map[string]
 // (ENFORCEMENT_UNAVAILABLE) and Start keeps trying in the background.
 func (g *Gateway) Start(ctx context.Context) {
 	g.out.Start(g.js)
+	g.refused.Start(g.js)
 	g.appr.Start()
 	// Subscribe to decisions before returning when NATS is up, so the first
 	// call finds the client; otherwise keep trying in the background (calls
@@ -176,6 +189,9 @@ func (g *Gateway) subscribe() bool {
 func (g *Gateway) Close(wait time.Duration) {
 	if n := g.out.Drain(wait); n > 0 {
 		g.log.Error("post events not delivered to Talos before exit", "count", n)
+	}
+	if n := g.refused.Drain(wait / 2); n > 0 {
+		g.log.Error("reports of refused requests not delivered to Talos before exit", "count", n)
 	}
 	CloseUpstreams(g.ups)
 }
