@@ -406,6 +406,11 @@ func (d *Decider) Begin(subject string, raw []byte, now time.Time, receiptID str
 	r.SessionID = c.SessionID
 	r.EPID = c.EPID
 	r.ToolName = c.ToolName
+	r.TokenHandling = &schemas.TokenHandling{Mode: schemas.TokenModeNone}
+	if c.TokenHandling != nil {
+		th := *c.TokenHandling
+		r.TokenHandling = &th
+	}
 	p.call = CallKey{SessionID: c.SessionID, CorrelationID: c.CorrelationID, ToolCallID: c.ToolCallID}
 	return p, nil
 }
