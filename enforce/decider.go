@@ -395,7 +395,15 @@ func (d *Decider) Begin(subject string, raw []byte, now time.Time, receiptID str
 			}
 		}
 	}
-	r := &p.r
+	fillCall(&p.r, c)
+	p.call = CallKey{SessionID: c.SessionID, CorrelationID: c.CorrelationID, ToolCallID: c.ToolCallID}
+	return p, nil
+}
+
+// fillCall fills the receipt with what a valid envelope says of its call:
+// its ids and the enforcement point's token handling (mode none when it
+// reports none; CSP MUST 5, CRED-03).
+func fillCall(r *schemas.Receipt, c *schemas.ToolCall) {
 	r.EventType = kindOf(c.Phase)
 	r.Tool = c.ToolName
 	r.AgentID = c.Actor.AgentID
@@ -406,8 +414,11 @@ func (d *Decider) Begin(subject string, raw []byte, now time.Time, receiptID str
 	r.SessionID = c.SessionID
 	r.EPID = c.EPID
 	r.ToolName = c.ToolName
-	p.call = CallKey{SessionID: c.SessionID, CorrelationID: c.CorrelationID, ToolCallID: c.ToolCallID}
-	return p, nil
+	r.TokenHandling = &schemas.TokenHandling{Mode: schemas.TokenModeNone}
+	if c.TokenHandling != nil {
+		th := *c.TokenHandling
+		r.TokenHandling = &th
+	}
 }
 
 // outcome merges what is known into the call's Outcome and fills the

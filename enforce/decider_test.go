@@ -112,3 +112,50 @@ func TestDeciderUnauthenticatedReport(t *testing.T) {
 		t.Fatalf("an ordinary server's call got %v", r.ReasonCodes)
 	}
 }
+
+// TestDeciderTokenHandling: the receipt records the enforcement point's
+// token handling (mode none when it reports none, CSP MUST 5, CRED-03); a
+// reported passthrough is DENY_TOKEN_PASSTHROUGH (CRED-02) and a missing
+// credential DENY_CREDENTIAL_UNAVAILABLE, in phase pre.
+func TestDeciderTokenHandling(t *testing.T) {
+	d := newTestDecider(t)
+	cases := []struct {
+		name  string
+		th    map[string]any
+		want  schemas.TokenHandling
+		codes []string
+	}{
+		{"no report", nil, schemas.TokenHandling{Mode: schemas.TokenModeNone}, nil},
+		{"exchanged", map[string]any{"mode": "token_exchange", "audience": "files", "passthrough_detected": false},
+			schemas.TokenHandling{Mode: schemas.TokenModeTokenExchange, Audience: "files"}, nil},
+		{"passthrough", map[string]any{"mode": "secret", "audience": "files", "passthrough_detected": true},
+			schemas.TokenHandling{Mode: schemas.TokenModeSecret, Audience: "files", PassthroughDetected: true}, []string{schemas.CodeDenyTokenPassthrough}},
+		{"endpoint down", map[string]any{"mode": "token_exchange", "audience": "files", "passthrough_detected": false, "error": "endpoint_unreachable"},
+			schemas.TokenHandling{Mode: schemas.TokenModeTokenExchange, Audience: "files", Error: schemas.TokenErrEndpointUnreachable},
+			[]string{schemas.CodeDenyCredentialUnavailable}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			env := envelope("pre", "files", "list_dir", map[string]any{"path": "/"})
+			if tc.th != nil {
+				env["token_handling"] = tc.th
+			}
+			raw, _ := json.Marshal(env)
+			r, _, err := d.Decide("talos.call.pre.files", raw, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.TokenHandling == nil || *r.TokenHandling != tc.want {
+				t.Fatalf("token_handling %+v, want %+v", r.TokenHandling, tc.want)
+			}
+			for _, c := range []string{schemas.CodeDenyTokenPassthrough, schemas.CodeDenyCredentialUnavailable} {
+				if slices.Contains(r.ReasonCodes, c) != slices.Contains(tc.codes, c) {
+					t.Fatalf("reason codes %v, want %v among them", r.ReasonCodes, tc.codes)
+				}
+			}
+			if len(tc.codes) > 0 && r.Decision != schemas.DecisionDeny {
+				t.Fatalf("decision %s, want deny", r.Decision)
+			}
+		})
+	}
+}

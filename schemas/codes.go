@@ -85,6 +85,14 @@ const (
 	// reported the attempt on ServerUnauthenticated; the worker denies it
 	// with this code alone, so the refusal has a signed receipt.
 	CodeDenyUnauthenticated = "DENY_UNAUTHENTICATED"
+	// CodeDenyTokenPassthrough: the credential the enforcement point would
+	// send the upstream equals the client's own token (CSP MUST 5,
+	// CRED-02); its envelope says token_handling.passthrough_detected.
+	CodeDenyTokenPassthrough = "DENY_TOKEN_PASSTHROUGH"
+	// CodeDenyCredentialUnavailable: the enforcement point could not obtain
+	// the upstream credential (token endpoint down or refusing, no JWT to
+	// exchange); its envelope says token_handling.error (fail closed).
+	CodeDenyCredentialUnavailable = "DENY_CREDENTIAL_UNAVAILABLE"
 )
 
 // ServerUnauthenticated is the reserved server_id on which an enforcement

@@ -160,6 +160,13 @@ func parseCases(t testing.TB) map[string][]byte {
 			m["expected_document_hashes"] = []any{map[string]any{"pointer": "/content", "hash": strings.Repeat("a", 64)}}
 			m["content_hash_alg"], m["sender_signature"], m["parent_span_id"] = "sha256", map[string]any{"sig": "x"}, "00f067aa0ba902b7"
 			m["request"].(map[string]any)["_meta"] = map[string]any{"progressToken": 1.5e300}
+			m["token_handling"] = map[string]any{"mode": "token_exchange", "audience": "files", "passthrough_detected": false}
+		},
+		"token_handling unknown mode": func(m map[string]any) {
+			m["token_handling"] = map[string]any{"mode": "passthrough", "audience": "", "passthrough_detected": true}
+		},
+		"token_handling without passthrough_detected": func(m map[string]any) {
+			m["token_handling"] = map[string]any{"mode": "none", "audience": ""}
 		},
 		"capability array":       func(m map[string]any) { m["capability"] = []any{"a", 1, nil, true} },
 		"capability string":      func(m map[string]any) { m["capability"] = "opaque" },

@@ -93,7 +93,7 @@ func (s *stack) httpsGateway(t *testing.T, client *http.Client, base string, env
 	cmd := exec.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none", "--registry", registryDir,
 		"--log-level", "debug"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
-	logPath := filepath.Join(s.dir, "gateway-https.log")
+	logPath := filepath.Join(s.dir, fmt.Sprintf("gateway-https-%d.log", time.Now().UnixNano()))
 	logf, _ := os.Create(logPath)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {

@@ -30,6 +30,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/enforce/redact"
+	"github.com/talos-audit/talos/ingest/credential"
 	"github.com/talos-audit/talos/ingest/gateway"
 	"github.com/talos-audit/talos/ingest/jwtauth"
 	"github.com/talos-audit/talos/ingest/mcpup"
@@ -49,6 +50,8 @@ type cli struct {
 	EPID     string   `name:"ep-id" required:"" help:"This enforcement point's id (its decisions arrive on talos.decision.<ep-id>)."`
 	Upstream []string `name:"upstream" required:"" sep:"none" help:"An upstream MCP server: '<server_id>=<command> [args...]' (stdio) or '<server_id>=http(s)://...' (streamable HTTP). Repeat for several."`
 	Registry string   `name:"registry" required:"" type:"path" help:"The tool registry: a manifest file or a directory of them (the bundle the workers pin)."`
+
+	Credentials string `name:"credentials" type:"existingfile" help:"The credential each upstream is sent (the client's own token never is): JSON {\"servers\":{\"<server_id>\":{\"mode\":\"none|secret|token_exchange\", ...}}}; secret: secret_file or secret_env (the gateway's environment), and stdio_env for a stdio upstream; token_exchange (RFC 8693, HTTP upstreams): token_endpoint, client_id, client_secret_file|client_secret_env, audience (default the server_id), resource (default its URL), scope, timeout. A server not listed is sent nothing. See the README."`
 
 	Capability string `name:"capability" type:"existingfile" help:"The agent's capability chain (JSON, from talosctl cap issue|delegate); attached to every call."`
 	AgentKey   string `name:"agent-key" type:"existingfile" help:"The chain holder's key (.key): every call carries a sender signature."`
@@ -144,6 +147,10 @@ func (c *cli) run(log *slog.Logger) error {
 	if err != nil {
 		return usageError{err}
 	}
+	creds, err := c.credentials(specs)
+	if err != nil {
+		return usageError{err}
+	}
 	opts, err := c.natsOptions()
 	if err != nil {
 		return usageError{err}
@@ -151,7 +158,7 @@ func (c *cli) run(log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	ups, err := gateway.ConnectUpstreams(ctx, specs, &mcp.Implementation{Name: "talos-mcp-gateway", Version: version}, log)
+	ups, err := gateway.ConnectUpstreams(ctx, specs, &mcp.Implementation{Name: "talos-mcp-gateway", Version: version}, log, creds)
 	if err != nil {
 		return err
 	}
@@ -181,6 +188,7 @@ func (c *cli) run(log *slog.Logger) error {
 		EPID: c.EPID, Registry: reg, Discovery: discovery,
 		DecisionTimeout: c.DecisionTimeout, ApprovalTimeout: c.ApprovalTimeout,
 		MaxEnvelopeBytes: c.MaxEnvelopeBytes, StdioSession: c.SessionID, Logger: log, Version: version,
+		Credentials: creds,
 	}, nc, ups)
 	if err != nil {
 		return usageError{err}
@@ -305,6 +313,23 @@ func (c *cli) upstreams() ([]mcpup.Spec, error) {
 		specs = append(specs, s)
 	}
 	return specs, nil
+}
+
+// credentials is the broker of --credentials (every server mode none
+// without it).
+func (c *cli) credentials(specs []mcpup.Spec) (*credential.Broker, error) {
+	if c.Credentials == "" {
+		return credential.New(nil, credential.Options{}), nil
+	}
+	ups := make([]credential.Upstream, len(specs))
+	for i, s := range specs {
+		ups[i] = credential.Upstream{ServerID: s.ServerID, URL: s.URL}
+	}
+	cfg, err := credential.Load(c.Credentials, ups, os.LookupEnv)
+	if err != nil {
+		return nil, err
+	}
+	return credential.New(cfg, credential.Options{}), nil
 }
 
 // natsOptions connect as this enforcement point and keep reconnecting

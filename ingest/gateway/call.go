@@ -17,6 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
 
+	"github.com/talos-audit/talos/ingest/credential"
 	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -75,13 +76,15 @@ type pending struct {
 	// nil when it has no objection.
 	local       []string
 	localDetail string
-	log         *slog.Logger
+	// cred is the upstream credential of the call (credential).
+	cred credential.Credential
+	log  *slog.Logger
 }
 
 // call runs one tools/call through Talos: pre → decision (→ approval) →
 // upstream → post.
 func (g *Gateway) call(ctx context.Context, p *Principal, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	c, err := g.prepare(p, req)
+	c, err := g.prepare(ctx, p, req)
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +105,7 @@ func (g *Gateway) call(ctx context.Context, p *Principal, req *mcp.CallToolReque
 
 // prepare builds the call's signed pre envelope and the gateway's own
 // verdict on it.
-func (g *Gateway) prepare(p *Principal, req *mcp.CallToolRequest) (*pending, error) {
+func (g *Gateway) prepare(ctx context.Context, p *Principal, req *mcp.CallToolRequest) (*pending, error) {
 	params := req.Params
 	c := &pending{p: p, req: req, args: params.Arguments}
 	if len(c.args) == 0 || string(c.args) == "null" {
@@ -123,6 +126,7 @@ func (g *Gateway) prepare(p *Principal, req *mcp.CallToolRequest) (*pending, err
 	} else {
 		c.local, c.localDetail = []string{schemas.CodeToolHidden, schemas.CodeUnknownTool}, "no upstream offers this tool"
 	}
+	g.credential(ctx, c)
 	c.log = g.log.With("tool_call_id", pre.ToolCallID, "server", server, "tool", params.Name, "principal", p.Name)
 	if c.raw, err = json.Marshal(pre); err != nil {
 		return nil, err
@@ -231,6 +235,9 @@ func (g *Gateway) awaitApproval(ctx context.Context, c *pending, d *schemas.Deci
 // forward runs an allowed call on its upstream and reports it.
 func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (*mcp.CallToolResult, error) {
 	up := g.upstreamOf(c.ut.server)
+	if c.cred.Token != "" {
+		ctx = credential.WithToken(ctx, c.cred.Token)
+	}
 	started := time.Now()
 	res, err := up.session.CallTool(ctx, &mcp.CallToolParams{Name: c.ut.tool.Name, Arguments: c.args})
 	ended := time.Now()

@@ -29,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/ingest/credential"
 	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/ingest/mcpup"
 	"github.com/talos-audit/talos/schemas"
@@ -52,6 +53,9 @@ type Options struct {
 	StdioSession string
 	Logger       *slog.Logger
 	Version      string
+	// Credentials broker the upstream credential of each call (CSP MUST
+	// 5); nil: every server is mode none. Give ConnectUpstreams the same.
+	Credentials *credential.Broker
 }
 
 // Gateway is the enforcement point between MCP clients and upstream MCP
@@ -73,6 +77,7 @@ type Gateway struct {
 
 	ups    []*Upstream
 	byName map[string]upstreamTool // downstream tool name → its upstream tool
+	creds  *credential.Broker
 
 	mu      sync.Mutex
 	servers map[string]*mcp.Server // principal name → its server
@@ -104,7 +109,10 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 		return nil, err
 	}
 	o.Discovery.Registry = o.Registry
-	g := &Gateway{o: o, log: o.Logger, nc: nc, js: js, ups: ups, servers: map[string]*mcp.Server{}}
+	if o.Credentials == nil {
+		o.Credentials = credential.New(nil, credential.Options{})
+	}
+	g := &Gateway{o: o, log: o.Logger, nc: nc, js: js, ups: ups, creds: o.Credentials, servers: map[string]*mcp.Server{}}
 	g.byName = route(o.Registry, ups, o.Logger)
 	g.appr = ep.NewApprovals(nc, o.Logger)
 	g.out = ep.NewOutbox(o.Logger)

@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"slices"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/ingest/credential"
 	"github.com/talos-audit/talos/ingest/mcpup"
 )
 
@@ -28,12 +31,25 @@ type Upstream struct {
 
 // ConnectUpstreams starts or dials every upstream (60 s each) and lists
 // its tools; client names the gateway to them. Server ids MUST be unique.
-// On an error the upstreams already connected are left open.
-func ConnectUpstreams(ctx context.Context, specs []mcpup.Spec, client *mcp.Implementation, log *slog.Logger) ([]*Upstream, error) {
+// On an error the upstreams already connected are closed. creds (nil:
+// none) sets what each upstream is sent (CSP MUST 5): an HTTP upstream's
+// requests never carry an Authorization header but the broker's
+// (credential.Transport); a stdio upstream with a secret gets it in its
+// declared environment variable.
+func ConnectUpstreams(ctx context.Context, specs []mcpup.Spec, client *mcp.Implementation, log *slog.Logger, creds *credential.Broker) ([]*Upstream, error) {
+	if creds == nil {
+		creds = credential.New(nil, credential.Options{})
+	}
 	var ups []*Upstream
 	for _, s := range specs {
+		var opts []mcpup.Option
+		if s.URL != "" {
+			opts = append(opts, mcpup.WithHTTPClient(&http.Client{Transport: creds.Transport(s.ServerID, nil)}))
+		} else if env := creds.StdioEnv(s.ServerID); env != nil {
+			s.Env = append(slices.Clone(s.Env), env...)
+		}
 		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		cs, err := mcpup.Connect(cctx, s, client)
+		cs, err := mcpup.Connect(cctx, s, client, opts...)
 		if err != nil {
 			cancel()
 			CloseUpstreams(ups)
