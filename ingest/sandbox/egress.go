@@ -30,6 +30,11 @@ type egressProxy struct {
 	ln     net.Listener
 	srv    *http.Server
 	done   chan struct{} // closed when Serve has returned
+
+	mu      sync.Mutex
+	closed  bool              // close has begun: no new tunnel
+	tunnels map[net.Conn]bool // hijacked client ends of open tunnels
+	wg      sync.WaitGroup    // one per open tunnel; close waits for it
 }
 
 // dialTimeout bounds the proxy's connection to an allowlisted destination.
@@ -42,7 +47,7 @@ func (s *Sandbox) startProxy() error {
 	}
 	s.dir = dir
 	p := &egressProxy{server: s.cfg.ServerID, path: filepath.Join(dir, "egress.sock"), allow: map[string]bool{},
-		log: s.cfg.Logger, done: make(chan struct{})}
+		log: s.cfg.Logger, done: make(chan struct{}), tunnels: map[net.Conn]bool{}}
 	for _, e := range s.cfg.Egress {
 		hp, _ := parseHostPort(e) // validated
 		p.allow[hp] = true
@@ -60,11 +65,19 @@ func (s *Sandbox) startProxy() error {
 	return nil
 }
 
-// close stops accepting and waits for Serve to return; a tunnel still open
-// ends when the sandboxed server (its client end) exits.
+// close stops accepting, ends the open tunnels, and waits for Serve and
+// every tunnel's goroutines to return. Shutdown order: listener and idle
+// connections (srv.Close), then tunnels (their client ends closed here).
 func (p *egressProxy) close() {
 	_ = p.srv.Close()
 	<-p.done
+	p.mu.Lock()
+	p.closed = true
+	for c := range p.tunnels {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
 }
 
 // ServeHTTP handles CONNECT host:port (tunnels, for TLS) and absolute-form
@@ -113,6 +126,22 @@ func (p *egressProxy) tunnel(w http.ResponseWriter, r *http.Request, hp string) 
 		_ = up.Close()
 		return
 	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		_ = up.Close()
+		_ = down.Close()
+		return
+	}
+	p.tunnels[down] = true
+	p.wg.Add(1)
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.tunnels, down)
+		p.mu.Unlock()
+		p.wg.Done()
+	}()
 	if _, err := down.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n")); err != nil {
 		_ = up.Close()
 		_ = down.Close()

@@ -210,7 +210,6 @@ func TestEgressProxy(t *testing.T) {
 	if err := s.startProxy(); err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", s.proxy.path)
@@ -247,6 +246,24 @@ func TestEgressProxy(t *testing.T) {
 		if !strings.Contains(line, " "+want+" ") {
 			t.Fatalf("CONNECT %s: %q, want %s", dest, line, want)
 		}
+	}
+	// A tunnel left open does not keep Close waiting.
+	c, err := net.Dial("unix", s.proxy.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	dest := strings.TrimPrefix(allowed.URL, "http://")
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", dest, dest)
+	if line, _ := bufio.NewReader(c).ReadString('\n'); !strings.Contains(line, " 200 ") {
+		t.Fatalf("CONNECT: %q", line)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close hangs on an open tunnel")
 	}
 	mu.Lock()
 	defer mu.Unlock()
