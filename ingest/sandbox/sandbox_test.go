@@ -69,7 +69,7 @@ func TestArgs(t *testing.T) {
 		})
 	}
 	for _, p := range systemPaths {
-		for _, bad := range []string{"/home", "/root", "/var", "/work", "/run", "/etc/shadow"} {
+		for _, bad := range []string{"/home", "/root", "/var", "/srv", "/mnt", "/run", "/etc/shadow"} {
 			if p == bad || strings.HasPrefix(bad, p+"/") {
 				t.Fatalf("system path %s exposes %s", p, bad)
 			}
