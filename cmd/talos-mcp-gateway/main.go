@@ -35,6 +35,7 @@ import (
 	"github.com/talos-audit/talos/ingest/jwtauth"
 	"github.com/talos-audit/talos/ingest/mcpup"
 	"github.com/talos-audit/talos/ingest/natsauth"
+	"github.com/talos-audit/talos/ingest/sandbox"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -85,6 +86,8 @@ type cli struct {
 	DrainTimeout         time.Duration `name:"drain-timeout" default:"10s" help:"At exit, how long to wait for post events still queued for NATS."`
 	LogLevel             string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level (logs go to stderr; arguments and results are never logged, and what is logged is redacted like a payload)."`
 
+	sandboxFlags
+
 	Tools toolsFlag `name:"list-tools" help:"Print the tools the configured principal (or each of --principals) would see, then exit. Needs no NATS."`
 }
 
@@ -92,6 +95,10 @@ type cli struct {
 type toolsFlag bool
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == sandbox.InitCommand {
+		// Started by bwrap as a sandbox's init (ingest/sandbox).
+		os.Exit(sandbox.RunInit(os.Args[2:]))
+	}
 	var c cli
 	parser, err := kong.New(&c,
 		kong.Name("talos-mcp-gateway"),
@@ -158,6 +165,11 @@ func (c *cli) run(log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	sandboxes, err := c.sandboxes(ctx, reg, specs, log)
+	if err != nil {
+		return err
+	}
+	defer closeSandboxes(sandboxes) // after the upstreams' deferred closes
 	ups, err := gateway.ConnectUpstreams(ctx, specs, &mcp.Implementation{Name: "talos-mcp-gateway", Version: version}, log, creds)
 	if err != nil {
 		return err

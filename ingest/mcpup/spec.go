@@ -21,6 +21,12 @@ type Spec struct {
 	// Env is added to this process's environment for a stdio server
 	// ("KEY=VALUE" entries; later entries win).
 	Env []string
+	// Wrap, when set, runs a stdio server inside a sandbox (CSP MUST 8):
+	// it is given the command (the program resolved on this host) and Env,
+	// and returns the command actually started and its whole environment
+	// (nothing of this process's environment is added). An error fails
+	// Connect with ErrStart; the server is never started unwrapped.
+	Wrap func(argv, env []string) (cmd, cmdEnv []string, err error)
 }
 
 // ErrSpec is wrapped by every error ParseSpec returns.
