@@ -688,7 +688,7 @@ func (d *Decider) preflight(st *State, pc *schemas.ParsedCall, cls *Classificati
 		} else {
 			args := pc.Arguments()
 			n := argsLen(pc)
-			cs, ds := pf.p.Check(c.ServerID, tool, args, n)
+			cs, ds := pf.p.Check(c.ServerID, tool, args, n, c.WorkspaceRoot)
 			codes, details = append(codes, cs...), append(details, ds...)
 		}
 	}

@@ -153,7 +153,8 @@ func fullToolCall() ToolCall {
 		RequestHash:            strings.Repeat("2", 64),
 		ExpectedDocumentHashes: []ExpectedHash{{Pointer: "/p", Hash: strings.Repeat("3", 64)}},
 		ContentHashAlg:         ContentHashAlg, SenderSignature: json.RawMessage(`{"sig":"x"}`), ParentSpanID: "p",
-		Result: json.RawMessage(`{"content":[]}`), OK: ptr(true),
+		WorkspaceRoot: "/srv/ws",
+		Result:        json.RawMessage(`{"content":[]}`), OK: ptr(true),
 		Error:  &CallError{Code: "c", Kind: "k", Message: "m", Retryable: ptr(false)},
 		Timing: &Timing{StartedAt: "2025-01-15T10:20:30.123Z", EndedAt: "2025-01-15T10:20:30.200Z"},
 	}

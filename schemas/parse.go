@@ -283,6 +283,7 @@ func fillToolCall(c *ToolCall, doc map[string]any, spans *envelopeSpans) {
 	c.ContentHashAlg = str(doc, "content_hash_alg")
 	c.SenderSignature = spans.senderSignature
 	c.ParentSpanID = str(doc, "parent_span_id")
+	c.WorkspaceRoot = str(doc, "workspace_root")
 	c.Result = spans.result
 	if ok, isBool := doc["ok"].(bool); isBool {
 		c.OK = &ok

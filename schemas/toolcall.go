@@ -29,6 +29,12 @@ type ToolCall struct {
 	ContentHashAlg         string          `json:"content_hash_alg,omitempty"`
 	SenderSignature        json.RawMessage `json:"sender_signature,omitempty"`
 	ParentSpanID           string          `json:"parent_span_id,omitempty"`
+	// WorkspaceRoot is the workspace the enforcement point serves for
+	// ServerID (its configuration): the root of path arguments for registry
+	// tools whose workspace_root is WorkspaceFromEnforcementPoint (CSP
+	// MUST 7). The enforcement point is trusted for it as it is trusted to
+	// forward only allowed calls.
+	WorkspaceRoot string `json:"workspace_root,omitempty"`
 
 	// Phase post only.
 	Result json.RawMessage `json:"result,omitempty"`

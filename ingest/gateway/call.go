@@ -292,6 +292,7 @@ func (g *Gateway) envelope(p *Principal, session, server, tool string, args json
 	c.SessionID = session
 	c.Actor = schemas.Actor{Kind: "agent", AgentID: p.AgentID}
 	c.RegistryDigest = g.o.Registry.Digest()
+	c.WorkspaceRoot = g.o.Workspaces[server]
 	if t, ok := g.o.Registry.Lookup(server, tool); ok && (t.ToolClass == schemas.ClassWrite || t.ActionPointer != "") {
 		c.IdempotencyKey = c.ToolCallID
 		if k, ok := meta[idempotencyMeta].(string); ok && k != "" && len(k) <= 256 {

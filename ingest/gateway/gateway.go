@@ -49,8 +49,13 @@ type Options struct {
 	// StdioSession is the session_id of calls from the stdio session
 	// (default stdio-<uuid>, new each start).
 	StdioSession string
-	Logger       *slog.Logger
-	Version      string
+	// Workspaces is the workspace the gateway serves per server_id (an
+	// absolute, clean path), sent as every envelope's workspace_root: the
+	// root preflight confines path arguments to when the registry defers
+	// to the enforcement point (CSP MUST 7, VAL-03).
+	Workspaces map[string]string
+	Logger     *slog.Logger
+	Version    string
 }
 
 // Gateway is the enforcement point between MCP clients and upstream MCP
