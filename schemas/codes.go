@@ -80,6 +80,10 @@ const (
 	// input_schema other than by an unknown field (CSP MUST 7 "schema
 	// validation"; the specification names no code for it).
 	CodeDenySchemaViolation = "DENY_SCHEMA_VIOLATION"
+	// CodeDenyToolDrift: the tool's definition as the enforcement point
+	// lists it (name, description, inputSchema, annotations) is not the one
+	// the registry pins (definition_sha256): a "rug pull", OWASP MCP03.
+	CodeDenyToolDrift = "DENY_TOOL_DRIFT"
 )
 
 // ApprovalCodes are codes that, with warnings only, make the decision

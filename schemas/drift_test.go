@@ -153,8 +153,8 @@ func fullToolCall() ToolCall {
 		RequestHash:            strings.Repeat("2", 64),
 		ExpectedDocumentHashes: []ExpectedHash{{Pointer: "/p", Hash: strings.Repeat("3", 64)}},
 		ContentHashAlg:         ContentHashAlg, SenderSignature: json.RawMessage(`{"sig":"x"}`), ParentSpanID: "p",
-		WorkspaceRoot: "/srv/ws",
-		Result:        json.RawMessage(`{"content":[]}`), OK: ptr(true),
+		WorkspaceRoot: "/srv/ws", ToolDefinitionSHA256: strings.Repeat("4", 64),
+		Result: json.RawMessage(`{"content":[]}`), OK: ptr(true),
 		Error:  &CallError{Code: "c", Kind: "k", Message: "m", Retryable: ptr(false)},
 		Timing: &Timing{StartedAt: "2025-01-15T10:20:30.123Z", EndedAt: "2025-01-15T10:20:30.200Z"},
 	}
@@ -229,7 +229,8 @@ func TestFullyPopulatedStructsValidate(t *testing.T) {
 			TrustLevel: "internal", RiskCategory: "CRITICAL", NetworkOutbound: ptr(true), BuiltIn: ptr(false), SubagentAccess: "denied", RequiresApproval: ptr(false),
 			ActionPointer: "/action", Actions: []Action{{Name: "list_prs", ReadOnly: true}}, InputSchema: json.RawMessage(`{"type":"object"}`),
 			ToolVersion: "1.2.3", SideEffect: SideEffectExecute, Idempotency: IdempotencyNonIdempotent, ResourcePointer: "/repo",
-			PathPointers: []string{"/path"}, WorkspaceRoot: "/work", MaxArgsBytes: ptr(int64(4))}}}
+			PathPointers: []string{"/path"}, WorkspaceRoot: "/work", MaxArgsBytes: ptr(int64(4)),
+			DefinitionSHA256: strings.Repeat("5", 64)}}}
 	b = mustJSON(t, m)
 	assertAllKeys(t, reflect.TypeFor[Manifest](), b)
 	assertAllKeys(t, reflect.TypeFor[Tool](), mustJSON(t, m.Tools[0]))

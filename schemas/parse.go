@@ -284,6 +284,7 @@ func fillToolCall(c *ToolCall, doc map[string]any, spans *envelopeSpans) {
 	c.SenderSignature = spans.senderSignature
 	c.ParentSpanID = str(doc, "parent_span_id")
 	c.WorkspaceRoot = str(doc, "workspace_root")
+	c.ToolDefinitionSHA256 = str(doc, "tool_definition_sha256")
 	c.Result = spans.result
 	if ok, isBool := doc["ok"].(bool); isBool {
 		c.OK = &ok

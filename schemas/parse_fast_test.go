@@ -161,6 +161,7 @@ func parseCases(t testing.TB) map[string][]byte {
 			m["content_hash_alg"], m["sender_signature"], m["parent_span_id"] = "sha256", map[string]any{"sig": "x"}, "00f067aa0ba902b7"
 			m["request"].(map[string]any)["_meta"] = map[string]any{"progressToken": 1.5e300}
 			m["workspace_root"] = "/srv/ws"
+			m["tool_definition_sha256"] = strings.Repeat("ab", 32)
 		},
 		"relative workspace_root": func(m map[string]any) { m["workspace_root"] = "srv/ws" },
 		"capability array":        func(m map[string]any) { m["capability"] = []any{"a", 1, nil, true} },

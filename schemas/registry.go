@@ -69,6 +69,10 @@ type Tool struct {
 	// MaxArgsBytes caps the JCS size of request.arguments; nil means the
 	// worker's default.
 	MaxArgsBytes *int64 `json:"max_args_bytes,omitempty"`
+	// DefinitionSHA256 pins the tool's definition as its server lists it
+	// (enforce.DefinitionDrift; OWASP MCP03): hex sha256 of the RFC 8785
+	// form of {name, description, inputSchema, annotations}.
+	DefinitionSHA256 string `json:"definition_sha256,omitempty"`
 }
 
 // WorkspaceFromEnforcementPoint is the workspace_root of a tool whose path

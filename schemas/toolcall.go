@@ -35,6 +35,10 @@ type ToolCall struct {
 	// MUST 7). The enforcement point is trusted for it as it is trusted to
 	// forward only allowed calls.
 	WorkspaceRoot string `json:"workspace_root,omitempty"`
+	// ToolDefinitionSHA256 is the definition of the tool as the enforcement
+	// point lists it to its caller, hashed like the registry's
+	// definition_sha256 pin; a difference is DENY_TOOL_DRIFT.
+	ToolDefinitionSHA256 string `json:"tool_definition_sha256,omitempty"`
 
 	// Phase post only.
 	Result json.RawMessage `json:"result,omitempty"`

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -18,7 +19,7 @@ import (
 	"github.com/talos-audit/talos/schemas"
 )
 
-// registryLintCmd is seed 004's completeness test run against a live
+// registryLintCmd is the completeness test of CM-COMPLETE run against a live
 // server: what the upstream's tools/list offers that the registry does not
 // classify (a call to it would be denied in prod, or classified wrongly).
 // It needs no NATS: it reads manifest files and talks MCP to the upstream.
@@ -28,6 +29,7 @@ type registryLintCmd struct {
 	ServerID      string        `name:"server-id" help:"Compare with this server_id's manifest instead of the one --server names (--server may then omit its '<server_id>=')."`
 	Timeout       time.Duration `name:"timeout" default:"30s" help:"Limit for starting or reaching the server and listing its tools."`
 	WriteSkeleton string        `name:"write-skeleton" type:"path" placeholder:"FILE" help:"Write a manifest skeleton with the missing tools to FILE (which must not exist): tool_class suggested from readOnlyHint, trust_level unknown. Review before publishing."`
+	WritePins     bool          `name:"write-pins" help:"Pin the definitions the server lists now: set definition_sha256 of its tools in the --registry manifest file (rewritten, indented), then lint against it. Review the live definitions first; publish and pin the registry afterwards."`
 }
 
 func (c *registryLintCmd) Run(g *Globals) error {
@@ -51,6 +53,11 @@ func (c *registryLintCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
+	if c.WritePins {
+		if manifest, err = c.writePins(&rep, live); err != nil {
+			return err
+		}
+	}
 	registrylint.Lint(&rep, manifest, live, mcpup.ActionEnum)
 	if c.WriteSkeleton != "" && rep.Counts[registrylint.Missing] > 0 {
 		if err := writeSkeleton(c.WriteSkeleton, &rep); err != nil {
@@ -68,8 +75,8 @@ func (c *registryLintCmd) Run(g *Globals) error {
 		return err
 	}
 	if !rep.OK {
-		return failed("registry lint: server %s: %d tool(s) and %d action(s) missing from the registry",
-			manifestID, rep.Counts[registrylint.Missing], rep.Counts[registrylint.MissingAction])
+		return failed("registry lint: server %s: %d tool(s) and %d action(s) missing from the registry, %d definition(s) drifted from their pins",
+			manifestID, rep.Counts[registrylint.Missing], rep.Counts[registrylint.MissingAction], rep.Counts[registrylint.Drift])
 	}
 	return nil
 }
@@ -90,6 +97,9 @@ func (c *registryLintCmd) check() (mcpup.Spec, string, error) {
 			return spec, "", usage("registry lint: --server-id %q must match %s", c.ServerID, schemas.IDPattern)
 		}
 		manifestID = c.ServerID
+	}
+	if c.WritePins && c.Registry == "" {
+		return spec, "", usage("registry lint: --write-pins needs --registry (the manifest to pin)")
 	}
 	if c.WriteSkeleton != "" {
 		if _, err := os.Lstat(c.WriteSkeleton); err == nil {
@@ -118,6 +128,81 @@ func (c *registryLintCmd) manifest(rep *registrylint.Report) (*schemas.Manifest,
 		}
 	}
 	return manifest, nil
+}
+
+// writePins sets the pins of rep.ServerID's manifest file to the live
+// definitions and returns the manifest as written.
+func (c *registryLintCmd) writePins(rep *registrylint.Report, live []*mcp.Tool) (*schemas.Manifest, error) {
+	if !rep.ManifestFound {
+		return nil, failed("registry lint: --write-pins: %s has no manifest for server_id %s", c.Registry, rep.ServerID)
+	}
+	file, raw, err := manifestFile(c.Registry, rep.ServerID)
+	if err != nil {
+		return nil, failed("registry lint: --write-pins: %v", err)
+	}
+	b, n, err := registrylint.WritePins(raw, live)
+	if err != nil {
+		return nil, failed("registry lint: --write-pins: %s: %v", file, err)
+	}
+	if err := writeFileAtomic(file, b); err != nil {
+		return nil, failed("registry lint: --write-pins: %v", err)
+	}
+	rep.PinsWritten, rep.PinsFile = n, file
+	m, err := schemas.ParseManifest(b)
+	if err != nil {
+		return nil, failed("registry lint: --write-pins: %v", err)
+	}
+	reg, err := enforce.LoadRegistry(c.Registry)
+	if err != nil {
+		return nil, failed("registry lint: %v", err)
+	}
+	rep.RegistryDigest = reg.Digest()
+	return m, nil
+}
+
+// manifestFile is the file of registry (a manifest or a directory of
+// them) that holds serverID's manifest, and its bytes.
+func manifestFile(registry, serverID string) (string, []byte, error) {
+	files := []string{registry}
+	if st, err := os.Stat(registry); err == nil && st.IsDir() {
+		files, _ = filepath.Glob(filepath.Join(registry, "*.json"))
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return "", nil, err
+		}
+		if m, err := schemas.ParseManifest(b); err == nil && m.ServerID == serverID {
+			return f, b, nil
+		}
+	}
+	return "", nil, fmt.Errorf("no manifest file for server_id %s in %s", serverID, registry)
+}
+
+// writeFileAtomic replaces path with b (a temporary file renamed over it,
+// keeping its mode).
+func writeFileAtomic(path string, b []byte) error {
+	mode := os.FileMode(0o644)
+	if st, err := os.Stat(path); err == nil {
+		mode = st.Mode().Perm()
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".pins-*.json")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
 }
 
 // listTools connects to the server and lists its tools, noting its name
@@ -194,9 +279,15 @@ func printLint(w io.Writer, rep *registrylint.Report, skeleton string) error {
 	if rep.ServerVersion != "" {
 		server += " " + rep.ServerVersion
 	}
-	_, err := fmt.Fprintf(w, "lint %s (%s): %d tools on the server, %d in the registry: %d missing, %d missing actions, %d stale, %d stale actions, %d without an action enum, %d advisories: %s\n",
+	if rep.PinsFile != "" {
+		if _, err := fmt.Fprintf(w, "pinned the live definitions of %s in %s (%d changed): publish and pin the registry for workers and gateways to enforce them\n",
+			rep.ServerID, rep.PinsFile, rep.PinsWritten); err != nil {
+			return err
+		}
+	}
+	_, err := fmt.Fprintf(w, "lint %s (%s): %d tools on the server, %d in the registry: %d missing, %d missing actions, %d drifted, %d stale, %d stale actions, %d without an action enum, %d advisories: %s\n",
 		rep.ServerID, strings.TrimSpace(server), rep.LiveTools, rep.RegistryTools,
-		n[registrylint.Missing], n[registrylint.MissingAction], n[registrylint.Stale], n[registrylint.StaleAction],
+		n[registrylint.Missing], n[registrylint.MissingAction], n[registrylint.Drift], n[registrylint.Stale], n[registrylint.StaleAction],
 		n[registrylint.NoActionEnum], n[registrylint.Advisory], verdict)
 	if err == nil && rep.Skeleton != "" {
 		_, err = fmt.Fprintf(w, "wrote a skeleton with %d tools to %s: review tool_class and trust_level before publishing\n", n[registrylint.Missing], rep.Skeleton)

@@ -108,7 +108,9 @@ func (g *Gateway) prepare(p *Principal, req *mcp.CallToolRequest) (*pending, err
 	if len(c.args) == 0 || string(c.args) == "null" {
 		c.args = json.RawMessage(`{}`)
 	}
+	g.mu.Lock()
 	c.ut, c.routed = g.byName[params.Name]
+	g.mu.Unlock()
 	server := unroutedServer
 	if c.routed {
 		server = c.ut.server
@@ -119,7 +121,15 @@ func (g *Gateway) prepare(p *Principal, req *mcp.CallToolRequest) (*pending, err
 	}
 	c.pre = pre
 	if c.routed {
+		// The definition the caller was shown: the worker compares it with
+		// the registry's pin (DENY_TOOL_DRIFT, OWASP MCP03), and so does the
+		// gateway.
+		pre.ToolDefinitionSHA256 = c.ut.def
 		c.local, c.localDetail = g.o.Discovery.CheckCall(p.Viewer, server, params.Name, c.args)
+		if drift, why := c.ut.drift(g.o.Registry); drift {
+			c.local = append(c.local, schemas.CodeDenyToolDrift)
+			c.localDetail = strings.TrimPrefix(c.localDetail+"; "+why, "; ")
+		}
 	} else {
 		c.local, c.localDetail = []string{schemas.CodeToolHidden, schemas.CodeUnknownTool}, "no upstream offers this tool"
 	}
