@@ -277,7 +277,7 @@ func TestPreflightPathTraversal(t *testing.T) {
 func TestPreflightWorkspaceFromEnforcementPoint(t *testing.T) {
 	p, reg := newTestPreflight(t, PreflightConfig{},
 		preflightTool("ep", `"path_pointers":["/path","/paths"],"workspace_root":"enforcement_point"`),
-		preflightTool("fixed", `"path_pointers":["/path"],"workspace_root":"/work/root"`),
+		preflightTool("fixed", `"path_pointers":["/path"],"workspace_root":"/srv/fixed"`),
 		preflightTool("nopaths", ``),
 	)
 	cases := []struct {
@@ -293,9 +293,9 @@ func TestPreflightWorkspaceFromEnforcementPoint(t *testing.T) {
 		{"array element outside", "ep", `{"paths":["a","/etc/passwd"]}`, "/srv/ws", "path_pointers /paths: outside the workspace root"},
 		{"no root from the enforcement point", "ep", `{"path":"a.txt"}`, "", "workspace_root: the registry defers to the enforcement point, which sent none"},
 		{"no root, no path", "ep", `{}`, "", "workspace_root: the registry defers to the enforcement point, which sent none"},
-		{"explicit root, none sent", "fixed", `{"path":"/work/root/a"}`, "", ""},
-		{"explicit root, same sent", "fixed", `{"path":"/work/root/a"}`, "/work/root/", ""},
-		{"explicit root, another sent", "fixed", `{"path":"/work/root/a"}`, "/srv/ws", "workspace_root: the enforcement point's differs from the registry's"},
+		{"explicit root, none sent", "fixed", `{"path":"/srv/fixed/a"}`, "", ""},
+		{"explicit root, same sent", "fixed", `{"path":"/srv/fixed/a"}`, "/srv/fixed/", ""},
+		{"explicit root, another sent", "fixed", `{"path":"/srv/fixed/a"}`, "/srv/ws", "workspace_root: the enforcement point's differs from the registry's"},
 		{"no path_pointers, root ignored", "nopaths", `{"path":"../x"}`, "/srv/ws", ""},
 	}
 	for _, tc := range cases {
