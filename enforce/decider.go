@@ -681,8 +681,8 @@ func (d *Decider) authorize(st *State, pc *schemas.ParsedCall, cls *Classificati
 }
 
 // preflight runs CSP MUST 7 on a classified phase-pre call: the
-// registry's input_schema, size and path rules, the policy's rules and its
-// rate limits. An error means the rate store could not answer.
+// registry's definition pin (DENY_TOOL_DRIFT), input_schema, size and path
+// rules, the policy's rules and its rate limits. An error means the rate store could not answer.
 func (d *Decider) preflight(st *State, pc *schemas.ParsedCall, cls *Classification, now time.Time) ([]string, []string, error) {
 	c := &pc.Call
 	var codes, details []string
@@ -692,6 +692,10 @@ func (d *Decider) preflight(st *State, pc *schemas.ParsedCall, cls *Classificati
 			details = append(details, "policy: no rule allows this agent, server and tool")
 		}
 	}
+	if drift, why := DefinitionDrift(cls.Tool, c.ToolDefinitionSHA256); drift {
+		codes = append(codes, schemas.CodeDenyToolDrift)
+		details = append(details, why)
+	}
 	if tool := cls.Tool; tool != nil {
 		pf := d.preflightOf(st.Registry())
 		if pf.err != nil {
@@ -700,7 +704,7 @@ func (d *Decider) preflight(st *State, pc *schemas.ParsedCall, cls *Classificati
 		} else {
 			args := pc.Arguments()
 			n := argsLen(pc)
-			cs, ds := pf.p.Check(c.ServerID, tool, args, n)
+			cs, ds := pf.p.Check(c.ServerID, tool, args, n, c.WorkspaceRoot)
 			codes, details = append(codes, cs...), append(details, ds...)
 		}
 	}

@@ -93,6 +93,10 @@ const (
 	// the upstream credential (token endpoint down or refusing, no JWT to
 	// exchange); its envelope says token_handling.error (fail closed).
 	CodeDenyCredentialUnavailable = "DENY_CREDENTIAL_UNAVAILABLE"
+	// CodeDenyToolDrift: the tool's definition as the enforcement point
+	// lists it (name, description, inputSchema, annotations) is not the one
+	// the registry pins (definition_sha256): a "rug pull", OWASP MCP03.
+	CodeDenyToolDrift = "DENY_TOOL_DRIFT"
 )
 
 // ServerUnauthenticated is the reserved server_id on which an enforcement

@@ -157,6 +157,7 @@ func fullToolCall() ToolCall {
 		ContentHashAlg:         ContentHashAlg, SenderSignature: json.RawMessage(`{"sig":"x"}`), ParentSpanID: "p",
 		TokenHandling: &TokenHandling{Mode: TokenModeTokenExchange, Audience: "files", PassthroughDetected: true, Error: TokenErrExchangeRefused},
 		Result:        json.RawMessage(`{"content":[]}`), OK: ptr(true),
+		WorkspaceRoot: "/srv/ws", ToolDefinitionSHA256: strings.Repeat("4", 64),
 		Error:  &CallError{Code: "c", Kind: "k", Message: "m", Retryable: ptr(false)},
 		Timing: &Timing{StartedAt: "2025-01-15T10:20:30.123Z", EndedAt: "2025-01-15T10:20:30.200Z"},
 	}
@@ -232,7 +233,8 @@ func TestFullyPopulatedStructsValidate(t *testing.T) {
 			TrustLevel: "internal", RiskCategory: "CRITICAL", NetworkOutbound: ptr(true), BuiltIn: ptr(false), SubagentAccess: "denied", RequiresApproval: ptr(false),
 			ActionPointer: "/action", Actions: []Action{{Name: "list_prs", ReadOnly: true}}, InputSchema: json.RawMessage(`{"type":"object"}`),
 			ToolVersion: "1.2.3", SideEffect: SideEffectExecute, Idempotency: IdempotencyNonIdempotent, ResourcePointer: "/repo",
-			PathPointers: []string{"/path"}, WorkspaceRoot: "/work", MaxArgsBytes: ptr(int64(4))}}}
+			PathPointers: []string{"/path"}, WorkspaceRoot: "/work", MaxArgsBytes: ptr(int64(4)),
+			DefinitionSHA256: strings.Repeat("5", 64)}}}
 	b = mustJSON(t, m)
 	assertAllKeys(t, reflect.TypeFor[Manifest](), b)
 	assertAllKeys(t, reflect.TypeFor[Tool](), mustJSON(t, m.Tools[0]))

@@ -287,6 +287,8 @@ func fillToolCall(c *ToolCall, doc map[string]any, spans *envelopeSpans) {
 		pt, _ := th["passthrough_detected"].(bool)
 		c.TokenHandling = &TokenHandling{Mode: str(th, "mode"), Audience: str(th, "audience"), PassthroughDetected: pt, Error: str(th, "error")}
 	}
+	c.WorkspaceRoot = str(doc, "workspace_root")
+	c.ToolDefinitionSHA256 = str(doc, "tool_definition_sha256")
 	c.Result = spans.result
 	if ok, isBool := doc["ok"].(bool); isBool {
 		c.OK = &ok

@@ -32,6 +32,16 @@ type ToolCall struct {
 	// TokenHandling is how the enforcement point obtained the credential
 	// it sends the upstream for this call (CSP MUST 5).
 	TokenHandling *TokenHandling `json:"token_handling,omitempty"`
+	// WorkspaceRoot is the workspace the enforcement point serves for
+	// ServerID (its configuration): the root of path arguments for registry
+	// tools whose workspace_root is WorkspaceFromEnforcementPoint (CSP
+	// MUST 7). The enforcement point is trusted for it as it is trusted to
+	// forward only allowed calls.
+	WorkspaceRoot string `json:"workspace_root,omitempty"`
+	// ToolDefinitionSHA256 is the definition of the tool as the enforcement
+	// point lists it to its caller, hashed like the registry's
+	// definition_sha256 pin; a difference is DENY_TOOL_DRIFT.
+	ToolDefinitionSHA256 string `json:"tool_definition_sha256,omitempty"`
 
 	// Phase post only.
 	Result json.RawMessage `json:"result,omitempty"`

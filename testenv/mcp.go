@@ -64,7 +64,8 @@ func mcpDir() (string, error) {
 
 // MCPScript returns the absolute path of testenv/mcp/<name>, a small MCP
 // server written for the tests (run it with node; netprobe.mjs: a `connect`
-// tool that tries direct and proxied egress), and the directory holding it.
+// tool that tries direct and proxied egress; rugpull.mjs: a tool whose
+// definition changes when `rug` is called), and the directory holding it.
 func MCPScript(t testing.TB, name string) (path, dir string) {
 	t.Helper()
 	dir, err := mcpDir()

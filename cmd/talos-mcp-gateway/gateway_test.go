@@ -148,11 +148,13 @@ func (s *stack) ctlCode(args ...string) (string, int) {
 }
 
 // upstreams are the npm servers behind the gateway: server-everything,
-// and server-filesystem over root.
+// and server-filesystem over root, which is also the gateway's workspace
+// for it (the root of its path arguments).
 func upstreams(t *testing.T, root string) []string {
 	return []string{
 		"--upstream", "everything=" + testenv.MCPBin(t, "mcp-server-everything"),
 		"--upstream", "fs=" + testenv.MCPBin(t, "mcp-server-filesystem") + " " + root,
+		"--workspace", "fs=" + root,
 	}
 }
 
@@ -168,13 +170,19 @@ type gatewaySession struct {
 
 func (s *stack) gatewaySession(ctx context.Context, args ...string) *gatewaySession {
 	s.t.Helper()
+	return s.connectGateway(ctx, exec.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none",
+		"--registry", s.registry, "--log-level", "debug"}, args...)...))
+}
+
+// connectGateway starts cmd, a gateway, as a stdio MCP server and connects
+// the Go SDK client to it.
+func (s *stack) connectGateway(ctx context.Context, cmd *exec.Cmd) *gatewaySession {
+	s.t.Helper()
 	g := &gatewaySession{log: filepath.Join(s.dir, fmt.Sprintf("gateway-%d.log", time.Now().UnixNano()))}
 	logf, err := os.Create(g.log)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	cmd := exec.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none",
-		"--registry", s.registry, "--log-level", "debug"}, args...)...)
 	cmd.Stderr = logf
 	client := mcp.NewClient(&mcp.Implementation{Name: "talos-gateway-test", Version: "1"}, nil)
 	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)

@@ -86,6 +86,8 @@ type cli struct {
 	DrainTimeout         time.Duration `name:"drain-timeout" default:"10s" help:"At exit, how long to wait for post events still queued for NATS."`
 	LogLevel             string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level (logs go to stderr; arguments and results are never logged, and what is logged is redacted like a payload)."`
 
+	Workspace []string `name:"workspace" aliases:"sandbox-workspace" sep:"none" help:"'<server_id>=<dir>': the workspace this gateway serves for an upstream (absolute). Sent with every call to that server as the root of its path arguments (registry workspace_root \"enforcement_point\": paths outside are denied DENY_PATH_TRAVERSAL), and with --sandbox the upstream's only writable host directory. Repeat for several servers."`
+
 	sandboxFlags
 
 	Tools toolsFlag `name:"list-tools" help:"Print the tools the configured principal (or each of --principals) would see, then exit. Needs no NATS."`
@@ -165,7 +167,11 @@ func (c *cli) run(log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	sandboxes, err := c.sandboxes(ctx, reg, specs, log)
+	workspaces, err := c.workspaces(reg, specs, log)
+	if err != nil {
+		return usageError{err}
+	}
+	sandboxes, err := c.sandboxes(ctx, reg, specs, workspaces, log)
 	if err != nil {
 		return err
 	}
@@ -201,6 +207,7 @@ func (c *cli) run(log *slog.Logger) error {
 		DecisionTimeout: c.DecisionTimeout, ApprovalTimeout: c.ApprovalTimeout,
 		MaxEnvelopeBytes: c.MaxEnvelopeBytes, StdioSession: c.SessionID, Logger: log, Version: version,
 		Credentials: creds,
+		Workspaces: workspaces,
 	}, nc, ups)
 	if err != nil {
 		return usageError{err}

@@ -13,13 +13,13 @@ import (
 )
 
 // sandboxFlags are the flags of --sandbox (CSP MUST 8); embedded in cli.
+// The sandbox's workspace is the server's --workspace (workspace.go).
 type sandboxFlags struct {
-	Sandbox          bool     `name:"sandbox" help:"Run every stdio upstream under bubblewrap (bwrap): only its workspace writable, system directories read-only, nothing else of the host visible, private /tmp, no network unless the registry marks a tool of the server network_outbound, and then only to --sandbox-egress. A sandbox that cannot be set up is a startup error."`
-	SandboxWorkspace []string `name:"sandbox-workspace" sep:"none" help:"'<server_id>=<dir>': the upstream's workspace, its only writable host directory (default: the workspace_root its registry entries declare, when they declare one)."`
-	SandboxRO        []string `name:"sandbox-ro" sep:"none" help:"A host path every sandbox sees read-only (an upstream's installation outside /usr, e.g. its node_modules). Repeat for several."`
-	SandboxEgress    []string `name:"sandbox-egress" sep:"none" help:"'<server_id>=<host>:<port>': a destination a network_outbound upstream may reach through the sandbox's egress proxy. Nothing else is reachable."`
-	SandboxEnv       []string `name:"sandbox-env" sep:"none" help:"'<server_id>=<NAME>': pass the gateway's environment variable NAME to the upstream (a sandboxed upstream gets no other)."`
-	SandboxBwrap     string   `name:"sandbox-bwrap" default:"bwrap" help:"The bubblewrap program."`
+	Sandbox       bool     `name:"sandbox" help:"Run every stdio upstream under bubblewrap (bwrap): only its workspace writable, system directories read-only, nothing else of the host visible, private /tmp, no network unless the registry marks a tool of the server network_outbound, and then only to --sandbox-egress. A sandbox that cannot be set up is a startup error."`
+	SandboxRO     []string `name:"sandbox-ro" sep:"none" help:"A host path every sandbox sees read-only (an upstream's installation outside /usr, e.g. its node_modules). Repeat for several."`
+	SandboxEgress []string `name:"sandbox-egress" sep:"none" help:"'<server_id>=<host>:<port>': a destination a network_outbound upstream may reach through the sandbox's egress proxy. Nothing else is reachable."`
+	SandboxEnv    []string `name:"sandbox-env" sep:"none" help:"'<server_id>=<NAME>': pass the gateway's environment variable NAME to the upstream (a sandboxed upstream gets no other)."`
+	SandboxBwrap  string   `name:"sandbox-bwrap" default:"bwrap" help:"The bubblewrap program."`
 }
 
 // perServer splits '<server_id>=<value>' flags into values per server.
@@ -45,16 +45,12 @@ func perServer(flag string, vals []string, specs []mcpup.Spec) (map[string][]str
 // sandboxes prepares a sandbox for every stdio upstream and sets its
 // spec's Wrap; the caller closes them after the upstreams. Without
 // --sandbox it checks that no sandbox flag is given.
-func (c *cli) sandboxes(ctx context.Context, reg *enforce.Registry, specs []mcpup.Spec, log *slog.Logger) ([]*sandbox.Sandbox, error) {
+func (c *cli) sandboxes(ctx context.Context, reg *enforce.Registry, specs []mcpup.Spec, ws map[string]string, log *slog.Logger) ([]*sandbox.Sandbox, error) {
 	if !c.Sandbox {
-		if len(c.SandboxWorkspace)+len(c.SandboxRO)+len(c.SandboxEgress)+len(c.SandboxEnv) > 0 {
+		if len(c.SandboxRO)+len(c.SandboxEgress)+len(c.SandboxEnv) > 0 {
 			return nil, usageError{fmt.Errorf("the --sandbox-* flags need --sandbox")}
 		}
 		return nil, nil
-	}
-	ws, err := perServer("sandbox-workspace", c.SandboxWorkspace, specs)
-	if err != nil {
-		return nil, usageError{err}
 	}
 	egress, err := perServer("sandbox-egress", c.SandboxEgress, specs)
 	if err != nil {
@@ -106,11 +102,10 @@ func (c *cli) sandboxes(ctx context.Context, reg *enforce.Registry, specs []mcpu
 	return out, nil
 }
 
-// serverSandboxFacts is a server's workspace (the flag's, else the one
-// workspace_root its registry entries declare) and whether the registry
-// marks any of its tools network_outbound (CM-EGRESS).
-func serverSandboxFacts(reg *enforce.Registry, serverID string, flagWS []string) (string, bool, error) {
-	roots := map[string]bool{}
+// serverSandboxFacts is a server's workspace (its --workspace, else the
+// one explicit workspace_root its registry entries declare) and whether the
+// registry marks any of its tools network_outbound (CM-EGRESS).
+func serverSandboxFacts(reg *enforce.Registry, serverID, flagWS string) (string, bool, error) {
 	network := false
 	for _, m := range reg.Manifests() {
 		if m.ServerID != serverID {
@@ -118,24 +113,20 @@ func serverSandboxFacts(reg *enforce.Registry, serverID string, flagWS []string)
 		}
 		for i := range m.Tools {
 			network = network || enforce.NetworkOutbound(&m.Tools[i])
-			if r := m.Tools[i].WorkspaceRoot; r != "" {
-				roots[r] = true
-			}
 		}
 	}
+	_, roots := registryRoots(reg, serverID)
 	switch {
-	case len(flagWS) > 1:
-		return "", false, fmt.Errorf("--sandbox-workspace: server %q has more than one", serverID)
-	case len(flagWS) == 1:
-		return flagWS[0], network, nil
+	case flagWS != "":
+		return flagWS, network, nil
 	case len(roots) == 1:
 		for r := range roots {
 			return r, network, nil
 		}
 	case len(roots) > 1:
-		return "", false, fmt.Errorf("--sandbox: the registry declares several workspace_root values for server %q; choose one with --sandbox-workspace %s=<dir>", serverID, serverID)
+		return "", false, fmt.Errorf("--sandbox: the registry declares several workspace_root values for server %q; choose one with --workspace %s=<dir>", serverID, serverID)
 	}
-	return "", false, fmt.Errorf("--sandbox: no workspace for server %q: give --sandbox-workspace %s=<dir> (or a workspace_root in its registry entries)", serverID, serverID)
+	return "", false, fmt.Errorf("--sandbox: no workspace for server %q: give --workspace %s=<dir> (or an absolute workspace_root in its registry entries)", serverID, serverID)
 }
 
 // closeSandboxes stops the sandboxes' egress proxies; call it once their

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -38,7 +39,7 @@ func mcpReadOnly(t *testing.T, bin string) []string {
 // through a symlink planted in the workspace, fail, and the host's files
 // are untouched; inside the workspace, reads and writes work.
 func TestSandboxFilesystem(t *testing.T) {
-	s := startStack(t)
+	s := startStackRegistry(t, withoutPathChecks(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	root := t.TempDir()
@@ -74,7 +75,7 @@ func TestSandboxFilesystem(t *testing.T) {
 		t.Fatalf("unsandboxed read through the symlink: %q", text(res))
 	}
 
-	args := append(append(upstream, "--ep-id", "gw-sandbox", "--sandbox", "--sandbox-workspace", "fs="+ws), mcpReadOnly(t, bin)...)
+	args := append(append(upstream, "--ep-id", "gw-sandbox", "--sandbox", "--workspace", "fs="+ws), mcpReadOnly(t, bin)...)
 	gw := s.gatewaySession(ctx, args...)
 	// SAND-01: a write outside the workspace fails and changes nothing.
 	pwned := filepath.Join(outside, "pwned.txt")
@@ -110,6 +111,35 @@ func TestSandboxFilesystem(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(ws, "out.txt")); err != nil || string(b) != "written in the sandbox" {
 		t.Fatalf("sandboxed write inside the workspace: %q %v", b, err)
 	}
+}
+
+// withoutPathChecks is a copy of the shipped registry without the path
+// checks of the filesystem server's tools, so that a test sees what the
+// sandbox alone confines (CSP MUST 8), not Talos's own check (MUST 7).
+func withoutPathChecks(t *testing.T) string {
+	t.Helper()
+	reg := t.TempDir()
+	for _, f := range []string{"everything.json", "filesystem.json"} {
+		b, err := os.ReadFile(filepath.Join(registryDir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		for _, tl := range m["tools"].([]any) {
+			delete(tl.(map[string]any), "path_pointers")
+			delete(tl.(map[string]any), "workspace_root")
+		}
+		if b, err = json.Marshal(m); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(reg, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return reg
 }
 
 // probeManifest is a registry manifest for testenv/mcp/netprobe.mjs.
@@ -202,7 +232,7 @@ func TestSandboxEgress(t *testing.T) {
 	expect(allowed, 1, "unsandboxed")
 
 	sb := []string{"--sandbox", "--sandbox-ro", dir}
-	closed := s.gatewaySession(ctx, append(sb, "--ep-id", "gw-net-none", "--upstream", "probe=node "+script, "--sandbox-workspace", "probe="+ws)...)
+	closed := s.gatewaySession(ctx, append(sb, "--ep-id", "gw-net-none", "--upstream", "probe=node "+script, "--workspace", "probe="+ws)...)
 	for _, via := range []string{"direct", "proxy"} {
 		if got := connect(closed, allowed, via); got == "connected" {
 			t.Fatalf("sandboxed server without network_outbound: %s connect got out", via)
@@ -211,7 +241,7 @@ func TestSandboxEgress(t *testing.T) {
 	expect(allowed, 1, "without network_outbound")
 
 	open := s.gatewaySession(ctx, append(sb, "--ep-id", "gw-net-allow", "--upstream", "probenet=node "+script,
-		"--sandbox-workspace", "probenet="+ws, "--sandbox-egress", "probenet=127.0.0.1:"+strconv.Itoa(allowed.port))...)
+		"--workspace", "probenet="+ws, "--sandbox-egress", "probenet=127.0.0.1:"+strconv.Itoa(allowed.port))...)
 	if got := connect(open, allowed, "proxy"); got != "connected" {
 		t.Fatalf("allowlisted destination through the egress proxy: %q", got)
 	}
@@ -245,15 +275,17 @@ func TestSandboxSetupErrors(t *testing.T) {
 		code int
 		want string
 	}{
-		{"bwrap missing", []string{"--sandbox", "--sandbox-workspace", "fs=" + ws, "--sandbox-bwrap", "/nonexistent/bwrap"}, 1, "bubblewrap not found"},
-		{"bwrap fails", []string{"--sandbox", "--sandbox-workspace", "fs=" + ws, "--sandbox-bwrap", "false"}, 1, "bwrap could not start a sandboxed process"},
-		{"workspace missing", []string{"--sandbox", "--sandbox-workspace", "fs=" + filepath.Join(ws, "nope")}, 1, "workspace"},
-		{"workspace relative", []string{"--sandbox", "--sandbox-workspace", "fs=ws"}, 1, "not an absolute path"},
+		{"bwrap missing", []string{"--sandbox", "--workspace", "fs=" + ws, "--sandbox-bwrap", "/nonexistent/bwrap"}, 1, "bubblewrap not found"},
+		{"bwrap fails", []string{"--sandbox", "--workspace", "fs=" + ws, "--sandbox-bwrap", "false"}, 1, "bwrap could not start a sandboxed process"},
+		{"workspace missing", []string{"--sandbox", "--workspace", "fs=" + filepath.Join(ws, "nope")}, 1, "workspace"},
+		{"workspace relative", []string{"--sandbox", "--workspace", "fs=ws"}, 2, "not an absolute path"},
 		{"no workspace", []string{"--sandbox"}, 2, "no workspace for server"},
-		{"read-only path missing", []string{"--sandbox", "--sandbox-workspace", "fs=" + ws, "--sandbox-ro", "/nonexistent"}, 1, "read-only path"},
-		{"egress without network_outbound", []string{"--sandbox", "--sandbox-workspace", "fs=" + ws, "--sandbox-egress", "fs=127.0.0.1:80"}, 1, "network_outbound"},
-		{"sandbox flags without --sandbox", []string{"--sandbox-workspace", "fs=" + ws}, 2, "need --sandbox"},
-		{"unknown server", []string{"--sandbox", "--sandbox-workspace", "nope=" + ws}, 2, "not a stdio --upstream"},
+		{"read-only path missing", []string{"--sandbox", "--workspace", "fs=" + ws, "--sandbox-ro", "/nonexistent"}, 1, "read-only path"},
+		{"egress without network_outbound", []string{"--sandbox", "--workspace", "fs=" + ws, "--sandbox-egress", "fs=127.0.0.1:80"}, 1, "network_outbound"},
+		{"sandbox flags without --sandbox", []string{"--sandbox-ro", ws}, 2, "need --sandbox"},
+		{"unknown server", []string{"--sandbox", "--workspace", "nope=" + ws}, 2, "is not an --upstream"},
+		{"old flag name", []string{"--sandbox", "--sandbox-workspace", "fs=" + ws, "--sandbox-bwrap", "/nonexistent/bwrap"}, 1, "bubblewrap not found"},
+		{"two workspaces", []string{"--workspace", "fs=" + ws, "--workspace", "fs=" + ws}, 2, "more than one"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

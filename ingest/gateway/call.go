@@ -111,7 +111,9 @@ func (g *Gateway) prepare(ctx context.Context, p *Principal, req *mcp.CallToolRe
 	if len(c.args) == 0 || string(c.args) == "null" {
 		c.args = json.RawMessage(`{}`)
 	}
+	g.mu.Lock()
 	c.ut, c.routed = g.byName[params.Name]
+	g.mu.Unlock()
 	server := unroutedServer
 	if c.routed {
 		server = c.ut.server
@@ -122,7 +124,15 @@ func (g *Gateway) prepare(ctx context.Context, p *Principal, req *mcp.CallToolRe
 	}
 	c.pre = pre
 	if c.routed {
+		// The definition the caller was shown: the worker compares it with
+		// the registry's pin (DENY_TOOL_DRIFT, OWASP MCP03), and so does the
+		// gateway.
+		pre.ToolDefinitionSHA256 = c.ut.def
 		c.local, c.localDetail = g.o.Discovery.CheckCall(p.Viewer, server, params.Name, c.args)
+		if drift, why := c.ut.drift(g.o.Registry); drift {
+			c.local = append(c.local, schemas.CodeDenyToolDrift)
+			c.localDetail = strings.TrimPrefix(c.localDetail+"; "+why, "; ")
+		}
 	} else {
 		c.local, c.localDetail = []string{schemas.CodeToolHidden, schemas.CodeUnknownTool}, "no upstream offers this tool"
 	}
@@ -299,6 +309,7 @@ func (g *Gateway) envelope(p *Principal, session, server, tool string, args json
 	c.SessionID = session
 	c.Actor = schemas.Actor{Kind: "agent", AgentID: p.AgentID}
 	c.RegistryDigest = g.o.Registry.Digest()
+	c.WorkspaceRoot = g.o.Workspaces[server]
 	if t, ok := g.o.Registry.Lookup(server, tool); ok && (t.ToolClass == schemas.ClassWrite || t.ActionPointer != "") {
 		c.IdempotencyKey = c.ToolCallID
 		if k, ok := meta[idempotencyMeta].(string); ok && k != "" && len(k) <= 256 {
