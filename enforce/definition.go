@@ -6,8 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/talos-audit/talos/schemas/jsonkit"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // ToolDefinition is what a tool's definition pin covers: the members of an

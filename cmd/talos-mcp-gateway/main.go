@@ -207,7 +207,7 @@ func (c *cli) run(log *slog.Logger) error {
 		DecisionTimeout: c.DecisionTimeout, ApprovalTimeout: c.ApprovalTimeout,
 		MaxEnvelopeBytes: c.MaxEnvelopeBytes, StdioSession: c.SessionID, Logger: log, Version: version,
 		Credentials: creds,
-		Workspaces: workspaces,
+		Workspaces:  workspaces,
 	}, nc, ups)
 	if err != nil {
 		return usageError{err}
