@@ -170,7 +170,7 @@ func TestHTTPAuthTLSJWT(t *testing.T) {
 	base := fmt.Sprintf("https://127.0.0.1:%d", port)
 	client := is.TLS.Client()
 	s.httpsGateway(t, client, base, []string{"SSL_CERT_FILE=" + is.TLS.CAFile},
-		"--ep-id", "gw-auth", "--upstream", "fs="+testenv.MCPBin(t, "mcp-server-filesystem")+" "+root,
+		"--ep-id", "gw-auth", "--upstream", "fs="+testenv.MCPBin(t, "mcp-server-filesystem")+" "+root, "--workspace", "fs="+root,
 		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--principals", filepath.Join(d, "principals.json"),
 		"--tls-cert", is.TLS.CertFile, "--tls-key", is.TLS.KeyFile,
 		"--jwt-issuer", is.Name, "--jwt-audience", audience, "--jwks-url", is.JWKSURL, "--auth-refusal-burst", "20")

@@ -6,12 +6,14 @@
 // allowed or approved, and reported afterwards with its result and timing.
 // Without an answer from Talos the call is denied (fail closed).
 //
-// This command reads the flags, connects NATS and the upstreams, and runs
-// an ingest/gateway over stdio or streamable HTTP; the rules and the call
-// flow live there.
+// This command reads the flags into a gateway.Config, which ingest/gateway
+// validates and composes (Prepare), connects the upstreams and NATS, and
+// serves over stdio or streamable HTTP; the rules, the call flow and the
+// flags' meaning live there.
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,24 +21,16 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/alecthomas/kong"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
-	"golang.org/x/time/rate"
 
-	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/enforce/redact"
-	"github.com/talos-audit/talos/ingest/credential"
 	"github.com/talos-audit/talos/ingest/gateway"
-	"github.com/talos-audit/talos/ingest/jwtauth"
-	"github.com/talos-audit/talos/ingest/mcpup"
 	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/ingest/sandbox"
-	"github.com/talos-audit/talos/schemas"
 )
 
 // version is the gateway's MCP implementation version.
@@ -88,7 +82,11 @@ type cli struct {
 
 	Workspace []string `name:"workspace" aliases:"sandbox-workspace" sep:"none" help:"'<server_id>=<dir>': the workspace this gateway serves for an upstream (absolute). Sent with every call to that server as the root of its path arguments (registry workspace_root \"enforcement_point\": paths outside are denied DENY_PATH_TRAVERSAL), and with --sandbox the upstream's only writable host directory. Repeat for several servers."`
 
-	sandboxFlags
+	Sandbox       bool     `name:"sandbox" help:"Run every stdio upstream under bubblewrap (bwrap): only its workspace writable, system directories read-only, nothing else of the host visible, private /tmp, no network unless the registry marks a tool of the server network_outbound, and then only to --sandbox-egress. A sandbox that cannot be set up is a startup error."`
+	SandboxRO     []string `name:"sandbox-ro" sep:"none" help:"A host path every sandbox sees read-only (an upstream's installation outside /usr, e.g. its node_modules). Repeat for several."`
+	SandboxEgress []string `name:"sandbox-egress" sep:"none" help:"'<server_id>=<host>:<port>': a destination a network_outbound upstream may reach through the sandbox's egress proxy. Nothing else is reachable."`
+	SandboxEnv    []string `name:"sandbox-env" sep:"none" help:"'<server_id>=<NAME>': pass the gateway's environment variable NAME to the upstream (a sandboxed upstream gets no other)."`
+	SandboxBwrap  string   `name:"sandbox-bwrap" default:"bwrap" help:"The bubblewrap program."`
 
 	Tools toolsFlag `name:"list-tools" help:"Print the tools the configured principal (or each of --principals) would see, then exit. Needs no NATS."`
 }
@@ -97,10 +95,7 @@ type cli struct {
 type toolsFlag bool
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == sandbox.InitCommand {
-		// Started by bwrap as a sandbox's init (ingest/sandbox).
-		os.Exit(sandbox.RunInit(os.Args[2:]))
-	}
+	sandbox.ExitIfInit() // started by bwrap as a sandbox's init
 	var c cli
 	parser, err := kong.New(&c,
 		kong.Name("talos-mcp-gateway"),
@@ -126,57 +121,42 @@ func main() {
 	log := slog.New(redact.NewLogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}), red))
 	if err := c.run(log); err != nil {
 		fmt.Fprintln(os.Stderr, "talos-mcp-gateway:", err)
-		var u usageError
-		if errors.As(err, &u) {
+		if errors.Is(err, gateway.ErrUsage) {
 			os.Exit(2)
 		}
 		os.Exit(1)
 	}
 }
 
-type usageError struct{ error }
+// config is the gateway's configuration from the flags.
+func (c *cli) config(log *slog.Logger) gateway.Config {
+	return gateway.Config{
+		EPID: c.EPID, Registry: c.Registry, Upstreams: c.Upstream, Credentials: c.Credentials,
+		NATS:       natsauth.Login{URL: c.NatsURL, User: c.NatsUser, Password: c.NatsPassword, UsersFile: cmp.Or(c.NatsAuth, natsauth.None)},
+		Capability: c.Capability, AgentKey: c.AgentKey, AgentID: c.AgentID, SessionID: c.SessionID,
+		Principals: c.Principals,
+		HTTP: gateway.HTTPConfig{Listen: c.Listen, TLSCert: c.TLSCert, TLSKey: c.TLSKey, InsecurePlainHTTP: c.InsecurePlainHTTP,
+			JWTIssuer: c.JWTIssuer, JWTAudience: c.JWTAudience, JWKSFile: c.JWKSFile, JWKSURL: c.JWKSURL,
+			JWTAlgorithms: c.JWTAlgorithms, JWTLeeway: c.JWTLeeway, JWKSRefresh: c.JWKSRefresh, JWKSMaxStale: c.JWKSMaxStale,
+			RefusalRate: c.AuthRefusalRate, RefusalBurst: c.AuthRefusalBurst},
+		Workspaces: c.Workspace,
+		Sandbox: gateway.SandboxConfig{Enabled: c.Sandbox, ReadOnly: c.SandboxRO, Egress: c.SandboxEgress,
+			Env: c.SandboxEnv, Bwrap: c.SandboxBwrap},
+		BlockNetworkOutbound: c.BlockNetworkOutbound, AllowNetworkTool: c.AllowNetworkTool,
+		DecisionTimeout: c.DecisionTimeout, ApprovalTimeout: c.ApprovalTimeout, MaxEnvelopeBytes: c.MaxEnvelopeBytes,
+		Logger: log, Version: version,
+	}
+}
 
 func (c *cli) run(log *slog.Logger) error {
-	if !schemas.ValidID(c.EPID) {
-		return usageError{fmt.Errorf("--ep-id %q must match %s", c.EPID, schemas.IDPattern)}
-	}
-	reg, err := enforce.LoadRegistry(c.Registry)
-	if err != nil {
-		return usageError{err}
-	}
-	principals, err := c.principals()
-	if err != nil {
-		return usageError{err}
-	}
-	httpOpts, keys, err := c.httpOptions(principals, log)
-	if err != nil {
-		return usageError{err}
-	}
-	specs, err := c.upstreams()
-	if err != nil {
-		return usageError{err}
-	}
-	creds, err := c.credentials(specs)
-	if err != nil {
-		return usageError{err}
-	}
-	opts, err := c.natsOptions()
-	if err != nil {
-		return usageError{err}
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-
-	workspaces, err := c.workspaces(reg, specs, log)
-	if err != nil {
-		return usageError{err}
-	}
-	sandboxes, err := c.sandboxes(ctx, reg, specs, workspaces, log)
+	s, err := gateway.Prepare(ctx, c.config(log))
 	if err != nil {
 		return err
 	}
-	defer closeSandboxes(sandboxes) // after the upstreams' deferred closes
-	ups, err := gateway.ConnectUpstreams(ctx, specs, &mcp.Implementation{Name: "talos-mcp-gateway", Version: version}, log, creds)
+	defer s.Close() // after the upstreams' deferred closes
+	ups, err := s.ConnectUpstreams(ctx)
 	if err != nil {
 		return err
 	}
@@ -186,14 +166,13 @@ func (c *cli) run(log *slog.Logger) error {
 			gateway.CloseUpstreams(ups)
 		}
 	}()
-	discovery := enforce.Discovery{Registry: reg, BlockNetwork: c.BlockNetworkOutbound, AllowNetwork: c.AllowNetworkTool}
 	if c.Tools {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(gateway.Report(discovery, principals, ups))
+		return enc.Encode(gateway.Report(s.Discovery, s.Principals, ups))
 	}
 
-	nc, err := nats.Connect(c.NatsURL, opts...)
+	nc, err := nats.Connect(c.NatsURL, s.NATS...)
 	if err != nil {
 		return fmt.Errorf("NATS %s: %w", natsauth.Redact(c.NatsURL), err)
 	}
@@ -201,172 +180,13 @@ func (c *cli) run(log *slog.Logger) error {
 	if !nc.IsConnected() {
 		log.Warn("NATS not reachable yet; every call is denied until it is", "url", natsauth.Redact(c.NatsURL))
 	}
-
-	g, err := gateway.New(gateway.Options{
-		EPID: c.EPID, Registry: reg, Discovery: discovery,
-		DecisionTimeout: c.DecisionTimeout, ApprovalTimeout: c.ApprovalTimeout,
-		MaxEnvelopeBytes: c.MaxEnvelopeBytes, StdioSession: c.SessionID, Logger: log, Version: version,
-		Credentials: creds,
-		Workspaces:  workspaces,
-	}, nc, ups)
+	g, err := s.New(nc, ups)
 	if err != nil {
-		return usageError{err}
+		return err
 	}
 	owned = false
 	g.Start(ctx)
 	defer g.Close(c.DrainTimeout)
-	log.Info("talos-mcp-gateway ready", "ep_id", c.EPID, "upstreams", len(ups), "tools", g.Tools(), "registry_digest", reg.Digest())
-	if c.Listen != "" {
-		return serveHTTP(ctx, stop, g, httpOpts, keys)
-	}
-	err = g.Server(principals[0]).Run(ctx, &mcp.StdioTransport{})
-	if ctx.Err() != nil || errors.Is(err, context.Canceled) {
-		return nil
-	}
-	return err
-}
-
-// serveHTTP runs the HTTP mode, and the JWKS refresher beside it when
-// there is one: the refresher is owned here, stopped (stop) and waited for
-// before the gateway closes.
-func serveHTTP(ctx context.Context, stop context.CancelFunc, g *gateway.Gateway, o *gateway.HTTPOptions, keys *jwtauth.KeySet) error {
-	if keys != nil {
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() { defer wg.Done(); keys.Run(ctx) }()
-		defer wg.Wait()
-		defer stop()
-	}
-	return g.ListenHTTP(ctx, *o)
-}
-
-// principals is the stdio principal (flags) or the --principals file.
-func (c *cli) principals() ([]*gateway.Principal, error) {
-	if c.Listen == "" {
-		if c.Principals != "" {
-			return nil, errors.New("--principals is for --listen (HTTP); stdio serves the one principal of --capability/--agent-key")
-		}
-		agent := c.AgentID
-		p, err := gateway.LoadPrincipal("stdio", agent, c.Capability, c.AgentKey)
-		if err != nil {
-			return nil, err
-		}
-		if p.AgentID == "" {
-			p.AgentID = c.EPID
-		}
-		return []*gateway.Principal{p}, nil
-	}
-	if c.Principals == "" {
-		return nil, errors.New("--listen needs --principals (who may call, and as whom)")
-	}
-	if c.Capability != "" || c.AgentKey != "" {
-		return nil, errors.New("with --listen, capabilities and keys are per principal, in --principals")
-	}
-	return gateway.LoadPrincipals(c.Principals)
-}
-
-// httpOptions are the HTTP mode's TLS and JWT settings (CSP MUST 2): nil
-// for stdio. A JWKS file that cannot be read is a usage error; a JWKS URL
-// that cannot be fetched yet is not (its refresher keeps trying, and every
-// JWT is refused meanwhile).
-func (c *cli) httpOptions(principals []*gateway.Principal, log *slog.Logger) (*gateway.HTTPOptions, *jwtauth.KeySet, error) {
-	jwtSet := c.JWTIssuer != "" || c.JWTAudience != "" || c.JWKSFile != "" || c.JWKSURL != ""
-	if c.Listen == "" {
-		if c.TLSCert != "" || c.TLSKey != "" || c.InsecurePlainHTTP || jwtSet {
-			return nil, nil, errors.New("--tls-*, --insecure-plain-http, --jwt-* and --jwks-* are for --listen (HTTP)")
-		}
-		return nil, nil, nil
-	}
-	o := &gateway.HTTPOptions{Addr: c.Listen, Principals: principals, InsecurePlainHTTP: c.InsecurePlainHTTP,
-		Refusals: gateway.RefusalLimits{PerSource: rate.Limit(c.AuthRefusalRate), PerSourceBurst: c.AuthRefusalBurst}}
-	if c.TLSCert != "" || c.TLSKey != "" {
-		var err error
-		if o.TLS, err = gateway.LoadTLS(c.TLSCert, c.TLSKey); err != nil {
-			return nil, nil, err
-		}
-	}
-	if err := gateway.CheckListen(c.Listen, o.TLS != nil, c.InsecurePlainHTTP); err != nil {
-		return nil, nil, err
-	}
-	if !jwtSet {
-		for _, p := range principals {
-			if p.TokenSHA256 == "" {
-				return nil, nil, fmt.Errorf("principal %s is reached by JWT only, but no --jwt-issuer/--jwks-* is given", p.Name)
-			}
-		}
-		return o, nil, nil
-	}
-	keys, err := jwtauth.NewKeySet(jwtauth.KeySetOptions{File: c.JWKSFile, URL: c.JWKSURL, Refresh: c.JWKSRefresh,
-		MaxStale: c.JWKSMaxStale, Logger: log})
-	if err != nil {
-		return nil, nil, err
-	}
-	if o.JWT, err = jwtauth.NewVerifier(jwtauth.Options{Issuer: c.JWTIssuer, Audience: c.JWTAudience,
-		Algorithms: c.JWTAlgorithms, Leeway: c.JWTLeeway, Keys: keys}); err != nil {
-		return nil, nil, err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	if err := keys.Refresh(ctx); err != nil {
-		if c.JWKSFile != "" {
-			return nil, nil, fmt.Errorf("--jwks-file: %w", err)
-		}
-		log.Warn("JWKS not fetched yet: every JWT is refused until it is", "url", c.JWKSURL, "err", err)
-	}
-	return o, keys, nil
-}
-
-// upstreams parses --upstream; server ids are unique.
-func (c *cli) upstreams() ([]mcpup.Spec, error) {
-	var specs []mcpup.Spec
-	seen := map[string]bool{}
-	for _, u := range c.Upstream {
-		s, err := mcpup.ParseSpec(u)
-		if err != nil {
-			return nil, fmt.Errorf("--upstream: %w", err)
-		}
-		if seen[s.ServerID] {
-			return nil, fmt.Errorf("--upstream: server_id %q given twice", s.ServerID)
-		}
-		seen[s.ServerID] = true
-		specs = append(specs, s)
-	}
-	return specs, nil
-}
-
-// credentials is the broker of --credentials (every server mode none
-// without it).
-func (c *cli) credentials(specs []mcpup.Spec) (*credential.Broker, error) {
-	if c.Credentials == "" {
-		return credential.New(nil, credential.Options{}), nil
-	}
-	ups := make([]credential.Upstream, len(specs))
-	for i, s := range specs {
-		ups[i] = credential.Upstream{ServerID: s.ServerID, URL: s.URL}
-	}
-	cfg, err := credential.Load(c.Credentials, ups, os.LookupEnv)
-	if err != nil {
-		return nil, err
-	}
-	return credential.New(cfg, credential.Options{}), nil
-}
-
-// natsOptions connect as this enforcement point and keep reconnecting
-// forever (calls are denied while disconnected).
-func (c *cli) natsOptions() ([]nats.Option, error) {
-	login := natsauth.Login{URL: c.NatsURL, User: c.NatsUser, Password: c.NatsPassword, UsersFile: c.NatsAuth}
-	if c.NatsAuth == "" {
-		login.UsersFile = natsauth.None
-	}
-	creds, err := login.Options(schemas.NATSRoleEnforcement, c.EPID)
-	if err != nil {
-		return nil, fmt.Errorf("--nats-auth: %w", err)
-	}
-	return append([]nats.Option{
-		nats.Name("talos-mcp-gateway " + c.EPID),
-		nats.RetryOnFailedConnect(true),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250 * time.Millisecond),
-		nats.Timeout(2 * time.Second),
-	}, creds...), nil
+	log.Info("talos-mcp-gateway ready", "ep_id", c.EPID, "upstreams", len(ups), "tools", g.Tools(), "registry_digest", s.Registry.Digest())
+	return s.Serve(ctx, g)
 }

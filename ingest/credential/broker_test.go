@@ -327,3 +327,28 @@ func TestTransport(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadBroker: without a file every server is mode none; with one, its
+// servers are configured; a bad file is Load's error.
+func TestLoadBroker(t *testing.T) {
+	b, err := LoadBroker("", ups, noEnv, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := b.Declared("gh"); h.Mode != "none" {
+		t.Fatalf("no file: gh is %q, want none", h.Mode)
+	}
+	env := func(k string) (string, bool) { return "gh-secret", k == "GH" }
+	b, err = LoadBroker(writeConfig(t, map[string]any{"servers": map[string]any{"gh": map[string]any{"mode": "secret", "secret_env": "GH"}}}), ups, env, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := b.Resolve(t.Context(), Request{Principal: "p", ServerID: "gh"})
+	if err != nil || c.Token != "gh-secret" || c.Handling.Mode != "secret" {
+		t.Fatalf("gh: %+v, %v", c, err)
+	}
+	if _, err := LoadBroker(writeConfig(t, map[string]any{"servers": map[string]any{"nope": map[string]any{"mode": "none"}}}), ups, env, Options{}); err == nil ||
+		!strings.Contains(err.Error(), "not an upstream") {
+		t.Fatalf("a bad file: %v", err)
+	}
+}

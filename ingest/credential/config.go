@@ -125,6 +125,19 @@ func Load(path string, ups []Upstream, lookupEnv func(string) (string, bool)) (*
 	return cfg, nil
 }
 
+// LoadBroker is the broker of a gateway's --credentials file (Load, then
+// New): with no file (path ""), every server is mode none.
+func LoadBroker(path string, ups []Upstream, lookupEnv func(string) (string, bool), o Options) (*Broker, error) {
+	if path == "" {
+		return New(nil, o), nil
+	}
+	cfg, err := Load(path, ups, lookupEnv)
+	if err != nil {
+		return nil, err
+	}
+	return New(cfg, o), nil
+}
+
 func (s Server) validate(id, url, dir string, lookupEnv func(string) (string, bool)) (*server, error) {
 	srv := &server{mode: s.Mode, audience: s.Audience, stdioEnv: s.StdioEnv}
 	if srv.audience == "" {

@@ -8,9 +8,13 @@
 // the call is denied (fail closed). A tool whose definition drifted from
 // its registry pin is hidden and denied (drift.go, OWASP MCP03).
 //
-// cmd/talos-mcp-gateway wires it: upstreams (ConnectUpstreams), principals
-// (LoadPrincipal, LoadPrincipals), New, Start, then Server over stdio or
-// ListenHTTP; Close at exit drains the outbox and closes the upstreams.
+// cmd/talos-mcp-gateway fills a Config from its flags; Prepare validates
+// it and composes the parts (registry, principals, HTTPOptions, upstream
+// specs, credentials, NATS options, Workspaces, sandboxes) into a Setup,
+// whose errors that are the operator's wrap ErrUsage. Then the upstreams
+// (Setup.ConnectUpstreams), the Gateway (Setup.New), Start, and
+// Setup.Serve over stdio or ListenHTTP; Close at exit drains the outbox
+// and closes the upstreams, Setup.Close the sandboxes after them.
 package gateway
 
 import (

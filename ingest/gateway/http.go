@@ -5,12 +5,15 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/time/rate"
 
 	"github.com/talos-audit/talos/ingest/jwtauth"
 )
@@ -25,8 +28,97 @@ type HTTPOptions struct {
 	InsecurePlainHTTP bool
 	// JWT verifies bearer tokens that are not a principal's static token;
 	// nil: static tokens only.
-	JWT      *jwtauth.Verifier
+	JWT *jwtauth.Verifier
+	// Keys, when set, is JWT's key set: ListenHTTP runs its refresher
+	// (KeySet.Run) while it serves, and waits for it before returning.
+	Keys     *jwtauth.KeySet
 	Refusals RefusalLimits
+}
+
+// HTTPConfig is the HTTP mode as the gateway's operator configures it
+// (talos-mcp-gateway's --listen, --tls-*, --jwt-*, --jwks-* and
+// --auth-refusal-* flags); NewHTTPOptions validates it. Zero values mean
+// the defaults of jwtauth and RefusalLimits.
+type HTTPConfig struct {
+	// Listen is the address served; "" is the stdio mode, where every
+	// other field must be unset.
+	Listen            string
+	TLSCert, TLSKey   string // PEM files (LoadTLS)
+	InsecurePlainHTTP bool   // plain HTTP on a loopback address (CheckListen)
+	// JWTIssuer and JWTAudience are what a JWT's iss and aud must be; its
+	// keys are the JWKS of JWKSFile or JWKSURL.
+	JWTIssuer, JWTAudience string
+	JWKSFile, JWKSURL      string
+	JWTAlgorithms          []string
+	JWTLeeway              time.Duration
+	JWKSRefresh            time.Duration
+	JWKSMaxStale           time.Duration
+	// RefusalRate and RefusalBurst bound the refusals reported per source
+	// address (RefusalLimits.PerSource, PerSourceBurst).
+	RefusalRate  float64
+	RefusalBurst int
+}
+
+// jwt reports whether any JWT setting is given.
+func (c HTTPConfig) jwt() bool {
+	return c.JWTIssuer != "" || c.JWTAudience != "" || c.JWKSFile != "" || c.JWKSURL != ""
+}
+
+// NewHTTPOptions validates c and composes the HTTP mode's options for
+// principals (CSP MUST 2): nil for the stdio mode. TLS is loaded (LoadTLS)
+// and the listener checked (CheckListen); without JWT settings every
+// principal needs a static token. With them the JWKS is read once now
+// (15 s at most): a JWKS file that cannot be read is an error, a JWKS URL
+// that cannot be fetched yet is not (logged; the refresher, run by
+// ListenHTTP, keeps trying and every JWT is refused meanwhile).
+func NewHTTPOptions(c HTTPConfig, principals []*Principal, log *slog.Logger) (*HTTPOptions, error) {
+	if c.Listen == "" {
+		if c.TLSCert != "" || c.TLSKey != "" || c.InsecurePlainHTTP || c.jwt() {
+			return nil, errors.New("--tls-*, --insecure-plain-http, --jwt-* and --jwks-* are for --listen (HTTP)")
+		}
+		return nil, nil
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	o := &HTTPOptions{Addr: c.Listen, Principals: principals, InsecurePlainHTTP: c.InsecurePlainHTTP,
+		Refusals: RefusalLimits{PerSource: rate.Limit(c.RefusalRate), PerSourceBurst: c.RefusalBurst}}
+	if c.TLSCert != "" || c.TLSKey != "" {
+		var err error
+		if o.TLS, err = LoadTLS(c.TLSCert, c.TLSKey); err != nil {
+			return nil, err
+		}
+	}
+	if err := CheckListen(c.Listen, o.TLS != nil, c.InsecurePlainHTTP); err != nil {
+		return nil, err
+	}
+	if !c.jwt() {
+		for _, p := range principals {
+			if p.TokenSHA256 == "" {
+				return nil, fmt.Errorf("principal %s is reached by JWT only, but no --jwt-issuer/--jwks-* is given", p.Name)
+			}
+		}
+		return o, nil
+	}
+	keys, err := jwtauth.NewKeySet(jwtauth.KeySetOptions{File: c.JWKSFile, URL: c.JWKSURL, Refresh: c.JWKSRefresh,
+		MaxStale: c.JWKSMaxStale, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	if o.JWT, err = jwtauth.NewVerifier(jwtauth.Options{Issuer: c.JWTIssuer, Audience: c.JWTAudience,
+		Algorithms: c.JWTAlgorithms, Leeway: c.JWTLeeway, Keys: keys}); err != nil {
+		return nil, err
+	}
+	o.Keys = keys
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := keys.Refresh(ctx); err != nil {
+		if c.JWKSFile != "" {
+			return nil, fmt.Errorf("--jwks-file: %w", err)
+		}
+		log.Warn("JWKS not fetched yet: every JWT is refused until it is", "url", c.JWKSURL, "err", err)
+	}
+	return o, nil
 }
 
 // LoadTLS is the server TLS configuration of a certificate (chain) and its
@@ -73,8 +165,17 @@ func CheckListen(addr string, useTLS, insecure bool) error {
 // each principal has its own MCP handler, so its sessions, and the tools
 // they list, are its own: a session id presented with another principal's
 // token is not found. /healthz answers 503 while NATS is unreachable;
-// /metrics has the gateway's counters.
+// /metrics has the gateway's counters. With o.Keys, the key set's
+// refresher runs beside the server; it is stopped and waited for before
+// ListenHTTP returns.
 func (g *Gateway) ListenHTTP(ctx context.Context, o HTTPOptions) error {
+	if o.Keys != nil {
+		kctx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { o.Keys.Run(kctx) })
+		defer wg.Wait()
+		defer stop()
+	}
 	if err := CheckListen(o.Addr, o.TLS != nil, o.InsecurePlainHTTP); err != nil {
 		return err
 	}

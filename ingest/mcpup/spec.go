@@ -167,3 +167,23 @@ func ParseSpecFor(s, serverID string) (Spec, error) {
 	}
 	return ParseSpec(serverID + "=" + s)
 }
+
+// ParseSpecs reads the specs of several servers, each as ParseSpec reads
+// it, in order. Server ids MUST be unique: a repeated one is an error
+// naming it.
+func ParseSpecs(ss []string) ([]Spec, error) {
+	specs := make([]Spec, 0, len(ss))
+	seen := map[string]bool{}
+	for _, s := range ss {
+		spec, err := ParseSpec(s)
+		if err != nil {
+			return nil, err
+		}
+		if seen[spec.ServerID] {
+			return nil, fmt.Errorf("server_id %q given twice", spec.ServerID)
+		}
+		seen[spec.ServerID] = true
+		specs = append(specs, spec)
+	}
+	return specs, nil
+}

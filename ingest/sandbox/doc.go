@@ -19,7 +19,8 @@
 // workspace) is an error from New: the caller MUST NOT start the server
 // unconfined instead.
 //
-// cmd/talos-mcp-gateway wires it: New per stdio upstream, Sandbox.Wrap as
-// the upstream's mcpup.Spec.Wrap, Close at exit; its main calls RunInit when
-// started as InitCommand.
+// The gateway uses it through ForUpstreams: New per stdio upstream,
+// Sandbox.Wrap as the upstream's mcpup.Spec.Wrap, Set.Close at exit; its
+// main calls ExitIfInit first, which runs RunInit when it was started as
+// InitCommand.
 package sandbox
