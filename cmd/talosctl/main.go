@@ -81,16 +81,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "run 'talosctl --help' for usage")
 		os.Exit(2)
 	}
-	err = k.Run(&c.Globals)
-	if err == nil {
-		return
+	if err = k.Run(&c.Globals); err != nil {
+		fmt.Fprintln(os.Stderr, "talosctl:", err)
+		var ee exitError
+		if errors.As(err, &ee) {
+			os.Exit(ee.code)
+		}
+		os.Exit(1)
 	}
-	fmt.Fprintln(os.Stderr, "talosctl:", err)
-	var ee exitError
-	if errors.As(err, &ee) {
-		os.Exit(ee.code)
-	}
-	os.Exit(1)
 }
 
 // defaultNATSAuth is where `talosd dev` (scripts/dev.sh) keeps its auth
