@@ -386,7 +386,8 @@ func (d *Decider) Begin(subject string, raw []byte, now time.Time, receiptID str
 	if !slices.Contains(p.engine.ReasonCodes, schemas.CodeEnvelopeInvalid) {
 		p.checked = true
 		p.incident, p.incDet = st.Check(c)
-		if pre {
+		// A refused request's report (DENY_UNAUTHENTICATED) has nothing to authorize or preflight.
+		if pre && c.ServerID != schemas.ServerUnauthenticated {
 			p.auth = d.authorize(st, pc, &p.cls, &p.engine, now)
 			p.sender = p.auth.Sender
 			if p.after, p.afterDet, err = d.preflight(st, pc, &p.cls, now); err != nil {
@@ -394,7 +395,15 @@ func (d *Decider) Begin(subject string, raw []byte, now time.Time, receiptID str
 			}
 		}
 	}
-	r := &p.r
+	fillCall(&p.r, c)
+	p.call = CallKey{SessionID: c.SessionID, CorrelationID: c.CorrelationID, ToolCallID: c.ToolCallID}
+	return p, nil
+}
+
+// fillCall fills the receipt with what a valid envelope says of its call:
+// its ids and the enforcement point's token handling (mode none when it
+// reports none; CSP MUST 5, CRED-03).
+func fillCall(r *schemas.Receipt, c *schemas.ToolCall) {
 	r.EventType = kindOf(c.Phase)
 	r.Tool = c.ToolName
 	r.AgentID = c.Actor.AgentID
@@ -405,8 +414,11 @@ func (d *Decider) Begin(subject string, raw []byte, now time.Time, receiptID str
 	r.SessionID = c.SessionID
 	r.EPID = c.EPID
 	r.ToolName = c.ToolName
-	p.call = CallKey{SessionID: c.SessionID, CorrelationID: c.CorrelationID, ToolCallID: c.ToolCallID}
-	return p, nil
+	r.TokenHandling = &schemas.TokenHandling{Mode: schemas.TokenModeNone}
+	if c.TokenHandling != nil {
+		th := *c.TokenHandling
+		r.TokenHandling = &th
+	}
 }
 
 // outcome merges what is known into the call's Outcome and fills the
@@ -669,8 +681,8 @@ func (d *Decider) authorize(st *State, pc *schemas.ParsedCall, cls *Classificati
 }
 
 // preflight runs CSP MUST 7 on a classified phase-pre call: the
-// registry's input_schema, size and path rules, the policy's rules and its
-// rate limits. An error means the rate store could not answer.
+// registry's definition pin (DENY_TOOL_DRIFT), input_schema, size and path
+// rules, the policy's rules and its rate limits. An error means the rate store could not answer.
 func (d *Decider) preflight(st *State, pc *schemas.ParsedCall, cls *Classification, now time.Time) ([]string, []string, error) {
 	c := &pc.Call
 	var codes, details []string
@@ -680,6 +692,10 @@ func (d *Decider) preflight(st *State, pc *schemas.ParsedCall, cls *Classificati
 			details = append(details, "policy: no rule allows this agent, server and tool")
 		}
 	}
+	if drift, why := DefinitionDrift(cls.Tool, c.ToolDefinitionSHA256); drift {
+		codes = append(codes, schemas.CodeDenyToolDrift)
+		details = append(details, why)
+	}
 	if tool := cls.Tool; tool != nil {
 		pf := d.preflightOf(st.Registry())
 		if pf.err != nil {
@@ -688,7 +704,7 @@ func (d *Decider) preflight(st *State, pc *schemas.ParsedCall, cls *Classificati
 		} else {
 			args := pc.Arguments()
 			n := argsLen(pc)
-			cs, ds := pf.p.Check(c.ServerID, tool, args, n)
+			cs, ds := pf.p.Check(c.ServerID, tool, args, n, c.WorkspaceRoot)
 			codes, details = append(codes, cs...), append(details, ds...)
 		}
 	}

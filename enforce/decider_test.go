@@ -74,3 +74,88 @@ func TestDeciderDeniesWhatItCannotTrust(t *testing.T) {
 		t.Errorf("not JSON: %+v", r)
 	}
 }
+
+// TestDeciderUnauthenticatedReport: an enforcement point's report of a
+// request it refused for want of credentials (CSP MUST 2) is denied with
+// DENY_UNAUTHENTICATED alone, even where capabilities are required and a
+// rule set would refuse it otherwise: the receipt says why the request
+// was refused, not what it lacked besides.
+func TestDeciderUnauthenticatedReport(t *testing.T) {
+	pol, err := ParsePolicy([]byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := NewDecider(testEngine(t, ModeProd), DeciderOptions{Capabilities: capAuthorizer(t), RequireCapability: true, Policy: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := envelope("pre", schemas.ServerUnauthenticated, "tools/call", map[string]any{"reason": "expired", "source": "192.0.2.7"})
+	delete(env["actor"].(map[string]any), "agent_id")
+	raw, _ := json.Marshal(env)
+	r, details, err := d.Decide("talos.call.pre."+schemas.ServerUnauthenticated, raw, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Decision != schemas.DecisionDeny || !slices.Equal(r.ReasonCodes, []string{schemas.CodeDenyUnauthenticated}) ||
+		r.ResultCode != schemas.CodeDenyUnauthenticated || len(details) != 1 {
+		t.Fatalf("got %s %v (result_code %s, details %v), want deny [DENY_UNAUTHENTICATED]", r.Decision, r.ReasonCodes, r.ResultCode, details)
+	}
+	// The same tool name on an ordinary server is an unknown tool, not an
+	// authentication failure.
+	env = envelope("pre", "files", "tools/call", map[string]any{})
+	raw, _ = json.Marshal(env)
+	r, _, err = newTestDecider(t).Decide("talos.call.pre.files", raw, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(r.ReasonCodes, schemas.CodeDenyUnauthenticated) {
+		t.Fatalf("an ordinary server's call got %v", r.ReasonCodes)
+	}
+}
+
+// TestDeciderTokenHandling: the receipt records the enforcement point's
+// token handling (mode none when it reports none, CSP MUST 5, CRED-03); a
+// reported passthrough is DENY_TOKEN_PASSTHROUGH (CRED-02) and a missing
+// credential DENY_CREDENTIAL_UNAVAILABLE, in phase pre.
+func TestDeciderTokenHandling(t *testing.T) {
+	d := newTestDecider(t)
+	cases := []struct {
+		name  string
+		th    map[string]any
+		want  schemas.TokenHandling
+		codes []string
+	}{
+		{"no report", nil, schemas.TokenHandling{Mode: schemas.TokenModeNone}, nil},
+		{"exchanged", map[string]any{"mode": "token_exchange", "audience": "files", "passthrough_detected": false},
+			schemas.TokenHandling{Mode: schemas.TokenModeTokenExchange, Audience: "files"}, nil},
+		{"passthrough", map[string]any{"mode": "secret", "audience": "files", "passthrough_detected": true},
+			schemas.TokenHandling{Mode: schemas.TokenModeSecret, Audience: "files", PassthroughDetected: true}, []string{schemas.CodeDenyTokenPassthrough}},
+		{"endpoint down", map[string]any{"mode": "token_exchange", "audience": "files", "passthrough_detected": false, "error": "endpoint_unreachable"},
+			schemas.TokenHandling{Mode: schemas.TokenModeTokenExchange, Audience: "files", Error: schemas.TokenErrEndpointUnreachable},
+			[]string{schemas.CodeDenyCredentialUnavailable}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			env := envelope("pre", "files", "list_dir", map[string]any{"path": "/"})
+			if tc.th != nil {
+				env["token_handling"] = tc.th
+			}
+			raw, _ := json.Marshal(env)
+			r, _, err := d.Decide("talos.call.pre.files", raw, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.TokenHandling == nil || *r.TokenHandling != tc.want {
+				t.Fatalf("token_handling %+v, want %+v", r.TokenHandling, tc.want)
+			}
+			for _, c := range []string{schemas.CodeDenyTokenPassthrough, schemas.CodeDenyCredentialUnavailable} {
+				if slices.Contains(r.ReasonCodes, c) != slices.Contains(tc.codes, c) {
+					t.Fatalf("reason codes %v, want %v among them", r.ReasonCodes, tc.codes)
+				}
+			}
+			if len(tc.codes) > 0 && r.Decision != schemas.DecisionDeny {
+				t.Fatalf("decision %s, want deny", r.Decision)
+			}
+		})
+	}
+}

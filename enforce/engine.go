@@ -187,6 +187,16 @@ func canonicalHash(b []byte) (string, error) {
 // (class-dependent checks are then skipped).
 func (e *Engine) common(pc *schemas.ParsedCall, cls *Classification, v *verdict) (*schemas.Tool, bool) {
 	call := &pc.Call
+	if call.ServerID == schemas.ServerUnauthenticated {
+		// An enforcement point's report of a request it refused for want
+		// of credentials (CSP MUST 2): no tool runs, whatever the registry
+		// lists, and nothing else is said about it.
+		v.add(schemas.CodeDenyUnauthenticated, "enforcement point: the request carried no valid credentials and was refused there")
+		return nil, false
+	}
+	if call.Phase == schemas.PhasePre {
+		credentialCodes(call.TokenHandling, v)
+	}
 	if call.RequestHash != "" && call.RequestHash != v.out.RequestHash {
 		v.add(schemas.CodeRequestHashMismatch, "request_hash: differs from sha256(JCS(request))")
 	}
@@ -211,6 +221,23 @@ func (e *Engine) common(pc *schemas.ParsedCall, cls *Classification, v *verdict)
 		v.add(schemas.CodeToolClassMismatch, "capability: constraints.read_only forbids a write tool")
 	}
 	return tool, true
+}
+
+// credentialCodes denies a call whose enforcement point reports that it
+// would pass the client's own token through to the upstream, or that it
+// could not obtain the upstream credential (CSP MUST 5, CRED-02). The
+// report can only deny: an envelope without token_handling is decided as
+// before.
+func credentialCodes(th *schemas.TokenHandling, v *verdict) {
+	if th == nil {
+		return
+	}
+	if th.PassthroughDetected {
+		v.add(schemas.CodeDenyTokenPassthrough, "token_handling: the upstream credential equals the client's own token")
+	}
+	if th.Error != "" {
+		v.add(schemas.CodeDenyCredentialUnavailable, "token_handling: no upstream credential ("+th.Error+")")
+	}
 }
 
 // classify is the Classification of pc under the engine's registry.

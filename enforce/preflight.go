@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"path"
 	"regexp"
 	"slices"
 	"sort"
@@ -167,14 +168,20 @@ func (p *Preflight) lookup(serverID string, tool *schemas.Tool) *inputSchema {
 //     input_schema violation; also when this Preflight has no compiled
 //     schema for a tool that has one (it belongs to another registry);
 //   - DENY_PATH_TRAVERSAL: a string at one of tool.PathPointers (or a
-//     string in an array there) escapes tool.WorkspaceRoot (PathEscapes); a
-//     pointer that does not resolve, or resolves to null, is an absent
-//     optional argument; any other value there is denied.
+//     string in an array there) escapes the tool's workspace root
+//     (PathEscapes); a pointer that does not resolve, or resolves to null,
+//     is an absent optional argument; any other value there is denied. The
+//     root is tool.WorkspaceRoot, or epRoot (the envelope's workspace_root,
+//     the workspace the enforcement point serves) when the registry defers
+//     to it (schemas.WorkspaceFromEnforcementPoint). Fail closed: such a
+//     tool with no epRoot is denied, and an epRoot that differs from an
+//     explicit registry root is denied too (the two disagree on what the
+//     server may touch).
 //
 // A tool without input_schema only gets the size and path checks. A nil
 // tool (unclassified) gets none. Both results are nil when nothing is
 // found.
-func (p *Preflight) Check(serverID string, tool *schemas.Tool, args any, argsLen int) (codes, details []string) {
+func (p *Preflight) Check(serverID string, tool *schemas.Tool, args any, argsLen int, epRoot string) (codes, details []string) {
 	if tool == nil {
 		return nil, nil
 	}
@@ -196,6 +203,26 @@ func (p *Preflight) Check(serverID string, tool *schemas.Tool, args any, argsLen
 			is.check(args, &f)
 		}
 	}
+	if len(tool.PathPointers) > 0 {
+		checkPaths(tool, args, epRoot, &f)
+	}
+	return f.codes, f.details
+}
+
+// checkPaths is the DENY_PATH_TRAVERSAL part of Check (CSP MUST 7,
+// VAL-03).
+func checkPaths(tool *schemas.Tool, args any, epRoot string, f *preflightResult) {
+	root := tool.WorkspaceRoot
+	switch {
+	case root == schemas.WorkspaceFromEnforcementPoint && epRoot == "":
+		f.add(schemas.CodeDenyPathTraversal, "workspace_root: the registry defers to the enforcement point, which sent none")
+		return
+	case root == schemas.WorkspaceFromEnforcementPoint:
+		root = epRoot
+	case epRoot != "" && path.Clean(epRoot) != path.Clean(root):
+		f.add(schemas.CodeDenyPathTraversal, "workspace_root: the enforcement point's differs from the registry's")
+		return
+	}
 	for _, ptr := range tool.PathPointers {
 		v, ok := jsonkit.ResolvePointer(args, ptr)
 		if !ok || v == nil {
@@ -213,13 +240,12 @@ func (p *Preflight) Check(serverID string, tool *schemas.Tool, args any, argsLen
 				f.add(schemas.CodeDenyPathTraversal, "path_pointers "+ptr+": not a string")
 				break
 			}
-			if esc, why := PathEscapes(tool.WorkspaceRoot, s); esc {
+			if esc, why := PathEscapes(root, s); esc {
 				f.add(schemas.CodeDenyPathTraversal, "path_pointers "+ptr+": "+why)
 				break
 			}
 		}
 	}
-	return f.codes, f.details
 }
 
 // preflightResult collects codes (deduplicated, in order) and details

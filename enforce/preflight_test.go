@@ -64,7 +64,7 @@ func pfCheck(t *testing.T, p *Preflight, reg *Registry, name, args string) (code
 	if !ok {
 		t.Fatalf("no tool %s", name)
 	}
-	codes, details = p.Check("fs", tool, pfParseArgs(t, args), len(args))
+	codes, details = p.Check("fs", tool, pfParseArgs(t, args), len(args), "")
 	for _, d := range details {
 		if strings.Contains(d, pfSecret) {
 			t.Fatalf("detail %q echoes an argument value", d)
@@ -216,17 +216,17 @@ func TestPreflightPayloadTooLarge(t *testing.T) {
 	small, _ := reg.Lookup("fs", "small")
 	dflt, _ := reg.Lookup("fs", "dflt")
 	args := map[string]any{}
-	pfWantCodes(t, pfCodesOf(p.Check("fs", small, args, 10)))
-	codes, details := p.Check("fs", small, args, 11)
+	pfWantCodes(t, pfCodesOf(p.Check("fs", small, args, 10, "")))
+	codes, details := p.Check("fs", small, args, 11, "")
 	pfWantCodes(t, codes, schemas.CodeDenyPayloadTooLarge)
 	pfWantDetail(t, details, "arguments: 11 bytes exceed max_args_bytes 10")
-	pfWantCodes(t, pfCodesOf(p.Check("fs", dflt, args, 100)))
-	pfWantCodes(t, pfCodesOf(p.Check("fs", dflt, args, 101)), schemas.CodeDenyPayloadTooLarge)
+	pfWantCodes(t, pfCodesOf(p.Check("fs", dflt, args, 100, "")))
+	pfWantCodes(t, pfCodesOf(p.Check("fs", dflt, args, 101, "")), schemas.CodeDenyPayloadTooLarge)
 
 	// The zero config means 1 MiB.
 	p0, _ := newTestPreflight(t, PreflightConfig{}, preflightTool("dflt", ""))
-	pfWantCodes(t, pfCodesOf(p0.Check("fs", dflt, args, int(DefaultMaxArgsBytes))))
-	pfWantCodes(t, pfCodesOf(p0.Check("fs", dflt, args, int(DefaultMaxArgsBytes)+1)), schemas.CodeDenyPayloadTooLarge)
+	pfWantCodes(t, pfCodesOf(p0.Check("fs", dflt, args, int(DefaultMaxArgsBytes), "")))
+	pfWantCodes(t, pfCodesOf(p0.Check("fs", dflt, args, int(DefaultMaxArgsBytes)+1, "")), schemas.CodeDenyPayloadTooLarge)
 
 	if _, err := NewPreflight(reg, PreflightConfig{MaxArgsBytes: -1}); err == nil {
 		t.Fatal("negative MaxArgsBytes accepted")
@@ -269,6 +269,49 @@ func TestPreflightPathTraversal(t *testing.T) {
 	}
 }
 
+// TestPreflightWorkspaceFromEnforcementPoint (CSP MUST 7, VAL-03): a tool
+// whose workspace_root defers to the enforcement point is checked against
+// the root the envelope carries; without one every call is denied (fail
+// closed); an explicit registry root is checked as it is, and an envelope
+// root that differs from it is denied.
+func TestPreflightWorkspaceFromEnforcementPoint(t *testing.T) {
+	p, reg := newTestPreflight(t, PreflightConfig{},
+		preflightTool("ep", `"path_pointers":["/path","/paths"],"workspace_root":"enforcement_point"`),
+		preflightTool("fixed", `"path_pointers":["/path"],"workspace_root":"/srv/fixed"`),
+		preflightTool("nopaths", ``),
+	)
+	cases := []struct {
+		name, tool, args, epRoot string
+		detail                   string
+	}{
+		{"inside the enforcement point's root", "ep", `{"path":"/srv/ws/a.txt","paths":["b","/srv/ws/c"]}`, "/srv/ws", ""},
+		{"relative inside", "ep", `{"path":"notes/a.txt"}`, "/srv/ws/", ""},
+		{"absolute outside", "ep", `{"path":"/srv/other/a.txt"}`, "/srv/ws", "path_pointers /path: outside the workspace root"},
+		{"prefix trick", "ep", `{"path":"/srv/ws2/a.txt"}`, "/srv/ws", "path_pointers /path: outside the workspace root"},
+		{"parent", "ep", `{"path":"../a.txt"}`, "/srv/ws", "path_pointers /path: parent directory segment"},
+		{"encoded", "ep", `{"path":"%2e%2e/a.txt"}`, "/srv/ws", "path_pointers /path: percent-encoded dot or slash"},
+		{"array element outside", "ep", `{"paths":["a","/etc/passwd"]}`, "/srv/ws", "path_pointers /paths: outside the workspace root"},
+		{"no root from the enforcement point", "ep", `{"path":"a.txt"}`, "", "workspace_root: the registry defers to the enforcement point, which sent none"},
+		{"no root, no path", "ep", `{}`, "", "workspace_root: the registry defers to the enforcement point, which sent none"},
+		{"explicit root, none sent", "fixed", `{"path":"/srv/fixed/a"}`, "", ""},
+		{"explicit root, same sent", "fixed", `{"path":"/srv/fixed/a"}`, "/srv/fixed/", ""},
+		{"explicit root, another sent", "fixed", `{"path":"/srv/fixed/a"}`, "/srv/ws", "workspace_root: the enforcement point's differs from the registry's"},
+		{"no path_pointers, root ignored", "nopaths", `{"path":"../x"}`, "/srv/ws", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tool, _ := reg.Lookup("fs", tc.tool)
+			codes, details := p.Check("fs", tool, pfParseArgs(t, tc.args), len(tc.args), tc.epRoot)
+			if tc.detail == "" {
+				pfWantCodes(t, codes)
+				return
+			}
+			pfWantCodes(t, codes, schemas.CodeDenyPathTraversal)
+			pfWantDetail(t, details, tc.detail)
+		})
+	}
+}
+
 func TestPreflightWithoutInputSchema(t *testing.T) {
 	p, reg := newTestPreflight(t, PreflightConfig{MaxArgsBytes: 64},
 		preflightTool("open", `"path_pointers":["/path"],"workspace_root":"/w"`))
@@ -278,7 +321,7 @@ func TestPreflightWithoutInputSchema(t *testing.T) {
 	codes, _ := pfCheck(t, p, reg, "open", `{"path":"../x","pad":"`+strings.Repeat("p", 64)+`"}`)
 	pfWantCodes(t, codes, schemas.CodeDenyPayloadTooLarge, schemas.CodeDenyPathTraversal)
 	// An unclassified tool gets nothing.
-	if codes, details := p.Check("fs", nil, map[string]any{"x": 1}, 1<<30); codes != nil || details != nil {
+	if codes, details := p.Check("fs", nil, map[string]any{"x": 1}, 1<<30, ""); codes != nil || details != nil {
 		t.Fatalf("nil tool: %v %v", codes, details)
 	}
 }
@@ -302,8 +345,8 @@ func TestPreflightNilArgsAreEmptyObject(t *testing.T) {
 		preflightTool("needs", `"input_schema":{"type":"object","required":["q"],"properties":{"q":{}}}`))
 	noargs, _ := reg.Lookup("fs", "noargs")
 	needs, _ := reg.Lookup("fs", "needs")
-	pfWantCodes(t, pfCodesOf(p.Check("fs", noargs, nil, 0)))
-	pfWantCodes(t, pfCodesOf(p.Check("fs", needs, nil, 0)), schemas.CodeDenySchemaViolation)
+	pfWantCodes(t, pfCodesOf(p.Check("fs", noargs, nil, 0, "")))
+	pfWantCodes(t, pfCodesOf(p.Check("fs", needs, nil, 0, "")), schemas.CodeDenySchemaViolation)
 }
 
 func TestPreflightOtherRegistry(t *testing.T) {
@@ -311,17 +354,17 @@ func TestPreflightOtherRegistry(t *testing.T) {
 	// Same schema bytes from another registry value: still the compiled one.
 	_, reg2 := newTestPreflight(t, PreflightConfig{}, preflightTool("read_file", fileSchema))
 	same, _ := reg2.Lookup("fs", "read_file")
-	pfWantCodes(t, pfCodesOf(p.Check("fs", same, map[string]any{"path": "a"}, 12)))
+	pfWantCodes(t, pfCodesOf(p.Check("fs", same, map[string]any{"path": "a"}, 12, "")))
 	// A changed schema this Preflight never compiled: fail closed.
 	reg3 := preflightRegistry(t, preflightTool("read_file", `"input_schema":{"type":"object"}`))
 	changed, _ := reg3.Lookup("fs", "read_file")
-	codes, details := p.Check("fs", changed, map[string]any{"path": "a"}, 12)
+	codes, details := p.Check("fs", changed, map[string]any{"path": "a"}, 12, "")
 	pfWantCodes(t, codes, schemas.CodeDenySchemaViolation)
 	pfWantDetail(t, details, "input_schema: not compiled by this preflight (registry changed)")
 	// A tool the Preflight does not know at all.
 	reg4 := preflightRegistry(t, preflightTool("other", `"input_schema":{"type":"object"}`))
 	other, _ := reg4.Lookup("fs", "other")
-	pfWantCodes(t, pfCodesOf(p.Check("fs", other, map[string]any{}, 2)), schemas.CodeDenySchemaViolation)
+	pfWantCodes(t, pfCodesOf(p.Check("fs", other, map[string]any{}, 2, "")), schemas.CodeDenySchemaViolation)
 }
 
 func TestNewPreflightBadSchemas(t *testing.T) {
@@ -389,7 +432,7 @@ func BenchmarkPreflightCheck(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if codes, _ := p.Check("fs", tool, args, len(raw)); codes != nil {
+		if codes, _ := p.Check("fs", tool, args, len(raw), ""); codes != nil {
 			b.Fatal(codes)
 		}
 	}

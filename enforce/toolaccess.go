@@ -92,3 +92,45 @@ func ActionAllowed(t *schemas.Tool, action string, readOnlyOnly bool) bool {
 	}
 	return slices.Contains(ReadOnlyActions(t), action)
 }
+
+// ServerNetworkOutbound reports whether the registry marks any tool of
+// serverID network_outbound (CM-EGRESS): the server may need a network,
+// which a sandbox grants only through its egress allowlist.
+func (r *Registry) ServerNetworkOutbound(serverID string) bool {
+	for i := range r.manifests {
+		m := &r.manifests[i]
+		if m.ServerID != serverID {
+			continue
+		}
+		for j := range m.Tools {
+			if NetworkOutbound(&m.Tools[j]) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// WorkspaceRoots says how the registry roots serverID's path arguments:
+// deferred when any of its tools takes the root from the enforcement point
+// (schemas.WorkspaceFromEnforcementPoint), and the explicit roots its tools
+// declare, as written, sorted and without repeats.
+func (r *Registry) WorkspaceRoots(serverID string) (deferred bool, explicit []string) {
+	for i := range r.manifests {
+		m := &r.manifests[i]
+		if m.ServerID != serverID {
+			continue
+		}
+		for j := range m.Tools {
+			switch root := m.Tools[j].WorkspaceRoot; root {
+			case "":
+			case schemas.WorkspaceFromEnforcementPoint:
+				deferred = true
+			default:
+				explicit = append(explicit, root)
+			}
+		}
+	}
+	slices.Sort(explicit)
+	return deferred, slices.Compact(explicit)
+}

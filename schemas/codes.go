@@ -80,7 +80,30 @@ const (
 	// input_schema other than by an unknown field (CSP MUST 7 "schema
 	// validation"; the specification names no code for it).
 	CodeDenySchemaViolation = "DENY_SCHEMA_VIOLATION"
+	// CodeDenyUnauthenticated: an enforcement point refused a request that
+	// carried no valid credentials (CSP MUST 2, AUTH-01, AUTH-02) and
+	// reported the attempt on ServerUnauthenticated; the worker denies it
+	// with this code alone, so the refusal has a signed receipt.
+	CodeDenyUnauthenticated = "DENY_UNAUTHENTICATED"
+	// CodeDenyTokenPassthrough: the credential the enforcement point would
+	// send the upstream equals the client's own token (CSP MUST 5,
+	// CRED-02); its envelope says token_handling.passthrough_detected.
+	CodeDenyTokenPassthrough = "DENY_TOKEN_PASSTHROUGH"
+	// CodeDenyCredentialUnavailable: the enforcement point could not obtain
+	// the upstream credential (token endpoint down or refusing, no JWT to
+	// exchange); its envelope says token_handling.error (fail closed).
+	CodeDenyCredentialUnavailable = "DENY_CREDENTIAL_UNAVAILABLE"
+	// CodeDenyToolDrift: the tool's definition as the enforcement point
+	// lists it (name, description, inputSchema, annotations) is not the one
+	// the registry pins (definition_sha256): a "rug pull", OWASP MCP03.
+	CodeDenyToolDrift = "DENY_TOOL_DRIFT"
 )
+
+// ServerUnauthenticated is the reserved server_id on which an enforcement
+// point reports a request it refused for want of valid credentials. No
+// tool runs there: every envelope naming it is denied
+// (CodeDenyUnauthenticated), so trusting the report can only deny.
+const ServerUnauthenticated = "unauthenticated"
 
 // ApprovalCodes are codes that, with warnings only, make the decision
 // require_approval rather than deny.

@@ -74,6 +74,8 @@ func TestStructsMatchSchemas(t *testing.T) {
 		{reflect.TypeFor[ExpectedHash](), FileToolCallSchema, "/properties/expected_document_hashes/items"},
 		{reflect.TypeFor[CallError](), FileToolCallSchema, "/properties/error"},
 		{reflect.TypeFor[Timing](), FileToolCallSchema, "/properties/timing"},
+		{reflect.TypeFor[TokenHandling](), FileToolCallSchema, "/properties/token_handling"},
+		{reflect.TypeFor[TokenHandling](), FileReceiptSchema, "/$defs/token_handling"},
 		{reflect.TypeFor[Manifest](), FileToolRegistrySchema, ""},
 		{reflect.TypeFor[Tool](), FileToolRegistrySchema, "/$defs/tool"},
 		{reflect.TypeFor[DocumentSpec](), FileToolRegistrySchema, "/$defs/document_spec"},
@@ -153,7 +155,9 @@ func fullToolCall() ToolCall {
 		RequestHash:            strings.Repeat("2", 64),
 		ExpectedDocumentHashes: []ExpectedHash{{Pointer: "/p", Hash: strings.Repeat("3", 64)}},
 		ContentHashAlg:         ContentHashAlg, SenderSignature: json.RawMessage(`{"sig":"x"}`), ParentSpanID: "p",
-		Result: json.RawMessage(`{"content":[]}`), OK: ptr(true),
+		TokenHandling: &TokenHandling{Mode: TokenModeTokenExchange, Audience: "files", PassthroughDetected: true, Error: TokenErrExchangeRefused},
+		Result:        json.RawMessage(`{"content":[]}`), OK: ptr(true),
+		WorkspaceRoot: "/srv/ws", ToolDefinitionSHA256: strings.Repeat("4", 64),
 		Error:  &CallError{Code: "c", Kind: "k", Message: "m", Retryable: ptr(false)},
 		Timing: &Timing{StartedAt: "2025-01-15T10:20:30.123Z", EndedAt: "2025-01-15T10:20:30.200Z"},
 	}
@@ -176,9 +180,10 @@ func fullReceiptEvent() map[string]any {
 		ReasonCodes: []string{CodeToolUnclassifiedAllowedDev}, ToolClass: ClassRead, RegistryDigest: "sha256:" + strings.Repeat("f", 64),
 		DocumentHashes: eff.DocumentHashes, BatchTotalBytes: 3, ContentHashAlg: ContentHashAlg, Effect: &eff,
 		ControlSeq: 7, Control: fullControlRecord(), CapabilityIDs: []string{"cap-1"},
-		IdempotentOf: &IdempotentOf{ToolCallID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d71", ReceiptID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d72"},
-		Chain:        Chain{ChainID: "worker-1", Seq: 1, PrevHash: GenesisHash},
-		Signature:    &Signature{Alg: SignatureAlg, KID: "k1", Sig: strings.Repeat("A", 86)},
+		TokenHandling: &TokenHandling{Mode: TokenModeSecret, Audience: "files", PassthroughDetected: false, Error: TokenErrNoSubjectToken},
+		IdempotentOf:  &IdempotentOf{ToolCallID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d71", ReceiptID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d72"},
+		Chain:         Chain{ChainID: "worker-1", Seq: 1, PrevHash: GenesisHash},
+		Signature:     &Signature{Alg: SignatureAlg, KID: "k1", Sig: strings.Repeat("A", 86)},
 	}
 	return map[string]any{
 		"specversion": "1.0", "id": "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d70", "source": "talos://enforce/worker-1",
@@ -228,7 +233,8 @@ func TestFullyPopulatedStructsValidate(t *testing.T) {
 			TrustLevel: "internal", RiskCategory: "CRITICAL", NetworkOutbound: ptr(true), BuiltIn: ptr(false), SubagentAccess: "denied", RequiresApproval: ptr(false),
 			ActionPointer: "/action", Actions: []Action{{Name: "list_prs", ReadOnly: true}}, InputSchema: json.RawMessage(`{"type":"object"}`),
 			ToolVersion: "1.2.3", SideEffect: SideEffectExecute, Idempotency: IdempotencyNonIdempotent, ResourcePointer: "/repo",
-			PathPointers: []string{"/path"}, WorkspaceRoot: "/work", MaxArgsBytes: ptr(int64(4))}}}
+			PathPointers: []string{"/path"}, WorkspaceRoot: "/work", MaxArgsBytes: ptr(int64(4)),
+			DefinitionSHA256: strings.Repeat("5", 64)}}}
 	b = mustJSON(t, m)
 	assertAllKeys(t, reflect.TypeFor[Manifest](), b)
 	assertAllKeys(t, reflect.TypeFor[Tool](), mustJSON(t, m.Tools[0]))

@@ -283,6 +283,12 @@ func fillToolCall(c *ToolCall, doc map[string]any, spans *envelopeSpans) {
 	c.ContentHashAlg = str(doc, "content_hash_alg")
 	c.SenderSignature = spans.senderSignature
 	c.ParentSpanID = str(doc, "parent_span_id")
+	if th, ok := doc["token_handling"].(map[string]any); ok {
+		pt, _ := th["passthrough_detected"].(bool)
+		c.TokenHandling = &TokenHandling{Mode: str(th, "mode"), Audience: str(th, "audience"), PassthroughDetected: pt, Error: str(th, "error")}
+	}
+	c.WorkspaceRoot = str(doc, "workspace_root")
+	c.ToolDefinitionSHA256 = str(doc, "tool_definition_sha256")
 	c.Result = spans.result
 	if ok, isBool := doc["ok"].(bool); isBool {
 		c.OK = &ok

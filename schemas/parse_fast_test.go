@@ -160,28 +160,38 @@ func parseCases(t testing.TB) map[string][]byte {
 			m["expected_document_hashes"] = []any{map[string]any{"pointer": "/content", "hash": strings.Repeat("a", 64)}}
 			m["content_hash_alg"], m["sender_signature"], m["parent_span_id"] = "sha256", map[string]any{"sig": "x"}, "00f067aa0ba902b7"
 			m["request"].(map[string]any)["_meta"] = map[string]any{"progressToken": 1.5e300}
+			m["workspace_root"] = "/srv/ws"
+			m["tool_definition_sha256"] = strings.Repeat("ab", 32)
+			m["token_handling"] = map[string]any{"mode": "token_exchange", "audience": "files", "passthrough_detected": false}
 		},
-		"capability array":       func(m map[string]any) { m["capability"] = []any{"a", 1, nil, true} },
-		"capability string":      func(m map[string]any) { m["capability"] = "opaque" },
-		"capability number":      func(m map[string]any) { m["capability"] = 7 },
-		"sender_signature array": func(m map[string]any) { m["sender_signature"] = []any{} },
-		"pre with result":        func(m map[string]any) { m["result"] = map[string]any{} },
-		"post without result":    func(m map[string]any) { m["phase"] = "post"; m["ok"] = false },
-		"missing request":        func(m map[string]any) { delete(m, "request") },
-		"request not object":     func(m map[string]any) { m["request"] = []any{map[string]any{"arguments": 1}} },
-		"arguments not object":   func(m map[string]any) { m["request"].(map[string]any)["arguments"] = "x" },
-		"unknown member":         func(m map[string]any) { m["extra"] = 1 },
-		"unknown actor member":   func(m map[string]any) { m["actor"].(map[string]any)["x"] = 1 },
-		"bad uuid":               func(m map[string]any) { m["tool_call_id"] = "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d6" },
-		"session_id empty":       func(m map[string]any) { m["session_id"] = "" },
-		"session_id 256 runes":   func(m map[string]any) { m["session_id"] = strings.Repeat("é", 256) },
-		"session_id 257 runes":   func(m map[string]any) { m["session_id"] = strings.Repeat("é", 257) },
-		"leap second":            func(m map[string]any) { m["issued_at"] = "2016-12-31T23:59:60Z" },
-		"leap second offset":     func(m map[string]any) { m["issued_at"] = "2017-01-01T00:59:60+01:00" },
-		"bad leap second":        func(m map[string]any) { m["issued_at"] = "2016-12-31T22:59:60Z" },
-		"lower t and z":          func(m map[string]any) { m["issued_at"] = "2025-01-15t10:20:30z" },
-		"feb 29 non-leap":        func(m map[string]any) { m["issued_at"] = "2025-02-29T10:20:30Z" },
-		"request name differs":   func(m map[string]any) { m["request"].(map[string]any)["name"] = "other" },
+		"token_handling unknown mode": func(m map[string]any) {
+			m["token_handling"] = map[string]any{"mode": "passthrough", "audience": "", "passthrough_detected": true}
+		},
+		"token_handling without passthrough_detected": func(m map[string]any) {
+			m["token_handling"] = map[string]any{"mode": "none", "audience": ""}
+		},
+		"relative workspace_root": func(m map[string]any) { m["workspace_root"] = "srv/ws" },
+		"capability array":        func(m map[string]any) { m["capability"] = []any{"a", 1, nil, true} },
+		"capability string":       func(m map[string]any) { m["capability"] = "opaque" },
+		"capability number":       func(m map[string]any) { m["capability"] = 7 },
+		"sender_signature array":  func(m map[string]any) { m["sender_signature"] = []any{} },
+		"pre with result":         func(m map[string]any) { m["result"] = map[string]any{} },
+		"post without result":     func(m map[string]any) { m["phase"] = "post"; m["ok"] = false },
+		"missing request":         func(m map[string]any) { delete(m, "request") },
+		"request not object":      func(m map[string]any) { m["request"] = []any{map[string]any{"arguments": 1}} },
+		"arguments not object":    func(m map[string]any) { m["request"].(map[string]any)["arguments"] = "x" },
+		"unknown member":          func(m map[string]any) { m["extra"] = 1 },
+		"unknown actor member":    func(m map[string]any) { m["actor"].(map[string]any)["x"] = 1 },
+		"bad uuid":                func(m map[string]any) { m["tool_call_id"] = "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d6" },
+		"session_id empty":        func(m map[string]any) { m["session_id"] = "" },
+		"session_id 256 runes":    func(m map[string]any) { m["session_id"] = strings.Repeat("é", 256) },
+		"session_id 257 runes":    func(m map[string]any) { m["session_id"] = strings.Repeat("é", 257) },
+		"leap second":             func(m map[string]any) { m["issued_at"] = "2016-12-31T23:59:60Z" },
+		"leap second offset":      func(m map[string]any) { m["issued_at"] = "2017-01-01T00:59:60+01:00" },
+		"bad leap second":         func(m map[string]any) { m["issued_at"] = "2016-12-31T22:59:60Z" },
+		"lower t and z":           func(m map[string]any) { m["issued_at"] = "2025-01-15t10:20:30z" },
+		"feb 29 non-leap":         func(m map[string]any) { m["issued_at"] = "2025-02-29T10:20:30Z" },
+		"request name differs":    func(m map[string]any) { m["request"].(map[string]any)["name"] = "other" },
 		"bad pointer": func(m map[string]any) {
 			m["expected_document_hashes"] = []any{map[string]any{"pointer": "/a~2", "hash": strings.Repeat("a", 64)}}
 		},

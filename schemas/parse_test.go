@@ -394,6 +394,15 @@ func TestParseManifestTable(t *testing.T) {
 			delete(ds, "max_write_bytes")
 			delete(ds, "max_batch_bytes")
 		}, ""},
+		{"workspace from the enforcement point", func(m map[string]any) {
+			tool(m, 1)["path_pointers"], tool(m, 1)["workspace_root"] = []any{"/path"}, "enforcement_point"
+		}, ""},
+		{"relative workspace_root", func(m map[string]any) {
+			tool(m, 1)["path_pointers"], tool(m, 1)["workspace_root"] = []any{"/path"}, "srv/ws"
+		}, "/tools/1/workspace_root: pattern"},
+		{"path_pointers without workspace_root", func(m map[string]any) { tool(m, 1)["path_pointers"] = []any{"/path"} }, "/tools/1: dependentRequired"},
+		{"definition pin", func(m map[string]any) { tool(m, 1)["definition_sha256"] = strings.Repeat("0a", 32) }, ""},
+		{"definition pin not hex", func(m map[string]any) { tool(m, 1)["definition_sha256"] = "sha256:" + strings.Repeat("0a", 32) }, "/tools/1/definition_sha256: pattern"},
 		{"bad schema_id", func(m map[string]any) { m["schema_id"] = "x" }, "/schema_id: const"},
 		{"bad schema_version", func(m map[string]any) { m["schema_version"] = "v2" }, "/schema_version: const"},
 		{"missing server_id", func(m map[string]any) { delete(m, "server_id") }, "required: missing server_id"},

@@ -102,6 +102,7 @@ var quickPatterns = map[string]func(string) bool{
 	`^[0-9a-f]{64}$`:             isHex256,
 	`^sha256:[0-9a-f]{64}$`:      isDigestString,
 	`^(/([^~/]|~[01])*)*$`:       jsonkit.ValidPointer,
+	`^/`:                         isAbsolutePath,
 }
 
 // compileQuickSchema compiles the schema document doc (as
@@ -585,6 +586,8 @@ func isCorrelationID(s string) bool {
 }
 
 func isHex256(s string) bool { return len(s) == 64 && isHexDigits(s, true) }
+
+func isAbsolutePath(s string) bool { return strings.HasPrefix(s, "/") }
 
 func isDigestString(s string) bool {
 	d, ok := strings.CutPrefix(s, "sha256:")

@@ -47,6 +47,10 @@ type Receipt struct {
 	// quarantines, registry pin) the decision was made under; 0 (omitted)
 	// means no control event had been applied.
 	ControlSeq uint64 `json:"control_seq,omitempty"`
+	// TokenHandling is copied from the envelope (mode none when it has
+	// none) on the decision and effect receipts of valid envelopes (CSP
+	// MUST 5, CRED-03).
+	TokenHandling *TokenHandling `json:"token_handling,omitempty"`
 	// Control is the command record of a control receipt (event_type control).
 	Control *ControlRecord `json:"control,omitempty"`
 

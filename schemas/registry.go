@@ -62,13 +62,24 @@ type Tool struct {
 	// capability scope's resource:<pattern> is matched against (CP-SCOPE).
 	ResourcePointer string `json:"resource_pointer,omitempty"`
 	// PathPointers locate path arguments that must stay inside
-	// WorkspaceRoot (preflight, CSP MUST 7).
+	// WorkspaceRoot (preflight, CSP MUST 7, VAL-03): an absolute path, or
+	// WorkspaceFromEnforcementPoint.
 	PathPointers  []string `json:"path_pointers,omitempty"`
 	WorkspaceRoot string   `json:"workspace_root,omitempty"`
 	// MaxArgsBytes caps the JCS size of request.arguments; nil means the
 	// worker's default.
 	MaxArgsBytes *int64 `json:"max_args_bytes,omitempty"`
+	// DefinitionSHA256 pins the tool's definition as its server lists it
+	// (enforce.DefinitionDrift; OWASP MCP03): hex sha256 of the RFC 8785
+	// form of {name, description, inputSchema, annotations}.
+	DefinitionSHA256 string `json:"definition_sha256,omitempty"`
 }
+
+// WorkspaceFromEnforcementPoint is the workspace_root of a tool whose path
+// arguments are confined to the workspace the enforcement point serves for
+// the server (the call envelope's workspace_root), so one manifest fits
+// every deployment (CSP MUST 7).
+const WorkspaceFromEnforcementPoint = "enforcement_point"
 
 // Side effects and idempotency classes of UTS 6.0.2.3.
 const (

@@ -29,6 +29,19 @@ type ToolCall struct {
 	ContentHashAlg         string          `json:"content_hash_alg,omitempty"`
 	SenderSignature        json.RawMessage `json:"sender_signature,omitempty"`
 	ParentSpanID           string          `json:"parent_span_id,omitempty"`
+	// TokenHandling is how the enforcement point obtained the credential
+	// it sends the upstream for this call (CSP MUST 5).
+	TokenHandling *TokenHandling `json:"token_handling,omitempty"`
+	// WorkspaceRoot is the workspace the enforcement point serves for
+	// ServerID (its configuration): the root of path arguments for registry
+	// tools whose workspace_root is WorkspaceFromEnforcementPoint (CSP
+	// MUST 7). The enforcement point is trusted for it as it is trusted to
+	// forward only allowed calls.
+	WorkspaceRoot string `json:"workspace_root,omitempty"`
+	// ToolDefinitionSHA256 is the definition of the tool as the enforcement
+	// point lists it to its caller, hashed like the registry's
+	// definition_sha256 pin; a difference is DENY_TOOL_DRIFT.
+	ToolDefinitionSHA256 string `json:"tool_definition_sha256,omitempty"`
 
 	// Phase post only.
 	Result json.RawMessage `json:"result,omitempty"`
@@ -69,4 +82,33 @@ type CallError struct {
 type Timing struct {
 	StartedAt string `json:"started_at"`
 	EndedAt   string `json:"ended_at"`
+}
+
+// Token handling modes: how an enforcement point obtains the credential it
+// sends an upstream server (CSP MUST 5). The client's own token is never
+// one of them.
+const (
+	TokenModeNone          = "none"           // no credential is sent
+	TokenModeSecret        = "secret"         // the enforcement point's own secret for that server
+	TokenModeTokenExchange = "token_exchange" // RFC 8693: the client's token exchanged for one with the server's audience
+)
+
+// Why an enforcement point has no credential for a call (TokenHandling.Error).
+const (
+	TokenErrNoSubjectToken      = "no_subject_token"     // token_exchange, but the caller presented no JWT to exchange
+	TokenErrExchangeRefused     = "exchange_refused"     // the token endpoint answered, but not with a token
+	TokenErrEndpointUnreachable = "endpoint_unreachable" // the token endpoint did not answer
+)
+
+// TokenHandling is how the credential of a call's upstream request was
+// obtained (CSP MUST 5, CRED-01..03): its mode, the audience it is bound
+// to, and whether the enforcement point found the outbound credential
+// equal to the client's own token (a passthrough it refused). It never
+// holds a credential.
+type TokenHandling struct {
+	Mode                string `json:"mode"`
+	Audience            string `json:"audience"`
+	PassthroughDetected bool   `json:"passthrough_detected"`
+	// Error says why no credential could be obtained; the call is denied.
+	Error string `json:"error,omitempty"`
 }

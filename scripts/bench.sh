@@ -47,8 +47,15 @@
 #                                 tools/call: CALLS (default 2,000) calls of
 #                                 mcp-server-everything's echo, directly and
 #                                 through the gateway, interleaved, one in flight
-#                                 (talosctl bench-mcp); waits until no `go test`
-#                                 runs, so the machine is otherwise idle
+#                                 (talosctl bench-mcp), the gateway in three
+#                                 arrangements: over stdio; over streamable
+#                                 HTTP on loopback (--insecure-plain-http)
+#                                 with a static token; over HTTPS with a JWT
+#                                 (a CA, certificate, JWKS and token from
+#                                 scripts/benchcreds); then the added latency
+#                                 of the three side by side. Waits until no
+#                                 `go test` runs, so the machine is otherwise
+#                                 idle
 #
 # Every run has the checks talosd runs by default: capabilities (each call
 # signed by the load generator and verified by the worker), preflight, the
@@ -89,7 +96,10 @@ stop_all() {
 trap 'stop_all; rm -rf "$work"' EXIT
 go build -o "$work/bin/talosd" ./cmd/talosd
 go build -o "$work/bin/talosctl" ./cmd/talosctl
-[ "$mode" != gateway ] || go build -o "$work/bin/talos-mcp-gateway" ./cmd/talos-mcp-gateway
+if [ "$mode" = gateway ]; then
+  go build -o "$work/bin/talos-mcp-gateway" ./cmd/talos-mcp-gateway
+  go build -o "$work/bin/benchcreds" ./scripts/benchcreds
+fi
 
 talosd=$work/bin/talosd           # the talosd that start runs (ab switches it)
 registry=cmd/talosd/demo/registry # the worker's (and the control role's) registry
@@ -394,34 +404,96 @@ gateway)
     done
   }
   wait_idle
-  registry=deploy/mcp/registry eps=talosctl,demo-ep,gw-bench scope='tool:everything:*'
+  registry=deploy/mcp/registry eps=talosctl,demo-ep,gw-bench,gw-http,gw-https scope='tool:everything:*'
   start sink,control
   gw="$work/bin/talos-mcp-gateway --ep-id gw-bench --registry $registry --nats-url $nats"
   gw+=" --nats-auth $work/dev/nats-auth.json --capability $work/cap.json --agent-key $work/dev/keys/demo-agent.key"
   gw+=" --session-id gw-bench --log-level warn --upstream 'everything=$everything'"
+  # HTTP mode: a CA and server certificate for 127.0.0.1, an issuer's JWKS
+  # and a JWT it signed, a static token, and one principal that either
+  # token reaches, calling with the same capability and key as stdio.
+  issuer=https://bench-issuer.talos.test audience=talos-mcp-gateway creds=$work/creds
+  "$work/bin/benchcreds" -issuer "$issuer" -audience "$audience" -subject bench-agent \
+    -capability "$work/cap.json" -agent-key "$work/dev/keys/demo-agent.key" "$creds"
+  # bench_mcp NAME [bench-mcp flags]: one comparison against the direct
+  # server, its report shown and kept in $work/NAME.out.
+  bench_mcp() {
+    local name=$1
+    shift
+    wait_idle
+    echo "== load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+    "$work/bin/talosctl" bench-mcp --calls "$calls" --warmup "$warmup" --stderr "$work/servers.log" \
+      --direct "everything=$everything" "$@" >"$work/$name.out" || { cat "$work/$name.out"; tail -20 "$work/servers.log"; exit 1; }
+    cat "$work/$name.out"
+    if pgrep -f 'go test' >/dev/null; then
+      echo "== a 'go test' started during the measurement: these figures are not of an idle machine; run again" >&2
+      exit 1
+    fi
+  }
+  # evidence EP: every call through the gateway EP went through Talos: its
+  # allowed pre decisions, post receipts and ToolCallEvents, in ClickHouse.
+  evidence() {
+    local want=$((calls + warmup)) got events
+    chq() { clickhouse-client --host "${ch%:*}" --port "${ch##*:}" -q "$1"; }
+    for _ in $(seq 1 120); do
+      got=$(chq "SELECT uniqExactIf(tool_call_id, phase = 'pre' AND decision = 'allow'), uniqExactIf(tool_call_id, phase = 'post') FROM talos.receipts WHERE ep_id = '$1'" | tr '\t' ' ')
+      events=$(chq "SELECT uniqExact(tool_call_id) FROM talos.tool_calls WHERE ep_id = '$1'")
+      [ "$got" = "$want $want" ] && [ "$events" = "$want" ] && break
+      sleep 0.5
+    done
+    echo "== in ClickHouse for $1 (warm-up included, $want calls): allowed pre decisions and post receipts: $got; ToolCallEvents: $events"
+    [ "$got" = "$want $want" ] && [ "$events" = "$want" ] || { echo "some gateway calls left no receipt or ToolCallEvent" >&2; exit 1; }
+  }
+  # free_port: a loopback port nothing listens on.
+  free_port() {
+    local p
+    for p in $(seq 18930 18999); do (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }; done
+    echo "no free port in 18930-18999" >&2; exit 1
+  }
+  # http_gateway EP URL [flags]: the gateway in HTTP mode as EP, in front of
+  # its own mcp-server-everything, listening at URL's host:port, with the
+  # principal of $creds; returns once /healthz answers. Sets gwpid.
+  http_gateway() {
+    local ep=$1 url=$2 hostport
+    shift 2
+    hostport=${url#*://}; hostport=${hostport%%/*}
+    "$work/bin/talos-mcp-gateway" --ep-id "$ep" --registry "$registry" --nats-url "$nats" \
+      --nats-auth "$work/dev/nats-auth.json" --log-level warn --upstream "everything=$everything" \
+      --listen "$hostport" --principals "$creds/principals.json" "$@" >>"$work/servers.log" 2>&1 &
+    gwpid=$!; pids+=($gwpid)
+    for _ in $(seq 1 60); do curl -fsS --cacert "$creds/ca.pem" "${url%/mcp}/healthz" >/dev/null 2>&1 && return; sleep 0.5; done
+    echo "the gateway ($ep) did not become healthy:" >&2; tail -20 "$work/servers.log" >&2; exit 1
+  }
+  stop_gateway() { kill -INT "$gwpid"; wait "$gwpid" || true; } # it drains its post events first
   echo "== node $(node --version), mcp-server-everything $(sed -n 's/.*"version": *"\([^"]*\)".*/\1/p' "$(dirname "$everything")/../@modelcontextprotocol/server-everything/package.json" 2>/dev/null | head -1)"
   echo "== gateway added latency: $calls calls of everything/echo per side, directly and through talos-mcp-gateway, interleaved"
   echo "   the gateway signs each call with a capability chain; the worker runs every default check; the sink"
   echo "   projects receipts and ToolCallEvents into ClickHouse meanwhile (the full pipeline is busy, on the same cores)"
-  wait_idle
-  echo "== load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-  "$work/bin/talosctl" bench-mcp --calls "$calls" --warmup "$warmup" --stderr "$work/servers.log" \
-    --direct "everything=$everything" --via "gw=$gw" || { tail -20 "$work/servers.log"; exit 1; }
-  if pgrep -f 'go test' >/dev/null; then
-    echo "== a 'go test' started during the measurement: these figures are not of an idle machine; run again" >&2
-    exit 1
-  fi
-  # Evidence that every call through the gateway went through Talos: the
-  # gateway session's allowed pre decisions, post receipts and ToolCallEvents.
-  want=$((calls + warmup))
-  chq() { clickhouse-client --host "${ch%:*}" --port "${ch##*:}" -q "$1"; }
-  for _ in $(seq 1 120); do
-    got=$(chq "SELECT uniqExactIf(tool_call_id, phase = 'pre' AND decision = 'allow'), uniqExactIf(tool_call_id, phase = 'post') FROM talos.receipts WHERE session_id = 'gw-bench'" | tr '\t' ' ')
-    events=$(chq "SELECT uniqExact(tool_call_id) FROM talos.tool_calls WHERE session_id = 'gw-bench'")
-    [ "$got" = "$want $want" ] && [ "$events" = "$want" ] && break
-    sleep 0.5
+  echo "== 1/3 stdio: the gateway a child process of the client, in front of its own mcp-server-everything"
+  bench_mcp stdio --via "gw=$gw"
+  evidence gw-bench
+  url=http://127.0.0.1:$(free_port)/mcp
+  echo "== 2/3 streamable HTTP, plain (--insecure-plain-http on loopback), a static bearer token: $url"
+  http_gateway gw-http "$url" --insecure-plain-http
+  TALOS_TOKEN=$(cat "$creds/static.token") bench_mcp http --url "$url" # the token in the environment, not in ps
+  stop_gateway
+  evidence gw-http
+  url=https://127.0.0.1:$(free_port)/mcp
+  echo "== 3/3 streamable HTTPS (TLS 1.2+, ECDSA P-256 certificate), a JWT (ES256, checked against --jwks-file): $url"
+  http_gateway gw-https "$url" --tls-cert "$creds/server.pem" --tls-key "$creds/server.key" \
+    --jwt-issuer "$issuer" --jwt-audience "$audience" --jwks-file "$creds/jwks.json"
+  TALOS_TOKEN=$(cat "$creds/token.jwt") bench_mcp https --url "$url" --ca "$creds/ca.pem"
+  stop_gateway
+  evidence gw-https
+  # The three side by side, from the reports above (milliseconds).
+  echo "== gateway added latency by transport, ms ($calls calls per side; the direct side is always stdio)"
+  printf '%-32s %13s %13s %9s %9s %13s %13s\n' transport "direct p50" "via p50" "added p50" "added p99" "per round p50" "per round p99"
+  for t in "stdio:stdio" "http:HTTP plain + static token" "https:HTTPS + JWT"; do
+    awk -v name="${t#*:}" '
+      $1 == "direct" { d = $2 } $1 == "via" { v = $2 }
+      /^added \(via/ { p50 = $5; p99 = $7 }
+      /^added per round/ { gsub(",", ""); r50 = $(NF - 4); r99 = $(NF - 1) }
+      END { printf "%-32s %13s %13s %9s %9s %13s %13s\n", name, d, v, p50, p99, r50, r99 }' "$work/${t%%:*}.out"
   done
-  echo "== in ClickHouse for the gateway's session (warm-up included, $want calls): allowed pre decisions and post receipts: $got; ToolCallEvents: $events"
-  [ "$got" = "$want $want" ] && [ "$events" = "$want" ] || { echo "some gateway calls left no receipt or ToolCallEvent" >&2; exit 1; }
   ;;
 esac

@@ -30,6 +30,20 @@ ensure_chromium() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
 }
 
+# ensure_bwrap installs Debian/Ubuntu's bubblewrap when bwrap is missing:
+# talos-mcp-gateway --sandbox runs stdio upstreams under it, and its tests
+# (ingest/sandbox, cmd/talos-mcp-gateway/sandbox_test.go) need it.
+ensure_bwrap() {
+  if command -v bwrap >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "bwrap not found: installing it from the OS packages (apt-get install bubblewrap) for the gateway's sandbox tests…" >&2
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq bubblewrap >/dev/null
+}
+
 # ensure_node installs Debian/Ubuntu's nodejs and npm when node is missing:
 # the MCP integration tests run npm MCP servers and the MCP Inspector CLI
 # (testenv/mcp). They need Node.js 18 or newer (20 is what they are tested

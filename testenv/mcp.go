@@ -61,3 +61,23 @@ func mcpDir() (string, error) {
 	}
 	return d, nil
 }
+
+// MCPScript returns the absolute path of testenv/mcp/<name>, a small MCP
+// server written for the tests (run it with node; netprobe.mjs: a `connect`
+// tool that tries direct and proxied egress; rugpull.mjs: a tool whose
+// definition changes when `rug` is called), and the directory holding it.
+func MCPScript(t testing.TB, name string) (path, dir string) {
+	t.Helper()
+	dir, err := mcpDir()
+	if err != nil {
+		t.Fatalf("testenv: cannot find testenv/mcp (%v): run the tests from this repository", err)
+	}
+	p := filepath.Join(dir, name)
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Fatalf("testenv: node is not on PATH (%s needs it): run scripts/test.sh (it installs Node.js)", name)
+	}
+	return p, dir
+}

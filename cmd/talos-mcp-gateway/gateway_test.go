@@ -44,6 +44,7 @@ type stack struct {
 	db       string
 	talosctl string
 	gateway  string
+	registry string // the manifests talosd and the gateways load
 }
 
 func freePort(t *testing.T) int {
@@ -57,7 +58,13 @@ func freePort(t *testing.T) int {
 
 func startStack(t *testing.T, extra ...string) *stack {
 	t.Helper()
-	s := &stack{t: t, dir: t.TempDir()}
+	return startStackRegistry(t, registryDir, extra...)
+}
+
+// startStackRegistry is startStack with the registry at registry.
+func startStackRegistry(t *testing.T, registry string, extra ...string) *stack {
+	t.Helper()
+	s := &stack{t: t, dir: t.TempDir(), registry: registry}
 	s.talosctl = testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosctl")
 	s.gateway = testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talos-mcp-gateway")
 	talosd := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosd")
@@ -73,7 +80,7 @@ func startStack(t *testing.T, extra ...string) *stack {
 		s.ctl("keys", "gen", "--out", filepath.Join(s.dir, k))
 	}
 	args := append([]string{"--data-dir", filepath.Join(s.dir, "talos-data"), "--nats-url", s.natsURL(),
-		"--clickhouse-addr", s.chAddr, "--clickhouse-database", s.db, "--registry", registryDir,
+		"--clickhouse-addr", s.chAddr, "--clickhouse-database", s.db, "--registry", s.registry,
 		"--signing-key", filepath.Join(s.dir, "worker.key"), "--responder-keys", filepath.Join(s.dir, "responder.pub"),
 		"--capability-issuers", filepath.Join(s.dir, "issuer.pub"), "--capabilities", "optional",
 		"--http-addr", "", "--chains", "1", "--checkpoint-interval", "1s"}, extra...)
@@ -141,11 +148,13 @@ func (s *stack) ctlCode(args ...string) (string, int) {
 }
 
 // upstreams are the npm servers behind the gateway: server-everything,
-// and server-filesystem over root.
+// and server-filesystem over root, which is also the gateway's workspace
+// for it (the root of its path arguments).
 func upstreams(t *testing.T, root string) []string {
 	return []string{
 		"--upstream", "everything=" + testenv.MCPBin(t, "mcp-server-everything"),
 		"--upstream", "fs=" + testenv.MCPBin(t, "mcp-server-filesystem") + " " + root,
+		"--workspace", "fs=" + root,
 	}
 }
 
@@ -161,13 +170,19 @@ type gatewaySession struct {
 
 func (s *stack) gatewaySession(ctx context.Context, args ...string) *gatewaySession {
 	s.t.Helper()
+	return s.connectGateway(ctx, exec.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none",
+		"--registry", s.registry, "--log-level", "debug"}, args...)...))
+}
+
+// connectGateway starts cmd, a gateway, as a stdio MCP server and connects
+// the Go SDK client to it.
+func (s *stack) connectGateway(ctx context.Context, cmd *exec.Cmd) *gatewaySession {
+	s.t.Helper()
 	g := &gatewaySession{log: filepath.Join(s.dir, fmt.Sprintf("gateway-%d.log", time.Now().UnixNano()))}
 	logf, err := os.Create(g.log)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	cmd := exec.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none",
-		"--registry", registryDir, "--log-level", "debug"}, args...)...)
 	cmd.Stderr = logf
 	client := mcp.NewClient(&mcp.Implementation{Name: "talos-gateway-test", Version: "1"}, nil)
 	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)

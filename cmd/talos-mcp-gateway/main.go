@@ -6,12 +6,14 @@
 // allowed or approved, and reported afterwards with its result and timing.
 // Without an answer from Talos the call is denied (fail closed).
 //
-// This command reads the flags, connects NATS and the upstreams, and runs
-// an ingest/gateway over stdio or streamable HTTP; the rules and the call
-// flow live there.
+// This command reads the flags into a gateway.Config, which ingest/gateway
+// validates and composes (Prepare), connects the upstreams and NATS, and
+// serves over stdio or streamable HTTP; the rules, the call flow and the
+// flags' meaning live there.
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,15 +25,12 @@ import (
 	"time"
 
 	"github.com/alecthomas/kong"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
 
-	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/enforce/redact"
 	"github.com/talos-audit/talos/ingest/gateway"
-	"github.com/talos-audit/talos/ingest/mcpup"
 	"github.com/talos-audit/talos/ingest/natsauth"
-	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/ingest/sandbox"
 )
 
 // version is the gateway's MCP implementation version.
@@ -47,13 +46,31 @@ type cli struct {
 	Upstream []string `name:"upstream" required:"" sep:"none" help:"An upstream MCP server: '<server_id>=<command> [args...]' (stdio) or '<server_id>=http(s)://...' (streamable HTTP). Repeat for several."`
 	Registry string   `name:"registry" required:"" type:"path" help:"The tool registry: a manifest file or a directory of them (the bundle the workers pin)."`
 
+	Credentials string `name:"credentials" type:"existingfile" help:"The credential each upstream is sent (the client's own token never is): JSON {\"servers\":{\"<server_id>\":{\"mode\":\"none|secret|token_exchange\", ...}}}; secret: secret_file or secret_env (the gateway's environment), and stdio_env for a stdio upstream; token_exchange (RFC 8693, HTTP upstreams): token_endpoint, client_id, client_secret_file|client_secret_env, audience (default the server_id), resource (default its URL), scope, timeout. A server not listed is sent nothing. See the README."`
+
 	Capability string `name:"capability" type:"existingfile" help:"The agent's capability chain (JSON, from talosctl cap issue|delegate); attached to every call."`
 	AgentKey   string `name:"agent-key" type:"existingfile" help:"The chain holder's key (.key): every call carries a sender signature."`
 	AgentID    string `name:"agent-id" help:"actor.agent_id of calls (default: the chain's holder, else the ep id)."`
 	SessionID  string `name:"session-id" help:"session_id of the stdio session (default: stdio-<uuid>, new each start)."`
 
-	Listen     string `name:"listen" help:"Serve streamable HTTP on this address (e.g. 127.0.0.1:8931) instead of stdio; needs --principals."`
-	Principals string `name:"principals" type:"existingfile" help:"HTTP callers: JSON {\"principals\":[{\"name\",\"token_sha256\",\"agent_id\",\"capability\",\"agent_key\"}]}; each sees its own tools."`
+	Listen     string `name:"listen" help:"Serve streamable HTTP on this address (e.g. 0.0.0.0:8931) instead of stdio; needs --principals and --tls-cert/--tls-key (or, on a loopback address only, --insecure-plain-http)."`
+	Principals string `name:"principals" type:"existingfile" help:"HTTP callers: JSON {\"principals\":[{\"name\",\"token_sha256\",\"jwt_subject\",\"jwt_principal\",\"agent_id\",\"capability\",\"agent_key\"}]}; each sees its own tools. A static token (token_sha256) is tried first; otherwise a JWT selects the principal whose jwt_principal is its talos_principal claim, or, without that claim, whose jwt_subject is its sub."`
+
+	TLSCert           string `name:"tls-cert" type:"existingfile" help:"HTTP mode: the server certificate (chain), PEM; TLS 1.2 or later is served."`
+	TLSKey            string `name:"tls-key" type:"existingfile" help:"HTTP mode: the key of --tls-cert, PEM."`
+	InsecurePlainHTTP bool   `name:"insecure-plain-http" help:"HTTP mode without TLS: allowed only when --listen is a loopback address (local testing)."`
+
+	JWTIssuer     string        `name:"jwt-issuer" help:"HTTP mode: accept JWT bearer tokens from this issuer (their iss); needs --jwt-audience and --jwks-file or --jwks-url."`
+	JWTAudience   string        `name:"jwt-audience" help:"The audience (aud) a JWT must name, e.g. talos-mcp-gateway."`
+	JWKSFile      string        `name:"jwks-file" type:"existingfile" help:"The issuer's public keys (a JWKS document), read again every --jwks-refresh."`
+	JWKSURL       string        `name:"jwks-url" help:"The issuer's JWKS URL (https only), fetched every --jwks-refresh and cached; while no current key set is held, every JWT is refused."`
+	JWTAlgorithms []string      `name:"jwt-algorithms" default:"RS256,ES256,EdDSA" help:"Signature algorithms a JWT may use (asymmetric only: RS*, PS*, ES*, EdDSA)."`
+	JWTLeeway     time.Duration `name:"jwt-leeway" default:"30s" help:"Clock skew allowed on a JWT's exp, nbf and iat."`
+	JWKSRefresh   time.Duration `name:"jwks-refresh" default:"5m" help:"How often the JWKS is read again (sooner after a failure, or for a key id it lacks)."`
+	JWKSMaxStale  time.Duration `name:"jwks-max-stale" default:"15m" help:"How long the last JWKS read stays in use while reading it again fails; then every JWT is refused."`
+
+	AuthRefusalRate  float64 `name:"auth-refusal-rate" default:"1" help:"Refused (unauthenticated) requests reported to Talos per second and source address; beyond it and --auth-refusal-burst they are still refused, and counted in /metrics."`
+	AuthRefusalBurst int     `name:"auth-refusal-burst" default:"5" help:"Burst of refused requests reported to Talos per source address."`
 
 	DecisionTimeout      time.Duration `name:"decision-timeout" default:"5s" help:"How long to wait for a decision; none in time means deny."`
 	ApprovalTimeout      time.Duration `name:"approval-timeout" default:"2m" help:"How long a require_approval call waits for talosctl approve|reject; then it is denied."`
@@ -63,6 +80,14 @@ type cli struct {
 	DrainTimeout         time.Duration `name:"drain-timeout" default:"10s" help:"At exit, how long to wait for post events still queued for NATS."`
 	LogLevel             string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level (logs go to stderr; arguments and results are never logged, and what is logged is redacted like a payload)."`
 
+	Workspace []string `name:"workspace" aliases:"sandbox-workspace" sep:"none" help:"'<server_id>=<dir>': the workspace this gateway serves for an upstream (absolute). Sent with every call to that server as the root of its path arguments (registry workspace_root \"enforcement_point\": paths outside are denied DENY_PATH_TRAVERSAL), and with --sandbox the upstream's only writable host directory. Repeat for several servers."`
+
+	Sandbox       bool     `name:"sandbox" help:"Run every stdio upstream under bubblewrap (bwrap): only its workspace writable, system directories read-only, nothing else of the host visible, private /tmp, no network unless the registry marks a tool of the server network_outbound, and then only to --sandbox-egress. A sandbox that cannot be set up is a startup error."`
+	SandboxRO     []string `name:"sandbox-ro" sep:"none" help:"A host path every sandbox sees read-only (an upstream's installation outside /usr, e.g. its node_modules). Repeat for several."`
+	SandboxEgress []string `name:"sandbox-egress" sep:"none" help:"'<server_id>=<host>:<port>': a destination a network_outbound upstream may reach through the sandbox's egress proxy. Nothing else is reachable."`
+	SandboxEnv    []string `name:"sandbox-env" sep:"none" help:"'<server_id>=<NAME>': pass the gateway's environment variable NAME to the upstream (a sandboxed upstream gets no other)."`
+	SandboxBwrap  string   `name:"sandbox-bwrap" default:"bwrap" help:"The bubblewrap program."`
+
 	Tools toolsFlag `name:"list-tools" help:"Print the tools the configured principal (or each of --principals) would see, then exit. Needs no NATS."`
 }
 
@@ -70,6 +95,7 @@ type cli struct {
 type toolsFlag bool
 
 func main() {
+	sandbox.ExitIfInit() // started by bwrap as a sandbox's init
 	var c cli
 	parser, err := kong.New(&c,
 		kong.Name("talos-mcp-gateway"),
@@ -95,40 +121,42 @@ func main() {
 	log := slog.New(redact.NewLogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}), red))
 	if err := c.run(log); err != nil {
 		fmt.Fprintln(os.Stderr, "talos-mcp-gateway:", err)
-		var u usageError
-		if errors.As(err, &u) {
+		if errors.Is(err, gateway.ErrUsage) {
 			os.Exit(2)
 		}
 		os.Exit(1)
 	}
 }
 
-type usageError struct{ error }
+// config is the gateway's configuration from the flags.
+func (c *cli) config(log *slog.Logger) gateway.Config {
+	return gateway.Config{
+		EPID: c.EPID, Registry: c.Registry, Upstreams: c.Upstream, Credentials: c.Credentials,
+		NATS:       natsauth.Login{URL: c.NatsURL, User: c.NatsUser, Password: c.NatsPassword, UsersFile: cmp.Or(c.NatsAuth, natsauth.None)},
+		Capability: c.Capability, AgentKey: c.AgentKey, AgentID: c.AgentID, SessionID: c.SessionID,
+		Principals: c.Principals,
+		HTTP: gateway.HTTPConfig{Listen: c.Listen, TLSCert: c.TLSCert, TLSKey: c.TLSKey, InsecurePlainHTTP: c.InsecurePlainHTTP,
+			JWTIssuer: c.JWTIssuer, JWTAudience: c.JWTAudience, JWKSFile: c.JWKSFile, JWKSURL: c.JWKSURL,
+			JWTAlgorithms: c.JWTAlgorithms, JWTLeeway: c.JWTLeeway, JWKSRefresh: c.JWKSRefresh, JWKSMaxStale: c.JWKSMaxStale,
+			RefusalRate: c.AuthRefusalRate, RefusalBurst: c.AuthRefusalBurst},
+		Workspaces: c.Workspace,
+		Sandbox: gateway.SandboxConfig{Enabled: c.Sandbox, ReadOnly: c.SandboxRO, Egress: c.SandboxEgress,
+			Env: c.SandboxEnv, Bwrap: c.SandboxBwrap},
+		BlockNetworkOutbound: c.BlockNetworkOutbound, AllowNetworkTool: c.AllowNetworkTool,
+		DecisionTimeout: c.DecisionTimeout, ApprovalTimeout: c.ApprovalTimeout, MaxEnvelopeBytes: c.MaxEnvelopeBytes,
+		Logger: log, Version: version,
+	}
+}
 
 func (c *cli) run(log *slog.Logger) error {
-	if !schemas.ValidID(c.EPID) {
-		return usageError{fmt.Errorf("--ep-id %q must match %s", c.EPID, schemas.IDPattern)}
-	}
-	reg, err := enforce.LoadRegistry(c.Registry)
-	if err != nil {
-		return usageError{err}
-	}
-	principals, err := c.principals()
-	if err != nil {
-		return usageError{err}
-	}
-	specs, err := c.upstreams()
-	if err != nil {
-		return usageError{err}
-	}
-	opts, err := c.natsOptions()
-	if err != nil {
-		return usageError{err}
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-
-	ups, err := gateway.ConnectUpstreams(ctx, specs, &mcp.Implementation{Name: "talos-mcp-gateway", Version: version}, log)
+	s, err := gateway.Prepare(ctx, c.config(log))
+	if err != nil {
+		return err
+	}
+	defer s.Close() // after the upstreams' deferred closes
+	ups, err := s.ConnectUpstreams(ctx)
 	if err != nil {
 		return err
 	}
@@ -138,14 +166,13 @@ func (c *cli) run(log *slog.Logger) error {
 			gateway.CloseUpstreams(ups)
 		}
 	}()
-	discovery := enforce.Discovery{Registry: reg, BlockNetwork: c.BlockNetworkOutbound, AllowNetwork: c.AllowNetworkTool}
 	if c.Tools {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(gateway.Report(discovery, principals, ups))
+		return enc.Encode(gateway.Report(s.Discovery, s.Principals, ups))
 	}
 
-	nc, err := nats.Connect(c.NatsURL, opts...)
+	nc, err := nats.Connect(c.NatsURL, s.NATS...)
 	if err != nil {
 		return fmt.Errorf("NATS %s: %w", natsauth.Redact(c.NatsURL), err)
 	}
@@ -153,88 +180,13 @@ func (c *cli) run(log *slog.Logger) error {
 	if !nc.IsConnected() {
 		log.Warn("NATS not reachable yet; every call is denied until it is", "url", natsauth.Redact(c.NatsURL))
 	}
-
-	g, err := gateway.New(gateway.Options{
-		EPID: c.EPID, Registry: reg, Discovery: discovery,
-		DecisionTimeout: c.DecisionTimeout, ApprovalTimeout: c.ApprovalTimeout,
-		MaxEnvelopeBytes: c.MaxEnvelopeBytes, StdioSession: c.SessionID, Logger: log, Version: version,
-	}, nc, ups)
+	g, err := s.New(nc, ups)
 	if err != nil {
-		return usageError{err}
+		return err
 	}
 	owned = false
 	g.Start(ctx)
 	defer g.Close(c.DrainTimeout)
-	log.Info("talos-mcp-gateway ready", "ep_id", c.EPID, "upstreams", len(ups), "tools", g.Tools(), "registry_digest", reg.Digest())
-	if c.Listen != "" {
-		return g.ListenHTTP(ctx, c.Listen, principals)
-	}
-	err = g.Server(principals[0]).Run(ctx, &mcp.StdioTransport{})
-	if ctx.Err() != nil || errors.Is(err, context.Canceled) {
-		return nil
-	}
-	return err
-}
-
-// principals is the stdio principal (flags) or the --principals file.
-func (c *cli) principals() ([]*gateway.Principal, error) {
-	if c.Listen == "" {
-		if c.Principals != "" {
-			return nil, errors.New("--principals is for --listen (HTTP); stdio serves the one principal of --capability/--agent-key")
-		}
-		agent := c.AgentID
-		p, err := gateway.LoadPrincipal("stdio", agent, c.Capability, c.AgentKey)
-		if err != nil {
-			return nil, err
-		}
-		if p.AgentID == "" {
-			p.AgentID = c.EPID
-		}
-		return []*gateway.Principal{p}, nil
-	}
-	if c.Principals == "" {
-		return nil, errors.New("--listen needs --principals (who may call, and as whom)")
-	}
-	if c.Capability != "" || c.AgentKey != "" {
-		return nil, errors.New("with --listen, capabilities and keys are per principal, in --principals")
-	}
-	return gateway.LoadPrincipals(c.Principals)
-}
-
-// upstreams parses --upstream; server ids are unique.
-func (c *cli) upstreams() ([]mcpup.Spec, error) {
-	var specs []mcpup.Spec
-	seen := map[string]bool{}
-	for _, u := range c.Upstream {
-		s, err := mcpup.ParseSpec(u)
-		if err != nil {
-			return nil, fmt.Errorf("--upstream: %w", err)
-		}
-		if seen[s.ServerID] {
-			return nil, fmt.Errorf("--upstream: server_id %q given twice", s.ServerID)
-		}
-		seen[s.ServerID] = true
-		specs = append(specs, s)
-	}
-	return specs, nil
-}
-
-// natsOptions connect as this enforcement point and keep reconnecting
-// forever (calls are denied while disconnected).
-func (c *cli) natsOptions() ([]nats.Option, error) {
-	login := natsauth.Login{URL: c.NatsURL, User: c.NatsUser, Password: c.NatsPassword, UsersFile: c.NatsAuth}
-	if c.NatsAuth == "" {
-		login.UsersFile = natsauth.None
-	}
-	creds, err := login.Options(schemas.NATSRoleEnforcement, c.EPID)
-	if err != nil {
-		return nil, fmt.Errorf("--nats-auth: %w", err)
-	}
-	return append([]nats.Option{
-		nats.Name("talos-mcp-gateway " + c.EPID),
-		nats.RetryOnFailedConnect(true),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250 * time.Millisecond),
-		nats.Timeout(2 * time.Second),
-	}, creds...), nil
+	log.Info("talos-mcp-gateway ready", "ep_id", c.EPID, "upstreams", len(ups), "tools", g.Tools(), "registry_digest", s.Registry.Digest())
+	return s.Serve(ctx, g)
 }

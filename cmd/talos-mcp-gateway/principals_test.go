@@ -64,7 +64,7 @@ func TestToolsListPerPrincipal(t *testing.T) {
 	}
 	port := freePort(t)
 	gw := exec.Command(s.gateway, append(upstreams(t, t.TempDir()), "--ep-id", "gw-http", "--nats-url", s.natsURL(), "--nats-auth", "none",
-		"--registry", registryDir, "--listen", "127.0.0.1:"+strconv.Itoa(port), "--principals", filepath.Join(d, "principals.json"))...)
+		"--registry", registryDir, "--listen", "127.0.0.1:"+strconv.Itoa(port), "--insecure-plain-http", "--principals", filepath.Join(d, "principals.json"))...)
 	logf, _ := os.Create(filepath.Join(d, "gateway-http.log"))
 	gw.Stdout, gw.Stderr = logf, logf
 	if err := gw.Start(); err != nil {

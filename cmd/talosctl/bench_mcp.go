@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"io"
@@ -21,7 +22,10 @@ import (
 // interleaved so that drift on the machine hits both alike.
 type benchMCPCmd struct {
 	Direct  string        `name:"direct" required:"" help:"The server called directly: '<label>=<command> [args...]' (stdio) or '<label>=http(s)://...' (streamable HTTP)."`
-	Via     string        `name:"via" required:"" help:"The same server behind the gateway, e.g. 'gw=talos-mcp-gateway --ep-id gw1 --registry R --upstream \"everything=mcp-server-everything\"'."`
+	Via     string        `name:"via" xor:"via" required:"" help:"The same server behind the gateway, e.g. 'gw=talos-mcp-gateway --ep-id gw1 --registry R --upstream \"everything=mcp-server-everything\"'."`
+	URL     string        `name:"url" xor:"via" required:"" help:"Instead of --via: the gateway's streamable HTTP endpoint, e.g. https://127.0.0.1:8931/mcp (the side named gw)."`
+	Token   string        `name:"token" help:"A streamable HTTP via side: sent as 'Authorization: Bearer <token>' (a static token or a JWT)."`
+	CA      string        `name:"ca" type:"existingfile" help:"A streamable HTTP via side: trust only the CA certificates in this PEM file (default: the system's roots)."`
 	Tool    string        `name:"tool" default:"echo" help:"Tool to call on both sides."`
 	Args    string        `name:"args" default:"{\"message\":\"hello\"}" help:"The call's arguments (a JSON object)."`
 	Calls   int           `name:"calls" default:"2000" help:"Measured calls per side."`
@@ -47,7 +51,11 @@ func (b *benchMCPCmd) Run(g *Globals) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	sides, closeAll, err := loadgen.ConnectMCP(ctx, specs, b.Timeout, stderr)
+	viaHTTP, err := loadgen.HTTPClient(b.CA, b.Token)
+	if err != nil {
+		return usage("--ca: %v", err)
+	}
+	sides, closeAll, err := loadgen.ConnectMCP(ctx, specs, b.Timeout, stderr, viaHTTP)
 	defer closeAll()
 	if err != nil {
 		return failed("%v", err)
@@ -73,12 +81,16 @@ func (b *benchMCPCmd) check() (map[string]any, [2]mcpup.Spec, error) {
 	if err != nil {
 		return nil, specs, usage("--args must be one JSON object")
 	}
-	for i, f := range []struct{ name, val string }{{"--direct", b.Direct}, {"--via", b.Via}} {
+	via := cmp.Or(b.Via, "gw="+b.URL) // kong lets only one of them through
+	for i, f := range []struct{ name, val string }{{"--direct", b.Direct}, {"--via or --url", via}} {
 		s, err := mcpup.ParseSpec(f.val)
 		if err != nil {
 			return nil, specs, usage("%s: %v", f.name, err)
 		}
 		specs[i] = s
+	}
+	if specs[1].URL == "" && (b.URL != "" || b.Token != "" || b.CA != "") {
+		return nil, specs, usage("--url, --token and --ca are for a streamable HTTP via side (http:// or https://)")
 	}
 	return args, specs, nil
 }

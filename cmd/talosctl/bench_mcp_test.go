@@ -28,6 +28,10 @@ func TestBenchMCPUsage(t *testing.T) {
 		{"negative warmup", func(c *benchMCPCmd) { c.Warmup = -1 }},
 		{"direct without label", func(c *benchMCPCmd) { c.Direct = "/usr/bin/server" }},
 		{"via with a bad label", func(c *benchMCPCmd) { c.Via = "Not Valid=/usr/bin/server" }},
+		{"url not http", func(c *benchMCPCmd) { c.Via, c.URL = "", "ftp://127.0.0.1/mcp" }},
+		{"token for a stdio via side", func(c *benchMCPCmd) { c.Token = "t" }},
+		{"ca for a stdio via side", func(c *benchMCPCmd) { c.CA = "ca.pem" }},
+		{"ca not PEM", func(c *benchMCPCmd) { c.Via, c.URL, c.CA = "", "https://127.0.0.1:1/mcp", "bench_mcp.go" }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok

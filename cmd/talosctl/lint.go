@@ -23,6 +23,7 @@ type registryLintCmd struct {
 	ServerID      string        `name:"server-id" help:"Compare with this server_id's manifest instead of the one --server names (--server may then omit its '<server_id>=')."`
 	Timeout       time.Duration `name:"timeout" default:"30s" help:"Limit for starting or reaching the server and listing its tools."`
 	WriteSkeleton string        `name:"write-skeleton" type:"path" placeholder:"FILE" help:"Write a manifest skeleton with the missing tools to FILE (which must not exist): tool_class suggested from readOnlyHint, trust_level unknown. Review before publishing."`
+	WritePins     bool          `name:"write-pins" help:"Pin the definitions the server lists now: set definition_sha256 of its tools in the --registry manifest file (rewritten, indented), then lint against it. Review the live definitions first; publish and pin the registry afterwards."`
 }
 
 func (c *registryLintCmd) Run(g *Globals) error {
@@ -46,6 +47,11 @@ func (c *registryLintCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
+	if c.WritePins {
+		if manifest, err = rep.WritePinsFile(live); err != nil {
+			return failed("registry lint: --write-pins: %v", err)
+		}
+	}
 	registrylint.Lint(&rep, manifest, live, mcpup.ActionEnum)
 	if c.WriteSkeleton != "" && rep.Counts[registrylint.Missing] > 0 {
 		if err := rep.WriteSkeleton(c.WriteSkeleton); err != nil {
@@ -60,8 +66,8 @@ func (c *registryLintCmd) Run(g *Globals) error {
 		return err
 	}
 	if !rep.OK {
-		return failed("registry lint: server %s: %d tool(s) and %d action(s) missing from the registry",
-			manifestID, rep.Counts[registrylint.Missing], rep.Counts[registrylint.MissingAction])
+		return failed("registry lint: server %s: %d tool(s) and %d action(s) missing from the registry, %d definition(s) drifted from their pins",
+			manifestID, rep.Counts[registrylint.Missing], rep.Counts[registrylint.MissingAction], rep.Counts[registrylint.Drift])
 	}
 	return nil
 }
@@ -82,6 +88,9 @@ func (c *registryLintCmd) check() (mcpup.Spec, string, error) {
 			return spec, "", usage("registry lint: --server-id %q must match %s", c.ServerID, schemas.IDPattern)
 		}
 		manifestID = c.ServerID
+	}
+	if c.WritePins && c.Registry == "" {
+		return spec, "", usage("registry lint: --write-pins needs --registry (the manifest to pin)")
 	}
 	if c.WriteSkeleton != "" {
 		if _, err := os.Lstat(c.WriteSkeleton); err == nil {

@@ -40,6 +40,7 @@ type cli struct {
 	Export      exportCmd      `cmd:"" help:"Export signed records (receipts, tool calls, checkpoints) as JSON lines or CSV, verifiable offline with verify --file."`
 	Bench       benchCmd       `cmd:"" help:"Measure a running stack: decision latency with N concurrent enforcement points, end-to-end events/s, kill-switch propagation."`
 	BenchMCP    benchMCPCmd    `cmd:"" name:"bench-mcp" help:"Measure what an MCP gateway adds per tools/call: the same call to a server directly and through the gateway, interleaved, one in flight; p50/p90/p99 per side and the difference."`
+	Conformance conformanceCmd `cmd:"" help:"Run the conformance suite against a live stack (CSP test matrix, UTS 6.0.2.9 checks, the capability protocol's tests): each test pass, fail or not_applicable with the receipts that prove it; exit 1 if an applicable test fails."`
 	Synth       synthCmd       `cmd:"" help:"Benchmarks: write N signed, chained, checkpointed synthetic receipts straight into ClickHouse (to measure verify at scale)."`
 
 	Killswitch killswitchCmd `cmd:"" help:"Kill switches: stop calls in a scope on every worker (signed control commands)."`
@@ -80,16 +81,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "run 'talosctl --help' for usage")
 		os.Exit(2)
 	}
-	err = k.Run(&c.Globals)
-	if err == nil {
-		return
+	if err = k.Run(&c.Globals); err != nil {
+		fmt.Fprintln(os.Stderr, "talosctl:", err)
+		var ee exitError
+		if errors.As(err, &ee) {
+			os.Exit(ee.code)
+		}
+		os.Exit(1)
 	}
-	fmt.Fprintln(os.Stderr, "talosctl:", err)
-	var ee exitError
-	if errors.As(err, &ee) {
-		os.Exit(ee.code)
-	}
-	os.Exit(1)
 }
 
 // defaultNATSAuth is where `talosd dev` (scripts/dev.sh) keeps its auth

@@ -5,6 +5,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/signal"
@@ -125,18 +126,9 @@ func devRegistry(f *Flags, regDir string) error {
 	if f.Registry != "" {
 		return nil
 	}
-	if err := os.MkdirAll(regDir, 0o755); err != nil {
-		return err
-	}
-	entries, _ := demoRegistry.ReadDir("demo/registry")
-	for _, e := range entries {
-		b, _ := demoRegistry.ReadFile("demo/registry/" + e.Name())
-		if err := os.WriteFile(filepath.Join(regDir, e.Name()), b, 0o644); err != nil {
-			return err
-		}
-	}
+	sub, _ := fs.Sub(demoRegistry, "demo/registry")
 	f.Registry = regDir
-	return nil
+	return demo.InstallRegistry(sub, regDir)
 }
 
 // startClickHouse starts the private clickhouse-server under dir, on

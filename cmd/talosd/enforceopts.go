@@ -1,14 +1,12 @@
 package main
 
 import (
-	"fmt"
+	"errors"
 	"log/slog"
 	"path/filepath"
 
 	"github.com/talos-audit/talos/enforce"
-	"github.com/talos-audit/talos/enforce/redact"
 	"github.com/talos-audit/talos/ingest/kv"
-	"github.com/talos-audit/talos/receipts/verify"
 )
 
 // enforceChecks are the enforce role's checks from the flags:
@@ -22,34 +20,19 @@ func enforceChecks(f *Flags, log *slog.Logger) (enforce.DeciderOptions, error) {
 		Preflight:         enforce.PreflightConfig{MaxArgsBytes: f.MaxArgsBytes},
 		ReplayWindow:      f.ReplayWindow,
 	}
-	issuers := verify.KeySet{}
-	if len(f.CapabilityIssuers) > 0 {
-		ks, err := verify.LoadTrustedKeys(f.CapabilityIssuers...)
-		if err != nil {
-			return o, usagef("--capability-issuers: %v", err)
-		}
-		issuers = ks
-	} else if o.RequireCapability {
+	if len(f.CapabilityIssuers) == 0 && o.RequireCapability {
 		log.Warn("no --capability-issuers: every phase-pre call will be denied (capabilities are required; --capabilities optional turns that off)")
 	}
-	var err error
-	if o.Capabilities, err = enforce.NewAuthorizer(enforce.CapabilityConfig{Issuers: issuers}); err != nil {
-		return o, err
+	issuers, kid, err := o.LoadFiles(enforce.CheckFiles{CapabilityIssuers: f.CapabilityIssuers, Policy: f.Policy,
+		RedactionKey: redactionKeyPath(f), RedactFields: f.RedactFields})
+	var ferr *enforce.CheckFileError
+	if errors.As(err, &ferr) && ferr.Flag != "redaction-key" {
+		return o, usagef("%v", err)
 	}
-	if f.Policy != "" {
-		if o.Policy, err = enforce.LoadPolicy(f.Policy); err != nil {
-			return o, usagef("--policy: %v", err)
-		}
-	}
-	key, kid, err := redact.LoadOrCreateKey(redactionKeyPath(f), true)
 	if err != nil {
-		return o, fmt.Errorf("--redaction-key: %w", err)
-	}
-	if o.Redactor, err = redact.New(redact.Config{Key: key, KeyID: kid, ExtraFieldNames: f.RedactFields}); err != nil {
 		return o, err
 	}
-	log.Info("enforce checks", "capabilities", f.Capabilities, "issuers", len(issuers), "policy", f.Policy != "",
-		"redaction_key_id", kid)
+	log.Info("enforce checks", "capabilities", f.Capabilities, "issuers", issuers, "policy", f.Policy != "", "redaction_key_id", kid)
 	return o, nil
 }
 

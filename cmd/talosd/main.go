@@ -64,8 +64,6 @@ func main() {
 }
 
 // usageError is a configuration mistake (exit 2).
-type usageError struct{ msg string }
+type usageError struct{ error }
 
-func (e usageError) Error() string { return e.msg }
-
-func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
+func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }

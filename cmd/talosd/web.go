@@ -74,15 +74,11 @@ func startWeb(ctx context.Context, f *Flags, log *slog.Logger, key *receipts.Pri
 	if err != nil {
 		return nil, fmt.Errorf("web role: %w", err)
 	}
-	log.Info("web role started", "url", "http://"+d.Addr()+"/", "clickhouse", f.ClickhouseAddr, "database", f.ClickhouseDatabase,
-		"trusted_keys", len(keys), "token_from", tokenSource(f))
-	return &webRole{URL: "http://" + d.Addr() + "/?token=" + token, run: d.Serve}, nil
-}
-
-// tokenSource says where the token came from, for the log (never the token).
-func tokenSource(f *Flags) string {
+	from := f.webTokenFile() // where the token came from, for the log (never the token)
 	if f.WebToken != "" {
-		return "--web-token"
+		from = "--web-token"
 	}
-	return f.webTokenFile()
+	log.Info("web role started", "url", "http://"+d.Addr()+"/", "clickhouse", f.ClickhouseAddr, "database", f.ClickhouseDatabase,
+		"trusted_keys", len(keys), "token_from", from)
+	return &webRole{URL: "http://" + d.Addr() + "/?token=" + token, run: d.Serve}, nil
 }

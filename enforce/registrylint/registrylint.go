@@ -1,11 +1,12 @@
-// Package registrylint is the completeness test (CM-COMPLETE in
-// docs/REQUIREMENTS.md): it compares a server's tool registry manifest
-// with the tools that server lists over MCP, and names what the registry does not classify (MISSING, a call to it
+// Package registrylint is the completeness test of CM-COMPLETE: it compares
+// a server's tool registry manifest with the tools that server lists over
+// MCP, and names what the registry does not classify (MISSING, a call to it
 // is denied in prod), what it classifies that the server no longer offers
-// (STALE), and, for action-based tools, the actions on either side only.
-// It talks to no server: the caller lists the tools and passes them in;
-// report.go reads the registry, writes the skeleton file and renders the
-// report.
+// (STALE), for action-based tools the actions on either side only, and
+// pinned tools whose live definition is not the pinned one (DRIFT, OWASP
+// MCP03); WritePins pins the live definitions. It talks to no server:
+// the caller lists the tools and passes them in; report.go reads the
+// registry, writes the skeleton file and renders the report.
 package registrylint
 
 import (
@@ -32,6 +33,9 @@ const (
 	StaleAction   = "STALE_ACTION"
 	NoActionEnum  = "NO_ACTION_ENUM"
 	Advisory      = "ADVISORY"
+	// Drift: a tool's live definition is not the one its definition_sha256
+	// pins (a call to it is denied DENY_TOOL_DRIFT).
+	Drift = "DRIFT"
 )
 
 // Severities of findings.
@@ -45,6 +49,7 @@ const (
 var kinds = []struct{ kind, severity string }{
 	{Missing, SeverityError},
 	{MissingAction, SeverityError},
+	{Drift, SeverityError},
 	{Stale, SeverityWarning},
 	{StaleAction, SeverityWarning},
 	{NoActionEnum, SeverityWarning},
@@ -88,6 +93,10 @@ type Report struct {
 	Counts         map[string]int `json:"counts"`
 	OK             bool           `json:"ok"`
 	Skeleton       string         `json:"skeleton,omitempty"`
+	// PinsFile is the manifest file --write-pins rewrote, and PinsWritten
+	// how many pins it changed.
+	PinsFile    string `json:"pins_file,omitempty"`
+	PinsWritten int    `json:"pins_written,omitempty"`
 }
 
 // ActionEnumFunc returns the values a tool's input schema allows at an
@@ -142,6 +151,7 @@ func Compare(m *schemas.Manifest, live []*mcp.Tool, enum ActionEnumFunc) []Findi
 			out[len(out)-1].Suggested = class
 			continue
 		}
+		lintPin(rt, lt, add)
 		lintActions(rt, lt, enum, add)
 		lintAnnotations(rt, lt, add)
 	}
@@ -169,6 +179,69 @@ func sortFindings(out []Finding) {
 		}
 		return strings.Compare(a.Action, b.Action)
 	})
+}
+
+// Definition is the part of a listed tool that its definition pin covers.
+func Definition(t *mcp.Tool) enforce.ToolDefinition {
+	d := enforce.ToolDefinition{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema}
+	if t.Annotations != nil {
+		d.Annotations = t.Annotations
+	}
+	return d
+}
+
+// lintPin reports a pinned tool whose live definition is another.
+func lintPin(rt *schemas.Tool, lt *mcp.Tool, add func(kind, tool, action, detail string)) {
+	if rt.DefinitionSHA256 == "" {
+		return
+	}
+	live, err := Definition(lt).SHA256()
+	if err != nil {
+		add(Drift, lt.Name, "", "the live definition cannot be hashed: "+err.Error())
+		return
+	}
+	if drift, why := enforce.DefinitionDrift(rt, live); drift {
+		add(Drift, lt.Name, "", why+": the server changed the tool since it was pinned; calls are denied DENY_TOOL_DRIFT (review it, then --write-pins)")
+	}
+}
+
+// WritePins returns manifest (a manifest's JSON, for serverID) with the
+// definition_sha256 of every tool the server lists set to its live
+// definition, indented, and how many pins changed. Tools the server does not
+// list keep what they had. The result is checked against the registry
+// schema.
+func WritePins(manifest []byte, live []*mcp.Tool) ([]byte, int, error) {
+	m, err := schemas.ParseManifest(manifest)
+	if err != nil {
+		return nil, 0, err
+	}
+	hashes := map[string]string{}
+	for _, lt := range live {
+		if lt == nil {
+			continue
+		}
+		h, err := Definition(lt).SHA256()
+		if err != nil {
+			return nil, 0, fmt.Errorf("tool %s: %w", Printable(lt.Name), err)
+		}
+		hashes[lt.Name] = h
+	}
+	changed := 0
+	for i := range m.Tools {
+		if h, ok := hashes[m.Tools[i].ToolName]; ok && m.Tools[i].DefinitionSHA256 != h {
+			m.Tools[i].DefinitionSHA256 = h
+			changed++
+		}
+	}
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return nil, 0, err
+	}
+	b = append(b, '\n')
+	if _, err := schemas.ParseManifest(b); err != nil {
+		return nil, 0, fmt.Errorf("the pinned manifest would not be valid: %w", err)
+	}
+	return b, changed, nil
 }
 
 // lintActions checks an action-based registry tool against the live enum.

@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/schemas"
@@ -83,13 +86,73 @@ func (rep *Report) WriteText(w io.Writer, skeletonAsked bool) error {
 	if rep.ServerVersion != "" {
 		server += " " + rep.ServerVersion
 	}
-	_, err := fmt.Fprintf(w, "lint %s (%s): %d tools on the server, %d in the registry: %d missing, %d missing actions, %d stale, %d stale actions, %d without an action enum, %d advisories: %s\n",
+	if rep.PinsFile != "" {
+		if _, err := fmt.Fprintf(w, "pinned the live definitions of %s in %s (%d changed): publish and pin the registry for workers and gateways to enforce them\n",
+			rep.ServerID, rep.PinsFile, rep.PinsWritten); err != nil {
+			return err
+		}
+	}
+	_, err := fmt.Fprintf(w, "lint %s (%s): %d tools on the server, %d in the registry: %d missing, %d missing actions, %d drifted, %d stale, %d stale actions, %d without an action enum, %d advisories: %s\n",
 		rep.ServerID, strings.TrimSpace(server), rep.LiveTools, rep.RegistryTools,
-		n[Missing], n[MissingAction], n[Stale], n[StaleAction], n[NoActionEnum], n[Advisory], verdict)
+		n[Missing], n[MissingAction], n[Drift], n[Stale], n[StaleAction], n[NoActionEnum], n[Advisory], verdict)
 	if err == nil && rep.Skeleton != "" {
 		_, err = fmt.Fprintf(w, "wrote a skeleton with %d tools to %s: review tool_class and trust_level before publishing\n", n[Missing], rep.Skeleton)
 	} else if err == nil && skeletonAsked {
 		_, err = fmt.Fprintln(w, "nothing missing: no skeleton written")
 	}
 	return err
+}
+
+// WritePinsFile pins the definitions live lists in the manifest file of
+// rep.Registry that holds rep.ServerID's manifest (WritePins; the file is
+// replaced atomically, keeping its mode), notes the file, the pins changed
+// and the new registry digest in rep, and returns the manifest as written.
+func (rep *Report) WritePinsFile(live []*mcp.Tool) (*schemas.Manifest, error) {
+	if !rep.ManifestFound {
+		return nil, fmt.Errorf("%s has no manifest for server_id %s", rep.Registry, rep.ServerID)
+	}
+	files, err := enforce.ReadManifestFiles(rep.Registry)
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range files {
+		if m, err := schemas.ParseManifest(f.Raw); err != nil || m.ServerID != rep.ServerID {
+			continue
+		}
+		b, n, err := WritePins(f.Raw, live)
+		if err == nil {
+			err = replaceFile(f.Path, b)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f.Path, err)
+		}
+		rep.PinsWritten, rep.PinsFile = n, f.Path
+		return rep.LoadManifest()
+	}
+	return nil, fmt.Errorf("no manifest file for server_id %s in %s", rep.ServerID, rep.Registry)
+}
+
+// replaceFile replaces path with b: a temporary file beside it, with its
+// mode, renamed over it.
+func replaceFile(path string, b []byte) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".pins-*.json")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(b)
+	if err == nil {
+		err = tmp.Chmod(st.Mode().Perm())
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
@@ -165,5 +167,24 @@ Try:
 		b.Talosctl, b.ResponderKey, b.Talosctl, b.ResponderKey,
 		host, port, b.Database, talosctlCH, talosctlCH, b.SignersDir,
 		talosctlCH, b.SignersDir, b.CheckpointInterval, b.SignersDir)
+	return err
+}
+
+// InstallRegistry copies the manifests of fsys (its *.json files) into
+// dir, creating dir: talosd dev's registry, embedded in the binary.
+func InstallRegistry(fsys fs.FS, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	names, err := fs.Glob(fsys, "*.json")
+	for _, name := range names {
+		b, rerr := fs.ReadFile(fsys, name)
+		if rerr == nil {
+			rerr = os.WriteFile(filepath.Join(dir, name), b, 0o644)
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
 	return err
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/fstest"
 )
 
 // TestKeysEnsure: empty keys are generated under the key directory, keys
@@ -73,5 +74,22 @@ func TestBanner(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("banner lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestInstallRegistry copies a registry's manifests, and only them, into a
+// new directory.
+func TestInstallRegistry(t *testing.T) {
+	src := fstest.MapFS{"a.json": {Data: []byte(`{"a":1}`)}, "b.json": {Data: []byte(`{}`)}, "notes.txt": {Data: []byte("x")}}
+	dir := filepath.Join(t.TempDir(), "registry")
+	if err := InstallRegistry(src, dir); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil || len(entries) != 2 {
+		t.Fatalf("installed %v (%v), want a.json and b.json", entries, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "a.json")); string(b) != `{"a":1}` {
+		t.Fatalf("a.json = %q", b)
 	}
 }

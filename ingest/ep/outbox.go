@@ -45,7 +45,10 @@ func NewOutbox(log *slog.Logger) *Outbox {
 	return o
 }
 
-// Send queues a post event.
+// Send queues a post event. An envelope of phase pre is delivered on its
+// own subject alike: an enforcement point that reports a refusal without
+// waiting for its decision (the gateway's unauthenticated requests) queues
+// it here.
 func (o *Outbox) Send(post *schemas.ToolCall) {
 	o.mu.Lock()
 	o.q = append(o.q, post)
@@ -124,8 +127,8 @@ func (o *Outbox) deliver(js jetstream.JetStream, post *schemas.ToolCall) bool {
 		o.log.Error("post event cannot be encoded; dropped", "tool_call_id", post.ToolCallID, "err", err)
 		return true
 	}
-	msg := &nats.Msg{Subject: schemas.CallSubject(schemas.PhasePost, post.ServerID), Data: raw, Header: nats.Header{}}
-	msg.Header.Set(jetstream.MsgIDHeader, schemas.CallMsgID(post.ToolCallID, schemas.PhasePost))
+	msg := &nats.Msg{Subject: schemas.CallSubject(post.Phase, post.ServerID), Data: raw, Header: nats.Header{}}
+	msg.Header.Set(jetstream.MsgIDHeader, schemas.CallMsgID(post.ToolCallID, post.Phase))
 	backoff := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

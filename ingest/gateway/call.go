@@ -17,6 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
 
+	"github.com/talos-audit/talos/ingest/credential"
 	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -75,13 +76,15 @@ type pending struct {
 	// nil when it has no objection.
 	local       []string
 	localDetail string
-	log         *slog.Logger
+	// cred is the upstream credential of the call (credential).
+	cred credential.Credential
+	log  *slog.Logger
 }
 
 // call runs one tools/call through Talos: pre → decision (→ approval) →
 // upstream → post.
 func (g *Gateway) call(ctx context.Context, p *Principal, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	c, err := g.prepare(p, req)
+	c, err := g.prepare(ctx, p, req)
 	if err != nil {
 		return nil, err
 	}
@@ -102,13 +105,15 @@ func (g *Gateway) call(ctx context.Context, p *Principal, req *mcp.CallToolReque
 
 // prepare builds the call's signed pre envelope and the gateway's own
 // verdict on it.
-func (g *Gateway) prepare(p *Principal, req *mcp.CallToolRequest) (*pending, error) {
+func (g *Gateway) prepare(ctx context.Context, p *Principal, req *mcp.CallToolRequest) (*pending, error) {
 	params := req.Params
 	c := &pending{p: p, req: req, args: params.Arguments}
 	if len(c.args) == 0 || string(c.args) == "null" {
 		c.args = json.RawMessage(`{}`)
 	}
+	g.mu.Lock()
 	c.ut, c.routed = g.byName[params.Name]
+	g.mu.Unlock()
 	server := unroutedServer
 	if c.routed {
 		server = c.ut.server
@@ -119,10 +124,19 @@ func (g *Gateway) prepare(p *Principal, req *mcp.CallToolRequest) (*pending, err
 	}
 	c.pre = pre
 	if c.routed {
+		// The definition the caller was shown: the worker compares it with
+		// the registry's pin (DENY_TOOL_DRIFT, OWASP MCP03), and so does the
+		// gateway.
+		pre.ToolDefinitionSHA256 = c.ut.def
 		c.local, c.localDetail = g.o.Discovery.CheckCall(p.Viewer, server, params.Name, c.args)
+		if drift, why := c.ut.drift(g.o.Registry); drift {
+			c.local = append(c.local, schemas.CodeDenyToolDrift)
+			c.localDetail = strings.TrimPrefix(c.localDetail+"; "+why, "; ")
+		}
 	} else {
 		c.local, c.localDetail = []string{schemas.CodeToolHidden, schemas.CodeUnknownTool}, "no upstream offers this tool"
 	}
+	g.credential(ctx, c)
 	c.log = g.log.With("tool_call_id", pre.ToolCallID, "server", server, "tool", params.Name, "principal", p.Name)
 	if c.raw, err = json.Marshal(pre); err != nil {
 		return nil, err
@@ -231,6 +245,9 @@ func (g *Gateway) awaitApproval(ctx context.Context, c *pending, d *schemas.Deci
 // forward runs an allowed call on its upstream and reports it.
 func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (*mcp.CallToolResult, error) {
 	up := g.upstreamOf(c.ut.server)
+	if c.cred.Token != "" {
+		ctx = credential.WithToken(ctx, c.cred.Token)
+	}
 	started := time.Now()
 	res, err := up.session.CallTool(ctx, &mcp.CallToolParams{Name: c.ut.tool.Name, Arguments: c.args})
 	ended := time.Now()
@@ -292,6 +309,7 @@ func (g *Gateway) envelope(p *Principal, session, server, tool string, args json
 	c.SessionID = session
 	c.Actor = schemas.Actor{Kind: "agent", AgentID: p.AgentID}
 	c.RegistryDigest = g.o.Registry.Digest()
+	c.WorkspaceRoot = g.o.Workspaces[server]
 	if t, ok := g.o.Registry.Lookup(server, tool); ok && (t.ToolClass == schemas.ClassWrite || t.ActionPointer != "") {
 		c.IdempotencyKey = c.ToolCallID
 		if k, ok := meta[idempotencyMeta].(string); ok && k != "" && len(k) <= 256 {

@@ -5,11 +5,16 @@
 // pre envelope, decided by a worker (allow, deny, require_approval),
 // forwarded only when allowed or approved, and reported afterwards through
 // the post outbox with its result and timing. Without an answer from Talos
-// the call is denied (fail closed).
+// the call is denied (fail closed). A tool whose definition drifted from
+// its registry pin is hidden and denied (drift.go, OWASP MCP03).
 //
-// cmd/talos-mcp-gateway wires it: upstreams (ConnectUpstreams), principals
-// (LoadPrincipal, LoadPrincipals), New, Start, then Server over stdio or
-// ListenHTTP; Close at exit drains the outbox and closes the upstreams.
+// cmd/talos-mcp-gateway fills a Config from its flags; Prepare validates
+// it and composes the parts (registry, principals, HTTPOptions, upstream
+// specs, credentials, NATS options, Workspaces, sandboxes) into a Setup,
+// whose errors that are the operator's wrap ErrUsage. Then the upstreams
+// (Setup.ConnectUpstreams), the Gateway (Setup.New), Start, and
+// Setup.Serve over stdio or ListenHTTP; Close at exit drains the outbox
+// and closes the upstreams, Setup.Close the sandboxes after them.
 package gateway
 
 import (
@@ -26,8 +31,10 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/ingest/credential"
 	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/ingest/mcpup"
 	"github.com/talos-audit/talos/schemas"
@@ -49,8 +56,16 @@ type Options struct {
 	// StdioSession is the session_id of calls from the stdio session
 	// (default stdio-<uuid>, new each start).
 	StdioSession string
-	Logger       *slog.Logger
-	Version      string
+	// Workspaces is the workspace the gateway serves per server_id (an
+	// absolute, clean path), sent as every envelope's workspace_root: the
+	// root preflight confines path arguments to when the registry defers
+	// to the enforcement point (CSP MUST 7, VAL-03).
+	Workspaces map[string]string
+	Logger     *slog.Logger
+	Version    string
+	// Credentials broker the upstream credential of each call (CSP MUST
+	// 5); nil: every server is mode none. Give ConnectUpstreams the same.
+	Credentials *credential.Broker
 }
 
 // Gateway is the enforcement point between MCP clients and upstream MCP
@@ -64,12 +79,26 @@ type Gateway struct {
 	client *ep.Client
 	out    *ep.Outbox
 	appr   *ep.Approvals
+	// refused carries the reports of refused HTTP requests
+	// (refusals), apart from out so they can never deny a call.
+	refused *ep.Outbox
+	metrics *prometheus.Registry
+	authRef *prometheus.CounterVec // talos_gateway_auth_refusals_total
 
-	ups    []*Upstream
-	byName map[string]upstreamTool // downstream tool name → its upstream tool
+	ups   []*Upstream
+	creds *credential.Broker
 
+	// Shutdown order: Close cancels the upstream watchers (Start) and waits
+	// for them, drains the outbox, then closes the upstream sessions.
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	// mu guards the fields below and the upstreams' tools. Tool lists
+	// change when an upstream announces a new one (refresh).
 	mu      sync.Mutex
-	servers map[string]*mcp.Server // principal name → its server
+	byName  map[string]upstreamTool // downstream tool name → its upstream tool
+	servers map[string]*mcp.Server  // principal name → its server
+	served  map[string]*Principal   // principal name → the principal
 }
 
 // New builds a gateway over connected upstreams and a NATS connection
@@ -98,10 +127,20 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 		return nil, err
 	}
 	o.Discovery.Registry = o.Registry
-	g := &Gateway{o: o, log: o.Logger, nc: nc, js: js, ups: ups, servers: map[string]*mcp.Server{}}
+	if o.Credentials == nil {
+		o.Credentials = credential.New(nil, credential.Options{})
+	}
+	g := &Gateway{o: o, log: o.Logger, nc: nc, js: js, ups: ups, creds: o.Credentials, servers: map[string]*mcp.Server{}, served: map[string]*Principal{}}
 	g.byName = route(o.Registry, ups, o.Logger)
+	g.logDrift(g.byName, nil)
 	g.appr = ep.NewApprovals(nc, o.Logger)
 	g.out = ep.NewOutbox(o.Logger)
+	g.refused = ep.NewOutbox(o.Logger)
+	g.metrics = prometheus.NewRegistry()
+	g.authRef = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "talos_gateway_auth_refusals_total",
+		Help: "HTTP requests refused for want of valid credentials, by reason, and whether Talos was told (receipted) or the refusal limits left it out."},
+		[]string{"reason", "receipted"})
+	g.metrics.MustRegister(g.authRef)
 	return g, nil
 }
 
@@ -112,15 +151,16 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 func route(reg *enforce.Registry, ups []*Upstream, log *slog.Logger) map[string]upstreamTool {
 	byName := map[string]upstreamTool{}
 	for _, u := range ups {
-		for _, t := range u.tools {
+		for _, ut := range u.tools {
+			t := ut.tool
 			cur, taken := byName[t.Name]
 			if !taken {
-				byName[t.Name] = upstreamTool{server: u.spec.ServerID, tool: t}
+				byName[t.Name] = ut
 				continue
 			}
 			if rt, ok := reg.Lookup(u.spec.ServerID, t.Name); ok && enforce.Protected(rt) {
 				if ct, ok := reg.Lookup(cur.server, t.Name); !ok || !enforce.Protected(ct) {
-					byName[t.Name] = upstreamTool{server: u.spec.ServerID, tool: t}
+					byName[t.Name] = ut
 					continue
 				}
 			}
@@ -137,7 +177,17 @@ func route(reg *enforce.Registry, ups []*Upstream, log *slog.Logger) map[string]
 // (ENFORCEMENT_UNAVAILABLE) and Start keeps trying in the background.
 func (g *Gateway) Start(ctx context.Context) {
 	g.out.Start(g.js)
+	g.refused.Start(g.js)
 	g.appr.Start()
+	wctx, cancel := context.WithCancel(ctx)
+	g.cancel = cancel
+	for _, u := range g.ups {
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			g.watch(wctx, u)
+		}()
+	}
 	// Subscribe to decisions before returning when NATS is up, so the first
 	// call finds the client; otherwise keep trying in the background (calls
 	// are denied, fail closed, until then).
@@ -174,14 +224,25 @@ func (g *Gateway) subscribe() bool {
 // Close waits (up to wait) for queued post events to reach Talos, then
 // closes the upstream sessions. Close the NATS connection after it.
 func (g *Gateway) Close(wait time.Duration) {
+	if g.cancel != nil {
+		g.cancel()
+	}
+	g.wg.Wait()
 	if n := g.out.Drain(wait); n > 0 {
 		g.log.Error("post events not delivered to Talos before exit", "count", n)
+	}
+	if n := g.refused.Drain(wait / 2); n > 0 {
+		g.log.Error("reports of refused requests not delivered to Talos before exit", "count", n)
 	}
 	CloseUpstreams(g.ups)
 }
 
 // Tools is how many downstream tool names the gateway routes.
-func (g *Gateway) Tools() int { return len(g.byName) }
+func (g *Gateway) Tools() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.byName)
+}
 
 // Connected reports whether the NATS connection to Talos is up.
 func (g *Gateway) Connected() bool { return g.nc.IsConnected() }
@@ -205,13 +266,9 @@ func (g *Gateway) Server(p *Principal) *mcp.Server {
 		Instructions: "Tool calls pass through Talos: each is decided, receipted and audited.",
 	})
 	for _, name := range sortedKeys(g.byName) {
-		t, ok := g.listed(p, name)
-		if !ok {
-			continue
+		if t, ok := g.listed(p, name); ok {
+			s.AddTool(t, g.unreached(p))
 		}
-		s.AddTool(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-			return g.call(ctx, p, req) // not reached: the middleware handles tools/call
-		})
 	}
 	s.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
@@ -222,13 +279,31 @@ func (g *Gateway) Server(p *Principal) *mcp.Server {
 		}
 	})
 	g.servers[p.Name] = s
+	g.served[p.Name] = p
 	return s
 }
 
+// unreached is the tool handler of p's server; the middleware handles
+// every tools/call, so it is not reached.
+func (g *Gateway) unreached(p *Principal) mcp.ToolHandler {
+	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return g.call(ctx, p, req)
+	}
+}
+
 // listed is the tool name as p's tools/list shows it, with its action
-// enum narrowed to the actions open to p; false when p does not see it.
+// enum narrowed to the actions open to p; false when p does not see it,
+// or when its definition drifted from its registry pin (OWASP MCP03).
+// Call it with g.mu held.
 func (g *Gateway) listed(p *Principal, name string) (*mcp.Tool, bool) {
-	ut := g.byName[name]
+	ut, ok := g.byName[name]
+	if !ok {
+		return nil, false
+	}
+	if drift, why := ut.drift(g.o.Registry); drift {
+		g.log.Debug("tool hidden", "principal", p.Name, "server", ut.server, "tool", name, "why", why)
+		return nil, false
+	}
 	v := g.o.Discovery.See(p.Viewer, ut.server, name)
 	if v.Hidden {
 		g.log.Debug("tool hidden", "principal", p.Name, "server", ut.server, "tool", name, "why", v.Detail)

@@ -4,50 +4,113 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"slices"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/enforce/registrylint"
+	"github.com/talos-audit/talos/ingest/credential"
 	"github.com/talos-audit/talos/ingest/mcpup"
+	"github.com/talos-audit/talos/schemas"
 )
 
 // upstreamTool is one tool an upstream server offers.
 type upstreamTool struct {
 	server string
 	tool   *mcp.Tool
+	def    string // its definition's hash (enforce.ToolDefinition); "" if it has none
+}
+
+// drift reports whether the tool's live definition is not the one the
+// registry pins (OWASP MCP03); a pinned tool whose definition could not be
+// hashed counts as drifted (fail closed).
+func (ut upstreamTool) drift(reg *enforce.Registry) (bool, string) {
+	rt, ok := reg.Lookup(ut.server, ut.tool.Name)
+	if !ok || rt.DefinitionSHA256 == "" {
+		return false, ""
+	}
+	if ut.def == "" {
+		return true, "tool definition: cannot be hashed, the registry pins " + rt.DefinitionSHA256
+	}
+	return enforce.DefinitionDrift(rt, ut.def)
 }
 
 // Upstream is one connected upstream server and the tools it listed. The
-// gateway that is given it closes its session (Close).
+// gateway that is given it closes its session (Close). tools is replaced
+// when the server announces a new list (notifications/tools/list_changed,
+// signalled on changed); the Gateway's mutex guards it.
 type Upstream struct {
 	spec    mcpup.Spec
 	session *mcp.ClientSession
-	tools   []*mcp.Tool
+	tools   []upstreamTool
+	changed chan struct{}
+}
+
+// listTools lists the server's tools with the hashes of their definitions.
+func (u *Upstream) listTools(ctx context.Context, log *slog.Logger) ([]upstreamTool, error) {
+	tools, err := mcpup.ListTools(ctx, u.session)
+	if err != nil {
+		return nil, fmt.Errorf("upstream %s: tools/list: %w", u.spec.ServerID, err)
+	}
+	out := make([]upstreamTool, 0, len(tools))
+	for _, t := range tools {
+		def, err := registrylint.Definition(t).SHA256()
+		if err != nil {
+			log.Warn("tool definition cannot be hashed", "server_id", u.spec.ServerID, "tool", t.Name, "err", err)
+		}
+		out = append(out, upstreamTool{server: u.spec.ServerID, tool: t, def: def})
+	}
+	return out, nil
 }
 
 // ConnectUpstreams starts or dials every upstream (60 s each) and lists
 // its tools; client names the gateway to them. Server ids MUST be unique.
-// On an error the upstreams already connected are left open.
-func ConnectUpstreams(ctx context.Context, specs []mcpup.Spec, client *mcp.Implementation, log *slog.Logger) ([]*Upstream, error) {
+// On an error the upstreams already connected are closed. creds (nil:
+// none) sets what each upstream is sent (CSP MUST 5): an HTTP upstream's
+// requests never carry an Authorization header but the broker's
+// (credential.Transport); a stdio upstream with a secret gets it in its
+// declared environment variable.
+func ConnectUpstreams(ctx context.Context, specs []mcpup.Spec, client *mcp.Implementation, log *slog.Logger, creds *credential.Broker) ([]*Upstream, error) {
+	if creds == nil {
+		creds = credential.New(nil, credential.Options{})
+	}
 	var ups []*Upstream
 	for _, s := range specs {
+		u := &Upstream{spec: s, changed: make(chan struct{}, 1)}
+		// The server's announcement of a new tool list: the gateway lists
+		// again and compares the definitions with their pins (Start).
+		opts := []mcpup.Option{mcpup.WithClientOptions(&mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
+			select {
+			case u.changed <- struct{}{}:
+			default:
+			}
+		}})}
+		if s.URL != "" {
+			opts = append(opts, mcpup.WithHTTPClient(&http.Client{Transport: creds.Transport(s.ServerID, nil)}))
+		} else if env := creds.StdioEnv(s.ServerID); env != nil {
+			s.Env = append(slices.Clone(s.Env), env...)
+		}
+		u.spec = s
 		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		cs, err := mcpup.Connect(cctx, s, client)
+		cs, err := mcpup.Connect(cctx, s, client, opts...)
 		if err != nil {
 			cancel()
 			CloseUpstreams(ups)
 			return nil, err
 		}
-		tools, err := mcpup.ListTools(cctx, cs)
+		u.session = cs
+		u.tools, err = u.listTools(cctx, log)
 		cancel()
 		if err != nil {
 			_ = cs.Close()
 			CloseUpstreams(ups)
-			return nil, fmt.Errorf("upstream %s: tools/list: %w", s.ServerID, err)
+			return nil, err
 		}
-		log.Info("upstream connected", "server_id", s.ServerID, "tools", len(tools))
-		ups = append(ups, &Upstream{spec: s, session: cs, tools: tools})
+		log.Info("upstream connected", "server_id", s.ServerID, "tools", len(u.tools))
+		ups = append(ups, u)
 	}
 	return ups, nil
 }
@@ -71,6 +134,9 @@ func Report(d enforce.Discovery, principals []*Principal, ups []*Upstream) map[s
 		for _, name := range sortedKeys(byName) {
 			ut := byName[name]
 			v := d.See(p.Viewer, ut.server, name)
+			if drift, why := ut.drift(d.Registry); drift && !v.Hidden {
+				v.Hidden, v.Codes, v.Detail = true, []string{schemas.CodeDenyToolDrift}, why
+			}
 			if v.Hidden {
 				hidden = append(hidden, map[string]any{"server_id": ut.server, "tool": name, "codes": v.Codes, "why": v.Detail})
 				continue

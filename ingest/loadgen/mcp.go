@@ -3,12 +3,16 @@ package loadgen
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -164,10 +168,12 @@ func ResultDigest(r *mcp.CallToolResult) (string, error) {
 
 // ConnectMCP connects to the two sides of a comparison, direct first, each
 // start and handshake bounded by timeout; stdio servers' stderr goes to
-// stderr. closeAll closes the sessions connected (closing a stdio session
-// ends its server; a gateway then drains the post events it still holds);
-// it is set also on error, for the caller to call.
-func ConnectMCP(ctx context.Context, specs [2]mcpup.Spec, timeout time.Duration, stderr io.Writer) (sides [2]MCPSide, closeAll func(), err error) {
+// stderr. A streamable HTTP via side is reached with viaHTTP (nil: Go's
+// default client), so that its token and trusted CA are sent to the via
+// side only. closeAll closes the sessions connected (closing a stdio
+// session ends its server; a gateway then drains the post events it still
+// holds); it is set also on error, for the caller to call.
+func ConnectMCP(ctx context.Context, specs [2]mcpup.Spec, timeout time.Duration, stderr io.Writer, viaHTTP *http.Client) (sides [2]MCPSide, closeAll func(), err error) {
 	closeAll = func() {
 		for _, s := range sides {
 			if s.CS != nil {
@@ -176,8 +182,12 @@ func ConnectMCP(ctx context.Context, specs [2]mcpup.Spec, timeout time.Duration,
 		}
 	}
 	for i, s := range specs {
+		opts := []mcpup.Option{mcpup.WithStderr(stderr)}
+		if i == 1 && viaHTTP != nil {
+			opts = append(opts, mcpup.WithHTTPClient(viaHTTP))
+		}
 		cctx, cancel := context.WithTimeout(ctx, timeout)
-		cs, err := mcpup.Connect(cctx, s, &mcp.Implementation{Name: "talosctl-bench-mcp", Version: "dev"}, mcpup.WithStderr(stderr))
+		cs, err := mcpup.Connect(cctx, s, &mcp.Implementation{Name: "talosctl-bench-mcp", Version: "dev"}, opts...)
 		cancel()
 		if err != nil {
 			return sides, closeAll, err
@@ -185,6 +195,42 @@ func ConnectMCP(ctx context.Context, specs [2]mcpup.Spec, timeout time.Duration,
 		sides[i] = MCPSide{Name: s.ServerID, CS: cs}
 	}
 	return sides, closeAll, nil
+}
+
+// HTTPClient is the client of a streamable HTTP side (a gateway's /mcp):
+// it trusts only the certificates in caFile (PEM; "" trusts the system's
+// roots) and sends token, unless "", as "Authorization: Bearer <token>"
+// on every request. Errors name the file, never the token.
+func HTTPClient(caFile, token string) (*http.Client, error) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		b, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, err
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("%s: no PEM certificate", caFile)
+		}
+		tr.TLSClientConfig.RootCAs = pool
+	}
+	if token == "" {
+		return &http.Client{Transport: tr}, nil
+	}
+	return &http.Client{Transport: &bearer{token: token, next: tr}}, nil
+}
+
+// bearer adds an Authorization header to every request it sends on.
+type bearer struct {
+	token string
+	next  http.RoundTripper
+}
+
+func (b *bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context()) // a RoundTripper must not modify the request it is given
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.next.RoundTrip(r)
 }
 
 // ParseCallArgs reads a tools/call's arguments: exactly one JSON object,

@@ -2,11 +2,17 @@ package loadgen
 
 import (
 	"context"
+	"encoding/pem"
 	"io"
+	"log"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,7 +144,7 @@ func TestConnectMCPCloseAll(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	sides, closeAll, err := ConnectMCP(ctx, specs, 10*time.Second, io.Discard)
+	sides, closeAll, err := ConnectMCP(ctx, specs, 10*time.Second, io.Discard, nil)
 	if err == nil || closeAll == nil || sides[0].CS == nil || sides[0].Name != "direct" || sides[1].CS != nil {
 		t.Fatalf("ConnectMCP: %+v %v", sides, err)
 	}
@@ -148,5 +154,94 @@ func TestConnectMCPCloseAll(t *testing.T) {
 	closeAll()
 	if _, err := sides[0].CS.ListTools(ctx, nil); err == nil {
 		t.Fatal("the direct side still answers after closeAll")
+	}
+}
+
+// A streamable HTTP via side is reached over TLS trusting only the CA
+// given, with the bearer token on every request, and the direct side is
+// never sent the token.
+func TestConnectMCPViaHTTPS(t *testing.T) {
+	const token = "s3cret-token"
+	srv := mcp.NewServer(&mcp.Implementation{Name: "gw", Version: "1"}, nil)
+	mcp.AddTool(srv, &mcp.Tool{Name: "echo"}, func(_ context.Context, _ *mcp.CallToolRequest, in struct {
+		Message string `json:"message"`
+	}) (*mcp.CallToolResult, any, error) {
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "Echo: " + in.Message}}}, nil, nil
+	})
+	mcpHandler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
+	var requests, directAuth atomic.Int64
+	via := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		if r.Header.Get("Authorization") != "Bearer "+token {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		mcpHandler.ServeHTTP(w, r)
+	}))
+	via.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshake of "CA not given"
+	via.StartTLS()
+	defer via.Close()
+	direct := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "" {
+			directAuth.Add(1)
+		}
+		mcpHandler.ServeHTTP(w, r)
+	}))
+	defer direct.Close()
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: via.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	specs := [2]mcpup.Spec{{ServerID: "direct", URL: direct.URL}, {ServerID: "gw", URL: via.URL}}
+	connect := func(t *testing.T, caFile, tok string) ([2]MCPSide, func(), error) {
+		t.Helper()
+		c, err := HTTPClient(caFile, tok)
+		if err != nil {
+			t.Fatalf("HTTPClient: %v", err)
+		}
+		return ConnectMCP(context.Background(), specs, 10*time.Second, io.Discard, c)
+	}
+
+	t.Run("trusted CA and token", func(t *testing.T) {
+		sides, closeAll, err := connect(t, ca, token)
+		defer closeAll()
+		if err != nil {
+			t.Fatalf("ConnectMCP: %v", err)
+		}
+		d, v, err := CompareMCP(context.Background(), sides[0], sides[1],
+			&mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"message": "hi"}}, 3, 1, 10*time.Second)
+		if err != nil || len(d) != 3 || len(v) != 3 {
+			t.Fatalf("CompareMCP: %d, %d rounds, %v", len(d), len(v), err)
+		}
+		if requests.Load() == 0 || directAuth.Load() != 0 {
+			t.Errorf("via served %d requests, direct got %d with an Authorization header; want > 0 and 0",
+				requests.Load(), directAuth.Load())
+		}
+	})
+	for _, tc := range []struct{ name, ca, token, want string }{
+		{"wrong token", ca, "other", "Unauthorized"},
+		{"no token", ca, "", "Unauthorized"},
+		{"CA not given", "", token, "certificate"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sides, closeAll, err := connect(t, tc.ca, tc.token)
+			defer closeAll()
+			if err == nil || sides[1].CS != nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("ConnectMCP = %v, want an error mentioning %q and no via session", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestHTTPClientBadCA(t *testing.T) {
+	dir := t.TempDir()
+	notPEM := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, f := range map[string]string{"missing": filepath.Join(dir, "none.pem"), "not PEM": notPEM} {
+		if _, err := HTTPClient(f, "tok"); err == nil || strings.Contains(err.Error(), "tok") {
+			t.Errorf("%s: HTTPClient = %v, want an error that does not repeat the token", name, err)
+		}
 	}
 }

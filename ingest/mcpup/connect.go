@@ -89,10 +89,17 @@ func connectStdio(ctx context.Context, c *mcp.Client, s Spec, o options) (*mcp.C
 	// Not exec.CommandContext: ctx bounds the handshake, while the process
 	// lives as long as the session; ClientSession.Close ends it.
 	cmd := exec.Command(path, s.Command[1:]...)
-	cmd.Stderr = o.stderr
-	if len(s.Env) > 0 {
+	if s.Wrap != nil {
+		argv, env, err := s.Wrap(append([]string{path}, s.Command[1:]...), s.Env)
+		if err != nil {
+			return nil, fmt.Errorf("%w: server %q: %v", ErrStart, s.ServerID, err)
+		}
+		cmd = exec.Command(argv[0], argv[1:]...)
+		cmd.Env = append([]string{}, env...)
+	} else if len(s.Env) > 0 {
 		cmd.Env = append(os.Environ(), s.Env...)
 	}
+	cmd.Stderr = o.stderr
 	cs, err := c.Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: o.terminate}, nil)
 	if err == nil {
 		return cs, nil

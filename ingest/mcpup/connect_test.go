@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -188,4 +190,47 @@ func sortedStrings(ss []string) []string {
 	out := slices.Clone(ss)
 	slices.Sort(out)
 	return out
+}
+
+// TestConnectStdioWrap: Spec.Wrap decides the command and the whole
+// environment of a stdio server (the gateway's sandbox); a Wrap error is
+// ErrStart and nothing runs.
+func TestConnectStdioWrap(t *testing.T) {
+	bin := testenv.MCPBin(t, testenv.MCPServerEverything)
+	ctx := testCtx(t)
+	t.Setenv("TALOS_MCPUP_HOST_ONLY", "host-value")
+	var gotArgv, gotEnv []string
+	wrap := func(argv, env []string) ([]string, []string, error) {
+		gotArgv, gotEnv = argv, env
+		return append([]string{"/usr/bin/env"}, argv...), append([]string{"PATH=" + os.Getenv("PATH")}, env...), nil
+	}
+	cs, err := Connect(ctx, Spec{ServerID: "everything", Command: []string{bin}, Env: []string{"TALOS_MCPUP_PROBE=wrapped"}, Wrap: wrap},
+		nil, WithStderr(io.Discard), WithTerminateWait(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	if !slices.Equal(gotArgv, []string{bin}) || !slices.Equal(gotEnv, []string{"TALOS_MCPUP_PROBE=wrapped"}) {
+		t.Fatalf("Wrap got argv %q env %q", gotArgv, gotEnv)
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "get-env"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			text.WriteString(tc.Text)
+		}
+	}
+	if !strings.Contains(text.String(), "wrapped") || strings.Contains(text.String(), "host-value") {
+		t.Fatalf("get-env under Wrap: %.300s", text.String())
+	}
+
+	_, err = Connect(ctx, Spec{ServerID: "refused", Command: []string{bin}, Wrap: func(argv, env []string) ([]string, []string, error) {
+		return nil, nil, errors.New("no sandbox today")
+	}}, nil)
+	if !errors.Is(err, ErrStart) || !strings.Contains(err.Error(), "no sandbox today") {
+		t.Fatalf("Wrap error: %v; want ErrStart with the cause", err)
+	}
 }

@@ -21,6 +21,12 @@ type Spec struct {
 	// Env is added to this process's environment for a stdio server
 	// ("KEY=VALUE" entries; later entries win).
 	Env []string
+	// Wrap, when set, runs a stdio server inside a sandbox (CSP MUST 8):
+	// it is given the command (the program resolved on this host) and Env,
+	// and returns the command actually started and its whole environment
+	// (nothing of this process's environment is added). An error fails
+	// Connect with ErrStart; the server is never started unwrapped.
+	Wrap func(argv, env []string) (cmd, cmdEnv []string, err error)
 }
 
 // ErrSpec is wrapped by every error ParseSpec returns.
@@ -160,4 +166,24 @@ func ParseSpecFor(s, serverID string) (Spec, error) {
 		return spec, err // it did name a server: the error is about the rest
 	}
 	return ParseSpec(serverID + "=" + s)
+}
+
+// ParseSpecs reads the specs of several servers, each as ParseSpec reads
+// it, in order. Server ids MUST be unique: a repeated one is an error
+// naming it.
+func ParseSpecs(ss []string) ([]Spec, error) {
+	specs := make([]Spec, 0, len(ss))
+	seen := map[string]bool{}
+	for _, s := range ss {
+		spec, err := ParseSpec(s)
+		if err != nil {
+			return nil, err
+		}
+		if seen[spec.ServerID] {
+			return nil, fmt.Errorf("server_id %q given twice", spec.ServerID)
+		}
+		seen[spec.ServerID] = true
+		specs = append(specs, spec)
+	}
+	return specs, nil
 }

@@ -137,3 +137,32 @@ func TestParseSpecFor(t *testing.T) {
 		})
 	}
 }
+
+func TestParseSpecs(t *testing.T) {
+	specs, err := ParseSpecs([]string{"fs=node server.js", "docs=https://h/mcp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(specs) != 2 || specs[0].ServerID != "fs" || !slices.Equal(specs[0].Command, []string{"node", "server.js"}) ||
+		specs[1].ServerID != "docs" || specs[1].URL != "https://h/mcp" {
+		t.Fatalf("specs %+v", specs)
+	}
+	if specs, err := ParseSpecs(nil); err != nil || len(specs) != 0 {
+		t.Fatalf("no specs: %v, %v", specs, err)
+	}
+	cases := []struct {
+		name string
+		in   []string
+		want string
+	}{
+		{"repeated server id", []string{"fs=node a.js", "docs=https://h/mcp", "fs=node b.js"}, `server_id "fs" given twice`},
+		{"a bad spec", []string{"fs=node a.js", "nope"}, "want <server_id>="},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if _, err := ParseSpecs(c.in); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err %v, want %q", err, c.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/talos-audit/talos/query"
+	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/testenv"
+)
+
+// rugManifest classifies testenv/mcp/rugpull.mjs's tools, unpinned.
+const rugManifest = `{"schema_id": "talos.mcp.tool_registry", "schema_version": "v1", "server_id": "rug",
+  "tools": [
+    {"tool_name": "greet", "tool_class": "read", "is_document_op": false, "trust_level": "internal"},
+    {"tool_name": "rug", "tool_class": "read", "is_document_op": false, "trust_level": "internal"}]}`
+
+// TestToolDefinitionPinning (OWASP MCP03, the "rug pull"): talosctl
+// registry lint --write-pins pins the definitions a real stdio server
+// lists, after which the lint is clean and a server that lists another
+// definition fails it (DRIFT, exit 1). Behind the gateway, against a real
+// pipeline, the pinned tool works until the server rewrites its
+// description mid-session and announces a new tool list: the tool then
+// disappears from tools/list, and a call to it is denied DENY_TOOL_DRIFT
+// by the worker, with a receipt in ClickHouse, and never reaches the
+// server.
+func TestToolDefinitionPinning(t *testing.T) {
+	script, _ := testenv.MCPScript(t, "rugpull.mjs")
+	reg := t.TempDir()
+	manifest := filepath.Join(reg, "rug.json")
+	if err := os.WriteFile(manifest, []byte(rugManifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	server := "rug=node " + script
+	talosctl := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosctl")
+	lint := func(args ...string) (string, int) {
+		t.Helper()
+		out, err := exec.Command(talosctl, append([]string{"registry", "lint"}, args...)...).CombinedOutput()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return string(out), ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out), 0
+	}
+	out, code := lint("--server", server, "--registry", manifest, "--write-pins")
+	if code != 0 || !strings.Contains(out, "pinned the live definitions of rug in "+manifest+" (2 changed)") {
+		t.Fatalf("--write-pins: exit %d\n%s", code, out)
+	}
+	b, _ := os.ReadFile(manifest)
+	if strings.Count(string(b), `"definition_sha256"`) != 2 {
+		t.Fatalf("the manifest holds no pins:\n%s", b)
+	}
+	if out, code := lint("--server", server, "--registry", reg); code != 0 || !strings.Contains(out, "0 drifted") {
+		t.Fatalf("lint after pinning: exit %d\n%s", code, out)
+	}
+	out, code = lint("--server", server+" --drifted", "--registry", reg)
+	if code != 1 || !strings.Contains(out, "DRIFT") || !strings.Contains(out, "rug/greet") || strings.Contains(out, "rug/rug ") {
+		t.Fatalf("lint of a drifted server: exit %d\n%s", code, out)
+	}
+	s := startStackRegistry(t, reg) // talosd and the gateway enforce the pinned registry
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	gw := s.gatewaySession(ctx, "--ep-id", "gw-rug", "--upstream", server)
+	listed := func() []string {
+		res, err := gw.cs.ListTools(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, tl := range res.Tools {
+			names = append(names, tl.Name)
+		}
+		return names
+	}
+	if names := listed(); !slices.Contains(names, "greet") || !slices.Contains(names, "rug") {
+		t.Fatalf("tools/list before the rug pull: %v", names)
+	}
+	if res := gw.call(ctx, "greet", map[string]any{"name": "Ada"}).mustAllow(t, "greet"); text(res) != "Hello, Ada!" {
+		t.Fatalf("greet: %q", text(res))
+	}
+	gw.call(ctx, "rug", map[string]any{}).mustAllow(t, "rug")
+	deadline := time.Now().Add(30 * time.Second)
+	for slices.Contains(listed(), "greet") {
+		if time.Now().After(deadline) {
+			t.Fatal("greet is still listed after its definition changed")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if names := listed(); !slices.Contains(names, "rug") {
+		t.Fatalf("the unchanged tool disappeared too: %v", names)
+	}
+	d := gw.call(ctx, "greet", map[string]any{"name": "Ada"}).mustDeny(t, "greet after the rug pull", schemas.CodeDenyToolDrift)
+	if d.ReceiptID == "" {
+		t.Fatal("the drift denial names no receipt")
+	}
+	logb, _ := os.ReadFile(gw.log)
+	if !strings.Contains(string(logb), "tool definition drifted from its registry pin") ||
+		strings.Contains(string(logb), `msg="call forwarded" tool_call_id=`+d.ToolCallID) {
+		t.Fatalf("gateway log: no drift incident, or the denied call was forwarded:\n%s", tail(string(logb), 3000))
+	}
+	assertWorkerDenied(ctx, t, s, d.ToolCallID, schemas.CodeDenyToolDrift)
+}
+
+// assertWorkerDenied waits for the call's decision receipt in ClickHouse
+// and checks the worker denied it with code.
+func assertWorkerDenied(ctx context.Context, t *testing.T, s *stack, id, code string) {
+	t.Helper()
+	conn, err := query.Open(ctx, s.chAddr, s.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var decision string
+	var codes []string
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err := conn.QueryRow(ctx, "SELECT decision, reason_codes FROM receipts WHERE tool_call_id = ? AND kind = 'decision' LIMIT 1", id).Scan(&decision, &codes)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no decision receipt for %s: %v", id, err)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if decision != schemas.DecisionDeny || !slices.Contains(codes, code) {
+		t.Fatalf("receipt of %s: %s %v, want deny with %s", id, decision, codes, code)
+	}
+}

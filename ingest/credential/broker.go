@@ -1,0 +1,255 @@
+package credential
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/oauthex"
+	"golang.org/x/oauth2"
+
+	"github.com/talos-audit/talos/schemas"
+)
+
+// Errors a Resolve can end in; the call is then denied. Each is also
+// named in the call's TokenHandling (PassthroughDetected, Error).
+var (
+	// ErrPassthrough: the credential to send equals the client's own token.
+	ErrPassthrough = errors.New("credential: the upstream credential equals the client's token")
+	// ErrNoSubjectToken: token_exchange, but the caller presented no JWT.
+	ErrNoSubjectToken = errors.New("credential: no client JWT to exchange")
+	// ErrExchange: the token endpoint refused or did not answer.
+	ErrExchange = errors.New("credential: token exchange failed")
+)
+
+// RFC 8693 token type identifiers the broker uses.
+const (
+	TokenTypeJWT         = "urn:ietf:params:oauth:token-type:jwt"
+	TokenTypeAccessToken = "urn:ietf:params:oauth:token-type:access_token"
+)
+
+// Options configure a Broker. Zero values mean the defaults.
+type Options struct {
+	// HTTPClient reaches the token endpoints (default: a client of its
+	// own; each exchange is bounded by its server's timeout).
+	HTTPClient *http.Client
+	// RefreshBefore is how long before its expiry a cached exchanged token
+	// is exchanged again (default 30 s).
+	RefreshBefore time.Duration
+	// DefaultLifetime is how long an exchanged token without expires_in is
+	// cached (default 1 min).
+	DefaultLifetime time.Duration
+	Now             func() time.Time
+}
+
+// Broker hands out the credential of each upstream server per call. It is
+// safe for concurrent use; exchanged tokens are cached per (principal,
+// server) until shortly before they expire, and a new client token for the
+// same principal replaces the cached one.
+type Broker struct {
+	cfg *Config
+	o   Options
+
+	mu    sync.Mutex
+	cache map[cacheKey]*cached
+}
+
+type cacheKey struct{ principal, server string }
+
+// cached is one exchanged token; mu serialises its exchanges so callers
+// of one principal wait for one exchange rather than each making one.
+type cached struct {
+	mu      sync.Mutex
+	subject [32]byte // sha256 of the client token it was exchanged for
+	token   string
+	expiry  time.Time
+}
+
+// New is a broker over a loaded configuration (nil: every server is mode
+// none).
+func New(cfg *Config, o Options) *Broker {
+	if cfg == nil {
+		cfg = &Config{servers: map[string]*server{}}
+	}
+	if o.HTTPClient == nil {
+		o.HTTPClient = &http.Client{}
+	}
+	if o.RefreshBefore <= 0 {
+		o.RefreshBefore = 30 * time.Second
+	}
+	if o.DefaultLifetime <= 0 {
+		o.DefaultLifetime = time.Minute
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Broker{cfg: cfg, o: o, cache: map[cacheKey]*cached{}}
+}
+
+// Request is one call's need for an upstream credential.
+type Request struct {
+	Principal string // the principal's name (the cache key)
+	ServerID  string
+	// Inbound is the client's own bearer token as it presented it ("" for
+	// the stdio session); never sent upstream.
+	Inbound string
+	// SubjectToken is the client's validated JWT, the token exchanged in
+	// mode token_exchange; "" when the caller presented none (stdio, or a
+	// principal's static token, which never leaves the gateway).
+	SubjectToken string
+}
+
+// Credential is what the gateway sends the upstream for one call: Token
+// (empty in mode none) and how it was obtained.
+type Credential struct {
+	Token    string
+	Handling schemas.TokenHandling
+}
+
+// Declared is the handling a server's calls get, without obtaining a
+// credential: for calls refused before one is needed.
+func (b *Broker) Declared(serverID string) schemas.TokenHandling {
+	s := b.cfg.servers[serverID]
+	if s == nil || s.mode == schemas.TokenModeNone {
+		return schemas.TokenHandling{Mode: schemas.TokenModeNone}
+	}
+	return schemas.TokenHandling{Mode: s.mode, Audience: s.audience}
+}
+
+// Resolve obtains the credential for r (CSP MUST 5). It fails with
+// ErrPassthrough when that credential equals the client's own token
+// (compared in constant time), ErrNoSubjectToken or ErrExchange; the
+// returned Credential's Handling says so in every case, and its Token is
+// then empty.
+func (b *Broker) Resolve(ctx context.Context, r Request) (Credential, error) {
+	c := Credential{Handling: b.Declared(r.ServerID)}
+	s := b.cfg.servers[r.ServerID]
+	if s == nil || s.mode == schemas.TokenModeNone {
+		return c, nil
+	}
+	var tok string
+	switch s.mode {
+	case schemas.TokenModeSecret:
+		tok = s.secret
+	case schemas.TokenModeTokenExchange:
+		if r.SubjectToken == "" {
+			c.Handling.Error = schemas.TokenErrNoSubjectToken
+			return c, ErrNoSubjectToken
+		}
+		var err error
+		if tok, err = b.exchanged(ctx, s, r); err != nil {
+			c.Handling.Error = schemas.TokenErrEndpointUnreachable
+			var re *oauth2.RetrieveError
+			if errors.As(err, &re) || !errors.Is(err, errUnreachable) {
+				c.Handling.Error = schemas.TokenErrExchangeRefused
+			}
+			return c, fmt.Errorf("%w: %v", ErrExchange, err)
+		}
+	}
+	if Same(tok, r.Inbound) || Same(tok, r.SubjectToken) {
+		c.Handling.PassthroughDetected = true
+		return c, ErrPassthrough
+	}
+	c.Token = tok
+	return c, nil
+}
+
+// Same reports, in constant time for tokens of equal length, whether a
+// non-empty outbound credential equals an inbound token.
+func Same(outbound, inbound string) bool {
+	if outbound == "" || inbound == "" {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(outbound), []byte(inbound)) == 1
+}
+
+// errUnreachable marks an exchange that got no HTTP answer.
+var errUnreachable = errors.New("token endpoint unreachable")
+
+// exchanged is the cached exchanged token of (principal, server) for this
+// subject token, exchanged again when absent, for another subject token,
+// or within RefreshBefore of its expiry.
+func (b *Broker) exchanged(ctx context.Context, s *server, r Request) (string, error) {
+	key := cacheKey{r.Principal, r.ServerID}
+	b.mu.Lock()
+	e := b.cache[key]
+	if e == nil {
+		e = &cached{}
+		b.cache[key] = e
+	}
+	b.mu.Unlock()
+	subject := sha256.Sum256([]byte(r.SubjectToken))
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := b.o.Now()
+	if e.token != "" && e.subject == subject && now.Before(e.expiry.Add(-b.o.RefreshBefore)) {
+		return e.token, nil
+	}
+	e.token = ""
+	tok, err := b.exchange(ctx, s, r.SubjectToken)
+	if err != nil {
+		return "", err
+	}
+	expiry := tok.Expiry
+	if expiry.IsZero() {
+		expiry = now.Add(b.o.DefaultLifetime + b.o.RefreshBefore)
+	}
+	e.subject, e.token, e.expiry = subject, tok.AccessToken, expiry
+	return tok.AccessToken, nil
+}
+
+// exchange is one RFC 8693 request: grant_type token-exchange, the client's
+// JWT as subject_token, the server's audience and resource, the gateway's
+// client credentials (client_secret_post). It uses the MCP SDK's
+// oauthex.ExchangeToken, which also requires issued_token_type in the
+// answer as RFC 8693 does.
+func (b *Broker) exchange(ctx context.Context, s *server, subject string) (*oauth2.Token, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	creds := &oauthex.ClientCredentials{ClientID: s.clientID}
+	if s.clientSecret != "" {
+		creds.ClientSecretAuth = &oauthex.ClientSecretAuth{ClientSecret: s.clientSecret}
+	}
+	hc := *b.o.HTTPClient
+	hc.Transport = reachability{next: hc.Transport}
+	tok, err := oauthex.ExchangeToken(ctx, s.endpoint, &oauthex.TokenExchangeRequest{
+		RequestedTokenType: TokenTypeAccessToken,
+		Audience:           s.audience,
+		Resource:           s.resource,
+		Scope:              s.scope,
+		SubjectToken:       subject,
+		SubjectTokenType:   TokenTypeJWT,
+	}, creds, &hc)
+	if err != nil {
+		return nil, err
+	}
+	if tok.AccessToken == "" {
+		return nil, errors.New("the token endpoint issued an empty token")
+	}
+	return tok, nil
+}
+
+// reachability marks a round trip that got no HTTP answer (errUnreachable),
+// so an endpoint that is down is told apart from one that refuses.
+type reachability struct{ next http.RoundTripper }
+
+func (t reachability) RoundTrip(r *http.Request) (*http.Response, error) {
+	next := t.next
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	resp, err := next.RoundTrip(r)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errUnreachable, err)
+	}
+	if resp.StatusCode >= 500 {
+		resp.Body.Close()
+		return nil, fmt.Errorf("%w: HTTP %d", errUnreachable, resp.StatusCode)
+	}
+	return resp, nil
+}

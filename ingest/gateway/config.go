@@ -1,0 +1,260 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/nats-io/nats.go"
+
+	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/ingest/credential"
+	"github.com/talos-audit/talos/ingest/mcpup"
+	"github.com/talos-audit/talos/ingest/natsauth"
+	"github.com/talos-audit/talos/ingest/sandbox"
+	"github.com/talos-audit/talos/schemas"
+)
+
+// ErrUsage is wrapped by the errors of a Config that cannot be honoured as
+// given (a flag's value, a file it names): the operator's to fix.
+// talos-mcp-gateway exits 2 on them. The message is the underlying error's.
+var ErrUsage = errors.New("gateway: bad configuration")
+
+// usageError marks err as ErrUsage without changing its message.
+type usageError struct{ err error }
+
+func (e usageError) Error() string   { return e.err.Error() }
+func (e usageError) Unwrap() []error { return []error{e.err, ErrUsage} }
+
+// Config is the gateway as its operator describes it: talos-mcp-gateway
+// fills it from its flags (the field comments name them), Prepare
+// validates it and composes the parts. Zero values mean the defaults of
+// Options and of the packages the parts come from.
+type Config struct {
+	EPID      string   // --ep-id
+	Registry  string   // --registry: a manifest file or a directory of them
+	Upstreams []string // --upstream: '<server_id>=<command> [args...]' or '<server_id>=<url>'
+	// Credentials is the --credentials file; "": every server mode none.
+	Credentials string
+	NATS        natsauth.Login // --nats-url, --nats-user, --nats-password, --nats-auth
+
+	// The stdio mode's one principal: --capability, --agent-key,
+	// --agent-id (default: the chain's holder, else EPID), --session-id.
+	Capability, AgentKey, AgentID, SessionID string
+	// Principals is the --principals file of the HTTP mode's callers.
+	Principals string
+	HTTP       HTTPConfig
+
+	Workspaces []string // --workspace: '<server_id>=<dir>'
+	Sandbox    SandboxConfig
+
+	BlockNetworkOutbound bool     // --block-network-outbound
+	AllowNetworkTool     []string // --allow-network-tool
+	DecisionTimeout      time.Duration
+	ApprovalTimeout      time.Duration
+	MaxEnvelopeBytes     int
+
+	Logger  *slog.Logger // default slog.Default()
+	Version string       // the gateway's MCP implementation version
+	// LookupEnv reads the gateway's environment (default os.LookupEnv).
+	LookupEnv func(string) (string, bool)
+}
+
+// SandboxConfig is --sandbox and its flags (CSP MUST 8, ingest/sandbox).
+type SandboxConfig struct {
+	Enabled  bool     // --sandbox: every stdio upstream runs sandboxed
+	ReadOnly []string // --sandbox-ro: host paths every sandbox sees read-only
+	Egress   []string // --sandbox-egress: '<server_id>=<host>:<port>'
+	Env      []string // --sandbox-env: '<server_id>=<NAME>'
+	Bwrap    string   // --sandbox-bwrap
+}
+
+// Setup is a prepared Config: everything the gateway needs before its
+// upstreams and NATS are connected. Close it after the upstreams.
+type Setup struct {
+	Registry   *enforce.Registry
+	Discovery  enforce.Discovery
+	Principals []*Principal // the stdio principal, or the HTTP callers
+	// HTTP is the HTTP mode's options; nil: the stdio mode.
+	HTTP *HTTPOptions
+	// Upstreams are the parsed --upstream specs, sandboxed with --sandbox.
+	Upstreams   []mcpup.Spec
+	Credentials *credential.Broker
+	Workspaces  map[string]string
+	// NATS are the options that connect as this enforcement point and
+	// keep reconnecting forever (calls are denied while disconnected).
+	NATS []nats.Option
+
+	cfg       Config
+	sandboxes sandbox.Set
+}
+
+// Prepare validates c and composes its parts, in this order: the ep id,
+// the registry, the principals, the HTTP mode (NewHTTPOptions), the
+// upstreams, the credentials (credential.LoadBroker), the NATS login,
+// the workspaces (Workspaces) and, with c.Sandbox.Enabled, a sandbox per
+// stdio upstream (sandbox.ForUpstreams; ctx bounds its trial runs). The
+// first error stops it; a configuration error wraps ErrUsage, a sandbox
+// that cannot be set up does not.
+func Prepare(ctx context.Context, c Config) (*Setup, error) {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.LookupEnv == nil {
+		c.LookupEnv = os.LookupEnv
+	}
+	s := &Setup{cfg: c}
+	if err := s.configure(); err != nil {
+		return nil, usageError{err}
+	}
+	var err error
+	if s.sandboxes, err = s.sandbox(ctx); err != nil {
+		if errors.Is(err, sandbox.ErrConfig) {
+			err = usageError{err}
+		}
+		return nil, err
+	}
+	return s, nil
+}
+
+// configure is Prepare up to the sandboxes; every error is a usage error.
+func (s *Setup) configure() error {
+	c := &s.cfg
+	if !schemas.ValidID(c.EPID) {
+		return fmt.Errorf("--ep-id %q must match %s", c.EPID, schemas.IDPattern)
+	}
+	var err error
+	if s.Registry, err = enforce.LoadRegistry(c.Registry); err != nil {
+		return err
+	}
+	s.Discovery = enforce.Discovery{Registry: s.Registry, BlockNetwork: c.BlockNetworkOutbound, AllowNetwork: c.AllowNetworkTool}
+	if s.Principals, err = c.principals(); err != nil {
+		return err
+	}
+	if s.HTTP, err = NewHTTPOptions(c.HTTP, s.Principals, c.Logger); err != nil {
+		return err
+	}
+	if s.Upstreams, err = mcpup.ParseSpecs(c.Upstreams); err != nil {
+		return fmt.Errorf("--upstream: %w", err)
+	}
+	ups := make([]credential.Upstream, len(s.Upstreams))
+	for i, u := range s.Upstreams {
+		ups[i] = credential.Upstream{ServerID: u.ServerID, URL: u.URL}
+	}
+	if s.Credentials, err = credential.LoadBroker(c.Credentials, ups, c.LookupEnv, credential.Options{}); err != nil {
+		return err
+	}
+	if s.NATS, err = natsOptions(c.NATS, c.EPID); err != nil {
+		return err
+	}
+	s.Workspaces, err = Workspaces(c.Workspaces, s.Upstreams, s.Registry, c.Logger)
+	return err
+}
+
+// principals is the stdio principal (EPID its default agent id), or the
+// HTTP callers of the principals file.
+func (c *Config) principals() ([]*Principal, error) {
+	if c.HTTP.Listen == "" {
+		if c.Principals != "" {
+			return nil, errors.New("--principals is for --listen (HTTP); stdio serves the one principal of --capability/--agent-key")
+		}
+		p, err := LoadPrincipal("stdio", c.AgentID, c.Capability, c.AgentKey)
+		if err != nil {
+			return nil, err
+		}
+		if p.AgentID == "" {
+			p.AgentID = c.EPID
+		}
+		return []*Principal{p}, nil
+	}
+	if c.Principals == "" {
+		return nil, errors.New("--listen needs --principals (who may call, and as whom)")
+	}
+	if c.Capability != "" || c.AgentKey != "" {
+		return nil, errors.New("with --listen, capabilities and keys are per principal, in --principals")
+	}
+	return LoadPrincipals(c.Principals)
+}
+
+// natsOptions log in as enforcement point epID and keep reconnecting
+// forever.
+func natsOptions(l natsauth.Login, epID string) ([]nats.Option, error) {
+	creds, err := l.Options(schemas.NATSRoleEnforcement, epID)
+	if err != nil {
+		return nil, fmt.Errorf("--nats-auth: %w", err)
+	}
+	return append([]nats.Option{
+		nats.Name("talos-mcp-gateway " + epID),
+		nats.RetryOnFailedConnect(true),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.Timeout(2 * time.Second),
+	}, creds...), nil
+}
+
+// sandbox is the sandboxes of --sandbox; without it, no sandbox flag may
+// be given. An error that is the flags' wraps ErrUsage or
+// sandbox.ErrConfig.
+func (s *Setup) sandbox(ctx context.Context) (sandbox.Set, error) {
+	sc, specs := s.cfg.Sandbox, s.Upstreams
+	if !sc.Enabled {
+		if len(sc.ReadOnly)+len(sc.Egress)+len(sc.Env) > 0 {
+			return nil, usageError{errors.New("the --sandbox-* flags need --sandbox")}
+		}
+		return nil, nil
+	}
+	egress, err := ServerFlag{Name: "sandbox-egress", StdioOnly: true}.Parse(sc.Egress, specs)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	env, err := ServerFlag{Name: "sandbox-env", StdioOnly: true}.Parse(sc.Env, specs)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return sandbox.ForUpstreams(ctx, specs, s.Registry, sandbox.Upstreams{Workspaces: s.Workspaces, ReadOnly: sc.ReadOnly,
+		Egress: egress, Env: env, LookupEnv: s.cfg.LookupEnv, Bwrap: sc.Bwrap, Logger: s.cfg.Logger})
+}
+
+// Close stops the sandboxes; call it after the upstreams are closed.
+func (s *Setup) Close() { s.sandboxes.Close() }
+
+// ConnectUpstreams connects the upstreams (ConnectUpstreams) with their
+// credentials, the gateway named to them as talos-mcp-gateway.
+func (s *Setup) ConnectUpstreams(ctx context.Context) ([]*Upstream, error) {
+	return ConnectUpstreams(ctx, s.Upstreams, &mcp.Implementation{Name: "talos-mcp-gateway", Version: s.cfg.Version}, s.cfg.Logger, s.Credentials)
+}
+
+// New is the Gateway of the setup over connected upstreams and NATS
+// (New); an error wraps ErrUsage.
+func (s *Setup) New(nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
+	c := &s.cfg
+	g, err := New(Options{
+		EPID: c.EPID, Registry: s.Registry, Discovery: s.Discovery,
+		DecisionTimeout: c.DecisionTimeout, ApprovalTimeout: c.ApprovalTimeout,
+		MaxEnvelopeBytes: c.MaxEnvelopeBytes, StdioSession: c.SessionID, Logger: c.Logger, Version: c.Version,
+		Credentials: s.Credentials,
+		Workspaces:  s.Workspaces,
+	}, nc, ups)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return g, nil
+}
+
+// Serve serves g until ctx ends: streamable HTTP (ListenHTTP) when the
+// setup has HTTP options, else the stdio principal over stdin and stdout.
+// The end of ctx is not an error.
+func (s *Setup) Serve(ctx context.Context, g *Gateway) error {
+	if s.HTTP != nil {
+		return g.ListenHTTP(ctx, *s.HTTP)
+	}
+	err := g.Server(s.Principals[0]).Run(ctx, &mcp.StdioTransport{})
+	if ctx.Err() != nil || errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,242 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/ingest/mcpup"
+	"github.com/talos-audit/talos/ingest/natsauth"
+	"github.com/talos-audit/talos/ingest/sandbox"
+	"github.com/talos-audit/talos/testenv"
+)
+
+var configSpecs = []mcpup.Spec{
+	{ServerID: "fs", Command: []string{"node", "fs.js"}},
+	{ServerID: "echo", Command: []string{"node", "echo.js"}},
+	{ServerID: "docs", URL: "https://docs.example/mcp"},
+}
+
+func TestServerFlagParse(t *testing.T) {
+	even := func(_, v string) error {
+		if len(v)%2 != 0 {
+			return errors.New("odd " + v)
+		}
+		return nil
+	}
+	cases := []struct {
+		name string
+		f    ServerFlag
+		vals []string
+		want map[string][]string
+		err  string
+	}{
+		{"values per server in order", ServerFlag{Name: "x"}, []string{"fs=a", "docs=b", "fs=c=d"},
+			map[string][]string{"fs": {"a", "c=d"}, "docs": {"b"}}, ""},
+		{"none", ServerFlag{Name: "x"}, nil, map[string][]string{}, ""},
+		{"no equals", ServerFlag{Name: "x"}, []string{"fs"}, nil, `--x "fs": want <server_id>=<value>`},
+		{"empty value, named", ServerFlag{Name: "x", Value: "dir"}, []string{"fs="}, nil, `--x "fs=": want <server_id>=<dir>`},
+		{"unknown server", ServerFlag{Name: "x"}, []string{"nope=a"}, nil, `--x: "nope" is not an --upstream`},
+		{"HTTP server where stdio is needed", ServerFlag{Name: "x", StdioOnly: true}, []string{"fs=a", "docs=b"}, nil, `--x: "docs" is not a stdio --upstream`},
+		{"stdio only accepts stdio", ServerFlag{Name: "x", StdioOnly: true}, []string{"echo=a"}, map[string][]string{"echo": {"a"}}, ""},
+		{"twice where unique", ServerFlag{Name: "x", Unique: true}, []string{"fs=a", "fs=a"}, nil, `--x: server "fs" has more than one`},
+		{"twice allowed", ServerFlag{Name: "x"}, []string{"fs=a", "fs=a"}, map[string][]string{"fs": {"a", "a"}}, ""},
+		{"check", ServerFlag{Name: "x", Check: even}, []string{"fs=ab", "echo=abc"}, nil, "odd abc"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := c.f.Parse(c.vals, configSpecs)
+			if c.err != "" {
+				if err == nil || err.Error() != c.err {
+					t.Fatalf("err %v, want %q", err, c.err)
+				}
+				return
+			}
+			if err != nil || !reflect.DeepEqual(got, c.want) {
+				t.Fatalf("%v, %v; want %v", got, err, c.want)
+			}
+		})
+	}
+}
+
+// configRegistry: fs defers its workspace to the gateway, echo declares
+// /srv/echo, docs says nothing.
+func configRegistry(t *testing.T) *enforce.Registry {
+	t.Helper()
+	m := func(server, tool string) []byte {
+		return []byte(`{"schema_id":"talos.mcp.tool_registry","schema_version":"v1","server_id":"` + server + `","tools":[` + tool + `]}`)
+	}
+	tool := func(extra string) string {
+		return `{"tool_name":"t","tool_class":"read","is_document_op":false` + extra + `}`
+	}
+	reg, err := enforce.NewRegistry(
+		m("fs", tool(`,"path_pointers":["/path"],"workspace_root":"enforcement_point"`)),
+		m("echo", tool(`,"path_pointers":["/path"],"workspace_root":"/srv/echo"`)),
+		m("docs", tool("")),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg
+}
+
+func TestWorkspaces(t *testing.T) {
+	reg := configRegistry(t)
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	ws, err := Workspaces([]string{"docs=/srv/docs/./x/", "echo=/srv/echo"}, configSpecs, reg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]string{"docs": "/srv/docs/x", "echo": "/srv/echo"}; !reflect.DeepEqual(ws, want) {
+		t.Fatalf("workspaces %v, want %v", ws, want)
+	}
+	if !strings.Contains(logs.String(), "server_id=fs") || strings.Count(logs.String(), "level=WARN") != 1 {
+		t.Fatalf("want one warning, for fs:\n%s", logs.String())
+	}
+	for _, c := range []struct{ vals []string }{
+		{[]string{"fs=rel/dir"}}, {[]string{"fs=/a", "fs=/b"}}, {[]string{"nope=/a"}}, {[]string{"echo=/srv/other"}}, {[]string{"fs"}},
+	} {
+		if _, err := Workspaces(c.vals, configSpecs, reg, log); err == nil {
+			t.Fatalf("%q: no error", c.vals)
+		}
+	}
+	if _, err := Workspaces([]string{"echo=/srv/other"}, configSpecs, reg, log); err == nil ||
+		err.Error() != "--workspace echo=/srv/other: the registry's workspace_root for echo is /srv/echo" {
+		t.Fatalf("a workspace the registry contradicts: %v", err)
+	}
+}
+
+func TestNewHTTPOptions(t *testing.T) {
+	dir := t.TempDir()
+	tlsFiles := testenv.NewTLSFiles(t, dir)
+	is := testenv.NewIssuer(t, t.TempDir())
+	static := []*Principal{{Name: "a", TokenSHA256: hexSHA("t")}}
+	jwtOnly := []*Principal{{Name: "b", JWTSubject: "b"}}
+	tlsOn := HTTPConfig{Listen: "0.0.0.0:0", TLSCert: tlsFiles.CertFile, TLSKey: tlsFiles.KeyFile}
+	withJWT := func(c HTTPConfig, file string) HTTPConfig {
+		c.JWTIssuer, c.JWTAudience, c.JWKSFile = is.Name, testAudience, file
+		return c
+	}
+	cases := []struct {
+		name       string
+		c          HTTPConfig
+		principals []*Principal
+		err        string
+	}{
+		{"stdio with TLS", HTTPConfig{TLSCert: tlsFiles.CertFile}, static, "are for --listen"},
+		{"stdio with JWT", HTTPConfig{JWTIssuer: "i"}, static, "are for --listen"},
+		{"no TLS off loopback", HTTPConfig{Listen: "0.0.0.0:0"}, static, "--tls-cert"},
+		{"cert without key", HTTPConfig{Listen: "0.0.0.0:0", TLSCert: tlsFiles.CertFile}, static, "go together"},
+		{"JWT-only principal without JWT", tlsOn, jwtOnly, "principal b is reached by JWT only"},
+		{"unreadable JWKS file", withJWT(tlsOn, filepath.Join(dir, "missing.json")), jwtOnly, "--jwks-file"},
+		{"symmetric algorithm", func() HTTPConfig { c := withJWT(tlsOn, is.JWKSFile); c.JWTAlgorithms = []string{"HS256"}; return c }(), jwtOnly, "not allowed"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if o, err := NewHTTPOptions(c.c, c.principals, nil); err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Fatalf("%+v, %v; want an error naming %q", o, err, c.err)
+			}
+		})
+	}
+	if o, err := NewHTTPOptions(HTTPConfig{}, static, nil); o != nil || err != nil {
+		t.Fatalf("stdio: %+v, %v; want nil, nil", o, err)
+	}
+	o, err := NewHTTPOptions(HTTPConfig{Listen: "127.0.0.1:0", InsecurePlainHTTP: true, RefusalRate: 2, RefusalBurst: 7}, static, nil)
+	if err != nil || o.TLS != nil || o.JWT != nil || o.Keys != nil || o.Refusals.PerSource != 2 || o.Refusals.PerSourceBurst != 7 {
+		t.Fatalf("plain loopback: %+v, %v", o, err)
+	}
+	o, err = NewHTTPOptions(withJWT(tlsOn, is.JWKSFile), jwtOnly, nil)
+	if err != nil || o.TLS == nil || o.JWT == nil || o.Keys == nil || o.Addr != "0.0.0.0:0" || len(o.Principals) != 1 {
+		t.Fatalf("TLS and JWT: %+v, %v", o, err)
+	}
+}
+
+// TestPrepare: a Config is validated in order, its mistakes are ErrUsage
+// and a sandbox that cannot be set up is not; a good one is composed.
+func TestPrepare(t *testing.T) {
+	dir := t.TempDir()
+	reg := filepath.Join(dir, "registry.json")
+	if err := os.WriteFile(reg, []byte(`{"schema_id":"talos.mcp.tool_registry","schema_version":"v1","server_id":"fs","tools":[`+
+		`{"tool_name":"read","tool_class":"read","is_document_op":false,"path_pointers":["/path"],"workspace_root":"enforcement_point"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := func() Config {
+		return Config{EPID: "gw-1", Registry: reg, Upstreams: []string{"fs=/bin/true", "docs=https://docs.example/mcp"},
+			NATS: natsauth.Login{UsersFile: natsauth.None}, Logger: slog.New(slog.DiscardHandler)}
+	}
+	cases := []struct {
+		name  string
+		edit  func(*Config)
+		usage bool
+		want  string
+	}{
+		{"bad ep id", func(c *Config) { c.EPID = "GW 1" }, true, "--ep-id"},
+		{"missing registry", func(c *Config) { c.Registry = filepath.Join(dir, "none") }, true, "none"},
+		{"principals in stdio", func(c *Config) { c.Principals = reg }, true, "--principals is for --listen"},
+		{"listen without principals", func(c *Config) { c.HTTP.Listen = "127.0.0.1:0" }, true, "--listen needs --principals"},
+		{"TLS in stdio", func(c *Config) { c.HTTP.TLSKey = reg }, true, "are for --listen"},
+		{"bad upstream", func(c *Config) { c.Upstreams = []string{"fs"} }, true, "--upstream: "},
+		{"upstream twice", func(c *Config) { c.Upstreams = []string{"fs=/bin/true", "fs=/bin/false"} }, true, `--upstream: server_id "fs" given twice`},
+		{"credentials for an unknown server", func(c *Config) { c.Credentials = writeFile(t, dir, `{"servers":{"x":{"mode":"none"}}}`) }, true, "not an upstream"},
+		{"NATS users file missing", func(c *Config) { c.NATS.UsersFile = filepath.Join(dir, "users") }, true, "--nats-auth: "},
+		{"relative workspace", func(c *Config) { c.Workspaces = []string{"fs=ws"} }, true, "not an absolute path"},
+		{"sandbox flags without --sandbox", func(c *Config) { c.Sandbox.ReadOnly = []string{dir} }, true, "need --sandbox"},
+		{"egress for an HTTP upstream", func(c *Config) { c.Sandbox = SandboxConfig{Enabled: true, Egress: []string{"docs=a:1"}} }, true, "not a stdio --upstream"},
+		{"sandbox without a workspace", func(c *Config) { c.Sandbox.Enabled = true }, true, "no workspace for server"},
+		{"sandbox variable unset", func(c *Config) {
+			c.Sandbox = SandboxConfig{Enabled: true, Env: []string{"fs=X"}}
+			c.Workspaces = []string{"fs=" + dir}
+			c.LookupEnv = func(string) (string, bool) { return "", false }
+		}, true, "X is not set"},
+		{"bwrap missing", func(c *Config) {
+			c.Sandbox = SandboxConfig{Enabled: true, Bwrap: "/nonexistent/bwrap"}
+			c.Workspaces = []string{"fs=" + dir}
+		}, false, "bubblewrap not found"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := base()
+			c.edit(&cfg)
+			s, err := Prepare(context.Background(), cfg)
+			if err == nil || !strings.Contains(err.Error(), c.want) || errors.Is(err, ErrUsage) != c.usage {
+				t.Fatalf("%v, %v; want an error naming %q, ErrUsage %v", s, err, c.want, c.usage)
+			}
+			if !c.usage && !errors.Is(err, sandbox.ErrSetup) {
+				t.Fatalf("%v: want sandbox.ErrSetup", err)
+			}
+		})
+	}
+	cfg := base()
+	cfg.Workspaces = []string{"fs=" + dir + "/"}
+	s, err := Prepare(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if len(s.Principals) != 1 || s.Principals[0].Name != "stdio" || s.Principals[0].AgentID != "gw-1" || s.HTTP != nil ||
+		len(s.Upstreams) != 2 || s.Upstreams[0].Wrap != nil || s.Workspaces["fs"] != dir || len(s.NATS) == 0 ||
+		s.Credentials == nil || s.Discovery.Registry != s.Registry || s.Registry == nil {
+		t.Fatalf("setup %+v", s)
+	}
+}
+
+func writeFile(t *testing.T, dir, content string) string {
+	t.Helper()
+	f, err := os.CreateTemp(dir, "*.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(content); err != nil {
+		t.Fatal(err)
+	}
+	return f.Name()
+}

@@ -1,0 +1,68 @@
+package gateway
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/talos-audit/talos/ingest/credential"
+	"github.com/talos-audit/talos/schemas"
+)
+
+// credential obtains the upstream credential of a call before it is
+// published, and records how in its envelope's token_handling, which the
+// worker copies into the receipt (CSP MUST 5, CRED-03). A call the gateway
+// already refuses, or that no upstream serves, gets its server's declared
+// handling without a credential. A credential equal to the client's own
+// token (CRED-02), or none to be had (fail closed), is a local refusal the
+// worker repeats from the envelope: DENY_TOKEN_PASSTHROUGH,
+// DENY_CREDENTIAL_UNAVAILABLE.
+func (g *Gateway) credential(ctx context.Context, c *pending) {
+	th := g.creds.Declared(c.pre.ServerID)
+	c.pre.TokenHandling = &th
+	if !c.routed || len(c.local) > 0 {
+		return
+	}
+	inbound := bearerOf(c.req)
+	subject := inbound
+	if isStaticToken(c.p, inbound) {
+		subject = "" // a principal's static token is the gateway's to check, never a token to exchange
+	}
+	cred, err := g.creds.Resolve(ctx, credential.Request{Principal: c.p.Name, ServerID: c.pre.ServerID, Inbound: inbound, SubjectToken: subject})
+	c.pre.TokenHandling = &cred.Handling
+	c.cred = cred
+	switch {
+	case errors.Is(err, credential.ErrPassthrough):
+		c.local = append(c.local, schemas.CodeDenyTokenPassthrough)
+		c.localDetail = "the credential for " + c.pre.ServerID + " equals the client's own token; it is never passed through"
+		g.log.Warn("call refused: token passthrough", "server", c.pre.ServerID, "principal", c.p.Name, "mode", cred.Handling.Mode)
+	case err != nil:
+		c.local = append(c.local, schemas.CodeDenyCredentialUnavailable)
+		c.localDetail = "no credential for " + c.pre.ServerID + " (" + cred.Handling.Error + ")"
+		g.log.Warn("call refused: no upstream credential", "server", c.pre.ServerID, "principal", c.p.Name, "err", err)
+	}
+}
+
+// bearerOf is the bearer token of the HTTP request that carried req; ""
+// over stdio.
+func bearerOf(req *mcp.CallToolRequest) string {
+	if req.Extra == nil || req.Extra.Header == nil {
+		return ""
+	}
+	tok, _ := strings.CutPrefix(req.Extra.Header.Get("Authorization"), "Bearer ")
+	return tok
+}
+
+// isStaticToken reports whether tok is p's static bearer token.
+func isStaticToken(p *Principal, tok string) bool {
+	if tok == "" || p.TokenSHA256 == "" {
+		return false
+	}
+	sum := sha256.Sum256([]byte(tok))
+	return subtle.ConstantTimeCompare([]byte(p.TokenSHA256), []byte(hex.EncodeToString(sum[:]))) == 1
+}

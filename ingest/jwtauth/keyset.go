@@ -1,0 +1,237 @@
+package jwtauth
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+)
+
+// Defaults of KeySetOptions.
+const (
+	DefaultRefresh  = 5 * time.Minute
+	DefaultMaxStale = 15 * time.Minute
+	// minKick is the least time between two refreshes that an unknown
+	// key id asks for (a rotation at the issuer), so tokens naming made-up
+	// key ids cannot make the gateway fetch without end.
+	minKick = 30 * time.Second
+	// retryFailed is the most Run waits to try again after a failed read.
+	retryFailed = 10 * time.Second
+	// maxJWKSBytes bounds a key set document.
+	maxJWKSBytes = 1 << 20
+)
+
+// KeySetOptions say where a KeySet reads its keys and how long it trusts
+// them. Exactly one of File and URL is set; zero durations mean the
+// defaults.
+type KeySetOptions struct {
+	// File is a JWKS document on disk, read again at every refresh (so a
+	// rotated file is picked up).
+	File string
+	// URL is the issuer's JWKS endpoint; it MUST be https.
+	URL string
+	// Refresh is how often the keys are read again (DefaultRefresh).
+	Refresh time.Duration
+	// MaxStale is how long the last keys read stay in use while reading
+	// them again fails (DefaultMaxStale). Past it no key is known and
+	// every token is refused (KeysUnavailable): a key the issuer may have
+	// withdrawn is never trusted indefinitely.
+	MaxStale time.Duration
+	// HTTPClient fetches URL (default: a 10 s timeout, TLS 1.2 or later,
+	// the system's roots).
+	HTTPClient *http.Client
+	// Now is the clock (default time.Now).
+	Now    func() time.Time
+	Logger *slog.Logger
+}
+
+// KeySet is the issuer's public signing keys (a JSON Web Key Set), kept
+// current by Run. It is safe for concurrent use.
+type KeySet struct {
+	o    KeySetOptions
+	kick chan struct{} // an unknown key id asks Run for a refresh
+
+	mu      sync.Mutex
+	keys    map[string]jose.JSONWebKey // by key id
+	fetched time.Time                  // last successful read; zero: never
+	kicked  time.Time                  // last refresh an unknown key id asked for
+}
+
+// NewKeySet checks o; it reads nothing (Refresh or Run do).
+func NewKeySet(o KeySetOptions) (*KeySet, error) {
+	switch {
+	case (o.File == "") == (o.URL == ""):
+		return nil, errors.New("jwtauth: exactly one of a JWKS file and a JWKS URL is needed")
+	case o.URL != "":
+		u, err := url.Parse(o.URL)
+		if err != nil || u.Scheme != "https" || u.Host == "" {
+			return nil, fmt.Errorf("jwtauth: JWKS URL %q: an https:// URL is required", o.URL)
+		}
+	}
+	if o.Refresh <= 0 {
+		o.Refresh = DefaultRefresh
+	}
+	if o.MaxStale <= 0 {
+		o.MaxStale = DefaultMaxStale
+	}
+	if o.MaxStale < o.Refresh {
+		return nil, fmt.Errorf("jwtauth: the JWKS may not go stale (%s) before its next refresh (%s)", o.MaxStale, o.Refresh)
+	}
+	if o.HTTPClient == nil {
+		o.HTTPClient = &http.Client{Timeout: 10 * time.Second,
+			Transport: &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12}, Proxy: http.ProxyFromEnvironment}}
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return &KeySet{o: o, kick: make(chan struct{}, 1)}, nil
+}
+
+// Source names where the keys come from, for logs.
+func (k *KeySet) Source() string {
+	if k.o.URL != "" {
+		return k.o.URL
+	}
+	return k.o.File
+}
+
+// Refresh reads the keys now. On failure the keys read before stay in use
+// until they are MaxStale old.
+func (k *KeySet) Refresh(ctx context.Context) error {
+	b, err := k.read(ctx)
+	if err != nil {
+		return err
+	}
+	keys, err := parseKeys(b)
+	if err != nil {
+		return err
+	}
+	k.mu.Lock()
+	k.keys, k.fetched = keys, k.o.Now()
+	k.mu.Unlock()
+	return nil
+}
+
+// Run refreshes the keys every Refresh, and soon after a token names a key
+// id the set does not hold, until ctx ends. A failed read is logged and
+// tried again within retryFailed (sooner than Refresh, so a gateway that
+// started without keys does not refuse every caller for long). The caller
+// owns the goroutine running Run.
+func (k *KeySet) Run(ctx context.Context) {
+	t := time.NewTimer(k.o.Refresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-k.kick:
+			t.Stop()
+		}
+		next := k.o.Refresh
+		if err := k.Refresh(ctx); err != nil && ctx.Err() == nil {
+			next = min(next, retryFailed)
+			k.o.Logger.Warn("JWKS not refreshed; the keys read before stay in use until they are stale",
+				"source", k.Source(), "max_stale", k.o.MaxStale, "retry_in", next, "err", err)
+		}
+		t.Reset(next)
+	}
+}
+
+// lookup is the key of id that may verify a signature made with alg.
+func (k *KeySet) lookup(id, alg string) (jose.JSONWebKey, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	now := k.o.Now()
+	if k.fetched.IsZero() || now.Sub(k.fetched) > k.o.MaxStale {
+		return jose.JSONWebKey{}, &Error{Reason: KeysUnavailable, Err: fmt.Errorf("no current JWKS from %s", k.Source())}
+	}
+	key, ok := k.keys[id]
+	if !ok {
+		if now.Sub(k.kicked) >= minKick {
+			k.kicked = now
+			select {
+			case k.kick <- struct{}{}:
+			default:
+			}
+		}
+		return jose.JSONWebKey{}, &Error{Reason: UnknownKey, Err: fmt.Errorf("key id %q is not in the JWKS", id)}
+	}
+	if key.Algorithm != "" && key.Algorithm != alg {
+		return jose.JSONWebKey{}, &Error{Reason: AlgorithmNotAllowed, Err: fmt.Errorf("key %q is for %s, the token says %s", id, key.Algorithm, alg)}
+	}
+	return key, nil
+}
+
+func (k *KeySet) read(ctx context.Context) ([]byte, error) {
+	if k.o.File != "" {
+		b, err := os.ReadFile(k.o.File)
+		if err != nil {
+			return nil, fmt.Errorf("jwtauth: %w", err)
+		}
+		return b, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.o.URL, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "application/json, application/jwk-set+json")
+	resp, err := k.o.HTTPClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("jwtauth: fetch JWKS: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("jwtauth: fetch JWKS %s: HTTP %d", k.o.URL, resp.StatusCode)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxJWKSBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("jwtauth: fetch JWKS: %w", err)
+	}
+	if len(b) > maxJWKSBytes {
+		return nil, fmt.Errorf("jwtauth: JWKS from %s is larger than %d bytes", k.o.URL, maxJWKSBytes)
+	}
+	return b, nil
+}
+
+// parseKeys reads a JWKS document: its public signing keys by key id. A
+// document holding a private key, or two keys under one id, is refused
+// whole; keys without an id, or for another use than signing, are left out.
+func parseKeys(b []byte) (map[string]jose.JSONWebKey, error) {
+	var set jose.JSONWebKeySet
+	if err := json.Unmarshal(b, &set); err != nil {
+		return nil, fmt.Errorf("jwtauth: JWKS: %w", err)
+	}
+	keys := map[string]jose.JSONWebKey{}
+	for _, key := range set.Keys {
+		if !key.IsPublic() {
+			return nil, errors.New("jwtauth: JWKS holds a private key; publish only public keys")
+		}
+		if key.KeyID == "" || (key.Use != "" && key.Use != "sig") {
+			continue
+		}
+		if _, dup := keys[key.KeyID]; dup {
+			return nil, fmt.Errorf("jwtauth: JWKS has two keys with id %q", key.KeyID)
+		}
+		keys[key.KeyID] = key
+	}
+	if len(keys) == 0 {
+		return nil, errors.New("jwtauth: JWKS has no signing key with a key id")
+	}
+	return keys, nil
+}
