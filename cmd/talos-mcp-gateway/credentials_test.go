@@ -1,12 +1,18 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -25,37 +31,99 @@ import (
 	"github.com/talos-audit/talos/testenv"
 )
 
-// recorder is a streamable-HTTP MCP server offering everything's echo
-// tool that records the Authorization header of every tools/call it runs.
-type recorder struct {
-	mu    sync.Mutex
-	auths []string
-	url   string
-}
-
-func newRecorder(t *testing.T) *recorder {
-	r := &recorder{}
-	srv := mcp.NewServer(&mcp.Implementation{Name: "recorder", Version: "1"}, nil)
-	type echoIn struct {
-		Message string `json:"message"`
+// startEverythingHTTP runs the npm server-everything over streamable HTTP
+// on a free port and returns its base URL once it listens.
+func startEverythingHTTP(t *testing.T) string {
+	t.Helper()
+	port := strconv.Itoa(freePort(t))
+	srv := exec.Command(testenv.MCPBin(t, testenv.MCPServerEverything), "streamableHttp")
+	srv.Env = append(os.Environ(), "PORT="+port)
+	stderr, err := srv.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
 	}
-	mcp.AddTool(srv, &mcp.Tool{Name: "echo", Description: "Echoes the message."},
-		func(_ context.Context, req *mcp.CallToolRequest, in echoIn) (*mcp.CallToolResult, any, error) {
-			r.mu.Lock()
-			r.auths = append(r.auths, req.Extra.Header.Get("Authorization"))
-			r.mu.Unlock()
-			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "Echo: " + in.Message}}}, nil, nil
-		})
-	hs := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
-	t.Cleanup(hs.Close)
-	r.url = hs.URL + "/mcp"
-	return r
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	drained := make(chan struct{})
+	t.Cleanup(func() { _ = srv.Process.Kill(); <-drained; _ = srv.Wait() })
+	ready := make(chan bool, 1)
+	go func() { // owned by the cleanup above, which waits for drained
+		defer close(drained)
+		sc := bufio.NewScanner(stderr)
+		said := false
+		for sc.Scan() {
+			if !said && strings.Contains(sc.Text(), "listening on port "+port) {
+				said = true
+				ready <- true
+			}
+		}
+		if !said {
+			ready <- false
+		}
+	}()
+	select {
+	case ok := <-ready:
+		if !ok {
+			t.Fatal("mcp-server-everything streamableHttp exited before listening")
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("mcp-server-everything streamableHttp is not listening after 60s")
+	}
+	return "http://127.0.0.1:" + port
 }
 
-func (r *recorder) calls() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.auths)
+// seen is one request an authProxy forwarded: its JSON-RPC method ("" for
+// a GET stream, a DELETE or a response) and its Authorization header.
+type seen struct {
+	method, auth string
+}
+
+// authProxy is a reverse proxy in front of a real upstream that records
+// the Authorization header of every request it forwards.
+type authProxy struct {
+	mu   sync.Mutex
+	reqs []seen
+	url  string
+}
+
+func newAuthProxy(t *testing.T, target string) *authProxy {
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &authProxy{}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		var msg struct {
+			Method string `json:"method"`
+		}
+		_ = json.Unmarshal(body, &msg)
+		p.mu.Lock()
+		p.reqs = append(p.reqs, seen{method: msg.Method, auth: r.Header.Get("Authorization")})
+		p.mu.Unlock()
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(hs.Close)
+	p.url = hs.URL + "/mcp"
+	return p
+}
+
+// split is the Authorization headers of the tools/call requests the proxy
+// forwarded, and those of all its other requests (the session's own).
+func (p *authProxy) split() (calls, session []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range p.reqs {
+		if r.method == "tools/call" {
+			calls = append(calls, r.auth)
+		} else {
+			session = append(session, r.auth)
+		}
+	}
+	return calls, session
 }
 
 // tokenEndpoint is an RFC 8693 token endpoint that records each exchange's
@@ -105,20 +173,26 @@ func (e *tokenEndpoint) exchanges() []map[string]string {
 }
 
 // TestCredentialBoundary runs the gateway binary in HTTP mode (TLS, JWTs
-// from a test issuer) in front of a streamable-HTTP MCP upstream, with the
-// real pipeline and ClickHouse (CSP MUST 5):
+// from a test issuer) in front of the real npm server-everything over
+// streamable HTTP, with the real pipeline and ClickHouse (CSP MUST 5). Each
+// gateway reaches server-everything through its own reverse proxy that
+// records the Authorization header of every request it forwards:
 //   - CRED-01: with token_exchange, the token endpoint gets an RFC 8693
 //     exchange of alice's JWT for the upstream's audience and resource with
-//     the gateway's client credentials, and the upstream gets the
-//     exchanged token; a second call reuses it;
-//   - CRED-02: the upstream never gets the client's token; a gateway whose
+//     the gateway's client credentials, and every tools/call the upstream
+//     gets carries the exchanged token; a second call reuses it; the
+//     session's own requests (initialize, tools/list, its stream) carry no
+//     credential;
+//   - with mode secret, the upstream gets the configured secret on every
+//     request, alice's call included, and never her JWT;
+//   - CRED-02: no client token reaches the upstream; a gateway whose
 //     secret for that upstream equals alice's token denies her call
-//     DENY_TOKEN_PASSTHROUGH with a receipt and does not forward it;
+//     DENY_TOKEN_PASSTHROUGH with a receipt and forwards no tools/call;
 //   - with the token endpoint down, a call is denied
 //     DENY_CREDENTIAL_UNAVAILABLE with a receipt (fail closed);
 //   - CRED-03: the decision receipts in ClickHouse carry token_handling,
-//     passthrough_detected false for the exchanged call and true for the
-//     refused one, and no token reached ClickHouse.
+//     passthrough_detected false for the exchanged and secret calls and
+//     true for the refused one, and no token reached ClickHouse.
 func TestCredentialBoundary(t *testing.T) {
 	s := startStack(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -128,19 +202,20 @@ func TestCredentialBoundary(t *testing.T) {
 		t.Fatal(err)
 	}
 	is := testenv.NewIssuer(t, idp)
-	up, sts := newRecorder(t), newTokenEndpoint(t)
+	everything, sts := startEverythingHTTP(t), newTokenEndpoint(t)
 	writeJSON(t, filepath.Join(s.dir, "principals.json"), map[string]any{"principals": []map[string]string{
 		{"name": "alice", "jwt_subject": "alice@clients"}, {"name": "ops", "jwt_subject": "ops@clients"}}})
 	writeJSON(t, filepath.Join(s.dir, "exchange.json"), map[string]any{"servers": map[string]any{
 		"everything": map[string]any{"mode": "token_exchange", "token_endpoint": sts.url, "client_id": "talos-gw",
 			"client_secret_env": "GW_STS_SECRET", "audience": "everything-api", "scope": []string{"echo"}}}})
-	writeJSON(t, filepath.Join(s.dir, "passthrough.json"), map[string]any{"servers": map[string]any{
+	writeJSON(t, filepath.Join(s.dir, "secret.json"), map[string]any{"servers": map[string]any{
 		"everything": map[string]any{"mode": "secret", "secret_env": "EVERYTHING_TOKEN"}}})
 	alice := is.Mint(t, "RS256", is.Claims("alice@clients", audience, time.Hour))
 	ops := is.Mint(t, "ES256", is.Claims("ops@clients", audience, time.Hour))
 
 	client := is.TLS.Client()
-	gw := func(ep, creds string, env ...string) func(token string) *gatewaySession {
+	gw := func(ep, creds string, env ...string) (func(token string) *gatewaySession, *authProxy) {
+		up := newAuthProxy(t, everything)
 		port := freePort(t)
 		base := fmt.Sprintf("https://127.0.0.1:%d", port)
 		s.httpsGateway(t, client, base, append([]string{"SSL_CERT_FILE=" + is.TLS.CAFile}, env...),
@@ -157,16 +232,24 @@ func TestCredentialBoundary(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = cs.Close() })
 			return &gatewaySession{cs: cs}
+		}, up
+	}
+	leaks := func(what string, auths []string) {
+		t.Helper()
+		for _, a := range auths {
+			if strings.Contains(a, alice) || strings.Contains(a, ops) {
+				t.Fatalf("CRED-02: %s: a client's token reached the upstream", what)
+			}
 		}
 	}
 
 	// CRED-01: exchanged for the upstream's audience, twice from the cache.
-	exchange := gw("gw-cred-x", "exchange.json", "GW_STS_SECRET=gw-client-secret")
+	exchange, xUp := gw("gw-cred-x", "exchange.json", "GW_STS_SECRET=gw-client-secret")
 	aliceX := exchange(alice)
 	var allowed []string
 	for i := range 2 {
 		res := aliceX.call(ctx, "echo", map[string]any{"message": "hi " + strconv.Itoa(i)}).mustAllow(t, "CRED-01 alice's echo")
-		if !strings.Contains(text(res), "Echo: hi") {
+		if !strings.Contains(text(res), "Echo: hi "+strconv.Itoa(i)) {
 			t.Fatalf("echo: %q", text(res))
 		}
 		allowed = append(allowed, res.Meta[gateway.MetaToolCallID].(string))
@@ -176,34 +259,57 @@ func TestCredentialBoundary(t *testing.T) {
 		t.Fatalf("%d exchanges for two calls of one principal, want 1 (cached)", len(ex))
 	}
 	for k, v := range map[string]string{"grant_type": "urn:ietf:params:oauth:grant-type:token-exchange", "audience": "everything-api",
-		"resource": up.url, "scope": "echo", "subject_token": alice, "subject_token_type": "urn:ietf:params:oauth:token-type:jwt",
+		"resource": xUp.url, "scope": "echo", "subject_token": alice, "subject_token_type": "urn:ietf:params:oauth:token-type:jwt",
 		"client_id": "talos-gw"} {
 		if ex[0][k] != v {
 			t.Fatalf("CRED-01: the exchange's %s is %q, want %q", k, ex[0][k], v)
 		}
 	}
-	if got := up.calls(); !slices.Equal(got, []string{"Bearer exchanged-1-aud-everything-api", "Bearer exchanged-1-aud-everything-api"}) {
-		t.Fatalf("CRED-01: the upstream got %q, want the exchanged token", got)
+	calls, session := xUp.split()
+	if !slices.Equal(calls, []string{"Bearer exchanged-1-aud-everything-api", "Bearer exchanged-1-aud-everything-api"}) {
+		t.Fatalf("CRED-01: the upstream's tools/call requests carried %q, want the exchanged token twice", calls)
+	}
+	if len(session) == 0 || slices.ContainsFunc(session, func(a string) bool { return a != "" }) {
+		t.Fatalf("token_exchange: the session's own requests carried %q, want no credential", session)
 	}
 
 	// The token endpoint down: ops (nothing cached) is denied, fail closed.
 	sts.failing.Store(true)
 	down := exchange(ops).call(ctx, "echo", map[string]any{"message": "x"}).mustDeny(t, "token endpoint down", schemas.CodeDenyCredentialUnavailable)
 	sts.failing.Store(false)
+	calls, session = xUp.split()
+	if len(calls) != 2 {
+		t.Fatalf("the upstream ran %d calls, want the 2 allowed", len(calls))
+	}
+	leaks("token_exchange", append(calls, session...))
+
+	// Mode secret: the upstream gets the configured secret, not alice's JWT.
+	const secret = "everything-upstream-secret"
+	secretGW, sUp := gw("gw-cred-s", "secret.json", "EVERYTHING_TOKEN="+secret)
+	res := secretGW(alice).call(ctx, "echo", map[string]any{"message": "with the secret"}).mustAllow(t, "alice's echo, mode secret")
+	allowedSecret := res.Meta[gateway.MetaToolCallID].(string)
+	calls, session = sUp.split()
+	if !slices.Equal(calls, []string{"Bearer " + secret}) {
+		t.Fatalf("secret: the upstream's tools/call requests carried %q, want the secret once", calls)
+	}
+	for _, a := range session {
+		if a != "Bearer "+secret {
+			t.Fatalf("secret: a session request carried %q, want the secret", a)
+		}
+	}
+	leaks("secret", append(calls, session...))
 
 	// CRED-02: a secret equal to alice's token is refused, not forwarded.
-	pass := gw("gw-cred-p", "passthrough.json", "EVERYTHING_TOKEN="+alice)(alice)
-	refused := pass.call(ctx, "echo", map[string]any{"message": "leak?"}).mustDeny(t, "CRED-02 passthrough", schemas.CodeDenyTokenPassthrough)
+	// The check is per call: this gateway's session requests (initialize,
+	// tools/list, its stream) carry its configured secret, here alice's
+	// token, because it cannot know that before a client calls.
+	pass, pUp := gw("gw-cred-p", "secret.json", "EVERYTHING_TOKEN="+alice)
+	refused := pass(alice).call(ctx, "echo", map[string]any{"message": "leak?"}).mustDeny(t, "CRED-02 passthrough", schemas.CodeDenyTokenPassthrough)
 	if refused.ReceiptID == "" {
 		t.Fatalf("CRED-02: the denial names no receipt: %+v", refused)
 	}
-	for _, a := range up.calls() {
-		if strings.Contains(a, alice) || strings.Contains(a, ops) {
-			t.Fatalf("CRED-02: a client's token reached the upstream in a call (%d calls)", len(up.calls()))
-		}
-	}
-	if n := len(up.calls()); n != 2 {
-		t.Fatalf("the upstream ran %d calls, want the 2 allowed", n)
+	if calls, _ := pUp.split(); len(calls) != 0 {
+		t.Fatalf("CRED-02: the refused call reached the upstream (%d tools/call requests)", len(calls))
 	}
 
 	// CRED-03: the receipts say how each call's credential was handled.
@@ -216,6 +322,7 @@ func TestCredentialBoundary(t *testing.T) {
 		allowed[0]:         {Mode: schemas.TokenModeTokenExchange, Audience: "everything-api"},
 		allowed[1]:         {Mode: schemas.TokenModeTokenExchange, Audience: "everything-api"},
 		down.ToolCallID:    {Mode: schemas.TokenModeTokenExchange, Audience: "everything-api", Error: schemas.TokenErrEndpointUnreachable},
+		allowedSecret:      {Mode: schemas.TokenModeSecret, Audience: "everything"},
 		refused.ToolCallID: {Mode: schemas.TokenModeSecret, Audience: "everything", PassthroughDetected: true},
 	}
 	for id, th := range want {
@@ -228,7 +335,7 @@ func TestCredentialBoundary(t *testing.T) {
 			t.Fatalf("%s: decision %s %v", id, r.Decision, r.ReasonCodes)
 		}
 	}
-	for _, tok := range []string{alice, ops, "exchanged-1-aud"} {
+	for _, tok := range []string{alice, ops, "exchanged-1-aud", secret} {
 		sig := tok[strings.LastIndexByte(tok, '.')+1:]
 		for _, table := range []string{"receipts", "tool_calls", "artifacts"} {
 			var n uint64
