@@ -251,7 +251,7 @@ var (
 		"tool_id", "timestamp", "result_code", "envelope_hash", "tool_call_id", "trace_id", "correlation_id",
 		"session_id", "ep_id", "server_id", "tool_name", "phase", "mode", "decision", "reason_codes", "tool_class",
 		"registry_digest", "document_hashes", "batch_total_bytes", "content_hash_alg", "effect", "capability_ids",
-		"idempotent_of", "control_seq", "control", "chain", "signature"}
+		"idempotent_of", "control_seq", "control", "chain", "signature", "token_handling"}
 	chainNames     = []string{"chain_id", "seq", "prev_hash"}
 	signatureNames = []string{"alg", "kid", "sig"}
 	// Members whose value the row does not use but whose type the general
@@ -259,7 +259,9 @@ var (
 	documentHashFields = []checkedField{{"pointer", kindString}, {"hash", kindString}, {"size_bytes", kindInt}}
 	effectFields       = []checkedField{{"effect_id", kindString}, {"tool_call_id", kindString},
 		{"document_hashes", kindDocumentHashes}, {"batch_total_bytes", kindInt}, {"content_hash_alg", kindString}}
-	idempotentOfFields = []checkedField{{"tool_call_id", kindString}, {"receipt_id", kindString}}
+	idempotentOfFields  = []checkedField{{"tool_call_id", kindString}, {"receipt_id", kindString}}
+	tokenHandlingFields = []checkedField{{"mode", kindString}, {"audience", kindString},
+		{"passthrough_detected", kindBool}, {"error", kindString}}
 )
 
 // checkedField is a member a fast path type-checks and discards.
@@ -273,6 +275,7 @@ type valueKind uint8
 const (
 	kindString valueKind = iota
 	kindInt
+	kindBool
 	kindDocumentHashes
 )
 
@@ -287,6 +290,8 @@ func (r *jsonReader) check(k valueKind) {
 		r.rawString()
 	case kindInt:
 		r.readInt()
+	case kindBool:
+		r.boolean()
 	case kindDocumentHashes:
 		if !r.array() {
 			return
@@ -453,6 +458,8 @@ func (r *jsonReader) receiptData(row *ReceiptRow) (buf []string, codes, caps, si
 			row.ToolClass = r.optStr()
 		case "tool_name":
 			row.ToolName = r.optStr()
+		case "token_handling":
+			r.checkObject(tokenHandlingFields)
 		case "trace_id":
 			row.TraceID = r.optStr()
 		default:

@@ -396,6 +396,7 @@ func TestReceiptFastPathKnowsReceiptFields(t *testing.T) {
 		{"document_hashes", checked(documentHashFields), tags(schemas.DocumentHash{})},
 		{"effect", checked(effectFields), tags(schemas.ToolEffect{})},
 		{"idempotent_of", checked(idempotentOfFields), tags(schemas.IdempotentOf{})},
+		{"token_handling", checked(tokenHandlingFields), tags(schemas.TokenHandling{})},
 	} {
 		have := slices.Sorted(slices.Values(tc.have))
 		if !slices.Equal(have, tc.want) {
