@@ -65,6 +65,12 @@ func (g *Gateway) refresh(u *Upstream, tools []upstreamTool) {
 	g.log.Info("upstream tool list refreshed", "server_id", u.spec.ServerID, "tools", len(tools))
 }
 
+// reportOutbox is where reports go: the refusals' outbox (g.refused).
+type reportOutbox interface {
+	Send(*schemas.ToolCall)
+	Full() bool
+}
+
 // driftSession is the session_id of the drift reports of enforcement
 // point epID.
 func driftSession(epID string) string { return "tool-drift-" + epID }
@@ -111,7 +117,7 @@ func (g *Gateway) driftReport(ut upstreamTool, name string) (string, error) {
 	if ut.def == "" {
 		return "", errors.New("the live definition cannot be hashed")
 	}
-	if g.refused.Full() {
+	if g.driftOut.Full() {
 		return "", errors.New("the report outbox is full")
 	}
 	pinned := ""
@@ -127,6 +133,6 @@ func (g *Gateway) driftReport(ut upstreamTool, name string) (string, error) {
 		return "", err
 	}
 	c.ToolDefinitionSHA256 = ut.def
-	g.refused.Send(c)
+	g.driftOut.Send(c)
 	return c.ToolCallID, nil
 }

@@ -89,6 +89,7 @@ type Gateway struct {
 	// server/tool/live-hash keys already reported (reportDrift; g.mu).
 	driftRef *prometheus.CounterVec
 	drifted  map[string]bool
+	driftOut reportOutbox // g.refused
 
 	ups   []*Upstream
 	creds *credential.Broker
@@ -147,7 +148,7 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 		Help: "Tool definitions seen drifted from their registry pin, once per tool and live definition hash."},
 		[]string{"server_id", "tool"})
 	g.metrics.MustRegister(g.authRef, g.driftRef)
-	g.drifted = map[string]bool{}
+	g.drifted, g.driftOut = map[string]bool{}, g.refused
 	g.byName = route(o.Registry, ups, o.Logger)
 	g.reportDrift(g.byName) // queued now, sent once Start connects the outbox
 	return g, nil
