@@ -86,3 +86,37 @@ func TestReportDrift(t *testing.T) {
 		t.Fatalf("unhashable definition: %d sent, %v counted, want 2 sent and 3 counted", len(out.calls), counted())
 	}
 }
+
+// fullOutbox is an outbox that takes nothing until it has room.
+type fullOutbox struct {
+	sent
+	full bool
+}
+
+func (o *fullOutbox) Full() bool { return o.full }
+
+// TestReportDriftOutboxFull: a drift the outbox has no room for is not
+// marked reported, so the next tool list reports it.
+func TestReportDriftOutboxFull(t *testing.T) {
+	pin, live := strings.Repeat("a", 64), strings.Repeat("b", 64)
+	reg, err := enforce.NewRegistry([]byte(`{"schema_id": "talos.mcp.tool_registry", "schema_version": "v1", "server_id": "rug",
+  "tools": [{"tool_name": "greet", "tool_class": "read", "is_document_op": false, "trust_level": "internal", "definition_sha256": "` + pin + `"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &fullOutbox{full: true}
+	counter := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c"}, []string{"server_id", "tool"})
+	g := &Gateway{o: Options{EPID: "gw-1", Registry: reg}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		driftRef: counter, drifted: map[string]bool{}, driftOut: out}
+	byName := map[string]upstreamTool{"greet": {server: "rug", tool: &mcp.Tool{Name: "greet"}, def: live}}
+	g.reportDrift(byName)
+	if len(out.calls) != 0 || testutil.ToFloat64(counter.WithLabelValues("rug", "greet")) != 0 {
+		t.Fatal("reported into a full outbox")
+	}
+	out.full = false
+	g.reportDrift(byName)
+	g.reportDrift(byName)
+	if len(out.calls) != 1 || testutil.ToFloat64(counter.WithLabelValues("rug", "greet")) != 1 {
+		t.Fatalf("after the outbox had room: %d sent, want 1", len(out.calls))
+	}
+}
