@@ -28,9 +28,11 @@ const rugManifest = `{"schema_id": "talos.mcp.tool_registry", "schema_version": 
 // definition fails it (DRIFT, exit 1). Behind the gateway, against a real
 // pipeline, the pinned tool works until the server rewrites its
 // description mid-session and announces a new tool list: the tool then
-// disappears from tools/list, and a call to it is denied DENY_TOOL_DRIFT
-// by the worker, with a receipt in ClickHouse, and never reaches the
-// server.
+// disappears from tools/list; before anyone calls it, the gateway has
+// reported the drift (one DENY_TOOL_DRIFT receipt in its drift session in
+// ClickHouse, and talosctl query denials-by-reason shows it); and a call
+// to it is denied DENY_TOOL_DRIFT by the worker, with a receipt, and never
+// reaches the server.
 func TestToolDefinitionPinning(t *testing.T) {
 	script, _ := testenv.MCPScript(t, "rugpull.mjs")
 	reg := t.TempDir()
@@ -100,6 +102,10 @@ func TestToolDefinitionPinning(t *testing.T) {
 	if names := listed(); !slices.Contains(names, "rug") {
 		t.Fatalf("the unchanged tool disappeared too: %v", names)
 	}
+	// Before anyone calls greet, the gateway has reported the drift: a
+	// DENY_TOOL_DRIFT receipt for rug/greet in its drift session, one for
+	// the one new definition.
+	assertDriftReported(ctx, t, s, "gw-rug", "rug", "greet")
 	d := gw.call(ctx, "greet", map[string]any{"name": "Ada"}).mustDeny(t, "greet after the rug pull", schemas.CodeDenyToolDrift)
 	if d.ReceiptID == "" {
 		t.Fatal("the drift denial names no receipt")
@@ -110,6 +116,61 @@ func TestToolDefinitionPinning(t *testing.T) {
 		t.Fatalf("gateway log: no drift incident, or the denied call was forwarded:\n%s", tail(string(logb), 3000))
 	}
 	assertWorkerDenied(ctx, t, s, d.ToolCallID, schemas.CodeDenyToolDrift)
+	if n := driftReports(ctx, t, s, "gw-rug", "rug", "greet"); n != 1 {
+		t.Fatalf("the drift of rug/greet was reported %d times, want once", n)
+	}
+	if out := s.ctl("query", "denials-by-reason"); !strings.Contains(out, schemas.CodeDenyToolDrift) {
+		t.Fatalf("talosctl query denials-by-reason shows no drift:\n%s", out)
+	}
+}
+
+// driftReports is how many decision receipts ClickHouse holds for the
+// drift reports of server/tool by enforcement point epID.
+func driftReports(ctx context.Context, t *testing.T, s *stack, epID, server, tool string) int {
+	t.Helper()
+	conn, err := query.Open(ctx, s.chAddr, s.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var n uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM receipts FINAL WHERE session_id = ? AND server_id = ? AND tool_name = ? AND kind = 'decision'",
+		"tool-drift-"+epID, server, tool).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return int(n)
+}
+
+// assertDriftReported waits for the decision receipt of the gateway's
+// report that server/tool drifted from its pin (no call needed) and checks
+// the worker denied it DENY_TOOL_DRIFT, and that it is the only one.
+func assertDriftReported(ctx context.Context, t *testing.T, s *stack, epID, server, tool string) {
+	t.Helper()
+	conn, err := query.Open(ctx, s.chAddr, s.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var decision string
+	var codes []string
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err := conn.QueryRow(ctx, "SELECT decision, reason_codes FROM receipts WHERE session_id = ? AND server_id = ? AND tool_name = ? AND kind = 'decision' LIMIT 1",
+			"tool-drift-"+epID, server, tool).Scan(&decision, &codes)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no receipt of the drift report of %s/%s: %v", server, tool, err)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if decision != schemas.DecisionDeny || !slices.Contains(codes, schemas.CodeDenyToolDrift) {
+		t.Fatalf("receipt of the drift report of %s/%s: %s %v, want deny with %s", server, tool, decision, codes, schemas.CodeDenyToolDrift)
+	}
+	if n := driftReports(ctx, t, s, epID, server, tool); n != 1 {
+		t.Fatalf("the drift of %s/%s was reported %d times, want once", server, tool, n)
+	}
 }
 
 // assertWorkerDenied waits for the call's decision receipt in ClickHouse

@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"time"
 
 	"github.com/talos-audit/talos/schemas"
@@ -34,14 +36,14 @@ func (g *Gateway) watch(ctx context.Context, u *Upstream) {
 // connected clients the list changed), and a definition that drifted from
 // its registry pin is hidden, its calls denied DENY_TOOL_DRIFT (by the
 // worker, which compares the hash each call carries, and here), and
-// logged as an incident.
+// reported as an incident (reportDrift).
 func (g *Gateway) refresh(u *Upstream, tools []upstreamTool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	u.tools = tools
 	old := g.byName
 	g.byName = route(g.o.Registry, g.ups, g.log)
-	g.logDrift(g.byName, old)
+	g.reportDrift(g.byName)
 	names := map[string]bool{}
 	for n := range old {
 		names[n] = true
@@ -63,20 +65,74 @@ func (g *Gateway) refresh(u *Upstream, tools []upstreamTool) {
 	g.log.Info("upstream tool list refreshed", "server_id", u.spec.ServerID, "tools", len(tools))
 }
 
-// logDrift logs, once per change, each tool of byName whose definition
-// drifted from its registry pin and did not already in old: the incident
-// record of the gateway (its calls get DENY_TOOL_DRIFT receipts).
-func (g *Gateway) logDrift(byName, old map[string]upstreamTool) {
+// reportOutbox is where reports go: the refusals' outbox (g.refused).
+type reportOutbox interface {
+	Send(*schemas.ToolCall)
+	Full() bool
+}
+
+// driftSession is the session_id of the drift reports of enforcement
+// point epID.
+func driftSession(epID string) string { return "tool-drift-" + epID }
+
+// reportDrift makes an incident of each tool of byName whose definition
+// drifted from its registry pin, once per (server, tool, live hash) in the
+// gateway's life: it logs it, counts it (talos_gateway_tool_drift_total)
+// and reports it to Talos as a pre envelope for the tool itself, with the
+// live hash, in session driftSession, which the worker denies
+// DENY_TOOL_DRIFT with a receipt. So the drift is in the audit trail even
+// if no agent calls the tool. The report goes through the refusals'
+// outbox (it survives an outage and cannot hold up calls) and nobody
+// waits for its decision. Call it with g.mu held, or before Start.
+func (g *Gateway) reportDrift(byName map[string]upstreamTool) {
 	for _, name := range sortedKeys(byName) {
 		ut := byName[name]
 		drift, why := ut.drift(g.o.Registry)
 		if !drift {
 			continue
 		}
-		if prev, ok := old[name]; ok && prev.def == ut.def && prev.server == ut.server {
+		key := ut.server + "\x00" + name + "\x00" + ut.def
+		if g.drifted[key] {
 			continue
 		}
 		g.log.Error("tool definition drifted from its registry pin: hidden, and its calls are denied",
 			"code", schemas.CodeDenyToolDrift, "server_id", ut.server, "tool", name, "why", why)
+		if id, err := g.driftReport(ut, name); err != nil {
+			g.log.Error("tool drift not reported to Talos", "server_id", ut.server, "tool", name, "err", err)
+			if ut.def != "" {
+				continue // a later list may report it
+			}
+		} else {
+			g.log.Info("tool drift reported to Talos", "server_id", ut.server, "tool", name, "tool_call_id", id)
+		}
+		g.drifted[key] = true
+		g.driftRef.WithLabelValues(ut.server, name).Inc()
 	}
+}
+
+// driftReport queues the drift report of tool name (ut) and returns its
+// tool_call_id. A definition that could not be hashed has no live hash
+// for the worker to compare, so it is not reported (only logged).
+func (g *Gateway) driftReport(ut upstreamTool, name string) (string, error) {
+	if ut.def == "" {
+		return "", errors.New("the live definition cannot be hashed")
+	}
+	if g.driftOut.Full() {
+		return "", errors.New("the report outbox is full")
+	}
+	pinned := ""
+	if rt, ok := g.o.Registry.Lookup(ut.server, name); ok {
+		pinned = rt.DefinitionSHA256
+	}
+	args, err := json.Marshal(map[string]string{"reason": "definition drift", "pinned": pinned, "live": ut.def})
+	if err != nil {
+		return "", err
+	}
+	c, err := g.envelope(&Principal{}, driftSession(g.o.EPID), ut.server, name, args, nil)
+	if err != nil {
+		return "", err
+	}
+	c.ToolDefinitionSHA256 = ut.def
+	g.driftOut.Send(c)
+	return c.ToolCallID, nil
 }

@@ -84,6 +84,12 @@ type Gateway struct {
 	refused *ep.Outbox
 	metrics *prometheus.Registry
 	authRef *prometheus.CounterVec // talos_gateway_auth_refusals_total
+	// driftRef counts drifted tool definitions
+	// (talos_gateway_tool_drift_total), and drifted holds the
+	// server/tool/live-hash keys already reported (reportDrift; g.mu).
+	driftRef *prometheus.CounterVec
+	drifted  map[string]bool
+	driftOut reportOutbox // g.refused
 
 	ups   []*Upstream
 	creds *credential.Broker
@@ -131,8 +137,6 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 		o.Credentials = credential.New(nil, credential.Options{})
 	}
 	g := &Gateway{o: o, log: o.Logger, nc: nc, js: js, ups: ups, creds: o.Credentials, servers: map[string]*mcp.Server{}, served: map[string]*Principal{}}
-	g.byName = route(o.Registry, ups, o.Logger)
-	g.logDrift(g.byName, nil)
 	g.appr = ep.NewApprovals(nc, o.Logger)
 	g.out = ep.NewOutbox(o.Logger)
 	g.refused = ep.NewOutbox(o.Logger)
@@ -140,7 +144,13 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 	g.authRef = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "talos_gateway_auth_refusals_total",
 		Help: "HTTP requests refused for want of valid credentials, by reason, and whether Talos was told (receipted) or the refusal limits left it out."},
 		[]string{"reason", "receipted"})
-	g.metrics.MustRegister(g.authRef)
+	g.driftRef = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "talos_gateway_tool_drift_total",
+		Help: "Tool definitions seen drifted from their registry pin, once per tool and live definition hash."},
+		[]string{"server_id", "tool"})
+	g.metrics.MustRegister(g.authRef, g.driftRef)
+	g.drifted, g.driftOut = map[string]bool{}, g.refused
+	g.byName = route(o.Registry, ups, o.Logger)
+	g.reportDrift(g.byName) // queued now, sent once Start connects the outbox
 	return g, nil
 }
 
