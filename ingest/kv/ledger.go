@@ -350,8 +350,13 @@ func claimLost(err error) bool {
 }
 
 func (l *Ledger) lookupCall(ctx context.Context, k enforce.CallKey) (enforce.PreRecord, bool, error) {
-	var rec enforce.PreRecord
-	e, err := l.kv.Get(ctx, CallRecordKey(k))
+	return l.getRecord(ctx, CallRecordKey(k))
+}
+
+// getRecord reads the PreRecord stored at key; found is false when there
+// is none.
+func (l *Ledger) getRecord(ctx context.Context, key string) (rec enforce.PreRecord, found bool, err error) {
+	e, err := l.kv.Get(ctx, key)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 		return rec, false, nil
@@ -372,17 +377,7 @@ func (l *Ledger) LookupApproval(toolCallID string) (enforce.PreRecord, bool, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
 	defer cancel()
-	e, err := l.kv.Get(ctx, "appr."+toolCallID)
-	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound):
-		return rec, false, nil
-	case err != nil:
-		return rec, false, fmt.Errorf("ingest: ledger lookup: %w", err)
-	}
-	if err := json.Unmarshal(e.Value(), &rec); err != nil {
-		return rec, false, fmt.Errorf("ingest: ledger lookup: stored record: %w", err)
-	}
-	return rec, true, nil
+	return l.getRecord(ctx, "appr."+toolCallID)
 }
 
 // Stats returns how many (session_id, correlation_id) pairs the ledger
