@@ -47,7 +47,7 @@ type approvalPlane struct {
 func newApprovalPlane(t *testing.T) *approvalPlane {
 	t.Helper()
 	url := testenv.NATSForTest(t).URL()
-	nc, js := connectJS(t, url)
+	nc, js := testenv.ConnectJS(t, url)
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{}); err != nil {
 		t.Fatal(err)
@@ -94,7 +94,7 @@ func newApprovalPlane(t *testing.T) *approvalPlane {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wnc, wjs := connectJS(t, url)
+	wnc, wjs := testenv.ConnectJS(t, url)
 	enf, err := ingest.NewEnforcer(wnc, wjs, dec, ingest.EnforcerOptions{
 		WorkerID: "approver",
 		Worker: ingest.WorkerOptions{Chains: []*receipts.Chain{receipts.NewChain("approval-worker", key)},
@@ -151,8 +151,8 @@ func (p *approvalPlane) resolve(t *testing.T, verb, toolCallID, reason string) *
 func (p *approvalPlane) toolCallEvent(t *testing.T, toolCallID string) schemas.ToolCallEvent {
 	t.Helper()
 	var found *schemas.ToolCallEvent
-	waitFor(t, 15*time.Second, func() bool {
-		for _, m := range streamMsgs(t, p.js, schemas.StreamAudit) {
+	testenv.WaitFor(t, 15*time.Second, func() bool {
+		for _, m := range testenv.StreamMsgs(t, p.js, schemas.StreamAudit) {
 			if m.Subject != schemas.ToolCallEventSubject("community") {
 				continue
 			}
@@ -249,7 +249,7 @@ func TestApprovalThroughControlPlane(t *testing.T) {
 
 	// The worker has applied the approval before the gateway's post event
 	// reaches it (in production the gateway runs the tool first).
-	waitFor(t, 10*time.Second, func() bool { return p.fol.Applied() >= rep.Seq })
+	testenv.WaitFor(t, 10*time.Second, func() bool { return p.fol.Applied() >= rep.Seq })
 	post, err := ep.PostOf(parked, map[string]any{"content": []any{map[string]any{"type": "text", "text": "sunny"}}}, true, time.Now(), time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -287,7 +287,7 @@ func TestApprovalThroughControlPlane(t *testing.T) {
 	if again := p.resolve(t, schemas.VerbApprove, other.ToolCallID, ""); again.OK || again.Code != schemas.CtlConflict {
 		t.Fatalf("approve after reject: %+v", again)
 	}
-	waitFor(t, 10*time.Second, func() bool { return p.fol.Applied() >= rej.Seq })
+	testenv.WaitFor(t, 10*time.Second, func() bool { return p.fol.Applied() >= rej.Seq })
 	post, err = ep.PostOf(other, map[string]any{"content": []any{}}, true, time.Now(), time.Now())
 	if err != nil {
 		t.Fatal(err)

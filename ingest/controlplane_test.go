@@ -69,7 +69,7 @@ func newPlane(t *testing.T) *plane {
 	if err := query.Migrate(ctx, p.conn, db); err != nil {
 		t.Fatal(err)
 	}
-	p.nc, p.js = connectJS(t, p.url)
+	p.nc, p.js = testenv.ConnectJS(t, p.url)
 	if err := ingest.EnsureStreams(ctx, p.js, ingest.StreamOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func mustEngine(t *testing.T, reg *enforce.Registry) *enforce.Engine {
 // separate talosd would, and returns once it decides (caught up).
 func (p *plane) startWorker(t *testing.T, id string) *enforce.Decider {
 	t.Helper()
-	nc, js := connectJS(t, p.url)
+	nc, js := testenv.ConnectJS(t, p.url)
 	ctx, cancel := context.WithCancel(context.Background())
 	ledger, err := kv.NewLedger(ctx, js, kv.LedgerOptions{})
 	if err != nil {
@@ -166,7 +166,7 @@ func (p *plane) startWorker(t *testing.T, id string) *enforce.Decider {
 	p.workers[id] = w
 	p.mu.Unlock()
 	// Wait until the control service sees it live, so --wait covers it.
-	waitFor(t, 10*time.Second, func() bool {
+	testenv.WaitFor(t, 10*time.Second, func() bool {
 		rep, err := p.ctl.Do(context.Background(), p.ctl.NewCommand(schemas.VerbStatus))
 		if err != nil || !rep.OK {
 			return false
@@ -461,7 +461,7 @@ func TestReplayAcrossWorkersAndRestart(t *testing.T) {
 		t.Fatalf("redelivery: first %s %v %s, second %s %v %s", d1.Decision, d1.ReasonCodes, d1.ReceiptID, d2.Decision, d2.ReasonCodes, d2.ReceiptID)
 	}
 	var n uint64
-	waitFor(t, 30*time.Second, func() bool {
+	testenv.WaitFor(t, 30*time.Second, func() bool {
 		err := p.conn.QueryRow(ctx, "SELECT count() FROM "+p.db+".receipts WHERE tool_call_id = ?", dup.ToolCallID).Scan(&n)
 		return err == nil && n >= 1
 	})
@@ -556,7 +556,7 @@ func TestLateWorkerReplaysThousandEvents(t *testing.T) {
 		t.Fatalf("forged command: %+v %v", forged, err)
 	}
 
-	waitFor(t, 30*time.Second, func() bool { return early.State().Seq() == total })
+	testenv.WaitFor(t, 30*time.Second, func() bool { return early.State().Seq() == total })
 	late := p.startWorker(t, "late")
 	if late.State().Seq() != total {
 		t.Fatalf("late worker at seq %d after catching up, want %d", late.State().Seq(), total)
@@ -590,7 +590,7 @@ func TestLateWorkerReplaysThousandEvents(t *testing.T) {
 	// ClickHouse: one control receipt per command, accepted and refused,
 	// with who/what/why, and the whole database verifies.
 	var accepted, refusedRows uint64
-	waitFor(t, 60*time.Second, func() bool {
+	testenv.WaitFor(t, 60*time.Second, func() bool {
 		err := p.conn.QueryRow(ctx, "SELECT countIf(accepted = 1), countIf(accepted = 0) FROM "+p.db+".v_control_events WHERE verb NOT IN ('status')").Scan(&accepted, &refusedRows)
 		return err == nil && accepted >= total && refusedRows >= 2
 	})
@@ -605,7 +605,7 @@ func TestLateWorkerReplaysThousandEvents(t *testing.T) {
 	if err := p.conn.QueryRow(ctx, "SELECT uniqExact(stream_seq) FROM "+p.db+".v_control_events WHERE accepted = 1 AND stream_seq > 0").Scan(&seqs); err != nil || seqs != total {
 		t.Errorf("%d distinct control seqs in ClickHouse, want %d (%v)", seqs, total, err)
 	}
-	waitFor(t, 60*time.Second, func() bool {
+	testenv.WaitFor(t, 60*time.Second, func() bool {
 		var rows uint64
 		_ = p.conn.QueryRow(ctx, "SELECT count() FROM "+p.db+".v_receipts WHERE kind = 'control'").Scan(&rows)
 		var ctlRows uint64

@@ -20,7 +20,7 @@ import (
 // process; both run until their context ends; a control role alone opens
 // the ledger itself.
 func TestRoles(t *testing.T) {
-	nc, js := connectJS(t, testenv.NATSForTest(t).URL())
+	nc, js := testenv.ConnectJS(t, testenv.NATSForTest(t).URL())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{}); err != nil {
@@ -59,7 +59,7 @@ func TestRoles(t *testing.T) {
 	for _, run := range []func(context.Context) error{en.Run, shared, alone} {
 		go func() { done <- run(ctx) }()
 	}
-	waitFor(t, 10*time.Second, func() bool { return en.Follower().CaughtUp() })
+	testenv.WaitFor(t, 10*time.Second, func() bool { return en.Follower().CaughtUp() })
 	cancel()
 	for range 3 {
 		select {

@@ -30,7 +30,7 @@ import (
 // the MCP gateway, adds to every call it forwards.
 func BenchmarkRoundTrip(b *testing.B) {
 	ns := testenv.NATSForTest(b)
-	nc, js := connectJS(b, ns.URL())
+	nc, js := testenv.ConnectJS(b, ns.URL())
 	ctx := context.Background()
 	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{}); err != nil {
 		b.Fatal(err)
@@ -74,7 +74,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		wnc, wjs := connectJS(b, ns.URL())
+		wnc, wjs := testenv.ConnectJS(b, ns.URL())
 		w, err := ingest.NewWorker(wnc, wjs, dec, ingest.WorkerOptions{Source: "talos://enforce/bench",
 			Chains: []*receipts.Chain{receipts.NewChain("bench-a", key), receipts.NewChain("bench-b", key)}})
 		if err != nil {

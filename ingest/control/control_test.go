@@ -39,7 +39,7 @@ func newControlEnv(t *testing.T) *controlEnv {
 	t.Helper()
 	n := testenv.NATSForTest(t)
 	e := &controlEnv{url: n.URL()}
-	e.nc, e.js = connectJS(t, e.url)
+	e.nc, e.js = testenv.ConnectJS(t, e.url)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := ingest.EnsureStreams(ctx, e.js, ingest.StreamOptions{}); err != nil {
@@ -63,7 +63,7 @@ func newControlEnv(t *testing.T) *controlEnv {
 // until the test ends.
 func (e *controlEnv) startControl(t *testing.T, chainID string, mod func(*control.ControlOptions)) {
 	t.Helper()
-	nc, js := connectJS(t, e.url)
+	nc, js := testenv.ConnectJS(t, e.url)
 	o := control.ControlOptions{
 		Chain:         receipts.NewChain(chainID, e.signer),
 		Source:        "talos://control/" + chainID,
@@ -87,7 +87,7 @@ func (e *controlEnv) startControl(t *testing.T, chainID string, mod func(*contro
 	})
 	// Ready once this instance answers (the queue group may route a ping
 	// to another one); each ping leaves an unknown-verb refusal receipt.
-	waitFor(t, 10*time.Second, func() bool {
+	testenv.WaitFor(t, 10*time.Second, func() bool {
 		m, err := nc.Request(schemas.CtlSubject("ping"), []byte("{}"), time.Second)
 		if err != nil {
 			return false
@@ -96,7 +96,7 @@ func (e *controlEnv) startControl(t *testing.T, chainID string, mod func(*contro
 		if json.Unmarshal(m.Data, &r) != nil {
 			return false
 		}
-		for _, am := range streamMsgs(t, e.js, schemas.StreamAudit) {
+		for _, am := range testenv.StreamMsgs(t, e.js, schemas.StreamAudit) {
 			var ev struct{ ID, Source string }
 			if json.Unmarshal(am.Data, &ev) == nil && ev.ID == r.ReceiptID {
 				return ev.Source == o.Source
@@ -135,32 +135,6 @@ func (e *controlEnv) request(t *testing.T, verb string, raw []byte) *schemas.Con
 	return &r
 }
 
-func streamMsgs(t *testing.T, js jetstream.JetStream, name string) []*jetstream.RawStreamMsg {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := js.Stream(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []*jetstream.RawStreamMsg
-	for seq := info.State.FirstSeq; seq > 0 && seq <= info.State.LastSeq; seq++ {
-		m, err := st.GetMsg(ctx, seq)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, m)
-	}
-	return out
-}
-
 type controlEvent struct {
 	ID      string          `json:"id"`
 	Subject string          `json:"subject"`
@@ -182,7 +156,7 @@ func (e *controlEnv) waitCopied(t *testing.T) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	waitFor(t, 10*time.Second, func() bool {
+	testenv.WaitFor(t, 10*time.Second, func() bool {
 		st, err := e.js.Stream(ctx, schemas.StreamControl)
 		if err != nil {
 			return false
@@ -214,7 +188,7 @@ func (e *controlEnv) checkAudit(t *testing.T, extra verify.KeySet) map[string][]
 	}
 	var all [][]byte
 	byID := map[string][]byte{}
-	for _, m := range streamMsgs(t, e.js, schemas.StreamAudit) {
+	for _, m := range testenv.StreamMsgs(t, e.js, schemas.StreamAudit) {
 		if err := schemas.ValidateReceiptEvent(m.Data); err != nil {
 			t.Errorf("audit seq %d fails the receipt schema: %v\n%s", m.Sequence, err, m.Data)
 		}
@@ -256,7 +230,7 @@ func TestControlAcceptedMutation(t *testing.T) {
 	if !r.OK || r.Seq != 1 || r.ReceiptID == "" || r.Code != "" {
 		t.Fatalf("reply %+v", r)
 	}
-	ctl := streamMsgs(t, e.js, schemas.StreamControl)
+	ctl := testenv.StreamMsgs(t, e.js, schemas.StreamControl)
 	if len(ctl) != 1 || ctl[0].Sequence != r.Seq || ctl[0].Subject != schemas.ControlSubject(schemas.VerbKillSwitchSet) {
 		t.Fatalf("TALOS_CONTROL: %d events; want one at seq %d", len(ctl), r.Seq)
 	}
@@ -385,15 +359,15 @@ func TestControlRefusals(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			raw := tc.raw()
-			auditBefore := len(streamMsgs(t, e.js, schemas.StreamAudit))
+			auditBefore := len(testenv.StreamMsgs(t, e.js, schemas.StreamAudit))
 			r := e.request(t, tc.verb, raw)
 			if r.OK || r.Code != tc.code || r.Error == "" || r.Seq != 0 || r.ReceiptID == "" {
 				t.Fatalf("reply %+v, want refusal %s", r, tc.code)
 			}
-			if n := len(streamMsgs(t, e.js, schemas.StreamControl)); n != 0 {
+			if n := len(testenv.StreamMsgs(t, e.js, schemas.StreamControl)); n != 0 {
 				t.Fatalf("TALOS_CONTROL has %d events after a refusal", n)
 			}
-			audit := streamMsgs(t, e.js, schemas.StreamAudit)
+			audit := testenv.StreamMsgs(t, e.js, schemas.StreamAudit)
 			if len(audit) != auditBefore+1 {
 				t.Fatalf("TALOS_AUDIT grew by %d, want one refusal receipt", len(audit)-auditBefore)
 			}
@@ -440,7 +414,7 @@ func TestControlSameCommandTwice(t *testing.T) {
 	if !third.OK || third.Seq != first.Seq+1 {
 		t.Fatalf("next command: %+v", third)
 	}
-	if n := len(streamMsgs(t, e.js, schemas.StreamControl)); n != 2 {
+	if n := len(testenv.StreamMsgs(t, e.js, schemas.StreamControl)); n != 2 {
 		t.Fatalf("TALOS_CONTROL has %d events, want 2", n)
 	}
 	e.waitCopied(t)
@@ -455,7 +429,7 @@ func TestControlSameCommandTwice(t *testing.T) {
 			t.Fatalf("retry after restart: %+v", r)
 		}
 	}
-	if n := len(streamMsgs(t, e.js, schemas.StreamControl)); n != 2 {
+	if n := len(testenv.StreamMsgs(t, e.js, schemas.StreamControl)); n != 2 {
 		t.Fatalf("TALOS_CONTROL has %d events, want 2", n)
 	}
 }
@@ -499,7 +473,7 @@ func TestControlTwoServicesAppendConcurrently(t *testing.T) {
 		}
 		seqs[r.Seq] = true
 	}
-	ctl := streamMsgs(t, e.js, schemas.StreamControl)
+	ctl := testenv.StreamMsgs(t, e.js, schemas.StreamControl)
 	if len(ctl) != clients*each {
 		t.Fatalf("TALOS_CONTROL has %d events, want %d", len(ctl), clients*each)
 	}
@@ -555,13 +529,13 @@ func TestControlCopierBackfillsAudit(t *testing.T) {
 	if _, err := e.js.PublishMsg(ctx, msg); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(streamMsgs(t, e.js, schemas.StreamAudit)); n != 0 {
+	if n := len(testenv.StreamMsgs(t, e.js, schemas.StreamAudit)); n != 0 {
 		t.Fatalf("TALOS_AUDIT has %d messages before the copier ran", n)
 	}
 
 	e.startControl(t, "control-a", nil)
 	e.waitCopied(t)
-	audit := streamMsgs(t, e.js, schemas.StreamAudit)
+	audit := testenv.StreamMsgs(t, e.js, schemas.StreamAudit)
 	var found bool
 	for _, m := range audit {
 		if bytes.Equal(m.Data, sealed.JSON) {
@@ -631,7 +605,7 @@ func TestControlReadsAndReplay(t *testing.T) {
 	if err := e.nc.Publish(schemas.StatusSubject("w1"), hb); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, func() bool { return len(sw.Live()) == 1 })
+	testenv.WaitFor(t, 5*time.Second, func() bool { return len(sw.Live()) == 1 })
 
 	for _, verb := range []string{schemas.VerbKillSwitchList, schemas.VerbQuarantineList, schemas.VerbRegistryShow} {
 		r := do(t, c, c.NewCommand(verb))
@@ -669,7 +643,7 @@ func TestControlReadsAndReplay(t *testing.T) {
 	if !slices.Equal(flushed, []string{"sess-9"}) {
 		t.Fatalf("flushed %v", flushed)
 	}
-	if n := len(streamMsgs(t, e.js, schemas.StreamControl)); n != 1 {
+	if n := len(testenv.StreamMsgs(t, e.js, schemas.StreamControl)); n != 1 {
 		t.Fatalf("TALOS_CONTROL has %d events; only the flush mutates", n)
 	}
 	// Every read left an accepted receipt with its command in TALOS_AUDIT.
@@ -762,7 +736,7 @@ func TestStatusWatcherWaitApplied(t *testing.T) {
 	// A heartbeat on someone else's subject is ignored.
 	spoof, _ := json.Marshal(schemas.WorkerStatus{WorkerID: "w2", AppliedSeq: 99, IntervalMS: 50})
 	_ = e.nc.Publish(schemas.StatusSubject("w1"), spoof)
-	waitFor(t, 5*time.Second, func() bool { return len(w.Live()) == 3 })
+	testenv.WaitFor(t, 5*time.Second, func() bool { return len(w.Live()) == 3 })
 
 	// w3 is already at 9 ≥ 5: it counts with the time of the heartbeat
 	// that first showed it, before the call.
@@ -839,7 +813,7 @@ func TestControlDoAndWait(t *testing.T) {
 		}
 		return info.State.LastSeq
 	}, stop)
-	waitFor(t, 5*time.Second, func() bool { return len(sw.Live()) == 1 })
+	testenv.WaitFor(t, 5*time.Second, func() bool { return len(sw.Live()) == 1 })
 
 	c := e.client()
 	r, p, err := c.DoAndWait(ctx, killSwitch(c, "global"), 5*time.Second)
@@ -859,7 +833,7 @@ func TestControlDoAndWait(t *testing.T) {
 	// A live worker that never applies is reported missing when the wait
 	// runs out; that is not an error.
 	fakeWorker(t, e.nc, "w2", 20*time.Millisecond, func() uint64 { return 0 }, stop)
-	waitFor(t, 5*time.Second, func() bool { return len(sw.Live()) == 2 })
+	testenv.WaitFor(t, 5*time.Second, func() bool { return len(sw.Live()) == 2 })
 	r, p, err = c.DoAndWait(ctx, killSwitch(c, "agent:bot-2"), 500*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)

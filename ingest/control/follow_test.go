@@ -229,7 +229,7 @@ func followSeqRange(from, to uint64) []uint64 {
 
 func TestFollowReplaysThenTails(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js := connectJS(t, ns.URL())
+	_, js := testenv.ConnectJS(t, ns.URL())
 	followEnsureStreams(t, js)
 	signer := newFollowSigner(t, "talosd-control")
 	const n = 1000
@@ -312,7 +312,7 @@ func TestFollowReplaysThenTails(t *testing.T) {
 
 func TestFollowEmptyStreamAndLateStream(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js := connectJS(t, ns.URL())
+	_, js := testenv.ConnectJS(t, ns.URL())
 	signer := newFollowSigner(t, "talosd-control")
 	a := &followApplier{}
 	f, err := control.NewControlFollower(js, a, control.FollowerOptions{Keys: signer.keys()})
@@ -361,7 +361,7 @@ func (b *followLogBuffer) String() string {
 
 func TestFollowRejects(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js := connectJS(t, ns.URL())
+	_, js := testenv.ConnectJS(t, ns.URL())
 	followEnsureStreams(t, js)
 	signer := newFollowSigner(t, "talosd-control")
 	stranger := newFollowSigner(t, "talosd-control") // same chain id, untrusted key
@@ -497,7 +497,7 @@ func TestFollowSurvivesNATSRestart(t *testing.T) {
 			ns.Shutdown()
 		}
 	})
-	nc, js := connectJS(t, ns.URL())
+	nc, js := testenv.ConnectJS(t, ns.URL())
 	followEnsureStreams(t, js)
 	signer := newFollowSigner(t, "talosd-control")
 	signer.publishValid(js, 1, 10)
@@ -553,7 +553,7 @@ func TestFollowSurvivesNATSRestart(t *testing.T) {
 
 func TestNewControlFollowerValidates(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js := connectJS(t, ns.URL())
+	_, js := testenv.ConnectJS(t, ns.URL())
 	if _, err := control.NewControlFollower(js, &followApplier{}, control.FollowerOptions{}); err == nil {
 		t.Fatal("follower without trusted keys")
 	}
@@ -591,7 +591,7 @@ func (c chanApplier) Apply(seq uint64, _ *schemas.ControlRecord, _ time.Time) er
 // reports p50 and p99 in microseconds.
 func BenchmarkFollowTail(b *testing.B) {
 	ns := testenv.NATSForTest(b)
-	_, js := connectJS(b, ns.URL())
+	_, js := testenv.ConnectJS(b, ns.URL())
 	followEnsureStreams(b, js)
 	signer := newFollowSigner(b, "talosd-control")
 	events := make([][]byte, b.N)

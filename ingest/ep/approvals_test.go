@@ -15,7 +15,7 @@ import (
 // reaches the call parked on its target, and only that call; a refused
 // command, and a call no longer expected, get nothing.
 func TestApprovalsRouteByToolCallID(t *testing.T) {
-	nc, _ := connectJS(t, testenv.NATSForTest(t).URL())
+	nc, _ := testenv.ConnectJS(t, testenv.NATSForTest(t).URL())
 	a := ep.NewApprovals(nc, slog.New(slog.DiscardHandler))
 	a.Start()
 	if err := nc.Flush(); err != nil {

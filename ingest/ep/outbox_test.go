@@ -33,7 +33,7 @@ func outboxPost(t *testing.T) *schemas.ToolCall {
 // not exist yet is retried, and stored once (with its Nats-Msg-Id) when
 // the stream appears; Drain then reports nothing left.
 func TestOutboxRetriesUntilStored(t *testing.T) {
-	_, js := connectJS(t, testenv.NATSForTest(t).URL())
+	_, js := testenv.ConnectJS(t, testenv.NATSForTest(t).URL())
 	out := ep.NewOutbox(slog.New(slog.DiscardHandler))
 	out.Start(js)
 	post := outboxPost(t)
@@ -68,7 +68,7 @@ func TestOutboxRetriesUntilStored(t *testing.T) {
 // its wait and counts what was not delivered; Full stays false below the
 // limit.
 func TestOutboxDrainGivesUp(t *testing.T) {
-	_, js := connectJS(t, testenv.NATSForTest(t).URL())
+	_, js := testenv.ConnectJS(t, testenv.NATSForTest(t).URL())
 	out := ep.NewOutbox(slog.New(slog.DiscardHandler))
 	out.Start(js)
 	out.Send(outboxPost(t))

@@ -80,8 +80,8 @@ func pairKeys(t testing.TB, l *kv.Ledger) uint64 {
 // name.
 func TestLedgerPairsAcrossWorkers(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js1 := connectJS(t, ns.URL())
-	_, js2 := connectJS(t, ns.URL())
+	_, js1 := testenv.ConnectJS(t, ns.URL())
+	_, js2 := testenv.ConnectJS(t, ns.URL())
 	w1 := newLedger(t, js1, kv.LedgerOptions{})
 	w2 := newLedger(t, js2, kv.LedgerOptions{})
 
@@ -184,7 +184,7 @@ func TestLedgerIdempotencyAndApprovals(t *testing.T) {
 	url := testenv.NATSForTest(t).URL()
 	var ledgers [2]*kv.Ledger
 	for i := range ledgers {
-		_, js := connectJS(t, url)
+		_, js := testenv.ConnectJS(t, url)
 		ledgers[i] = newLedger(t, js, kv.LedgerOptions{})
 	}
 	key := enforce.IdempotencyKey("agent-a", "files", "write_file", "k1")
@@ -240,7 +240,7 @@ func TestLedgerIdempotencyAndApprovals(t *testing.T) {
 // marker (an operator removed the key) is claimable again, still only once.
 func TestLedgerDeletedKey(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js := connectJS(t, ns.URL())
+	_, js := testenv.ConnectJS(t, ns.URL())
 	l := newLedger(t, js, kv.LedgerOptions{})
 	ctx := context.Background()
 	bucket, err := js.KeyValue(ctx, kv.LedgerBucket)
@@ -284,7 +284,7 @@ func TestLedgerDeletedKey(t *testing.T) {
 
 func TestLedgerWindowExpiry(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js := connectJS(t, ns.URL())
+	_, js := testenv.ConnectJS(t, ns.URL())
 	l := newLedger(t, js, kv.LedgerOptions{Window: time.Second})
 	claim(t, l, "sess", "corr", "call-a", "call-a")
 	deadline := time.Now().Add(15 * time.Second)
@@ -313,7 +313,7 @@ func TestLedgerSurvivesRestart(t *testing.T) {
 	}
 	t.Cleanup(ns.Shutdown) // safe after the Shutdown below
 	port := ns.NATS().Addr().(*net.TCPAddr).Port
-	_, js := connectJS(t, ns.URL())
+	_, js := testenv.ConnectJS(t, ns.URL())
 	l := newLedger(t, js, kv.LedgerOptions{})
 	claim(t, l, "sess", "corr", "call-a", "call-a")
 	ns.Shutdown()
@@ -323,7 +323,7 @@ func TestLedgerSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(ns2.Shutdown)
-	_, js2 := connectJS(t, ns2.URL())
+	_, js2 := testenv.ConnectJS(t, ns2.URL())
 	l2 := newLedger(t, js2, kv.LedgerOptions{}) // a restarted worker
 	claim(t, l2, "sess", "corr", "call-b", "call-a")
 	check(t, l2, "sess", "corr", "call-a")
@@ -347,7 +347,7 @@ func TestLedgerSurvivesRestart(t *testing.T) {
 
 func TestLedgerInputAndOptions(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js := connectJS(t, ns.URL())
+	_, js := testenv.ConnectJS(t, ns.URL())
 	l := newLedger(t, js, kv.LedgerOptions{Memory: true, Window: time.Hour})
 	for _, call := range []string{"", "a.b", "a*", "a>", string(make([]byte, 129))} {
 		op := claimOp("s", "c", call)
@@ -385,7 +385,7 @@ func BenchmarkLedgerClaims(b *testing.B) {
 	for _, batch := range []int{1, 16} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
 			ns := testenv.NATSForTest(b)
-			_, js := connectJS(b, ns.URL())
+			_, js := testenv.ConnectJS(b, ns.URL())
 			l := newLedger(b, js, kv.LedgerOptions{})
 			b.ReportAllocs()
 			b.ResetTimer()

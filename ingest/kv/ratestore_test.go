@@ -63,8 +63,8 @@ func TestRateKey(t *testing.T) {
 // exactly once (no lost or duplicated update).
 func TestKVRateStoreTwoWorkers(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js1 := connectJS(t, ns.URL())
-	_, js2 := connectJS(t, ns.URL())
+	_, js1 := testenv.ConnectJS(t, ns.URL())
+	_, js2 := testenv.ConnectJS(t, ns.URL())
 	workers := []*kv.KVRateStore{newRateStore(t, js1, time.Minute), newRateStore(t, js2, time.Minute)}
 
 	const goroutines, takes = 8, 100 // goroutines per worker, takes per goroutine
@@ -112,7 +112,7 @@ func TestKVRateStoreTwoWorkers(t *testing.T) {
 
 func TestKVRateStoreWindows(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js := connectJS(t, ns.URL())
+	_, js := testenv.ConnectJS(t, ns.URL())
 	s := newRateStore(t, js, time.Minute)
 	t0 := time.Unix(1_700_000_040, 0)
 	take(t, s, "k", time.Minute, t0, 1)
@@ -134,8 +134,8 @@ func TestKVRateStoreWindows(t *testing.T) {
 // deleted counter starts again at 1.
 func TestKVRateStoreStaleRevision(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js1 := connectJS(t, ns.URL())
-	_, js2 := connectJS(t, ns.URL())
+	_, js1 := testenv.ConnectJS(t, ns.URL())
+	_, js2 := testenv.ConnectJS(t, ns.URL())
 	a, b := newRateStore(t, js1, time.Minute), newRateStore(t, js2, time.Minute)
 	now := time.Unix(1_700_000_040, 0)
 	take(t, a, "k", time.Minute, now, 1)
@@ -165,7 +165,7 @@ func TestKVRateStoreStaleRevision(t *testing.T) {
 
 func TestKVRateStoreBucketConfig(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js := connectJS(t, ns.URL())
+	_, js := testenv.ConnectJS(t, ns.URL())
 	s := newRateStore(t, js, 10*time.Second)
 	if s.TTL() != time.Minute {
 		t.Fatalf("TTL = %s, want the 1 min floor", s.TTL())
@@ -193,8 +193,8 @@ func TestKVRateStoreBucketConfig(t *testing.T) {
 // two limiters (two workers) share one budget.
 func TestRateLimiterOnKV(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js1 := connectJS(t, ns.URL())
-	_, js2 := connectJS(t, ns.URL())
+	_, js1 := testenv.ConnectJS(t, ns.URL())
+	_, js2 := testenv.ConnectJS(t, ns.URL())
 	p, err := enforce.ParsePolicy([]byte(`{"rate_limits":[{"name":"per-agent","agents":["*"],"servers":["fs"],"tools":["*"],"limit":3,"window":"1m"}]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -226,7 +226,7 @@ func TestRateLimiterOnKV(t *testing.T) {
 // existing bucket's count or shortens the rate bucket's TTL.
 func TestBucketsHonourReplicas(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js := connectJS(t, ns.URL())
+	_, js := testenv.ConnectJS(t, ns.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := kv.NewKVRateStore(ctx, js, time.Minute, 3); err == nil || !strings.Contains(strings.ToLower(err.Error()), "replica") {
@@ -252,7 +252,7 @@ func TestBucketsHonourReplicas(t *testing.T) {
 // bucket; one with limits gets a bucket sized to its longest window.
 func TestNewRateLimiter(t *testing.T) {
 	ns := testenv.NATSForTest(t)
-	_, js := connectJS(t, ns.URL())
+	_, js := testenv.ConnectJS(t, ns.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	none, err := enforce.ParsePolicy([]byte(`{"rules":[{"name":"all","agents":["*"],"servers":["*"],"tools":["*"]}]}`))
