@@ -34,11 +34,9 @@ func (e *CheckFileError) Unwrap() error { return e.Err }
 // issuers, the policy, and the redactor with its key. It returns how many
 // issuers are trusted and the redaction key's id.
 func (o *DeciderOptions) LoadFiles(f CheckFiles) (issuers int, redactionKID string, err error) {
-	keys := verify.KeySet{}
-	if len(f.CapabilityIssuers) > 0 {
-		if keys, err = verify.LoadTrustedKeys(f.CapabilityIssuers...); err != nil {
-			return 0, "", &CheckFileError{"capability-issuers", err}
-		}
+	keys, err := verify.LoadKeys(f.CapabilityIssuers...)
+	if err != nil {
+		return 0, "", &CheckFileError{"capability-issuers", err}
 	}
 	if o.Capabilities, err = NewAuthorizer(CapabilityConfig{Issuers: keys}); err != nil {
 		return 0, "", err

@@ -159,6 +159,12 @@ func TestLoadTrustedKeysDirectory(t *testing.T) {
 	if _, err := verify.LoadTrustedKeys(); err == nil {
 		t.Error("no paths: want error")
 	}
+	if ks, err := verify.LoadKeys(); err != nil || len(ks) != 0 {
+		t.Errorf("LoadKeys of no paths: %v, %v; want an empty set", ks, err)
+	}
+	if _, err := verify.LoadKeys(filepath.Join(other, "absent.pub")); err == nil {
+		t.Error("LoadKeys of a missing file: want error")
+	}
 }
 
 func TestWritePublicKey(t *testing.T) {

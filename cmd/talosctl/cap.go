@@ -184,11 +184,9 @@ func (c *capInspectCmd) Run(g *Globals) error {
 			return usage("--at: not an RFC 3339 time")
 		}
 	}
-	issuers := verify.KeySet{}
-	if len(c.Issuers) > 0 {
-		if issuers, err = verify.LoadTrustedKeys(c.Issuers...); err != nil {
-			return usage("--issuers: %v", err)
-		}
+	issuers, err := verify.LoadKeys(c.Issuers...)
+	if err != nil {
+		return usage("--issuers: %v", err)
 	}
 	authz, err := enforce.NewAuthorizer(enforce.CapabilityConfig{Issuers: issuers})
 	if err != nil {

@@ -17,12 +17,9 @@ import (
 // and whose receipts its dashboard trusts: its own signing key (key, nil
 // without one) and --trusted-keys (the other talosd instances').
 func trustedSigners(f *Flags, key *receipts.PrivateKey) (verify.KeySet, error) {
-	keys := verify.KeySet{}
-	if len(f.TrustedKeys) > 0 {
-		var err error
-		if keys, err = verify.LoadTrustedKeys(f.TrustedKeys...); err != nil {
-			return nil, fmt.Errorf("trusted keys: %w", err)
-		}
+	keys, err := verify.LoadKeys(f.TrustedKeys...)
+	if err != nil {
+		return nil, fmt.Errorf("trusted keys: %w", err)
 	}
 	if key != nil {
 		keys.Add(key.Public())
@@ -39,12 +36,9 @@ func workerID(f *Flags) string { return ingest.InstanceToken(f.instance()) }
 // call ledger and enforcement state of this process's enforce role (en,
 // nil without one).
 func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn, js jetstream.JetStream, c *core, en *ingest.EnforceRole) (func(context.Context) error, error) {
-	responders := verify.KeySet{}
-	if len(f.ResponderKeys) > 0 {
-		var err error
-		if responders, err = verify.LoadTrustedKeys(f.ResponderKeys...); err != nil {
-			return nil, fmt.Errorf("responder keys: %w", err)
-		}
+	responders, err := verify.LoadKeys(f.ResponderKeys...)
+	if err != nil {
+		return nil, fmt.Errorf("responder keys: %w", err)
 	}
 	if len(responders) == 0 {
 		log.Warn("no --responder-keys: every control command will be refused (CTL_UNTRUSTED_KEY); create one with 'talosctl keys gen --out responder' and pass --responder-keys responder.pub")

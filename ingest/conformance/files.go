@@ -47,10 +47,8 @@ func (f Files) Load(cfg *Config) (responder *receipts.PrivateKey, err error) {
 			return nil, fmt.Errorf("%s: %w", k.flag, err)
 		}
 	}
-	if len(f.TrustedKeys) > 0 {
-		if cfg.TrustedKeys, err = verify.LoadTrustedKeys(f.TrustedKeys...); err != nil {
-			return nil, fmt.Errorf("--trusted-keys: %w", err)
-		}
+	if cfg.TrustedKeys, err = verify.LoadKeys(f.TrustedKeys...); err != nil {
+		return nil, fmt.Errorf("--trusted-keys: %w", err)
 	}
 	if f.GatewayURL == "" {
 		return responder, nil

@@ -84,11 +84,21 @@ func LoadPublicKey(path string) (string, ed25519.PublicKey, error) {
 	return kf.KID, pub, nil
 }
 
-// LoadTrustedKeys reads the trusted public keys. Each path is a .pub file
-// or a directory whose *.pub files (not sub-directories) are all read. It
-// fails if any file is bad, if a directory holds no .pub file, or if no
-// key results.
+// LoadTrustedKeys is LoadKeys where at least one key is needed (a
+// verifier with no key could only fail): it also fails if no key results.
 func LoadTrustedKeys(paths ...string) (KeySet, error) {
+	ks, err := LoadKeys(paths...)
+	if err == nil && len(ks) == 0 {
+		err = errors.New("verify: trusted keys: none given")
+	}
+	return ks, err
+}
+
+// LoadKeys reads public keys. Each path is a .pub file or a directory
+// whose *.pub files (not sub-directories) are all read. It fails if any
+// file is bad or a directory holds no .pub file; no paths is an empty set
+// (for settings where trusting no key is allowed).
+func LoadKeys(paths ...string) (KeySet, error) {
 	ks := KeySet{}
 	for _, p := range paths {
 		st, err := os.Stat(p)
@@ -119,9 +129,6 @@ func LoadTrustedKeys(paths ...string) (KeySet, error) {
 			}
 			ks[kid] = pub
 		}
-	}
-	if len(ks) == 0 {
-		return nil, errors.New("verify: trusted keys: none given")
 	}
 	return ks, nil
 }
