@@ -206,6 +206,12 @@ type ControlRecord struct {
 	// Command is the verified command, responder signature included, so an
 	// auditor can check the responder's signature too (accepted only).
 	Command *ControlCommand `json:"command,omitempty"`
+	// SuppressedBefore is, on a refusal, how many refusals of the same
+	// identity (the responder key whose signature verified, else every
+	// unverified command together) the control service's rate limit left
+	// without a receipt since that identity's previous refusal receipt;
+	// absent when none was.
+	SuppressedBefore uint64 `json:"suppressed_before,omitempty"`
 }
 
 // Control refusal codes (ControlRecord.Code, ControlReply.Code).
@@ -230,6 +236,11 @@ type ControlReply struct {
 	Code      string `json:"code,omitempty"`
 	Seq       uint64 `json:"seq,omitempty"`        // TALOS_CONTROL seq of an accepted mutation
 	ReceiptID string `json:"receipt_id,omitempty"` // the control receipt
+	// ReceiptSuppressed says that the refusal got no receipt: its
+	// identity's refusal receipts were over the control service's rate
+	// limit. The next receipt written for it counts this one
+	// (ControlRecord.SuppressedBefore).
+	ReceiptSuppressed bool `json:"receipt_suppressed,omitempty"`
 	// Workers are the live workers the control service knew when it
 	// answered; `--wait` waits for each to report Seq applied.
 	Workers []string `json:"workers,omitempty"`

@@ -86,6 +86,7 @@ func TestStructsMatchSchemas(t *testing.T) {
 		{reflect.TypeFor[Chain](), FileReceiptSchema, "/$defs/chain"},
 		{reflect.TypeFor[IdempotentOf](), FileReceiptSchema, "/$defs/receipt/properties/idempotent_of"},
 		{reflect.TypeFor[Signature](), FileReceiptSchema, "/$defs/signature"},
+		{reflect.TypeFor[ControlRecord](), FileReceiptSchema, "/$defs/control"},
 		{reflect.TypeFor[Decision](), FileDecisionSchema, ""},
 		{reflect.TypeFor[CapabilityChain](), FileCapabilitySchema, ""},
 		{reflect.TypeFor[Capability](), FileCapabilitySchema, "/$defs/capability"},
@@ -195,7 +196,7 @@ func fullReceiptEvent() map[string]any {
 func fullControlRecord() *ControlRecord {
 	return &ControlRecord{CommandID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d71", Verb: VerbKillSwitchSet, Actor: "alice",
 		Reason: "incident 42", Target: "tool:files/write_file", Accepted: true, Code: "", Seq: 7,
-		CommandHash: strings.Repeat("a", 64), ResponderKID: "0123456789abcdef",
+		CommandHash: strings.Repeat("a", 64), ResponderKID: "0123456789abcdef", SuppressedBefore: 3,
 		Command: &ControlCommand{SchemaVersion: ControlCommandVersion, CommandID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d71",
 			Verb: VerbKillSwitchSet, Actor: "alice", Reason: "incident 42", IssuedAt: "2025-01-15T10:20:30.123Z",
 			Scope: "tool:files/write_file", SessionID: "s", Target: "cap-1", Digest: "sha256:" + strings.Repeat("f", 64),
