@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest/checkpoint"
@@ -129,6 +130,8 @@ type ControlRoleOptions struct {
 	// service then reads its ledger and enforcement state instead of
 	// following TALOS_CONTROL itself.
 	Enforce *EnforceRole
+	// Metrics, if set, gets the control service's metrics.
+	Metrics prometheus.Registerer
 	Logger  *slog.Logger
 }
 
@@ -143,6 +146,7 @@ func NewControlRole(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, 
 		Checkpoints:   o.Checkpoints,
 		Engine:        o.Engine,
 		Signers:       o.Signers,
+		Metrics:       o.Metrics,
 		Logger:        o.Logger,
 	}
 	if en := o.Enforce; en != nil {

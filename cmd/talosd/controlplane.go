@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/receipts"
@@ -34,8 +35,8 @@ func workerID(f *Flags) string { return ingest.InstanceToken(f.instance()) }
 // startControl prepares the control role (ingest.NewControlRole) from
 // --responder-keys, --control-skew and the checkpoint settings, sharing the
 // call ledger and enforcement state of this process's enforce role (en,
-// nil without one).
-func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn, js jetstream.JetStream, c *core, en *ingest.EnforceRole) (func(context.Context) error, error) {
+// nil without one), its metrics in metrics.
+func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn, js jetstream.JetStream, c *core, en *ingest.EnforceRole, metrics prometheus.Registerer) (func(context.Context) error, error) {
 	responders, err := verify.LoadKeys(f.ResponderKeys...)
 	if err != nil {
 		return nil, fmt.Errorf("responder keys: %w", err)
@@ -45,6 +46,6 @@ func startControl(ctx context.Context, f *Flags, log *slog.Logger, nc *nats.Conn
 	}
 	return ingest.NewControlRole(ctx, nc, js, ingest.ControlRoleOptions{
 		Instance: f.instance(), Key: c.key, Engine: c.engine, Signers: c.signers, ResponderKeys: responders,
-		Skew: f.ControlSkew, Checkpoints: f.checkpoints(), Ledger: f.ledgerOptions(), Enforce: en, Logger: log,
+		Skew: f.ControlSkew, Checkpoints: f.checkpoints(), Ledger: f.ledgerOptions(), Enforce: en, Metrics: metrics, Logger: log,
 	})
 }

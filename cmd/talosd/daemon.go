@@ -232,7 +232,7 @@ func startRoles(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *na
 		start("enforce", en.Run)
 	}
 	if f.has("control") {
-		run, err := startControl(ctx, f, log.With("role", "control"), nc, js, c, en)
+		run, err := startControl(ctx, f, log.With("role", "control"), nc, js, c, en, metrics)
 		if err != nil {
 			return "", closeSink, err
 		}

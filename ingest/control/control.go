@@ -20,6 +20,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/talos-audit/talos/ingest/checkpoint"
 	"github.com/talos-audit/talos/receipts"
@@ -101,17 +102,22 @@ type ControlOptions struct {
 	Status *StatusWatcher
 	// Checkpoints says when the control chain cuts a signed checkpoint.
 	Checkpoints checkpoint.Options
-	Logger      *slog.Logger
-	Now         func() time.Time
+	// RefusalLimits bound the refusal receipts per responder identity.
+	RefusalLimits RefusalLimits
+	// Metrics, if set, gets the service's counter of suppressed refusal
+	// receipts (talos_control_refusal_receipts_suppressed_total).
+	Metrics prometheus.Registerer
+	Logger  *slog.Logger
+	Now     func() time.Time
 }
 
 var sourcePattern = regexp.MustCompile(`^talos://[^/\s]+/\S+$`)
 
 // ControlService answers control requests on talos.ctl.<verb> (queue
 // group ControlQueue): it verifies each command, records one signed
-// control receipt per command in TALOS_AUDIT, appends accepted mutations
-// to TALOS_CONTROL at a sequence their receipt names, and answers with a
-// schemas.ControlReply.
+// control receipt per command in TALOS_AUDIT (per refused command, as
+// RefusalLimits allow), appends accepted mutations to TALOS_CONTROL at a
+// sequence their receipt names, and answers with a schemas.ControlReply.
 //
 // Several instances may run at once. Mutations are serialised within an
 // instance by a mutex and across instances by JetStream's expected last
@@ -130,6 +136,11 @@ type ControlService struct {
 	o   ControlOptions
 	log *slog.Logger
 	cp  *checkpoint.Publisher
+
+	// refusals limits the refusal receipts (its lock comes after mu);
+	// suppressed counts those it suppressed, by code.
+	refusals   *refusalLimiter
+	suppressed *prometheus.CounterVec
 
 	// Set by Run before any handler starts; read-only afterwards.
 	control, audit jetstream.Stream
@@ -178,7 +189,16 @@ func NewControlService(nc *nats.Conn, js jetstream.JetStream, o ControlOptions) 
 		o.Now = time.Now
 	}
 	o.Checkpoints = o.Checkpoints.WithDefaults()
-	s := &ControlService{nc: nc, js: js, o: o, log: o.Logger, appended: map[string]appendedCommand{}}
+	s := &ControlService{nc: nc, js: js, o: o, log: o.Logger, appended: map[string]appendedCommand{},
+		refusals: newRefusalLimiter(o.RefusalLimits),
+		suppressed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "talos_control_refusal_receipts_suppressed_total",
+			Help: "Refused control commands left without a receipt by the refusal rate limit, by refusal code."}, []string{"code"}),
+	}
+	if o.Metrics != nil {
+		if err := o.Metrics.Register(s.suppressed); err != nil {
+			return nil, fmt.Errorf("ingest: control service metrics: %w", err)
+		}
+	}
 	s.cp = checkpoint.NewPublisher(js, o.Source, o.Now, o.Logger, 50*time.Millisecond)
 	return s, nil
 }
@@ -331,6 +351,7 @@ type request struct {
 	hash    string // hex sha256 of raw
 	now     time.Time
 	cmd     *schemas.ControlCommand // nil until decoded; verified once accepted
+	signer  string                  // kid of the trusted responder key whose signature verifies; "" for none
 	rec     schemas.ControlRecord
 	workers []string
 }
@@ -345,12 +366,19 @@ func (s *ControlService) handle(ctx context.Context, subject string, raw []byte)
 		now:  s.o.Now().UTC(),
 	}
 	req.rec = schemas.ControlRecord{Verb: clipUTF8(req.verb, 64), CommandHash: req.hash}
-	// Refusals of input that is not even a command are recorded too, and
-	// nothing limits their rate yet: NATS permissions on talos.ctl.> are
-	// the only bound on how many such receipts a client can cause.
+	// Refusals of input that is not even a command are recorded too, as
+	// RefusalLimits allow. The signature is checked as soon as the command
+	// decodes, so that a signed command refused for anything is counted
+	// against its signer's refusal bucket; the order of the refusal codes
+	// is unchanged.
 	cmd, derr := schemas.DecodeControlCommand(raw, s.o.MaxCommandBytes)
+	var kid string
+	var verr error
 	if derr == nil {
 		req.describe(cmd)
+		if kid, verr = receipts.VerifyCommand(cmd, s.o.ResponderKeys); verr == nil {
+			req.signer = kid
+		}
 	}
 	if !slices.Contains(schemas.Verbs, req.verb) {
 		return s.refuse(ctx, req, schemas.CtlUnknownVerb, fmt.Sprintf("%q is not a control verb", clipUTF8(req.verb, 64)))
@@ -365,13 +393,12 @@ func (s *ControlService) handle(ctx context.Context, subject string, raw []byte)
 	if code, err := cmd.Validate(req.now, s.o.Skew); code != "" {
 		return s.refuse(ctx, req, code, err.Error())
 	}
-	kid, err := receipts.VerifyCommand(cmd, s.o.ResponderKeys)
 	switch {
-	case errors.Is(err, receipts.ErrUnsigned):
+	case errors.Is(verr, receipts.ErrUnsigned):
 		return s.refuse(ctx, req, schemas.CtlUnsigned, "the command is not signed")
-	case errors.Is(err, receipts.ErrUntrustedKey):
+	case errors.Is(verr, receipts.ErrUntrustedKey):
 		return s.refuse(ctx, req, schemas.CtlUntrustedKey, fmt.Sprintf("key %q is not a trusted responder key", clipUTF8(kid, 64)))
-	case err != nil:
+	case verr != nil:
 		return s.refuse(ctx, req, schemas.CtlSignatureInvalid, "the signature does not match the command")
 	}
 	req.rec.ResponderKID = kid
@@ -463,9 +490,11 @@ func (s *ControlService) read(ctx context.Context, req *request) *schemas.Contro
 	return reply
 }
 
-// refuse records a refusal receipt and answers with the code. A refusal
-// that could not be recorded is still answered (nothing was done), and
-// logged.
+// refuse records a refusal receipt, as RefusalLimits allow, and answers
+// with the code. A refusal that could not be recorded, or whose receipt
+// the limit suppressed, is still answered (nothing was done): the first is
+// logged, the second counted and recorded by the next receipt of its
+// identity.
 func (s *ControlService) refuse(ctx context.Context, req *request, code, detail string) *schemas.ControlReply {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -479,8 +508,18 @@ func (s *ControlService) refuseLocked(ctx context.Context, req *request, code, d
 		code = schemas.CtlInvalid
 	}
 	req.rec.Code = code
+	n, ok := s.refusals.take(req.signer, req.now)
+	if !ok {
+		s.suppressed.WithLabelValues(code).Inc()
+		if n == 1 {
+			s.log.Warn("control refusal receipts suppressed by the rate limit", "identity", refusalIdentity(req.signer), "verb", req.rec.Verb, "code", code)
+		}
+		return &schemas.ControlReply{Code: code, Error: detail, ReceiptSuppressed: true}
+	}
+	req.rec.SuppressedBefore = n
 	id, err := s.recordLocked(ctx, req, false)
 	if err != nil {
+		s.refusals.restore(req.signer, n)
 		s.log.Error("control refusal not recorded", "verb", req.rec.Verb, "code", code, "err", err)
 	}
 	return &schemas.ControlReply{Code: code, Error: detail, ReceiptID: id}
@@ -503,7 +542,7 @@ func (req *request) receiptData(accepted bool) *schemas.Receipt {
 		Control:        &rec,
 	}
 	if accepted {
-		rec.Code = ""
+		rec.Code, rec.SuppressedBefore = "", 0
 		rec.Command = req.cmd
 		r.ResultCode, r.Decision, r.ReasonCodes = "accepted", "allow", []string{}
 	} else {

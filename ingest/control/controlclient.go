@@ -182,7 +182,11 @@ type RefusedError struct {
 }
 
 func (e *RefusedError) Error() string {
-	return fmt.Sprintf("%s refused: %s (%s)", e.Verb, e.Reply.Error, e.Reply.Code)
+	msg := fmt.Sprintf("%s refused: %s (%s)", e.Verb, e.Reply.Error, e.Reply.Code)
+	if e.Reply.ReceiptSuppressed {
+		msg += "; no receipt: too many refusals, the next receipt counts this one"
+	}
+	return msg
 }
 
 // UnconfirmedError is an accepted mutation that some live workers did not

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest/checkpoint"
@@ -31,6 +32,9 @@ type ControlPlaneOptions struct {
 	Skew time.Duration
 	// Checkpoints are the control chain's checkpoint settings.
 	Checkpoints checkpoint.Options
+	// RefusalLimits and Metrics are ControlOptions'.
+	RefusalLimits RefusalLimits
+	Metrics       prometheus.Registerer
 	// Ledger is the shared call ledger: approve and reject must name a call
 	// awaiting approval, and it is the control service's replay store.
 	// Required.
@@ -91,6 +95,8 @@ func NewControlPlane(nc *nats.Conn, js jetstream.JetStream, o ControlPlaneOption
 		ResponderKeys: o.ResponderKeys,
 		Skew:          o.Skew,
 		Checkpoints:   o.Checkpoints,
+		RefusalLimits: o.RefusalLimits,
+		Metrics:       o.Metrics,
 		Status:        watch,
 		Logger:        log,
 		Hooks: ControlHooks{
