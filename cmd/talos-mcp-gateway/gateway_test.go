@@ -26,7 +26,22 @@ import (
 	"github.com/talos-audit/talos/testenv"
 )
 
-func TestMain(m *testing.M) { os.Exit(testenv.RunWithClickHouse(m)) }
+// TestMain gives the gateways this binary starts a state directory of
+// their own: those without --spool-dir spool under it (DefaultSpoolDir),
+// never under the user's home.
+func TestMain(m *testing.M) {
+	state, err := os.MkdirTemp("", "talos-gateway-test-state-")
+	if err == nil {
+		err = os.Setenv("XDG_STATE_HOME", state)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := testenv.RunWithClickHouse(m)
+	os.RemoveAll(state)
+	os.Exit(code)
+}
 
 // registryDir holds the manifests of the npm MCP servers the tests run.
 const registryDir = "../../deploy/mcp/registry"

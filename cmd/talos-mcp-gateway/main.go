@@ -78,6 +78,7 @@ type cli struct {
 	AllowNetworkTool     []string      `name:"allow-network-tool" help:"Exempt a tool ('name' or 'server_id/name') from --block-network-outbound."`
 	MaxEnvelopeBytes     int           `name:"max-envelope-bytes" help:"Largest call envelope sent to Talos; larger calls are denied here (default: NATS max payload less 64 KiB)."`
 	DrainTimeout         time.Duration `name:"drain-timeout" default:"10s" help:"At exit, how long to wait for post events still queued for NATS."`
+	SpoolDir             string        `name:"spool-dir" type:"path" help:"Where post events and refusal reports wait for NATS, on disk (they hold call data: a 0700 directory, each file removed once JetStream has it) and sent first at the next start after a crash. One gateway per directory. Default: $XDG_STATE_HOME/talos-mcp-gateway/<ep-id>, else ~/.local/state/talos-mcp-gateway/<ep-id>."`
 	LogLevel             string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level (logs go to stderr; arguments and results are never logged, and what is logged is redacted like a payload)."`
 
 	Workspace []string `name:"workspace" aliases:"sandbox-workspace" sep:"none" help:"'<server_id>=<dir>': the workspace this gateway serves for an upstream (absolute). Sent with every call to that server as the root of its path arguments (registry workspace_root \"enforcement_point\": paths outside are denied DENY_PATH_TRAVERSAL), and with --sandbox the upstream's only writable host directory. Repeat for several servers."`
@@ -144,7 +145,7 @@ func (c *cli) config(log *slog.Logger) gateway.Config {
 			Env: c.SandboxEnv, Bwrap: c.SandboxBwrap},
 		BlockNetworkOutbound: c.BlockNetworkOutbound, AllowNetworkTool: c.AllowNetworkTool,
 		DecisionTimeout: c.DecisionTimeout, ApprovalTimeout: c.ApprovalTimeout, MaxEnvelopeBytes: c.MaxEnvelopeBytes,
-		Logger: log, Version: version,
+		SpoolDir: c.SpoolDir, Logger: log, Version: version,
 	}
 }
 
@@ -187,6 +188,6 @@ func (c *cli) run(log *slog.Logger) error {
 	owned = false
 	g.Start(ctx)
 	defer g.Close(c.DrainTimeout)
-	log.Info("talos-mcp-gateway ready", "ep_id", c.EPID, "upstreams", len(ups), "tools", g.Tools(), "registry_digest", s.Registry.Digest())
+	log.Info("talos-mcp-gateway ready", "ep_id", c.EPID, "upstreams", len(ups), "tools", g.Tools(), "registry_digest", s.Registry.Digest(), "spool", s.SpoolDir)
 	return s.Serve(ctx, g)
 }

@@ -4,7 +4,8 @@
 // sets their request_hash and CallSigner attaches a capability chain and
 // signs them (CP-SFC); Client publishes a call to TALOS_CALLS and waits for
 // its decision (ErrNoDecision: deny, fail closed); Outbox delivers post
-// events until JetStream acknowledges them; Approvals hands approve and
+// events until JetStream acknowledges them (OpenOutbox: each kept in a
+// spool directory until then, so a crash loses none); Approvals hands approve and
 // reject control events to parked calls.
 //
 // talosctl call, talosctl bench (ingest/loadgen), talosd dev's demo

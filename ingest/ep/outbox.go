@@ -3,6 +3,7 @@ package ep
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -22,45 +23,103 @@ const OutboxLimit = 10000
 // order, retrying until JetStream acknowledges each one: a call that ran,
 // or that the enforcement point refused on its own (NATS down, no
 // decision, rejected), is never left out of the audit trail because NATS
-// was away for a while. It lives in memory: a process killed while NATS
-// is down loses what it holds.
+// was away for a while. NewOutbox's lives in memory: a process killed
+// while NATS is down loses what it holds. OpenOutbox's also keeps each
+// event in a spool directory until JetStream acknowledges it, and sends
+// what a previous process left there first, so a crash loses nothing
+// that Send accepted.
 //
 // Its one delivery goroutine is started by Start and owned by Drain, which
 // the owner MUST call before it exits.
 type Outbox struct {
-	log     *slog.Logger
-	mu      sync.Mutex
-	cond    *sync.Cond
-	q       []*schemas.ToolCall
-	busy    bool // a post is being published
-	stopped bool
-	stop    chan struct{} // closed by Drain: give up
-	done    chan struct{} // closed when the loop has returned
+	log   *slog.Logger
+	spool *spool // nil: in memory only
+	mu    sync.Mutex
+	cond  *sync.Cond
+	q     []queued
+	busy  bool // a post is being published
+	// unspooled counts the events waiting (or being published) that the
+	// spool could not take: they would not survive a crash.
+	unspooled int
+	started   bool
+	stopped   bool
+	stop      chan struct{} // closed by Drain: give up
+	done      chan struct{} // closed when the loop has returned
 }
 
-// NewOutbox builds an outbox that logs to log.
+// queued is an event waiting for JetStream and its spool file ("": none).
+type queued struct {
+	post *schemas.ToolCall
+	file string
+}
+
+// NewOutbox builds an outbox in memory that logs to log.
 func NewOutbox(log *slog.Logger) *Outbox {
 	o := &Outbox{log: log, stop: make(chan struct{}), done: make(chan struct{})}
 	o.cond = sync.NewCond(&o.mu)
 	return o
 }
 
-// Send queues a post event. An envelope of phase pre is delivered on its
-// own subject alike: an enforcement point that reports a refusal without
-// waiting for its decision (the gateway's unauthenticated requests) queues
-// it here.
+// OpenOutbox builds an outbox that spools to dir (created with mode 0700
+// when missing) and queues what dir holds, in the order it was sent,
+// before anything sent later. Files it cannot read back are moved to
+// dir/quarantine and logged. dir "" is NewOutbox. The spool is this
+// process's until Drain returns (ErrSpoolInUse for a second one).
+func OpenOutbox(log *slog.Logger, dir string) (*Outbox, error) {
+	o := NewOutbox(log)
+	if dir == "" {
+		return o, nil
+	}
+	s, q, err := openSpool(dir, log)
+	if err != nil {
+		return nil, fmt.Errorf("spool %s: %w", dir, err)
+	}
+	o.spool, o.q = s, q
+	if len(q) > 0 {
+		log.Info("spooled events from a previous run queued first", "dir", dir, "count", len(q))
+	}
+	return o, nil
+}
+
+// Dir is the spool directory; "" in memory.
+func (o *Outbox) Dir() string {
+	if o.spool == nil {
+		return ""
+	}
+	return o.spool.dir
+}
+
+// Send queues a post event; with a spool, it is on disk when Send
+// returns. An envelope of phase pre is delivered on its own subject
+// alike: an enforcement point that reports a refusal without waiting for
+// its decision (the gateway's unauthenticated requests) queues it here.
+// An event the spool cannot take (a full or failing disk) is logged and
+// still queued in memory, and Full holds until it is delivered.
 func (o *Outbox) Send(post *schemas.ToolCall) {
+	e := queued{post: post}
+	if o.spool != nil {
+		var err error
+		if e.file, err = o.spool.write(post); err != nil {
+			o.log.Error("post event not spooled: held in memory only; no call is taken until it is delivered",
+				"tool_call_id", post.ToolCallID, "err", err)
+		}
+	}
 	o.mu.Lock()
-	o.q = append(o.q, post)
+	o.q = append(o.q, e)
+	if o.spool != nil && e.file == "" {
+		o.unspooled++
+	}
 	o.mu.Unlock()
 	o.cond.Broadcast()
 }
 
-// Full reports whether no more calls should be taken.
+// Full reports whether no more calls should be taken: OutboxLimit events
+// wait, or an event the spool could not take does (fail closed: no new
+// call runs while a report would not survive a crash).
 func (o *Outbox) Full() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return len(o.q) >= OutboxLimit
+	return len(o.q) >= OutboxLimit || o.unspooled > 0
 }
 
 // pending is how many posts are not yet acknowledged.
@@ -76,6 +135,9 @@ func (o *Outbox) pending() int {
 
 // Start runs the delivery loop on js until Drain stops it.
 func (o *Outbox) Start(js jetstream.JetStream) {
+	o.mu.Lock()
+	o.started = true
+	o.mu.Unlock()
 	go func() {
 		defer close(o.done)
 		for {
@@ -87,15 +149,21 @@ func (o *Outbox) Start(js jetstream.JetStream) {
 				o.mu.Unlock()
 				return
 			}
-			post := o.q[0]
+			e := o.q[0]
 			o.q = o.q[1:]
 			o.busy = true
 			o.mu.Unlock()
-			delivered := o.deliver(js, post)
+			delivered := o.deliver(js, e.post)
+			if delivered && e.file != "" {
+				o.spool.remove(e.file)
+			}
 			o.mu.Lock()
 			o.busy = false
-			if !delivered {
-				o.q = append([]*schemas.ToolCall{post}, o.q...)
+			switch {
+			case !delivered:
+				o.q = append([]queued{e}, o.q...)
+			case o.spool != nil && e.file == "":
+				o.unspooled--
 			}
 			o.mu.Unlock()
 			o.cond.Broadcast()
@@ -104,7 +172,9 @@ func (o *Outbox) Start(js jetstream.JetStream) {
 }
 
 // Drain waits up to wait for every queued post to be delivered, then stops
-// the loop. It returns how many were not delivered.
+// the loop and releases the spool. It returns how many were not
+// delivered; the spooled ones stay in the spool for the next OpenOutbox,
+// and it logs those that were held in memory only (lost).
 func (o *Outbox) Drain(wait time.Duration) int {
 	deadline := time.Now().Add(wait)
 	for o.pending() > 0 && time.Now().Before(deadline) {
@@ -112,10 +182,22 @@ func (o *Outbox) Drain(wait time.Duration) int {
 	}
 	o.mu.Lock()
 	o.stopped = true
+	started := o.started
 	o.mu.Unlock()
 	close(o.stop)
 	o.cond.Broadcast()
-	<-o.done
+	if started {
+		<-o.done
+	}
+	if o.spool != nil {
+		o.spool.close()
+		o.mu.Lock()
+		lost := o.unspooled
+		o.mu.Unlock()
+		if lost > 0 {
+			o.log.Error("post events the spool could not take are lost", "dir", o.spool.dir, "count", lost)
+		}
+	}
 	return o.pending()
 }
 

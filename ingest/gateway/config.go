@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -57,6 +58,9 @@ type Config struct {
 	DecisionTimeout      time.Duration
 	ApprovalTimeout      time.Duration
 	MaxEnvelopeBytes     int
+	// SpoolDir is --spool-dir, where post events and reports wait for
+	// NATS on disk (Options.SpoolDir); "": DefaultSpoolDir.
+	SpoolDir string
 
 	Logger  *slog.Logger // default slog.Default()
 	Version string       // the gateway's MCP implementation version
@@ -88,6 +92,8 @@ type Setup struct {
 	// NATS are the options that connect as this enforcement point and
 	// keep reconnecting forever (calls are denied while disconnected).
 	NATS []nats.Option
+	// SpoolDir is the outboxes' spool: --spool-dir, else DefaultSpoolDir.
+	SpoolDir string
 
 	cfg       Config
 	sandboxes sandbox.Set
@@ -96,7 +102,8 @@ type Setup struct {
 // Prepare validates c and composes its parts, in this order: the ep id,
 // the registry, the principals, the HTTP mode (NewHTTPOptions), the
 // upstreams, the credentials (credential.LoadBroker), the NATS login,
-// the workspaces (Workspaces) and, with c.Sandbox.Enabled, a sandbox per
+// the spool directory (DefaultSpoolDir when none is given), the
+// workspaces (Workspaces) and, with c.Sandbox.Enabled, a sandbox per
 // stdio upstream (sandbox.ForUpstreams; ctx bounds its trial runs). The
 // first error stops it; a configuration error wraps ErrUsage, a sandbox
 // that cannot be set up does not.
@@ -151,6 +158,11 @@ func (s *Setup) configure() error {
 	if s.NATS, err = natsOptions(c.NATS, c.EPID); err != nil {
 		return err
 	}
+	if s.SpoolDir = c.SpoolDir; s.SpoolDir == "" {
+		if s.SpoolDir, err = DefaultSpoolDir(c.EPID, c.LookupEnv); err != nil {
+			return err
+		}
+	}
 	s.Workspaces, err = Workspaces(c.Workspaces, s.Upstreams, s.Registry, c.Logger)
 	return err
 }
@@ -178,6 +190,22 @@ func (c *Config) principals() ([]*Principal, error) {
 		return nil, errors.New("with --listen, capabilities and keys are per principal, in --principals")
 	}
 	return LoadPrincipals(c.Principals)
+}
+
+// DefaultSpoolDir is the spool of enforcement point epID when
+// --spool-dir is not given: $XDG_STATE_HOME/talos-mcp-gateway/<ep_id>,
+// else $HOME/.local/state/talos-mcp-gateway/<ep_id>. The user's state
+// directory outlives a reboot (a temporary directory may not), and one
+// per ep id keeps two gateways apart; without either variable (as an
+// absolute path), --spool-dir is required.
+func DefaultSpoolDir(epID string, lookupEnv func(string) (string, bool)) (string, error) {
+	if d, ok := lookupEnv("XDG_STATE_HOME"); ok && filepath.IsAbs(d) {
+		return filepath.Join(d, "talos-mcp-gateway", epID), nil
+	}
+	if d, ok := lookupEnv("HOME"); ok && filepath.IsAbs(d) {
+		return filepath.Join(d, ".local", "state", "talos-mcp-gateway", epID), nil
+	}
+	return "", errors.New("--spool-dir is required: neither $XDG_STATE_HOME nor $HOME names a directory for the default")
 }
 
 // natsOptions log in as enforcement point epID and keep reconnecting
@@ -238,6 +266,7 @@ func (s *Setup) New(nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 		MaxEnvelopeBytes: c.MaxEnvelopeBytes, StdioSession: c.SessionID, Logger: c.Logger, Version: c.Version,
 		Credentials: s.Credentials,
 		Workspaces:  s.Workspaces,
+		SpoolDir:    s.SpoolDir,
 	}, nc, ups)
 	if err != nil {
 		return nil, usageError{err}

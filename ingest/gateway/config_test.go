@@ -195,7 +195,10 @@ func TestPrepare(t *testing.T) {
 			c.Sandbox = SandboxConfig{Enabled: true, Env: []string{"fs=X"}}
 			c.Workspaces = []string{"fs=" + dir}
 			c.LookupEnv = func(string) (string, bool) { return "", false }
+			c.SpoolDir = dir
 		}, true, "X is not set"},
+		{"no directory for the default spool", func(c *Config) { c.LookupEnv = func(string) (string, bool) { return "", false } },
+			true, "--spool-dir is required"},
 		{"bwrap missing", func(c *Config) {
 			c.Sandbox = SandboxConfig{Enabled: true, Bwrap: "/nonexistent/bwrap"}
 			c.Workspaces = []string{"fs=" + dir}
@@ -223,9 +226,41 @@ func TestPrepare(t *testing.T) {
 	defer s.Close()
 	if len(s.Principals) != 1 || s.Principals[0].Name != "stdio" || s.Principals[0].AgentID != "gw-1" || s.HTTP != nil ||
 		len(s.Upstreams) != 2 || s.Upstreams[0].Wrap != nil || s.Workspaces["fs"] != dir || len(s.NATS) == 0 ||
-		s.Credentials == nil || s.Discovery.Registry != s.Registry || s.Registry == nil {
+		s.Credentials == nil || s.Discovery.Registry != s.Registry || s.Registry == nil ||
+		s.SpoolDir != must(DefaultSpoolDir("gw-1", os.LookupEnv)) || !strings.HasSuffix(s.SpoolDir, "/talos-mcp-gateway/gw-1") {
 		t.Fatalf("setup %+v", s)
 	}
+}
+
+// TestDefaultSpoolDir: the user's state directory, per ep id; none
+// without an absolute $XDG_STATE_HOME or $HOME.
+func TestDefaultSpoolDir(t *testing.T) {
+	cases := []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"XDG state home", map[string]string{"XDG_STATE_HOME": "/st", "HOME": "/home/u"}, "/st/talos-mcp-gateway/gw-1"},
+		{"relative XDG state home ignored", map[string]string{"XDG_STATE_HOME": "st", "HOME": "/home/u"}, "/home/u/.local/state/talos-mcp-gateway/gw-1"},
+		{"home", map[string]string{"HOME": "/home/u"}, "/home/u/.local/state/talos-mcp-gateway/gw-1"},
+		{"relative home", map[string]string{"HOME": "u"}, ""},
+		{"neither", nil, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := DefaultSpoolDir("gw-1", func(k string) (string, bool) { v, ok := c.env[k]; return v, ok })
+			if got != c.want || (err != nil) != (c.want == "") {
+				t.Fatalf("%q, %v; want %q", got, err, c.want)
+			}
+		})
+	}
+}
+
+func must(s string, err error) string {
+	if err != nil {
+		panic(err)
+	}
+	return s
 }
 
 func writeFile(t *testing.T, dir, content string) string {

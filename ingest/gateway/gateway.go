@@ -4,7 +4,8 @@
 // (enforce.Discovery); every tools/call is published to Talos as a signed
 // pre envelope, decided by a worker (allow, deny, require_approval),
 // forwarded only when allowed or approved, and reported afterwards through
-// the post outbox with its result and timing. Without an answer from Talos
+// the post outbox with its result and timing (spooled to disk under
+// Options.SpoolDir until JetStream has it). Without an answer from Talos
 // the call is denied (fail closed). A tool whose definition drifted from
 // its registry pin is hidden and denied (drift.go, OWASP MCP03).
 //
@@ -23,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -66,7 +68,18 @@ type Options struct {
 	// Credentials broker the upstream credential of each call (CSP MUST
 	// 5); nil: every server is mode none. Give ConnectUpstreams the same.
 	Credentials *credential.Broker
+	// SpoolDir is where the two outboxes keep what waits for NATS, in
+	// SpoolPosts and SpoolReports (ep.OpenOutbox), so that a gateway
+	// killed while NATS is down sends it at its next start; "": in
+	// memory only.
+	SpoolDir string
 }
+
+// The spool directories of the gateway's outboxes, under Options.SpoolDir.
+const (
+	SpoolPosts   = "posts"   // post events: calls that ran, or that the gateway refused
+	SpoolReports = "reports" // reports of refused requests and tool drift
+)
 
 // Gateway is the enforcement point between MCP clients and upstream MCP
 // servers: every tools/call is published to Talos, decided by a worker,
@@ -138,8 +151,9 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 	}
 	g := &Gateway{o: o, log: o.Logger, nc: nc, js: js, ups: ups, creds: o.Credentials, servers: map[string]*mcp.Server{}, served: map[string]*Principal{}}
 	g.appr = ep.NewApprovals(nc, o.Logger)
-	g.out = ep.NewOutbox(o.Logger)
-	g.refused = ep.NewOutbox(o.Logger)
+	if err := g.openOutboxes(); err != nil {
+		return nil, err
+	}
 	g.metrics = prometheus.NewRegistry()
 	g.authRef = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "talos_gateway_auth_refusals_total",
 		Help: "HTTP requests refused for want of valid credentials, by reason, and whether Talos was told (receipted) or the refusal limits left it out."},
@@ -152,6 +166,25 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 	g.byName = route(o.Registry, ups, o.Logger)
 	g.reportDrift(g.byName) // queued now, sent once Start connects the outbox
 	return g, nil
+}
+
+// openOutboxes opens the outboxes, spooled under o.SpoolDir when set.
+func (g *Gateway) openOutboxes() error {
+	sub := func(name string) string {
+		if g.o.SpoolDir == "" {
+			return ""
+		}
+		return filepath.Join(g.o.SpoolDir, name)
+	}
+	var err error
+	if g.out, err = ep.OpenOutbox(g.log, sub(SpoolPosts)); err != nil {
+		return err
+	}
+	if g.refused, err = ep.OpenOutbox(g.log, sub(SpoolReports)); err != nil {
+		g.out.Drain(0)
+		return err
+	}
+	return nil
 }
 
 // route maps downstream tool names to upstream tools. Names are one flat
@@ -238,13 +271,21 @@ func (g *Gateway) Close(wait time.Duration) {
 		g.cancel()
 	}
 	g.wg.Wait()
-	if n := g.out.Drain(wait); n > 0 {
-		g.log.Error("post events not delivered to Talos before exit", "count", n)
-	}
-	if n := g.refused.Drain(wait / 2); n > 0 {
-		g.log.Error("reports of refused requests not delivered to Talos before exit", "count", n)
-	}
+	g.undelivered("post events", g.out, g.out.Drain(wait))
+	g.undelivered("reports of refused requests", g.refused, g.refused.Drain(wait/2))
 	CloseUpstreams(g.ups)
+}
+
+// undelivered logs the n events of out not delivered before exit: kept
+// in its spool for the next start, or lost with the process.
+func (g *Gateway) undelivered(what string, out *ep.Outbox, n int) {
+	switch {
+	case n == 0:
+	case out.Dir() != "":
+		g.log.Warn(what+" not delivered to Talos before exit; kept in the spool for the next start", "count", n, "spool", out.Dir())
+	default:
+		g.log.Error(what+" not delivered to Talos before exit", "count", n)
+	}
 }
 
 // Tools is how many downstream tool names the gateway routes.
