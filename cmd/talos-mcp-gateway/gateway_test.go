@@ -186,7 +186,7 @@ type gatewaySession struct {
 func (s *stack) gatewaySession(ctx context.Context, args ...string) *gatewaySession {
 	s.t.Helper()
 	return s.connectGateway(ctx, exec.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none",
-		"--registry", s.registry, "--log-level", "debug"}, args...)...))
+		"--registry", s.registry, "--trusted-keys", filepath.Join(s.dir, "worker.pub"), "--log-level", "debug"}, args...)...))
 }
 
 // connectGateway starts cmd, a gateway, as a stdio MCP server and connects

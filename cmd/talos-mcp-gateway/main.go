@@ -74,6 +74,7 @@ type cli struct {
 
 	DecisionTimeout      time.Duration `name:"decision-timeout" default:"5s" help:"How long to wait for a decision; none in time means deny."`
 	ApprovalTimeout      time.Duration `name:"approval-timeout" default:"2m" help:"How long a require_approval call waits for talosctl approve|reject; then it is denied."`
+	TrustedKeys          []string      `name:"trusted-keys" type:"path" help:"talosd's public keys (.pub files or directories): talosctl approve|reject releases a parked call only when its control event is signed by one. Default: keys/signers in talosd's data dir (the directory of --nats-auth, else ./talos-data) when it exists; with no key, parked calls are denied after --approval-timeout."`
 	BlockNetworkOutbound bool          `name:"block-network-outbound" help:"Exfiltration guard: hide and refuse tools the registry marks network_outbound."`
 	AllowNetworkTool     []string      `name:"allow-network-tool" help:"Exempt a tool ('name' or 'server_id/name') from --block-network-outbound."`
 	MaxEnvelopeBytes     int           `name:"max-envelope-bytes" help:"Largest call envelope sent to Talos; larger calls are denied here (default: NATS max payload less 64 KiB)."`
@@ -135,7 +136,7 @@ func (c *cli) config(log *slog.Logger) gateway.Config {
 		EPID: c.EPID, Registry: c.Registry, Upstreams: c.Upstream, Credentials: c.Credentials,
 		NATS:       natsauth.Login{URL: c.NatsURL, User: c.NatsUser, Password: c.NatsPassword, UsersFile: cmp.Or(c.NatsAuth, natsauth.None)},
 		Capability: c.Capability, AgentKey: c.AgentKey, AgentID: c.AgentID, SessionID: c.SessionID,
-		Principals: c.Principals,
+		Principals: c.Principals, TrustedKeys: c.TrustedKeys,
 		HTTP: gateway.HTTPConfig{Listen: c.Listen, TLSCert: c.TLSCert, TLSKey: c.TLSKey, InsecurePlainHTTP: c.InsecurePlainHTTP,
 			JWTIssuer: c.JWTIssuer, JWTAudience: c.JWTAudience, JWKSFile: c.JWKSFile, JWKSURL: c.JWKSURL,
 			JWTAlgorithms: c.JWTAlgorithms, JWTLeeway: c.JWTLeeway, JWKSRefresh: c.JWKSRefresh, JWKSMaxStale: c.JWKSMaxStale,

@@ -5,8 +5,9 @@
 // signs them (CP-SFC); Client publishes a call to TALOS_CALLS and waits for
 // its decision (ErrNoDecision: deny, fail closed); Outbox delivers post
 // events until JetStream acknowledges them (OpenOutbox: each kept in a
-// spool directory until then, so a crash loses none); Approvals hands approve and
-// reject control events to parked calls.
+// spool directory until then, so a crash loses none); Approvals follows
+// the approve and reject events of TALOS_CONTROL and hands each that
+// talosd signed to the call parked on it.
 //
 // talosctl call, talosctl bench (ingest/loadgen), talosd dev's demo
 // (ingest/demo) and the MCP gateway (ingest/gateway) all use it. It imports

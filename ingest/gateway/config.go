@@ -17,6 +17,7 @@ import (
 	"github.com/talos-audit/talos/ingest/mcpup"
 	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/ingest/sandbox"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -42,6 +43,10 @@ type Config struct {
 	// Credentials is the --credentials file; "": every server mode none.
 	Credentials string
 	NATS        natsauth.Login // --nats-url, --nats-user, --nats-password, --nats-auth
+	// TrustedKeys are --trusted-keys: talosd's public keys (.pub files or
+	// directories), which approvals must be signed by; none given:
+	// DefaultTrustedKeys when it exists (TrustedKeys).
+	TrustedKeys []string
 
 	// The stdio mode's one principal: --capability, --agent-key,
 	// --agent-id (default: the chain's holder, else EPID), --session-id.
@@ -94,6 +99,8 @@ type Setup struct {
 	NATS []nats.Option
 	// SpoolDir is the outboxes' spool: --spool-dir, else DefaultSpoolDir.
 	SpoolDir string
+	// TrustedKeys verify approve and reject events; empty: none is applied.
+	TrustedKeys verify.KeySet
 
 	cfg       Config
 	sandboxes sandbox.Set
@@ -102,11 +109,11 @@ type Setup struct {
 // Prepare validates c and composes its parts, in this order: the ep id,
 // the registry, the principals, the HTTP mode (NewHTTPOptions), the
 // upstreams, the credentials (credential.LoadBroker), the NATS login,
-// the spool directory (DefaultSpoolDir when none is given), the
-// workspaces (Workspaces) and, with c.Sandbox.Enabled, a sandbox per
-// stdio upstream (sandbox.ForUpstreams; ctx bounds its trial runs). The
-// first error stops it; a configuration error wraps ErrUsage, a sandbox
-// that cannot be set up does not.
+// the spool directory (DefaultSpoolDir when none is given), the trusted
+// keys (TrustedKeys), the workspaces (Workspaces) and, with
+// c.Sandbox.Enabled, a sandbox per stdio upstream (sandbox.ForUpstreams;
+// ctx bounds its trial runs). The first error stops it; a configuration
+// error wraps ErrUsage, a sandbox that cannot be set up does not.
 func Prepare(ctx context.Context, c Config) (*Setup, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -162,6 +169,9 @@ func (s *Setup) configure() error {
 		if s.SpoolDir, err = DefaultSpoolDir(c.EPID, c.LookupEnv); err != nil {
 			return err
 		}
+	}
+	if s.TrustedKeys, err = TrustedKeys(c.TrustedKeys, c.NATS.UsersFile, c.Logger); err != nil {
+		return err
 	}
 	s.Workspaces, err = Workspaces(c.Workspaces, s.Upstreams, s.Registry, c.Logger)
 	return err
@@ -267,6 +277,7 @@ func (s *Setup) New(nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 		Credentials: s.Credentials,
 		Workspaces:  s.Workspaces,
 		SpoolDir:    s.SpoolDir,
+		TrustedKeys: s.TrustedKeys,
 	}, nc, ups)
 	if err != nil {
 		return nil, usageError{err}

@@ -15,6 +15,7 @@ import (
 	"github.com/talos-audit/talos/ingest/mcpup"
 	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/ingest/sandbox"
+	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/testenv"
 )
 
@@ -187,6 +188,7 @@ func TestPrepare(t *testing.T) {
 		{"upstream twice", func(c *Config) { c.Upstreams = []string{"fs=/bin/true", "fs=/bin/false"} }, true, `--upstream: server_id "fs" given twice`},
 		{"credentials for an unknown server", func(c *Config) { c.Credentials = writeFile(t, dir, `{"servers":{"x":{"mode":"none"}}}`) }, true, "not an upstream"},
 		{"NATS users file missing", func(c *Config) { c.NATS.UsersFile = filepath.Join(dir, "users") }, true, "--nats-auth: "},
+		{"trusted keys missing", func(c *Config) { c.TrustedKeys = []string{filepath.Join(dir, "none.pub")} }, true, "--trusted-keys: "},
 		{"relative workspace", func(c *Config) { c.Workspaces = []string{"fs=ws"} }, true, "not an absolute path"},
 		{"sandbox flags without --sandbox", func(c *Config) { c.Sandbox.ReadOnly = []string{dir} }, true, "need --sandbox"},
 		{"egress for an HTTP upstream", func(c *Config) { c.Sandbox = SandboxConfig{Enabled: true, Egress: []string{"docs=a:1"}} }, true, "not a stdio --upstream"},
@@ -274,4 +276,52 @@ func writeFile(t *testing.T, dir, content string) string {
 		t.Fatal(err)
 	}
 	return f.Name()
+}
+
+// TestTrustedKeys: --trusted-keys is read as given; without it, talosd's
+// signers beside the NATS users file (its data dir), else none, which is
+// logged as an error: no approval can be applied.
+func TestTrustedKeys(t *testing.T) {
+	dataDir := t.TempDir()
+	usersFile := filepath.Join(dataDir, "nats-auth.json")
+	key, err := receipts.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _, err := receipts.KeepPublicKey(filepath.Join(dataDir, "keys", "signers"), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	if got := DefaultTrustedKeys(usersFile); got != filepath.Join(dataDir, "keys", "signers") {
+		t.Fatalf("default beside the users file: %s", got)
+	}
+	if got := DefaultTrustedKeys(natsauth.None); got != filepath.Join("talos-data", "keys", "signers") {
+		t.Fatalf("default without a users file: %s", got)
+	}
+	for name, c := range map[string]struct {
+		paths     []string
+		usersFile string
+	}{
+		"given":                 {[]string{pub}, natsauth.None},
+		"beside the users file": {nil, usersFile},
+	} {
+		keys, err := TrustedKeys(c.paths, c.usersFile, log)
+		if err != nil || len(keys) != 1 || keys[key.KID] == nil {
+			t.Fatalf("%s: %v %v", name, keys, err)
+		}
+	}
+	logs.Reset()
+	keys, err := TrustedKeys(nil, filepath.Join(t.TempDir(), "nats-auth.json"), log)
+	if err != nil || len(keys) != 0 {
+		t.Fatalf("no default signers: %v %v", keys, err)
+	}
+	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "approvals cannot be applied") {
+		t.Fatalf("no keys is not said clearly:\n%s", logs.String())
+	}
+	empty := t.TempDir()
+	if _, err := TrustedKeys([]string{empty}, natsauth.None, log); err == nil {
+		t.Fatal("a --trusted-keys directory without keys was accepted")
+	}
 }

@@ -39,6 +39,7 @@ import (
 	"github.com/talos-audit/talos/ingest/credential"
 	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/ingest/mcpup"
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -73,6 +74,10 @@ type Options struct {
 	// killed while NATS is down sends it at its next start; "": in
 	// memory only.
 	SpoolDir string
+	// TrustedKeys are talosd's public keys: an approve or reject event
+	// releases a parked call only if one of them signed it. None: parked
+	// calls are denied when their wait times out (fail closed).
+	TrustedKeys verify.KeySet
 }
 
 // The spool directories of the gateway's outboxes, under Options.SpoolDir.
@@ -107,8 +112,9 @@ type Gateway struct {
 	ups   []*Upstream
 	creds *credential.Broker
 
-	// Shutdown order: Close cancels the upstream watchers (Start) and waits
-	// for them, drains the outbox, then closes the upstream sessions.
+	// Shutdown order: Close cancels the approval follower and the upstream
+	// watchers (Start) and waits for them, drains the outbox, then closes
+	// the upstream sessions.
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
@@ -150,7 +156,7 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 		o.Credentials = credential.New(nil, credential.Options{})
 	}
 	g := &Gateway{o: o, log: o.Logger, nc: nc, js: js, ups: ups, creds: o.Credentials, servers: map[string]*mcp.Server{}, served: map[string]*Principal{}}
-	g.appr = ep.NewApprovals(nc, o.Logger)
+	g.appr = ep.NewApprovals(js, ep.ApprovalOptions{Keys: o.TrustedKeys, Logger: o.Logger})
 	if err := g.openOutboxes(); err != nil {
 		return nil, err
 	}
@@ -214,16 +220,20 @@ func route(reg *enforce.Registry, ups []*Upstream, log *slog.Logger) map[string]
 	return byName
 }
 
-// Start connects the gateway to Talos: the decision subscription, the
-// approval listener and the post outbox. The subscription is in place when
-// it returns if NATS is reachable; while it is not, calls are denied
+// Start connects the gateway to Talos: the approval follower, the decision
+// subscription and the post outbox. The subscription is in place when it
+// returns if NATS is reachable; while it is not, calls are denied
 // (ENFORCEMENT_UNAVAILABLE) and Start keeps trying in the background.
 func (g *Gateway) Start(ctx context.Context) {
 	g.out.Start(g.js)
 	g.refused.Start(g.js)
-	g.appr.Start()
 	wctx, cancel := context.WithCancel(ctx)
 	g.cancel = cancel
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		g.appr.Run(wctx)
+	}()
 	for _, u := range g.ups {
 		g.wg.Add(1)
 		go func() {
@@ -231,10 +241,18 @@ func (g *Gateway) Start(ctx context.Context) {
 			g.watch(wctx, u)
 		}()
 	}
-	// Subscribe to decisions before returning when NATS is up, so the first
+	// Decisions are subscribed to only once the approval follower knows
+	// where it reads from, so no call is parked before its approval could
+	// be read. When NATS is up that is before Start returns, so the first
 	// call finds the client; otherwise keep trying in the background (calls
 	// are denied, fail closed, until then).
-	if g.subscribe() {
+	if g.nc.IsConnected() {
+		select {
+		case <-g.appr.Ready():
+		case <-time.After(5 * time.Second):
+		}
+	}
+	if g.approvalsReady() && g.subscribe() {
 		return
 	}
 	go func() {
@@ -244,11 +262,22 @@ func (g *Gateway) Start(ctx context.Context) {
 				return
 			case <-time.After(time.Second):
 			}
-			if g.subscribe() {
+			if g.approvalsReady() && g.subscribe() {
 				return
 			}
 		}
 	}()
+}
+
+// approvalsReady reports whether the approval follower knows where it
+// reads from (ep.Approvals.Ready; the follower logs why it waits).
+func (g *Gateway) approvalsReady() bool {
+	select {
+	case <-g.appr.Ready():
+		return true
+	default:
+		return false
+	}
 }
 
 // subscribe makes the enforcement-point client (its decision subscription).
@@ -264,8 +293,9 @@ func (g *Gateway) subscribe() bool {
 	return true
 }
 
-// Close waits (up to wait) for queued post events to reach Talos, then
-// closes the upstream sessions. Close the NATS connection after it.
+// Close stops the approval follower and the upstream watchers, waits (up
+// to wait) for queued post events to reach Talos, then closes the
+// upstream sessions. Close the NATS connection after it.
 func (g *Gateway) Close(wait time.Duration) {
 	if g.cancel != nil {
 		g.cancel()

@@ -87,9 +87,10 @@ type Permissions struct {
 //
 // An enforcement point's connection MUST use the inbox prefix
 // schemas.EPInboxPrefix(ep_id) (nats.CustomInboxPrefix): JetStream sends
-// its publish acks there. A responder's MUST use schemas.ResponderInboxPrefix
-// for the replies to its requests. Only workers may read other inboxes or
-// use the JetStream API ($JS.API.>).
+// its publish acks, API replies and approval events there. A responder's
+// MUST use schemas.ResponderInboxPrefix for the replies to its requests.
+// Only workers may read other inboxes or use the JetStream API ($JS.API.>)
+// beyond the approval consumers of an enforcement point (approvalAPI).
 func RolePermissions(u User) Permissions {
 	switch u.Role {
 	case schemas.NATSRoleWorker:
@@ -103,15 +104,18 @@ func RolePermissions(u User) Permissions {
 			Subscribe: SubjectPermission{Allow: []string{schemas.SubjectStatusAll, schemas.ResponderInboxPrefix + ".>"}},
 		}
 	case schemas.NATSRoleEnforcement:
-		// It also reads the approve and reject events (signed control
-		// receipts naming a tool_call_id) to release the calls it parked.
-		return Permissions{
+		p := Permissions{
 			Publish: SubjectPermission{Allow: []string{schemas.SubjectCallsAll}},
 			Subscribe: SubjectPermission{Allow: []string{
 				schemas.DecisionSubject(u.EPID), schemas.EPInboxPrefix(u.EPID) + ".>",
-				schemas.ControlSubject(schemas.VerbApprove), schemas.ControlSubject(schemas.VerbReject),
 			}},
 		}
+		// It also reads the approve and reject events (signed control
+		// receipts naming a tool_call_id) to release the calls it parked.
+		allow, deny := approvalAPI()
+		p.Publish.Allow = append(p.Publish.Allow, allow...)
+		p.Publish.Deny = append(p.Publish.Deny, deny...)
+		return p
 	}
 	// Validate rejects other roles; deny everything should one slip through.
 	return Permissions{

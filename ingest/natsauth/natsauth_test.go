@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/ingest/natsserver"
@@ -175,36 +176,10 @@ func TestNATSPermissions(t *testing.T) {
 		default:
 		}
 
-		// (c2) it reads the approve and reject events, to release the calls
-		// it parked, and no other control event.
-		resolved := make(chan *nats.Msg, 4)
-		for _, v := range []string{schemas.VerbApprove, schemas.VerbReject} {
-			if _, err := alpha.ChanSubscribe(schemas.ControlSubject(v), resolved); err != nil {
-				t.Fatal(err)
-			}
-		}
-		for _, subj := range []string{"talos.control.>", schemas.ControlSubject(schemas.VerbKillSwitchSet)} {
-			if _, err := alpha.SubscribeSync(subj); err != nil {
-				t.Fatal(err)
-			}
-			alpha.wantViolation(t, "Subscription", subj)
-		}
-		if err := alpha.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		for _, v := range []string{schemas.VerbApprove, schemas.VerbReject} {
-			if err := worker.Publish(schemas.ControlSubject(v), []byte(v)); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case m := <-resolved:
-				if m.Subject != schemas.ControlSubject(v) || string(m.Data) != v {
-					t.Fatalf("approval subscription got %s %s, want %s", m.Subject, m.Data, v)
-				}
-			case <-time.After(5 * time.Second):
-				t.Fatalf("the enforcement point did not receive the %s event", v)
-			}
-		}
+		// (c2) it follows the approve and reject events of TALOS_CONTROL
+		// with consumers filtered on exactly their subjects (ep.Approvals);
+		// everything else of TALOS_CONTROL stays closed (approvalRights).
+		approvalRights(ctx, t, worker, wjs, alpha, js)
 
 		// (d) no control commands, no forged decisions, heartbeats,
 		// control or audit records: the worker sees none of them. The
@@ -219,7 +194,8 @@ func TestNATSPermissions(t *testing.T) {
 			t.Fatal(err)
 		}
 		denied := []string{schemas.CtlSubject(schemas.VerbKillSwitchSet), schemas.DecisionSubject("beta"),
-			schemas.StatusSubject("w1"), schemas.ControlSubject(schemas.VerbKillSwitchSet), schemas.ReceiptSubject(schemas.KindDecision, "files")}
+			schemas.StatusSubject("w1"), schemas.ControlSubject(schemas.VerbKillSwitchSet), schemas.ControlSubject(schemas.VerbApprove),
+			schemas.ReceiptSubject(schemas.KindDecision, "files")}
 		for _, subj := range denied {
 			if err := alpha.Publish(subj, []byte(`{"verb":"killswitch.set","scope":"global"}`)); err != nil {
 				t.Fatal(err)
@@ -349,6 +325,76 @@ func TestNATSPermissions(t *testing.T) {
 			}
 		}
 	})
+}
+
+// approvalRights checks an enforcement point's rights on TALOS_CONTROL:
+// it creates ordered consumers filtered on the approve or the reject
+// subject, reads the events through them and deletes them; it may not
+// subscribe to control subjects, create a consumer with another filter,
+// several filters or on another stream, touch the control services'
+// durable, get messages directly, list consumers or read another
+// stream's info.
+func approvalRights(ctx context.Context, t *testing.T, worker *authConn, wjs jetstream.JetStream, alpha *authConn, js jetstream.JetStream) {
+	t.Helper()
+	for _, v := range []string{schemas.VerbApprove, schemas.VerbReject} {
+		subj := schemas.ControlSubject(v)
+		if _, err := wjs.Publish(ctx, subj, []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+		cons, err := js.OrderedConsumer(ctx, schemas.StreamControl, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+		if err != nil {
+			t.Fatalf("%s consumer: %v", v, err)
+		}
+		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil || m.Subject() != subj || string(m.Data()) != v {
+			t.Fatalf("%s event through the consumer: %v %v", v, m, err)
+		}
+		if err := js.DeleteConsumer(ctx, schemas.StreamControl, cons.CachedInfo().Name); err != nil {
+			t.Fatalf("delete its own %s consumer: %v", v, err)
+		}
+	}
+	if _, err := alpha.SubscribeSync(schemas.ControlSubject(schemas.VerbApprove)); err != nil {
+		t.Fatal(err)
+	}
+	alpha.wantViolation(t, "Subscription", schemas.ControlSubject(schemas.VerbApprove))
+
+	const api = "$JS.API."
+	create := func(stream string, cfg jetstream.ConsumerConfig) {
+		t.Helper()
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if _, err := js.CreateOrUpdateConsumer(cctx, stream, cfg); err == nil {
+			t.Fatalf("created consumer %+v on %s", cfg, stream)
+		}
+	}
+	create(schemas.StreamControl, jetstream.ConsumerConfig{Name: "probe", FilterSubject: schemas.SubjectControlAll})
+	alpha.wantViolation(t, "Publish", api+"CONSUMER.CREATE.TALOS_CONTROL.probe."+schemas.SubjectControlAll)
+	create(schemas.StreamControl, jetstream.ConsumerConfig{Name: "probe", FilterSubject: schemas.ControlSubject(schemas.VerbKillSwitchSet)})
+	alpha.wantViolation(t, "Publish", api+"CONSUMER.CREATE.TALOS_CONTROL.probe."+schemas.ControlSubject(schemas.VerbKillSwitchSet))
+	create(schemas.StreamControl, jetstream.ConsumerConfig{Name: "probe",
+		FilterSubjects: []string{schemas.ControlSubject(schemas.VerbApprove), schemas.ControlSubject(schemas.VerbRevoke)}})
+	alpha.wantViolation(t, "Publish", api+"CONSUMER.CREATE.TALOS_CONTROL.probe")
+	create(schemas.StreamAudit, jetstream.ConsumerConfig{Name: "probe", FilterSubject: "talos.audit.>"})
+	alpha.wantViolation(t, "Publish", api+"CONSUMER.CREATE.TALOS_AUDIT.probe.talos.audit.>")
+	create(schemas.StreamControl, jetstream.ConsumerConfig{Name: control.ControlAuditConsumer, FilterSubject: schemas.ControlSubject(schemas.VerbApprove)})
+	alpha.wantViolation(t, "Publish", api+"CONSUMER.CREATE.TALOS_CONTROL."+control.ControlAuditConsumer+"."+schemas.ControlSubject(schemas.VerbApprove))
+	for _, subj := range []string{
+		api + "CONSUMER.MSG.NEXT.TALOS_CONTROL." + control.ControlAuditConsumer,
+		api + "CONSUMER.DELETE.TALOS_CONTROL." + control.ControlAuditConsumer,
+		api + "CONSUMER.INFO.TALOS_CONTROL." + control.ControlAuditConsumer,
+		api + "CONSUMER.MSG.NEXT.TALOS_AUDIT.talos-sink",
+		api + "CONSUMER.LIST.TALOS_CONTROL",
+		api + "STREAM.MSG.GET.TALOS_CONTROL",
+		api + "DIRECT.GET.TALOS_CONTROL",
+		api + "STREAM.INFO.TALOS_AUDIT",
+		api + "STREAM.UPDATE.TALOS_CONTROL",
+		api + "STREAM.PURGE.TALOS_CONTROL",
+	} {
+		if err := alpha.PublishRequest(subj, alpha.NewRespInbox(), []byte(`{"batch":1}`)); err != nil {
+			t.Fatal(err)
+		}
+		alpha.wantViolation(t, "Publish", subj)
+	}
 }
 
 // TestNATSAuthFile: the file is created 0600 with random passwords, never
