@@ -18,29 +18,12 @@ const (
 	ConnMaxLifetime = 30 * time.Minute
 )
 
-// Open connects to the ClickHouse native protocol at addr (host:port) and
-// pings it. database may be "" (the server's default database), which is what
-// Migrate needs when the Talos database does not exist yet.
+// Open connects to the ClickHouse native protocol at addr (host:port) as
+// AdminUser over plain TCP, and pings it (Endpoint.Open). Tests and
+// tools on a private server use it; talosd and talosctl log in with the
+// Endpoint of their flags.
 func Open(ctx context.Context, addr, database string) (driver.Conn, error) {
-	if database != "" && !ValidName(database) {
-		return nil, fmt.Errorf("query: invalid database name %q", database)
-	}
-	conn, err := clickhouse.Open(&clickhouse.Options{
-		Addr:            []string{addr},
-		Auth:            clickhouse.Auth{Database: database, Username: "default"},
-		DialTimeout:     DialTimeout,
-		MaxOpenConns:    MaxOpenConns,
-		MaxIdleConns:    MaxIdleConns,
-		ConnMaxLifetime: ConnMaxLifetime,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("query: open %s: %w", addr, err)
-	}
-	if err := conn.Ping(ctx); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("query: ping %s: %w", addr, err)
-	}
-	return conn, nil
+	return Endpoint{Addr: addr}.Open(ctx, database)
 }
 
 var namePattern = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
@@ -79,20 +62,35 @@ func streamContext(ctx context.Context) context.Context {
 	}))
 }
 
-// OpenMigrated connects to addr with no database in the handshake (the
-// Talos database may not exist yet: every query names it) and migrates
-// database. It is what a process that writes or serves the database opens
-// first; the caller retries it while ClickHouse is not up.
-func OpenMigrated(ctx context.Context, addr, database string) (driver.Conn, error) {
-	conn, err := Open(ctx, addr, "")
+// Logins are talosd's three ClickHouse logins (ServiceFlags).
+type Logins struct {
+	Admin, Writer, Reader Endpoint
+}
+
+// OpenMigrated connects as the admin with no database in the handshake
+// (the Talos database may not exist yet: every query names it), migrates
+// database and, on a server with SQL user management, creates the writer
+// and reader and grants them their rights (ProvisionUsers); then it
+// closes that connection and returns one as the writer. It is what the
+// sink opens first; the caller retries it while ClickHouse is not up.
+func OpenMigrated(ctx context.Context, l Logins, database string) (driver.Conn, error) {
+	admin, err := l.Admin.Open(ctx, "")
 	if err != nil {
 		return nil, err
 	}
-	if err := Migrate(ctx, conn, database); err != nil {
-		_ = conn.Close()
+	if err := Migrate(ctx, admin, database); err != nil {
+		_ = admin.Close()
 		return nil, err
 	}
-	return conn, nil
+	if err := ProvisionUsers(ctx, admin, database, l); err != nil {
+		_ = admin.Close()
+		return nil, err
+	}
+	if l.Writer == l.Admin {
+		return admin, nil
+	}
+	_ = admin.Close()
+	return l.Writer.Open(ctx, "")
 }
 
 // selectAll runs q with args and reads every row with scan, in order;

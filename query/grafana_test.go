@@ -64,14 +64,15 @@ func grafanaSQL(sql, db string, from, to time.Time) string {
 // The provisioned Grafana is built on the views: every panel of every
 // dashboard reads only talos.v_* views through the provisioned ClickHouse
 // data source, every auditor view has a panel, and every panel's SQL runs
-// on the test ClickHouse (macros substituted) and shows the workload.
+// on the test ClickHouse (macros substituted) as the data source's
+// read-only user and shows the workload.
 func TestGrafanaDashboards(t *testing.T) {
 	ds, err := os.ReadFile(filepath.Join(grafanaDir, "provisioning", "datasources", "talos-clickhouse.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"type: grafana-clickhouse-datasource", "uid: talos-clickhouse", "host: clickhouse", "port: 9000",
-		"protocol: native", "defaultDatabase: talos", "username: default", "secureJsonData:"} {
+		"protocol: native", "defaultDatabase: talos", "username: " + ReaderUser, "secureJsonData:", "password: $__file{/chreader/"} {
 		if !strings.Contains(string(ds), want) {
 			t.Errorf("datasource provisioning lacks %q", want)
 		}
@@ -88,8 +89,9 @@ func TestGrafanaDashboards(t *testing.T) {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no dashboards in %s/dashboards (%v)", grafanaDir, err)
 	}
-	ctx, conn, db := migrated(t)
+	ctx, addr, conn, db := migratedAt(t)
 	loadAuditWorkload(t, ctx, conn, db)
+	reader := loginAs(t, ctx, addr, ReaderUser) // the data source's user
 	from, to := wlH0.Add(-time.Hour), wlH0.Add(48*time.Hour)
 
 	views := map[string]bool{}
@@ -142,9 +144,9 @@ func TestGrafanaDashboards(t *testing.T) {
 				if strings.Contains(sql, "$") {
 					t.Errorf("%s: a macro the test does not know is left in %q", name, sql)
 				}
-				rows, err := conn.Query(ctx, sql)
+				rows, err := reader.Query(ctx, sql)
 				if err != nil {
-					t.Errorf("%s does not run on ClickHouse: %v\n%s", name, err, sql)
+					t.Errorf("%s does not run on ClickHouse as %s: %v\n%s", name, ReaderUser, err, sql)
 					continue
 				}
 				n := 0

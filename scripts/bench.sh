@@ -365,7 +365,9 @@ verify)
   n=${2:-1000000}
   start control
   echo "== writing $n signed receipts in 4 chains, a checkpoint every 1,000 (talosctl synth)"
-  "$work/bin/talosctl" --clickhouse-addr "$ch" --clickhouse-database synth synth --receipts "$n" --chains 4 \
+  # Database synth is not talosd dev's: its writer and reader see only
+  # talos, so synth (which creates the database) and verify log in as the admin.
+  "$work/bin/talosctl" --clickhouse-addr "$ch" --clickhouse-user default --clickhouse-database synth synth --receipts "$n" --chains 4 \
     --checkpoint-every 1000 --key-out "$work/synth" 2>/dev/null
   # Twice: signatures checked one by one with crypto/ed25519's rules (the
   # default), then in batches (--batch-signatures: RFC 8032's cofactored
@@ -375,7 +377,7 @@ verify)
     [ "$mode" = batch ] && flags=(--batch-signatures)
     echo "== talosctl verify ${flags[*]} over ClickHouse: every signature, link, Merkle root and stored column"
     if ! /usr/bin/time -f "%e s wall, %M KiB peak RSS, %P CPU" -o "$work/verify.time" \
-      "$work/bin/talosctl" --clickhouse-addr "$ch" --clickhouse-database synth verify --trusted-keys "$work/synth.pub" "${flags[@]}" \
+      "$work/bin/talosctl" --clickhouse-addr "$ch" --clickhouse-user default --clickhouse-database synth verify --trusted-keys "$work/synth.pub" "${flags[@]}" \
       >"$work/verify.out" 2>"$work/verify.err"; then
       tail -20 "$work/verify.out"; tr '\r' '\n' <"$work/verify.err" | tail -5; exit 1
     fi

@@ -16,7 +16,10 @@ import (
 )
 
 // EnvClickHouseAddr names an existing ClickHouse (host:port, native protocol)
-// that RunWithClickHouse uses instead of starting a private server.
+// that RunWithClickHouse uses instead of starting a private server. Tests
+// log in to it as the admin `default` and, like talosd and talosctl by
+// default, as talos_writer and talos_reader without a password, which it
+// must define as the private server does (DESIGN.md, ClickHouse users).
 const EnvClickHouseAddr = "TALOS_TEST_CLICKHOUSE_ADDR"
 
 // shared is the one ClickHouse of a test binary, set by RunWithClickHouse and

@@ -74,7 +74,7 @@ func (b *benchCmd) Run(g *Globals) error {
 	}
 	var ch driver.Conn
 	if b.ClickHouse {
-		c, err := query.Open(context.Background(), g.ClickhouseAddr, g.ClickhouseDatabase)
+		c, err := g.Endpoint().Open(context.Background(), g.ClickhouseDatabase)
 		if err != nil {
 			return failed("clickhouse %s: %v (use --no-clickhouse to measure decisions only)", g.ClickhouseAddr, err)
 		}

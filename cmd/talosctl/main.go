@@ -20,13 +20,12 @@ import (
 
 // Globals are the flags every command shares; each also reads TALOS_<FLAG>.
 type Globals struct {
-	NatsURL            string `name:"nats-url" default:"nats://127.0.0.1:4222" help:"NATS URL (user:password@ in it wins over the flags below)."`
-	NatsUser           string `name:"nats-user" help:"NATS user (default: the user for the command's role in --nats-auth)."`
-	NatsPassword       string `name:"nats-password" help:"NATS password for --nats-user (prefer TALOS_NATS_PASSWORD: arguments are visible to other local users)."`
-	NatsAuth           string `name:"nats-auth" help:"talosd's NATS users file; talosctl logs in as the user for what it does (call: the enforcement point of --ep-id; bench: the worker). Default: talos-data/nats-auth.json when it exists. 'none': no credentials."`
-	ClickhouseAddr     string `name:"clickhouse-addr" default:"127.0.0.1:9000" help:"ClickHouse native address HOST:PORT."`
-	ClickhouseDatabase string `name:"clickhouse-database" default:"talos" help:"ClickHouse database."`
-	JSON               bool   `name:"json" help:"Print JSON instead of human-readable output."`
+	NatsURL           string `name:"nats-url" default:"nats://127.0.0.1:4222" help:"NATS URL (user:password@ in it wins over the flags below)."`
+	NatsUser          string `name:"nats-user" help:"NATS user (default: the user for the command's role in --nats-auth)."`
+	NatsPassword      string `name:"nats-password" help:"NATS password for --nats-user (prefer TALOS_NATS_PASSWORD: arguments are visible to other local users)."`
+	NatsAuth          string `name:"nats-auth" help:"talosd's NATS users file; talosctl logs in as the user for what it does (call: the enforcement point of --ep-id; bench: the worker). Default: talos-data/nats-auth.json when it exists. 'none': no credentials."`
+	query.ClientFlags        // --clickhouse-*: address, database, user (a reader), TLS
+	JSON              bool   `name:"json" help:"Print JSON instead of human-readable output."`
 }
 
 type cli struct {
@@ -117,7 +116,7 @@ func (g *Globals) connect(role, epID string) (*nats.Conn, error) {
 // clickhouse opens the ClickHouse database of the flags; failing to is a
 // failure (exit 1).
 func (g *Globals) clickhouse(ctx context.Context) (driver.Conn, error) {
-	conn, err := query.Open(ctx, g.ClickhouseAddr, g.ClickhouseDatabase)
+	conn, err := g.Endpoint().Open(ctx, g.ClickhouseDatabase)
 	if err != nil {
 		return nil, failed("clickhouse %s: %v", g.ClickhouseAddr, err)
 	}

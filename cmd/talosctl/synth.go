@@ -33,7 +33,7 @@ func (c *synthCmd) Run(g *Globals) error {
 		return usage("synth: %v", err)
 	}
 	ctx := context.Background()
-	conn, err := query.Open(ctx, g.ClickhouseAddr, "")
+	conn, err := g.Endpoint().Open(ctx, "")
 	if err != nil {
 		return failed("clickhouse %s: %v", g.ClickhouseAddr, err)
 	}

@@ -2,11 +2,16 @@ package main
 
 import (
 	"os"
+	"path"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/alecthomas/kong"
+	"gopkg.in/yaml.v3"
+
+	"github.com/talos-audit/talos/query"
 )
 
 // TestComposeMatchesFlags keeps docker-compose.yml honest without a Docker
@@ -64,8 +69,16 @@ func TestComposeMatchesFlags(t *testing.T) {
 	if !strings.Contains(string(raw), "TALOS_ROLES: web\n") {
 		t.Error("docker-compose.yml has no dashboard service (TALOS_ROLES: web)")
 	}
-	// The values parse as talosd would read them.
+	// The values parse as talosd would read them. Password files are read
+	// at parse: a stand-in replaces the volume's file.
+	standIn := filepath.Join(t.TempDir(), "password")
+	if err := os.WriteFile(standIn, []byte("pw\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for k, v := range env {
+		if strings.HasSuffix(k, "_PASSWORD_FILE") {
+			v = standIn
+		}
 		t.Setenv(k, v)
 	}
 	if _, err := parser.Parse([]string{"run"}); err != nil {
@@ -128,6 +141,97 @@ func TestComposeGrafana(t *testing.T) {
 	}
 	if !strings.Contains(string(ds), "defaultDatabase: talos") || !strings.Contains(string(raw), "TALOS_CLICKHOUSE_DATABASE: talos") {
 		t.Error("the data source and talosd use different databases")
+	}
+}
+
+// composeServices are the services of docker-compose.yml as compose reads
+// them (YAML merge keys applied): environment and volume mounts.
+type composeServices map[string]struct {
+	Environment map[string]string `yaml:"environment"`
+	Volumes     []string          `yaml:"volumes"`
+	Entrypoint  []string          `yaml:"entrypoint"`
+	Command     []string          `yaml:"command"`
+}
+
+// mounts maps a service's mount targets to their named volumes.
+func (s composeServices) mounts(name string) map[string]string {
+	m := map[string]string{}
+	for _, v := range s[name].Volumes {
+		parts := strings.Split(v, ":")
+		if len(parts) >= 2 && !strings.HasPrefix(parts[0], ".") {
+			m[parts[1]] = parts[0]
+		}
+	}
+	return m
+}
+
+// TestComposeClickHouseUsers keeps docker-compose.yml least-privilege on
+// ClickHouse: the workers' sinks insert as the writer after migrating as
+// the ClickHouse service's admin; the dashboard, talosctl and Grafana read
+// as the reader and mount only the reader's password; every password file
+// a service names is one the chsecrets job writes, on a volume the
+// service mounts.
+func TestComposeClickHouseUsers(t *testing.T) {
+	raw, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Services composeServices `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	svc := doc.Services
+	admin := svc["clickhouse"].Environment["CLICKHOUSE_USER"]
+	if admin == "" || admin == "default" || svc["clickhouse"].Environment["CLICKHOUSE_DEFAULT_ACCESS_MANAGEMENT"] != "1" {
+		t.Fatalf("the ClickHouse service's admin %q: want a named user with access management", admin)
+	}
+	if !strings.Contains(strings.Join(svc["clickhouse"].Entrypoint, " "), "/chsecrets/admin.password") || svc.mounts("clickhouse")["/chsecrets"] != "chsecrets" {
+		t.Errorf("the ClickHouse service does not take the admin password from chsecrets: %v", svc["clickhouse"].Entrypoint)
+	}
+	job := strings.Join(svc["chsecrets"].Command, "\n")
+	written := map[string]bool{} // volume/file the job writes
+	if strings.Contains(job, "for u in admin writer reader") && strings.Contains(job, ">/chsecrets/$$u.password") &&
+		svc.mounts("chsecrets")["/chsecrets"] == "chsecrets" {
+		written["chsecrets/admin.password"], written["chsecrets/writer.password"], written["chsecrets/reader.password"] = true, true, true
+	}
+	if strings.Contains(job, "cp /chsecrets/reader.password /chreader/reader.password") && svc.mounts("chsecrets")["/chreader"] == "chreader" {
+		written["chreader/reader.password"] = true
+	}
+	logins := map[string]struct{ user, roles string }{
+		"worker1": {query.WriterUser, "enforce,sink,control"}, "worker2": {query.WriterUser, "enforce,sink,control"},
+		"web": {"", "web"}, "talosctl": {query.ReaderUser, ""},
+	}
+	for name, want := range logins {
+		env := svc[name].Environment
+		if env["TALOS_CLICKHOUSE_USER"] != want.user || env["TALOS_ROLES"] != want.roles {
+			t.Errorf("%s: user %q roles %q, want %q %q", name, env["TALOS_CLICKHOUSE_USER"], env["TALOS_ROLES"], want.user, want.roles)
+		}
+		sink := strings.Contains(want.roles, "sink")
+		if sink && (env["TALOS_CLICKHOUSE_ADMIN_USER"] != admin || env["TALOS_CLICKHOUSE_READER_USER"] != query.ReaderUser) {
+			t.Errorf("%s migrates as %q creating reader %q; want %s and %s", name, env["TALOS_CLICKHOUSE_ADMIN_USER"], env["TALOS_CLICKHOUSE_READER_USER"], admin, query.ReaderUser)
+		}
+		if !sink && svc.mounts(name)["/chsecrets"] != "" {
+			t.Errorf("%s only reads, yet mounts the admin's and writer's passwords", name)
+		}
+		for k, file := range env {
+			if !strings.HasSuffix(k, "_PASSWORD_FILE") || !strings.HasPrefix(k, "TALOS_CLICKHOUSE_") {
+				continue
+			}
+			volume := svc.mounts(name)[path.Dir(file)]
+			login := strings.TrimSuffix(strings.TrimPrefix(k, "TALOS_CLICKHOUSE_"), "PASSWORD_FILE")
+			user := map[string]string{"": "writer", "ADMIN_": "admin", "READER_": "reader"}[login]
+			if name == "talosctl" {
+				user = "reader"
+			}
+			if !written[volume+"/"+path.Base(file)] || path.Base(file) != user+".password" {
+				t.Errorf("%s: %s=%s is not the %s password the chsecrets job writes on a volume %s mounts", name, k, file, user, name)
+			}
+		}
+	}
+	if svc.mounts("grafana")["/chreader"] != "chreader" || svc.mounts("grafana")["/chsecrets"] != "" {
+		t.Errorf("grafana mounts %v; want chreader (the reader's password) only", svc.mounts("grafana"))
 	}
 }
 

@@ -287,7 +287,7 @@ func startSink(ctx context.Context, f *Flags, log *slog.Logger, js jetstream.Jet
 		return nil, nil, usagef("the sink role needs --clickhouse-addr HOST:PORT")
 	}
 	if err := retry.Do(ctx, log, "connect ClickHouse "+f.ClickhouseAddr, func() error {
-		conn, err = query.OpenMigrated(ctx, f.ClickhouseAddr, f.ClickhouseDatabase)
+		conn, err = query.OpenMigrated(ctx, f.Logins(), f.ClickhouseDatabase)
 		return err
 	}); err != nil {
 		return nil, nil, err
@@ -301,6 +301,6 @@ func startSink(ctx context.Context, f *Flags, log *slog.Logger, js jetstream.Jet
 		return nil, nil, err
 	}
 	telemetry.RegisterSinkRows(metrics, writer.Rows)
-	log.Info("sink role started", "clickhouse", f.ClickhouseAddr, "database", f.ClickhouseDatabase)
+	log.Info("sink role started", "clickhouse", f.ClickhouseAddr, "database", f.ClickhouseDatabase, "user", f.ClickhouseUser)
 	return s.Run, conn, nil
 }

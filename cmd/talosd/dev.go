@@ -55,7 +55,7 @@ func (d *devCmd) Run(f *Flags) error {
 	}
 	// ClickHouse: a private server under the data dir.
 	if f.ClickhouseAddr == "" {
-		ch, err := d.startClickHouse(ctx, dir)
+		ch, err := d.startClickHouse(ctx, dir, f.ClickhouseDatabase)
 		if err != nil {
 			return err
 		}
@@ -132,14 +132,14 @@ func devRegistry(f *Flags, regDir string) error {
 }
 
 // startClickHouse starts the private clickhouse-server under dir, on
-// --clickhouse-port or, when that is busy, a free port.
-func (d *devCmd) startClickHouse(ctx context.Context, dir string) (*chserver.Server, error) {
+// --clickhouse-port or a free port; its writer and reader see database only.
+func (d *devCmd) startClickHouse(ctx context.Context, dir, database string) (*chserver.Server, error) {
 	port := d.ClickhousePort
 	if port != 0 && freeOr(fmt.Sprintf("127.0.0.1:%d", port), "the private ClickHouse") == "127.0.0.1:0" {
 		port = 0
 	}
 	fmt.Fprintln(os.Stderr, "starting a private clickhouse-server (about 10 s)…")
-	return chserver.Start(ctx, chserver.Options{Dir: filepath.Join(dir, "clickhouse"), TCPPort: port})
+	return chserver.Start(ctx, chserver.Options{Dir: filepath.Join(dir, "clickhouse"), TCPPort: port, Databases: []string{database}})
 }
 
 // responderKeyFile is the private key next to the first --responder-keys file.
@@ -183,7 +183,7 @@ func printBanner(f *Flags, s *stack) {
 // demoVerify waits until the demo's receipts are in ClickHouse, then
 // verifies the whole database the way `talosctl verify` does.
 func demoVerify(ctx context.Context, f *Flags, want int) error {
-	conn, err := query.Open(ctx, f.ClickhouseAddr, f.ClickhouseDatabase)
+	conn, err := f.Reader().Open(ctx, f.ClickhouseDatabase)
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,8 @@ package main
 import (
 	"os"
 	"time"
+
+	"github.com/talos-audit/talos/query"
 )
 
 // Flags are talosd's settings (DESIGN.md §4). Zero values mean defaults.
@@ -13,8 +15,7 @@ type Flags struct {
 	NatsEPs            []string      `name:"nats-eps" default:"talosctl,demo-ep" help:"Enforcement point ids that get a NATS user (ep-<id>) when talosd creates or completes the --nats-auth file."`
 	NatsUser           string        `name:"nats-user" help:"NATS user for --nats-url (credentials in the URL win; default: the worker user of --nats-auth)."`
 	NatsPassword       string        `name:"nats-password" help:"NATS password for --nats-user (prefer TALOS_NATS_PASSWORD: arguments are visible to other local users)."`
-	ClickhouseAddr     string        `name:"clickhouse-addr" help:"ClickHouse native address HOST:PORT (sink role). In dev, empty starts a private clickhouse-server."`
-	ClickhouseDatabase string        `name:"clickhouse-database" default:"talos" help:"ClickHouse database."`
+	query.ServiceFlags               // --clickhouse-*: address, database, the sink's, web role's and migrations' users, TLS
 	Registry           string        `name:"registry" type:"path" help:"Tool registry: a manifest file or a directory of them (bootstrap pin). Required for the enforce role."`
 	SigningKey         string        `name:"signing-key" type:"path" help:"Ed25519 signing key (.key from 'talosctl keys gen'). Required for the enforce role."`
 	TrustedKeys        []string      `name:"trusted-keys" type:"path" help:"Public keys (.pub files or directories) of the other talosd instances: control events they signed are applied (this instance's own key is always trusted)."`

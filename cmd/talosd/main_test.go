@@ -240,6 +240,19 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	if !rep.OK() || rep.Checked != calls {
 		t.Fatalf("verify after the crash: checked %d, problems %v", rep.Checked, rep.Problems)
 	}
+	// The sink inserted as the writer (DDL refused): the server logged its
+	// inserts under that user.
+	if err := conn.Exec(ctx, "SYSTEM FLUSH LOGS"); err != nil {
+		t.Fatal(err)
+	}
+	var inserts uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM system.query_log WHERE user = ? AND query LIKE ?",
+		query.WriterUser, "INSERT INTO `"+db+"`.`receipts`%").Scan(&inserts); err != nil {
+		t.Fatal(err)
+	}
+	if inserts == 0 {
+		t.Fatalf("no insert into %s.receipts by %s in system.query_log", db, query.WriterUser)
+	}
 }
 
 // TestEmbeddedNATSAndHTTP: plain `talosd` with no --nats-url starts its own

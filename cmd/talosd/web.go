@@ -9,7 +9,6 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/talos-audit/talos/ingest/retry"
-	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/query/web"
 	"github.com/talos-audit/talos/receipts"
 )
@@ -65,7 +64,7 @@ func startWeb(ctx context.Context, f *Flags, log *slog.Logger, key *receipts.Pri
 	}
 	var conn driver.Conn
 	if err := retry.Do(ctx, log, "connect ClickHouse "+f.ClickhouseAddr, func() error {
-		conn, err = query.Open(ctx, f.ClickhouseAddr, "") // the sink creates the database; queries name it
+		conn, err = f.Reader().Open(ctx, "") // the sink creates the database; queries name it
 		return err
 	}); err != nil {
 		return nil, err
@@ -78,7 +77,7 @@ func startWeb(ctx context.Context, f *Flags, log *slog.Logger, key *receipts.Pri
 	if f.WebToken != "" {
 		from = "--web-token"
 	}
-	log.Info("web role started", "url", "http://"+d.Addr()+"/", "clickhouse", f.ClickhouseAddr, "database", f.ClickhouseDatabase,
+	log.Info("web role started", "url", "http://"+d.Addr()+"/", "clickhouse", f.ClickhouseAddr, "database", f.ClickhouseDatabase, "user", f.ClickhouseReaderUser,
 		"trusted_keys", len(keys), "token_from", from)
 	return &webRole{URL: "http://" + d.Addr() + "/?token=" + token, run: d.Serve}, nil
 }

@@ -51,14 +51,27 @@ type Options struct {
 	// StopTimeout is how long Stop waits after SIGTERM before SIGKILL
 	// (default 15 s).
 	StopTimeout time.Duration
+	// TLS also serves the native protocol over TLS on a port of its own
+	// (SecureAddr), with a certificate for 127.0.0.1 and localhost signed
+	// by a CA generated under Dir/tls (TLSFiles). The plaintext port stays.
+	TLS bool
+	// ClientCerts, with TLS, makes the secure port refuse clients that
+	// present no certificate signed by that CA (TLSFiles has one).
+	ClientCerts bool
+	// Databases limits the writer and reader users to these databases
+	// (allow_databases). Empty: every database, which the tests need (one
+	// database per test).
+	Databases []string
 }
 
 // Server is a private clickhouse-server process listening on 127.0.0.1.
 type Server struct {
-	dir     string
-	tempDir bool
-	tcpPort int
-	stopTO  time.Duration
+	dir        string
+	tempDir    bool
+	tcpPort    int
+	securePort int      // 0 without Options.TLS
+	tlsFiles   TLSFiles // zero without Options.TLS
+	stopTO     time.Duration
 
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the process has exited and been reaped
@@ -130,7 +143,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	// the server binds it; retry a few times when the server exits early.
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		ch, err := startOnce(ctx, argv, dir, opts.TCPPort, startTO, stopTO)
+		ch, err := startOnce(ctx, argv, dir, opts, startTO, stopTO)
 		if err == nil {
 			ch.tempDir = temp
 			return ch, nil
@@ -148,24 +161,31 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 
 var errExitedEarly = errors.New("clickhouse-server exited during start")
 
-func startOnce(ctx context.Context, argv []string, dir string, tcpPort int, startTO, stopTO time.Duration) (*Server, error) {
-	ports, err := freePorts(3)
+func startOnce(ctx context.Context, argv []string, dir string, opts Options, startTO, stopTO time.Duration) (*Server, error) {
+	ports, err := freePorts(4)
 	if err != nil {
 		return nil, fmt.Errorf("chserver: pick ports: %w", err)
 	}
-	if tcpPort > 0 {
-		ports[0] = tcpPort
+	if opts.TCPPort > 0 {
+		ports[0] = opts.TCPPort
 	}
 	for _, sub := range []string{"data", "tmp", "user_files", "format_schemas", "log"} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
 			return nil, err
 		}
 	}
+	c := config{dir: dir, tcp: ports[0], http: ports[1], interserver: ports[2], clientCerts: opts.ClientCerts}
+	if opts.TLS {
+		if c.tls, err = writeTLS(filepath.Join(dir, "tls")); err != nil {
+			return nil, fmt.Errorf("chserver: tls: %w", err)
+		}
+		c.secure = ports[3]
+	}
 	cfg := filepath.Join(dir, "config.xml")
-	if err := os.WriteFile(cfg, []byte(serverConfig(dir, ports[0], ports[1], ports[2])), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(serverConfig(c)), 0o644); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "users.xml"), []byte(usersConfig), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "users.xml"), []byte(usersConfig(opts.Databases)), 0o644); err != nil {
 		return nil, err
 	}
 	out, err := os.Create(filepath.Join(dir, "log", "stdout.log"))
@@ -182,7 +202,7 @@ func startOnce(ctx context.Context, argv []string, dir string, tcpPort int, star
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("chserver: start %s: %w", argv[0], err)
 	}
-	ch := &Server{dir: dir, tcpPort: ports[0], stopTO: stopTO, cmd: cmd, done: make(chan struct{})}
+	ch := &Server{dir: dir, tcpPort: c.tcp, securePort: c.secure, tlsFiles: c.tls, stopTO: stopTO, cmd: cmd, done: make(chan struct{})}
 	// The reaper is owned by ch: Stop waits for done.
 	go func() {
 		ch.err = cmd.Wait()
@@ -247,14 +267,28 @@ func (c *Server) logTail() string {
 // Addr is the native-protocol address, 127.0.0.1:<tcp port>.
 func (c *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(c.tcpPort)) }
 
+// SecureAddr is the native-protocol-over-TLS address, 127.0.0.1:<port>,
+// of a server started with Options.TLS ("" otherwise).
+func (c *Server) SecureAddr() string {
+	if c.securePort == 0 {
+		return ""
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(c.securePort))
+}
+
+// TLSFiles are the CA and certificates of a server started with
+// Options.TLS (zero otherwise).
+func (c *Server) TLSFiles() TLSFiles { return c.tlsFiles }
+
 // Dir is the directory holding the config, data and logs.
 func (c *Server) Dir() string { return c.dir }
 
-// Open connects to database ("" means the server's default database).
+// Open connects to database ("" means the server's default database) as
+// the administrator, AdminUser.
 func (c *Server) Open(database string) (driver.Conn, error) {
 	return clickhouse.Open(&clickhouse.Options{
 		Addr:         []string{c.Addr()},
-		Auth:         clickhouse.Auth{Database: database, Username: "default"},
+		Auth:         clickhouse.Auth{Database: database, Username: AdminUser},
 		DialTimeout:  5 * time.Second,
 		MaxOpenConns: 4,
 		MaxIdleConns: 2,
@@ -302,8 +336,18 @@ func (c *Server) Kill() {
 // Exited is closed once the server process has exited.
 func (c *Server) Exited() <-chan struct{} { return c.done }
 
-func serverConfig(dir string, tcp, httpPort, interserver int) string {
-	p := func(sub string) string { return xmlEscape(filepath.Join(dir, sub)) + "/" }
+// config is what serverConfig writes: the directory, the ports and, with
+// a secure port, the TLS files.
+type config struct {
+	dir                    string
+	tcp, http, interserver int
+	secure                 int // 0: no TLS
+	tls                    TLSFiles
+	clientCerts            bool
+}
+
+func serverConfig(c config) string {
+	p := func(sub string) string { return xmlEscape(filepath.Join(c.dir, sub)) + "/" }
 	return fmt.Sprintf(`<?xml version="1.0"?>
 <!-- Generated by talos testenv; private, loopback-only server. -->
 <yandex>
@@ -331,45 +375,42 @@ func serverConfig(dir string, tcp, httpPort, interserver int) string {
   <mark_cache_size>67108864</mark_cache_size>
   <uncompressed_cache_size>67108864</uncompressed_cache_size>
   <timezone>UTC</timezone>
-</yandex>
-`, p("log"), tcp, httpPort, interserver, p("data"), p("tmp"), p("user_files"), p("format_schemas"),
-		xmlEscape(filepath.Join(dir, "users.xml")))
+  <query_log>
+    <database>system</database>
+    <table>query_log</table>
+    <flush_interval_milliseconds>7500</flush_interval_milliseconds>
+  </query_log>
+%[10]s</yandex>
+`, p("log"), c.tcp, c.http, c.interserver, p("data"), p("tmp"), p("user_files"), p("format_schemas"),
+		xmlEscape(filepath.Join(c.dir, "users.xml")), tlsConfig(c))
 }
 
-const usersConfig = `<?xml version="1.0"?>
-<!-- Generated by talos testenv. -->
-<yandex>
-  <profiles>
-    <default>
-      <max_memory_usage>2000000000</max_memory_usage>
-      <use_uncompressed_cache>0</use_uncompressed_cache>
-    </default>
-  </profiles>
-  <users>
-    <default>
-      <password></password>
-      <networks>
-        <ip>127.0.0.1</ip>
-        <ip>::1</ip>
-      </networks>
-      <profile>default</profile>
-      <quota>default</quota>
-    </default>
-  </users>
-  <quotas>
-    <default>
-      <interval>
-        <duration>3600</duration>
-        <queries>0</queries>
-        <errors>0</errors>
-        <result_rows>0</result_rows>
-        <read_rows>0</read_rows>
-        <execution_time>0</execution_time>
-      </interval>
-    </default>
-  </quotas>
-</yandex>
-`
+// tlsConfig is the secure native port and its OpenSSL server section
+// (empty without a secure port). With clientCerts the server verifies
+// client certificates against the CA and requires one (strict).
+func tlsConfig(c config) string {
+	if c.secure == 0 {
+		return ""
+	}
+	mode := "none"
+	if c.clientCerts {
+		mode = "strict"
+	}
+	return fmt.Sprintf(`  <tcp_port_secure>%d</tcp_port_secure>
+  <openSSL>
+    <server>
+      <certificateFile>%s</certificateFile>
+      <privateKeyFile>%s</privateKeyFile>
+      <caConfig>%s</caConfig>
+      <verificationMode>%s</verificationMode>
+      <loadDefaultCAFile>false</loadDefaultCAFile>
+      <cacheSessions>true</cacheSessions>
+      <disableProtocols>sslv2,sslv3,tlsv1,tlsv1_1</disableProtocols>
+      <preferServerCiphers>true</preferServerCiphers>
+    </server>
+  </openSSL>
+`, c.secure, xmlEscape(c.tls.ServerCert), xmlEscape(c.tls.ServerKey), xmlEscape(c.tls.CA), mode)
+}
 
 func xmlEscape(s string) string {
 	var b bytes.Buffer

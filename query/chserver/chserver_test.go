@@ -2,9 +2,13 @@ package chserver
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/xml"
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -48,5 +52,90 @@ func TestStartBadBinary(t *testing.T) {
 	_, err := Start(context.Background(), Options{Binary: bin, Dir: filepath.Join(dir, "data")})
 	if err == nil || !strings.Contains(err.Error(), "exited") || !strings.Contains(err.Error(), "boom: cannot start") {
 		t.Fatalf("err = %v, want an early-exit error with the output tail", err)
+	}
+}
+
+// TestUsersConfig: the users file is XML with the admin, the writer and the
+// reader, their profiles, and allow_databases only when databases are named.
+func TestUsersConfig(t *testing.T) {
+	type user struct {
+		XMLName   xml.Name
+		Profile   string   `xml:"profile"`
+		Databases []string `xml:"allow_databases>database"`
+	}
+	type usersDoc struct {
+		Profiles struct {
+			Writer struct {
+				AllowDDL string `xml:"allow_ddl"`
+			} `xml:"writer"`
+			Reader struct {
+				Readonly string `xml:"readonly"`
+				AllowDDL string `xml:"allow_ddl"`
+			} `xml:"reader"`
+		} `xml:"profiles"`
+		Users struct {
+			List []user `xml:",any"`
+		} `xml:"users"`
+	}
+	for _, dbs := range [][]string{nil, {"talos", "t<2>"}} {
+		var doc usersDoc
+		if err := xml.Unmarshal([]byte(usersConfig(dbs)), &doc); err != nil {
+			t.Fatal(err)
+		}
+		if doc.Profiles.Writer.AllowDDL != "0" || doc.Profiles.Reader.Readonly != "2" || doc.Profiles.Reader.AllowDDL != "0" {
+			t.Fatalf("profiles %+v", doc.Profiles)
+		}
+		got := map[string]user{}
+		for _, u := range doc.Users.List {
+			got[u.XMLName.Local] = u
+		}
+		want := map[string]string{AdminUser: "default", WriterUser: "writer", ReaderUser: "reader"}
+		if len(got) != len(want) {
+			t.Fatalf("users %v", got)
+		}
+		for name, profile := range want {
+			u := got[name]
+			limited := name != AdminUser && dbs != nil
+			if u.Profile != profile || limited != (u.Databases != nil) || limited && !slices.Equal(u.Databases, dbs) {
+				t.Errorf("databases %q: user %s = %+v", dbs, name, u)
+			}
+		}
+	}
+}
+
+// TestWriteTLS: the server's certificate verifies for 127.0.0.1 and
+// localhost against the CA, the client's as a client certificate.
+func TestWriteTLS(t *testing.T) {
+	f, err := writeTLS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	caPEM, _ := os.ReadFile(f.CA)
+	if !roots.AppendCertsFromPEM(caPEM) {
+		t.Fatal("no CA certificate")
+	}
+	for _, tc := range []struct {
+		cert, key, name string
+		usage           x509.ExtKeyUsage
+	}{
+		{f.ServerCert, f.ServerKey, "127.0.0.1", x509.ExtKeyUsageServerAuth},
+		{f.ServerCert, f.ServerKey, "localhost", x509.ExtKeyUsageServerAuth},
+		{f.ClientCert, f.ClientKey, "", x509.ExtKeyUsageClientAuth},
+	} {
+		pair, err := tls.LoadX509KeyPair(tc.cert, tc.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf, err := x509.ParseCertificate(pair.Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: tc.name, KeyUsages: []x509.ExtKeyUsage{tc.usage}}); err != nil {
+			t.Errorf("%s for %q: %v", tc.cert, tc.name, err)
+		}
+	}
+	if st, err := os.Stat(f.ServerKey); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("server key mode: %v %v", st.Mode(), err)
 	}
 }
