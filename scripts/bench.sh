@@ -63,7 +63,11 @@
 #
 # Processes, all on this machine:
 #   - `talosd dev`: embedded NATS JetStream and a private ClickHouse (installed
-#     from the OS packages if missing), and, by default, the ClickHouse sink;
+#     from the OS packages if missing), and, by default, the ClickHouse sink.
+#     NATS requires TLS (the CA talosd dev generates in its data dir, which
+#     every other process finds beside nats-auth.json), so every figure
+#     includes it; `ab` against a commit from before NATS TLS compares a
+#     plaintext base with a TLS new tree;
 #   - one enforce worker as its own process (`talosd --roles enforce`), so its
 #     CPU and memory can be read alone;
 #   - `talosctl bench`, the load generator. It builds and signs every envelope

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest/natsserver"
+	"github.com/talos-audit/talos/ingest/natstls"
 )
 
 // The embedded NATS server of package natsserver, under the names the tests
@@ -35,6 +36,17 @@ func NATSForTest(t testing.TB) *NATS {
 	}
 	t.Cleanup(n.Shutdown)
 	return n
+}
+
+// NATSTLSForTest is a TLS setting for NATSOptions.TLS: a CA and a server
+// certificate generated in t.TempDir() (kept across restarts of servers
+// given the same setting), and the CA file clients must trust (nats.RootCAs,
+// --nats-ca, TALOS_NATS_CA). The embedded servers of the tests run without
+// TLS unless a test asks for it; talosd's own embedded server runs with it.
+func NATSTLSForTest(t testing.TB) (tls *natstls.Server, ca string) {
+	t.Helper()
+	s := &natstls.Server{Dir: t.TempDir()}
+	return s, s.CA()
 }
 
 // ConnectJS connects to url (reconnecting for ever, so a test may restart

@@ -21,6 +21,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/talos-audit/talos/ingest/gateway"
+	"github.com/talos-audit/talos/ingest/natstls"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
@@ -55,6 +56,7 @@ type stack struct {
 	nats     *testenv.NATS
 	natsPort int
 	natsDir  string
+	natsTLS  *natstls.Server // the NATS server's certificate; every process trusts its CA
 	chAddr   string
 	db       string
 	talosctl string
@@ -85,6 +87,11 @@ func startStackRegistry(t *testing.T, registry string, extra ...string) *stack {
 	talosd := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosd")
 	s.chAddr, s.db = testenv.NewDatabase(t)
 	s.natsPort, s.natsDir = freePort(t), filepath.Join(s.dir, "nats")
+	// NATS requires TLS: talosd, talosctl and the gateways verify it with
+	// the CA of TALOS_NATS_CA (--nats-ca), which they inherit.
+	var ca string
+	s.natsTLS, ca = testenv.NATSTLSForTest(t)
+	t.Setenv("TALOS_NATS_CA", ca)
 	s.startNATS()
 	t.Cleanup(func() {
 		if s.nats != nil {
@@ -121,7 +128,7 @@ func startStackRegistry(t *testing.T, registry string, extra ...string) *stack {
 func (s *stack) natsURL() string { return "nats://127.0.0.1:" + strconv.Itoa(s.natsPort) }
 
 func (s *stack) startNATS() {
-	n, err := testenv.StartNATS(testenv.NATSOptions{Dir: s.natsDir, Port: s.natsPort})
+	n, err := testenv.StartNATS(testenv.NATSOptions{Dir: s.natsDir, Port: s.natsPort, TLS: s.natsTLS})
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -418,9 +425,10 @@ func TestGatewayEndToEnd(t *testing.T) {
 		t.Fatalf("get-sum after NATS returned: %q", text(r.res))
 	}
 
-	// The inspector CLI, a second real MCP client.
+	// The inspector CLI, a second real MCP client. It starts the gateway
+	// with an environment of its own: the CA goes as a flag.
 	insp := exec.CommandContext(ctx, testenv.MCPBin(t, "mcp-inspector"), "--cli", s.gateway,
-		"--nats-url", s.natsURL(), "--nats-auth", "none", "--registry", registryDir, "--ep-id", "gw-inspector",
+		"--nats-url", s.natsURL(), "--nats-auth", "none", "--nats-ca", s.natsTLS.CA(), "--registry", registryDir, "--ep-id", "gw-inspector",
 		"--upstream", "everything="+testenv.MCPBin(t, "mcp-server-everything"),
 		"--method", "tools/call", "--tool-name", "echo", "--tool-arg", "message=from the inspector")
 	out, err := insp.Output()

@@ -41,6 +41,7 @@ type cli struct {
 	NatsUser     string `name:"nats-user" help:"NATS user (default: this enforcement point's user in --nats-auth)."`
 	NatsPassword string `name:"nats-password" help:"NATS password for --nats-user (prefer TALOS_NATS_PASSWORD)."`
 	NatsAuth     string `name:"nats-auth" help:"talosd's NATS users file; the gateway logs in as the user of --ep-id. 'none': no credentials."`
+	NatsCA       string `name:"nats-ca" type:"path" help:"CA certificate (PEM) the NATS server's certificate must chain to; with it, a server without TLS is refused. Default: nats-tls/ca.pem beside --nats-auth when it exists, else the system's roots."`
 
 	EPID     string   `name:"ep-id" required:"" help:"This enforcement point's id (its decisions arrive on talos.decision.<ep-id>)."`
 	Upstream []string `name:"upstream" required:"" sep:"none" help:"An upstream MCP server: '<server_id>=<command> [args...]' (stdio) or '<server_id>=http(s)://...' (streamable HTTP). Repeat for several."`
@@ -134,7 +135,7 @@ func main() {
 func (c *cli) config(log *slog.Logger) gateway.Config {
 	return gateway.Config{
 		EPID: c.EPID, Registry: c.Registry, Upstreams: c.Upstream, Credentials: c.Credentials,
-		NATS:       natsauth.Login{URL: c.NatsURL, User: c.NatsUser, Password: c.NatsPassword, UsersFile: cmp.Or(c.NatsAuth, natsauth.None)},
+		NATS:       natsauth.Login{URL: c.NatsURL, User: c.NatsUser, Password: c.NatsPassword, UsersFile: cmp.Or(c.NatsAuth, natsauth.None), CA: c.NatsCA},
 		Capability: c.Capability, AgentKey: c.AgentKey, AgentID: c.AgentID, SessionID: c.SessionID,
 		Principals: c.Principals, TrustedKeys: c.TrustedKeys,
 		HTTP: gateway.HTTPConfig{Listen: c.Listen, TLSCert: c.TLSCert, TLSKey: c.TLSKey, InsecurePlainHTTP: c.InsecurePlainHTTP,

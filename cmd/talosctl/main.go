@@ -24,6 +24,7 @@ type Globals struct {
 	NatsUser          string `name:"nats-user" help:"NATS user (default: the user for the command's role in --nats-auth)."`
 	NatsPassword      string `name:"nats-password" help:"NATS password for --nats-user (prefer TALOS_NATS_PASSWORD: arguments are visible to other local users)."`
 	NatsAuth          string `name:"nats-auth" help:"talosd's NATS users file; talosctl logs in as the user for what it does (call: the enforcement point of --ep-id; bench: the worker). Default: talos-data/nats-auth.json when it exists. 'none': no credentials."`
+	NatsCA            string `name:"nats-ca" type:"path" help:"CA certificate (PEM) the NATS server's certificate must chain to; with it, a server without TLS is refused. Default: nats-tls/ca.pem beside --nats-auth (talosd's data dir, where it keeps its embedded server's CA) when it exists, else the system's roots."`
 	query.ClientFlags        // --clickhouse-*: address, database, user (a reader), TLS
 	JSON              bool   `name:"json" help:"Print JSON instead of human-readable output."`
 }
@@ -100,7 +101,7 @@ const defaultNATSAuth = "talos-data/nats-auth.json"
 // when it exists). Configuration mistakes are usage errors (exit 2), an
 // unreachable or refusing server is a failure (exit 1).
 func (g *Globals) connect(role, epID string) (*nats.Conn, error) {
-	login := natsauth.Login{URL: g.NatsURL, User: g.NatsUser, Password: g.NatsPassword, UsersFile: g.NatsAuth, Default: defaultNATSAuth}
+	login := natsauth.Login{URL: g.NatsURL, User: g.NatsUser, Password: g.NatsPassword, UsersFile: g.NatsAuth, Default: defaultNATSAuth, CA: g.NatsCA}
 	creds, err := login.Options(role, epID)
 	if err != nil {
 		return nil, usage("%v", err)

@@ -20,9 +20,11 @@ import (
 	"github.com/talos-audit/talos/testenv"
 )
 
-// TestCallWithNATSAuth runs talosd with its embedded, authenticated NATS
-// and talosctl against it: talosctl picks the user for what it does from
-// the auth file, explicit credentials work, and none are refused.
+// TestCallWithNATSAuth runs talosd with its embedded, authenticated NATS,
+// which requires TLS, and talosctl against it: talosctl picks the user for
+// what it does from the auth file and trusts the CA beside it, explicit
+// credentials and an explicit CA work, and no credentials or another CA
+// are refused.
 func TestCallWithNATSAuth(t *testing.T) {
 	talosd := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosd")
 	talosctl := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosctl")
@@ -34,7 +36,7 @@ func TestCallWithNATSAuth(t *testing.T) {
 	logPath := filepath.Join(dir, "talosd.log")
 	startTalosd(t, talosd, dir, "--roles", "enforce", "--registry", "../talosd/demo/registry", "--signing-key", filepath.Join(dir, "k.key"),
 		"--data-dir", dir, "--nats-listen", "127.0.0.1:0", "--http-addr", "", "--chains", "1", "--capabilities", "optional")
-	urlRe := regexp.MustCompile(`embedded nats-server with JetStream"? url=(nats://\S+)`)
+	urlRe := regexp.MustCompile(`embedded nats-server with JetStream"? url=((?:nats|tls)://\S+)`)
 	var natsURL string
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		out, _ := os.ReadFile(logPath)
@@ -69,6 +71,22 @@ func TestCallWithNATSAuth(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "ALLOW") {
 		t.Fatalf("call with TALOS_NATS_AUTH: %v\n%s", err, out)
 	}
+	// The server requires TLS: a CA that did not sign its certificate is
+	// refused, and so is no CA when none is beside the users file.
+	otherCA := filepath.Join(t.TempDir(), "other")
+	if err := exec.Command(talosd, "nats-tls", "--data-dir", otherCA).Run(); err != nil {
+		t.Fatal(err)
+	}
+	otherCA = filepath.Join(otherCA, natsauth.TLSDir, natsauth.CAFile)
+	if out, code := run(t, talosctl, append([]string{"--nats-url", natsURL, "--nats-auth", auth, "--nats-ca", otherCA}, call...)...); code != 1 || !strings.Contains(out, "certificate") {
+		t.Fatalf("call trusting another CA: exit %d, want 1 for the certificate\n%s", code, out)
+	}
+	if out, code := run(t, talosctl, append([]string{"--nats-url", natsURL, "--nats-auth", "none"}, call...)...); code != 1 || !strings.Contains(out, "certificate") {
+		t.Fatalf("call without the CA: exit %d, want 1 for the certificate\n%s", code, out)
+	}
+	// From here on the CA comes from the environment, as the flags' default
+	// (talos-data/nats-auth.json here) has none beside it.
+	t.Setenv("TALOS_NATS_CA", filepath.Join(dir, natsauth.TLSDir, natsauth.CAFile))
 	// An ep id without a user in the file is a usage error naming the fix.
 	if out, code := run(t, talosctl, append([]string{"--nats-url", natsURL, "--nats-auth", auth}, append(call, "--ep-id", "stranger")...)...); code != 2 || !strings.Contains(out, "--nats-eps") {
 		t.Fatalf("call as an unknown ep: exit %d, want 2\n%s", code, out)

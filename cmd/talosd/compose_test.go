@@ -1,6 +1,10 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -9,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/alecthomas/kong"
+	"github.com/nats-io/nats-server/v2/server"
 	"gopkg.in/yaml.v3"
 
 	"github.com/talos-audit/talos/query"
@@ -248,4 +253,150 @@ func composeService(t *testing.T, compose, name string) string {
 		rest = rest[:j[0]+1]
 	}
 	return rest
+}
+
+// TestComposeNATSTLS keeps the NATS cluster's TLS in docker-compose.yml
+// consistent without a Docker engine. It runs the natstls and natsauth
+// jobs' talosd commands, as compose gives them, into a directory standing
+// for their shared volume; nats-server reads deploy/nats.conf over that
+// volume with TLS required of clients and mutual TLS on the routes; and the
+// certificate it serves verifies, against the CA file that talosd and
+// talosctl are told to trust (TALOS_NATS_CA, on the same volume), for every
+// host their TALOS_NATS_URL names and every route.
+func TestComposeNATSTLS(t *testing.T) {
+	raw, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	compose := string(raw)
+	const volume = "natsauth" // the volume every NATS secret is in
+	root := t.TempDir()       // stands for /etc/nats of the NATS services
+	vol := filepath.Join(root, "secrets")
+
+	// The one-shot jobs, run as talosd would run them.
+	for _, job := range []string{"natsauth", "natstls"} {
+		svc := composeService(t, compose, job)
+		at := mountOf(t, svc, volume)
+		m := regexp.MustCompile(`(?m)^\s+command: (\[.*\])$`).FindStringSubmatch(svc)
+		var args []string
+		if m == nil || json.Unmarshal([]byte(m[1]), &args) != nil {
+			t.Fatalf("%s job: no command:\n%s", job, svc)
+		}
+		for i := range args {
+			args[i] = strings.Replace(args[i], at, vol, 1)
+		}
+		var c cli
+		parser, err := kong.New(&c, kong.DefaultEnvars("TALOS"), kong.Bind(&c.Flags))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, err := parser.Parse(args)
+		if err != nil {
+			t.Fatalf("%s job: talosd %v: %v", job, args, err)
+		}
+		if err := ctx.Run(&c.Flags, c.Server(c.DataDir)); err != nil {
+			t.Fatalf("%s job: talosd %v: %v", job, args, err)
+		}
+	}
+
+	// Every NATS node starts only after both jobs, with the volume and
+	// deploy/nats.conf where the configuration expects them.
+	nats1 := composeBlock(t, compose, "\n  nats1: &nats\n", "\n  nats2:\n")
+	for _, want := range []string{"natsauth: { condition: service_completed_successfully }", "natstls: { condition: service_completed_successfully }",
+		`"./deploy/nats.conf:/etc/nats/nats.conf:ro"`} {
+		if !strings.Contains(nats1, want) {
+			t.Errorf("nats1 lacks %s:\n%s", want, nats1)
+		}
+	}
+	if at := mountOf(t, nats1, volume); at != "/etc/nats/secrets" {
+		t.Fatalf("nats1 mounts %s at %s, want /etc/nats/secrets", volume, at)
+	}
+	conf, err := os.ReadFile("../../deploy/nats.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := filepath.Join(root, "nats.conf")
+	if err := os.WriteFile(local, []byte(strings.ReplaceAll(string(conf), "/etc/nats/", root+"/")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(local)
+	if err != nil {
+		t.Fatalf("nats-server rejects deploy/nats.conf with the jobs' files: %v", err)
+	}
+	if opts.TLSConfig == nil || len(opts.TLSConfig.Certificates) != 1 {
+		t.Fatal("deploy/nats.conf does not require TLS of clients")
+	}
+	if c := opts.Cluster.TLSConfig; c == nil || c.ClientAuth != tls.RequireAndVerifyClientCert || c.RootCAs == nil {
+		t.Fatal("deploy/nats.conf's routes are not mutual TLS")
+	}
+	if !opts.Cluster.NoAdvertise {
+		t.Error("the cluster advertises container addresses its certificate does not name")
+	}
+	leaf, err := x509.ParseCertificate(opts.TLSConfig.Certificates[0].Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// What the clients trust and the hosts they reach.
+	talosd := composeBlock(t, compose, "x-talosd:", "\nservices:")
+	talosctl := composeService(t, compose, "talosctl")
+	var hosts []string
+	for _, r := range opts.Routes {
+		hosts = append(hosts, r.Hostname())
+	}
+	for name, svc := range map[string]string{"x-talosd": talosd, "talosctl": talosctl} {
+		ca := regexp.MustCompile(`TALOS_NATS_CA: (\S+)`).FindStringSubmatch(svc)
+		urls := regexp.MustCompile(`TALOS_NATS_URL: (\S+)`).FindStringSubmatch(svc)
+		if ca == nil || urls == nil {
+			t.Fatalf("%s sets no TALOS_NATS_CA or TALOS_NATS_URL", name)
+		}
+		at := mountOf(t, svc, volume)
+		if !strings.HasPrefix(ca[1], at+"/") {
+			t.Fatalf("%s: TALOS_NATS_CA %s is not on the %s volume (mounted at %s)", name, ca[1], volume, at)
+		}
+		pem, err := os.ReadFile(filepath.Join(vol, strings.TrimPrefix(ca[1], at+"/")))
+		if err != nil {
+			t.Fatalf("%s: TALOS_NATS_CA %s is no file the natstls job writes: %v", name, ca[1], err)
+		}
+		roots := x509.NewCertPool()
+		roots.AppendCertsFromPEM(pem)
+		for _, u := range strings.Split(urls[1], ",") {
+			p, err := url.Parse(u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hosts = append(hosts, p.Hostname())
+		}
+		for _, h := range hosts {
+			for _, usage := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
+				if _, err := leaf.Verify(x509.VerifyOptions{DNSName: h, Roots: roots, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+					t.Errorf("%s: the NATS certificate does not verify for %s (%v): %v", name, h, usage, err)
+				}
+			}
+		}
+	}
+	if len(hosts) < 6 {
+		t.Fatalf("checked only the hosts %v", hosts)
+	}
+}
+
+// mountOf is where a compose service mounts the named volume.
+func mountOf(t *testing.T, svc, volume string) string {
+	t.Helper()
+	m := regexp.MustCompile(`["\s]` + volume + `:(/[^":\s]*)`).FindStringSubmatch(svc)
+	if m == nil {
+		t.Fatalf("no mount of volume %s in:\n%s", volume, svc)
+	}
+	return m[1]
+}
+
+// composeBlock is the text of docker-compose.yml from start up to end.
+func composeBlock(t *testing.T, compose, start, end string) string {
+	t.Helper()
+	i := strings.Index(compose, start)
+	j := strings.Index(compose, end)
+	if i < 0 || j < i {
+		t.Fatalf("docker-compose.yml has no %q … %q", start, end)
+	}
+	return compose[i:j]
 }

@@ -204,7 +204,7 @@ func startNATS(f *Flags, log *slog.Logger) (url string, creds []nats.Option, shu
 	if err != nil {
 		return "", nil, nil, usagef("--nats-listen: %v", err)
 	}
-	ns, err := natsserver.Start(natsserver.Options{Dir: filepath.Join(f.DataDir, "nats"), Host: host, Port: port, ServerName: "talosd-" + workerID(f), Users: natsserver.Users(a)})
+	ns, err := natsserver.Start(natsserver.Options{Dir: filepath.Join(f.DataDir, "nats"), Host: host, Port: port, ServerName: "talosd-" + workerID(f), Users: natsserver.Users(a), TLS: f.Server(f.DataDir)})
 	if errors.Is(err, natsserver.ErrAddrInUse) {
 		return "", nil, nil, fmt.Errorf("cannot listen on %s for the embedded nats-server: the address is in use "+
 			"(another talosd or nats-server?). Join it with --nats-url nats://%s, or listen elsewhere with --nats-listen HOST:PORT", f.NatsListen, f.NatsListen)

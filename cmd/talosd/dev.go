@@ -152,7 +152,7 @@ func responderKeyFile(f *Flags) string {
 
 func printBanner(f *Flags, s *stack) {
 	b := demo.Banner{
-		NatsURL: s.NatsURL, NatsUsers: "none: NATS authentication is off (--nats-auth none)",
+		NatsURL: s.NatsURL, NatsCA: f.natsLogin().CA, NatsUsers: "none: NATS authentication is off (--nats-auth none)",
 		Talosctl:       "go run ./cmd/talosctl --nats-url " + s.NatsURL,
 		ClickhouseAddr: f.ClickhouseAddr, Database: f.ClickhouseDatabase,
 		Registry: f.Registry, RegistryDigest: "no enforce role in this process",

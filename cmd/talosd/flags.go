@@ -4,11 +4,13 @@ import (
 	"os"
 	"time"
 
+	"github.com/talos-audit/talos/ingest/natstls"
 	"github.com/talos-audit/talos/query"
 )
 
 // Flags are talosd's settings (DESIGN.md §4). Zero values mean defaults.
 type Flags struct {
+	natstls.Flags                    // --nats-ca, --nats-tls-cert, --nats-tls-key, --nats-tls-hosts; talosd nats-tls
 	NatsURL            string        `name:"nats-url" help:"NATS URL. Empty: start an embedded nats-server with JetStream under --data-dir."`
 	NatsListen         string        `name:"nats-listen" default:"127.0.0.1:4222" help:"Listen address of the embedded nats-server (only without --nats-url)."`
 	NatsAuth           string        `name:"nats-auth" help:"NATS users file (JSON, mode 0600; default <data-dir>/nats-auth.json). The embedded nats-server admits only its users, each limited to its role; talosd creates the file with random passwords if it is missing. With --nats-url, talosd logs in as its worker user when the file exists. 'none' disables NATS authentication (insecure)."`

@@ -54,7 +54,7 @@ func main() {
 		os.Exit(2)
 	}
 	ingest.TuneGC(len(c.Flags.Roles) == 1 && c.Flags.Roles[0] == "enforce")
-	if err = k.Run(&c.Flags); err != nil {
+	if err = k.Run(&c.Flags, c.Server(c.DataDir)); err != nil {
 		fmt.Fprintln(os.Stderr, "talosd:", err)
 		if errors.As(err, new(usageError)) {
 			os.Exit(2)

@@ -49,8 +49,11 @@ func TestDevExitAfterDemo(t *testing.T) {
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("talosd dev: %v\n%s", err, out.String())
 	}
+	// NATS is TLS, with the CA generated in the data dir; the demo traffic
+	// got its decisions over it.
+	ca := filepath.Join(dir, "nats-tls", "ca.pem")
 	for _, want := range []string{"Talos dev stack is up", "TOOL_UNCLASSIFIED_DENIED,UNKNOWN_TOOL", "DOC_HASH_MISMATCH", "VAL-HTC-001", "verify: OK",
-		"NO_CAPABILITY", "DENY_PATH_TRAVERSAL", "DENY_UNKNOWN_FIELDS"} {
+		"NO_CAPABILITY", "DENY_PATH_TRAVERSAL", "DENY_UNKNOWN_FIELDS", "NATS:        tls://127.0.0.1:", "(TLS; clients trust the CA " + ca + ")"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}

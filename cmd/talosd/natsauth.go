@@ -58,9 +58,9 @@ func (f *Flags) prepareNATSAuth(log *slog.Logger) (*natsauth.File, error) {
 // default users file being optional.
 func (f *Flags) natsLogin() natsauth.Login {
 	if f.NatsURL == "" {
-		return natsauth.Login{UsersFile: cmp.Or(f.natsAuthPath(), natsauth.None)}
+		return natsauth.Login{UsersFile: cmp.Or(f.natsAuthPath(), natsauth.None), CA: f.EmbeddedCA(f.DataDir)}
 	}
-	l := natsauth.Login{URL: f.NatsURL, User: f.NatsUser, Password: f.NatsPassword, UsersFile: f.NatsAuth}
+	l := natsauth.Login{URL: f.NatsURL, User: f.NatsUser, Password: f.NatsPassword, UsersFile: f.NatsAuth, CA: f.NatsCA}
 	if f.NatsAuth == "" {
 		l.Default = f.natsAuthPath()
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/ingest/natsauth"
+	"github.com/talos-audit/talos/ingest/natstls"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
@@ -34,9 +35,11 @@ func mustUser(t *testing.T, a *natsauth.File, role, ep string) natsauth.User {
 }
 
 // TestDaemonNATSAuth runs the talosd binary with its embedded server: it
-// writes the auth file (0600, kept across restarts), admits only its users,
-// and an enforcement point logged in from the file gets decisions.
-// --nats-auth none turns authentication off.
+// writes the auth file (0600, kept across restarts) and a CA and server
+// certificate (keys 0600, kept across restarts), admits only its users and
+// only over TLS verified with that CA, and an enforcement point logged in
+// from the file gets decisions. --nats-auth none turns authentication off,
+// not TLS.
 func TestDaemonNATSAuth(t *testing.T) {
 	bin := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosd")
 	dir := t.TempDir()
@@ -60,9 +63,26 @@ func TestDaemonNATSAuth(t *testing.T) {
 	if _, ok := a.Find(schemas.NATSRoleEnforcement, "gw-1"); !ok {
 		t.Fatalf("no user for --nats-eps gw-1: %+v", a.Users)
 	}
-	if nc, err := nats.Connect(url); err == nil {
+	tlsFiles := natstls.Layout(filepath.Join(dir, natsauth.TLSDir))
+	for p, mode := range map[string]os.FileMode{tlsFiles.CA: 0o644, tlsFiles.Cert: 0o644, tlsFiles.CAKey: 0o600, tlsFiles.Key: 0o600} {
+		if st, err := os.Stat(p); err != nil || st.Mode().Perm() != mode {
+			t.Fatalf("%s: %v %v, want mode %v", p, st, err, mode)
+		}
+	}
+	ca := nats.RootCAs(tlsFiles.CA)
+	if !strings.HasPrefix(url, "tls://") {
+		t.Fatalf("embedded server URL %s: want tls://", url)
+	}
+	if nc, err := nats.Connect(url, ca); err == nil {
 		nc.Close()
 		t.Fatal("the embedded server admits a client without credentials")
+	}
+	gw := mustUser(t, a, schemas.NATSRoleEnforcement, "gw-1").ConnectOptions()
+	if nc, err := nats.Connect(url, gw...); err == nil || !strings.Contains(err.Error(), "certificate") {
+		if nc != nil {
+			nc.Close()
+		}
+		t.Fatalf("a client that does not trust the CA: %v, want refused for the certificate", err)
 	}
 	decide := func(url string, opts ...nats.Option) {
 		t.Helper()
@@ -84,16 +104,22 @@ func TestDaemonNATSAuth(t *testing.T) {
 			t.Fatalf("call as enforcement point gw-1: %+v %v", d, err)
 		}
 	}
-	decide(url, mustUser(t, a, schemas.NATSRoleEnforcement, "gw-1").ConnectOptions()...)
+	decide(url, append(gw, ca)...)
 	before, _ := os.ReadFile(path)
+	tlsBefore := map[string][]byte{}
+	for _, p := range []string{tlsFiles.CA, tlsFiles.CAKey, tlsFiles.Cert, tlsFiles.Key} {
+		tlsBefore[p], _ = os.ReadFile(p)
+	}
 
 	// A second talosd joins with --nats-url: it logs in as the worker user
-	// of --nats-auth, or of --nats-user/--nats-password.
+	// of --nats-auth, or of --nats-user/--nats-password; it finds the CA
+	// beside --nats-auth, or takes TALOS_NATS_CA.
 	worker := mustUser(t, a, schemas.NATSRoleWorker, "")
 	join := []string{"--roles", "enforce", "--registry", "demo/registry", "--signing-key", filepath.Join(dir, "k.key"),
 		"--data-dir", filepath.Join(dir, "second"), "--http-addr", "", "--nats-url", url}
 	_, stopJoin := startTalosdLog(t, bin, filepath.Join(dir, "join.log"), append(join, "--nats-auth", path)...)
 	stopJoin()
+	t.Setenv("TALOS_NATS_CA", tlsFiles.CA)
 	t.Setenv("TALOS_NATS_PASSWORD", worker.Password)
 	_, stopJoin = startTalosdLog(t, bin, filepath.Join(dir, "join.log"), append(join, "--nats-user", worker.User)...)
 	stopJoin()
@@ -122,18 +148,23 @@ func TestDaemonNATSAuth(t *testing.T) {
 	_ = refused.Wait()
 	stop()
 
-	// A restart keeps the file as it was.
+	// A restart keeps the users file and the certificates as they were.
 	url, stop = startTalosd(t, bin, dir, args...)
 	if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
 		t.Fatal("restart rewrote the auth file")
 	}
-	decide(url, mustUser(t, a, schemas.NATSRoleEnforcement, "gw-1").ConnectOptions()...)
+	for p, b := range tlsBefore {
+		if after, _ := os.ReadFile(p); len(b) == 0 || !bytes.Equal(after, b) {
+			t.Fatalf("restart rewrote %s", p)
+		}
+	}
+	decide(url, append(gw, ca)...)
 	stop()
 
 	// --nats-auth none: no authentication, and a loud warning.
 	log := filepath.Join(dir, "talosd.log")
 	url, stop = startTalosd(t, bin, dir, append(args, "--nats-auth", "none")...)
-	decide(url)
+	decide(url, ca)
 	stop()
 	out, _ := os.ReadFile(log)
 	if !strings.Contains(string(out), "NATS AUTHENTICATION IS OFF") {
@@ -182,7 +213,7 @@ func startTalosdLog(t *testing.T, bin, logPath string, args ...string) (url stri
 			logf.Close()
 		}
 	})
-	urlRe := regexp.MustCompile(`embedded nats-server with JetStream"? url=(nats://\S+)`)
+	urlRe := regexp.MustCompile(`embedded nats-server with JetStream"? url=((?:nats|tls)://\S+)`)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		out, _ := os.ReadFile(logPath)

@@ -123,6 +123,9 @@ func orDash(s string) string {
 // the secret the demo traffic plants.
 type Banner struct {
 	NatsURL, NatsUsers string
+	// NatsCA is the CA file of the server's TLS certificate, "" for none
+	// known.
+	NatsCA string
 	// Talosctl is the talosctl command line that reaches this stack's NATS.
 	Talosctl                                string
 	ClickhouseAddr, Database                string
@@ -140,6 +143,10 @@ func (b Banner) Write(w io.Writer) error {
 	capFlags := fmt.Sprintf("--capability %s --agent-key %s",
 		filepath.Join(b.KeyDir, CapabilityFile), filepath.Join(b.KeyDir, Agent+".key"))
 	talosctlCH := "go run ./cmd/talosctl --clickhouse-addr " + b.ClickhouseAddr
+	natsLine := b.NatsURL
+	if b.NatsCA != "" {
+		natsLine += "  (TLS; clients trust the CA " + b.NatsCA + ")"
+	}
 	_, err := fmt.Fprintf(w, `
 Talos dev stack is up.
   NATS:        %s
@@ -161,7 +168,7 @@ Try:
   %s verify --trusted-keys %s --receipt RECEIPT --out proof.json   # a checkpoint covers a receipt once it is %s old
   go run ./cmd/talosctl verify-proof --proof proof.json --trusted-keys %s
 
-`, b.NatsURL, b.NatsUsers, b.ClickhouseAddr, b.Database, b.Registry, b.RegistryDigest, b.SigningKey, b.Mode,
+`, natsLine, b.NatsUsers, b.ClickhouseAddr, b.Database, b.Registry, b.RegistryDigest, b.SigningKey, b.Mode,
 		b.Capabilities, b.Issuers, b.Dashboard,
 		b.Talosctl, capFlags, talosctlCH, b.RedactionKey,
 		b.Talosctl, b.ResponderKey, b.Talosctl, b.ResponderKey,

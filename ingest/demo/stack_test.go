@@ -57,13 +57,14 @@ func TestKeysEnsure(t *testing.T) {
 // secret the demo plants, and the stack's addresses.
 func TestBanner(t *testing.T) {
 	var sb strings.Builder
-	err := Banner{NatsURL: "nats://127.0.0.1:4222", Talosctl: "talosctl --nats-url nats://127.0.0.1:4222",
+	err := Banner{NatsURL: "tls://127.0.0.1:4222", NatsCA: "/data/nats-tls/ca.pem", Talosctl: "talosctl --nats-url nats://127.0.0.1:4222",
 		ClickhouseAddr: "127.0.0.1:9000", Database: "talos", KeyDir: "/data/keys", SignersDir: "/data/keys/signers"}.Write(&sb)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := sb.String()
 	for _, want := range []string{
+		"NATS:        tls://127.0.0.1:4222  (TLS; clients trust the CA /data/nats-tls/ca.pem)",
 		"talosctl --nats-url nats://127.0.0.1:4222 call --server files --tool read_file",
 		"--capability /data/keys/" + CapabilityFile + " --agent-key /data/keys/" + Agent + ".key",
 		"--value AKIA" + "DEMO7EXAMPLE2KEY",

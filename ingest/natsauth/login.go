@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 
 	"github.com/nats-io/nats.go"
 
@@ -21,12 +22,28 @@ import (
 //     the users file: UsersFile, or Default when UsersFile is empty and
 //     Default exists; UsersFile None means no file;
 //  4. none.
+//
+// The server's certificate is verified against CA when it is set; else
+// against the CA file TLSDir/CAFile beside the users file (UsersFile unless
+// it is "" or None, else Default), where talosd keeps the CA of its
+// embedded server, when that file exists; else the system's roots (which a
+// server that requires TLS with a private CA fails). With a CA, a server
+// that offers no TLS is refused.
 type Login struct {
 	URL            string
 	User, Password string
 	UsersFile      string
 	Default        string
+	CA             string
 }
+
+// TLSDir is the directory of a talosd data directory where the CA and the
+// certificate of its embedded nats-server are kept (package natstls);
+// CAFile is the CA certificate in it.
+const (
+	TLSDir = "nats-tls"
+	CAFile = "ca.pem"
+)
 
 // Options returns the nats.Connect options that log in as role (and epID
 // for an enforcement point): the credentials Login picks and, for an
@@ -45,6 +62,13 @@ func (l Login) Options(role, epID string) ([]nats.Option, error) {
 	case schemas.NATSRoleWorker:
 	default:
 		return nil, fmt.Errorf("unknown NATS role %q", role)
+	}
+	ca, err := l.caFile()
+	if err != nil {
+		return nil, err
+	}
+	if ca != "" {
+		opts = append(opts, nats.RootCAs(ca))
 	}
 	if HasUser(l.URL) {
 		return opts, nil
@@ -85,6 +109,29 @@ func (l Login) usersFile() (string, error) {
 		return l.Default, nil
 	}
 	return l.UsersFile, nil
+}
+
+// caFile is the CA file Login trusts, "" for the system's roots. An
+// explicit CA is read when connecting.
+func (l Login) caFile() (string, error) {
+	if l.CA != "" {
+		return l.CA, nil
+	}
+	beside := l.Default
+	if l.UsersFile != "" && l.UsersFile != None {
+		beside = l.UsersFile
+	}
+	if beside == "" {
+		return "", nil
+	}
+	path := filepath.Join(filepath.Dir(beside), TLSDir, CAFile)
+	if _, err := os.Stat(path); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "", nil
+		}
+		return "", fmt.Errorf("NATS CA: %w", err)
+	}
+	return path, nil
 }
 
 // noUser says which user a users file lacks and how to add it.

@@ -1,6 +1,8 @@
 package natsauth_test
 
 import (
+	"crypto/x509"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -8,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/talos-audit/talos/ingest/natsauth"
+	"github.com/talos-audit/talos/ingest/natstls"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -67,5 +70,81 @@ func TestLoginPrecedence(t *testing.T) {
 	}
 	if ep.Password == "" || worker.Password == "" {
 		t.Fatal("Ensure wrote no passwords")
+	}
+}
+
+// TestLoginCA checks how Login finds the CA of the server's certificate:
+// --nats-ca first; else nats-tls/ca.pem beside the users file it would read
+// (explicit, or the default even when the default file is missing); else
+// none. With a CA the client requires TLS and trusts that CA alone.
+func TestLoginCA(t *testing.T) {
+	dataDir, other := t.TempDir(), t.TempDir()
+	writeCA := func(dir string) string {
+		t.Helper()
+		f, err := natstls.Ensure(filepath.Join(dir, natsauth.TLSDir), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f.CA
+	}
+	dataCA, otherCA := writeCA(dataDir), writeCA(other)
+	users := filepath.Join(dataDir, "nats-auth.json")
+	if _, _, err := natsauth.Ensure(users, nil); err != nil {
+		t.Fatal(err)
+	}
+	bare := t.TempDir()
+	cases := []struct {
+		name  string
+		login natsauth.Login
+		ca    string // "" for none
+		err   string
+	}{
+		{"flag wins", natsauth.Login{CA: otherCA, UsersFile: users}, otherCA, ""},
+		{"beside the users file", natsauth.Login{UsersFile: users, Default: filepath.Join(other, "nats-auth.json")}, dataCA, ""},
+		{"beside the default", natsauth.Login{Default: users}, dataCA, ""},
+		{"default users file missing, CA there", natsauth.Login{Default: filepath.Join(other, "nats-auth.json")}, otherCA, ""},
+		{"users none: beside the default", natsauth.Login{UsersFile: natsauth.None, Default: users}, dataCA, ""},
+		{"URL credentials: still the CA", natsauth.Login{URL: "nats://u:p@h:4222", Default: users}, dataCA, ""},
+		{"nothing beside", natsauth.Login{Default: filepath.Join(bare, "nats-auth.json")}, "", ""},
+		{"no file at all", natsauth.Login{UsersFile: natsauth.None}, "", ""},
+		{"explicit CA missing", natsauth.Login{CA: filepath.Join(bare, "ca.pem"), UsersFile: natsauth.None}, "", "rootCA"},
+	}
+	pool := func(path string) *x509.CertPool {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := x509.NewCertPool()
+		p.AppendCertsFromPEM(b)
+		return p
+	}
+	for _, c := range cases {
+		opts, err := c.login.Options(schemas.NATSRoleWorker, "")
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		var o nats.Options
+		var applyErr error
+		for _, opt := range opts {
+			if err := opt(&o); err != nil {
+				applyErr = err
+			}
+		}
+		switch {
+		case c.err != "":
+			if applyErr == nil || !strings.Contains(applyErr.Error(), c.err) {
+				t.Errorf("%s: %v, want %q when connecting", c.name, applyErr, c.err)
+			}
+		case applyErr != nil:
+			t.Errorf("%s: %v", c.name, applyErr)
+		case c.ca == "" && (o.Secure || o.RootCAsCB != nil):
+			t.Errorf("%s: TLS required with no CA found", c.name)
+		case c.ca != "":
+			got, err := o.RootCAsCB()
+			if !o.Secure || err != nil || !got.Equal(pool(c.ca)) {
+				t.Errorf("%s: secure %v, roots %v, want exactly %s", c.name, o.Secure, err, c.ca)
+			}
+		}
 	}
 }

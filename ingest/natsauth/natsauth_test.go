@@ -23,6 +23,7 @@ import (
 	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/ingest/natsserver"
+	"github.com/talos-audit/talos/ingest/natstls"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -495,6 +496,12 @@ func TestNATSServerConf(t *testing.T) {
 	m := regexp.MustCompile(`(?m)^include\s+"?([^"\s]+)"?`).FindSubmatch(deploy)
 	if m == nil {
 		t.Fatal("deploy/nats.conf includes no users file")
+	}
+	// The TLS files it names, under dir instead of /etc/nats (docker-compose's
+	// natstls job writes them; cmd/talosd's TestComposeNATSTLS checks them).
+	deploy = bytes.ReplaceAll(deploy, []byte("/etc/nats/"), []byte(dir+"/"))
+	if _, err := natstls.Ensure(filepath.Join(dir, "secrets", natsauth.TLSDir), nil); err != nil {
+		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "nats.conf"), deploy, 0o600); err != nil {
 		t.Fatal(err)

@@ -3,7 +3,8 @@
 // the tests start through testenv. It listens on the host and port it is
 // given (127.0.0.1 and a free port by default), with its store in a directory
 // the caller names or a temporary one. Users turns a NATS users file
-// (package natsauth) into the users it admits.
+// (package natsauth) into the users it admits; with TLS set (package
+// natstls) it admits only clients that speak TLS.
 package natsserver
 
 import (
@@ -11,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"strconv"
 	"time"
@@ -18,6 +20,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/talos-audit/talos/ingest/natsauth"
+	"github.com/talos-audit/talos/ingest/natstls"
 )
 
 // DefaultMaxPayload is the largest message the embedded server accepts.
@@ -46,6 +49,9 @@ type Options struct {
 	// Permissions. Nil means no authentication: any client may connect and
 	// use every subject.
 	Users []*server.User
+	// TLS is the certificate the server presents; every client must then
+	// speak TLS, and one that does not is refused. Nil means no TLS.
+	TLS *natstls.Server
 }
 
 // ErrAddrInUse is what Start's error wraps when the fixed port it was given
@@ -133,6 +139,14 @@ func Start(opts Options) (*Server, error) {
 		NoLog:      !opts.Logs,
 		Users:      opts.Users,
 	}
+	if opts.TLS != nil {
+		cfg, err := opts.TLS.Config(host)
+		if err != nil {
+			n.removeTemp()
+			return nil, fmt.Errorf("natsserver: %w", err)
+		}
+		sopts.TLSConfig = cfg
+	}
 	srv, err := server.NewServer(sopts)
 	if err != nil {
 		n.removeTemp()
@@ -154,8 +168,19 @@ func Start(opts Options) (*Server, error) {
 	return n, nil
 }
 
-// URL is the client URL, nats://127.0.0.1:<port>.
-func (n *Server) URL() string { return n.srv.ClientURL() }
+// URL is the client URL: nats://<host>:<port>, tls://… when the server
+// requires TLS; a server listening on every address (0.0.0.0, ::) is
+// reached on 127.0.0.1.
+func (n *Server) URL() string {
+	u, err := url.Parse(n.srv.ClientURL())
+	if err != nil {
+		return n.srv.ClientURL()
+	}
+	if ip := net.ParseIP(u.Hostname()); ip != nil && ip.IsUnspecified() {
+		u.Host = net.JoinHostPort("127.0.0.1", u.Port())
+	}
+	return u.String()
+}
 
 // NATS is the embedded server itself, for callers that need its internals.
 func (n *Server) NATS() *server.Server { return n.srv }
