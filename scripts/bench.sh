@@ -17,11 +17,13 @@
 #   bash scripts/bench.sh flight  every call also sends its post event: two
 #                                 receipts and one redacted ToolCallEvent per call
 #   bash scripts/bench.sh ab [BASE] [ROUNDS]  the commit BASE (default ab02373)
-#                                 against this working tree: both talosd built
-#                                 side by side, measured alternately (base, new,
-#                                 base, new, …; ROUNDS each, default 2), each on a
-#                                 fresh stack, with this tree's talosctl as the
-#                                 load generator for both: throughput at
+#                                 against this working tree: both talosd and
+#                                 talosctl built side by side, measured
+#                                 alternately (base, new, base, new, …; ROUNDS
+#                                 each, default 2), each on a fresh stack, each
+#                                 side's talosctl its load generator (the wire
+#                                 between an enforcement point and Talos may
+#                                 differ between the two): throughput at
 #                                 saturation with CPU per call of each process,
 #                                 p50/p99 at 2,000 calls/s, end-to-end events/s,
 #                                 the worker's peak RSS at 2,000 calls/s, flight
@@ -106,6 +108,7 @@ if [ "$mode" = gateway ]; then
 fi
 
 talosd=$work/bin/talosd           # the talosd that start runs (ab switches it)
+talosctl=$work/bin/talosctl       # the talosctl that start and bench run (ab switches it)
 registry=cmd/talosd/demo/registry # the worker's (and the control role's) registry
 eps=talosctl,demo-ep              # enforcement points with a NATS user
 scope='tool:files:*'              # of the capability every call carries
@@ -141,7 +144,7 @@ start() {
   worker=$!; pids+=($worker)
   # Every call carries a capability issued by the dev issuer and is signed
   # by the demo agent, as an enforcement point would send it.
-  "$work/bin/talosctl" cap issue --issuer-key "$work/dev/keys/issuer.key" --subject demo-agent \
+  "$talosctl" cap issue --issuer-key "$work/dev/keys/issuer.key" --subject demo-agent \
     --subject-key "$work/dev/keys/demo-agent.pub" --scope "$scope" --ttl 6h --out "$work/cap.json" >/dev/null
   sleep 1
   kill -0 "$worker" 2>/dev/null || { echo "the enforce worker did not start:" >&2; cat "$work/worker.log" >&2; exit 1; }
@@ -151,7 +154,7 @@ cpu() { awk '{print $14+$15}' "/proc/$1/stat"; } # user+system, in clock ticks (
 busy() { awk '/^cpu /{print $2+$3+$4}' /proc/stat; } # the whole machine's user+nice+system, likewise
 rss() { awk '/VmHWM/{printf "%.0f", $2/1024}' "/proc/$1/status"; } # peak RSS so far, MiB
 bench() {
-  "$work/bin/talosctl" --nats-url "$nats" --nats-auth "$work/dev/nats-auth.json" --clickhouse-addr "$ch" bench \
+  "$talosctl" --nats-url "$nats" --nats-auth "$work/dev/nats-auth.json" --clickhouse-addr "$ch" bench \
     --capability "$work/cap.json" --agent-key "$work/dev/keys/demo-agent.key" "$@"
 }
 # jf FILE KEY: a number from talosctl bench's --json-out (a flat JSON object).
@@ -253,10 +256,10 @@ ab)
   # The base tree, exported (no checkout in this one), built beside this one.
   mkdir -p "$work/base/src" "$work/base/bin"
   git archive "$base_rev" | tar -x -C "$work/base/src"
-  (cd "$work/base/src" && go build -o "$work/base/bin/talosd" ./cmd/talosd)
+  (cd "$work/base/src" && go build -o "$work/base/bin/talosd" ./cmd/talosd && go build -o "$work/base/bin/talosctl" ./cmd/talosctl)
   read -r -a new_flags <<<"${BENCH_NEW_WORKER_FLAGS:-}"
   echo "== A/B: base $(git rev-parse --short "$base_rev") ($(git log -1 --format=%s "$base_rev" | cut -c1-60)) against new $new_rev"
-  echo "   $rounds round(s), alternating base and new, each on a fresh stack; load generator: this tree's talosctl for both"
+  echo "   $rounds round(s), alternating base and new, each on a fresh stack; load generator: each side's own talosctl"
   [ ${#new_flags[@]} -eq 0 ] || echo "   the new worker also gets: ${new_flags[*]}"
   cols="tp_decisions_s e2e_events_s p50_ms p99_ms worker_rss_mib cpu_worker cpu_nats_sink cpu_clickhouse cpu_loadgen cpu_stack flight_calls_s flight_events_s other_cores"
   for side in base new; do echo "$cols" >"$work/ab.$side.tsv"; done
@@ -266,9 +269,9 @@ ab)
   side() {
     local s=$1 i=$2 tp lat fl rss_mib
     if [ "$s" = base ]; then
-      talosd=$work/base/bin/talosd registry=$work/base/src/cmd/talosd/demo/registry worker_flags=()
+      talosd=$work/base/bin/talosd talosctl=$work/base/bin/talosctl registry=$work/base/src/cmd/talosd/demo/registry worker_flags=()
     else
-      talosd=$work/bin/talosd registry=cmd/talosd/demo/registry worker_flags=(${new_flags[@]+"${new_flags[@]}"})
+      talosd=$work/bin/talosd talosctl=$work/bin/talosctl registry=cmd/talosd/demo/registry worker_flags=(${new_flags[@]+"${new_flags[@]}"})
     fi
     echo "== round $i, $s (load average $(cut -d' ' -f1-3 /proc/loadavg))"
     start sink,control
@@ -414,7 +417,7 @@ gateway)
   start sink,control
   gw="$work/bin/talos-mcp-gateway --ep-id gw-bench --registry $registry --nats-url $nats"
   gw+=" --nats-auth $work/dev/nats-auth.json --capability $work/cap.json --agent-key $work/dev/keys/demo-agent.key"
-  gw+=" --session-id gw-bench --log-level warn --upstream 'everything=$everything'"
+  gw+=" --session-id gw-bench --log-level warn --upstream 'everything=$everything' --spool-dir $work/spool/gw-bench"
   # HTTP mode: a CA and server certificate for 127.0.0.1, an issuer's JWKS
   # and a JWT it signed, a static token, and one principal that either
   # token reaches, calling with the same capability and key as stdio.
@@ -465,7 +468,7 @@ gateway)
     hostport=${url#*://}; hostport=${hostport%%/*}
     "$work/bin/talos-mcp-gateway" --ep-id "$ep" --registry "$registry" --nats-url "$nats" \
       --nats-auth "$work/dev/nats-auth.json" --log-level warn --upstream "everything=$everything" \
-      --listen "$hostport" --principals "$creds/principals.json" "$@" >>"$work/servers.log" 2>&1 &
+      --listen "$hostport" --principals "$creds/principals.json" --spool-dir "$work/spool/$ep" "$@" >>"$work/servers.log" 2>&1 &
     gwpid=$!; pids+=($gwpid)
     for _ in $(seq 1 60); do curl -fsS --cacert "$creds/ca.pem" "${url%/mcp}/healthz" >/dev/null 2>&1 && return; sleep 0.5; done
     echo "the gateway ($ep) did not become healthy:" >&2; tail -20 "$work/servers.log" >&2; exit 1
