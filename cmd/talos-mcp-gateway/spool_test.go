@@ -37,7 +37,7 @@ func TestGatewaySpoolSurvivesKill(t *testing.T) {
 
 	// A long call is decided (the test hears its decision too), then NATS
 	// stops while it runs: its post event is queued with NATS down.
-	nc, err := nats.Connect(s.natsURL())
+	nc, err := nats.Connect(s.natsURL(), nats.RootCAs(s.natsTLS.CA()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -97,7 +97,12 @@ func (r *run) waitEvents(ctx context.Context, ids []string) (map[string]*schemas
 	for {
 		raws, err := r.cfg.Events(ctx, ids)
 		if err != nil {
-			return out, fmt.Errorf("read events: %w", err)
+			// A stack that has just started may not have its tables yet
+			// (the sink creates them): an error ends the wait only at its end.
+			if time.Now().After(deadline) {
+				return out, fmt.Errorf("read events: %w", err)
+			}
+			raws = nil
 		}
 		for id, raw := range raws {
 			ev, err := r.parseEvent(raw)
