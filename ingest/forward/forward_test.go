@@ -233,6 +233,31 @@ func TestHTTPDestinations(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+
+	// A forwarder started again resumes from each consumer's cursor: the
+	// events stored meanwhile arrive, and none already accepted again.
+	for k, v := range publishEvents(t, js, 750, 30) {
+		want[k] = v
+	}
+	f2, err := forward.New(nc, js, cfg, forward.Options{Instance: "fwd-test", AckWait: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	go func() { done <- f2.Run(ctx2) }()
+	testenv.WaitFor(t, 20*time.Second, func() bool { ids, _ := hec.count(); return ids == len(want) })
+	testenv.WaitFor(t, 20*time.Second, func() bool { ids, _ := hook.count(); return ids == len(want) })
+	time.Sleep(300 * time.Millisecond)
+	for _, rc := range []*receiver{hec, hook} {
+		if ids, total := rc.count(); total != ids {
+			t.Errorf("after the restart %d events arrived for %d ids: accepted ones were sent again", total, ids)
+		}
+	}
+	cancel2()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
 }
 
 func consumerInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.ConsumerInfo {
