@@ -58,6 +58,19 @@
 #                                 of the three side by side. Waits until no
 #                                 `go test` runs, so the machine is otherwise
 #                                 idle
+#   bash scripts/bench.sh forward [CALLS]  the forward role (SIEM forwarding):
+#                                 TALOS_AUDIT filled by CALLS (default 20,000)
+#                                 calls with their post events, then drained
+#                                 by a talosd with only the forward role into
+#                                 a private rsyslogd over TLS, then into an
+#                                 HTTP event collector (scripts/benchsiem,
+#                                 Splunk HEC's format): events/s and the
+#                                 forwarder's CPU per event of each; then
+#                                 decision p50/p99 at 1,000 calls/s (with post
+#                                 events) with forwarding to both off and on,
+#                                 alternately, two rounds each, and how far
+#                                 behind the forwarder was at the end of each
+#                                 run with it on
 #
 # Every run has the checks talosd runs by default: capabilities (each call
 # signed by the load generator and verified by the worker), preflight, the
@@ -81,14 +94,15 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 mode=${1:-main}
 case $mode in
-main | replay | flight | tail | verify | gateway | ab | profile) ;;
+main | replay | flight | tail | verify | gateway | ab | profile | forward) ;;
 *)
-  echo "usage: bash scripts/bench.sh [replay|flight|tail|ab [BASE] [ROUNDS]|profile [SECONDS]|verify [N]|gateway [CALLS]]" >&2
+  echo "usage: bash scripts/bench.sh [replay|flight|tail|ab [BASE] [ROUNDS]|profile [SECONDS]|verify [N]|gateway [CALLS]|forward [CALLS]]" >&2
   exit 2
   ;;
 esac
 ensure_go
 ensure_clickhouse
+[ "$mode" != forward ] || ensure_rsyslog
 work=$(mktemp -d /tmp/talos-bench.XXXXXX)
 mkdir -p "$work/bin"
 pids=()
@@ -104,8 +118,11 @@ go build -o "$work/bin/talosd" ./cmd/talosd
 go build -o "$work/bin/talosctl" ./cmd/talosctl
 if [ "$mode" = gateway ]; then
   go build -o "$work/bin/talos-mcp-gateway" ./cmd/talos-mcp-gateway
+fi
+if [ "$mode" = gateway ] || [ "$mode" = forward ]; then
   go build -o "$work/bin/benchcreds" ./scripts/benchcreds
 fi
+[ "$mode" != forward ] || go build -o "$work/bin/benchsiem" ./scripts/benchsiem
 
 talosd=$work/bin/talosd           # the talosd that start runs (ab switches it)
 talosctl=$work/bin/talosctl       # the talosctl that start and bench run (ab switches it)
@@ -504,5 +521,9 @@ gateway)
       /^added per round/ { gsub(",", ""); r50 = $(NF - 4); r99 = $(NF - 1) }
       END { printf "%-32s %13s %13s %9s %9s %13s %13s\n", name, d, v, p50, p99, r50, r99 }' "$work/${t%%:*}.out"
   done
+  ;;
+forward)
+  calls=${2:-20000}
+  . scripts/benchforward.sh
   ;;
 esac

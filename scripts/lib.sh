@@ -44,6 +44,24 @@ ensure_bwrap() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq bubblewrap >/dev/null
 }
 
+# ensure_rsyslog installs Debian/Ubuntu's rsyslog and its OpenSSL
+# netstream driver when rsyslogd or the driver is missing: the forward
+# role's tests (ingest/forward, cmd/talosd/forward_test.go) and
+# `bash scripts/bench.sh forward` send to a private rsyslogd over TLS
+# (testenv.StartRsyslog). The package's own system service is stopped: the
+# tests run their own receivers.
+ensure_rsyslog() {
+  if { command -v rsyslogd >/dev/null 2>&1 || [ -x /usr/sbin/rsyslogd ]; } && ls /usr/lib/*/rsyslog/lmnsd_ossl.so >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "rsyslogd or its OpenSSL driver not found: installing them from the OS packages (apt-get install rsyslog rsyslog-openssl) for the forward role's tests…" >&2
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq rsyslog rsyslog-openssl >/dev/null
+  if command -v service >/dev/null 2>&1; then $sudo service rsyslog stop >/dev/null 2>&1 || true; fi
+}
+
 # ensure_node installs Debian/Ubuntu's nodejs and npm when node is missing:
 # the MCP integration tests run npm MCP servers and the MCP Inspector CLI
 # (testenv/mcp). They need Node.js 18 or newer (20 is what they are tested

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Quick start, command 2: run every test (this is exactly what CI runs).
-# Installs ClickHouse, Chromium (for the dashboard test) and bubblewrap (for
-# the gateway's sandbox tests) from the OS packages when missing, and Node.js
-# plus the npm MCP servers the MCP tests run (testenv/mcp); NATS is embedded.
+# Installs ClickHouse, Chromium (for the dashboard test), bubblewrap (for
+# the gateway's sandbox tests) and rsyslog with its OpenSSL driver (for the
+# forward role's tests) from the OS packages when missing, and Node.js plus
+# the npm MCP servers the MCP tests run (testenv/mcp); NATS is embedded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -10,6 +11,7 @@ ensure_go
 ensure_clickhouse
 ensure_chromium
 ensure_bwrap
+ensure_rsyslog
 ensure_mcp_servers
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 echo "== go vet"

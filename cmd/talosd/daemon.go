@@ -37,7 +37,7 @@ type stack struct {
 	WebURL string
 }
 
-var knownRoles = map[string]bool{"enforce": true, "sink": true, "control": true, "web": true}
+var knownRoles = map[string]bool{"enforce": true, "sink": true, "control": true, "web": true, "forward": true}
 
 func newLogger(f *Flags) *slog.Logger {
 	var lvl slog.Level
@@ -70,7 +70,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 	log := newLogger(f)
 	for _, r := range f.Roles {
 		if !knownRoles[r] {
-			return usagef("unknown role %q (known: enforce, sink, control, web)", r)
+			return usagef("unknown role %q (known: enforce, sink, control, web, forward)", r)
 		}
 	}
 	if f.Mode == "dev" {
@@ -245,6 +245,13 @@ func startRoles(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *na
 		}
 		closeSink = func() { conn.Close() }
 		start("sink", run)
+	}
+	if f.has("forward") {
+		run, err := startForward(f, log.With("role", "forward"), nc, js, metrics)
+		if err != nil {
+			return "", closeSink, err
+		}
+		start("forward", run)
 	}
 	if f.has("web") {
 		w, err := startWeb(ctx, f, log.With("role", "web"), c.key)

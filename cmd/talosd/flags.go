@@ -35,7 +35,8 @@ type Flags struct {
 	Mode               string        `name:"mode" enum:"prod,dev" default:"prod" help:"prod denies unclassified tools; dev allows them with a warning code."`
 	DataDir            string        `name:"data-dir" default:"./talos-data" type:"path" help:"Where the embedded NATS (and in dev, ClickHouse and keys) keep data."`
 	Instance           string        `name:"instance" help:"Instance name, used in CloudEvent sources and chain ids (default: host name)."`
-	Roles              []string      `name:"roles" default:"enforce,sink,control" help:"Roles to run: enforce, sink, control, web."`
+	Roles              []string      `name:"roles" default:"enforce,sink,control" help:"Roles to run: enforce, sink, control, web, forward."`
+	ForwardConfig      string        `name:"forward-config" type:"path" help:"SIEM destinations of the forward role (JSON: syslog over TCP or TLS, Splunk HEC, webhook; README 'Forwarding to a SIEM')."`
 	WebAddr            string        `name:"web-addr" default:"127.0.0.1:8088" help:"Listen address of the web dashboard (role web)."`
 	WebToken           string        `name:"web-token" help:"Access token of the web dashboard, 16-256 characters (prefer TALOS_WEB_TOKEN: arguments are visible to other local users). Default: the token in --web-token-file."`
 	WebTokenFile       string        `name:"web-token-file" type:"path" help:"File holding the dashboard token (default <data-dir>/web.token; created with a random token, mode 0600, when missing)."`

@@ -1,7 +1,7 @@
 // Package telemetry is what talosd tells its operators over HTTP
 // (DESIGN.md §4, --http-addr): Prometheus metrics of the enforce worker,
-// its control follower and the sink, and the /healthz, /metrics and, on
-// request, /debug/pprof endpoints.
+// its control follower, the sink and the forwarder, and the /healthz,
+// /metrics and, on request, /debug/pprof endpoints.
 package telemetry
 
 import (

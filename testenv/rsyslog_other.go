@@ -1,0 +1,7 @@
+//go:build unix && !linux
+
+package testenv
+
+import "syscall"
+
+func setPdeathsig(*syscall.SysProcAttr) {}
