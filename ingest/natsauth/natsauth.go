@@ -103,10 +103,12 @@ func RolePermissions(u User) Permissions {
 			Subscribe: SubjectPermission{Allow: []string{schemas.SubjectStatusAll, schemas.ResponderInboxPrefix + ".>"}},
 		}
 	case schemas.NATSRoleEnforcement:
-		// It also reads the approve and reject events (signed control
-		// receipts naming a tool_call_id) to release the calls it parked.
+		// It publishes calls on its own ep_id's subjects only, so a call's
+		// subject names the enforcement point that sent it. It also reads
+		// the approve and reject events (signed control receipts naming a
+		// call) to release the calls it parked.
 		return Permissions{
-			Publish: SubjectPermission{Allow: []string{schemas.SubjectCallsAll}},
+			Publish: SubjectPermission{Allow: []string{schemas.EPCallSubjects(u.EPID)}},
 			Subscribe: SubjectPermission{Allow: []string{
 				schemas.DecisionSubject(u.EPID), schemas.EPInboxPrefix(u.EPID) + ".>",
 				schemas.ControlSubject(schemas.VerbApprove), schemas.ControlSubject(schemas.VerbReject),
