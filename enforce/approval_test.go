@@ -36,19 +36,19 @@ func applyAll(t *testing.T, s *State, recs ...*schemas.ControlRecord) *State {
 // Apply (which still consumes the seq).
 func TestApprovalApply(t *testing.T) {
 	s0 := freshState(t)
-	if _, _, ok := s0.Approval(parkedA); ok {
+	if _, _, ok := s0.Approval("gw-1", parkedA); ok {
 		t.Fatal("a fresh State holds an approval")
 	}
 	s := applyAll(t, s0, approve(parkedA), reject(parkedB))
-	verb, e, ok := s.Approval(parkedA)
+	verb, e, ok := s.Approval("gw-1", parkedA)
 	if !ok || verb != schemas.VerbApprove || e != entry(parkedA, schemas.VerbApprove, 1) {
 		t.Fatalf("Approval(A) = %s %+v %v", verb, e, ok)
 	}
-	verb, e, ok = s.Approval(parkedB)
+	verb, e, ok = s.Approval("gw-1", parkedB)
 	if !ok || verb != schemas.VerbReject || e != entry(parkedB, schemas.VerbReject, 2) {
 		t.Fatalf("Approval(B) = %s %+v %v", verb, e, ok)
 	}
-	if _, _, ok := s0.Approval(parkedA); ok {
+	if _, _, ok := s0.Approval("gw-1", parkedA); ok {
 		t.Fatal("Apply changed the State it was called on")
 	}
 	if v := s.View(); len(v.KillSwitches)+len(v.Quarantines)+len(v.Revocations) != 0 || v.Seq != 2 {
@@ -65,7 +65,7 @@ func TestApprovalApply(t *testing.T) {
 		if !errors.As(err, &ce) || ce.Code != schemas.CtlConflict || next.Seq() != s.Seq()+1 {
 			t.Fatalf("second %s apply: %v (seq %d)", again.Verb, err, next.Seq())
 		}
-		if verb, _, _ := next.Approval(parkedA); verb != schemas.VerbApprove {
+		if verb, _, _ := next.Approval("gw-1", parkedA); verb != schemas.VerbApprove {
 			t.Fatalf("the first resolution was replaced: %s", verb)
 		}
 	}
@@ -108,14 +108,14 @@ func TestApprovalReplay(t *testing.T) {
 		_ = d.Apply(uint64(i+1), r, t0)
 	}
 	for _, id := range []string{parkedA, parkedB, "0190f5b2-7c1e-7a3b-8d4e-00000000c003"} {
-		va, ea, oa := a.Approval(id)
-		vb, eb, ob := b.Approval(id)
-		vd, ed, od := d.State().Approval(id)
+		va, ea, oa := a.Approval("gw-1", id)
+		vb, eb, ob := b.Approval("gw-1", id)
+		vd, ed, od := d.State().Approval("gw-1", id)
 		if va != vb || ea != eb || oa != ob || va != vd || ea != ed || oa != od {
 			t.Fatalf("%s: replays differ: %s %+v %v / %s %+v %v / %s %+v %v", id, va, ea, oa, vb, eb, ob, vd, ed, od)
 		}
 	}
-	if v, e, _ := a.Approval(parkedB); v != schemas.VerbReject || e.Seq != 4 {
+	if v, e, _ := a.Approval("gw-1", parkedB); v != schemas.VerbReject || e.Seq != 4 {
 		t.Fatalf("B: %s at seq %d, want reject at 4", v, e.Seq)
 	}
 	if a.Seq() != 5 {
@@ -123,36 +123,70 @@ func TestApprovalReplay(t *testing.T) {
 	}
 }
 
-// TestAwaitsApproval: approve and reject must name a call whose pre
-// decision, in the ledger, is require_approval.
+// TestAwaitsApproval: approve and reject must name one call whose pre
+// decision, in the ledger, is require_approval; the target they resolve
+// names its enforcement point. A tool_call_id two enforcement points used
+// must be qualified with the ep_id.
 func TestAwaitsApproval(t *testing.T) {
+	const shared = "0190f5b2-7c1e-7a3b-8d4e-00000000d004"
 	l := NewMemLedger()
+	parked := PreRecord{Decision: schemas.DecisionRequireApproval, ReceiptID: "r-a"}
 	l.Do([]*LedgerOp{
-		{Kind: OpRecordApproval, Call: CallKey{ToolCallID: parkedA}, Pre: PreRecord{Decision: schemas.DecisionRequireApproval, ReceiptID: "r-a"}},
-		{Kind: OpRecordApproval, Call: CallKey{ToolCallID: parkedB}, Pre: PreRecord{Decision: schemas.DecisionAllow, ReceiptID: "r-b"}},
+		{Kind: OpRecordApproval, Call: CallKey{EPID: "gw-1", ToolCallID: parkedA}, Pre: parked},
+		{Kind: OpRecordApproval, Call: CallKey{EPID: "gw-1", ToolCallID: parkedB}, Pre: PreRecord{Decision: schemas.DecisionAllow, ReceiptID: "r-b"}},
+		{Kind: OpRecordApproval, Call: CallKey{EPID: "gw-1", ToolCallID: shared}, Pre: parked},
+		{Kind: OpRecordApproval, Call: CallKey{EPID: "gw-2", ToolCallID: shared}, Pre: parked},
 	})
+	s := freshState(t)
 	cases := []struct {
-		name, code, detail string
-		cmd                *schemas.ControlCommand
+		name, target, code, detail string
+		cmd                        *schemas.ControlCommand
 	}{
-		{"awaits", "", "", approve(parkedA).Command},
-		{"reject awaits", "", "", reject(parkedA).Command},
-		{"allowed call", schemas.CtlInvalid, "allow", approve(parkedB).Command},
-		{"unknown call", schemas.CtlNotFound, "no call with this tool_call_id awaits approval", reject("0190f5b2-7c1e-7a3b-8d4e-00000000c003").Command},
-		{"not a uuid", schemas.CtlInvalid, "tool_call_id", approve("pre.x").Command},
-		{"other verbs pass", "", "", ctl(schemas.VerbRevoke, target(parkedB)).Command},
+		{"awaits", "gw-1:" + parkedA, "", "", approve(parkedA).Command},
+		{"reject awaits", "gw-1:" + parkedA, "", "", reject(parkedA).Command},
+		{"qualified", "gw-1:" + parkedA, "", "", approve("gw-1:" + parkedA).Command},
+		{"other enforcement point", "", schemas.CtlNotFound, "awaits approval", approve("gw-2:" + parkedA).Command},
+		{"allowed call", "", schemas.CtlInvalid, "allow", approve(parkedB).Command},
+		{"unknown call", "", schemas.CtlNotFound, "no call with this tool_call_id awaits approval", reject("0190f5b2-7c1e-7a3b-8d4e-00000000c003").Command},
+		{"two parked it", "", schemas.CtlInvalid, "gw-1, gw-2", approve(shared).Command},
+		{"one of two named", "gw-2:" + shared, "", "", approve("gw-2:" + shared).Command},
+		{"not a uuid", "", schemas.CtlInvalid, "tool_call_id", approve("pre.x").Command},
+		{"other verbs pass", "", "", "", ctl(schemas.VerbRevoke, target(parkedB)).Command},
 	}
 	for _, tc := range cases {
-		code, detail := AwaitsApproval(l, tc.cmd)
-		if code != tc.code || !strings.Contains(detail, tc.detail) {
-			t.Errorf("%s: %q %q, want %q with %q", tc.name, code, detail, tc.code, tc.detail)
+		target, code, detail := s.AwaitsApproval(l, tc.cmd)
+		if target != tc.target || code != tc.code || !strings.Contains(detail, tc.detail) {
+			t.Errorf("%s: %q %q %q, want %q %q with %q", tc.name, target, code, detail, tc.target, tc.code, tc.detail)
 		}
 	}
+	// Resolved already: the resolved target conflicts, whichever way the
+	// command names it.
+	rec := approve(parkedA)
+	rec.Target = "gw-1:" + parkedA
+	done := applyAll(t, s, rec)
+	if verb, _, ok := done.Approval("gw-1", parkedA); !ok || verb != schemas.VerbApprove {
+		t.Fatalf("the resolved approval is not recorded under its enforcement point: %s %v", verb, ok)
+	}
+	if _, _, ok := done.Approval("gw-2", parkedA); ok {
+		t.Fatal("an approval of gw-1's call counts for gw-2's call with the same id")
+	}
+	for _, cmd := range []*schemas.ControlCommand{reject(parkedA).Command, reject("gw-1:" + parkedA).Command} {
+		if _, code, _ := done.AwaitsApproval(l, cmd); code != schemas.CtlConflict {
+			t.Errorf("%s after approval: %q, want %s", cmd.Target, code, schemas.CtlConflict)
+		}
+	}
+	// A record whose target names another call than the command's is not
+	// applied.
+	bad := approve(parkedB)
+	bad.Target = "gw-1:" + parkedA
+	if _, err := s.Apply(1, bad, t0); err == nil {
+		t.Error("a record whose target names another call was applied")
+	}
 	l.Err = errors.New("kv down")
-	if code, detail := AwaitsApproval(l, approve(parkedA).Command); code != schemas.CtlInternal || strings.Contains(detail, "kv down") {
+	if _, code, detail := s.AwaitsApproval(l, approve(parkedA).Command); code != schemas.CtlInternal || strings.Contains(detail, "kv down") {
 		t.Errorf("ledger error: %q %q", code, detail)
 	}
-	if code, _ := AwaitsApproval(nil, approve(parkedA).Command); code != "" {
+	if _, code, _ := s.AwaitsApproval(nil, approve(parkedA).Command); code != "" {
 		t.Errorf("nil ledger: %q", code)
 	}
 }
@@ -178,7 +212,7 @@ func TestApprovalPostFlags(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, err := d.DecideCall("talos.call."+env["phase"].(string)+".community", raw, t0)
+		out, err := d.DecideCall("talos.call."+env["phase"].(string)+".gw-1.community", raw, t0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -214,8 +248,8 @@ func TestApprovalPostFlags(t *testing.T) {
 			t.Fatalf("pre %d: ops once stored %+v, want the approval record only", i, ops)
 		}
 		l.Do(ops)
-		if rec, _, _ := l.LookupApproval(id); rec.Decision != schemas.DecisionRequireApproval || rec.ReceiptID != pre.ReceiptID {
-			t.Fatalf("ledger holds %+v", rec)
+		if recs, _ := l.LookupApprovals(id); recs["gw-1"].Decision != schemas.DecisionRequireApproval || recs["gw-1"].ReceiptID != pre.ReceiptID || len(recs) != 1 {
+			t.Fatalf("ledger holds %+v", recs)
 		}
 	}
 	if f := flags(parkedA); !slices.Equal(f, []string{schemas.FlagPostAfterDeny}) {
@@ -252,7 +286,7 @@ func TestEventForStoredDecision(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, err := d.DecideCall("talos.call."+env["phase"].(string)+".community", raw, t0)
+		out, err := d.DecideCall("talos.call."+env["phase"].(string)+".gw-1.community", raw, t0)
 		if err != nil {
 			t.Fatal(err)
 		}

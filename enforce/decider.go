@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -160,7 +159,7 @@ func (o *Decided) Stored(receiptID, decision string) []*LedgerOp {
 		ops = append(ops, &LedgerOp{Kind: OpUpdateCall, Call: o.call, Pre: rec})
 	}
 	if o.approv && decision == schemas.DecisionRequireApproval {
-		rec.ToolCallID = ""
+		rec.EPID, rec.ToolCallID = "", ""
 		ops = append(ops, &LedgerOp{Kind: OpRecordApproval, Call: o.call, Pre: rec})
 	}
 	return ops
@@ -318,25 +317,28 @@ func (p *Pending) Ops() []*LedgerOp {
 }
 
 // Begin starts deciding the call raw, received on subject
-// (talos.call.<phase>.<server_id>), at now: it parses the envelope and runs
-// every check that needs no shared store but the rate limiter. receiptID is
-// the id the call's receipt will be sealed with unless the ledger holds
-// another for the call ("" picks a new UUIDv7). A valid envelope gets the
-// incident codes of the State (KILL_SWITCH, SESSION_QUARANTINED, and in
+// (talos.call.<phase>.<ep_id>.<server_id>), at now: it parses the envelope
+// and runs every check that needs no shared store but the rate limiter.
+// receiptID is the id the call's receipt will be sealed with unless the
+// ledger holds another for the call ("" picks a new UUIDv7). A valid
+// envelope gets the incident codes of the State (KILL_SWITCH, SESSION_QUARANTINED, and in
 // phase pre NETWORK_OUTBOUND_BLOCKED), and in phase pre the replay
 // (REPLAY) and capability checks, before the Engine's codes, and the
 // preflight, rule and rate checks after them; a malformed one gets
 // VAL-HTC-001 only. A post event is flagged post_after_deny when its pre
 // decision was not allow, unless it was require_approval and the State
-// holds the call's approval. An error means the rate store could not
-// answer.
+// holds the call's approval. The subject's ep_id is the enforcement point
+// that published the call (NATS binds it to the publisher's user): the
+// receipt names it, and an envelope claiming another ep_id gets
+// DENY_EP_ID_MISMATCH alone, with no ledger claim or other check. An error
+// means the rate store could not answer.
 func (d *Decider) Begin(subject string, raw []byte, now time.Time, receiptID string) (*Pending, error) {
 	if receiptID == "" {
 		receiptID = uuid.Must(uuid.NewV7()).String()
 	}
 	st := d.state.Load()
 	e := st.engine
-	subjPhase, subjServer := splitCallSubject(subject)
+	subjPhase, subjEP, subjServer, subjOK := schemas.ParseCallSubject(subject)
 	envHash := sha256.Sum256(raw)
 	p := &Pending{d: d, now: now, st: st, receiptID: receiptID}
 	p.r = schemas.Receipt{
@@ -349,22 +351,29 @@ func (d *Decider) Begin(subject string, raw []byte, now time.Time, receiptID str
 		ReasonCodes:    []string{},
 		DocumentHashes: []schemas.DocumentHash{},
 		Phase:          subjPhase,
+		EPID:           subjEP,
 		ServerID:       subjServer,
 	}
 	pc, err := schemas.ParseToolCall(raw, d.lim)
 	if err == nil {
 		// The subject routes the call; it must agree with the envelope.
-		if pc.Call.Phase != subjPhase || pc.Call.ServerID != subjServer {
+		switch {
+		case !subjOK:
+			err = &schemas.ValidationError{Code: schemas.CodeEnvelopeInvalid,
+				Details: []string{"subject: not talos.call.<phase>.<ep_id>.<server_id>"}}
+		case pc.Call.Phase != subjPhase || pc.Call.ServerID != subjServer:
 			err = &schemas.ValidationError{Code: schemas.CodeEnvelopeInvalid,
 				Details: []string{"envelope phase/server_id differ from the subject it was published on"}}
 		}
 	}
 	if err != nil {
 		o := InvalidOutcome(err)
-		// Nothing in a malformed envelope is trusted; ids that match their
-		// patterns are kept only to route the reply and name the record.
+		// Nothing in a malformed envelope is trusted; a tool_call_id that
+		// matches its pattern is kept only to name the record. The reply
+		// goes to the publisher the subject names, never to the ep_id the
+		// envelope claims.
 		r := &p.r
-		r.ToolCallID, r.EPID, _ = schemas.BestEffortIDs(raw)
+		r.ToolCallID, _, _ = schemas.BestEffortIDs(raw)
 		fill(r, o)
 		r.EventType = kindOf(r.Phase)
 		p.done = &Decided{Receipt: *r, ReceiptID: receiptID, Details: o.Details}
@@ -383,7 +392,11 @@ func (d *Decider) Begin(subject string, raw []byte, now time.Time, receiptID str
 		p.engine = e.decidePost(pc, &p.cls)
 	}
 	p.o = p.engine
-	if !slices.Contains(p.engine.ReasonCodes, schemas.CodeEnvelopeInvalid) {
+	switch {
+	case slices.Contains(p.engine.ReasonCodes, schemas.CodeEnvelopeInvalid):
+	case c.EPID != subjEP:
+		p.o = misattributed(p.engine, c.EPID, subjEP)
+	default:
 		p.checked = true
 		p.incident, p.incDet = st.Check(c)
 		// A refused request's report (DENY_UNAUTHENTICATED) has nothing to authorize or preflight.
@@ -396,13 +409,28 @@ func (d *Decider) Begin(subject string, raw []byte, now time.Time, receiptID str
 		}
 	}
 	fillCall(&p.r, c)
-	p.call = CallKey{SessionID: c.SessionID, CorrelationID: c.CorrelationID, ToolCallID: c.ToolCallID}
+	p.call = CallKey{EPID: subjEP, SessionID: c.SessionID, CorrelationID: c.CorrelationID, ToolCallID: c.ToolCallID}
 	return p, nil
 }
 
+// misattributed is the outcome of a valid envelope whose ep_id (claimed)
+// is not the enforcement point that published it: DENY_EP_ID_MISMATCH and
+// nothing else (no other check is trusted to speak for a call its sender
+// misnamed), with the hashes the engine took, so the receipt still says
+// which request and result were sent. A post envelope's tool effect is not
+// recorded.
+func misattributed(o Outcome, claimed, publisher string) Outcome {
+	v := newVerdict()
+	v.add(schemas.CodeDenyEPIDMismatch, fmt.Sprintf("ep_id: the envelope names enforcement point %q; it was published by %q", claimed, publisher))
+	out := v.finish()
+	out.ToolClass, out.RequestHash, out.ResponseHash = o.ToolClass, o.RequestHash, o.ResponseHash
+	out.DocumentHashes, out.BatchTotalBytes = o.DocumentHashes, o.BatchTotalBytes
+	return out
+}
+
 // fillCall fills the receipt with what a valid envelope says of its call:
-// its ids and the enforcement point's token handling (mode none when it
-// reports none; CSP MUST 5, CRED-03).
+// its ids (but ep_id, which the subject gives) and the enforcement point's
+// token handling (mode none when it reports none; CSP MUST 5, CRED-03).
 func fillCall(r *schemas.Receipt, c *schemas.ToolCall) {
 	r.EventType = kindOf(c.Phase)
 	r.Tool = c.ToolName
@@ -412,7 +440,6 @@ func fillCall(r *schemas.Receipt, c *schemas.ToolCall) {
 	r.TraceID = c.TraceID
 	r.CorrelationID = c.CorrelationID
 	r.SessionID = c.SessionID
-	r.EPID = c.EPID
 	r.ToolName = c.ToolName
 	r.TokenHandling = &schemas.TokenHandling{Mode: schemas.TokenModeNone}
 	if c.TokenHandling != nil {
@@ -484,7 +511,7 @@ func (p *Pending) firstOps() {
 	d, c := p.d, &p.pc.Call
 	pre := c.Phase == schemas.PhasePre
 	if pre && d.o.Ledger != nil && p.checked {
-		if owner, ok := d.cache.Lookup(c.SessionID, c.CorrelationID); ok && owner != c.ToolCallID {
+		if owner, ok := d.cache.Lookup(c.SessionID, c.CorrelationID); ok && owner != p.call.ID() {
 			p.replay = true
 		}
 		p.stale = d.staleAt(c.IssuedAt, p.now)
@@ -543,8 +570,9 @@ func (d *Decider) Resume(p *Pending) (*Decided, error) {
 }
 
 // claimed applies the pair claim of a pre call: won, the record is the
-// call's own; held by this very call (a redelivery), the call keeps the
-// receipt id the ledger names; held by another call, it is a replay.
+// call's own; held by this very call (a redelivery: the same tool_call_id
+// from the same enforcement point), the call keeps the receipt id the
+// ledger names; held by another call, it is a replay.
 func (p *Pending) claimed() error {
 	op, c, d := p.claim, &p.pc.Call, p.d
 	if op == nil {
@@ -553,20 +581,20 @@ func (p *Pending) claimed() error {
 	switch {
 	case op.Won:
 		rec := op.Pre
-		rec.ToolCallID = c.ToolCallID
+		rec.EPID, rec.ToolCallID = p.call.EPID, c.ToolCallID
 		p.record = &rec
-		d.cache.Add(c.SessionID, c.CorrelationID, c.ToolCallID)
+		d.cache.Add(c.SessionID, c.CorrelationID, p.call.ID())
 	case op.Held.ToolCallID == "":
 		return errors.New("enforce: call ledger: a claim was refused without naming its holder")
-	case op.Held.ToolCallID == c.ToolCallID:
+	case op.Held.ToolCallID == c.ToolCallID && op.Held.EPID == p.call.EPID:
 		rec := op.Held
 		p.record = &rec
 		if rec.ReceiptID != "" {
 			p.receiptID = rec.ReceiptID
 		}
-		d.cache.Add(c.SessionID, c.CorrelationID, c.ToolCallID)
+		d.cache.Add(c.SessionID, c.CorrelationID, p.call.ID())
 	default:
-		d.cache.Add(c.SessionID, c.CorrelationID, op.Held.ToolCallID)
+		d.cache.Add(c.SessionID, c.CorrelationID, schemas.EPCallID(op.Held.EPID, op.Held.ToolCallID))
 		p.replay = true
 		p.outcome()
 	}
@@ -586,7 +614,7 @@ func (p *Pending) idempotencyOp() *LedgerOp {
 	}
 	p.idemKey = IdempotencyKey(agent, c.ServerID, c.ToolName, c.IdempotencyKey)
 	return &LedgerOp{Kind: OpClaimIdempotency, IdemKey: p.idemKey,
-		Idem: IdemRecord{RequestHash: p.r.RequestHash, ToolCallID: c.ToolCallID, ReceiptID: p.receiptID}}
+		Idem: IdemRecord{RequestHash: p.r.RequestHash, EPID: p.call.EPID, ToolCallID: c.ToolCallID, ReceiptID: p.receiptID}}
 }
 
 // idempotencyHeld applies the idempotency claim: a call whose (agent,
@@ -597,7 +625,7 @@ func (p *Pending) idempotencyHeld() {
 	op, c, r := p.idem, &p.pc.Call, &p.r
 	held := op.HeldIdem
 	switch {
-	case op.Won || held.ToolCallID == c.ToolCallID:
+	case op.Won || (held.ToolCallID == c.ToolCallID && held.EPID == p.call.EPID):
 	case held.RequestHash == r.RequestHash:
 		r.IdempotentOf = &schemas.IdempotentOf{ToolCallID: held.ToolCallID, ReceiptID: held.ReceiptID}
 	default:
@@ -626,7 +654,7 @@ func (d *Decider) finish(p *Pending) *Decided {
 			p.flags = append(p.flags, schemas.FlagPostWithoutPre)
 		case rec.Decision == schemas.DecisionAllow,
 			// A responder released the parked call: it ran as approved.
-			rec.Decision == schemas.DecisionRequireApproval && approved(p.st, c.ToolCallID):
+			rec.Decision == schemas.DecisionRequireApproval && approved(p.st, p.call.EPID, c.ToolCallID):
 			p.prior = &rec
 		default:
 			p.flags = append(p.flags, schemas.FlagPostAfterDeny)
@@ -643,9 +671,10 @@ func (d *Decider) finish(p *Pending) *Decided {
 }
 
 // approved reports whether a responder approved the parked call
-// toolCallID in st (rejected or unresolved: false).
-func approved(st *State, toolCallID string) bool {
-	verb, _, ok := st.Approval(toolCallID)
+// toolCallID of enforcement point epID in st (rejected or unresolved:
+// false).
+func approved(st *State, epID, toolCallID string) bool {
+	verb, _, ok := st.Approval(epID, toolCallID)
 	return ok && verb == schemas.VerbApprove
 }
 
@@ -786,20 +815,4 @@ func kindOf(phase string) string {
 		return schemas.KindEffect
 	}
 	return schemas.KindDecision
-}
-
-// splitCallSubject reads talos.call.<phase>.<server_id>; unknown parts are "".
-func splitCallSubject(subject string) (phase, server string) {
-	rest, ok := strings.CutPrefix(subject, schemas.SubjectCall)
-	if !ok {
-		return schemas.PhasePre, ""
-	}
-	phase, server, _ = strings.Cut(rest, ".")
-	if phase != schemas.PhasePost {
-		phase = schemas.PhasePre
-	}
-	if !schemas.ValidID(server) {
-		server = ""
-	}
-	return phase, server
 }

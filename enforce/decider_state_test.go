@@ -30,7 +30,7 @@ func decideEnv(t testing.TB, d *Decider, env map[string]any) (schemas.Receipt, [
 	if err != nil {
 		t.Fatal(err)
 	}
-	return d.Decide(fmt.Sprintf("talos.call.%s.%s", env["phase"], env["server_id"]), raw, t0)
+	return d.Decide(fmt.Sprintf("talos.call.%s.%s.%s", env["phase"], env["ep_id"], env["server_id"]), raw, t0)
 }
 
 func mustDecide(t testing.TB, d *Decider, env map[string]any) (schemas.Receipt, []string) {
@@ -106,7 +106,7 @@ func TestDeciderIncidentCodesFirst(t *testing.T) {
 	claims := store.claims.Load()
 	raw, _ := json.Marshal(listDir())
 	raw = append(raw, '}')
-	bad, _, err := d.Decide("talos.call.pre.files", raw, t0)
+	bad, _, err := d.Decide("talos.call.pre.gw-1.files", raw, t0)
 	if err != nil || !slices.Equal(bad.ReasonCodes, []string{schemas.CodeEnvelopeInvalid}) || bad.ControlSeq != 2 {
 		t.Errorf("malformed: %v %v seq %d", err, bad.ReasonCodes, bad.ControlSeq)
 	}
@@ -174,7 +174,7 @@ func TestDeciderReplay(t *testing.T) {
 	if store.claims.Load() != claims {
 		t.Error("a replay the worker had seen went to the ledger again")
 	}
-	out, err := w2.DecideCall("talos.call.pre.files", mustJSON(t, withCall(listDir(), callA)), t0)
+	out, err := w2.DecideCall("talos.call.pre.gw-1.files", mustJSON(t, withCall(listDir(), callA)), t0)
 	if err != nil || out.Receipt.Decision != schemas.DecisionAllow {
 		t.Fatalf("redelivery of A on w2: %v %+v", err, out)
 	}
@@ -280,7 +280,7 @@ func TestDeciderStateSwapConsistent(t *testing.T) {
 					return
 				default:
 				}
-				r, _, err := d.Decide("talos.call.pre.files", raw, t0)
+				r, _, err := d.Decide("talos.call.pre.gw-1.files", raw, t0)
 				if err != nil {
 					t.Error(err)
 					return
@@ -321,7 +321,7 @@ func BenchmarkDecideKillSwitches100(b *testing.B) {
 			}
 			b.ReportAllocs()
 			for b.Loop() {
-				r, _, err := d.Decide("talos.call.pre.files", raw, t0)
+				r, _, err := d.Decide("talos.call.pre.gw-1.files", raw, t0)
 				if err != nil || r.Decision != schemas.DecisionAllow {
 					b.Fatal(r.ReasonCodes, err)
 				}

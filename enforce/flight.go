@@ -47,7 +47,7 @@ func (d *Decider) event(pc *schemas.ParsedCall, cls *Classification, r *schemas.
 		CapabilityIDs:  r.CapabilityIDs,
 		ParentSpanID:   c.ParentSpanID,
 		SessionID:      c.SessionID,
-		EPID:           c.EPID,
+		EPID:           r.EPID, // the publisher, as its receipt names it
 		ServerID:       c.ServerID,
 		ToolName:       c.ToolName,
 		Phase:          c.Phase,

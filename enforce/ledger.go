@@ -3,14 +3,17 @@ package enforce
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"maps"
 	"strconv"
 	"sync"
+
+	"github.com/talos-audit/talos/schemas"
 )
 
 // The call ledger is what every worker shares about calls: for each phase-pre
 // call, one record that is at once its replay claim and its decision. The
-// record is keyed by the call's (session_id, correlation_id, tool_call_id),
-// and at most one tool_call_id may hold a (session_id, correlation_id) pair:
+// record is keyed by the call's (session_id, correlation_id, ep_id,
+// tool_call_id), and at most one call may hold a (session_id, correlation_id) pair:
 // writing the record is the replay check (REPLAY when another call holds the
 // pair) and stores the decision a post event is later matched against, in one
 // write. Idempotency keys and calls parked for approval have records of their
@@ -21,15 +24,23 @@ import (
 // before the decision is signed, so a redelivered call reuses it and the
 // ledger and the audit trail agree (see Decided.Stored).
 
-// CallKey names a call in the ledger.
+// CallKey names a call in the ledger. A call is its tool_call_id as the
+// enforcement point that published it (EPID, the subject's ep_id) names it:
+// two enforcement points may use the same tool_call_id, and neither call
+// may be taken for the other.
 type CallKey struct {
-	SessionID, CorrelationID, ToolCallID string
+	EPID, SessionID, CorrelationID, ToolCallID string
 }
+
+// ID is the call's schemas.EPCallID, <ep_id>:<tool_call_id>.
+func (k CallKey) ID() string { return schemas.EPCallID(k.EPID, k.ToolCallID) }
 
 // PreRecord is a call's phase-pre decision.
 type PreRecord struct {
-	// ToolCallID is the call that holds the (session_id, correlation_id)
-	// pair (empty in approval records, whose key is the tool_call_id).
+	// EPID and ToolCallID are the call that holds the (session_id,
+	// correlation_id) pair (empty in approval records, whose key names the
+	// call).
+	EPID          string   `json:"ep_id,omitempty"`
 	ToolCallID    string   `json:"tool_call_id,omitempty"`
 	Decision      string   `json:"decision"`
 	ReceiptID     string   `json:"receipt_id"`
@@ -40,6 +51,7 @@ type PreRecord struct {
 // IdemRecord is who holds an idempotency key.
 type IdemRecord struct {
 	RequestHash string `json:"request_hash"`
+	EPID        string `json:"ep_id,omitempty"`
 	ToolCallID  string `json:"tool_call_id"`
 	ReceiptID   string `json:"receipt_id,omitempty"`
 }
@@ -61,8 +73,8 @@ const (
 	// OpClaimIdempotency writes Idem under IdemKey unless the key is held;
 	// then Won is false and HeldIdem is the holder's record.
 	OpClaimIdempotency
-	// OpRecordApproval stores Pre under the call's tool_call_id, for the
-	// approve and reject commands (LookupApproval).
+	// OpRecordApproval stores Pre under the call's ep_id and tool_call_id,
+	// for the approve and reject commands (LookupApprovals).
 	OpRecordApproval
 )
 
@@ -91,9 +103,11 @@ type CallLedger interface {
 	// and may run concurrently (a worker sends a whole batch's in one
 	// round trip). Two claims of one pair in the same Do: one wins.
 	Do(ops []*LedgerOp)
-	// LookupApproval finds the pre decision of a call recorded with
-	// OpRecordApproval.
-	LookupApproval(toolCallID string) (rec PreRecord, found bool, err error)
+	// LookupApprovals finds the pre decisions recorded with
+	// OpRecordApproval for toolCallID, by the ep_id of the enforcement
+	// point that sent each call (several may have used the id); empty if
+	// none.
+	LookupApprovals(toolCallID string) (map[string]PreRecord, error)
 }
 
 // IdempotencyKey is the ledger key of (agent, server, tool,
@@ -116,13 +130,13 @@ type MemLedger struct {
 	mu        sync.Mutex
 	pairs     map[[2]string]PreRecord // (session, correlation) -> holder's record
 	idem      map[string]IdemRecord
-	approvals map[string]PreRecord
+	approvals map[string]map[string]PreRecord // tool_call_id -> ep_id -> record
 	Err       error
 }
 
 // NewMemLedger returns an empty ledger.
 func NewMemLedger() *MemLedger {
-	return &MemLedger{pairs: map[[2]string]PreRecord{}, idem: map[string]IdemRecord{}, approvals: map[string]PreRecord{}}
+	return &MemLedger{pairs: map[[2]string]PreRecord{}, idem: map[string]IdemRecord{}, approvals: map[string]map[string]PreRecord{}}
 }
 
 // Do implements CallLedger.
@@ -142,17 +156,17 @@ func (l *MemLedger) Do(ops []*LedgerOp) {
 				continue
 			}
 			rec := op.Pre
-			rec.ToolCallID = op.Call.ToolCallID
+			rec.EPID, rec.ToolCallID = op.Call.EPID, op.Call.ToolCallID
 			l.pairs[pair] = rec
 			op.Won = true
 		case OpUpdateCall:
-			if held, ok := l.pairs[pair]; !ok || held.ToolCallID == op.Call.ToolCallID {
+			if held, ok := l.pairs[pair]; !ok || holds(held, op.Call) {
 				rec := op.Pre
-				rec.ToolCallID = op.Call.ToolCallID
+				rec.EPID, rec.ToolCallID = op.Call.EPID, op.Call.ToolCallID
 				l.pairs[pair] = rec
 			}
 		case OpLookupCall:
-			if held, ok := l.pairs[pair]; ok && held.ToolCallID == op.Call.ToolCallID {
+			if held, ok := l.pairs[pair]; ok && holds(held, op.Call) {
 				op.Held, op.Found = held, true
 			}
 		case OpClaimIdempotency:
@@ -163,20 +177,27 @@ func (l *MemLedger) Do(ops []*LedgerOp) {
 			l.idem[op.IdemKey] = op.Idem
 			op.Won = true
 		case OpRecordApproval:
-			l.approvals[op.Call.ToolCallID] = op.Pre
+			if l.approvals[op.Call.ToolCallID] == nil {
+				l.approvals[op.Call.ToolCallID] = map[string]PreRecord{}
+			}
+			l.approvals[op.Call.ToolCallID][op.Call.EPID] = op.Pre
 		}
 	}
 }
 
-// LookupApproval implements CallLedger.
-func (l *MemLedger) LookupApproval(toolCallID string) (PreRecord, bool, error) {
+// holds reports whether rec is the record of call k.
+func holds(rec PreRecord, k CallKey) bool {
+	return rec.ToolCallID == k.ToolCallID && rec.EPID == k.EPID
+}
+
+// LookupApprovals implements CallLedger.
+func (l *MemLedger) LookupApprovals(toolCallID string) (map[string]PreRecord, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.Err != nil {
-		return PreRecord{}, false, l.Err
+		return nil, l.Err
 	}
-	rec, ok := l.approvals[toolCallID]
-	return rec, ok, nil
+	return maps.Clone(l.approvals[toolCallID]), nil
 }
 
 // Flush forgets the pair claims of session ("" = every session), as the

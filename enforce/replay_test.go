@@ -180,8 +180,8 @@ func TestMemLedgerClaims(t *testing.T) {
 	if l.Do([]*LedgerOp{failed}); !errors.Is(failed.Err, boom) || failed.Won {
 		t.Errorf("with an error: %+v", failed)
 	}
-	if _, _, err := l.LookupApproval("x"); !errors.Is(err, boom) {
-		t.Errorf("LookupApproval: %v", err)
+	if _, err := l.LookupApprovals("x"); !errors.Is(err, boom) {
+		t.Errorf("LookupApprovals: %v", err)
 	}
 }
 

@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -123,14 +121,24 @@ func (s *State) Revoked(target string) bool {
 	return ok
 }
 
-// Approval is how a responder resolved the call toolCallID, parked for
-// approval: verb schemas.VerbApprove or schemas.VerbReject with its entry
-// (actor, reason, control seq, time), or ok false while nobody has.
-func (s *State) Approval(toolCallID string) (verb string, e schemas.StateEntry, ok bool) {
-	if e, ok := s.approved.get(toolCallID); ok {
+// Approval is how a responder resolved the call toolCallID of enforcement
+// point epID, parked for approval: verb schemas.VerbApprove or
+// schemas.VerbReject with its entry (actor, reason, control seq, time), or
+// ok false while nobody has. A resolution recorded before approvals named
+// the enforcement point (a bare tool_call_id) counts for every one.
+func (s *State) Approval(epID, toolCallID string) (verb string, e schemas.StateEntry, ok bool) {
+	if verb, e, ok = s.resolution(schemas.EPCallID(epID, toolCallID)); ok {
+		return verb, e, ok
+	}
+	return s.resolution(toolCallID)
+}
+
+// resolution is the approve or reject recorded under exactly key.
+func (s *State) resolution(key string) (verb string, e schemas.StateEntry, ok bool) {
+	if e, ok := s.approved.get(key); ok {
 		return schemas.VerbApprove, e, true
 	}
-	if e, ok := s.rejected.get(toolCallID); ok {
+	if e, ok := s.rejected.get(key); ok {
 		return schemas.VerbReject, e, true
 	}
 	return "", schemas.StateEntry{}, false
@@ -253,7 +261,7 @@ func (s *State) Apply(seq uint64, rec *schemas.ControlRecord, at time.Time) (*St
 		return fail(schemas.CtlVerbMismatch, "record verb "+rec.Verb+" differs from the command's")
 	}
 	cmd := rec.Command
-	op, code, detail := s.prepare(cmd)
+	op, code, detail := s.prepare(cmd, rec.Target)
 	if code != "" {
 		return fail(code, detail)
 	}
@@ -293,7 +301,7 @@ func (s *State) Apply(seq uint64, rec *schemas.ControlRecord, at time.Time) (*St
 
 // prepared is a command checked against a State, ready to apply.
 type prepared struct {
-	target  string   // scope, session id, revoked id or digest
+	target  string   // scope, session id, revoked id, digest or <ep_id>:<tool_call_id>
 	scope   scopeKey // kill switches
 	reg     *Registry
 	servers []string
@@ -304,12 +312,13 @@ type prepared struct {
 // command: the refusal code and a detail, or "" if the command would apply
 // to s. registry.pin of a digest never published is CTL_NOT_FOUND; a bad
 // kill-switch scope, a quarantine without session_id, a revoke without
-// target, an approve or reject whose target is not a tool_call_id (a
-// UUID), or a registry.publish whose manifests do not validate (or share
-// a server_id, or are none) is CTL_INVALID; an approve or reject of a call
-// already approved or rejected is CTL_CONFLICT (the first resolution
-// stands); an unknown verb is CTL_UNKNOWN_VERB. Read-only verbs pass.
-// Whether the call awaits approval at all is the ledger's to say
+// target, an approve or reject whose target is neither a tool_call_id (a
+// UUID) nor <ep_id>:<tool_call_id>, or a registry.publish whose manifests
+// do not validate (or share a server_id, or are none) is CTL_INVALID; an
+// approve or reject of a call already approved or rejected is CTL_CONFLICT
+// (the first resolution stands); an unknown verb is CTL_UNKNOWN_VERB.
+// Read-only verbs pass. Which call an approve or reject resolves, and
+// whether it awaits approval at all, is the ledger's to say
 // (AwaitsApproval).
 func (s *State) Precheck(cmd *schemas.ControlCommand) (code, detail string) {
 	if cmd == nil {
@@ -318,12 +327,13 @@ func (s *State) Precheck(cmd *schemas.ControlCommand) (code, detail string) {
 	if !schemas.MutatingVerbs[cmd.Verb] && slices.Contains(schemas.Verbs, cmd.Verb) {
 		return "", ""
 	}
-	_, code, detail = s.prepare(cmd)
+	_, code, detail = s.prepare(cmd, "")
 	return code, detail
 }
 
-// prepare validates cmd, a mutating verb, against s.
-func (s *State) prepare(cmd *schemas.ControlCommand) (op prepared, code, detail string) {
+// prepare validates cmd, a mutating verb, against s. recorded is the
+// Target of the control record that carries it ("" before there is one).
+func (s *State) prepare(cmd *schemas.ControlCommand, recorded string) (op prepared, code, detail string) {
 	switch cmd.Verb {
 	case schemas.VerbKillSwitchSet, schemas.VerbKillSwitchClear:
 		kind, value, ok := schemas.ParseScope(cmd.Scope)
@@ -371,17 +381,12 @@ func (s *State) prepare(cmd *schemas.ControlCommand) (op prepared, code, detail 
 	case schemas.VerbReplayFlush:
 		op.target = cmd.SessionID
 	case schemas.VerbApprove, schemas.VerbReject:
-		if !isToolCallID(cmd.Target) {
-			return op, schemas.CtlInvalid, "target: want the tool_call_id (a UUID) of the call awaiting approval"
+		if op.target, code, detail = approvalKey(cmd.Target, recorded); code != "" {
+			return op, code, detail
 		}
-		if verb, e, done := s.Approval(cmd.Target); done {
-			past := "approved"
-			if verb == schemas.VerbReject {
-				past = "rejected"
-			}
-			return op, schemas.CtlConflict, fmt.Sprintf("tool call %s was already %s by %s (control seq %d)", cmd.Target, past, e.Actor, e.Seq)
+		if code, detail = s.unresolved(op.target); code != "" {
+			return op, code, detail
 		}
-		op.target = cmd.Target
 	default:
 		if slices.Contains(schemas.Verbs, cmd.Verb) {
 			return op, schemas.CtlInvalid, "verb " + cmd.Verb + " does not change enforcement state"
@@ -391,36 +396,94 @@ func (s *State) prepare(cmd *schemas.ControlCommand) (op prepared, code, detail 
 	return op, "", ""
 }
 
-// isToolCallID reports whether s has the envelope's tool_call_id shape: a
-// UUID in its 36-character form.
-func isToolCallID(s string) bool {
-	_, err := uuid.Parse(s)
-	return err == nil && len(s) == 36
+const approvalTargetHelp = "target: want the tool_call_id (a UUID) of the call awaiting approval, or <ep_id>:<tool_call_id>"
+
+// approvalKey is the key an approve or reject is recorded under: the
+// record's target when it names the command's call with its enforcement
+// point (the control service resolved a bare tool_call_id in the ledger),
+// else the command's own target (a record from before targets named the
+// enforcement point, or a Precheck, which has no record yet).
+func approvalKey(target, recorded string) (key, code, detail string) {
+	ep, id, ok := schemas.ParseApprovalTarget(target)
+	if !ok {
+		return "", schemas.CtlInvalid, approvalTargetHelp
+	}
+	if recorded == "" || recorded == target {
+		return target, "", ""
+	}
+	rep, rid, ok := schemas.ParseApprovalTarget(recorded)
+	if !ok || rep == "" || rid != id || (ep != "" && rep != ep) {
+		return "", schemas.CtlInvalid, fmt.Sprintf("the record's target %q does not name the command's call %q", recorded, target)
+	}
+	return recorded, "", ""
 }
 
-// AwaitsApproval is the control service's check, after State.Precheck, that
-// an approve or reject names a call parked for approval: the call ledger
-// holds its phase-pre decision (CTL_NOT_FOUND if not) and that decision is
-// require_approval (CTL_INVALID naming the decision if not). A ledger error
-// is CTL_INTERNAL (the responder retries). Other verbs, and a nil ledger,
-// pass.
-func AwaitsApproval(l CallLedger, cmd *schemas.ControlCommand) (code, detail string) {
-	if l == nil || cmd == nil || (cmd.Verb != schemas.VerbApprove && cmd.Verb != schemas.VerbReject) {
+// unresolved refuses (CTL_CONFLICT) an approve or reject of the call key
+// names when a responder already resolved it: the first resolution stands.
+func (s *State) unresolved(key string) (code, detail string) {
+	ep, id, _ := schemas.ParseApprovalTarget(key)
+	verb, e, done := s.resolution(id)
+	if ep != "" {
+		verb, e, done = s.Approval(ep, id)
+	}
+	if !done {
 		return "", ""
 	}
-	if !isToolCallID(cmd.Target) {
-		return schemas.CtlInvalid, "target: want the tool_call_id (a UUID) of the call awaiting approval"
+	past := "approved"
+	if verb == schemas.VerbReject {
+		past = "rejected"
 	}
-	rec, found, err := l.LookupApproval(cmd.Target)
+	return schemas.CtlConflict, fmt.Sprintf("tool call %s was already %s by %s (control seq %d)", key, past, e.Actor, e.Seq)
+}
+
+// AwaitsApproval is the control service's check, after Precheck, that an
+// approve or reject names one call parked for approval, and which: the
+// call ledger holds the phase-pre decision of a call with the target's
+// tool_call_id, from the target's enforcement point if it names one
+// (CTL_NOT_FOUND if not), from exactly one enforcement point if it does
+// not (CTL_INVALID naming them if several parked a call with that id: the
+// responder names one as <ep_id>:<tool_call_id>), and that decision is
+// require_approval (CTL_INVALID naming the decision if not); a call
+// already resolved is CTL_CONFLICT. target is the call found,
+// <ep_id>:<tool_call_id>: the control service records it as the target of
+// the command's receipt, and workers and enforcement points act on that
+// call only. A ledger error is CTL_INTERNAL (the responder retries). Other
+// verbs, and a nil ledger, pass with no target.
+func (s *State) AwaitsApproval(l CallLedger, cmd *schemas.ControlCommand) (target, code, detail string) {
+	if l == nil || cmd == nil || (cmd.Verb != schemas.VerbApprove && cmd.Verb != schemas.VerbReject) {
+		return "", "", ""
+	}
+	ep, id, ok := schemas.ParseApprovalTarget(cmd.Target)
+	if !ok {
+		return "", schemas.CtlInvalid, approvalTargetHelp
+	}
+	recs, err := l.LookupApprovals(id)
+	if err != nil {
+		return "", schemas.CtlInternal, "the call ledger cannot answer; retry"
+	}
+	if ep == "" {
+		eps := slices.Sorted(maps.Keys(recs))
+		switch len(eps) {
+		case 0:
+			return "", schemas.CtlNotFound, "no call with this tool_call_id awaits approval"
+		case 1:
+			ep = eps[0]
+		default:
+			return "", schemas.CtlInvalid, fmt.Sprintf("tool call %s: enforcement points %s each parked a call with this id; name one as <ep_id>:%s", id, strings.Join(eps, ", "), id)
+		}
+	}
+	rec, found := recs[ep]
+	target = schemas.EPCallID(ep, id)
 	switch {
-	case err != nil:
-		return schemas.CtlInternal, "the call ledger cannot answer; retry"
 	case !found:
-		return schemas.CtlNotFound, "no call with this tool_call_id awaits approval"
+		return "", schemas.CtlNotFound, "no call with this tool_call_id awaits approval"
 	case rec.Decision != schemas.DecisionRequireApproval:
-		return schemas.CtlInvalid, fmt.Sprintf("tool call %s does not await approval: its decision was %s (receipt %s)", cmd.Target, rec.Decision, rec.ReceiptID)
+		return "", schemas.CtlInvalid, fmt.Sprintf("tool call %s does not await approval: its decision was %s (receipt %s)", target, rec.Decision, rec.ReceiptID)
 	}
-	return "", ""
+	if code, detail = s.unresolved(target); code != "" {
+		return "", code, detail
+	}
+	return target, "", ""
 }
 
 func bundleRegistry(manifests []json.RawMessage) (*Registry, error) {

@@ -460,7 +460,7 @@ func TestStateRegistryPin(t *testing.T) {
 	decide := func(env map[string]any) schemas.Receipt {
 		t.Helper()
 		raw, _ := json.Marshal(env)
-		r, _, err := dec.Decide("talos.call.pre."+env["server_id"].(string), raw, t0)
+		r, _, err := dec.Decide("talos.call.pre.gw-1."+env["server_id"].(string), raw, t0)
 		if err != nil {
 			t.Fatal(err)
 		}

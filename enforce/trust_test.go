@@ -247,7 +247,7 @@ func TestSubagentAccess(t *testing.T) {
 					t.Fatal(err)
 				}
 				// Decided at capNow, inside the chain's validity.
-				r, details, err := d.dec.Decide("talos.call.pre."+tc.server, raw, capNow)
+				r, details, err := d.dec.Decide("talos.call.pre.gw-1."+tc.server, raw, capNow)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -34,7 +34,7 @@ const approvalManifest = `{"schema_id": "talos.mcp.tool_registry", "schema_versi
 // approvalPlane is one talosd's worth of roles on a real NATS: an enforce
 // worker (decider with the shared call ledger and the flight recorder) and
 // the control service whose precheck is talosd's: the worker's State, then
-// the ledger (enforce.AwaitsApproval).
+// the ledger (enforce.State.AwaitsApproval).
 type approvalPlane struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
@@ -110,13 +110,8 @@ func newApprovalPlane(t *testing.T) *approvalPlane {
 	svc, err := control.NewControlService(nc, js, control.ControlOptions{
 		Chain: receipts.NewChain("approval-control", key), Source: "talos://control/test", ResponderKeys: responders,
 		Hooks: control.ControlHooks{
-			Precheck: fol.Precheck(func(c *schemas.ControlCommand) (string, string) {
-				if code, detail := dec.State().Precheck(c); code != "" {
-					return code, detail
-				}
-				return enforce.AwaitsApproval(ledger, c)
-			}, 5*time.Second),
-			View: func() schemas.IncidentView { return dec.State().View() },
+			Precheck: fol.Precheck(control.StatePrecheck(dec.State, ledger), 5*time.Second),
+			View:     func() schemas.IncidentView { return dec.State().View() },
 		},
 	})
 	if err != nil {
@@ -175,10 +170,12 @@ func (p *approvalPlane) toolCallEvent(t *testing.T, toolCallID string) schemas.T
 // TestApprovalThroughControlPlane: a community tool's call is decided
 // require_approval with a signed receipt; approve is a signed control
 // event (its receipt and TALOS_CONTROL seq) that an enforcement point
-// listening on talos.control.approve reads with the tool_call_id as its
-// target; a second approve or a reject of it is CTL_CONFLICT; an id no
-// call has is CTL_NOT_FOUND and an allowed call's is CTL_INVALID; the post
-// event after an approval is not flagged, after a rejection it is.
+// listening on talos.control.approve reads with <ep_id>:<tool_call_id> as
+// its target; a tool_call_id two enforcement points parked must be named
+// with the ep_id, and resolving one call leaves the other parked; a second
+// approve or a reject of it is CTL_CONFLICT; an id no call has is
+// CTL_NOT_FOUND and an allowed call's is CTL_INVALID; the post event after
+// an approval is not flagged, after a rejection it is.
 func TestApprovalThroughControlPlane(t *testing.T) {
 	p := newApprovalPlane(t)
 	nc := p.nc
@@ -222,7 +219,26 @@ func TestApprovalThroughControlPlane(t *testing.T) {
 		t.Fatalf("approve of an allowed call: %+v", rep)
 	}
 
-	rep := p.resolve(t, schemas.VerbApprove, parked.ToolCallID, "looked at the query")
+	// A second enforcement point parks a call with the same tool_call_id:
+	// the bare id names no one call.
+	twin, err := ep.NewClient(p.nc, p.js, "ep-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shadow, err := ep.NewCall("ep-2", "community", "search", map[string]any{"q": "weather"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shadow.ToolCallID = parked.ToolCallID
+	if d, err := twin.Call(ctx, shadow); err != nil || d.Decision != schemas.DecisionRequireApproval {
+		t.Fatalf("ep-2's call with the same tool_call_id: %+v %v", d, err)
+	}
+	if rep := p.resolve(t, schemas.VerbApprove, parked.ToolCallID, ""); rep.OK || rep.Code != schemas.CtlInvalid ||
+		!strings.Contains(rep.Error, "ep-2, test-ep") {
+		t.Fatalf("approve of an id two enforcement points parked: %+v", rep)
+	}
+	target := schemas.EPCallID("test-ep", parked.ToolCallID)
+	rep := p.resolve(t, schemas.VerbApprove, target, "looked at the query")
 	if !rep.OK || rep.Seq == 0 || rep.ReceiptID == "" {
 		t.Fatalf("approve: %+v", rep)
 	}
@@ -234,17 +250,29 @@ func TestApprovalThroughControlPlane(t *testing.T) {
 		}
 		c := ev.Data.Control
 		if m.Subject != schemas.ControlSubject(schemas.VerbApprove) || ev.ID != rep.ReceiptID || c == nil || !c.Accepted ||
-			c.Verb != schemas.VerbApprove || c.Target != parked.ToolCallID || c.Seq != rep.Seq ||
-			c.Command == nil || c.Command.Target != parked.ToolCallID || c.Actor != "alice@test" {
+			c.Verb != schemas.VerbApprove || c.Target != target || c.Seq != rep.Seq ||
+			c.Command == nil || c.Command.Target != target || c.Actor != "alice@test" {
 			t.Fatalf("approve event on %s: %+v", m.Subject, c)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no approve event on " + schemas.ControlSubject(schemas.VerbApprove))
 	}
 	for _, verb := range []string{schemas.VerbApprove, schemas.VerbReject} {
-		if again := p.resolve(t, verb, parked.ToolCallID, "second thoughts"); again.OK || again.Code != schemas.CtlConflict {
+		if again := p.resolve(t, verb, target, "second thoughts"); again.OK || again.Code != schemas.CtlConflict {
 			t.Fatalf("%s after approve: %+v", verb, again)
 		}
+	}
+	// ep-2's call is still parked: the approval was test-ep's.
+	if twinRep := p.resolve(t, schemas.VerbReject, schemas.EPCallID("ep-2", parked.ToolCallID), "not this one"); !twinRep.OK {
+		t.Fatalf("reject of ep-2's call after test-ep's was approved: %+v", twinRep)
+	}
+	select {
+	case m := <-events:
+		if ev, err := verify.VerifyEvent(m.Data, p.keys); err != nil || ev.Data.Control.Target != schemas.EPCallID("ep-2", parked.ToolCallID) {
+			t.Fatalf("ep-2's reject event: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reject event for ep-2's call")
 	}
 
 	// The worker has applied the approval before the gateway's post event
@@ -270,7 +298,7 @@ func TestApprovalThroughControlPlane(t *testing.T) {
 	if rep := p.resolve(t, schemas.VerbReject, other.ToolCallID, ""); rep.OK || rep.Code != schemas.CtlInvalid {
 		t.Fatalf("reject without a reason: %+v", rep)
 	}
-	rej := p.resolve(t, schemas.VerbReject, other.ToolCallID, "asks for secrets")
+	rej := p.resolve(t, schemas.VerbReject, other.ToolCallID, "asks for secrets") // one call parked it: the bare id will do
 	if !rej.OK || rej.Seq <= rep.Seq {
 		t.Fatalf("reject: %+v", rej)
 	}
@@ -278,7 +306,7 @@ func TestApprovalThroughControlPlane(t *testing.T) {
 	case m := <-events:
 		ev, err := verify.VerifyEvent(m.Data, p.keys)
 		if err != nil || m.Subject != schemas.ControlSubject(schemas.VerbReject) || ev.Data.Control == nil ||
-			ev.Data.Control.Target != other.ToolCallID || ev.Data.Control.Reason != "asks for secrets" {
+			ev.Data.Control.Target != schemas.EPCallID("test-ep", other.ToolCallID) || ev.Data.Control.Reason != "asks for secrets" {
 			t.Fatalf("reject event on %s: %v", m.Subject, err)
 		}
 	case <-time.After(10 * time.Second):

@@ -190,7 +190,7 @@ func TestBatchDuplicateInside(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	raw, _ := json.Marshal(first)
 	// Without a Nats-Msg-Id: TALOS_CALLS keeps this second copy.
-	if _, err := s.js.Publish(context.Background(), schemas.CallSubject("pre", "files"), raw); err != nil {
+	if _, err := s.js.Publish(context.Background(), schemas.CallSubject("pre", "test-ep", "files"), raw); err != nil {
 		t.Fatal(err)
 	}
 	after := s.publishCalls(t, "batch-dup", 5)

@@ -436,7 +436,7 @@ func TestReplayAcrossWorkersAndRestart(t *testing.T) {
 	}
 	defer sub.Unsubscribe()
 	for _, id := range []string{"delivery-1", "delivery-2"} {
-		m := &nats.Msg{Subject: schemas.CallSubject(schemas.PhasePre, dup.ServerID), Data: raw, Header: nats.Header{}}
+		m := &nats.Msg{Subject: schemas.CallSubject(schemas.PhasePre, dup.EPID, dup.ServerID), Data: raw, Header: nats.Header{}}
 		m.Header.Set(jetstream.MsgIDHeader, id)
 		if _, err := p.js.PublishMsg(ctx, m); err != nil {
 			t.Fatal(err)
@@ -476,7 +476,7 @@ func TestReplayAcrossWorkersAndRestart(t *testing.T) {
 		c.SessionID, c.CorrelationID = "s-replay", first.CorrelationID
 		return c
 	}())
-	if err != nil || !rep.OK || rep.Replay == nil || rep.Replay.Seen == nil || !*rep.Replay.Seen || rep.Replay.ToolCall != first.ToolCallID {
+	if err != nil || !rep.OK || rep.Replay == nil || rep.Replay.Seen == nil || !*rep.Replay.Seen || rep.Replay.ToolCall != schemas.EPCallID(first.EPID, first.ToolCallID) {
 		t.Fatalf("replay check = %+v, %v", rep, err)
 	}
 	p.command(t, schemas.VerbReplayFlush, func(c *schemas.ControlCommand) { c.SessionID, c.Reason = "s-replay", "test reset" })

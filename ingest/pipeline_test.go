@@ -47,6 +47,7 @@ type stack struct {
 	dec    *enforce.Decider
 
 	natsURL    string
+	natsOpts   []nats.Option        // log in to natsURL (stackOptions.natsOpts)
 	key        *receipts.PrivateKey // signs the worker's chains
 	workerOpts ingest.WorkerOptions // of the stack's worker
 }
@@ -59,6 +60,8 @@ type stackOptions struct {
 	// database on the package's shared ClickHouse.
 	natsURL string
 	chAddr  string
+	// natsOpts log the stack's connections in (a server with users).
+	natsOpts []nats.Option
 	// registry replaces the demo registry (a manifest file or directory).
 	registry string
 	// configure adds checks to the worker's Decider (capabilities,
@@ -99,7 +102,7 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	if err := query.Migrate(ctx, conn, db); err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	nc, err := nats.Connect(natsURL, append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}, o.natsOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +149,7 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	if o.checkpoints != nil {
 		cpo = *o.checkpoints
 	}
-	s := &stack{nc: nc, js: js, conn: conn, db: db, reg: reg, keys: keys, dec: dec, natsURL: natsURL, key: key,
+	s := &stack{nc: nc, js: js, conn: conn, db: db, reg: reg, keys: keys, dec: dec, natsURL: natsURL, natsOpts: o.natsOpts, key: key,
 		workerOpts: ingest.WorkerOptions{Chains: chains, Source: "talos://enforce/test", AckWait: 3 * time.Second,
 			Checkpoints: cpo, MaxBatch: o.maxBatch}}
 	if !o.noWorker {
@@ -174,7 +177,7 @@ func newStack(t *testing.T, o stackOptions) *stack {
 // test ends. It returns the connection, so a test can cut it.
 func (s *stack) startWorker(t *testing.T, o ingest.WorkerOptions, wrap func(jetstream.JetStream, *nats.Conn) jetstream.JetStream) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(s.natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	nc, err := nats.Connect(s.natsURL, append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}, s.natsOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -482,7 +485,7 @@ func TestMalformedCannotShadowARealCall(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	// Without a Nats-Msg-Id, as an attacker would send it.
-	if _, err := s.js.Publish(ctx, schemas.CallSubject("pre", "files"), []byte(garbage)); err != nil {
+	if _, err := s.js.Publish(ctx, schemas.CallSubject("pre", "test-ep", "files"), []byte(garbage)); err != nil {
 		t.Fatal(err)
 	}
 	s.waitRows(t, query.ViewReceipts, fmt.Sprintf("tool_call_id = '%s'", victim.ToolCallID), 1)
@@ -589,7 +592,7 @@ func TestPipelineDuplicateCallOneReceipt(t *testing.T) {
 	s.call(t, c)
 	// Publish the same envelope again without a Nats-Msg-Id, so the calls
 	// stream keeps both copies and a worker sees the call a second time.
-	if _, err := s.js.Publish(context.Background(), schemas.CallSubject("pre", "files"), raw); err != nil {
+	if _, err := s.js.Publish(context.Background(), schemas.CallSubject("pre", "test-ep", "files"), raw); err != nil {
 		t.Fatal(err)
 	}
 	var answers []schemas.Decision

@@ -74,7 +74,8 @@ type WorkerOptions struct {
 }
 
 // Worker consumes TALOS_CALLS, decides each call, stores one signed receipt
-// per call and phase in TALOS_AUDIT, answers on talos.decision.<ep_id>, and
+// per call and phase in TALOS_AUDIT, answers the enforcement point that
+// published it (the ep_id of its subject) on talos.decision.<ep_id>, and
 // only then acks the call.
 type Worker struct {
 	nc    *nats.Conn
@@ -396,8 +397,11 @@ func (w *Worker) storeReceipt(ctx context.Context, ch *receipts.Chain, c *call, 
 	r := &c.out.Receipt
 	kind := r.EventType
 	seqID := "calls-seq-" + strconv.FormatUint(c.seq, 10)
-	c.dedupeID = r.ToolCallID
-	if c.dedupeID == "" || slices.Contains(r.ReasonCodes, schemas.CodeEnvelopeInvalid) {
+	// A call is its tool_call_id as its publisher (the subject's ep_id)
+	// names it: another enforcement point's call with the same id never
+	// takes this one's receipt or event.
+	c.dedupeID = schemas.EPCallID(r.EPID, r.ToolCallID)
+	if r.ToolCallID == "" || r.EPID == "" || slices.Contains(r.ReasonCodes, schemas.CodeEnvelopeInvalid) {
 		c.dedupeID = seqID
 	}
 	subjectID := r.ToolCallID
@@ -474,7 +478,8 @@ func (w *Worker) ledgerAfter(ctx context.Context, calls []*call) {
 }
 
 // storeEvents signs the batch's ToolCallEvents with the chain's key and
-// publishes them together (one per call: Nats-Msg-Id <id>:toolcall); a
+// publishes them together (one per call: Nats-Msg-Id
+// <ep_id>:<tool_call_id>:toolcall, or calls-seq-<n>:toolcall); a
 // call whose event cannot be stored is left for a retry.
 func (w *Worker) storeEvents(ctx context.Context, ch *receipts.Chain, calls []*call, now time.Time) {
 	type pending struct {

@@ -54,11 +54,11 @@ const (
 // Views of a Talos database; they never double-count a redelivered row.
 const (
 	ViewReceipts        = "v_receipts"          // one row per receipt_id
-	ViewDecisions       = "v_decisions"         // one row per (tool_call_id, phase, kind)
+	ViewDecisions       = "v_decisions"         // one row per (ep_id, tool_call_id, phase, kind)
 	ViewDenialsByReason = "v_denials_by_reason" // (hour, server_id, reason_code) -> denials
 	ViewControlEvents   = "v_control_events"    // one row per control receipt (event_id)
-	ViewToolCalls       = "v_tool_calls"        // one row per tool_call_id
-	ViewSecretUses      = "v_secret_uses"       // one row per (tool_call_id, pseudonym)
+	ViewToolCalls       = "v_tool_calls"        // one row per (ep_id, tool_call_id)
+	ViewSecretUses      = "v_secret_uses"       // one row per (ep_id, tool_call_id, pseudonym)
 	ViewRedactionCounts = "v_redaction_counts"  // (day, rule) -> redactions
 
 	// Auditor views of migration 5 (README "Auditor views and queries").
@@ -475,6 +475,39 @@ SELECT toStartOfHour(time) AS hour, time, time_ms, tool_call_id, session_id, age
 	ok, error_code, duration_ms
 FROM {db}.v_tool_calls
 WHERE phase = 'post'`,
+	},
+}, {
+	version: 6,
+	name:    "one row per call of each enforcement point",
+	// Enforcement points choose their tool_call_ids, so two may use the
+	// same one: the views that keep one row per call key it by (ep_id,
+	// tool_call_id), ep_id being the enforcement point that published the
+	// call. Rows stored before keep their ep_id (the one their envelope
+	// named), so a redelivered copy still collapses with its original.
+	statements: []string{
+		`DROP TABLE IF EXISTS {db}.v_decisions`,
+		`CREATE VIEW IF NOT EXISTS {db}.v_decisions AS
+SELECT ` + decisionColumnsSQL + `
+FROM {db}.v_receipts
+WHERE kind IN ('decision', 'effect')
+ORDER BY ep_id, tool_call_id, phase, kind, time_ms, receipt_id
+LIMIT 1 BY if(tool_call_id = '' OR has(reason_codes, 'VAL-HTC-001'), receipt_id, tool_call_id), ep_id, phase, kind`,
+
+		`DROP TABLE IF EXISTS {db}.v_tool_calls`,
+		`CREATE VIEW IF NOT EXISTS {db}.v_tool_calls AS
+SELECT ` + toolCallColumnsSQL + `
+FROM {db}.tool_calls
+ORDER BY ep_id, tool_call_id, time_ms, event_id, inserted_at
+LIMIT 1 BY ep_id, tool_call_id`,
+
+		`DROP TABLE IF EXISTS {db}.v_secret_uses`,
+		`CREATE VIEW IF NOT EXISTS {db}.v_secret_uses AS
+SELECT time, time_ms, ep_id, tool_call_id, agent_id, server_id, tool_name,
+	redaction_pointers[i] AS pointer, redaction_rules[i] AS rule, redaction_pseudonyms[i] AS pseudonym
+FROM {db}.v_tool_calls
+ARRAY JOIN arrayEnumerate(redaction_pseudonyms) AS i
+ORDER BY ep_id, tool_call_id, pseudonym, i
+LIMIT 1 BY ep_id, tool_call_id, pseudonym`,
 	},
 }}
 

@@ -273,16 +273,16 @@ func selectReceiptRows(ctx context.Context, conn driver.Conn, database, cond str
 }
 
 // ToolCallByID returns the v_tool_calls row (the call's ToolCallEvent) of
-// toolCallID, or nil when there is none.
-func ToolCallByID(ctx context.Context, conn driver.Conn, database, toolCallID string) (*ToolCallRow, error) {
-	if len(toolCallID) > MaxFilterLen {
-		return nil, fmt.Errorf("%w: tool call id longer than %d bytes", ErrBadFilter, MaxFilterLen)
+// the call toolCallID of enforcement point epID, or nil when there is none.
+func ToolCallByID(ctx context.Context, conn driver.Conn, database, epID, toolCallID string) (*ToolCallRow, error) {
+	if len(toolCallID) > MaxFilterLen || len(epID) > MaxFilterLen {
+		return nil, fmt.Errorf("%w: tool call or enforcement point id longer than %d bytes", ErrBadFilter, MaxFilterLen)
 	}
 	view, err := table(database, ViewToolCalls)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := conn.Query(ctx, "SELECT "+toolCallColumnsSQL+" FROM "+view+" WHERE tool_call_id = ? LIMIT 1", toolCallID)
+	rows, err := conn.Query(ctx, "SELECT "+toolCallColumnsSQL+" FROM "+view+" WHERE ep_id = ? AND tool_call_id = ? LIMIT 1", epID, toolCallID)
 	if err != nil {
 		return nil, fmt.Errorf("query: tool call %s: %w", toolCallID, err)
 	}

@@ -170,15 +170,18 @@ func TestToolCallByID(t *testing.T) {
 	if err := NewSinkWriter(conn, db).Write(ctx, []schemas.AuditRecord{{Subject: schemas.ToolCallEventSubject("files"), Data: raw, StreamSeq: 1}}); err != nil {
 		t.Fatal(err)
 	}
-	got, err := ToolCallByID(ctx, conn, db, callA)
+	got, err := ToolCallByID(ctx, conn, db, "gw-1", callA)
 	if err != nil || got == nil {
 		t.Fatalf("ToolCallByID: %v %v", got, err)
 	}
 	if got.ToolID != "files/read_file" || got.DurationMS != 77 || got.CloudEvent != string(raw) || got.AgentID != "agent-7" {
 		t.Fatalf("row: %+v", got)
 	}
-	if got, err := ToolCallByID(ctx, conn, db, fmt.Sprint(callA[:len(callA)-1], "f")); err != nil || got != nil {
+	if got, err := ToolCallByID(ctx, conn, db, "gw-1", fmt.Sprint(callA[:len(callA)-1], "f")); err != nil || got != nil {
 		t.Fatalf("absent call: %v %v", got, err)
+	}
+	if got, err := ToolCallByID(ctx, conn, db, "gw-2", callA); err != nil || got != nil {
+		t.Fatalf("another enforcement point's call with the same id: %v %v", got, err)
 	}
 }
 

@@ -53,6 +53,72 @@ func TestMigrateTwice(t *testing.T) {
 	}
 }
 
+// TestViewsKeyCallsByEnforcementPoint: two enforcement points' calls with
+// the same tool_call_id are two calls in v_decisions, v_tool_calls and
+// v_secret_uses, each still deduplicated against its own redelivery. A
+// database at migration 5, whose views keyed calls by tool_call_id alone
+// (one of the two calls hidden), keeps its rows and shows both once
+// migrated.
+func TestViewsKeyCallsByEnforcementPoint(t *testing.T) {
+	addr, db := testenv.NewDatabase(t)
+	ctx := context.Background()
+	conn, err := Open(ctx, addr, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := migrate(ctx, conn, db, migrations[:5]); err != nil {
+		t.Fatal(err)
+	}
+	const pseudonym = "hmac-sha256:k1:shared"
+	var recs []ReceiptRow
+	var calls []ToolCallRow
+	for i, ep := range []string{"gw-1", "gw-2"} {
+		at := t0.Add(time.Duration(i) * time.Second)
+		decision, codes := "allow", []string{}
+		if ep == "gw-2" {
+			decision, codes = "deny", []string{"KILL_SWITCH"}
+		}
+		recs = append(recs, ReceiptRow{ReceiptID: "r-" + ep, Kind: "decision", Phase: "pre", Time: at, TimeMS: uint64(at.UnixMilli()),
+			ToolCallID: "tc-shared", SessionID: "s-" + ep, EPID: ep, ServerID: "files", ToolName: "read_file",
+			Decision: decision, ReasonCodes: codes, ChainID: "c-" + ep, ChainSeq: 1, CloudEvent: "{}"})
+		calls = append(calls, ToolCallRow{EventID: "ev-" + ep, Time: at, TimeMS: uint64(at.UnixMilli()), ToolCallID: "tc-shared",
+			EPID: ep, ServerID: "files", ToolName: "read_file", ToolID: "files/read_file", Phase: "pre", Decision: decision,
+			RedactionPointers: []string{"/args/token"}, RedactionRules: []string{"github-pat"}, RedactionPseudonyms: []string{pseudonym},
+			CloudEvent: "{}"})
+	}
+	for range 2 { // the second time as a sink redelivery
+		if err := InsertReceipts(ctx, conn, db, recs); err != nil {
+			t.Fatal(err)
+		}
+		if err := InsertToolCalls(ctx, conn, db, calls); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := func(view string) uint64 {
+		return count(t, ctx, conn, "SELECT count() FROM `"+db+"`."+view+" WHERE tool_call_id = 'tc-shared'")
+	}
+	if n := rows(ViewDecisions); n != 1 {
+		t.Fatalf("at migration 5, v_decisions holds %d rows of the shared id, want the 1 it used to show", n)
+	}
+	if err := Migrate(ctx, conn, db); err != nil {
+		t.Fatal(err)
+	}
+	for _, view := range []string{ViewDecisions, ViewToolCalls, ViewSecretUses} {
+		if n := rows(view); n != 2 {
+			t.Errorf("%s holds %d rows of the shared id, want one per enforcement point", view, n)
+		}
+	}
+	q := "SELECT count() FROM `" + db + "`." + ViewDenials + " WHERE tool_call_id = 'tc-shared' AND ep_id = 'gw-2' AND has(reason_codes, 'KILL_SWITCH')"
+	if n := count(t, ctx, conn, q); n != 1 {
+		t.Errorf("gw-2's denial shows %d times in v_denials, want 1", n)
+	}
+	uses, err := SecretUses(ctx, conn, db, pseudonym, 0)
+	if err != nil || len(uses) != 2 {
+		t.Fatalf("secret uses: %+v %v, want both calls", uses, err)
+	}
+}
+
 func TestInsertStreamAndViewsDedupe(t *testing.T) {
 	ctx, conn, db := migrated(t)
 	_, rows := chainOf(t, "w1-0", 9, t0)

@@ -1314,19 +1314,19 @@ func SecretUses(ctx context.Context, conn driver.Conn, database, pseudonym strin
 	if err != nil {
 		return nil, err
 	}
-	q := `SELECT time_ms, tool_call_id, agent_id, server_id, tool_name,
+	q := `SELECT time_ms, ep_id, tool_call_id, agent_id, server_id, tool_name,
 	redaction_pointers[i] AS pointer, redaction_rules[i] AS rule, redaction_pseudonyms[i] AS p
 FROM (
-	SELECT time_ms, tool_call_id, agent_id, server_id, tool_name, redaction_pointers, redaction_rules, redaction_pseudonyms
+	SELECT time_ms, ep_id, tool_call_id, agent_id, server_id, tool_name, redaction_pointers, redaction_rules, redaction_pseudonyms
 	FROM ` + tbl + `
 	WHERE tool_call_id IN (SELECT tool_call_id FROM ` + tbl + ` WHERE has(redaction_pseudonyms, ?))
-	ORDER BY tool_call_id, time_ms, event_id, inserted_at
-	LIMIT 1 BY tool_call_id
+	ORDER BY ep_id, tool_call_id, time_ms, event_id, inserted_at
+	LIMIT 1 BY ep_id, tool_call_id
 )
 ARRAY JOIN arrayEnumerate(redaction_pseudonyms) AS i
 WHERE p = ?
-ORDER BY tool_call_id, i
-LIMIT 1 BY tool_call_id`
+ORDER BY ep_id, tool_call_id, i
+LIMIT 1 BY ep_id, tool_call_id`
 	q = limited("SELECT time_ms, tool_call_id, agent_id, server_id, tool_name, pointer, rule FROM ("+q+") ORDER BY time_ms, tool_call_id", limit)
 	return selectAll(ctx, conn, "secret uses", q, func(rows driver.Rows, u *SecretUse) error {
 		var ms uint64

@@ -97,6 +97,12 @@ const (
 	// lists it (name, description, inputSchema, annotations) is not the one
 	// the registry pins (definition_sha256): a "rug pull", OWASP MCP03.
 	CodeDenyToolDrift = "DENY_TOOL_DRIFT"
+	// CodeDenyEPIDMismatch: the envelope's ep_id is not the enforcement
+	// point that published it, the ep_id token of its subject
+	// (talos.call.<phase>.<ep_id>.<server_id>), which NATS binds to the
+	// publisher's user. The only code such an envelope gets; its receipt
+	// names the publisher, and the publisher is answered.
+	CodeDenyEPIDMismatch = "DENY_EP_ID_MISMATCH"
 )
 
 // ServerUnauthenticated is the reserved server_id on which an enforcement

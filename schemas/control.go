@@ -24,9 +24,12 @@ const (
 	VerbReplayFlush     = "replay.flush"
 	VerbStatus          = "status"
 	// VerbApprove and VerbReject resolve a call parked for human approval
-	// (decision require_approval): Target is its tool_call_id. The
-	// enforcement point that parked it listens on their TALOS_CONTROL
-	// subjects (ControlSubject) and runs or denies the call.
+	// (decision require_approval): the command's Target is its tool_call_id,
+	// or <ep_id>:<tool_call_id> (EPCallID) when several enforcement points
+	// parked calls with that id; the control receipt's Target is always the
+	// latter, naming the one call resolved. The enforcement point that
+	// parked it listens on their TALOS_CONTROL subjects (ControlSubject) and
+	// runs or denies the call.
 	VerbApprove = "approve"
 	VerbReject  = "reject"
 )
@@ -81,9 +84,9 @@ const (
 	// NATSRoleResponder sends control requests (talos.ctl.>) and reads
 	// worker heartbeats (talos.status.>) and the replies to its requests.
 	NATSRoleResponder = "responder"
-	// NATSRoleEnforcement is one enforcement point: it publishes calls
-	// (talos.call.>) and reads its own decisions, JetStream publish acks,
-	// and the approve and reject control events.
+	// NATSRoleEnforcement is one enforcement point: it publishes calls on
+	// its own subjects (EPCallSubjects) and reads its own decisions,
+	// JetStream publish acks, and the approve and reject control events.
 	NATSRoleEnforcement = "enforcement"
 )
 
@@ -126,7 +129,7 @@ const (
 //	registry.pin           Digest (sha256:<hex> of a published bundle), Reason optional
 //	replay.check           SessionID, CorrelationID
 //	replay.flush           SessionID (empty: every session), Reason
-//	approve                Target (the tool_call_id of a call awaiting approval), Reason optional
+//	approve                Target (the tool_call_id of a call awaiting approval, or <ep_id>:<tool_call_id>), Reason optional
 //	reject                 Target (likewise), Reason
 //	*.list, registry.show, replay.stats, status: nothing
 type ControlCommand struct {
@@ -187,8 +190,9 @@ type ControlRecord struct {
 	Actor     string `json:"actor"`
 	Reason    string `json:"reason"`
 	// Target names what the command acts on (scope, session, revoked id,
-	// digest, the tool_call_id of an approve or reject); "" for reads of
-	// everything.
+	// digest; for an accepted approve or reject, <ep_id>:<tool_call_id> of
+	// the call it resolves, which the control service found in the call
+	// ledger); "" for reads of everything.
 	Target   string `json:"target"`
 	Accepted bool   `json:"accepted"`
 	// Code is "" when accepted, else one of the Ctl* refusal codes.
@@ -262,7 +266,7 @@ type IncidentView struct {
 // StateEntry is one active kill switch, quarantine or revocation, or one
 // approval or rejection of a parked call.
 type StateEntry struct {
-	Target string `json:"target"` // scope, session id, revoked id, or tool_call_id
+	Target string `json:"target"` // scope, session id, revoked id, or <ep_id>:<tool_call_id>
 	Reason string `json:"reason"`
 	Actor  string `json:"actor"`
 	Seq    uint64 `json:"seq"`  // control seq that set it
@@ -292,7 +296,7 @@ type ReplayInfo struct {
 	Bytes    uint64 `json:"bytes"`               // shared store size
 	Window   string `json:"window"`              // how long an id is remembered
 	Seen     *bool  `json:"seen,omitempty"`      // replay.check
-	ToolCall string `json:"tool_call,omitempty"` // replay.check: the call that used it
+	ToolCall string `json:"tool_call,omitempty"` // replay.check: the call that used it, <ep_id>:<tool_call_id>
 }
 
 // WorkerStatus is a heartbeat on talos.status.<worker_id>: what the worker

@@ -220,8 +220,8 @@ func (c *ControlCommand) verbFields() error {
 		if err := need("target", c.Target); err != nil {
 			return err
 		}
-		if !uuidPattern.MatchString(c.Target) {
-			return fmt.Errorf("%s: target must be the tool_call_id (a UUID) of the call awaiting approval", c.Verb)
+		if _, _, ok := ParseApprovalTarget(c.Target); !ok {
+			return fmt.Errorf("%s: target must be the tool_call_id (a UUID) of the call awaiting approval, or <ep_id>:<tool_call_id>", c.Verb)
 		}
 		if c.Verb == VerbReject {
 			return need("reason", c.Reason)

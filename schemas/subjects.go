@@ -1,8 +1,11 @@
 package schemas
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"regexp"
+	"strings"
 )
 
 // Stream names (DESIGN.md §3).
@@ -17,7 +20,7 @@ const (
 	SubjectCallsAll   = "talos.call.>"
 	SubjectAuditAll   = "talos.audit.>"
 	SubjectControlAll = "talos.control.>"
-	SubjectCall       = "talos.call." // talos.call.<phase>.<server_id>
+	SubjectCall       = "talos.call." // talos.call.<phase>.<ep_id>.<server_id>
 	SubjectCallPre    = "talos.call.pre."
 	SubjectCallPost   = "talos.call.post."
 	SubjectControl    = "talos.control." // talos.control.<verb>
@@ -51,9 +54,66 @@ var IDPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
 // ValidID reports whether s is a valid server_id or ep_id.
 func ValidID(s string) bool { return IDPattern.MatchString(s) }
 
-// CallSubject is the subject an enforcement point publishes a call on.
-func CallSubject(phase, serverID string) string {
-	return SubjectCall + phase + "." + serverID
+// CallSubject is the subject enforcement point epID publishes a call on:
+// talos.call.<phase>.<ep_id>.<server_id>. NATS lets the enforcement role's
+// user ep-<ep_id> publish only subjects of its own ep_id (EPCallSubjects),
+// so the subject names the authenticated publisher, whatever the envelope
+// says.
+func CallSubject(phase, epID, serverID string) string {
+	return SubjectCall + phase + "." + epID + "." + serverID
+}
+
+// EPCallSubjects matches every call subject of enforcement point epID
+// (talos.call.*.<ep_id>.*): what its NATS user may publish.
+func EPCallSubjects(epID string) string { return SubjectCall + "*." + epID + ".*" }
+
+// ParseCallSubject reads talos.call.<phase>.<ep_id>.<server_id>. ok is
+// false unless the subject has exactly these tokens, the phase is pre or
+// post and both ids are valid; the parts it could read are returned anyway
+// ("" for an id that is not valid), phase defaulting to pre.
+func ParseCallSubject(subject string) (phase, epID, serverID string, ok bool) {
+	phase = PhasePre
+	rest, found := strings.CutPrefix(subject, SubjectCall)
+	if !found {
+		return phase, "", "", false
+	}
+	tokens := strings.Split(rest, ".")
+	if tokens[0] == PhasePost {
+		phase = PhasePost
+	}
+	if len(tokens) != 3 {
+		return phase, "", "", false
+	}
+	if ValidID(tokens[1]) {
+		epID = tokens[1]
+	}
+	if ValidID(tokens[2]) {
+		serverID = tokens[2]
+	}
+	return phase, epID, serverID, (tokens[0] == PhasePre || tokens[0] == PhasePost) && epID != "" && serverID != ""
+}
+
+// EPCallID names a call as the enforcement point that published it names
+// it: "<ep_id>:<tool_call_id>". Enforcement points choose their own
+// tool_call_ids, so two may use the same one: every key that must tell
+// calls apart (the Nats-Msg-Ids of TALOS_CALLS and TALOS_AUDIT, the call
+// ledger, the target of an approval) carries the ep_id too.
+func EPCallID(epID, toolCallID string) string { return epID + ":" + toolCallID }
+
+// ParseApprovalTarget reads the target of an approve or reject: a
+// tool_call_id (a UUID in its 36-character form), or "<ep_id>:<tool_call_id>"
+// (EPCallID). epID is "" when the target names none.
+func ParseApprovalTarget(target string) (epID, toolCallID string, ok bool) {
+	epID, toolCallID, qualified := strings.Cut(target, ":")
+	if !qualified {
+		epID, toolCallID = "", target
+	} else if !ValidID(epID) {
+		return "", "", false
+	}
+	if !uuidPattern.MatchString(toolCallID) {
+		return "", "", false
+	}
+	return epID, toolCallID, true
 }
 
 // DecisionSubject is the core-NATS subject an enforcement point listens on.
@@ -77,13 +137,23 @@ func CheckpointMsgID(chainID string, n uint64) string {
 	return fmt.Sprintf("checkpoint:%s:%d", chainID, n)
 }
 
-// CallMsgID is the Nats-Msg-Id an enforcement point sets when it publishes a call.
-func CallMsgID(toolCallID, phase string) string { return toolCallID + ":" + phase }
+// CallMsgID is the Nats-Msg-Id enforcement point epID sets when it
+// publishes the envelope raw: <ep_id>:<tool_call_id>:<phase>:<digest>,
+// digest the first 16 hex digits of sha256(raw). A retry of the same
+// bytes is the stream's duplicate; nobody else can make one in advance:
+// NATS lets any publisher set any header, and an envelope's bytes (its
+// random correlation_id, its signature) are not known before it is sent.
+func CallMsgID(epID, toolCallID, phase string, raw []byte) string {
+	sum := sha256.Sum256(raw)
+	return EPCallID(epID, toolCallID) + ":" + phase + ":" + hex.EncodeToString(sum[:8])
+}
 
 // AuditMsgID is the Nats-Msg-Id of an audit record: one per call, phase and
-// kind, so that a redelivered call cannot store a second receipt.
-func AuditMsgID(toolCallID, phase, kind string) string {
-	return fmt.Sprintf("%s:%s:%s", toolCallID, phase, kind)
+// kind, so that a redelivered call cannot store a second receipt. callID is
+// the call's EPCallID, or calls-seq-<n> for an envelope whose ids are not
+// trusted.
+func AuditMsgID(callID, phase, kind string) string {
+	return fmt.Sprintf("%s:%s:%s", callID, phase, kind)
 }
 
 // AuditRecord is one message of TALOS_AUDIT as the sink hands it to the

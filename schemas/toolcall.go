@@ -3,7 +3,7 @@ package schemas
 import "encoding/json"
 
 // ToolCall is the tool call envelope an enforcement point publishes on
-// talos.call.<phase>.<server_id> (schemas/talos/tool_call.schema.json).
+// talos.call.<phase>.<ep_id>.<server_id> (schemas/talos/tool_call.schema.json).
 // Unknown top-level fields are rejected by the schema.
 type ToolCall struct {
 	SchemaVersion string  `json:"schema_version"`

@@ -102,5 +102,5 @@ type Payloads struct {
 }
 
 // ToolCallEventMsgID is the TALOS_AUDIT Nats-Msg-Id of a call's
-// ToolCallEvent: one per call.
-func ToolCallEventMsgID(toolCallID string) string { return toolCallID + ":toolcall" }
+// ToolCallEvent: one per call. callID is as for AuditMsgID.
+func ToolCallEventMsgID(callID string) string { return callID + ":toolcall" }

@@ -59,7 +59,7 @@ func (c *conformanceCmd) Run(g *Globals) error {
 	if conn, err := g.clickhouse(ctx); err == nil {
 		defer conn.Close()
 		cfg.Events = func(ctx context.Context, ids []string) (map[string][]byte, error) {
-			return query.ToolCallEvents(ctx, conn, g.ClickhouseDatabase, ids)
+			return query.ToolCallEvents(ctx, conn, g.ClickhouseDatabase, c.EPID, ids)
 		}
 	}
 	rep, err := conformance.Run(ctx, cfg)

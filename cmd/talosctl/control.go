@@ -9,8 +9,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/receipts"
@@ -346,7 +344,7 @@ func (c *statusCmd) Run(g *Globals) error { return c.read(g, schemas.VerbStatus,
 type approveCmd struct {
 	ctlFlags
 	waitFlags
-	ToolCallID string `arg:"" name:"tool_call_id" help:"The tool_call_id of the call awaiting approval (from its decision or the gateway's log)."`
+	ToolCallID string `arg:"" name:"tool_call_id" help:"The tool_call_id of the call awaiting approval (from its decision or the gateway's log); EP_ID:TOOL_CALL_ID when several enforcement points parked that id."`
 	Reason     string `name:"reason" help:"Why (recorded in the signed control receipt)."`
 }
 
@@ -359,7 +357,7 @@ func (c *approveCmd) Run(g *Globals) error {
 type rejectCmd struct {
 	ctlFlags
 	waitFlags
-	ToolCallID string `arg:"" name:"tool_call_id" help:"The tool_call_id of the call awaiting approval."`
+	ToolCallID string `arg:"" name:"tool_call_id" help:"The tool_call_id of the call awaiting approval, or EP_ID:TOOL_CALL_ID."`
 	Reason     string `name:"reason" required:"" help:"Why (recorded in the signed control receipt)."`
 }
 
@@ -367,12 +365,12 @@ func (c *rejectCmd) Run(g *Globals) error {
 	return approvalCmd(g, &c.ctlFlags, c.Wait, schemas.VerbReject, c.ToolCallID, c.Reason)
 }
 
-// approvalCmd sends approve or reject for toolCallID. The control service
-// refuses a call that does not await approval (CTL_NOT_FOUND, CTL_INVALID)
-// or was already resolved (CTL_CONFLICT); talosctl then exits 1.
+// approvalCmd sends approve or reject for toolCallID (or EP_ID:TOOL_CALL_ID). A
+// call not awaiting approval or already resolved, or an id several enforcement
+// points parked (name one), is refused by the control service: exit 1.
 func approvalCmd(g *Globals, f *ctlFlags, wait bool, verb, toolCallID, reason string) error {
-	if _, err := uuid.Parse(toolCallID); err != nil || len(toolCallID) != 36 {
-		return usage("%s: %q is not a tool_call_id (a UUID)", verb, toolCallID)
+	if _, _, ok := schemas.ParseApprovalTarget(toolCallID); !ok {
+		return usage("%s: %q is not a tool_call_id (a UUID) or EP_ID:TOOL_CALL_ID", verb, toolCallID)
 	}
 	return mutate(g, f, wait, verb, verb+" "+toolCallID, func(cmd *schemas.ControlCommand) {
 		cmd.Target, cmd.Reason = toolCallID, reason

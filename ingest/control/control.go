@@ -57,19 +57,32 @@ const (
 // fills them in).
 type ControlHooks struct {
 	// Precheck may refuse an otherwise valid mutating command (e.g. pin of
-	// an unknown digest): code "" accepts. A code must look like the Ctl*
-	// codes (upper case, digits, underscores), else CtlInvalid is used.
-	// Called with mutations serialised. lastSeq is the last TALOS_CONTROL
-	// seq when it is called: the hook MUST judge against state that has
-	// applied at least that far (a pin right after its publish), waiting
-	// for its follower if need be, and refuse with CtlInternal if ctx ends.
-	Precheck func(ctx context.Context, cmd *schemas.ControlCommand, lastSeq uint64) (code, detail string)
+	// an unknown digest): Verdict.Code "" accepts. A code must look like
+	// the Ctl* codes (upper case, digits, underscores), else CtlInvalid is
+	// used. Called with mutations serialised. lastSeq is the last
+	// TALOS_CONTROL seq when it is called: the hook MUST judge against
+	// state that has applied at least that far (a pin right after its
+	// publish), waiting for its follower if need be, and refuse with
+	// CtlInternal if ctx ends.
+	Precheck func(ctx context.Context, cmd *schemas.ControlCommand, lastSeq uint64) Verdict
 	// View is the enforcement state, for killswitch.list, quarantine.list
 	// and registry.show; nil → those verbs answer CtlInternal.
 	View func() schemas.IncidentView
 	// Replay administers the shared replay store for replay.stats, .check
 	// and .flush; nil → those verbs answer CtlInternal.
 	Replay ReplayAdmin
+}
+
+// Verdict is a Precheck's judgement of a mutating command.
+type Verdict struct {
+	// Code is "" to accept the command, else the Ctl* code refusing it,
+	// with Detail.
+	Code, Detail string
+	// Target, if not "", is what the accepted command acts on as the
+	// precheck found it, recorded as its ControlRecord.Target in place of
+	// what the command names: the <ep_id>:<tool_call_id> of the call an
+	// approve or reject resolves.
+	Target string
 }
 
 // ReplayAdmin is what the control service needs of the shared replay
@@ -646,8 +659,12 @@ func (s *ControlService) mutate(ctx context.Context, req *request) *schemas.Cont
 		if err := s.catchUpLocked(ctx); err != nil {
 			return s.refuseLocked(ctx, req, schemas.CtlInternal, "cannot read TALOS_CONTROL: "+err.Error())
 		}
-		if code, detail := pre(ctx, cmd, s.lastSeq); code != "" {
-			return s.refuseLocked(ctx, req, code, detail)
+		v := pre(ctx, cmd, s.lastSeq)
+		if v.Code != "" {
+			return s.refuseLocked(ctx, req, v.Code, v.Detail)
+		}
+		if v.Target != "" {
+			req.rec.Target = v.Target
 		}
 	}
 	if req.verb == schemas.VerbReplayFlush && s.o.Hooks.Replay == nil {

@@ -281,11 +281,11 @@ func TestControlAcceptedMutation(t *testing.T) {
 func TestControlRefusals(t *testing.T) {
 	e := newControlEnv(t)
 	e.startControl(t, "control-a", func(o *control.ControlOptions) {
-		o.Hooks.Precheck = func(_ context.Context, cmd *schemas.ControlCommand, _ uint64) (string, string) {
+		o.Hooks.Precheck = func(_ context.Context, cmd *schemas.ControlCommand, _ uint64) control.Verdict {
 			if cmd.Verb == schemas.VerbRegistryPin {
-				return schemas.CtlNotFound, "digest " + cmd.Digest + " was never published"
+				return control.Verdict{Code: schemas.CtlNotFound, Detail: "digest " + cmd.Digest + " was never published"}
 			}
-			return "", ""
+			return control.Verdict{}
 		}
 	})
 	c := e.client()

@@ -53,6 +53,20 @@ type ControlPlaneOptions struct {
 
 var _ ReplayAdmin = (*kv.Ledger)(nil)
 
+// StatePrecheck judges a mutating command against the enforcement state
+// (enforce.State.Precheck) and, for an approve or reject, the call ledger
+// (enforce.State.AwaitsApproval), whose call it records as the target.
+func StatePrecheck(state func() *enforce.State, ledger enforce.CallLedger) func(*schemas.ControlCommand) Verdict {
+	return func(c *schemas.ControlCommand) Verdict {
+		st := state()
+		if code, detail := st.Precheck(c); code != "" {
+			return Verdict{Code: code, Detail: detail}
+		}
+		target, code, detail := st.AwaitsApproval(ledger, c)
+		return Verdict{Code: code, Detail: detail, Target: target}
+	}
+}
+
 // PrecheckWait bounds how long a control command's precheck waits for the
 // follower to apply the control events before it.
 const PrecheckWait = 5 * time.Second
@@ -100,14 +114,9 @@ func NewControlPlane(nc *nats.Conn, js jetstream.JetStream, o ControlPlaneOption
 		Status:        watch,
 		Logger:        log,
 		Hooks: ControlHooks{
-			Precheck: follower.Precheck(func(c *schemas.ControlCommand) (string, string) {
-				if code, detail := state().Precheck(c); code != "" {
-					return code, detail
-				}
-				return enforce.AwaitsApproval(ledger, c)
-			}, PrecheckWait),
-			View:   func() schemas.IncidentView { return state().View() },
-			Replay: ledger,
+			Precheck: follower.Precheck(StatePrecheck(state, ledger), PrecheckWait),
+			View:     func() schemas.IncidentView { return state().View() },
+			Replay:   ledger,
 		},
 	})
 	if err != nil {

@@ -398,14 +398,14 @@ func (b *followBackoff) wait(ctx context.Context) bool {
 // so a command is checked against every event before it (a pin right after
 // its publish). It refuses with CtlInternal if the follower has not got
 // there within wait.
-func (f *ControlFollower) Precheck(check func(*schemas.ControlCommand) (code, detail string), wait time.Duration) func(context.Context, *schemas.ControlCommand, uint64) (string, string) {
-	return func(ctx context.Context, cmd *schemas.ControlCommand, lastSeq uint64) (string, string) {
+func (f *ControlFollower) Precheck(check func(*schemas.ControlCommand) Verdict, wait time.Duration) func(context.Context, *schemas.ControlCommand, uint64) Verdict {
+	return func(ctx context.Context, cmd *schemas.ControlCommand, lastSeq uint64) Verdict {
 		ctx, cancel := context.WithTimeout(ctx, wait)
 		defer cancel()
 		for f.Applied() < lastSeq {
 			select {
 			case <-ctx.Done():
-				return schemas.CtlInternal, fmt.Sprintf("control state not caught up (applied %d of %d); retry", f.Applied(), lastSeq)
+				return Verdict{Code: schemas.CtlInternal, Detail: fmt.Sprintf("control state not caught up (applied %d of %d); retry", f.Applied(), lastSeq)}
 			case <-time.After(time.Millisecond):
 			}
 		}

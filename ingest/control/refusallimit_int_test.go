@@ -60,11 +60,11 @@ func TestControlRefusalReceiptsRateLimited(t *testing.T) {
 		o.RefusalLimits = control.RefusalLimits{Rate: rate.Every(time.Minute), Burst: 3}
 		o.Metrics = reg
 		o.Now = func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
-		o.Hooks.Precheck = func(_ context.Context, cmd *schemas.ControlCommand, _ uint64) (string, string) {
+		o.Hooks.Precheck = func(_ context.Context, cmd *schemas.ControlCommand, _ uint64) control.Verdict {
 			if cmd.Verb == schemas.VerbRegistryPin {
-				return schemas.CtlNotFound, "never published"
+				return control.Verdict{Code: schemas.CtlNotFound, Detail: "never published"}
 			}
-			return "", ""
+			return control.Verdict{}
 		}
 	})
 	alice, bob := e.client(), control.NewControlClient(e.nc, bobKey, "bob")

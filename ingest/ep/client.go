@@ -3,10 +3,13 @@ package ep
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -15,15 +18,29 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // ErrNoDecision is returned when no decision arrived within the timeout.
 // An enforcement point MUST treat it as a deny (fail closed).
 var ErrNoDecision = errors.New("no decision within timeout: deny (fail closed)")
 
+// ErrDuplicateCall is returned when TALOS_CALLS answers a call's first
+// publish as a duplicate: a message with its Nats-Msg-Id
+// (<ep_id>:<tool_call_id>:<phase>:<digest>) that this client did not publish is
+// already there, and the call was not stored. An enforcement point MUST
+// treat it as a deny (fail closed).
+var ErrDuplicateCall = errors.New("TALOS_CALLS already holds a call with this Nats-Msg-Id that this client did not publish: the call was not stored (fail closed)")
+
+// maxSent bounds the Nats-Msg-Ids a Client remembers having published.
+const maxSent = 4096
+
 // Client is the enforcement-point side of Talos: it publishes calls to
-// TALOS_CALLS and waits for their decisions on talos.decision.<ep_id>.
-// It is safe for concurrent use.
+// TALOS_CALLS on its own subjects (talos.call.<phase>.<ep_id>.<server_id>)
+// and waits for their decisions on talos.decision.<ep_id>. A decision is
+// taken for a call only if it names the call's tool_call_id and phase and,
+// when the client knows the call's request hash, its receipt's
+// request_hash is that hash. It is safe for concurrent use.
 type Client struct {
 	nc   *nats.Conn
 	js   jetstream.JetStream
@@ -31,7 +48,14 @@ type Client struct {
 	sub  *nats.Subscription
 
 	mu      sync.Mutex
-	waiters map[string]chan *schemas.Decision // key: tool_call_id + ":" + phase
+	waiters map[string]*waiter // key: tool_call_id + ":" + phase
+	sent    sentIDs
+}
+
+// waiter is a call waiting for its decision.
+type waiter struct {
+	ch          chan *schemas.Decision
+	requestHash string // "" when the client could not read the envelope it sent
 }
 
 // NewClient subscribes to the decisions for epID.
@@ -39,7 +63,7 @@ func NewClient(nc *nats.Conn, js jetstream.JetStream, epID string) (*Client, err
 	if !schemas.ValidID(epID) {
 		return nil, fmt.Errorf("ep_id %q must match %s", epID, schemas.IDPattern)
 	}
-	c := &Client{nc: nc, js: js, epID: epID, waiters: map[string]chan *schemas.Decision{}}
+	c := &Client{nc: nc, js: js, epID: epID, waiters: map[string]*waiter{}}
 	sub, err := nc.Subscribe(schemas.DecisionSubject(epID), c.onDecision)
 	if err != nil {
 		return nil, fmt.Errorf("subscribe decisions: %w", err)
@@ -66,33 +90,69 @@ func (c *Client) onDecision(m *nats.Msg) {
 		return
 	}
 	c.mu.Lock()
-	ch := c.waiters[d.ToolCallID+":"+d.Phase]
+	w := c.waiters[d.ToolCallID+":"+d.Phase]
 	c.mu.Unlock()
-	if ch != nil {
-		select {
-		case ch <- d:
-		default: // a redelivered call answered twice; the first answer stands
-		}
+	if w == nil || !w.accepts(d) {
+		return
+	}
+	select {
+	case w.ch <- d:
+	default: // a redelivered call answered twice; the first answer stands
 	}
 }
 
-// Call publishes the envelope and waits for its decision.
+// accepts reports whether d decides the request w sent: its receipt's
+// request_hash is the request's hash. A receipt without one is taken only
+// for what it can be, a VAL-HTC-001 deny (the worker could not read the
+// envelope). Any other answer is another request's and is ignored: the
+// call then ends without a decision (fail closed).
+func (w *waiter) accepts(d *schemas.Decision) bool {
+	if w.requestHash == "" {
+		return true
+	}
+	var r struct {
+		Data struct {
+			RequestHash string `json:"request_hash"`
+		} `json:"data"`
+	}
+	if json.Unmarshal(d.Receipt, &r) != nil {
+		return false
+	}
+	if r.Data.RequestHash == "" {
+		return d.Decision == schemas.DecisionDeny && slices.Equal(d.ReasonCodes, []string{schemas.CodeEnvelopeInvalid})
+	}
+	return r.Data.RequestHash == w.requestHash
+}
+
+// Call publishes the envelope and waits for its decision, the one whose
+// receipt names its request's hash (a request that cannot be
+// canonicalised has none: the worker denies it VAL-HTC-001).
 func (c *Client) Call(ctx context.Context, call *schemas.ToolCall) (*schemas.Decision, error) {
 	raw, err := json.Marshal(call)
 	if err != nil {
 		return nil, err
 	}
-	return c.Send(ctx, call.Phase, call.ServerID, call.ToolCallID, raw)
+	hash, _ := requestHash(&call.Request)
+	return c.SendHashed(ctx, call.Phase, call.ServerID, call.ToolCallID, hash, raw)
 }
 
 // Send publishes raw envelope bytes (which may be malformed, for testing
-// the workers) and waits for the decision on toolCallID and phase. The
-// wait ends with ErrNoDecision when ctx has no deadline after 10 s.
+// the workers) and waits for the decision on toolCallID and phase whose
+// receipt names the hash of raw's request (RequestHashOf; any decision on
+// toolCallID and phase if raw has no request to hash). The wait ends with
+// ErrNoDecision when ctx has no deadline after 10 s.
 func (c *Client) Send(ctx context.Context, phase, serverID, toolCallID string, raw []byte) (*schemas.Decision, error) {
+	return c.SendHashed(ctx, phase, serverID, toolCallID, RequestHashOf(raw), raw)
+}
+
+// SendHashed is Send for a caller that knows the request hash of raw
+// (hex sha256 of the RFC 8785 form of its request, as HashRequest sets
+// it): it is not computed again.
+func (c *Client) SendHashed(ctx context.Context, phase, serverID, toolCallID, requestHash string, raw []byte) (*schemas.Decision, error) {
 	key := toolCallID + ":" + phase
-	ch := make(chan *schemas.Decision, 1)
+	w := &waiter{ch: make(chan *schemas.Decision, 1), requestHash: requestHash}
 	c.mu.Lock()
-	c.waiters[key] = ch
+	c.waiters[key] = w
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
@@ -108,23 +168,94 @@ func (c *Client) Send(ctx context.Context, phase, serverID, toolCallID string, r
 		defer cancel()
 	}
 	select {
-	case d := <-ch:
+	case d := <-w.ch:
 		return d, nil
 	case <-ctx.Done():
 		return nil, ErrNoDecision
 	}
 }
 
-// Publish stores a call in TALOS_CALLS without waiting for its decision.
+// Publish stores a call in TALOS_CALLS without waiting for its decision,
+// on this client's subject talos.call.<phase>.<ep_id>.<server_id> with
+// Nats-Msg-Id <ep_id>:<tool_call_id>:<phase>:<digest of raw> (none
+// without a toolCallID). The stream answering it as a duplicate is
+// ErrDuplicateCall unless this client published that Nats-Msg-Id before
+// (a retry of its own publish, among the last 4,096 it made).
 func (c *Client) Publish(ctx context.Context, phase, serverID, toolCallID string, raw []byte) error {
-	msg := &nats.Msg{Subject: schemas.CallSubject(phase, serverID), Data: raw, Header: nats.Header{}}
+	msg := &nats.Msg{Subject: schemas.CallSubject(phase, c.epID, serverID), Data: raw, Header: nats.Header{}}
+	id, first := "", false
 	if toolCallID != "" {
-		msg.Header.Set(jetstream.MsgIDHeader, schemas.CallMsgID(toolCallID, phase))
+		id = schemas.CallMsgID(c.epID, toolCallID, phase, raw)
+		msg.Header.Set(jetstream.MsgIDHeader, id)
+		c.mu.Lock()
+		first = c.sent.add(id)
+		c.mu.Unlock()
 	}
-	if _, err := c.js.PublishMsg(ctx, msg); err != nil {
+	ack, err := c.js.PublishMsg(ctx, msg)
+	if err != nil {
 		return fmt.Errorf("publish call: %w", err)
 	}
+	if ack.Duplicate && first {
+		// Not this client's message: a later publish of the id is no retry.
+		c.mu.Lock()
+		c.sent.remove(id)
+		c.mu.Unlock()
+		return ErrDuplicateCall
+	}
 	return nil
+}
+
+// sentIDs remembers the last maxSent Nats-Msg-Ids a Client published, so
+// that a duplicate acknowledgement of one of them is known for a retry of
+// its own publish.
+type sentIDs struct {
+	slot  map[string]int // id -> its place in order
+	order []string       // ring of ids, oldest at next once full
+	next  int
+}
+
+// add records id and reports whether it is new.
+func (s *sentIDs) add(id string) bool {
+	if _, ok := s.slot[id]; ok {
+		return false
+	}
+	if s.slot == nil {
+		s.slot = map[string]int{}
+	}
+	i := len(s.order)
+	if i < maxSent {
+		s.order = append(s.order, id)
+	} else {
+		i = s.next
+		if old := s.order[i]; s.slot[old] == i {
+			delete(s.slot, old)
+		}
+		s.order[i] = id
+		s.next = (i + 1) % maxSent
+	}
+	s.slot[id] = i
+	return true
+}
+
+// remove forgets id.
+func (s *sentIDs) remove(id string) { delete(s.slot, id) }
+
+// RequestHashOf is the request hash of envelope bytes: hex sha256 of the
+// RFC 8785 form of their request member, or "" when raw is not a JSON
+// object with a request object that can be canonicalised.
+func RequestHashOf(raw []byte) string {
+	var env struct {
+		Request json.RawMessage `json:"request"`
+	}
+	if json.Unmarshal(raw, &env) != nil || len(env.Request) == 0 || env.Request[0] != '{' {
+		return ""
+	}
+	canon, err := jsonkit.Canonicalize(env.Request)
+	if err != nil {
+		return ""
+	}
+	sum := sha256.Sum256(canon)
+	return hex.EncodeToString(sum[:])
 }
 
 // NewCall builds a phase-pre envelope with fresh ids: tool_call_id and

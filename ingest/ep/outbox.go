@@ -209,8 +209,8 @@ func (o *Outbox) deliver(js jetstream.JetStream, post *schemas.ToolCall) bool {
 		o.log.Error("post event cannot be encoded; dropped", "tool_call_id", post.ToolCallID, "err", err)
 		return true
 	}
-	msg := &nats.Msg{Subject: schemas.CallSubject(post.Phase, post.ServerID), Data: raw, Header: nats.Header{}}
-	msg.Header.Set(jetstream.MsgIDHeader, schemas.CallMsgID(post.ToolCallID, post.Phase))
+	msg := &nats.Msg{Subject: schemas.CallSubject(post.Phase, post.EPID, post.ServerID), Data: raw, Header: nats.Header{}}
+	msg.Header.Set(jetstream.MsgIDHeader, schemas.CallMsgID(post.EPID, post.ToolCallID, post.Phase, raw))
 	backoff := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -51,11 +51,11 @@ func TestOutboxRetriesUntilStored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := s.GetLastMsgForSubject(ctx, schemas.CallSubject(schemas.PhasePost, post.ServerID))
+	m, err := s.GetLastMsgForSubject(ctx, schemas.CallSubject(schemas.PhasePost, post.EPID, post.ServerID))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := m.Header.Get(jetstream.MsgIDHeader), schemas.CallMsgID(post.ToolCallID, schemas.PhasePost); got != want {
+	if got, want := m.Header.Get(jetstream.MsgIDHeader), schemas.CallMsgID(post.EPID, post.ToolCallID, schemas.PhasePost, m.Data); got != want {
 		t.Fatalf("Nats-Msg-Id %q, want %q", got, want)
 	}
 	var got schemas.ToolCall

@@ -96,11 +96,20 @@ func (s *CallSigner) Sign(c *schemas.ToolCall) error {
 // HashRequest sets c's request_hash: the hex sha256 of the RFC 8785 form
 // of its request. It fails on arguments that cannot be canonicalised.
 func HashRequest(c *schemas.ToolCall) error {
-	req, err := jsonkit.MarshalCanonical(c.Request)
+	h, err := requestHash(&c.Request)
 	if err != nil {
 		return err
 	}
-	sum := sha256.Sum256(req)
-	c.RequestHash = hex.EncodeToString(sum[:])
+	c.RequestHash = h
 	return nil
+}
+
+// requestHash is the hex sha256 of the RFC 8785 form of req.
+func requestHash(req *schemas.Request) (string, error) {
+	b, err := jsonkit.MarshalCanonical(req)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), nil
 }

@@ -62,7 +62,7 @@ func storedCalls(t *testing.T, js jetstream.JetStream) []string {
 		if err := json.Unmarshal(m.Data, &c); err != nil {
 			t.Fatal(err)
 		}
-		if got, want := m.Header.Get(jetstream.MsgIDHeader), schemas.CallMsgID(c.ToolCallID, c.Phase); got != want {
+		if got, want := m.Header.Get(jetstream.MsgIDHeader), schemas.CallMsgID(c.EPID, c.ToolCallID, c.Phase, m.Data); got != want {
 			t.Fatalf("Nats-Msg-Id %q, want %q", got, want)
 		}
 		ids = append(ids, c.ToolCallID)

@@ -93,9 +93,12 @@ func (g *Gateway) call(ctx context.Context, p *Principal, req *mcp.CallToolReque
 		return nil, err
 	}
 	// An approval can only follow the decision, but listen first so none
-	// is missed.
-	wait := g.appr.Expect(c.pre.ToolCallID)
-	defer g.appr.Forget(c.pre.ToolCallID)
+	// is missed. An approval names the call with this gateway's ep_id
+	// (<ep_id>:<tool_call_id>): another enforcement point's call with the
+	// same tool_call_id is not this one.
+	target := schemas.EPCallID(g.o.EPID, c.pre.ToolCallID)
+	wait := g.appr.Expect(target)
+	defer g.appr.Forget(target)
 	d, err := g.decide(ctx, client, c)
 	if err != nil {
 		return nil, err
@@ -172,7 +175,7 @@ func (g *Gateway) admit(c *pending) (*ep.Client, error) {
 func (g *Gateway) decide(ctx context.Context, client *ep.Client, c *pending) (*schemas.Decision, error) {
 	pre := c.pre
 	dctx, cancel := context.WithTimeout(ctx, g.o.DecisionTimeout)
-	d, err := client.Send(dctx, schemas.PhasePre, pre.ServerID, pre.ToolCallID, c.raw)
+	d, err := client.SendHashed(dctx, schemas.PhasePre, pre.ServerID, pre.ToolCallID, pre.RequestHash, c.raw)
 	cancel()
 	switch {
 	case errors.Is(err, ep.ErrNoDecision):

@@ -47,11 +47,15 @@ type LedgerOptions struct {
 // every worker, and the administration of its replay claims (the control
 // service's replay.stats, .check and .flush). Its keys:
 //
-//	call.<hex sha256(session_id)>.<hex sha256(correlation_id)>.<tool_call_id>
+//	call.<hex sha256(session_id)>.<hex sha256(correlation_id)>.<ep_id>.<tool_call_id>
 //	    a pre call's record (enforce.PreRecord); creating it is the replay
 //	    claim: it is written only if no key of the same pair exists
-//	idem.<hex>          the call holding an idempotency key
-//	appr.<tool_call_id> the pre decision of a call parked for approval
+//	idem.<hex>                  the call holding an idempotency key
+//	appr.<ep_id>.<tool_call_id> the pre decision of a call parked for approval
+//
+// A call is named by its ep_id (the enforcement point that published it)
+// and tool_call_id together: enforcement points choose tool_call_ids, and
+// one's may not stand for another's.
 //
 // Full hashes in the keys: no truncation collisions, no raw ids in
 // subjects, and a session's claims can be purged by subject. A Ledger is
@@ -107,8 +111,17 @@ func pairKey(sessionID, correlationID string) string {
 
 // CallRecordKey is the ledger key of a pre call's record.
 func CallRecordKey(k enforce.CallKey) string {
-	return pairKey(k.SessionID, k.CorrelationID) + "." + k.ToolCallID
+	return pairKey(k.SessionID, k.CorrelationID) + "." + k.EPID + "." + k.ToolCallID
 }
+
+// pairKeys matches every record key of a pair (a record written before keys
+// named the enforcement point has one token less, and matches too).
+func pairKeys(sessionID, correlationID string) string {
+	return pairKey(sessionID, correlationID) + ".>"
+}
+
+// approvalKey is the ledger key of a call parked for approval.
+func approvalKey(k enforce.CallKey) string { return "appr." + k.EPID + "." + k.ToolCallID }
 
 // validToken reports whether s can be the last token of a key: a
 // tool_call_id is a UUID (the envelope schema says so), never a wildcard
@@ -143,8 +156,8 @@ func (l *Ledger) Do(ops []*enforce.LedgerOp) {
 	)
 	for _, op := range ops {
 		op.Won, op.Found, op.Err = false, false, nil
-		if k := op.Call.ToolCallID; op.Kind != enforce.OpClaimIdempotency && !validToken(k) {
-			op.Err = fmt.Errorf("ingest: ledger: tool_call_id %q cannot be a key", k)
+		if k := op.Call; op.Kind != enforce.OpClaimIdempotency && (!validToken(k.ToolCallID) || !schemas.ValidID(k.EPID)) {
+			op.Err = fmt.Errorf("ingest: ledger: ep_id %q and tool_call_id %q cannot be a key", k.EPID, k.ToolCallID)
 			continue
 		}
 		switch op.Kind {
@@ -197,11 +210,11 @@ func (l *Ledger) writeMsg(op *enforce.LedgerOp) (*nats.Msg, error) {
 	var b []byte
 	switch op.Kind {
 	case enforce.OpClaimCall, enforce.OpUpdateCall:
-		key, b = CallRecordKey(op.Call), appendPreRecord(nil, op.Call.ToolCallID, &op.Pre)
+		key, b = CallRecordKey(op.Call), appendPreRecord(nil, op.Call.EPID, op.Call.ToolCallID, &op.Pre)
 	case enforce.OpClaimIdempotency:
 		key, b = "idem."+op.IdemKey, appendIdemRecord(nil, &op.Idem)
 	case enforce.OpRecordApproval:
-		key, b = "appr."+op.Call.ToolCallID, appendPreRecord(nil, "", &op.Pre)
+		key, b = approvalKey(op.Call), appendPreRecord(nil, "", "", &op.Pre)
 	}
 	if len(b) > maxLedgerValue {
 		return nil, fmt.Errorf("ingest: ledger write: record of %d bytes, limit %d", len(b), maxLedgerValue)
@@ -210,7 +223,7 @@ func (l *Ledger) writeMsg(op *enforce.LedgerOp) (*nats.Msg, error) {
 	switch op.Kind {
 	case enforce.OpClaimCall:
 		msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
-		msg.Header.Set(expectedLastSubjSeqSubjectHeader, ledgerSubjects+pairKey(op.Call.SessionID, op.Call.CorrelationID)+".*")
+		msg.Header.Set(expectedLastSubjSeqSubjectHeader, ledgerSubjects+pairKeys(op.Call.SessionID, op.Call.CorrelationID))
 	case enforce.OpClaimIdempotency:
 		msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
 	}
@@ -218,10 +231,15 @@ func (l *Ledger) writeMsg(op *enforce.LedgerOp) (*nats.Msg, error) {
 }
 
 // appendPreRecord writes rec as JSON (what json.Marshal writes of an
-// enforce.PreRecord, its ToolCallID replaced by toolCallID), by hand: one
-// is written per call.
-func appendPreRecord(b []byte, toolCallID string, rec *enforce.PreRecord) []byte {
+// enforce.PreRecord, its EPID and ToolCallID replaced by epID and
+// toolCallID), by hand: one is written per call.
+func appendPreRecord(b []byte, epID, toolCallID string, rec *enforce.PreRecord) []byte {
 	b = append(b, '{')
+	if epID != "" {
+		b = append(b, `"ep_id":`...)
+		b = jsonkit.AppendString(b, epID)
+		b = append(b, ',')
+	}
 	if toolCallID != "" {
 		b = append(b, `"tool_call_id":`...)
 		b = jsonkit.AppendString(b, toolCallID)
@@ -250,6 +268,10 @@ func appendPreRecord(b []byte, toolCallID string, rec *enforce.PreRecord) []byte
 func appendIdemRecord(b []byte, rec *enforce.IdemRecord) []byte {
 	b = append(b, `{"request_hash":`...)
 	b = jsonkit.AppendString(b, rec.RequestHash)
+	if rec.EPID != "" {
+		b = append(b, `,"ep_id":`...)
+		b = jsonkit.AppendString(b, rec.EPID)
+	}
 	b = append(b, `,"tool_call_id":`...)
 	b = jsonkit.AppendString(b, rec.ToolCallID)
 	if rec.ReceiptID != "" {
@@ -323,7 +345,7 @@ func (l *Ledger) settle(ctx context.Context, op *enforce.LedgerOp, err error) {
 func (l *Ledger) holder(ctx context.Context, op *enforce.LedgerOp) (value []byte, seq uint64, marker bool, err error) {
 	subject := ledgerSubjects + "idem." + op.IdemKey
 	if op.Kind == enforce.OpClaimCall {
-		subject = ledgerSubjects + pairKey(op.Call.SessionID, op.Call.CorrelationID) + ".*"
+		subject = ledgerSubjects + pairKeys(op.Call.SessionID, op.Call.CorrelationID)
 	}
 	m, err := l.stream.GetLastMsgForSubject(ctx, subject)
 	switch {
@@ -369,15 +391,34 @@ func (l *Ledger) getRecord(ctx context.Context, key string) (rec enforce.PreReco
 	return rec, true, nil
 }
 
-// LookupApproval implements enforce.CallLedger.
-func (l *Ledger) LookupApproval(toolCallID string) (enforce.PreRecord, bool, error) {
-	var rec enforce.PreRecord
+// LookupApprovals implements enforce.CallLedger: it lists the approval
+// keys of toolCallID (appr.*.<tool_call_id>) and reads each.
+func (l *Ledger) LookupApprovals(toolCallID string) (map[string]enforce.PreRecord, error) {
+	out := map[string]enforce.PreRecord{}
 	if !validToken(toolCallID) {
-		return rec, false, nil
+		return out, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
 	defer cancel()
-	return l.getRecord(ctx, "appr."+toolCallID)
+	keys, err := l.kv.ListKeysFiltered(ctx, "appr.*."+toolCallID)
+	if err != nil {
+		return nil, fmt.Errorf("ingest: ledger approvals: %w", err)
+	}
+	defer func() { _ = keys.Stop() }()
+	for key := range keys.Keys() {
+		epID := strings.TrimSuffix(strings.TrimPrefix(key, "appr."), "."+toolCallID)
+		rec, found, err := l.getRecord(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		if found {
+			out[epID] = rec
+		}
+	}
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("ingest: ledger approvals: %w", ctx.Err())
+	}
+	return out, nil
 }
 
 // Stats returns how many (session_id, correlation_id) pairs the ledger
@@ -408,14 +449,17 @@ func (l *Ledger) Stats(ctx context.Context) (schemas.ReplayInfo, error) {
 }
 
 // Check reports whether (sessionID, correlationID) was claimed within the
-// window, and by which tool call. It does not claim.
+// window, and by which tool call (<ep_id>:<tool_call_id>; a bare
+// tool_call_id for a claim written before keys named the enforcement
+// point). It does not claim.
 func (l *Ledger) Check(ctx context.Context, sessionID, correlationID string) (owner string, seen bool, err error) {
 	if correlationID == "" {
 		return "", false, errors.New("ingest: replay check: empty correlation id")
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	m, err := l.stream.GetLastMsgForSubject(ctx, ledgerSubjects+pairKey(sessionID, correlationID)+".*")
+	prefix := ledgerSubjects + pairKey(sessionID, correlationID) + "."
+	m, err := l.stream.GetLastMsgForSubject(ctx, prefix+">")
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return "", false, nil
@@ -425,7 +469,7 @@ func (l *Ledger) Check(ctx context.Context, sessionID, correlationID string) (ow
 	if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
 		return "", false, nil
 	}
-	return m.Subject[strings.LastIndexByte(m.Subject, '.')+1:], true, nil
+	return strings.Replace(strings.TrimPrefix(m.Subject, prefix), ".", ":", 1), true, nil
 }
 
 // Window is how long a claim is remembered.

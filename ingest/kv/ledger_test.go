@@ -26,10 +26,11 @@ func newLedger(t testing.TB, js jetstream.JetStream, o kv.LedgerOptions) *kv.Led
 	return l
 }
 
-// claimOp is the pair claim of call with a record naming receipt "r-<call>".
+// claimOp is the pair claim of call, sent by enforcement point gw, with a
+// record naming receipt "r-<call>".
 func claimOp(session, corr, call string) *enforce.LedgerOp {
 	return &enforce.LedgerOp{Kind: enforce.OpClaimCall,
-		Call: enforce.CallKey{SessionID: session, CorrelationID: corr, ToolCallID: call},
+		Call: enforce.CallKey{EPID: "gw", SessionID: session, CorrelationID: corr, ToolCallID: call},
 		Pre:  enforce.PreRecord{Decision: "allow", ReceiptID: "r-" + call, DecidedAt: "2026-11-25T00:00:00.000Z"}}
 }
 
@@ -58,6 +59,9 @@ func check(t testing.TB, l *kv.Ledger, session, corr, wantOwner string) {
 	owner, seen, err := l.Check(context.Background(), session, corr)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if wantOwner != "" {
+		wantOwner = "gw:" + wantOwner
 	}
 	if seen != (wantOwner != "") || owner != wantOwner {
 		t.Fatalf("Check(%s, %s) = %q, %v; want %q", session, corr, owner, seen, wantOwner)
@@ -97,14 +101,25 @@ func TestLedgerPairsAcrossWorkers(t *testing.T) {
 
 	// The pre decision a claim recorded is what a post event finds, on
 	// either worker, under its own call only.
-	found := &enforce.LedgerOp{Kind: enforce.OpLookupCall, Call: enforce.CallKey{SessionID: "sess-a", CorrelationID: "corr-1", ToolCallID: "call-1"}}
-	other := &enforce.LedgerOp{Kind: enforce.OpLookupCall, Call: enforce.CallKey{SessionID: "sess-a", CorrelationID: "corr-1", ToolCallID: "call-2"}}
-	w2.Do([]*enforce.LedgerOp{found, other})
-	if found.Err != nil || !found.Found || found.Held.ReceiptID != "r-call-1" || found.Held.ToolCallID != "call-1" {
+	found := &enforce.LedgerOp{Kind: enforce.OpLookupCall, Call: enforce.CallKey{EPID: "gw", SessionID: "sess-a", CorrelationID: "corr-1", ToolCallID: "call-1"}}
+	other := &enforce.LedgerOp{Kind: enforce.OpLookupCall, Call: enforce.CallKey{EPID: "gw", SessionID: "sess-a", CorrelationID: "corr-1", ToolCallID: "call-2"}}
+	otherEP := &enforce.LedgerOp{Kind: enforce.OpLookupCall, Call: enforce.CallKey{EPID: "gw-2", SessionID: "sess-a", CorrelationID: "corr-1", ToolCallID: "call-1"}}
+	w2.Do([]*enforce.LedgerOp{found, other, otherEP})
+	if found.Err != nil || !found.Found || found.Held.ReceiptID != "r-call-1" || found.Held.ToolCallID != "call-1" || found.Held.EPID != "gw" {
 		t.Fatalf("lookup of call-1: %+v", found)
 	}
 	if other.Err != nil || other.Found {
 		t.Fatalf("lookup of call-2, which never held the pair: %+v", other)
+	}
+	if otherEP.Err != nil || otherEP.Found {
+		t.Fatalf("lookup of another enforcement point's call-1: %+v", otherEP)
+	}
+	// Another enforcement point's call with the same tool_call_id is not
+	// a redelivery: the pair stays gw's.
+	spoof := claimOp("sess-a", "corr-1", "call-1")
+	spoof.Call.EPID = "gw-2"
+	if w2.Do([]*enforce.LedgerOp{spoof}); spoof.Err != nil || spoof.Won || spoof.Held.EPID != "gw" || spoof.Held.ToolCallID != "call-1" {
+		t.Fatalf("gw-2's claim with gw's tool_call_id: %+v", spoof)
 	}
 	update := &enforce.LedgerOp{Kind: enforce.OpUpdateCall, Call: found.Call, Pre: enforce.PreRecord{Decision: "deny", ReceiptID: "r-call-1"}}
 	if w1.Do([]*enforce.LedgerOp{update}); update.Err != nil {
@@ -220,19 +235,20 @@ func TestLedgerIdempotencyAndApprovals(t *testing.T) {
 
 	const parked = "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d6e"
 	rec := enforce.PreRecord{Decision: "require_approval", ReceiptID: "r1", DecidedAt: "2026-11-25T00:00:00.000Z"}
-	put := &enforce.LedgerOp{Kind: enforce.OpRecordApproval, Call: enforce.CallKey{ToolCallID: parked}, Pre: rec}
-	if ledgers[0].Do([]*enforce.LedgerOp{put}); put.Err != nil {
-		t.Fatal(put.Err)
+	put := &enforce.LedgerOp{Kind: enforce.OpRecordApproval, Call: enforce.CallKey{EPID: "gw", ToolCallID: parked}, Pre: rec}
+	put2 := &enforce.LedgerOp{Kind: enforce.OpRecordApproval, Call: enforce.CallKey{EPID: "gw-2", ToolCallID: parked}, Pre: enforce.PreRecord{Decision: "require_approval", ReceiptID: "r2"}}
+	if ledgers[0].Do([]*enforce.LedgerOp{put, put2}); put.Err != nil || put2.Err != nil {
+		t.Fatal(put.Err, put2.Err)
 	}
-	got, found, err := ledgers[1].LookupApproval(parked)
-	if err != nil || !found || got.ReceiptID != "r1" || got.Decision != "require_approval" {
-		t.Fatalf("approval lookup on the other worker: %+v %v %v", got, found, err)
+	got, err := ledgers[1].LookupApprovals(parked)
+	if err != nil || len(got) != 2 || got["gw"].ReceiptID != "r1" || got["gw"].Decision != "require_approval" || got["gw-2"].ReceiptID != "r2" {
+		t.Fatalf("approval lookup on the other worker: %+v %v", got, err)
 	}
-	if _, found, _ := ledgers[1].LookupApproval("0190f5b2-7c1e-7a3b-8d4e-000000000000"); found {
-		t.Fatal("found an approval that was never recorded")
+	if got, err := ledgers[1].LookupApprovals("0190f5b2-7c1e-7a3b-8d4e-000000000000"); len(got) != 0 || err != nil {
+		t.Fatalf("found an approval that was never recorded: %+v %v", got, err)
 	}
-	if _, found, err := ledgers[1].LookupApproval("a.b"); found || err != nil {
-		t.Fatalf("a tool_call_id that cannot be a key: %v %v", found, err)
+	if got, err := ledgers[1].LookupApprovals("a.b"); len(got) != 0 || err != nil {
+		t.Fatalf("a tool_call_id that cannot be a key: %v %v", got, err)
 	}
 }
 
@@ -248,7 +264,7 @@ func TestLedgerDeletedKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := func(call string) string {
-		return kv.CallRecordKey(enforce.CallKey{SessionID: "sess", CorrelationID: "corr", ToolCallID: call})
+		return kv.CallRecordKey(enforce.CallKey{EPID: "gw", SessionID: "sess", CorrelationID: "corr", ToolCallID: call})
 	}
 	claim(t, l, "sess", "corr", "call-a", "call-a")
 	if err := bucket.Delete(ctx, key("call-a")); err != nil {

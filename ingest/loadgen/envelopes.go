@@ -14,9 +14,10 @@ import (
 // marshalled before its scheduled send, so that none of that is on the
 // measured path.
 type envelope struct {
-	toolCallID string
-	pre        []byte
-	post       []byte // the call's post event; nil unless --post
+	toolCallID  string
+	requestHash string // of the call's request, which its post event repeats
+	pre         []byte
+	post        []byte // the call's post event; nil unless --post
 }
 
 // Maker builds the envelopes of one run. It is safe for concurrent
@@ -54,6 +55,7 @@ func (m *Maker) make(epID string) (*envelope, error) {
 	if env.pre, err = json.Marshal(call); err != nil {
 		return nil, err
 	}
+	env.requestHash = ep.RequestHashOf(env.pre)
 	if !m.Post {
 		return env, nil
 	}
@@ -181,10 +183,10 @@ func splitCalls(calls, n int) []int {
 	return counts
 }
 
-// send sends a prepared envelope in phase and waits for its decision, at
-// most timeout.
+// send sends a prepared envelope in phase and waits for its decision (the
+// one whose receipt names the call's request hash), at most timeout.
 func send(client *ep.Client, phase, server string, env *envelope, raw []byte, timeout time.Duration) (*schemas.Decision, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	return client.Send(ctx, phase, server, env.toolCallID, raw)
+	return client.SendHashed(ctx, phase, server, env.toolCallID, env.requestHash, raw)
 }

@@ -104,8 +104,10 @@ func RolePermissions(u User) Permissions {
 			Subscribe: SubjectPermission{Allow: []string{schemas.SubjectStatusAll, schemas.ResponderInboxPrefix + ".>"}},
 		}
 	case schemas.NATSRoleEnforcement:
+		// It publishes calls on its own ep_id's subjects only, so a call's
+		// subject names the enforcement point that sent it.
 		p := Permissions{
-			Publish: SubjectPermission{Allow: []string{schemas.SubjectCallsAll}},
+			Publish: SubjectPermission{Allow: []string{schemas.EPCallSubjects(u.EPID)}},
 			Subscribe: SubjectPermission{Allow: []string{
 				schemas.DecisionSubject(u.EPID), schemas.EPInboxPrefix(u.EPID) + ".>",
 			}},

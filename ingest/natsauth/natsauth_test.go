@@ -128,8 +128,8 @@ func TestNATSPermissions(t *testing.T) {
 			t.Fatal(err)
 		}
 		raw, _ := json.Marshal(call)
-		msg := &nats.Msg{Subject: schemas.CallSubject(call.Phase, call.ServerID), Data: raw, Header: nats.Header{}}
-		msg.Header.Set(jetstream.MsgIDHeader, schemas.CallMsgID(call.ToolCallID, call.Phase))
+		msg := &nats.Msg{Subject: schemas.CallSubject(call.Phase, "alpha", call.ServerID), Data: raw, Header: nats.Header{}}
+		msg.Header.Set(jetstream.MsgIDHeader, schemas.CallMsgID("alpha", call.ToolCallID, call.Phase, raw))
 		ack, err := js.PublishMsg(ctx, msg)
 		if err != nil {
 			t.Fatalf("enforcement point publishes a call: %v", err)
@@ -183,10 +183,12 @@ func TestNATSPermissions(t *testing.T) {
 		approvalRights(ctx, t, worker, wjs, alpha, js)
 
 		// (d) no control commands, no forged decisions, heartbeats,
-		// control or audit records: the worker sees none of them. The
+		// control or audit records, no call on another enforcement point's
+		// subjects or outside its own: the worker sees none of them. The
 		// probe call published after them arrives first.
 		seen := make(chan *nats.Msg, 16)
-		for _, subj := range []string{"talos.ctl.>", "talos.decision.>", "talos.status.>", "talos.control.>", "talos.audit.>", "$JS.>", "talos.call.pre.probe"} {
+		probe := schemas.CallSubject(schemas.PhasePre, "alpha", "probe")
+		for _, subj := range []string{"talos.ctl.>", "talos.decision.>", "talos.status.>", "talos.control.>", "talos.audit.>", "$JS.>", schemas.SubjectCallsAll} {
 			if _, err := worker.ChanSubscribe(subj, seen); err != nil {
 				t.Fatal(err)
 			}
@@ -196,19 +198,21 @@ func TestNATSPermissions(t *testing.T) {
 		}
 		denied := []string{schemas.CtlSubject(schemas.VerbKillSwitchSet), schemas.DecisionSubject("beta"),
 			schemas.StatusSubject("w1"), schemas.ControlSubject(schemas.VerbKillSwitchSet), schemas.ControlSubject(schemas.VerbApprove),
-			schemas.ReceiptSubject(schemas.KindDecision, "files")}
+			schemas.ReceiptSubject(schemas.KindDecision, "files"),
+			schemas.CallSubject(schemas.PhasePre, "beta", "files"), schemas.CallSubject(schemas.PhasePost, "beta", "files"),
+			"talos.call.pre.files", probe + ".x"}
 		for _, subj := range denied {
 			if err := alpha.Publish(subj, []byte(`{"verb":"killswitch.set","scope":"global"}`)); err != nil {
 				t.Fatal(err)
 			}
 			alpha.wantViolation(t, "Publish", subj)
 		}
-		if err := alpha.Publish("talos.call.pre.probe", []byte("probe")); err != nil {
+		if err := alpha.Publish(probe, []byte("probe")); err != nil {
 			t.Fatal(err)
 		}
 		select {
 		case m := <-seen:
-			if m.Subject != "talos.call.pre.probe" {
+			if m.Subject != probe {
 				t.Fatalf("a denied publish reached the worker: %s %s", m.Subject, m.Data)
 			}
 		case <-time.After(5 * time.Second):
@@ -229,7 +233,7 @@ func TestNATSPermissions(t *testing.T) {
 		js, _ := jetstream.New(ep.Conn)
 		pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
 		defer pcancel()
-		if _, err := js.Publish(pctx, "talos.call.pre.files", []byte("{}")); err == nil {
+		if _, err := js.Publish(pctx, schemas.CallSubject(schemas.PhasePre, "alpha", "files"), []byte("{}")); err == nil {
 			t.Fatal("PubAck on the default inbox: the enforcement point can read _INBOX.>")
 		}
 	})
@@ -260,7 +264,7 @@ func TestNATSPermissions(t *testing.T) {
 		if _, err := status.NextMsg(5 * time.Second); err != nil {
 			t.Fatalf("responder heartbeat: %v", err)
 		}
-		for _, subj := range []string{schemas.CallSubject(schemas.PhasePre, "files"), schemas.ControlSubject(schemas.VerbKillSwitchSet),
+		for _, subj := range []string{schemas.CallSubject(schemas.PhasePre, "alpha", "files"), schemas.ControlSubject(schemas.VerbKillSwitchSet),
 			schemas.DecisionSubject("alpha"), schemas.ReceiptSubject(schemas.KindControl, schemas.VerbKillSwitchSet), "$JS.API.INFO"} {
 			if err := r.Publish(subj, []byte(`{}`)); err != nil {
 				t.Fatal(err)

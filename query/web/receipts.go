@@ -195,7 +195,7 @@ func (h *handler) receipt(w http.ResponseWriter, r *http.Request) {
 	// another call, whose event this page must not pass off as its own.
 	d.UntrustedCall = d.Signed != nil && slices.Contains(d.Signed.ReasonCodes, schemas.CodeEnvelopeInvalid)
 	if s := d.Signed; s != nil && s.ToolCallID != "" && s.Kind != schemas.KindControl && !d.UntrustedCall {
-		if d.ToolCall, err = query.ToolCallByID(ctx, h.o.Conn, h.o.Database, s.ToolCallID); err != nil {
+		if d.ToolCall, err = query.ToolCallByID(ctx, h.o.Conn, h.o.Database, s.EPID, s.ToolCallID); err != nil {
 			h.fail(w, r, http.StatusInternalServerError, "The receipt's tool call could not be read from ClickHouse.", err)
 			return
 		}
