@@ -667,8 +667,12 @@ func connectionValue(s string, v int, enclose byte) (int, int, string) {
 			return v + 1, k, strings.ReplaceAll(inner, string([]byte{closeQ, closeQ}), string(closeQ))
 		}
 	}
-	e := v
+	e, shellQuote := v, false
 	for e < len(s) && s[e] != ';' && s[e] != '\n' && s[e] != '\r' {
+		if enclose == '\'' && strings.HasPrefix(s[e:], shellEscapedQuote) {
+			e, shellQuote = e+len(shellEscapedQuote), true // a quote inside the shell's '...'
+			continue
+		}
 		if enclose != 0 && s[e] == enclose {
 			break
 		}
@@ -681,8 +685,15 @@ func connectionValue(s string, v int, enclose byte) (int, int, string) {
 	for e > v && (s[e-1] == ' ' || s[e-1] == '\t') {
 		e--
 	}
+	if shellQuote {
+		return v, e, strings.ReplaceAll(s[v:e], shellEscapedQuote, "'")
+	}
 	return v, e, s[v:e]
 }
+
+// shellEscapedQuote is how a shell's single-quoted word holds a quote:
+// close the quote, an escaped quote, open it again.
+const shellEscapedQuote = `'\''`
 
 // nextPairAt reports whether a connection-string pair (Name=) starts at
 // s[i] (after blanks).

@@ -63,6 +63,8 @@ func TestPositional(t *testing.T) {
 		{"sql quoted password", `Server=h;Password="a;b""c";Database=d`, []string{`a;b"c`}, []string{"Database=d"}},
 		{"odbc braces", "Driver={ODBC};PWD={a}}b;c};UID=u", []string{"a}b;c"}, []string{"UID=u"}},
 		{"password first", "Password=abc;Server=tcp:h", []string{"abc"}, nil},
+		{"sql password with a quote, in a shell's single quotes", `sqlpackage /SourceConnectionString:'Server=tcp:h;Password=*'\''&!]O;Encrypt=True' /TargetFile:x`,
+			[]string{"*'&!]O"}, []string{"Encrypt=True", "/TargetFile:x"}},
 
 		// URLs.
 		{"userinfo starting with $", "postgres://app:$abc1@db:5432/x", []string{"$abc1"}, []string{"@db:5432/x"}},
