@@ -17,6 +17,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/forward"
 	"github.com/talos-audit/talos/ingest/natsserver"
 	"github.com/talos-audit/talos/ingest/retry"
 	"github.com/talos-audit/talos/ingest/telemetry"
@@ -247,11 +248,12 @@ func startRoles(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *na
 		start("sink", run)
 	}
 	if f.has("forward") {
-		run, err := startForward(f, log.With("role", "forward"), nc, js, metrics)
+		fw, err := forward.Open(f.ForwardConfig, nc, js, forward.Options{Instance: f.instance(), AckWait: f.AckWait, Logger: log.With("role", "forward")})
 		if err != nil {
-			return "", closeSink, err
+			return "", closeSink, usagef("%v", err)
 		}
-		start("forward", run)
+		telemetry.RegisterForwarder(metrics, fw)
+		start("forward", fw.Run)
 	}
 	if f.has("web") {
 		w, err := startWeb(ctx, f, log.With("role", "web"), c.key)

@@ -140,6 +140,9 @@ func LoadConfig(path string) (Config, error) {
 
 // Open is LoadConfig then New.
 func Open(path string, nc *nats.Conn, js jetstream.JetStream, o Options) (*Forwarder, error) {
+	if path == "" {
+		return nil, errors.New("the forward role needs --forward-config FILE (its SIEM destinations)")
+	}
 	c, err := LoadConfig(path)
 	if err != nil {
 		return nil, err

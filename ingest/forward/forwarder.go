@@ -45,6 +45,7 @@ type sender interface {
 // own durable consumer.
 type Forwarder struct {
 	dests []*destination
+	log   *slog.Logger
 }
 
 // New checks c, reads the destinations' CA, certificate and token files,
@@ -62,7 +63,7 @@ func New(nc *nats.Conn, js jetstream.JetStream, c Config, o Options) (*Forwarder
 	if len(c.Destinations) == 0 {
 		return nil, errors.New("forward: no destinations")
 	}
-	f := &Forwarder{}
+	f := &Forwarder{log: o.Logger}
 	seen := map[string]bool{}
 	for _, raw := range c.Destinations {
 		d, err := raw.withDefaults(o.Instance)
@@ -96,6 +97,7 @@ func newSender(d Destination) (sender, error) {
 // (owned here: Run returns once all have stopped and released what they
 // held). It returns nil when ctx ends.
 func (f *Forwarder) Run(ctx context.Context) error {
+	f.log.Info("forward role started", "destinations", f.Names())
 	var wg sync.WaitGroup
 	for _, d := range f.dests {
 		wg.Go(func() { d.run(ctx) })
