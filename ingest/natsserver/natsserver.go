@@ -15,9 +15,11 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 
 	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/ingest/natstls"
@@ -184,6 +186,17 @@ func (n *Server) URL() string {
 
 // NATS is the embedded server itself, for callers that need its internals.
 func (n *Server) NATS() *server.Server { return n.srv }
+
+// NoTLS is the nats.Connect option, after nats.InProcessServer, that
+// keeps an in-process connection from starting TLS, which a CA option or
+// a tls:// URL asks for: the server requires TLS of network clients only.
+func NoTLS(o *nats.Options) error {
+	o.Secure, o.TLSConfig = false, nil
+	for i, u := range o.Servers {
+		o.Servers[i] = strings.Replace(u, "tls://", "nats://", 1)
+	}
+	return nil
+}
 
 // Shutdown stops the server, waits for it, and removes the store directory
 // if Start created it. It is safe to call more than once.

@@ -118,6 +118,20 @@ func TestTLSRequired(t *testing.T) {
 		}
 	}
 
+	// The process that embeds the server reaches it in process, without
+	// TLS, even with the CA option a network client would have.
+	inproc, err := nats.Connect(n.URL(), nats.RootCAs(ca), nats.InProcessServer(n.NATS()), NoTLS)
+	if err != nil {
+		t.Fatalf("in process: %v", err)
+	}
+	if _, err := inproc.TLSConnectionState(); err == nil {
+		t.Error("the in-process connection started TLS")
+	}
+	if err := inproc.Publish("x", nil); err != nil || inproc.Flush() != nil {
+		t.Fatalf("in process: publish: %v", err)
+	}
+	inproc.Close()
+
 	use := func() {
 		t.Helper()
 		// nats:// on purpose: the client upgrades because the server
