@@ -110,18 +110,39 @@ func (w *waiter) accepts(d *schemas.Decision) bool {
 	if w.requestHash == "" {
 		return true
 	}
+	got, ok := receiptRequestHash(d.Receipt)
+	if !ok {
+		return false
+	}
+	if got == "" {
+		return d.Decision == schemas.DecisionDeny && slices.Equal(d.ReasonCodes, []string{schemas.CodeEnvelopeInvalid})
+	}
+	return got == w.requestHash
+}
+
+// receiptRequestHash reads data.request_hash of a receipt CloudEvent (""
+// when it has none); ok is false when the receipt is not a JSON object
+// with an object data. A receipt as the worker stores it is canonical
+// JSON, whose two members are found without decoding the rest.
+func receiptRequestHash(receipt []byte) (hash string, ok bool) {
+	if data, found, _, err := jsonkit.FindMember(receipt, 0, "data"); err == nil && found {
+		m, found, _, err := jsonkit.FindMember(receipt, data.ValStart, "request_hash")
+		if err == nil && !found {
+			return "", true
+		}
+		if err == nil && json.Unmarshal(receipt[m.ValStart:m.End], &hash) == nil {
+			return hash, true
+		}
+	}
 	var r struct {
-		Data struct {
+		Data *struct {
 			RequestHash string `json:"request_hash"`
 		} `json:"data"`
 	}
-	if json.Unmarshal(d.Receipt, &r) != nil {
-		return false
+	if json.Unmarshal(receipt, &r) != nil || r.Data == nil {
+		return "", false
 	}
-	if r.Data.RequestHash == "" {
-		return d.Decision == schemas.DecisionDeny && slices.Equal(d.ReasonCodes, []string{schemas.CodeEnvelopeInvalid})
-	}
-	return r.Data.RequestHash == w.requestHash
+	return r.Data.RequestHash, true
 }
 
 // Call publishes the envelope and waits for its decision, the one whose
