@@ -29,7 +29,10 @@
 #                                 the worker's peak RSS at 2,000 calls/s, flight
 #                                 throughput; prints base and new medians and
 #                                 new/base ratios. BENCH_NEW_WORKER_FLAGS adds
-#                                 flags to the new tree's worker only
+#                                 flags to the new tree's worker only,
+#                                 BENCH_NEW_DEV_FLAGS to its dev process (NATS +
+#                                 sink) only: with --insecure-nats-plaintext,
+#                                 what TLS costs
 #   bash scripts/bench.sh profile [SECONDS]  CPU profiles (SECONDS, default 20)
 #                                 of the enforce worker and the dev process (NATS
 #                                 + sink), both run with --pprof, and of the load
@@ -130,6 +133,7 @@ registry=cmd/talosd/demo/registry # the worker's (and the control role's) regist
 eps=talosctl,demo-ep              # enforcement points with a NATS user
 scope='tool:files:*'              # of the capability every call carries
 worker_flags=()                   # extra flags for the worker
+dev_flags=()                      # extra flags for the dev process
 pprof=()                          # profile: --pprof on the worker and the dev process
 
 # start ROLES [sink-nice] [sink]: the dev process with ROLES ("control" runs
@@ -140,7 +144,7 @@ start() {
   [ ${#pprof[@]} -eq 0 ] || http=(--http-addr 127.0.0.1:0 "${pprof[@]}")
   rm -rf "$work/dev"
   "$talosd" dev --no-demo --roles "$roles" --data-dir "$work/dev" --clickhouse-port 0 \
-    --registry "$registry" --nats-eps "$eps" --nats-listen 127.0.0.1:14222 "${http[@]}" >"$work/dev.log" 2>&1 &
+    --registry "$registry" --nats-eps "$eps" --nats-listen 127.0.0.1:14222 "${http[@]}" ${dev_flags[@]+"${dev_flags[@]}"} >"$work/dev.log" 2>&1 &
   dev=$!; pids+=($dev)
   for _ in $(seq 1 120); do grep -q "Talos dev stack is up" "$work/dev.log" && break; sleep 0.5; done
   grep -q "Talos dev stack is up" "$work/dev.log" || { cat "$work/dev.log"; exit 1; }
@@ -275,9 +279,11 @@ ab)
   git archive "$base_rev" | tar -x -C "$work/base/src"
   (cd "$work/base/src" && go build -o "$work/base/bin/talosd" ./cmd/talosd && go build -o "$work/base/bin/talosctl" ./cmd/talosctl)
   read -r -a new_flags <<<"${BENCH_NEW_WORKER_FLAGS:-}"
+  read -r -a new_dev_flags <<<"${BENCH_NEW_DEV_FLAGS:-}"
   echo "== A/B: base $(git rev-parse --short "$base_rev") ($(git log -1 --format=%s "$base_rev" | cut -c1-60)) against new $new_rev"
   echo "   $rounds round(s), alternating base and new, each on a fresh stack; load generator: each side's own talosctl"
   [ ${#new_flags[@]} -eq 0 ] || echo "   the new worker also gets: ${new_flags[*]}"
+  [ ${#new_dev_flags[@]} -eq 0 ] || echo "   the new dev process also gets: ${new_dev_flags[*]}"
   cols="tp_decisions_s e2e_events_s p50_ms p99_ms worker_rss_mib cpu_worker cpu_nats_sink cpu_clickhouse cpu_loadgen cpu_stack flight_calls_s flight_events_s other_cores"
   for side in base new; do echo "$cols" >"$work/ab.$side.tsv"; done
   fmt='function f(x) { return (x >= 100 || x <= -100) ? sprintf("%.0f", x) : sprintf("%.2f", x) } ' # awk: a figure, readably
@@ -286,9 +292,10 @@ ab)
   side() {
     local s=$1 i=$2 tp lat fl rss_mib
     if [ "$s" = base ]; then
-      talosd=$work/base/bin/talosd talosctl=$work/base/bin/talosctl registry=$work/base/src/cmd/talosd/demo/registry worker_flags=()
+      talosd=$work/base/bin/talosd talosctl=$work/base/bin/talosctl registry=$work/base/src/cmd/talosd/demo/registry worker_flags=() dev_flags=()
     else
       talosd=$work/bin/talosd talosctl=$work/bin/talosctl registry=cmd/talosd/demo/registry worker_flags=(${new_flags[@]+"${new_flags[@]}"})
+      dev_flags=(${new_dev_flags[@]+"${new_dev_flags[@]}"})
     fi
     echo "== round $i, $s (load average $(cut -d' ' -f1-3 /proc/loadavg))"
     start sink,control

@@ -74,6 +74,9 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 			return usagef("unknown role %q (known: enforce, sink, control, web, forward)", r)
 		}
 	}
+	if f.InsecurePlaintext {
+		log.Warn("NATS in PLAINTEXT (--insecure-nats-plaintext): anyone on the network path reads the calls; only to measure what TLS costs")
+	}
 	if f.Mode == "dev" {
 		log.Warn("mode dev: unclassified tools are ALLOWED with warning TOOL_UNCLASSIFIED_ALLOWED_DEV; never use dev in production")
 	}

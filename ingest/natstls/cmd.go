@@ -14,6 +14,9 @@ type Cmd struct{}
 
 // Run writes the files of s.Dir and prints where they are.
 func (Cmd) Run(s *Server) error {
+	if s == nil {
+		return fmt.Errorf("%w: nats-tls writes certificates; --insecure-nats-plaintext asks for none", ErrConfig)
+	}
 	if s.CertFile != "" {
 		return fmt.Errorf("%w: nats-tls writes a generated certificate; --nats-tls-cert names your own", ErrConfig)
 	}

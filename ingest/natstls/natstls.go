@@ -120,13 +120,20 @@ type Flags struct {
 	NatsTLSCert  string   `name:"nats-tls-cert" type:"path" help:"Certificate (chain, PEM) of the embedded nats-server, which then requires TLS of every client. Default: a certificate from a CA talosd generates once in <data-dir>/nats-tls (clients trust its ca.pem)."`
 	NatsTLSKey   string   `name:"nats-tls-key" type:"path" help:"Key (PEM) of --nats-tls-cert."`
 	NatsTLSHosts []string `name:"nats-tls-hosts" help:"Host names and addresses the generated server certificate names besides localhost, 127.0.0.1, ::1 and the --nats-listen host (the names remote clients connect to)."`
+	// InsecurePlaintext serves NATS without TLS, to measure what TLS
+	// costs (scripts/bench.sh); like --nats-auth none, never in use.
+	InsecurePlaintext bool `name:"insecure-nats-plaintext" help:"The embedded nats-server speaks plaintext and nothing is generated in <data-dir>/nats-tls: only to measure what TLS costs (bash scripts/bench.sh ab, BENCH_NEW_DEV_FLAGS). Never in use: anyone on the network path reads the calls."`
 
 	NatsTLSCmd Cmd `cmd:"" name:"nats-tls" help:"Create the NATS CA and server certificate in <data-dir>/nats-tls (the CA once; the certificate naming --nats-tls-hosts) without starting anything, for a standalone nats-server and its clients."`
 }
 
 // Server is the embedded server's certificate per the flags, generated
-// under <dataDir>/nats-tls without --nats-tls-cert.
+// under <dataDir>/nats-tls without --nats-tls-cert; nil (plaintext) with
+// --insecure-nats-plaintext.
 func (f Flags) Server(dataDir string) *Server {
+	if f.InsecurePlaintext {
+		return nil
+	}
 	return &Server{CertFile: f.NatsTLSCert, KeyFile: f.NatsTLSKey, Dir: filepath.Join(dataDir, natsauth.TLSDir), Hosts: f.NatsTLSHosts}
 }
 
@@ -134,7 +141,7 @@ func (f Flags) Server(dataDir string) *Server {
 // --nats-ca, else the generated CA (without --nats-tls-cert), else none
 // (the system's roots).
 func (f Flags) EmbeddedCA(dataDir string) string {
-	if f.NatsCA != "" {
+	if f.NatsCA != "" || f.InsecurePlaintext {
 		return f.NatsCA
 	}
 	return f.Server(dataDir).CA()
