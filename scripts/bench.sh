@@ -108,11 +108,13 @@ ensure_clickhouse
 [ "$mode" != forward ] || ensure_rsyslog
 work=$(mktemp -d /tmp/talos-bench.XXXXXX)
 mkdir -p "$work/bin"
-pids=()
+pids=()      # stopped with SIGINT (talosd and talosctl drain on it)
+term_pids=() # stopped with SIGTERM: a background job of a script ignores SIGINT, which rsyslogd and benchsiem keep
 stop_all() {
   for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  pids=()
+  for p in "${term_pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}" "${term_pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=() term_pids=()
   # The dev process stops its ClickHouse; the next stack starts only once it is gone.
   for _ in $(seq 1 60); do pgrep -f "clickhouse-server.*$work" >/dev/null || break; sleep 0.5; done
 }

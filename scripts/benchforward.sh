@@ -43,10 +43,10 @@ ruleset(name="received") {
 input(type="imtcp" address="127.0.0.1" port="$rsport" ruleset="received")
 EOF
 "$rsyslogd" -n -f "$work/rsyslog/rsyslog.conf" -i "$work/rsyslog/pid" >"$work/rsyslog/rsyslogd.log" 2>&1 &
-pids+=($!)
+term_pids+=($!)
 head -c 24 /dev/urandom | base64 >"$work/hec.token"
 "$work/bin/benchsiem" -addr "127.0.0.1:$hecport" -token-file "$work/hec.token" >"$work/benchsiem.log" 2>&1 &
-pids+=($!)
+term_pids+=($!)
 for _ in $(seq 1 100); do
   { (exec 3<>"/dev/tcp/127.0.0.1/$rsport") && (exec 3<>"/dev/tcp/127.0.0.1/$hecport"); } 2>/dev/null && break
   sleep 0.1
