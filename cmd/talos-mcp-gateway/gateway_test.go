@@ -371,10 +371,10 @@ func TestGatewayEndToEnd(t *testing.T) {
 	ids.Store(d.ToolCallID, "deny")
 
 	// Kill switch on echo: the very next call is denied.
-	s.ctl("killswitch", "set", "tool:everything/echo", "--reason", "gateway test")
+	s.ctl("killswitch", "set", "tool:everything/echo", "--reason", "gateway test", "--wait")
 	gw.call(ctx, "echo", map[string]any{"message": "after kill"}).mustDeny(t, "echo under kill switch", schemas.CodeKillSwitch)
 	gw.call(ctx, "get-sum", map[string]any{"a": 1, "b": 1}).mustAllow(t, "get-sum beside the kill switch")
-	s.ctl("killswitch", "clear", "tool:everything/echo", "--reason", "gateway test done")
+	s.ctl("killswitch", "clear", "tool:everything/echo", "--reason", "gateway test done", "--wait")
 	gw.call(ctx, "echo", map[string]any{"message": "after clear"}).mustAllow(t, "echo after clear")
 
 	// Approval: get-resource-links is community trust.
