@@ -27,7 +27,8 @@
 //     (github.com/zricethezav/gitleaks/v8, its embedded gitleaks.toml, MIT
 //     licensed), loaded through gitleaks' own config translation, with the
 //     rules' keywords as a prefilter, their entropy thresholds and their
-//     allowlists; plus a handful of Talos gap fillers, each documented with
+//     allowlists (the global one's (?i)^true|false|null$ read as its intent,
+//     a value that is one of the words: anchorAllowlistWords); plus a handful of Talos gap fillers, each documented with
 //     the reason it exists (rules.go). It finds vendor tokens wherever they
 //     sit;
 //   - by structure: PEM private keys split over the lines of an array,

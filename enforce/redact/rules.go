@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/bits"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -127,6 +128,36 @@ var gapFillers = []gapFiller{
 // occurrences, since any match through them would be allowlisted.
 var dataKeyQualifiers = []string{"idempotency", "cache", "object", "partition", "sort", "routing", "dedup", "dedupe", "deduplication"}
 
+// ungroupedWords is a regex of gitleaks' global allowlist whose anchors
+// bind to its first and last alternatives only: it allows every secret
+// that starts with "true", holds "false" anywhere or ends in "null" (a
+// random token does, about once in 30,000). anchoredWords is its intent,
+// a value that is one of the three words, which is what Talos applies.
+const (
+	ungroupedWords = `(?i)^true|false|null$`
+	anchoredWords  = `(?i)^(?:true|false|null)$`
+)
+
+// anchorAllowlistWords replaces each allowlist of als that holds
+// ungroupedWords by a copy with anchoredWords (gitleaks joins an
+// allowlist's regexes once, when it is validated).
+func anchorAllowlistWords(als []*config.Allowlist) error {
+	for i, a := range als {
+		at := slices.IndexFunc(a.Regexes, func(re *regexp.Regexp) bool { return re.String() == ungroupedWords })
+		if at < 0 {
+			continue
+		}
+		fixed := &config.Allowlist{Description: a.Description, MatchCondition: a.MatchCondition, Commits: a.Commits,
+			Paths: a.Paths, RegexTarget: a.RegexTarget, Regexes: slices.Clone(a.Regexes), StopWords: a.StopWords}
+		fixed.Regexes[at] = regexp.MustCompile(anchoredWords)
+		if err := fixed.Validate(); err != nil {
+			return fmt.Errorf("redact: gitleaks global allowlist: %w", err)
+		}
+		als[i] = fixed
+	}
+	return nil
+}
+
 // dataKeyAllow is the allowlist pattern for dataKeyQualifiers.
 func dataKeyAllow() string {
 	return `(?i)(?:` + strings.Join(dataKeyQualifiers, "|") + `)[_.-]?key`
@@ -152,6 +183,9 @@ func buildRuleset(toml string) (rs *ruleset, err error) {
 		return nil, err
 	}
 	rs = &ruleset{global: cfg.Allowlists}
+	if err := anchorAllowlistWords(rs.global); err != nil {
+		return nil, err
+	}
 	if rs.rules, err = contentRules(&cfg); err != nil {
 		return nil, err
 	}
