@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/talos-audit/talos/ingest/ordered"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -211,62 +212,17 @@ func (f *ControlFollower) streamLast(ctx context.Context) (uint64, error) {
 }
 
 // follow runs one ordered consumer from Applied()+1 until it fails or ctx
-// ends. Shutdown: the watcher goroutine stops the iterator when ctx ends,
-// which makes Next return; follow then waits for the watcher.
+// ends (ordered.Follow).
 func (f *ControlFollower) follow(ctx context.Context, target uint64) error {
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
 	if a := f.applied.Load(); a > 0 {
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
 		cfg.OptStartSeq = a + 1
 	}
-	cctx, cancel := context.WithTimeout(ctx, followerOpTimeout)
-	cons, err := f.js.OrderedConsumer(cctx, schemas.StreamControl, cfg)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("ordered consumer: %w", err)
-	}
-	defer f.deleteConsumer(cons)
-	it, err := cons.Messages()
-	if err != nil {
-		return fmt.Errorf("ordered consumer messages: %w", err)
-	}
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		select {
-		case <-ctx.Done():
-		case <-done:
-		}
-		it.Stop()
-	}()
-	defer func() {
-		close(done)
-		wg.Wait()
-	}()
-	for {
-		m, err := it.Next()
-		if err != nil {
-			return err
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
+	return ordered.Follow(ctx, f.js, schemas.StreamControl, cfg, followerOpTimeout, func(m jetstream.Msg) error {
 		f.handle(m, target)
-	}
-}
-
-// deleteConsumer removes the server side of a stopped ordered consumer
-// (best effort: the server drops it anyway after its inactivity threshold).
-func (f *ControlFollower) deleteConsumer(cons jetstream.Consumer) {
-	info := cons.CachedInfo()
-	if info == nil || !f.js.Conn().IsConnected() {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	_ = f.js.DeleteConsumer(ctx, schemas.StreamControl, info.Name)
+		return nil
+	})
 }
 
 // handle processes one message: verify, apply or reject, advance.

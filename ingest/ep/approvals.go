@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/talos-audit/talos/ingest/ordered"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -157,67 +158,22 @@ func (a *Approvals) follow(ctx context.Context, verb string, next uint64) {
 }
 
 // consume runs one ordered consumer of verb's subject from *next, which
-// it advances past each event handled. Shutdown: the watcher goroutine
-// stops the iterator when ctx ends, which makes Next return; consume then
-// waits for the watcher.
+// it advances past each event handled.
 func (a *Approvals) consume(ctx context.Context, verb string, next *uint64) error {
-	cctx, cancel := context.WithTimeout(ctx, approvalOpTimeout)
-	cons, err := a.js.OrderedConsumer(cctx, schemas.StreamControl, jetstream.OrderedConsumerConfig{
+	cfg := jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{schemas.ControlSubject(verb)},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    *next,
-	})
-	cancel()
-	if err != nil {
-		return fmt.Errorf("ordered consumer: %w", err)
 	}
-	defer a.deleteConsumer(cons)
-	it, err := cons.Messages()
-	if err != nil {
-		return fmt.Errorf("ordered consumer messages: %w", err)
-	}
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		select {
-		case <-ctx.Done():
-		case <-done:
-		}
-		it.Stop()
-	}()
-	defer func() {
-		close(done)
-		wg.Wait()
-	}()
-	for {
-		m, err := it.Next()
-		if err != nil {
-			return err
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
+	return ordered.Follow(ctx, a.js, schemas.StreamControl, cfg, approvalOpTimeout, func(m jetstream.Msg) error {
 		md, err := m.Metadata()
 		if err != nil {
 			return fmt.Errorf("message without metadata: %w", err)
 		}
 		a.handle(m.Subject(), m.Data(), md.Sequence.Stream)
 		*next = md.Sequence.Stream + 1
-	}
-}
-
-// deleteConsumer removes the server side of a stopped ordered consumer
-// (best effort: the server drops it after its inactivity threshold).
-func (a *Approvals) deleteConsumer(cons jetstream.Consumer) {
-	info := cons.CachedInfo()
-	if info == nil || !a.js.Conn().IsConnected() {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	_ = a.js.DeleteConsumer(ctx, schemas.StreamControl, info.Name)
+		return nil
+	})
 }
 
 // handle checks one event and hands it to the call it resolves.

@@ -1,0 +1,73 @@
+// Package ordered follows a JetStream stream with an ordered consumer:
+// the loop the control follower and the enforcement point's approval
+// reader share. It imports no other project package, so the
+// enforcement-point library (ingest/ep) may use it and still link none of
+// talosd.
+package ordered
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Follow reads stream through an ordered consumer of cfg (created within
+// opTimeout) and hands each message to handle, until ctx ends (nil), the
+// iterator fails (its error) or handle returns an error. The consumer's
+// server side is deleted when it returns. Shutdown: a watcher goroutine
+// stops the iterator when ctx ends, which makes Next return; Follow then
+// waits for the watcher.
+func Follow(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.OrderedConsumerConfig,
+	opTimeout time.Duration, handle func(jetstream.Msg) error) error {
+	cctx, cancel := context.WithTimeout(ctx, opTimeout)
+	cons, err := js.OrderedConsumer(cctx, stream, cfg)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("ordered consumer: %w", err)
+	}
+	defer deleteConsumer(js, stream, cons)
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("ordered consumer messages: %w", err)
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case <-ctx.Done():
+		case <-done:
+		}
+		it.Stop()
+	})
+	defer func() {
+		close(done)
+		wg.Wait()
+	}()
+	for {
+		m, err := it.Next()
+		if err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err := handle(m); err != nil {
+			return err
+		}
+	}
+}
+
+// deleteConsumer removes the server side of a stopped ordered consumer
+// (best effort: the server drops it anyway after its inactivity threshold).
+func deleteConsumer(js jetstream.JetStream, stream string, cons jetstream.Consumer) {
+	info := cons.CachedInfo()
+	if info == nil || !js.Conn().IsConnected() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = js.DeleteConsumer(ctx, stream, info.Name)
+}
