@@ -146,25 +146,8 @@ func driftReports(ctx context.Context, t *testing.T, s *stack, epID, server, too
 // the worker denied it DENY_TOOL_DRIFT, and that it is the only one.
 func assertDriftReported(ctx context.Context, t *testing.T, s *stack, epID, server, tool string) {
 	t.Helper()
-	conn, err := query.Open(ctx, s.chAddr, s.db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	var decision string
-	var codes []string
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := conn.QueryRow(ctx, "SELECT decision, reason_codes FROM receipts WHERE session_id = ? AND server_id = ? AND tool_name = ? AND kind = 'decision' LIMIT 1",
-			"tool-drift-"+epID, server, tool).Scan(&decision, &codes)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no receipt of the drift report of %s/%s: %v", server, tool, err)
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+	decision, codes := waitDecision(ctx, t, s, "the drift report of "+server+"/"+tool,
+		"session_id = ? AND server_id = ? AND tool_name = ?", "tool-drift-"+epID, server, tool)
 	if decision != schemas.DecisionDeny || !slices.Contains(codes, schemas.CodeDenyToolDrift) {
 		t.Fatalf("receipt of the drift report of %s/%s: %s %v, want deny with %s", server, tool, decision, codes, schemas.CodeDenyToolDrift)
 	}
@@ -173,28 +156,34 @@ func assertDriftReported(ctx context.Context, t *testing.T, s *stack, epID, serv
 	}
 }
 
-// assertWorkerDenied waits for the call's decision receipt in ClickHouse
-// and checks the worker denied it with code.
-func assertWorkerDenied(ctx context.Context, t *testing.T, s *stack, id, code string) {
+// waitDecision waits up to 60 s for the decision receipt in ClickHouse
+// that where (a condition on receipts, with its args) names, and returns
+// its decision and reason codes; what names it in the failure.
+func waitDecision(ctx context.Context, t *testing.T, s *stack, what, where string, args ...any) (decision string, codes []string) {
 	t.Helper()
 	conn, err := query.Open(ctx, s.chAddr, s.db)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	var decision string
-	var codes []string
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		err := conn.QueryRow(ctx, "SELECT decision, reason_codes FROM receipts WHERE tool_call_id = ? AND kind = 'decision' LIMIT 1", id).Scan(&decision, &codes)
+		err := conn.QueryRow(ctx, "SELECT decision, reason_codes FROM receipts WHERE "+where+" AND kind = 'decision' LIMIT 1", args...).Scan(&decision, &codes)
 		if err == nil {
-			break
+			return decision, codes
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no decision receipt for %s: %v", id, err)
+			t.Fatalf("no decision receipt of %s: %v", what, err)
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
+}
+
+// assertWorkerDenied waits for the call's decision receipt in ClickHouse
+// and checks the worker denied it with code.
+func assertWorkerDenied(ctx context.Context, t *testing.T, s *stack, id, code string) {
+	t.Helper()
+	decision, codes := waitDecision(ctx, t, s, id, "tool_call_id = ?", id)
 	if decision != schemas.DecisionDeny || !slices.Contains(codes, code) {
 		t.Fatalf("receipt of %s: %s %v, want deny with %s", id, decision, codes, code)
 	}

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -182,22 +181,8 @@ func assertPathDenials(ctx context.Context, t *testing.T, s *stack, denied map[s
 	}
 	defer conn.Close()
 	for id, name := range denied {
-		var decision string
-		var codes []string
-		deadline := time.Now().Add(60 * time.Second)
-		for {
-			err := conn.QueryRow(ctx, "SELECT decision, reason_codes FROM receipts WHERE tool_call_id = ? AND kind = 'decision' LIMIT 1", id).Scan(&decision, &codes)
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: no decision receipt in ClickHouse: %v", name, err)
-			}
-			time.Sleep(300 * time.Millisecond)
-		}
-		if decision != schemas.DecisionDeny || !slices.Contains(codes, schemas.CodeDenyPathTraversal) {
-			t.Fatalf("%s: receipt %s %v", name, decision, codes)
-		}
+		t.Logf("%s: %s", name, id)
+		assertWorkerDenied(ctx, t, s, id, schemas.CodeDenyPathTraversal)
 		var effects uint64
 		if err := conn.QueryRow(ctx, "SELECT count() FROM receipts WHERE tool_call_id = ? AND kind = 'effect'", id).Scan(&effects); err != nil || effects != 0 {
 			t.Fatalf("%s: %d effect receipts (%v): the call ran", name, effects, err)
