@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -12,7 +11,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -30,48 +28,6 @@ import (
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
-
-// startEverythingHTTP runs the npm server-everything over streamable HTTP
-// on a free port and returns its base URL once it listens.
-func startEverythingHTTP(t *testing.T) string {
-	t.Helper()
-	port := strconv.Itoa(freePort(t))
-	srv := exec.Command(testenv.MCPBin(t, testenv.MCPServerEverything), "streamableHttp")
-	srv.Env = append(os.Environ(), "PORT="+port)
-	stderr, err := srv.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	drained := make(chan struct{})
-	t.Cleanup(func() { _ = srv.Process.Kill(); <-drained; _ = srv.Wait() })
-	ready := make(chan bool, 1)
-	go func() { // owned by the cleanup above, which waits for drained
-		defer close(drained)
-		sc := bufio.NewScanner(stderr)
-		said := false
-		for sc.Scan() {
-			if !said && strings.Contains(sc.Text(), "listening on port "+port) {
-				said = true
-				ready <- true
-			}
-		}
-		if !said {
-			ready <- false
-		}
-	}()
-	select {
-	case ok := <-ready:
-		if !ok {
-			t.Fatal("mcp-server-everything streamableHttp exited before listening")
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("mcp-server-everything streamableHttp is not listening after 60s")
-	}
-	return "http://127.0.0.1:" + port
-}
 
 // seen is one request an authProxy forwarded: its JSON-RPC method ("" for
 // a GET stream, a DELETE or a response) and its Authorization header.
@@ -202,7 +158,7 @@ func TestCredentialBoundary(t *testing.T) {
 		t.Fatal(err)
 	}
 	is := testenv.NewIssuer(t, idp)
-	everything, sts := startEverythingHTTP(t), newTokenEndpoint(t)
+	everything, sts := testenv.StartEverythingHTTP(t), newTokenEndpoint(t)
 	writeJSON(t, filepath.Join(s.dir, "principals.json"), map[string]any{"principals": []map[string]string{
 		{"name": "alice", "jwt_subject": "alice@clients"}, {"name": "ops", "jwt_subject": "ops@clients"}}})
 	writeJSON(t, filepath.Join(s.dir, "exchange.json"), map[string]any{"servers": map[string]any{

@@ -1,15 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -278,41 +274,7 @@ func TestRegistryLintStreamableHTTP(t *testing.T) {
 	everything := testenv.MCPBin(t, testenv.MCPServerEverything)
 	live := inspectorTools(t, everything)
 
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-	l.Close()
-	srv := exec.Command(everything, "streamableHttp")
-	srv.Env = append(os.Environ(), "PORT="+port)
-	stderr, err := srv.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	drained := make(chan struct{})
-	t.Cleanup(func() { _ = srv.Process.Kill(); <-drained; _ = srv.Wait() })
-	ready := make(chan bool, 1)
-	go func() { // owned by the cleanup above, which waits for drained
-		defer close(drained)
-		sc := bufio.NewScanner(stderr)
-		said := false
-		for sc.Scan() {
-			if !said && strings.Contains(sc.Text(), "listening on port "+port) {
-				said = true
-				ready <- true
-			}
-		}
-		if !said {
-			ready <- false
-		}
-	}()
-	if !<-ready {
-		t.Fatal("mcp-server-everything streamableHttp exited before listening")
-	}
+	base := testenv.StartEverythingHTTP(t)
 
 	var tools []schemas.Tool
 	for _, n := range live {
@@ -321,7 +283,7 @@ func TestRegistryLintStreamableHTTP(t *testing.T) {
 		}
 	}
 	reg := writeManifest(t, t.TempDir(), "http", "everything", tools)
-	out, errOut, code := runSplit(t, talosctl, "registry", "lint", "--server", "everything=http://127.0.0.1:"+port+"/mcp?token=s3cret", "--registry", reg)
+	out, errOut, code := runSplit(t, talosctl, "registry", "lint", "--server", "everything="+base+"/mcp?token=s3cret", "--registry", reg)
 	if code != 1 {
 		t.Fatalf("exit %d, want 1\n%s\n%s", code, out, errOut)
 	}

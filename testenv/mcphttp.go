@@ -1,0 +1,61 @@
+package testenv
+
+import (
+	"bufio"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// StartEverythingHTTP runs the npm mcp-server-everything over streamable
+// HTTP on a free loopback port until the test ends, and returns its base
+// URL (http://127.0.0.1:<port>; the MCP endpoint is /mcp) once it says it
+// listens, within 60 s.
+func StartEverythingHTTP(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	srv := exec.Command(MCPBin(t, MCPServerEverything), "streamableHttp")
+	srv.Env = append(os.Environ(), "PORT="+port)
+	stderr, err := srv.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	drained := make(chan struct{})
+	t.Cleanup(func() { _ = srv.Process.Kill(); <-drained; _ = srv.Wait() })
+	ready := make(chan bool, 1)
+	go func() { // owned by the cleanup above, which waits for drained
+		defer close(drained)
+		sc := bufio.NewScanner(stderr)
+		said := false
+		for sc.Scan() {
+			if !said && strings.Contains(sc.Text(), "listening on port "+port) {
+				said = true
+				ready <- true
+			}
+		}
+		if !said {
+			ready <- false
+		}
+	}()
+	select {
+	case ok := <-ready:
+		if !ok {
+			t.Fatal("mcp-server-everything streamableHttp exited before listening")
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("mcp-server-everything streamableHttp is not listening after 60s")
+	}
+	return "http://127.0.0.1:" + port
+}
