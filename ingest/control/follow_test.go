@@ -341,24 +341,6 @@ func TestFollowEmptyStreamAndLateStream(t *testing.T) {
 	followWantSeqs(t, a.seqs(), 1, 2)
 }
 
-// followLogBuffer is a bytes.Buffer safe for a logger and a test to share.
-type followLogBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *followLogBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *followLogBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 func TestFollowRejects(t *testing.T) {
 	ns := testenv.NATSForTest(t)
 	_, js := testenv.ConnectJS(t, ns.URL())
@@ -437,7 +419,7 @@ func TestFollowRejects(t *testing.T) {
 	}
 	last := uint64(len(steps))
 
-	logs := &followLogBuffer{}
+	logs := &testenv.SyncBuffer{}
 	a := &followApplier{failOn: map[uint64]bool{last - 1: true}}
 	f, err := control.NewControlFollower(js, a, control.FollowerOptions{Keys: ks,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})

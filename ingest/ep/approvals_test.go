@@ -213,24 +213,6 @@ func wantNone(t *testing.T, ch <-chan ep.Resolution, what string) {
 	}
 }
 
-// syncBuffer is a log sink safe for the follower's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // TestApprovalsRouteByToolCallID: over the enforcement point's own NATS
 // user, an accepted approve or reject event in TALOS_CONTROL reaches the
 // call parked on its target, and only that call; a refused command, and a
@@ -327,7 +309,7 @@ func TestApprovalsAcrossDisconnect(t *testing.T) {
 func TestApprovalsRejectForgedEvents(t *testing.T) {
 	e := newApprovalEnv(t)
 	s, mallory := newControlSigner(t), newControlSigner(t)
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	a, _ := e.gateway(s.keys(), slog.New(slog.NewTextHandler(&logs, nil)))
 	target := a.Expect("call-f")
 	approveSubj, rejectSubj := schemas.ControlSubject(schemas.VerbApprove), schemas.ControlSubject(schemas.VerbReject)
@@ -391,7 +373,7 @@ func TestApprovalsRejectForgedEvents(t *testing.T) {
 // TestApprovalsWithoutKeys: with no talosd key nothing can be verified,
 // so Run says so and reads nothing (parked calls time out, fail closed).
 func TestApprovalsWithoutKeys(t *testing.T) {
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	a := ep.NewApprovals(nil, ep.ApprovalOptions{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	a.Run(context.Background()) // returns at once: no NATS is touched
 	select {

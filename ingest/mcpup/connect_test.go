@@ -1,7 +1,6 @@
 package mcpup
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,24 +18,6 @@ import (
 
 	"github.com/talos-audit/talos/testenv"
 )
-
-// syncBuffer collects a child's stderr (written from another goroutine).
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func testCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -120,7 +100,7 @@ func TestConnectStdioFailures(t *testing.T) {
 		t.Fatalf("missing program: %v; want ErrStart naming the server, without the arguments", err)
 	}
 
-	var stderr syncBuffer
+	var stderr testenv.SyncBuffer
 	_, err = Connect(ctx, Spec{ServerID: "dies", Command: []string{"sh", "-c", "echo boom >&2; exit 3"}}, nil, WithStderr(&stderr))
 	if err == nil || errors.Is(err, ErrStart) {
 		t.Fatalf("process that exits: %v; want a handshake error, not ErrStart", err)
@@ -143,7 +123,7 @@ func TestConnectStdioFailures(t *testing.T) {
 func TestConnectStdioEverything(t *testing.T) {
 	bin := testenv.MCPBin(t, testenv.MCPServerEverything)
 	ctx := testCtx(t)
-	var stderr syncBuffer
+	var stderr testenv.SyncBuffer
 	cs, err := Connect(ctx, Spec{ServerID: "everything", Command: []string{bin}, Env: []string{"TALOS_MCPUP_PROBE=probe-value"}},
 		&mcp.Implementation{Name: "talos-test", Version: "0"}, WithStderr(&stderr), WithTerminateWait(500*time.Millisecond))
 	if err != nil {
