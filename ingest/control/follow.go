@@ -146,7 +146,7 @@ func (f *ControlFollower) Run(ctx context.Context) error {
 	if !f.running.CompareAndSwap(false, true) {
 		return errors.New("ingest: ControlFollower.Run called twice")
 	}
-	bo := followBackoff{min: 100 * time.Millisecond, max: 5 * time.Second}
+	bo := ordered.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 
 	// Where the stream ends now: WaitCaughtUp waits for this sequence.
 	var target uint64
@@ -163,7 +163,7 @@ func (f *ControlFollower) Run(ctx context.Context) error {
 			return fmt.Errorf("ingest: control follower: NATS connection closed: %w", err)
 		}
 		f.log.Warn("control follower: stream info", "stream", schemas.StreamControl, "err", err)
-		if !bo.wait(ctx) {
+		if !bo.Wait(ctx) {
 			return nil
 		}
 	}
@@ -173,7 +173,7 @@ func (f *ControlFollower) Run(ctx context.Context) error {
 	if target == 0 {
 		f.markCaughtUp() // empty stream: nothing to replay
 	}
-	bo.reset()
+	bo.Reset()
 
 	for ctx.Err() == nil {
 		before := f.applied.Load()
@@ -185,10 +185,10 @@ func (f *ControlFollower) Run(ctx context.Context) error {
 			return fmt.Errorf("ingest: control follower: NATS connection closed: %w", err)
 		}
 		if f.applied.Load() != before {
-			bo.reset() // it made progress: this is a new failure, not the same one
+			bo.Reset() // it made progress: this is a new failure, not the same one
 		}
 		f.log.Warn("control follower: consumer failed; re-creating it", "applied", f.applied.Load(), "err", err)
-		if !bo.wait(ctx) {
+		if !bo.Wait(ctx) {
 			break
 		}
 	}
@@ -323,30 +323,6 @@ func followCheckEvent(subject string, data []byte, seq uint64, keys verify.KeySe
 		return ev, time.Time{}, followWhyNoTime
 	}
 	return ev, at, ""
-}
-
-// followBackoff is a doubling wait between retries.
-type followBackoff struct {
-	min, max, cur time.Duration
-}
-
-func (b *followBackoff) reset() { b.cur = 0 }
-
-// wait sleeps for the next interval; it returns false if ctx ended first.
-func (b *followBackoff) wait(ctx context.Context) bool {
-	if b.cur == 0 {
-		b.cur = b.min
-	} else if b.cur *= 2; b.cur > b.max {
-		b.cur = b.max
-	}
-	t := time.NewTimer(b.cur)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // Precheck returns a ControlHooks.Precheck that judges a command with check

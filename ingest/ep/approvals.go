@@ -99,7 +99,7 @@ func (a *Approvals) Run(ctx context.Context) {
 		a.readyOnce.Do(func() { close(a.ready) })
 		return
 	}
-	bo := followBackoff{min: 100 * time.Millisecond, max: 5 * time.Second}
+	bo := ordered.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	var last uint64
 	for {
 		var err error
@@ -110,7 +110,7 @@ func (a *Approvals) Run(ctx context.Context) {
 			return
 		}
 		a.log.Warn("approvals: waiting for the control stream", "stream", schemas.StreamControl, "err", err)
-		if !bo.wait(ctx) {
+		if !bo.Wait(ctx) {
 			return
 		}
 	}
@@ -140,7 +140,7 @@ func (a *Approvals) streamLast(ctx context.Context) (uint64, error) {
 // follow reads verb's events from sequence next on, re-creating its
 // consumer after a failure, until ctx ends or the connection is closed.
 func (a *Approvals) follow(ctx context.Context, verb string, next uint64) {
-	bo := followBackoff{min: 100 * time.Millisecond, max: 5 * time.Second}
+	bo := ordered.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for ctx.Err() == nil {
 		before := next
 		err := a.consume(ctx, verb, &next)
@@ -148,10 +148,10 @@ func (a *Approvals) follow(ctx context.Context, verb string, next uint64) {
 			return
 		}
 		if next != before {
-			bo.reset()
+			bo.Reset()
 		}
 		a.log.Warn("approvals: consumer failed; re-creating it", "verb", verb, "next_seq", next, "err", err)
-		if !bo.wait(ctx) {
+		if !bo.Wait(ctx) {
 			return
 		}
 	}
@@ -246,28 +246,4 @@ func (a *Approvals) Forget(toolCallID string) {
 	a.mu.Lock()
 	delete(a.waiting, toolCallID)
 	a.mu.Unlock()
-}
-
-// followBackoff is a doubling wait between retries.
-type followBackoff struct {
-	min, max, cur time.Duration
-}
-
-func (b *followBackoff) reset() { b.cur = 0 }
-
-// wait sleeps for the next interval; it returns false if ctx ended first.
-func (b *followBackoff) wait(ctx context.Context) bool {
-	if b.cur == 0 {
-		b.cur = b.min
-	} else if b.cur *= 2; b.cur > b.max {
-		b.cur = b.max
-	}
-	t := time.NewTimer(b.cur)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -1,6 +1,6 @@
-// Package ordered follows a JetStream stream with an ordered consumer:
-// the loop the control follower and the enforcement point's approval
-// reader share. It imports no other project package, so the
+// Package ordered follows a JetStream stream with an ordered consumer
+// (Follow), re-created after a failure with Backoff: what the control
+// follower and the enforcement point's approval reader share. It imports no other project package, so the
 // enforcement-point library (ingest/ep) may use it and still link none of
 // talosd.
 package ordered
@@ -70,4 +70,31 @@ func deleteConsumer(js jetstream.JetStream, stream string, cons jetstream.Consum
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = js.DeleteConsumer(ctx, stream, info.Name)
+}
+
+// Backoff is the doubling wait between re-creating a failed consumer,
+// from Min to Max; Reset after progress starts it again from Min.
+type Backoff struct {
+	Min, Max time.Duration
+	cur      time.Duration
+}
+
+// Reset makes the next Wait the shortest again.
+func (b *Backoff) Reset() { b.cur = 0 }
+
+// Wait sleeps for the next interval; it returns false if ctx ended first.
+func (b *Backoff) Wait(ctx context.Context) bool {
+	if b.cur == 0 {
+		b.cur = b.Min
+	} else if b.cur *= 2; b.cur > b.Max {
+		b.cur = b.Max
+	}
+	t := time.NewTimer(b.cur)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
