@@ -297,6 +297,15 @@ func (p *Pending) event(r *schemas.Receipt) *schemas.ToolCallEvent {
 // Call Verified with the outcome before Ops and Resume.
 func (p *Pending) Signature() *verify.SigCheck { return p.sender }
 
+// TraceParent is the trace context the envelope carries: its trace_id and
+// parent_span_id ("" for a malformed envelope).
+func (p *Pending) TraceParent() (traceID, parentSpanID string) {
+	if p.pc == nil {
+		return "", ""
+	}
+	return p.pc.Call.TraceID, p.pc.Call.ParentSpanID
+}
+
 // Verified records the outcome of verifying Signature.
 func (p *Pending) Verified(ok bool) {
 	if p.sender == nil {

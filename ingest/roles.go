@@ -16,6 +16,7 @@ import (
 	"github.com/talos-audit/talos/ingest/checkpoint"
 	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/ingest/kv"
+	"github.com/talos-audit/talos/ingest/tracing"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 )
@@ -45,7 +46,10 @@ type EnforceRoleOptions struct {
 	// Signers are the keys whose control events are applied.
 	Signers           verify.KeySet
 	HeartbeatInterval time.Duration
-	Logger            *slog.Logger
+	// Tracing, when enabled, records each decision in the trace its
+	// envelope names (WorkerOptions.Tracer).
+	Tracing *tracing.Provider
+	Logger  *slog.Logger
 }
 
 // ErrBadInstance is what NewEnforceRole's error wraps when the instance
@@ -99,9 +103,13 @@ func NewEnforceRole(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, 
 	if err != nil {
 		return nil, err
 	}
+	wo := WorkerOptions{Chains: chains, Source: "talos://enforce/" + o.Instance, AckWait: o.AckWait, Checkpoints: o.Checkpoints}
+	if o.Tracing.Enabled() {
+		wo.Tracer = o.Tracing.Tracer()
+	}
 	enf, err := NewEnforcer(nc, js, dec, EnforcerOptions{
 		WorkerID:          id,
-		Worker:            WorkerOptions{Chains: chains, Source: "talos://enforce/" + o.Instance, AckWait: o.AckWait, Checkpoints: o.Checkpoints},
+		Worker:            wo,
 		Keys:              o.Signers,
 		HeartbeatInterval: o.HeartbeatInterval,
 		RegistryDigest:    func() string { return dec.State().Registry().Digest() },

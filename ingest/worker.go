@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest/checkpoint"
@@ -71,6 +72,9 @@ type WorkerOptions struct {
 	Checkpoints checkpoint.Options
 	Logger      *slog.Logger
 	Now         func() time.Time
+	// Tracer records each decision whose envelope names a sampled parent
+	// span as a span of that trace (nil: none).
+	Tracer trace.Tracer
 }
 
 // Worker consumes TALOS_CALLS, decides each call, stores one signed receipt
@@ -280,7 +284,7 @@ type call struct {
 // acked only after its receipt and event are in TALOS_AUDIT; anything that
 // fails before is retried.
 func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jetstream.Msg) {
-	now := w.o.Now().UTC()
+	now, began := w.o.Now().UTC(), time.Now()
 	calls := make([]*call, 0, len(msgs))
 	for _, m := range msgs {
 		md, err := m.Metadata()
@@ -314,6 +318,7 @@ func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jet
 	if len(waiting) > 0 {
 		w.ledgerAfter(ctx, waiting)
 	}
+	w.traceDecisions(calls, ch.ID(), began)
 	w.storeEvents(ctx, ch, calls, now)
 	for _, c := range calls {
 		if c.done {

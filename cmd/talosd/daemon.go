@@ -21,6 +21,7 @@ import (
 	"github.com/talos-audit/talos/ingest/natsserver"
 	"github.com/talos-audit/talos/ingest/retry"
 	"github.com/talos-audit/talos/ingest/telemetry"
+	"github.com/talos-audit/talos/ingest/tracing"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -58,6 +59,7 @@ type core struct {
 	key     *receipts.PrivateKey
 	engine  *enforce.Engine
 	signers verify.KeySet
+	tracing *tracing.Provider
 }
 
 // runDaemon runs the configured roles until ctx ends. ready, if set, runs
@@ -113,6 +115,11 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 	g, gctx := errgroup.WithContext(rctx)
 	stop := func() { cancel(); _ = g.Wait() }
 	metrics := telemetry.NewRegistry()
+	if c.tracing, err = tracing.Setup(ctx, "talosd", "", metrics); err != nil {
+		stop()
+		return err
+	}
+	defer c.tracing.Close(5 * time.Second)
 	webURL, closeSink, err := startRoles(gctx, f, log, c, nc, js, metrics, roleStarter(g, gctx, log))
 	defer closeSink()
 	if err != nil {
@@ -282,7 +289,7 @@ func startEnforce(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *
 	en, err := ingest.NewEnforceRole(ctx, nc, js, ingest.EnforceRoleOptions{
 		Instance: f.instance(), Key: c.key, Engine: c.engine, Chains: f.Chains, Checks: checks, Ledger: f.ledgerOptions(),
 		AckWait: f.AckWait, Checkpoints: f.checkpoints(), Signers: c.signers, HeartbeatInterval: f.HeartbeatInterval,
-		Logger: log.With("role", "enforce"),
+		Tracing: c.tracing, Logger: log.With("role", "enforce"),
 	})
 	if errors.Is(err, ingest.ErrBadInstance) {
 		return nil, usagef("--%v", err)

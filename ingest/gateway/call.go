@@ -16,9 +16,12 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/talos-audit/talos/ingest/credential"
 	"github.com/talos-audit/talos/ingest/ep"
+	"github.com/talos-audit/talos/ingest/tracing"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -103,6 +106,8 @@ func (g *Gateway) call(ctx context.Context, p *Principal, req *mcp.CallToolReque
 	if err != nil {
 		return nil, err
 	}
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("talos.decision", d.Decision),
+		attribute.StringSlice("talos.reason_codes", d.ReasonCodes), attribute.String("talos.receipt_id", d.ReceiptID))
 	return g.resolve(ctx, c, d, wait)
 }
 
@@ -121,11 +126,12 @@ func (g *Gateway) prepare(ctx context.Context, p *Principal, req *mcp.CallToolRe
 	if c.routed {
 		server = c.ut.server
 	}
-	pre, err := g.envelope(p, g.sessionOf(req), server, params.Name, c.args, params.Meta)
+	pre, err := g.envelope(ctx, p, g.sessionOf(req), server, params.Name, c.args, params.Meta)
 	if err != nil {
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "talos: " + err.Error()}
 	}
 	c.pre = pre
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("gen_ai.tool.call.id", pre.ToolCallID))
 	if c.routed {
 		// The definition the caller was shown: the worker compares it with
 		// the registry's pin (DENY_TOOL_DRIFT, OWASP MCP03), and so does the
@@ -303,11 +309,15 @@ func (g *Gateway) fail(p *Principal, pre *schemas.ToolCall, code, message string
 }
 
 // envelope builds and signs the pre envelope of a call. Without a
-// capability the envelope still carries its request_hash.
-func (g *Gateway) envelope(p *Principal, session, server, tool string, args json.RawMessage, meta mcp.Meta) (*schemas.ToolCall, error) {
+// capability the envelope still carries its request_hash. The trace
+// context of ctx, if any, becomes its trace_id and parent_span_id.
+func (g *Gateway) envelope(ctx context.Context, p *Principal, session, server, tool string, args json.RawMessage, meta mcp.Meta) (*schemas.ToolCall, error) {
 	c, err := ep.NewCall(g.o.EPID, server, tool, args)
 	if err != nil {
 		return nil, err
+	}
+	if traceID, parent, ok := tracing.Envelope(ctx); ok {
+		c.TraceID, c.ParentSpanID = traceID, parent
 	}
 	c.SessionID = session
 	c.Actor = schemas.Actor{Kind: "agent", AgentID: p.AgentID}

@@ -17,6 +17,7 @@ import (
 	"github.com/talos-audit/talos/ingest/mcpup"
 	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/ingest/sandbox"
+	"github.com/talos-audit/talos/ingest/tracing"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -101,6 +102,9 @@ type Setup struct {
 	SpoolDir string
 	// TrustedKeys verify approve and reject events; empty: none is applied.
 	TrustedKeys verify.KeySet
+	// Tracing is the OpenTelemetry provider of the OTEL_* environment
+	// (tracing.Setup; off unless it names an exporter).
+	Tracing *tracing.Provider
 
 	cfg       Config
 	sandboxes sandbox.Set
@@ -126,6 +130,9 @@ func Prepare(ctx context.Context, c Config) (*Setup, error) {
 		return nil, usageError{err}
 	}
 	var err error
+	if s.Tracing, err = tracing.Setup(ctx, "talos-mcp-gateway", c.Version, nil); err != nil {
+		return nil, err
+	}
 	if s.sandboxes, err = s.sandbox(ctx); err != nil {
 		if errors.Is(err, sandbox.ErrConfig) {
 			err = usageError{err}
@@ -257,13 +264,17 @@ func (s *Setup) sandbox(ctx context.Context) (sandbox.Set, error) {
 		Egress: egress, Env: env, LookupEnv: s.cfg.LookupEnv, Bwrap: sc.Bwrap, Logger: s.cfg.Logger})
 }
 
-// Close stops the sandboxes; call it after the upstreams are closed.
-func (s *Setup) Close() { s.sandboxes.Close() }
+// Close stops the sandboxes and exports the spans still queued; call it
+// after the upstreams are closed.
+func (s *Setup) Close() {
+	s.sandboxes.Close()
+	s.Tracing.Close(5 * time.Second)
+}
 
 // ConnectUpstreams connects the upstreams (ConnectUpstreams) with their
 // credentials, the gateway named to them as talos-mcp-gateway.
 func (s *Setup) ConnectUpstreams(ctx context.Context) ([]*Upstream, error) {
-	return ConnectUpstreams(ctx, s.Upstreams, &mcp.Implementation{Name: "talos-mcp-gateway", Version: s.cfg.Version}, s.cfg.Logger, s.Credentials)
+	return ConnectUpstreams(ctx, s.Upstreams, &mcp.Implementation{Name: "talos-mcp-gateway", Version: s.cfg.Version}, s.cfg.Logger, s.Credentials, s.Tracing)
 }
 
 // New is the Gateway of the setup over connected upstreams and NATS
@@ -278,6 +289,7 @@ func (s *Setup) New(nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 		Workspaces:  s.Workspaces,
 		SpoolDir:    s.SpoolDir,
 		TrustedKeys: s.TrustedKeys,
+		Tracing:     s.Tracing,
 	}, nc, ups)
 	if err != nil {
 		return nil, usageError{err}

@@ -128,7 +128,7 @@ func (g *Gateway) driftReport(ut upstreamTool, name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	c, err := g.envelope(&Principal{}, driftSession(g.o.EPID), ut.server, name, args, nil)
+	c, err := g.envelope(context.Background(), &Principal{}, driftSession(g.o.EPID), ut.server, name, args, nil)
 	if err != nil {
 		return "", err
 	}

@@ -39,6 +39,7 @@ import (
 	"github.com/talos-audit/talos/ingest/credential"
 	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/ingest/mcpup"
+	"github.com/talos-audit/talos/ingest/tracing"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -78,6 +79,11 @@ type Options struct {
 	// releases a parked call only if one of them signed it. None: parked
 	// calls are denied when their wait times out (fail closed).
 	TrustedKeys verify.KeySet
+	// Tracing records MCP server spans for what clients send and MCP
+	// client spans for what goes upstream (give ConnectUpstreams the
+	// same); nil or disabled: none, though a client's trace context still
+	// reaches Talos and the upstream.
+	Tracing *tracing.Provider
 }
 
 // The spool directories of the gateway's outboxes, under Options.SpoolDir.
@@ -168,6 +174,7 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 		Help: "Tool definitions seen drifted from their registry pin, once per tool and live definition hash."},
 		[]string{"server_id", "tool"})
 	g.metrics.MustRegister(g.authRef, g.driftRef)
+	o.Tracing.Register(g.metrics)
 	g.drifted, g.driftOut = map[string]bool{}, g.refused
 	g.byName = route(o.Registry, ups, o.Logger)
 	g.reportDrift(g.byName) // queued now, sent once Start connects the outbox
@@ -359,6 +366,7 @@ func (g *Gateway) Server(p *Principal) *mcp.Server {
 			return next(ctx, method, req)
 		}
 	})
+	s.AddReceivingMiddleware(g.traceServer) // outermost: added last
 	g.servers[p.Name] = s
 	g.served[p.Name] = p
 	return s

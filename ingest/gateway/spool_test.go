@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -38,7 +39,7 @@ func TestGatewaySpools(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pre, err := g.envelope(&Principal{}, "s-1", "fs", "read", json.RawMessage(`{"path":"a"}`), nil)
+	pre, err := g.envelope(context.Background(), &Principal{}, "s-1", "fs", "read", json.RawMessage(`{"path":"a"}`), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

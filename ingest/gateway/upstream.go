@@ -14,6 +14,7 @@ import (
 	"github.com/talos-audit/talos/enforce/registrylint"
 	"github.com/talos-audit/talos/ingest/credential"
 	"github.com/talos-audit/talos/ingest/mcpup"
+	"github.com/talos-audit/talos/ingest/tracing"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -73,7 +74,10 @@ func (u *Upstream) listTools(ctx context.Context, log *slog.Logger) ([]upstreamT
 // requests never carry an Authorization header but the broker's
 // (credential.Transport); a stdio upstream with a secret gets it in its
 // declared environment variable.
-func ConnectUpstreams(ctx context.Context, specs []mcpup.Spec, client *mcp.Implementation, log *slog.Logger, creds *credential.Broker) ([]*Upstream, error) {
+//
+// Requests sent while serving a traced one carry its trace context to the
+// upstream, recorded as MCP client spans when t is enabled (nil: off).
+func ConnectUpstreams(ctx context.Context, specs []mcpup.Spec, client *mcp.Implementation, log *slog.Logger, creds *credential.Broker, t *tracing.Provider) ([]*Upstream, error) {
 	if creds == nil {
 		creds = credential.New(nil, credential.Options{})
 	}
@@ -88,6 +92,11 @@ func ConnectUpstreams(ctx context.Context, specs []mcpup.Spec, client *mcp.Imple
 			default:
 			}
 		}})}
+		transport := "pipe"
+		if s.URL != "" {
+			transport = "tcp"
+		}
+		opts = append(opts, mcpup.WithSendingMiddleware(traceClient(t, transport)))
 		if s.URL != "" {
 			opts = append(opts, mcpup.WithHTTPClient(&http.Client{Transport: creds.Transport(s.ServerID, nil)}))
 		} else if env := creds.StdioEnv(s.ServerID); env != nil {

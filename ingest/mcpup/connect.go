@@ -28,6 +28,7 @@ type options struct {
 	stderr     io.Writer
 	httpClient *http.Client
 	client     *mcp.ClientOptions
+	sending    []mcp.Middleware
 }
 
 // WithStderr sends a stdio server's standard error to w instead of
@@ -47,6 +48,12 @@ func WithHTTPClient(c *http.Client) Option { return func(o *options) { o.httpCli
 // ToolListChangedHandler, a logger, capabilities).
 func WithClientOptions(o *mcp.ClientOptions) Option { return func(opts *options) { opts.client = o } }
 
+// WithSendingMiddleware adds mw to the client's sending middleware
+// (mcp.Client.AddSendingMiddleware), around every request it sends.
+func WithSendingMiddleware(mw ...mcp.Middleware) Option {
+	return func(opts *options) { opts.sending = append(opts.sending, mw...) }
+}
+
 // Connect starts or dials the upstream server s and completes the MCP
 // handshake as client. The caller owns the session and MUST Close it; for
 // stdio that ends the child process (stdin closed, then SIGTERM and SIGKILL
@@ -63,6 +70,9 @@ func Connect(ctx context.Context, s Spec, client *mcp.Implementation, opts ...Op
 		client = &mcp.Implementation{Name: "talos", Version: "dev"}
 	}
 	c := mcp.NewClient(client, o.client)
+	if len(o.sending) > 0 {
+		c.AddSendingMiddleware(o.sending...)
+	}
 	switch {
 	case s.URL != "" && len(s.Command) > 0:
 		return nil, fmt.Errorf("mcpup: server %q: both a URL and a command are set", s.ServerID)

@@ -19,6 +19,7 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
@@ -58,6 +59,7 @@ func Configured() bool {
 type Provider struct {
 	tp     *sdktrace.TracerProvider
 	tracer trace.Tracer
+	spans  *prometheus.CounterVec
 }
 
 // Setup returns the process's Provider. service is service.name unless
@@ -75,8 +77,11 @@ func Setup(ctx context.Context, service, version string, reg prometheus.Register
 	if err != nil {
 		return nil, err
 	}
-	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(
-		attribute.String("service.name", service), attribute.String("service.version", version)))
+	attrs := []attribute.KeyValue{attribute.String("service.name", service)}
+	if version != "" {
+		attrs = append(attrs, attribute.String("service.version", version))
+	}
+	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(attrs...))
 	if err != nil {
 		return nil, fmt.Errorf("tracing: resource: %w", err)
 	}
@@ -85,7 +90,10 @@ func Setup(ctx context.Context, service, version string, reg prometheus.Register
 			res = merged
 		}
 	}
-	counts := newCounts(reg)
+	counts := newCounts()
+	if reg != nil {
+		reg.MustRegister(counts.vec)
+	}
 	proc := &bounded{
 		next:  sdktrace.NewBatchSpanProcessor(&counting{SpanExporter: exp, c: counts}, sdktrace.WithMaxQueueSize(QueueSize)),
 		c:     counts,
@@ -93,7 +101,7 @@ func Setup(ctx context.Context, service, version string, reg prometheus.Register
 	}
 	counts.inFlight = &proc.inFlight
 	tp := sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithSpanProcessor(proc))
-	return &Provider{tp: tp, tracer: tp.Tracer("github.com/talos-audit/talos")}, nil
+	return &Provider{tp: tp, tracer: tp.Tracer("github.com/talos-audit/talos"), spans: counts.vec}, nil
 }
 
 // exporter is the OTLP exporter the environment names.
@@ -120,6 +128,14 @@ func exporter(ctx context.Context) (sdktrace.SpanExporter, error) {
 	}
 }
 
+// Register puts the span counters (talos_trace_spans_total) into reg, for
+// a Provider set up without one; nothing when traces are off.
+func (p *Provider) Register(reg prometheus.Registerer) {
+	if p.Enabled() && reg != nil {
+		reg.MustRegister(p.spans)
+	}
+}
+
 // Enabled reports whether spans are exported.
 func (p *Provider) Enabled() bool { return p != nil && p.tp != nil }
 
@@ -137,6 +153,13 @@ func (p *Provider) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	return p.tp.Shutdown(ctx)
+}
+
+// Close exports what is queued, waiting at most timeout, and stops.
+func (p *Provider) Close(timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	_ = p.Shutdown(ctx)
 }
 
 // propagator reads and writes W3C trace context (traceparent, tracestate).
@@ -230,17 +253,15 @@ func Envelope(ctx context.Context) (traceID, parentSpanID string, ok bool) {
 
 // counts are the span counters of /metrics.
 type counts struct {
+	vec                       *prometheus.CounterVec
 	exported, dropped, failed prometheus.Counter
 	inFlight                  *atomic.Int64
 }
 
-func newCounts(reg prometheus.Registerer) *counts {
+func newCounts() *counts {
 	vec := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "talos_trace_spans_total",
 		Help: "Spans ended, by outcome: exported, dropped (the export queue was full) or failed (the exporter refused them).",
 	}, []string{"outcome"})
-	if reg != nil {
-		reg.MustRegister(vec)
-	}
-	return &counts{exported: vec.WithLabelValues("exported"), dropped: vec.WithLabelValues("dropped"), failed: vec.WithLabelValues("failed")}
+	return &counts{vec: vec, exported: vec.WithLabelValues("exported"), dropped: vec.WithLabelValues("dropped"), failed: vec.WithLabelValues("failed")}
 }
