@@ -38,11 +38,14 @@ func MCPBin(t testing.TB, name string) string {
 	return p
 }
 
-// mcpDir is testenv/mcp of this repository: found from this file's own
-// location, or from `go env GOMOD` when the build trimmed paths.
-func mcpDir() (string, error) {
+// mcpDir is testenv/mcp of this repository.
+func mcpDir() (string, error) { return sourceDir("mcp") }
+
+// sourceDir is testenv/<name> of this repository: found from this file's
+// own location, or from `go env GOMOD` when the build trimmed paths.
+func sourceDir(name string) (string, error) {
 	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
-		d := filepath.Join(filepath.Dir(file), "mcp")
+		d := filepath.Join(filepath.Dir(file), name)
 		if st, err := os.Stat(d); err == nil && st.IsDir() {
 			return d, nil
 		}
@@ -55,7 +58,7 @@ func mcpDir() (string, error) {
 	if gomod == "" || gomod == os.DevNull {
 		return "", os.ErrNotExist
 	}
-	d := filepath.Join(filepath.Dir(gomod), "testenv", "mcp")
+	d := filepath.Join(filepath.Dir(gomod), "testenv", name)
 	if _, err := os.Stat(d); err != nil {
 		return "", err
 	}

@@ -1,0 +1,365 @@
+//go:build unix
+
+package testenv
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// EnvToolsCache names the directory where the tests keep the tools they
+// build, such as the OpenTelemetry Collector (default: talos/ in the user's
+// cache directory, os.UserCacheDir). It is outside the checkout so every
+// test binary, worktree and CI run on the machine shares one build.
+const EnvToolsCache = "TALOS_TOOLS_CACHE"
+
+// otelcolSources are the files of testenv/otelcol that decide the build;
+// the cache directory is named after their digest, so changing a version
+// builds a new collector.
+var otelcolSources = []string{"go.mod", "go.sum", "main.go"}
+
+// OTelCollectorBinary returns the path of the OpenTelemetry Collector built
+// from testenv/otelcol (the OTLP receiver and the file exporter). It is
+// built once per machine, into $TALOS_TOOLS_CACHE or the user's cache
+// directory, under an exclusive file lock, so test binaries that ask at the
+// same time wait for one build rather than each doing their own. The first
+// build takes about two minutes and needs the collector's modules (from the
+// module proxy, or the module cache).
+func OTelCollectorBinary() (string, error) {
+	src, err := sourceDir("otelcol")
+	if err != nil {
+		return "", fmt.Errorf("testenv: cannot find testenv/otelcol (%v): run the tests from this repository", err)
+	}
+	key, err := digestFiles(src, otelcolSources)
+	if err != nil {
+		return "", fmt.Errorf("testenv: otelcol sources: %w", err)
+	}
+	cache, err := toolsCache()
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(cache, "otelcol-"+key)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("testenv: tools cache: %w", err)
+	}
+	unlock, err := lockDir(dir)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	bin := filepath.Join(dir, "otelcol")
+	if st, err := os.Stat(bin); err == nil && st.Mode().IsRegular() {
+		return bin, nil
+	}
+	fmt.Fprintln(os.Stderr, "building the OpenTelemetry Collector for the tests (once per machine; about 2 minutes)...")
+	if err := buildInto(src, dir, bin); err != nil {
+		return "", err
+	}
+	return bin, nil
+}
+
+// toolsCache is $TALOS_TOOLS_CACHE, else talos/ in the user's cache
+// directory.
+func toolsCache() (string, error) {
+	if d := os.Getenv(EnvToolsCache); d != "" {
+		return d, nil
+	}
+	d, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("testenv: no cache directory for the tools the tests build (%v): set %s", err, EnvToolsCache)
+	}
+	return filepath.Join(d, "talos"), nil
+}
+
+// digestFiles is a short sha256 of the names and contents of files in dir.
+func digestFiles(dir string, files []string) (string, error) {
+	h := sha256.New()
+	for _, name := range files {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(h, "%s %d\n", name, len(b))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+// lockDir takes the exclusive lock of dir (flock on dir/lock), waiting for
+// another process that holds it; unlock releases it. The kernel releases
+// it too when the holder dies, so a killed build blocks no one.
+func lockDir(dir string) (unlock func(), err error) {
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("testenv: tools cache lock: %w", err)
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+		if !errors.Is(err, syscall.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("testenv: lock %s: %w", f.Name(), err)
+	}
+	return func() { f.Close() }, nil // closing the file releases the lock
+}
+
+// buildInto builds the main package in src to a temporary file in dir and
+// renames it to bin, so bin is never a partly written program. It must be
+// called with dir locked: any temporary file there is a killed build's.
+func buildInto(src, dir, bin string) error {
+	stale, _ := filepath.Glob(filepath.Join(dir, "*.tmp"))
+	for _, p := range stale {
+		_ = os.Remove(p)
+	}
+	tmp, err := os.CreateTemp(dir, "otelcol-*.tmp")
+	if err != nil {
+		return fmt.Errorf("testenv: tools cache: %w", err)
+	}
+	tmp.Close()
+	cmd := exec.Command("go", "build", "-C", src, "-o", tmp.Name(), ".")
+	cmd.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false", "GOWORK=off")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		_ = os.Remove(tmp.Name())
+		return fmt.Errorf("testenv: go build -C %s: %v\n%s", src, err, out)
+	}
+	if err := os.Rename(tmp.Name(), bin); err != nil {
+		_ = os.Remove(tmp.Name())
+		return fmt.Errorf("testenv: tools cache: %w", err)
+	}
+	return nil
+}
+
+// OTelCollector is a private OpenTelemetry Collector as the OTLP endpoint
+// a user points Talos at: OTLP/gRPC and OTLP/HTTP on loopback ports, every
+// span it receives written to a JSON file (one OTLP
+// ExportTraceServiceRequest a line, flushed every 100 ms) that Spans and
+// Raw read.
+type OTelCollector struct {
+	dir, conf, out string
+	grpcPort       int
+	httpPort       int
+
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited and been reaped
+}
+
+// StartOTelCollector starts the collector (building it first if this
+// machine has not, see OTelCollectorBinary) and waits until both its ports
+// accept connections; it is stopped when the test ends.
+func StartOTelCollector(t testing.TB) *OTelCollector {
+	t.Helper()
+	bin, err := OTelCollectorBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	grpcPort, httpPort, err := twoFreeTCPPorts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	c := &OTelCollector{dir: dir, conf: filepath.Join(dir, "otelcol.yaml"), out: filepath.Join(dir, "spans.json"),
+		grpcPort: grpcPort, httpPort: httpPort}
+	if err := os.WriteFile(c.conf, []byte(otelcolConfig(grpcPort, httpPort, c.out)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.stop)
+	c.start(t, bin)
+	return c
+}
+
+// twoFreeTCPPorts are two distinct loopback ports that were free a moment
+// ago.
+func twoFreeTCPPorts() (int, int, error) {
+	a, err := freeTCPPort()
+	if err != nil {
+		return 0, 0, err
+	}
+	for {
+		b, err := freeTCPPort()
+		if err != nil || b != a {
+			return a, b, err
+		}
+	}
+}
+
+// otelcolConfig is the generated configuration: one traces pipeline from
+// the OTLP receiver to the file exporter, and none of the collector's own
+// telemetry (which would listen on a fixed port).
+func otelcolConfig(grpcPort, httpPort int, out string) string {
+	var b strings.Builder
+	b.WriteString("# Generated by talos testenv: a private, loopback-only OTLP receiver.\n")
+	b.WriteString("receivers:\n  otlp:\n    protocols:\n")
+	fmt.Fprintf(&b, "      grpc: {endpoint: \"127.0.0.1:%d\"}\n", grpcPort)
+	fmt.Fprintf(&b, "      http: {endpoint: \"127.0.0.1:%d\"}\n", httpPort)
+	fmt.Fprintf(&b, "exporters:\n  file: {path: %s, flush_interval: 100ms}\n", strconv.Quote(out))
+	b.WriteString("service:\n  telemetry: {metrics: {level: none}}\n")
+	b.WriteString("  pipelines:\n    traces: {receivers: [otlp], exporters: [file]}\n")
+	return b.String()
+}
+
+// start runs the collector and waits until it listens.
+func (c *OTelCollector) start(t testing.TB, bin string) {
+	t.Helper()
+	logf, err := os.OpenFile(filepath.Join(c.dir, "otelcol.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close() // the child has its own descriptor
+	cmd := exec.Command(bin, "--config", c.conf)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	setPdeathsig(cmd.SysProcAttr)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start the OpenTelemetry Collector: %v", err)
+	}
+	c.cmd, c.done = cmd, make(chan struct{})
+	done := c.done
+	go func() { // the reaper, owned by c: stop waits for done
+		_ = cmd.Wait()
+		close(done)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for _, port := range []int{c.grpcPort, c.httpPort} {
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		for {
+			select {
+			case <-done:
+				t.Fatalf("the OpenTelemetry Collector exited at start:\n%s", c.log())
+			default:
+			}
+			if conn, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+				conn.Close()
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the OpenTelemetry Collector does not listen on %s after 30 s:\n%s", addr, c.log())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// stop stops the collector with SIGTERM (SIGKILL after 10 s) and waits for
+// it.
+func (c *OTelCollector) stop() {
+	if c.cmd == nil {
+		return
+	}
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+		<-c.done
+	}
+}
+
+// log is the end of the collector's own output, for failure messages.
+func (c *OTelCollector) log() string {
+	b, _ := os.ReadFile(filepath.Join(c.dir, "otelcol.log"))
+	if len(b) > 4096 {
+		b = b[len(b)-4096:]
+	}
+	return string(b)
+}
+
+// HTTPEndpoint is the OTLP/HTTP endpoint, http://127.0.0.1:PORT: the
+// OTEL_EXPORTER_OTLP_ENDPOINT for the default protocol, http/protobuf.
+func (c *OTelCollector) HTTPEndpoint() string { return "http://127.0.0.1:" + strconv.Itoa(c.httpPort) }
+
+// GRPCEndpoint is the OTLP/gRPC endpoint, http://127.0.0.1:PORT: the
+// OTEL_EXPORTER_OTLP_ENDPOINT for the protocol grpc.
+func (c *OTelCollector) GRPCEndpoint() string { return "http://127.0.0.1:" + strconv.Itoa(c.grpcPort) }
+
+// Env is the environment that points a child process's OTLP exporter at
+// the collector with protocol ("grpc", or "" for http/protobuf), to append
+// to os.Environ(): OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL
+// and OTEL_EXPORTER_OTLP_INSECURE=true. Signal-specific variables
+// (OTEL_EXPORTER_OTLP_TRACES_*) already in the environment win over these.
+func (c *OTelCollector) Env(protocol string) []string {
+	endpoint := c.HTTPEndpoint()
+	switch protocol {
+	case "":
+		protocol = "http/protobuf"
+	case "grpc":
+		endpoint = c.GRPCEndpoint()
+	}
+	return []string{
+		"OTEL_EXPORTER_OTLP_ENDPOINT=" + endpoint,
+		"OTEL_EXPORTER_OTLP_PROTOCOL=" + protocol,
+		"OTEL_EXPORTER_OTLP_INSECURE=true",
+	}
+}
+
+// Raw is the whole file the collector has written so far (nil before the
+// first span), for a scan of everything exported, such as for a secret
+// that must not leave the process.
+func (c *OTelCollector) Raw(t testing.TB) []byte {
+	t.Helper()
+	b, err := os.ReadFile(c.out)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Spans are the spans the collector has written so far, in the order it
+// wrote them (a line being written is left out).
+func (c *OTelCollector) Spans(t testing.TB) []Span {
+	t.Helper()
+	b := c.Raw(t)
+	i := bytes.LastIndexByte(b, '\n')
+	if i < 0 {
+		return nil
+	}
+	spans, err := parseOTLPLines(b[:i])
+	if err != nil {
+		t.Fatalf("testenv: %s: %v", c.out, err)
+	}
+	return spans
+}
+
+// WaitSpans polls Spans until done holds for them and returns them; at
+// timeout it fails the test, listing the spans it had.
+func (c *OTelCollector) WaitSpans(t testing.TB, timeout time.Duration, done func([]Span) bool) []Span {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		spans := c.Spans(t)
+		if done(spans) {
+			return spans
+		}
+		if time.Now().After(deadline) {
+			var b strings.Builder
+			for _, s := range spans {
+				fmt.Fprintf(&b, "\n  %s", s)
+			}
+			t.Fatalf("testenv: the spans the collector received did not satisfy the test within %s; %d spans:%s",
+				timeout, len(spans), b.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
