@@ -69,11 +69,15 @@
 #                                 HTTP event collector (scripts/benchsiem,
 #                                 Splunk HEC's format): events/s and the
 #                                 forwarder's CPU per event of each; then
-#                                 decision p50/p99 at 1,000 calls/s (with post
-#                                 events) with forwarding to both off and on,
-#                                 alternately, two rounds each, and how far
-#                                 behind the forwarder was at the end of each
-#                                 run with it on
+#                                 decision p50/p99 at 400 calls/s (with post
+#                                 events) with tracing and forwarding to both
+#                                 off and on, alternately, two rounds each
+#                                 (tracing on: every call names a sampled
+#                                 parent span and the worker exports a
+#                                 decision span per envelope to an
+#                                 OpenTelemetry Collector), how far behind
+#                                 the forwarder was at the end of each run
+#                                 with it on, and the spans the collector got
 #
 # Every run has the checks talosd runs by default: capabilities (each call
 # signed by the load generator and verified by the worker), preflight, the
@@ -127,7 +131,11 @@ fi
 if [ "$mode" = gateway ] || [ "$mode" = forward ]; then
   go build -o "$work/bin/benchcreds" ./scripts/benchcreds
 fi
-[ "$mode" != forward ] || go build -o "$work/bin/benchsiem" ./scripts/benchsiem
+if [ "$mode" = forward ]; then
+  go build -o "$work/bin/benchsiem" ./scripts/benchsiem
+  echo "== building the OpenTelemetry Collector (OTLP in, a file out) that receives the worker's spans"
+  go build -C testenv/otelcol -o "$work/bin/otelcol" .
+fi
 
 talosd=$work/bin/talosd           # the talosd that start runs (ab switches it)
 talosctl=$work/bin/talosctl       # the talosctl that start and bench run (ab switches it)
@@ -135,6 +143,7 @@ registry=cmd/talosd/demo/registry # the worker's (and the control role's) regist
 eps=talosctl,demo-ep              # enforcement points with a NATS user
 scope='tool:files:*'              # of the capability every call carries
 worker_flags=()                   # extra flags for the worker
+worker_env=()                     # extra environment variables for the worker (VAR=value)
 dev_flags=()                      # extra flags for the dev process
 pprof=()                          # profile: --pprof on the worker and the dev process
 
@@ -161,7 +170,7 @@ start() {
     "$talosd" --roles sink --nats-url "$nats" --nats-auth "$work/dev/nats-auth.json" --clickhouse-addr "$ch" --http-addr "" >"$work/sink.log" 2>&1 &
     pids+=($!)
   fi
-  "$talosd" --roles enforce --nats-url "$nats" --nats-auth "$work/dev/nats-auth.json" --registry "$registry" \
+  env ${worker_env[@]+"${worker_env[@]}"} "$talosd" --roles enforce --nats-url "$nats" --nats-auth "$work/dev/nats-auth.json" --registry "$registry" \
     --signing-key "$work/dev/keys/signing.key" --capability-issuers "$work/dev/keys/issuer.pub" \
     --instance bench-worker "${http[@]}" ${worker_flags[@]+"${worker_flags[@]}"} >"$work/worker.log" 2>&1 &
   worker=$!; pids+=($worker)

@@ -12,10 +12,14 @@
 #      forward process's CPU per event;
 #   3. decision latency at 400 calls/s offered (about half the flight
 #      recorder's saturation, so the figures are latency, not queueing),
-#      each call with its post
-#      event, forwarding to both destinations off and on alternately (two
-#      rounds each), and how far behind the forwarder was when each run with
-#      it on ended.
+#      each call with its post event, with tracing and forwarding to both
+#      destinations off and on alternately (two rounds each): on, every call
+#      names a sampled parent span (talosctl bench --traced) and the worker,
+#      started with OTEL_EXPORTER_OTLP_ENDPOINT, exports a decision span per
+#      envelope to an OpenTelemetry Collector (OTLP/HTTP in, a file out);
+#      off, the calls name none and the worker records nothing. Then how
+#      far behind the forwarder was when each run with it on ended, and the
+#      spans the collector received.
 
 port_from() { # port_from FIRST: a loopback port from FIRST on that nothing listens on
   local p
@@ -24,6 +28,28 @@ port_from() { # port_from FIRST: a loopback port from FIRST on that nothing list
 }
 # metric PORT NAME DEST: one series of the forward process's /metrics.
 metric() { curl -s "http://127.0.0.1:$1/metrics" | awk -v k="$2{destination=\"$3\"}" '$1 == k {print $2; exit}'; }
+
+# The collector the worker exports its spans to (OTLP/HTTP).
+otlpport=$(port_from 18800) otlpgrpc=$(port_from 18825)
+mkdir -p "$work/otel"
+cat >"$work/otel/config.yaml" <<EOF
+receivers:
+  otlp:
+    protocols:
+      grpc: {endpoint: "127.0.0.1:$otlpgrpc"}
+      http: {endpoint: "127.0.0.1:$otlpport"}
+exporters:
+  file: {path: "$work/otel/spans.json", flush_interval: 1s}
+service:
+  telemetry: {metrics: {level: none}}
+  pipelines:
+    traces: {receivers: [otlp], exporters: [file]}
+EOF
+"$work/bin/otelcol" --config "$work/otel/config.yaml" >"$work/otel/collector.log" 2>&1 &
+term_pids+=($!)
+worker_env=("OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$otlpport")
+# spans: how many spans the collector has written so far.
+spans() { { grep -o '"spanId"' "$work/otel/spans.json" 2>/dev/null || true; } | wc -l; }
 
 start sink,control
 rsyslogd=$(command -v rsyslogd || echo /usr/sbin/rsyslogd)
@@ -94,16 +120,17 @@ done
 got=$(curl -s "http://127.0.0.1:$hecport/count")
 echo "== received: rsyslog $(wc -l <"$work/rsyslog/received.log") lines, the HTTP collector $got events"
 
-echo "== decision latency at 400 calls/s offered (100 enforcement points, each call with its post event: about half the flight saturation), forwarding off and on"
-printf '   %-6s %-4s %12s %9s %9s   %s\n' round side "decisions/s" "p50 ms" "p99 ms" "forwarder at the run's end (events behind; seconds until caught up)"
+echo "== decision latency at 400 calls/s offered (100 enforcement points, each call with its post event: about half the flight saturation), tracing and forwarding off and on"
+printf '   %-6s %-4s %12s %9s %9s   %s\n' round side "decisions/s" "p50 ms" "p99 ms" "spans exported; forwarder at the run's end (events behind; seconds until caught up)"
 for round in 1 2; do
   for side in off on; do
-    behind=""
+    behind="" traced=() s0=$(spans)
     if [ "$side" = on ]; then
+      traced=(--traced)
       { echo "{\"destinations\": [$(destination rsyslog "live$round-rsyslog" new),"; echo "$(destination hec "live$round-hec" new)]}"; } >"$work/live$round.json"
       forwarder "live$round" "$work/live$round.json"
     fi
-    bench --calls 12000 --concurrency 100 --rate 400 --post --json >"$work/ab-$side-$round.json"
+    bench --calls 12000 --concurrency 100 --rate 400 --post ${traced[@]+"${traced[@]}"} --json >"$work/ab-$side-$round.json"
     if [ "$side" = on ]; then
       t0=$(date +%s%N)
       sleep 1.1 # one lag poll after the last decision
@@ -113,7 +140,9 @@ for round in 1 2; do
         behind+="$d ${lag:-?} ($(awk -v t0="$t0" -v t1="$(date +%s%N)" 'BEGIN{printf "%.1f", (t1 - t0) / 1e9}') s); "
       done
       stop_forwarder
+      sleep 6 # the worker's span export interval (5 s) and the collector's file flush (1 s)
     fi
+    behind="$(($(spans) - s0)) spans; $behind"
     printf '   %-6s %-4s %12.0f %9.2f %9.2f   %s\n' "$round" "$side" "$(jf "$work/ab-$side-$round.json" decisions_per_sec)" \
       "$(jf "$work/ab-$side-$round.json" decision_p50_ms)" "$(jf "$work/ab-$side-$round.json" decision_p99_ms)" "$behind"
   done

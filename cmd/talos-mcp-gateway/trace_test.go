@@ -70,9 +70,13 @@ func tracedUpstream(t *testing.T, col *testenv.OTelCollector) string {
 // arguments nor the one in the result is in anything exported.
 func TestTraceFollowsACallThroughTalos(t *testing.T) {
 	col := testenv.StartOTelCollector(t)
-	for _, kv := range col.Env("http/protobuf") {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
+	// talosd exports over OTLP/gRPC, the gateway over OTLP/HTTP: each
+	// process reads the OTEL_* variables it starts with.
+	exportWith := func(protocol string) {
+		for _, kv := range col.Env(protocol) {
+			k, v, _ := strings.Cut(kv, "=")
+			t.Setenv(k, v)
+		}
 	}
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
 	up := tracedUpstream(t, col)
@@ -83,7 +87,9 @@ func TestTraceFollowsACallThroughTalos(t *testing.T) {
 		"tools": []map[string]any{{"tool_name": "lookup", "tool_class": "read", "is_document_op": false,
 			"trust_level": "verified", "risk_category": "LOW", "subagent_access": "full"}},
 	})
+	exportWith("grpc")
 	s := startStackRegistry(t, registry)
+	exportWith("http/protobuf")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	g := s.gatewaySession(ctx, "--ep-id", "traced-ep", "--upstream", "traced="+up)
@@ -109,10 +115,13 @@ func TestTraceFollowsACallThroughTalos(t *testing.T) {
 	receiptID, _ := res.Meta["dev.talos/receipt_id"].(string)
 
 	var spans []testenv.Span
-	find := func(service, name string, kind int) *testenv.Span {
+	// find is the trace's span of service, name and kind (and, for the
+	// worker's decisions, of phase).
+	find := func(service, name string, kind int, phase ...string) *testenv.Span {
 		for i := range spans {
 			sp := &spans[i]
-			if sp.TraceID == traceID && sp.Service == service && sp.Name == name && sp.Kind == kind {
+			if sp.TraceID == traceID && sp.Service == service && sp.Name == name && sp.Kind == kind &&
+				(len(phase) == 0 || sp.Attrs["talos.phase"] == phase[0]) {
 				return sp
 			}
 		}
@@ -122,15 +131,22 @@ func TestTraceFollowsACallThroughTalos(t *testing.T) {
 	want := func() bool {
 		return find("talos-mcp-gateway", "tools/call lookup", server) != nil &&
 			find("talos-mcp-gateway", "tools/call lookup", clientKind) != nil &&
-			find("talosd", "execute_tool lookup", internal) != nil &&
+			find("talosd", "execute_tool lookup", internal, "pre") != nil &&
+			find("talosd", "execute_tool lookup", internal, "post") != nil &&
 			find("test-upstream", "tools/call lookup", server) != nil
 	}
 	spans = col.WaitSpans(t, 90*time.Second, func(got []testenv.Span) bool { spans = got; return want() })
 
+	for _, sp := range spans {
+		if sp.TraceID == traceID {
+			t.Logf("span %s", sp)
+		}
+	}
 	clientSpan := find("test-client", "tools/call lookup", clientKind)
 	gwServer := find("talos-mcp-gateway", "tools/call lookup", server)
 	gwClient := find("talos-mcp-gateway", "tools/call lookup", clientKind)
-	decision := find("talosd", "execute_tool lookup", internal)
+	decision := find("talosd", "execute_tool lookup", internal, "pre")
+	post := find("talosd", "execute_tool lookup", internal, "post")
 	upstream := find("test-upstream", "tools/call lookup", server)
 	if clientSpan == nil {
 		t.Fatal("the client's own span is not in the trace")
@@ -141,6 +157,7 @@ func TestTraceFollowsACallThroughTalos(t *testing.T) {
 	}{
 		{"the gateway's server span under the client's span", gwServer, clientSpan},
 		{"the worker's decision under the gateway's server span", decision, gwServer},
+		{"the worker's record of the result under the gateway's server span", post, gwServer},
 		{"the gateway's client span under its server span", gwClient, gwServer},
 		{"the upstream's span under the gateway's client span", upstream, gwClient},
 	} {

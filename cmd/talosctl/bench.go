@@ -30,6 +30,7 @@ type benchCmd struct {
 	ClickHouse   bool          `name:"clickhouse" default:"true" negatable:"" help:"Also measure end to end: until every receipt is in ClickHouse."`
 	Timeout      time.Duration `name:"timeout" default:"10s" help:"Decision timeout per call (none in time counts as a deny)."`
 	Post         bool          `name:"post" help:"After each allow, also send the call's post event (a small result): every call then yields two receipts and a ToolCallEvent with redacted, hashed payloads."`
+	Traced       bool          `name:"traced" help:"Each call names a sampled parent span of its own trace (trace_id, parent_span_id), as a traced enforcement point's would: a worker with traces on (OTEL_* variables) records a decision span per envelope."`
 	Capability   string        `name:"capability" type:"existingfile" help:"Sign every call with this capability chain (CP-PA1), as its holder (--agent-key); needed when talosd requires capabilities."`
 	AgentKey     string        `name:"agent-key" type:"path" help:"The chain holder's key (.key) for --capability."`
 	KillSwitch   int           `name:"killswitch" help:"Also measure kill-switch propagation: this many set/clear rounds (each waits until every live worker enforces it), during the call load; with --calls 0, on an idle stack."`
@@ -125,6 +126,9 @@ func (b *benchCmd) killswitchOnly(g *Globals, ks *control.ControlClient) error {
 // the capability to sign them with.
 func (b *benchCmd) maker(run string) (*loadgen.Maker, error) {
 	maker, err := loadgen.NewMaker(b.Server, b.Tool, run, b.PayloadBytes, b.Post)
+	if maker != nil {
+		maker.Traced = b.Traced
+	}
 	if err != nil || b.Capability == "" {
 		return maker, err
 	}

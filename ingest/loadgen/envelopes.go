@@ -2,11 +2,16 @@ package loadgen
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/talos-audit/talos/ingest/ep"
+	"github.com/talos-audit/talos/ingest/tracing"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -28,6 +33,11 @@ type Maker struct {
 	Args         json.RawMessage // the same arguments for every call
 	Signer       *ep.CallSigner
 	Post         bool // also build each call's post event
+	// Traced gives each call a sampled parent span of a trace of its own
+	// (trace_id and parent_span_id), as a traced enforcement point sends
+	// it: a worker with traces on then records a decision span per
+	// envelope.
+	Traced bool
 }
 
 // postResultText is the CallToolResult of every bench post event.
@@ -45,6 +55,11 @@ func (m *Maker) make(epID string) (*envelope, error) {
 		return nil, err
 	}
 	call.SessionID = m.Session
+	if m.Traced {
+		var ids [24]byte
+		_, _ = rand.Read(ids[:])
+		call.TraceID, call.ParentSpanID = tracing.UUID(trace.TraceID(ids[:16])), hex.EncodeToString(ids[16:])
+	}
 	if m.Signer != nil {
 		call.Actor.AgentID = m.Signer.Holder()
 		if err := m.Signer.Sign(call); err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest/ep"
+	"github.com/talos-audit/talos/ingest/tracing"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/schemas/jsonkit"
@@ -51,6 +52,26 @@ func TestBenchEnvelopes(t *testing.T) {
 		}
 	}
 
+	// Traced: each call names a parent span of its own trace, which the
+	// post event repeats.
+	m.Traced = true
+	env, err := m.make("bench-test-ep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pre, _ := schemas.ParseToolCall(env.pre, schemas.Limits{})
+	post, _ := schemas.ParseToolCall(env.post, schemas.Limits{})
+	if pre == nil || post == nil {
+		t.Fatal("a traced envelope does not parse")
+	}
+	if _, ok := tracing.Remote(pre.Call.TraceID, pre.Call.ParentSpanID); !ok || seen[pre.Call.TraceID] {
+		t.Fatalf("traced pre names no fresh parent span: %q %q", pre.Call.TraceID, pre.Call.ParentSpanID)
+	}
+	if post.Call.TraceID != pre.Call.TraceID || post.Call.ParentSpanID != pre.Call.ParentSpanID {
+		t.Fatal("the post event is not in its pre call's trace")
+	}
+	m.Traced = false
+
 	// With a signer: the chain, the request_hash and a sender signature.
 	issuer, err := receipts.GenerateKey()
 	if err != nil {
@@ -61,7 +82,7 @@ func TestBenchEnvelopes(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.Signer = newTestCallSigner(t, issuer, agent)
-	env, err := m.make("bench-test-ep")
+	env, err = m.make("bench-test-ep")
 	if err != nil {
 		t.Fatal(err)
 	}
