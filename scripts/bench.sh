@@ -70,14 +70,14 @@
 #                                 Splunk HEC's format): events/s and the
 #                                 forwarder's CPU per event of each; then
 #                                 decision p50/p99 at 400 calls/s (with post
-#                                 events) with tracing and forwarding to both
-#                                 off and on, alternately, two rounds each
-#                                 (tracing on: every call names a sampled
+#                                 events), two rounds of three runs in turn:
+#                                 off; traced (every call names a sampled
 #                                 parent span and the worker exports a
 #                                 decision span per envelope to an
-#                                 OpenTelemetry Collector), how far behind
+#                                 OpenTelemetry Collector); both (traced,
+#                                 and forwarding to both destinations); the
+#                                 spans the collector got and how far behind
 #                                 the forwarder was at the end of each run
-#                                 with it on, and the spans the collector got
 #
 # Every run has the checks talosd runs by default: capabilities (each call
 # signed by the load generator and verified by the worker), preflight, the

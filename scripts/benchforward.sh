@@ -12,14 +12,15 @@
 #      forward process's CPU per event;
 #   3. decision latency at 400 calls/s offered (about half the flight
 #      recorder's saturation, so the figures are latency, not queueing),
-#      each call with its post event, with tracing and forwarding to both
-#      destinations off and on alternately (two rounds each): on, every call
-#      names a sampled parent span (talosctl bench --traced) and the worker,
-#      started with OTEL_EXPORTER_OTLP_ENDPOINT, exports a decision span per
-#      envelope to an OpenTelemetry Collector (OTLP/HTTP in, a file out);
-#      off, the calls name none and the worker records nothing. Then how
-#      far behind the forwarder was when each run with it on ended, and the
-#      spans the collector received.
+#      each call with its post event, in turn (two rounds): off (no
+#      tracing, no forwarding), traced (every call names a sampled parent
+#      span, talosctl bench --traced, and the worker, started with
+#      OTEL_EXPORTER_OTLP_ENDPOINT, exports a decision span per envelope to
+#      an OpenTelemetry Collector: OTLP/HTTP in, a file out; off, the calls
+#      name none and the worker records nothing) and both (traced, and
+#      forwarding to both destinations). Then the spans the collector
+#      received and how far behind the forwarder was when each run with it
+#      ended.
 
 port_from() { # port_from FIRST: a loopback port from FIRST on that nothing listens on
   local p
@@ -121,17 +122,17 @@ got=$(curl -s "http://127.0.0.1:$hecport/count")
 echo "== received: rsyslog $(wc -l <"$work/rsyslog/received.log") lines, the HTTP collector $got events"
 
 echo "== decision latency at 400 calls/s offered (100 enforcement points, each call with its post event: about half the flight saturation), tracing and forwarding off and on"
-printf '   %-6s %-4s %12s %9s %9s   %s\n' round side "decisions/s" "p50 ms" "p99 ms" "spans exported; forwarder at the run's end (events behind; seconds until caught up)"
+printf '   %-6s %-6s %12s %9s %9s   %s\n' round side "decisions/s" "p50 ms" "p99 ms" "spans exported; forwarder at the run's end (events behind; seconds until caught up)"
 for round in 1 2; do
-  for side in off on; do
+  for side in off traced both; do
     behind="" traced=() s0=$(spans)
-    if [ "$side" = on ]; then
-      traced=(--traced)
+    [ "$side" = off ] || traced=(--traced)
+    if [ "$side" = both ]; then
       { echo "{\"destinations\": [$(destination rsyslog "live$round-rsyslog" new),"; echo "$(destination hec "live$round-hec" new)]}"; } >"$work/live$round.json"
       forwarder "live$round" "$work/live$round.json"
     fi
     bench --calls 12000 --concurrency 100 --rate 400 --post ${traced[@]+"${traced[@]}"} --json >"$work/ab-$side-$round.json"
-    if [ "$side" = on ]; then
+    if [ "$side" = both ]; then
       t0=$(date +%s%N)
       sleep 1.1 # one lag poll after the last decision
       for d in rsyslog hec; do
@@ -140,10 +141,10 @@ for round in 1 2; do
         behind+="$d ${lag:-?} ($(awk -v t0="$t0" -v t1="$(date +%s%N)" 'BEGIN{printf "%.1f", (t1 - t0) / 1e9}') s); "
       done
       stop_forwarder
-      sleep 6 # the worker's span export interval (5 s) and the collector's file flush (1 s)
     fi
+    [ "$side" = off ] || sleep 6 # the worker's span export interval (5 s) and the collector's file flush (1 s)
     behind="$(($(spans) - s0)) spans; $behind"
-    printf '   %-6s %-4s %12.0f %9.2f %9.2f   %s\n' "$round" "$side" "$(jf "$work/ab-$side-$round.json" decisions_per_sec)" \
+    printf '   %-6s %-6s %12.0f %9.2f %9.2f   %s\n' "$round" "$side" "$(jf "$work/ab-$side-$round.json" decisions_per_sec)" \
       "$(jf "$work/ab-$side-$round.json" decision_p50_ms)" "$(jf "$work/ab-$side-$round.json" decision_p99_ms)" "$behind"
   done
 done

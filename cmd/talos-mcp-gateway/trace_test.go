@@ -184,6 +184,11 @@ func TestTraceFollowsACallThroughTalos(t *testing.T) {
 	if id, _ := decision.Attrs["talos.chain_id"].(string); id == "" {
 		t.Error("the decision span names no chain")
 	}
+	for _, sp := range []*testenv.Span{gwServer, gwClient} {
+		if id, _ := sp.Attrs["jsonrpc.request.id"].(string); id == "" {
+			t.Errorf("%s (kind %d) has no jsonrpc.request.id", sp.Name, sp.Kind)
+		}
+	}
 
 	// The receipt names the trace: its trace_id is the trace id as a UUID.
 	conn, err := query.Open(ctx, s.chAddr, s.db)

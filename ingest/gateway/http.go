@@ -186,7 +186,7 @@ func (g *Gateway) ListenHTTP(ctx context.Context, o HTTPOptions) error {
 	handlers := make(map[string]http.Handler, len(o.Principals))
 	for _, p := range o.Principals {
 		s := g.Server(p)
-		handlers[p.Name] = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
+		handlers[p.Name] = g.serverHandler(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
 	}
 	auth := &authenticator{ix: ix, jwt: o.JWT, handlers: handlers, refusals: newRefusals(g, o.Refusals, g.authRef), log: g.log}
 	mux := http.NewServeMux()

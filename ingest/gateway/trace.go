@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"maps"
+	"net/http"
 	"reflect"
 	"strconv"
 
@@ -19,12 +20,15 @@ import (
 // continues the trace context a client sends in params._meta and, with
 // traces on, records the request as an MCP server span (OpenTelemetry's
 // MCP conventions: "{mcp.method.name} {target}", mcp.method.name,
-// mcp.session.id, gen_ai.tool.name, gen_ai.prompt.name, mcp.resource.uri,
+// mcp.session.id, jsonrpc.request.id (from the transport: idTransport,
+// idHandler), gen_ai.tool.name, gen_ai.prompt.name, mcp.resource.uri,
 // network.transport, error.type). With traces off, the client's context
 // still reaches the envelope (trace_id) and the upstream.
 func (g *Gateway) traceServer(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-		ctx = tracing.Extract(ctx, metaOf(req))
+		meta := metaOf(req)
+		id := takeRequestID(meta)
+		ctx = tracing.Extract(ctx, meta)
 		if !g.o.Tracing.Enabled() {
 			return next(ctx, method, req)
 		}
@@ -33,6 +37,9 @@ func (g *Gateway) traceServer(next mcp.MethodHandler) mcp.MethodHandler {
 			transport = "tcp"
 		}
 		name, attrs := mcpSpan(method, req, transport)
+		if id != "" {
+			attrs = append(attrs, attribute.String("jsonrpc.request.id", id))
+		}
 		ctx, span := g.o.Tracing.Tracer().Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
 		defer span.End()
 		res, err := next(ctx, method, req)
@@ -122,6 +129,24 @@ func endMCPSpan(span trace.Span, res mcp.Result, err error) {
 		span.SetAttributes(attribute.String("error.type", "tool_error"))
 		span.SetStatus(codes.Error, "tool_error")
 	}
+}
+
+// serverTransport is t, tagging each request with its JSON-RPC id when
+// traces are on.
+func (g *Gateway) serverTransport(t mcp.Transport) mcp.Transport {
+	if !g.o.Tracing.Enabled() {
+		return t
+	}
+	return idTransport{Transport: t, server: true}
+}
+
+// serverHandler is h, tagging each request with its JSON-RPC id when
+// traces are on.
+func (g *Gateway) serverHandler(h http.Handler) http.Handler {
+	if !g.o.Tracing.Enabled() {
+		return h
+	}
+	return idHandler(h)
 }
 
 // paramsOf is a request's params; nil when it has none.

@@ -97,6 +97,9 @@ func ConnectUpstreams(ctx context.Context, specs []mcpup.Spec, client *mcp.Imple
 			transport = "tcp"
 		}
 		opts = append(opts, mcpup.WithSendingMiddleware(traceClient(t, transport)))
+		if t.Enabled() {
+			opts = append(opts, mcpup.WithTransport(func(tr mcp.Transport) mcp.Transport { return idTransport{Transport: tr} }))
+		}
 		if s.URL != "" {
 			opts = append(opts, mcpup.WithHTTPClient(&http.Client{Transport: creds.Transport(s.ServerID, nil)}))
 		} else if env := creds.StdioEnv(s.ServerID); env != nil {

@@ -29,6 +29,7 @@ type options struct {
 	httpClient *http.Client
 	client     *mcp.ClientOptions
 	sending    []mcp.Middleware
+	wrap       func(mcp.Transport) mcp.Transport
 }
 
 // WithStderr sends a stdio server's standard error to w instead of
@@ -52,6 +53,20 @@ func WithClientOptions(o *mcp.ClientOptions) Option { return func(opts *options)
 // (mcp.Client.AddSendingMiddleware), around every request it sends.
 func WithSendingMiddleware(mw ...mcp.Middleware) Option {
 	return func(opts *options) { opts.sending = append(opts.sending, mw...) }
+}
+
+// WithTransport has the session use wrap(t) for its transport t (to see
+// the messages it writes and reads).
+func WithTransport(wrap func(mcp.Transport) mcp.Transport) Option {
+	return func(opts *options) { opts.wrap = wrap }
+}
+
+// transport is t as WithTransport wraps it.
+func (o *options) transport(t mcp.Transport) mcp.Transport {
+	if o.wrap == nil {
+		return t
+	}
+	return o.wrap(t)
 }
 
 // Connect starts or dials the upstream server s and completes the MCP
@@ -78,7 +93,7 @@ func Connect(ctx context.Context, s Spec, client *mcp.Implementation, opts ...Op
 		return nil, fmt.Errorf("mcpup: server %q: both a URL and a command are set", s.ServerID)
 	case s.URL != "":
 		t := &mcp.StreamableClientTransport{Endpoint: s.URL, HTTPClient: o.httpClient}
-		cs, err := c.Connect(ctx, t, nil)
+		cs, err := c.Connect(ctx, o.transport(t), nil)
 		if err != nil {
 			return nil, scrubURL(fmt.Errorf("mcpup: server %q: connect to %s over streamable HTTP: %w", s.ServerID, safeURL(s.URL), err), s.URL)
 		}
@@ -110,7 +125,7 @@ func connectStdio(ctx context.Context, c *mcp.Client, s Spec, o options) (*mcp.C
 		cmd.Env = append(os.Environ(), s.Env...)
 	}
 	cmd.Stderr = o.stderr
-	cs, err := c.Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: o.terminate}, nil)
+	cs, err := c.Connect(ctx, o.transport(&mcp.CommandTransport{Command: cmd, TerminateDuration: o.terminate}), nil)
 	if err == nil {
 		return cs, nil
 	}
