@@ -269,7 +269,11 @@ func startRoles(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *na
 		start("forward", fw.Run)
 	}
 	if f.has("web") {
-		w, err := startWeb(ctx, f, log.With("role", "web"), c.key)
+		fwd, err := forward.Watch(nc, js) // the destinations of every forward role, for the incidents page
+		if err != nil {
+			return "", closeSink, err
+		}
+		w, err := startWeb(ctx, f, log.With("role", "web"), c.key, fwd)
 		if err != nil {
 			return "", closeSink, err
 		}

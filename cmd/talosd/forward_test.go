@@ -39,6 +39,7 @@ type fwdStack struct {
 	db      string
 	keys    verify.KeySet
 	httpURL string
+	webURL  string // the dashboard's incidents page (token fwdWebToken)
 }
 
 func startForwardStack(t *testing.T, alertAfter string) *fwdStack {
@@ -69,9 +70,17 @@ func startForwardStack(t *testing.T, alertAfter string) *fwdStack {
 	httpAddr := l.Addr().String()
 	l.Close()
 	s.httpURL = "http://" + httpAddr
+	wl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	webAddr := wl.Addr().String()
+	wl.Close()
+	s.webURL = "http://" + webAddr + "/incidents"
 	_, stop := startTalosdLog(t, bin, filepath.Join(dir, "talosd.log"), "--data-dir", filepath.Join(dir, "data"), "--nats-url", ns.URL(),
 		"--clickhouse-addr", addr, "--clickhouse-database", db, "--registry", "demo/registry", "--signing-key", filepath.Join(dir, "signer.key"),
-		"--roles", "enforce,sink,control,forward", "--forward-config", filepath.Join(dir, "forward.json"), "--http-addr", httpAddr,
+		"--roles", "enforce,sink,control,forward,web", "--forward-config", filepath.Join(dir, "forward.json"), "--http-addr", httpAddr,
+		"--web-addr", webAddr, "--web-token", fwdWebToken,
 		"--instance", "fwd-e2e", "--chains", "4", "--batch-age", "200ms")
 	t.Cleanup(stop)
 	s.nc, _ = testenv.ConnectJS(t, ns.URL())
@@ -236,6 +245,9 @@ func (s *fwdStack) waitEveryEvent(t *testing.T, receiptCount, toolCalls int) (du
 	return lines - len(byID)
 }
 
+// fwdWebToken is the forward stack's dashboard token.
+const fwdWebToken = "forward-test-dashboard-token"
+
 // waitFor polls cond every 200 ms until it returns "" and fails the test
 // with its last answer after d.
 func waitFor(t *testing.T, d time.Duration, cond func() string) {
@@ -324,6 +336,11 @@ func TestForwardSurvivesRsyslogCrash(t *testing.T) {
 	case <-time.After(25 * time.Second):
 		t.Fatal("no down alert within 25 s of the crash (alert_after 5s)")
 	}
+	// The dashboard's incidents page shows the destination down, and behind.
+	s.dashboardShows(t, `data-destination="rsyslog"`, `data-state="down"`, "failures")
+	if page := s.dashboard(t); strings.Contains(page, `data-lag="0"`) {
+		t.Error("the dashboard shows rsyslog 0 events behind while it is down")
+	}
 	time.Sleep(time.Until(killed.Add(30 * time.Second)))
 	s.rs.Start(t)
 	tally := <-done
@@ -343,6 +360,42 @@ func TestForwardSurvivesRsyslogCrash(t *testing.T) {
 	if s.metric(t, "talos_forward_up") != 1 || s.metric(t, "talos_forward_failures_total") == 0 || s.metric(t, "talos_forward_alerts_total") == 0 {
 		t.Fatal("forward metrics do not show the outage")
 	}
+	s.dashboardShows(t, `data-destination="rsyslog"`, `data-state="resolved"`, `data-lag="0"`)
+}
+
+// dashboard is the incidents page of the stack's dashboard.
+func (s *fwdStack) dashboard(t *testing.T) string {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, s.webURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+fwdWebToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the incidents page: %d %v\n%s", resp.StatusCode, err, b)
+	}
+	return string(b)
+}
+
+// dashboardShows waits (20 s at most) until the incidents page holds every
+// one of want.
+func (s *fwdStack) dashboardShows(t *testing.T, want ...string) {
+	t.Helper()
+	waitFor(t, 20*time.Second, func() string {
+		page := s.dashboard(t)
+		for _, w := range want {
+			if !strings.Contains(page, w) {
+				return "the incidents page lacks " + w
+			}
+		}
+		return ""
+	})
 }
 
 // TestForwardUsageErrors: the forward role without its configuration, or

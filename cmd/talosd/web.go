@@ -8,6 +8,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/talos-audit/talos/ingest/forward"
 	"github.com/talos-audit/talos/ingest/retry"
 	"github.com/talos-audit/talos/query/web"
 	"github.com/talos-audit/talos/receipts"
@@ -44,7 +45,9 @@ type webRole struct {
 // ClickHouse connection, and the listener on --web-addr. Its run serves
 // until ctx ends, then shuts the server down (in-flight requests get 2 s)
 // and closes the connection.
-func startWeb(ctx context.Context, f *Flags, log *slog.Logger, key *receipts.PrivateKey) (*webRole, error) {
+//
+// fwd, if set, gives the incidents page the forward role's destinations.
+func startWeb(ctx context.Context, f *Flags, log *slog.Logger, key *receipts.PrivateKey, fwd *forward.Watcher) (*webRole, error) {
 	if f.ClickhouseAddr == "" {
 		return nil, usagef("the web role needs --clickhouse-addr HOST:PORT")
 	}
@@ -69,7 +72,18 @@ func startWeb(ctx context.Context, f *Flags, log *slog.Logger, key *receipts.Pri
 	}); err != nil {
 		return nil, err
 	}
-	d, err := web.Listen(web.Options{Conn: conn, Database: f.ClickhouseDatabase, Keys: keys, Token: token, Logger: log}, f.WebAddr)
+	o := web.Options{Conn: conn, Database: f.ClickhouseDatabase, Keys: keys, Token: token, Logger: log}
+	if fwd != nil {
+		o.Forwarding = func(ctx context.Context) ([]web.ForwardStatus, error) {
+			st, err := fwd.Statuses(ctx)
+			out := make([]web.ForwardStatus, len(st))
+			for i, s := range st {
+				out[i] = web.ForwardStatus(s)
+			}
+			return out, err
+		}
+	}
+	d, err := web.Listen(o, f.WebAddr)
 	if err != nil {
 		return nil, fmt.Errorf("web role: %w", err)
 	}

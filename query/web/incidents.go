@@ -31,11 +31,12 @@ type verbCount struct {
 }
 
 type incidentsData struct {
-	Range   timeRange
-	Columns []string
-	Rows    []incidentRow
-	Verbs   []verbCount
-	Limited bool
+	Range      timeRange
+	Columns    []string
+	Rows       []incidentRow
+	Verbs      []verbCount
+	Limited    bool
+	Forwarding forwardingPanel
 }
 
 // incidents is /incidents: the canned incident-timeline (kill switches,
@@ -94,5 +95,6 @@ func (h *handler) incidents(w http.ResponseWriter, r *http.Request) {
 		d.Verbs = append(d.Verbs, verbCount{Verb: v, Count: n})
 	}
 	sort.Slice(d.Verbs, func(i, j int) bool { return d.Verbs[i].Verb < d.Verbs[j].Verb })
+	d.Forwarding = h.forwarding(ctx)
 	h.render(w, r, http.StatusOK, "incidents", "Incidents", d)
 }

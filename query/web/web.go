@@ -44,8 +44,11 @@ type Options struct {
 	// wrapping ErrPending as "pending" (no checkpoint covers it yet: not a
 	// problem), any other error as "error". Nil shows "not checked".
 	Inclusion func(ctx context.Context, receiptID string) (ok bool, detail string, err error)
-	Logger    *slog.Logger
-	Now       func() time.Time
+	// Forwarding, if set, lists the forward role's SIEM destinations and
+	// their state for the incidents page; nil: the page shows no panel.
+	Forwarding func(ctx context.Context) ([]ForwardStatus, error)
+	Logger     *slog.Logger
+	Now        func() time.Time
 }
 
 // ErrBadToken is returned by NewHandler for a missing or unusable token.

@@ -2,6 +2,7 @@ package web
 
 import (
 	"context"
+	"errors"
 	"html"
 	"io"
 	"log/slog"
@@ -540,5 +541,36 @@ func TestIncidents(t *testing.T) {
 	}
 	if got := figures(f.page(t, "/incidents?from=2026-03-04T11:01&to=2026-03-04T12:00")); got["incidents"] != "2" {
 		t.Errorf("incidents after 11:01: %s, want 2", got["incidents"])
+	}
+	if strings.Contains(body, `id="forwarding"`) {
+		t.Error("a forwarding panel without Options.Forwarding")
+	}
+}
+
+// TestIncidentsForwarding: the incidents page shows each SIEM destination
+// with how far behind it is and its last alert; a status that cannot be
+// read is said in the panel, and the timeline still shows.
+func TestIncidentsForwarding(t *testing.T) {
+	var statuses []ForwardStatus
+	var readErr error
+	f := newFixture(t, func(o *Options) {
+		o.Forwarding = func(context.Context) ([]ForwardStatus, error) { return statuses, readErr }
+	})
+	statuses = []ForwardStatus{
+		{Name: "splunk", Lag: 1234, InFlight: 200, Alert: &schemas.ForwardAlert{State: schemas.AlertDown,
+			Since: "2026-03-04T12:00:00Z", Failures: 17, Error: "dial tcp 10.0.0.9:8088: connection refused"}},
+		{Name: "rsyslog", LastAck: at0.Add(2 * time.Hour)},
+	}
+	body := f.page(t, "/incidents?since=all")
+	for _, want := range []string{`data-destination="splunk"`, `data-state="down"`, `data-lag="1234"`, "17 failures", "connection refused",
+		`data-destination="rsyslog"`, `data-state="ok"`, `data-lag="0"`, "never"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the forwarding panel lacks %q", want)
+		}
+	}
+	statuses, readErr = nil, errors.New("nats: timeout")
+	body = f.page(t, "/incidents?since=all")
+	if !strings.Contains(body, "could not be read from NATS") || !strings.Contains(body, "incident 7") {
+		t.Error("a failed status read is not shown in the panel, or hid the timeline")
 	}
 }
