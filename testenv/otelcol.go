@@ -154,8 +154,7 @@ type OTelCollector struct {
 	grpcPort       int
 	httpPort       int
 
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has exited and been reaped
+	proc child
 }
 
 // StartOTelCollector starts the collector (building it first if this
@@ -173,12 +172,13 @@ func StartOTelCollector(t testing.TB) *OTelCollector {
 	}
 	dir := t.TempDir()
 	c := &OTelCollector{dir: dir, conf: filepath.Join(dir, "otelcol.yaml"), out: filepath.Join(dir, "spans.json"),
-		grpcPort: grpcPort, httpPort: httpPort}
+		grpcPort: grpcPort, httpPort: httpPort, proc: child{name: "the OpenTelemetry Collector", log: filepath.Join(dir, "otelcol.log")}}
 	if err := os.WriteFile(c.conf, []byte(otelcolConfig(grpcPort, httpPort, c.out)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(c.stop)
-	c.start(t, bin)
+	t.Cleanup(func() { c.proc.signal(syscall.SIGTERM, 10*time.Second) })
+	c.proc.start(t, 30*time.Second, []string{net.JoinHostPort("127.0.0.1", strconv.Itoa(grpcPort)),
+		net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort))}, bin, "--config", c.conf)
 	return c
 }
 
@@ -210,77 +210,6 @@ func otelcolConfig(grpcPort, httpPort int, out string) string {
 	b.WriteString("service:\n  telemetry: {metrics: {level: none}}\n")
 	b.WriteString("  pipelines:\n    traces: {receivers: [otlp], exporters: [file]}\n")
 	return b.String()
-}
-
-// start runs the collector and waits until it listens.
-func (c *OTelCollector) start(t testing.TB, bin string) {
-	t.Helper()
-	logf, err := os.OpenFile(filepath.Join(c.dir, "otelcol.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close() // the child has its own descriptor
-	cmd := exec.Command(bin, "--config", c.conf)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	setPdeathsig(cmd.SysProcAttr)
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start the OpenTelemetry Collector: %v", err)
-	}
-	c.cmd, c.done = cmd, make(chan struct{})
-	done := c.done
-	go func() { // the reaper, owned by c: stop waits for done
-		_ = cmd.Wait()
-		close(done)
-	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for _, port := range []int{c.grpcPort, c.httpPort} {
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		for {
-			select {
-			case <-done:
-				t.Fatalf("the OpenTelemetry Collector exited at start:\n%s", c.log())
-			default:
-			}
-			if conn, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
-				conn.Close()
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the OpenTelemetry Collector does not listen on %s after 30 s:\n%s", addr, c.log())
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-}
-
-// stop stops the collector with SIGTERM (SIGKILL after 10 s) and waits for
-// it.
-func (c *OTelCollector) stop() {
-	if c.cmd == nil {
-		return
-	}
-	select {
-	case <-c.done:
-		return
-	default:
-	}
-	_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-c.done:
-	case <-time.After(10 * time.Second):
-		_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
-		<-c.done
-	}
-}
-
-// log is the end of the collector's own output, for failure messages.
-func (c *OTelCollector) log() string {
-	b, _ := os.ReadFile(filepath.Join(c.dir, "otelcol.log"))
-	if len(b) > 4096 {
-		b = b[len(b)-4096:]
-	}
-	return string(b)
 }
 
 // HTTPEndpoint is the OTLP/HTTP endpoint, http://127.0.0.1:PORT: the

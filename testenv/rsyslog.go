@@ -59,9 +59,7 @@ type RsyslogOptions struct {
 // can be killed and started again on the same port and file.
 type Rsyslog struct {
 	bin, dir, conf, out, addr string
-
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has exited and been reaped
+	proc                      child
 }
 
 // StartRsyslog starts rsyslogd and waits until it accepts connections; it
@@ -81,7 +79,7 @@ func StartRsyslog(t testing.TB, o RsyslogOptions) *Rsyslog {
 		t.Fatal(err)
 	}
 	r := &Rsyslog{bin: bin, dir: dir, conf: filepath.Join(dir, "rsyslog.conf"), out: filepath.Join(dir, "received.log"),
-		addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
+		addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), proc: child{name: "rsyslogd", log: filepath.Join(dir, "rsyslogd.log")}}
 	if err := os.WriteFile(r.conf, []byte(rsyslogConfig(dir, port, r.out, o.TLS)), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -116,40 +114,7 @@ func rsyslogConfig(dir string, port int, out string, tls *TLSFiles) string {
 // config and file, and waits until it accepts connections.
 func (r *Rsyslog) Start(t testing.TB) {
 	t.Helper()
-	logf, err := os.OpenFile(filepath.Join(r.dir, "rsyslogd.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close() // the child has its own descriptor
-	cmd := exec.Command(r.bin, "-n", "-f", r.conf, "-i", filepath.Join(r.dir, "rsyslogd.pid"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	setPdeathsig(cmd.SysProcAttr)
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start rsyslogd: %v", err)
-	}
-	r.cmd, r.done = cmd, make(chan struct{})
-	done := r.done
-	go func() { // the reaper, owned by r: Kill and Stop wait for done
-		_ = cmd.Wait()
-		close(done)
-	}()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		select {
-		case <-done:
-			t.Fatalf("rsyslogd exited at start:\n%s", r.log())
-		default:
-		}
-		if c, err := net.DialTimeout("tcp", r.addr, time.Second); err == nil {
-			c.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("rsyslogd does not listen on %s after 20 s:\n%s", r.addr, r.log())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	r.proc.start(t, 20*time.Second, []string{r.addr}, r.bin, "-n", "-f", r.conf, "-i", filepath.Join(r.dir, "rsyslogd.pid"))
 }
 
 // Addr is the receiver's HOST:PORT.
@@ -159,32 +124,11 @@ func (r *Rsyslog) Addr() string { return r.addr }
 func (r *Rsyslog) File() string { return r.out }
 
 // Kill stops rsyslogd with SIGKILL, as a crash would, and waits for it.
-func (r *Rsyslog) Kill() { r.signal(syscall.SIGKILL, 0) }
+func (r *Rsyslog) Kill() { r.proc.signal(syscall.SIGKILL, 0) }
 
 // Stop stops rsyslogd with SIGTERM (SIGKILL after 10 s) and waits for it.
 // It does nothing when it is not running.
-func (r *Rsyslog) Stop() { r.signal(syscall.SIGTERM, 10*time.Second) }
-
-func (r *Rsyslog) signal(sig syscall.Signal, grace time.Duration) {
-	if r.cmd == nil {
-		return
-	}
-	select {
-	case <-r.done:
-		return
-	default:
-	}
-	_ = syscall.Kill(-r.cmd.Process.Pid, sig)
-	if grace > 0 {
-		select {
-		case <-r.done:
-			return
-		case <-time.After(grace):
-			_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
-		}
-	}
-	<-r.done
-}
+func (r *Rsyslog) Stop() { r.proc.signal(syscall.SIGTERM, 10*time.Second) }
 
 // Lines returns the received file's complete lines (a line being written
 // is left out).
@@ -203,15 +147,6 @@ func (r *Rsyslog) Lines(t testing.TB) [][]byte {
 		return nil
 	}
 	return bytes.Split(b, []byte("\n"))
-}
-
-// log is the end of rsyslogd's own output, for failure messages.
-func (r *Rsyslog) log() string {
-	b, _ := os.ReadFile(filepath.Join(r.dir, "rsyslogd.log"))
-	if len(b) > 4096 {
-		b = b[len(b)-4096:]
-	}
-	return string(b)
 }
 
 // freeTCPPort is a loopback port that was free a moment ago.
