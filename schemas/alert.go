@@ -1,5 +1,7 @@
 package schemas
 
+import "time"
+
 // SubjectAlert is the root of operational alerts, core NATS, under the
 // status subjects responders already read (talos.status.>): a heartbeat is
 // talos.status.<worker_id>, one token, so a status watcher never takes an
@@ -34,4 +36,19 @@ type ForwardAlert struct {
 	Failures    uint64 `json:"failures"`
 	Error       string `json:"error,omitempty"`
 	Time        string `json:"time"`
+}
+
+// ForwardStatus is one SIEM destination of the forward role as responders
+// see it (the dashboard's incidents page): what its durable consumer on
+// TALOS_AUDIT says, read from JetStream whichever process forwards, and
+// the last alert raised for it.
+type ForwardStatus struct {
+	Name string // the destination's name (its consumer is talos-forward-<name>)
+	// Lag is the events not yet delivered (pending and unacknowledged);
+	// InFlight those delivered and not yet acknowledged.
+	Lag, InFlight uint64
+	// LastAck is when the destination last accepted a batch (zero: never).
+	LastAck time.Time
+	// Alert is the last alert seen for it; nil if none.
+	Alert *ForwardAlert
 }

@@ -74,14 +74,7 @@ func startWeb(ctx context.Context, f *Flags, log *slog.Logger, key *receipts.Pri
 	}
 	o := web.Options{Conn: conn, Database: f.ClickhouseDatabase, Keys: keys, Token: token, Logger: log}
 	if fwd != nil {
-		o.Forwarding = func(ctx context.Context) ([]web.ForwardStatus, error) {
-			st, err := fwd.Statuses(ctx)
-			out := make([]web.ForwardStatus, len(st))
-			for i, s := range st {
-				out[i] = web.ForwardStatus(s)
-			}
-			return out, err
-		}
+		o.Forwarding = fwd.Statuses
 	}
 	d, err := web.Listen(o, f.WebAddr)
 	if err != nil {

@@ -7,29 +7,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/schemas"
 )
-
-// Status is one SIEM destination as a responder sees it: what its durable
-// consumer on TALOS_AUDIT says (read from JetStream, so it is known
-// whether or not a forward process runs) and the last alert its forwarder
-// raised.
-type Status struct {
-	Name string // the destination's name (its consumer is talos-forward-<name>)
-	// Lag is the events not yet delivered (pending and unacknowledged);
-	// InFlight those delivered and not yet acknowledged.
-	Lag, InFlight uint64
-	// LastAck is when the destination last accepted a batch (zero: never).
-	LastAck time.Time
-	// Alert is the last alert seen for it since the Watcher started; nil
-	// if none.
-	Alert *schemas.ForwardAlert
-}
 
 // Watcher follows the forward alerts (talos.status.alert.forward.>) and
 // reads the destinations' consumers: the dashboard's view of forwarding.
@@ -64,19 +47,19 @@ func (w *Watcher) Close() { _ = w.sub.Unsubscribe() }
 
 // Statuses lists every destination with a consumer on TALOS_AUDIT, by
 // name.
-func (w *Watcher) Statuses(ctx context.Context) ([]Status, error) {
+func (w *Watcher) Statuses(ctx context.Context) ([]schemas.ForwardStatus, error) {
 	stream, err := w.js.Stream(ctx, schemas.StreamAudit)
 	if err != nil {
 		return nil, fmt.Errorf("forward: audit stream: %w", err)
 	}
-	var out []Status
+	var out []schemas.ForwardStatus
 	list := stream.ListConsumers(ctx)
 	for info := range list.Info() {
 		name, ok := strings.CutPrefix(info.Name, ConsumerPrefix)
 		if !ok {
 			continue
 		}
-		s := Status{Name: name, Lag: info.NumPending + uint64(info.NumAckPending), InFlight: uint64(info.NumAckPending)}
+		s := schemas.ForwardStatus{Name: name, Lag: info.NumPending + uint64(info.NumAckPending), InFlight: uint64(info.NumAckPending)}
 		if info.AckFloor.Last != nil {
 			s.LastAck = *info.AckFloor.Last
 		}
@@ -90,6 +73,6 @@ func (w *Watcher) Statuses(ctx context.Context) ([]Status, error) {
 	if err := list.Err(); err != nil {
 		return nil, fmt.Errorf("forward: list consumers: %w", err)
 	}
-	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b schemas.ForwardStatus) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
 }

@@ -3,24 +3,9 @@ package web
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/talos-audit/talos/schemas"
 )
-
-// ForwardStatus is one SIEM destination of talosd's forward role, as the
-// incidents page shows it (Options.Forwarding); its fields are those of
-// the forward role's own status, so one converts to the other.
-type ForwardStatus struct {
-	Name string
-	// Lag is the events not yet delivered to it, InFlight those sent and
-	// not yet acknowledged.
-	Lag, InFlight uint64
-	LastAck       time.Time // when it last accepted a batch; zero: never
-	// Alert is the last alert its forwarder raised (down or resolved);
-	// nil when none was seen.
-	Alert *schemas.ForwardAlert
-}
 
 // forwardingPanel is the incidents page's forwarding panel.
 type forwardingPanel struct {

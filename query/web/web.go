@@ -16,6 +16,7 @@ import (
 
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts/verify"
+	"github.com/talos-audit/talos/schemas"
 )
 
 //go:embed templates/*.html
@@ -46,7 +47,7 @@ type Options struct {
 	Inclusion func(ctx context.Context, receiptID string) (ok bool, detail string, err error)
 	// Forwarding, if set, lists the forward role's SIEM destinations and
 	// their state for the incidents page; nil: the page shows no panel.
-	Forwarding func(ctx context.Context) ([]ForwardStatus, error)
+	Forwarding func(ctx context.Context) ([]schemas.ForwardStatus, error)
 	Logger     *slog.Logger
 	Now        func() time.Time
 }

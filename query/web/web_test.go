@@ -551,12 +551,12 @@ func TestIncidents(t *testing.T) {
 // with how far behind it is and its last alert; a status that cannot be
 // read is said in the panel, and the timeline still shows.
 func TestIncidentsForwarding(t *testing.T) {
-	var statuses []ForwardStatus
+	var statuses []schemas.ForwardStatus
 	var readErr error
 	f := newFixture(t, func(o *Options) {
-		o.Forwarding = func(context.Context) ([]ForwardStatus, error) { return statuses, readErr }
+		o.Forwarding = func(context.Context) ([]schemas.ForwardStatus, error) { return statuses, readErr }
 	})
-	statuses = []ForwardStatus{
+	statuses = []schemas.ForwardStatus{
 		{Name: "splunk", Lag: 1234, InFlight: 200, Alert: &schemas.ForwardAlert{State: schemas.AlertDown,
 			Since: "2026-03-04T12:00:00Z", Failures: 17, Error: "dial tcp 10.0.0.9:8088: connection refused"}},
 		{Name: "rsyslog", LastAck: at0.Add(2 * time.Hour)},
