@@ -63,6 +63,24 @@ const RecordToolCall = "tool call event"
 // reported as gaps and out-of-order links as well).
 const maxDisplaced = 100_000
 
+// AwaitAndVerify waits (at most timeout) until want receipts of q are in
+// the database, then verifies all of it (VerifyDatabase); a report with
+// problems is an error listing them.
+func AwaitAndVerify(ctx context.Context, conn driver.Conn, database string, q ReceiptQuery, want uint64, timeout time.Duration, keys verify.KeySet) (verify.Report, error) {
+	if err := AwaitReceipts(ctx, conn, database, q, want, timeout); err != nil {
+		return verify.Report{}, fmt.Errorf("receipts: %w", err)
+	}
+	rep, err := VerifyDatabase(ctx, conn, database, keys, false, nil)
+	if err == nil && !rep.OK() {
+		var b strings.Builder
+		for _, p := range rep.Problems {
+			b.WriteString("\n" + p.String())
+		}
+		err = fmt.Errorf("verify: %d problems:%s", len(rep.Problems), b.String())
+	}
+	return rep, err
+}
+
 // VerifyDatabase checks everything in database: each checkpoint's and each
 // receipt's signature against keys; each chain's continuity (seq from 1
 // without gaps, prev_hash links); each checkpoint's Merkle root over its

@@ -106,18 +106,7 @@ func mutate(g *Globals, f *ctlFlags, wait bool, verb, what string, fill func(*sc
 	if rep == nil || !rep.OK {
 		return err
 	}
-	if g.JSON {
-		out := map[string]any{"reply": rep}
-		if prop != nil {
-			out["propagation"] = prop.Summary()
-		}
-		_ = printJSON(os.Stdout, out)
-	} else if schemas.MutatingVerbs[verb] {
-		fmt.Printf("%s: ok (control seq %d, receipt %s)\n", what, rep.Seq, rep.ReceiptID)
-		if prop != nil {
-			_ = prop.WriteText(os.Stdout)
-		}
-	}
+	_ = control.WriteResult(os.Stdout, g.JSON, verb, what, rep, prop)
 	return err
 }
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -51,7 +50,7 @@ func (d *devCmd) Run(f *Flags) error {
 	}
 	// NATS: a busy default port falls back to a free one (the banner says which).
 	if f.NatsURL == "" {
-		f.NatsListen = freeOr(f.NatsListen, "the embedded nats-server")
+		f.NatsListen = demo.FreeOr(os.Stderr, f.NatsListen, "the embedded nats-server")
 	}
 	// ClickHouse: a private server under the data dir.
 	if f.ClickhouseAddr == "" {
@@ -70,7 +69,7 @@ func (d *devCmd) Run(f *Flags) error {
 		if !slices.Contains(f.Roles, "web") {
 			f.Roles = append(f.Roles, "web")
 		}
-		f.WebAddr = freeOr(f.WebAddr, "the dashboard")
+		f.WebAddr = demo.FreeOr(os.Stderr, f.WebAddr, "the dashboard")
 	}
 	// The demo traffic logs in as its own enforcement point.
 	if !slices.Contains(f.NatsEPs, demo.EP) {
@@ -135,7 +134,7 @@ func devRegistry(f *Flags, regDir string) error {
 // --clickhouse-port or a free port; its writer and reader see database only.
 func (d *devCmd) startClickHouse(ctx context.Context, dir, database string) (*chserver.Server, error) {
 	port := d.ClickhousePort
-	if port != 0 && freeOr(fmt.Sprintf("127.0.0.1:%d", port), "the private ClickHouse") == "127.0.0.1:0" {
+	if port != 0 && demo.FreeOr(os.Stderr, fmt.Sprintf("127.0.0.1:%d", port), "the private ClickHouse") == "127.0.0.1:0" {
 		port = 0
 	}
 	fmt.Fprintln(os.Stderr, "starting a private clickhouse-server (about 10 s)…")
@@ -183,41 +182,19 @@ func printBanner(f *Flags, s *stack) {
 // demoVerify waits until the demo's receipts are in ClickHouse, then
 // verifies the whole database the way `talosctl verify` does.
 func demoVerify(ctx context.Context, f *Flags, want int) error {
+	keys, err := verify.LoadTrustedKeys(f.TrustedKeys...)
+	if err != nil {
+		return err
+	}
 	conn, err := f.Reader().Open(ctx, f.ClickhouseDatabase)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	if err := query.AwaitReceipts(ctx, conn, f.ClickhouseDatabase, query.ReceiptQuery{EP: demo.EP}, uint64(want), 30*time.Second); err != nil {
-		return fmt.Errorf("demo receipts: %w", err)
-	}
-	keys, err := verify.LoadTrustedKeys(f.TrustedKeys...)
+	rep, err := query.AwaitAndVerify(ctx, conn, f.ClickhouseDatabase, query.ReceiptQuery{EP: demo.EP}, uint64(want), 30*time.Second, keys)
 	if err != nil {
 		return err
-	}
-	rep, err := query.VerifyDatabase(ctx, conn, f.ClickhouseDatabase, keys, false, nil)
-	if err != nil {
-		return err
-	}
-	if !rep.OK() {
-		for _, p := range rep.Problems {
-			fmt.Println(p.String())
-		}
-		return fmt.Errorf("verify: %d problems", len(rep.Problems))
 	}
 	fmt.Printf("\n%d demo receipts are in ClickHouse; verify: OK (%d receipts in %d chains: signatures, chain links, stored columns)\n", want, rep.Checked, len(rep.Chains))
 	return nil
-}
-
-// freeOr is addr when a TCP listener could bind it now, else (saying so
-// on stderr) "127.0.0.1:0": a busy default port of talosd dev falls back to
-// a free one for what.
-func freeOr(addr, what string) string {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s is busy; %s takes a free port instead\n", addr, what)
-		return "127.0.0.1:0"
-	}
-	_ = ln.Close()
-	return addr
 }

@@ -1,6 +1,7 @@
 package control
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -153,4 +154,28 @@ func WriteReply(w io.Writer, verb string, rep *schemas.ControlReply) error {
 		return WriteWorkerStatus(w, rep.Status)
 	}
 	return fmt.Errorf("%s: not a read verb", verb)
+}
+
+// WriteResult writes what a responder is told of a mutating command that
+// was applied: as one JSON object (the reply, and the propagation's
+// summary when it was waited for) with asJSON, else "what: ok (control seq
+// N, receipt R)" and the propagation table. A verb that mutates nothing
+// writes nothing in text.
+func WriteResult(w io.Writer, asJSON bool, verb, what string, rep *schemas.ControlReply, prop *Propagation) error {
+	if asJSON {
+		out := map[string]any{"reply": rep}
+		if prop != nil {
+			out["propagation"] = prop.Summary()
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	if !schemas.MutatingVerbs[verb] {
+		return nil
+	}
+	if _, err := fmt.Fprintf(w, "%s: ok (control seq %d, receipt %s)\n", what, rep.Seq, rep.ReceiptID); err != nil || prop == nil {
+		return err
+	}
+	return prop.WriteText(w)
 }

@@ -195,3 +195,16 @@ func InstallRegistry(fsys fs.FS, dir string) error {
 	}
 	return err
 }
+
+// FreeOr is addr when a TCP listener could bind it now, else (saying so on
+// w) "127.0.0.1:0": a busy default port of talosd dev falls back to a free
+// one for what.
+func FreeOr(w io.Writer, addr, what string) string {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		fmt.Fprintf(w, "%s is busy; %s takes a free port instead\n", addr, what)
+		return "127.0.0.1:0"
+	}
+	_ = ln.Close()
+	return addr
+}
