@@ -7,7 +7,7 @@ COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -o /out/talosd ./cmd/talosd && \
     CGO_ENABLED=0 go build -trimpath -o /out/talosctl ./cmd/talosctl && \
     CGO_ENABLED=0 go build -trimpath -o /out/talos-mcp-gateway ./cmd/talos-mcp-gateway && \
-    mkdir -p /out/keys /out/secrets /out/responder
+    mkdir -p /out/keys /out/secrets /out/responder /out/chtls
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/talosd /out/talosctl /out/talos-mcp-gateway /usr/local/bin/
@@ -18,5 +18,7 @@ COPY --from=build --chown=65532:65532 /out/keys /keys
 # /responder, where the keygen job writes the responder key.
 COPY --from=build --chown=65532:65532 /out/secrets /secrets
 COPY --from=build --chown=65532:65532 /out/responder /responder
+# And /chtls, where the chtls job writes ClickHouse's CA and certificate.
+COPY --from=build --chown=65532:65532 /out/chtls /chtls
 USER nonroot
 ENTRYPOINT ["/usr/local/bin/talosd"]

@@ -9,6 +9,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"gopkg.in/yaml.v3"
 
+	"github.com/talos-audit/talos/ingest/natstls"
 	"github.com/talos-audit/talos/query"
 )
 
@@ -80,9 +82,16 @@ func TestComposeMatchesFlags(t *testing.T) {
 	if err := os.WriteFile(standIn, []byte("pw\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	chCA, err := natstls.Ensure(t.TempDir(), []string{"clickhouse"}) // stands for the chtls job's
+	if err != nil {
+		t.Fatal(err)
+	}
 	for k, v := range env {
-		if strings.HasSuffix(k, "_PASSWORD_FILE") {
+		switch {
+		case strings.HasSuffix(k, "_PASSWORD_FILE"):
 			v = standIn
+		case k == "TALOS_CLICKHOUSE_CA":
+			v = chCA.CA
 		}
 		t.Setenv(k, v)
 	}
@@ -156,6 +165,10 @@ type composeServices map[string]struct {
 	Volumes     []string          `yaml:"volumes"`
 	Entrypoint  []string          `yaml:"entrypoint"`
 	Command     []string          `yaml:"command"`
+	Ports       []string          `yaml:"ports"`
+	Healthcheck struct {
+		Test []string `yaml:"test"`
+	} `yaml:"healthcheck"`
 }
 
 // mounts maps a service's mount targets to their named volumes.
@@ -399,4 +412,91 @@ func composeBlock(t *testing.T, compose, start, end string) string {
 		t.Fatalf("docker-compose.yml has no %q … %q", start, end)
 	}
 	return compose[i:j]
+}
+
+// TestComposeClickHouseTLS keeps docker-compose's ClickHouse TLS-only: the
+// chtls job's command makes a certificate for the service's host name that
+// its CA verifies; the service serves it on 9440 only (its plaintext ports
+// closed, none published); every client connects to 9440 trusting that CA,
+// from the volume it mounts.
+func TestComposeClickHouseTLS(t *testing.T) {
+	raw, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Services composeServices `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	svc := doc.Services
+	job := svc["chtls"].Command
+	if len(job) != 5 || job[0] != "nats-tls" || job[1] != "--data-dir" || job[3] != "--nats-tls-hosts" || job[4] != "clickhouse" ||
+		svc.mounts("chtls")[job[2]] != "chtls" {
+		t.Fatalf("the chtls job %v does not write a certificate for clickhouse on the chtls volume", job)
+	}
+	files, err := natstls.Ensure(filepath.Join(t.TempDir(), "nats-tls"), []string{"clickhouse"}) // as the job runs it
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	caPEM, _ := os.ReadFile(files.CA)
+	pool.AppendCertsFromPEM(caPEM)
+	pair, err := tls.LoadX509KeyPair(files.Cert, files.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, _ := x509.ParseCertificate(pair.Certificate[0])
+	if _, err := leaf.Verify(x509.VerifyOptions{DNSName: "clickhouse", Roots: pool}); err != nil {
+		t.Fatalf("the job's certificate does not verify for clickhouse: %v", err)
+	}
+
+	ch := svc["clickhouse"]
+	entry := strings.Join(ch.Entrypoint, " ")
+	for _, want := range []string{"/chtls/nats-tls/server.pem", "/chtls/nats-tls/server.key", "/etc/clickhouse-server/tls/", "exec /entrypoint.sh"} {
+		if !strings.Contains(entry, want) {
+			t.Errorf("the ClickHouse entrypoint lacks %s: %s", want, entry)
+		}
+	}
+	if svc.mounts("clickhouse")["/chtls"] != "chtls" || !slices.Contains(ch.Volumes, "./deploy/clickhouse/tls.xml:/etc/clickhouse-server/config.d/tls.xml:ro") {
+		t.Errorf("the ClickHouse service mounts %v", ch.Volumes)
+	}
+	if len(ch.Ports) != 1 || ch.Ports[0] != "9440:9440" {
+		t.Errorf("the ClickHouse service publishes %v, want only 9440:9440", ch.Ports)
+	}
+	conf, err := os.ReadFile("../../deploy/clickhouse/tls.xml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`<tcp_port remove="1"/>`, `<http_port remove="1"/>`, "<tcp_port_secure>9440</tcp_port_secure>",
+		"<certificateFile>/etc/clickhouse-server/tls/server.pem</certificateFile>", "<privateKeyFile>/etc/clickhouse-server/tls/server.key</privateKeyFile>",
+		"<disableProtocols>sslv2,sslv3,tlsv1,tlsv1_1</disableProtocols>"} {
+		if !strings.Contains(string(conf), want) {
+			t.Errorf("deploy/clickhouse/tls.xml lacks %s", want)
+		}
+	}
+	if hc := strings.Join(ch.Healthcheck.Test, " "); !strings.Contains(hc, "-C /etc/clickhouse-server/client-tls.xml") {
+		t.Errorf("the healthcheck does not connect over TLS: %s", hc)
+	}
+
+	for _, name := range []string{"worker1", "worker2", "web", "talosctl"} {
+		env := svc[name].Environment
+		if env["TALOS_CLICKHOUSE_ADDR"] != "clickhouse:9440" || env["TALOS_CLICKHOUSE_CA"] != "/chtls/nats-tls/ca.pem" || svc.mounts(name)["/chtls"] != "chtls" {
+			t.Errorf("%s reaches ClickHouse at %q trusting %q (chtls mounted at /chtls: %v)", name,
+				env["TALOS_CLICKHOUSE_ADDR"], env["TALOS_CLICKHOUSE_CA"], svc.mounts(name)["/chtls"] == "chtls")
+		}
+	}
+	ds, err := os.ReadFile("../../deploy/grafana/provisioning/datasources/talos-clickhouse.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"port: 9440", "secure: true", "tlsAuthWithCACert: true", "tlsCACert: $__file{/chtls/nats-tls/ca.pem}"} {
+		if !strings.Contains(string(ds), want) {
+			t.Errorf("the Grafana data source lacks %s", want)
+		}
+	}
+	if svc.mounts("grafana")["/chtls"] != "chtls" {
+		t.Error("grafana does not mount the chtls volume its data source reads the CA from")
+	}
 }
