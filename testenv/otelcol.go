@@ -32,42 +32,62 @@ var otelcolSources = []string{"go.mod", "go.sum", "main.go"}
 
 // OTelCollectorBinary returns the path of the OpenTelemetry Collector built
 // from testenv/otelcol (the OTLP receiver and the file exporter). It is
-// built once per machine, into $TALOS_TOOLS_CACHE or the user's cache
-// directory, under an exclusive file lock, so test binaries that ask at the
-// same time wait for one build rather than each doing their own. The first
-// build takes about two minutes and needs the collector's modules (from the
-// module proxy, or the module cache).
+// built once per machine (buildTools); the first build takes about two
+// minutes and needs the collector's modules (from the module proxy, or the
+// module cache).
 func OTelCollectorBinary() (string, error) {
-	src, err := sourceDir("otelcol")
+	bins, err := buildTools("otelcol", otelcolSources, "the OpenTelemetry Collector (about 2 minutes)", map[string]string{"otelcol": "."})
 	if err != nil {
-		return "", fmt.Errorf("testenv: cannot find testenv/otelcol (%v): run the tests from this repository", err)
+		return "", err
 	}
-	key, err := digestFiles(src, otelcolSources)
+	return bins["otelcol"], nil
+}
+
+// buildTools returns the programs of the module testenv/<module>, each
+// name of pkgs built from its package (a directory of the module, or an
+// import path it requires). They are built once per machine, into
+// $TALOS_TOOLS_CACHE or the user's cache directory, in a directory named
+// after the digest of the module's sources, under an exclusive file lock,
+// so test binaries that ask at the same time wait for one build rather
+// than each doing their own.
+func buildTools(module string, sources []string, what string, pkgs map[string]string) (map[string]string, error) {
+	src, err := sourceDir(module)
 	if err != nil {
-		return "", fmt.Errorf("testenv: otelcol sources: %w", err)
+		return nil, fmt.Errorf("testenv: cannot find testenv/%s (%v): run the tests from this repository", module, err)
+	}
+	key, err := digestFiles(src, sources)
+	if err != nil {
+		return nil, fmt.Errorf("testenv: %s sources: %w", module, err)
 	}
 	cache, err := toolsCache()
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	dir := filepath.Join(cache, "otelcol-"+key)
+	dir := filepath.Join(cache, module+"-"+key)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("testenv: tools cache: %w", err)
+		return nil, fmt.Errorf("testenv: tools cache: %w", err)
 	}
 	unlock, err := lockDir(dir)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	defer unlock()
-	bin := filepath.Join(dir, "otelcol")
-	if st, err := os.Stat(bin); err == nil && st.Mode().IsRegular() {
-		return bin, nil
+	bins, said := map[string]string{}, false
+	for name, pkg := range pkgs {
+		bin := filepath.Join(dir, name)
+		bins[name] = bin
+		if st, err := os.Stat(bin); err == nil && st.Mode().IsRegular() {
+			continue
+		}
+		if !said {
+			fmt.Fprintf(os.Stderr, "building %s for the tests (once per machine)...\n", what)
+			said = true
+		}
+		if err := buildInto(src, pkg, dir, bin); err != nil {
+			return nil, err
+		}
 	}
-	fmt.Fprintln(os.Stderr, "building the OpenTelemetry Collector for the tests (once per machine; about 2 minutes)...")
-	if err := buildInto(src, dir, bin); err != nil {
-		return "", err
-	}
-	return bin, nil
+	return bins, nil
 }
 
 // toolsCache is $TALOS_TOOLS_CACHE, else talos/ in the user's cache
@@ -118,20 +138,21 @@ func lockDir(dir string) (unlock func(), err error) {
 	return func() { f.Close() }, nil // closing the file releases the lock
 }
 
-// buildInto builds the main package in src to a temporary file in dir and
-// renames it to bin, so bin is never a partly written program. It must be
-// called with dir locked: any temporary file there is a killed build's.
-func buildInto(src, dir, bin string) error {
+// buildInto builds the main package pkg of the module in src to a
+// temporary file in dir and renames it to bin, so bin is never a partly
+// written program. It must be called with dir locked: any temporary file
+// there is a killed build's.
+func buildInto(src, pkg, dir, bin string) error {
 	stale, _ := filepath.Glob(filepath.Join(dir, "*.tmp"))
 	for _, p := range stale {
 		_ = os.Remove(p)
 	}
-	tmp, err := os.CreateTemp(dir, "otelcol-*.tmp")
+	tmp, err := os.CreateTemp(dir, filepath.Base(bin)+"-*.tmp")
 	if err != nil {
 		return fmt.Errorf("testenv: tools cache: %w", err)
 	}
 	tmp.Close()
-	cmd := exec.Command("go", "build", "-C", src, "-o", tmp.Name(), ".")
+	cmd := exec.Command("go", "build", "-C", src, "-o", tmp.Name(), pkg)
 	cmd.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false", "GOWORK=off")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		_ = os.Remove(tmp.Name())
