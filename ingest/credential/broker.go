@@ -135,7 +135,7 @@ func (b *Broker) Resolve(ctx context.Context, r Request) (Credential, error) {
 	var tok string
 	switch s.mode {
 	case schemas.TokenModeSecret:
-		tok = s.secret
+		tok = s.secret.get()
 	case schemas.TokenModeTokenExchange:
 		if r.SubjectToken == "" {
 			c.Handling.Error = schemas.TokenErrNoSubjectToken
@@ -212,8 +212,8 @@ func (b *Broker) exchange(ctx context.Context, s *server, subject string) (*oaut
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	creds := &oauthex.ClientCredentials{ClientID: s.clientID}
-	if s.clientSecret != "" {
-		creds.ClientSecretAuth = &oauthex.ClientSecretAuth{ClientSecret: s.clientSecret}
+	if cs := s.clientSecret.get(); cs != "" {
+		creds.ClientSecretAuth = &oauthex.ClientSecretAuth{ClientSecret: cs}
 	}
 	hc := *b.o.HTTPClient
 	hc.Transport = reachability{next: hc.Transport}

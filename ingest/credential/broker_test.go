@@ -141,8 +141,60 @@ func TestBrokerModes(t *testing.T) {
 	if got := b.StdioEnv("local"); len(got) != 1 || got[0] != "API_TOKEN=local-secret" {
 		t.Fatalf("StdioEnv: %v", got)
 	}
-	if b.StdioEnv("gh") != nil || b.Transport("gh", nil).Session != "gh-secret" || b.Transport("crm", nil).Session != "" {
+	if b.StdioEnv("gh") != nil || b.Transport("gh", nil).session.get() != "gh-secret" || b.Transport("crm", nil).session != nil {
 		t.Fatal("session credentials: only a secret is sent outside a call")
+	}
+}
+
+// TestSecretFileRotation: a secret_file rewritten while the gateway runs is
+// what the next call and the session's next request send; a file removed or
+// emptied leaves the last good secret in use; an environment secret is
+// read once.
+func TestSecretFileRotation(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "gh.token")
+	write := func(v string, at time.Time) {
+		if err := os.WriteFile(file, []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(file, at, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t0 := time.Now().Add(-time.Hour)
+	write("first-secret\n", t0)
+	cfgPath := filepath.Join(dir, "credentials.json")
+	if err := os.WriteFile(cfgPath, []byte(`{"servers": {"gh": {"mode": "secret", "secret_file": "gh.token"}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, err := LoadBroker(cfgPath, []Upstream{{ServerID: "gh", URL: "https://gh.example/mcp"}}, func(string) (string, bool) { return "", false }, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resolve := func() string {
+		c, err := b.Resolve(context.Background(), Request{Principal: "p", ServerID: "gh"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Token
+	}
+	session := b.Transport("gh", nil)
+	if got := resolve(); got != "first-secret" || session.session.get() != "first-secret" {
+		t.Fatalf("before the rotation: %q", got)
+	}
+	write("second-secret", t0.Add(time.Minute)) // the same size would do: the time changed
+	if got := resolve(); got != "second-secret" || session.session.get() != "second-secret" {
+		t.Fatalf("after the rotation: call %q, session %q", got, session.session.get())
+	}
+	write("  \n", t0.Add(2*time.Minute))
+	if got := resolve(); got != "second-secret" {
+		t.Fatalf("an emptied file: %q, want the last good secret", got)
+	}
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	if got := resolve(); got != "second-secret" {
+		t.Fatalf("a removed file: %q, want the last good secret", got)
 	}
 }
 

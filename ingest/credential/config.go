@@ -73,14 +73,15 @@ type Upstream struct {
 
 // server is one server's validated configuration, with its secrets read.
 type server struct {
-	mode, audience   string
-	secret, stdioEnv string
-	endpoint         string
-	clientID         string
-	clientSecret     string
-	scope            []string
-	resource         string
-	timeout          time.Duration
+	mode, audience string
+	secret         *secretSource
+	stdioEnv       string
+	endpoint       string
+	clientID       string
+	clientSecret   *secretSource
+	scope          []string
+	resource       string
+	timeout        time.Duration
 }
 
 // Config is a validated --credentials file: what the broker needs, secrets
@@ -91,7 +92,9 @@ type Config struct {
 
 // Load reads and validates a --credentials file against the gateway's
 // upstreams; relative paths in it are relative to the file, and secrets
-// are read now (restart the gateway to rotate them). lookupEnv reads the
+// are read now: a secret_file or client_secret_file again whenever it
+// changes (secretSource), one from the environment never; a stdio
+// upstream's secret is in its environment from its start. lookupEnv reads the
 // gateway's environment (os.LookupEnv). Every server_id must be an
 // upstream's; token_exchange needs an HTTP upstream and a secret for a
 // stdio upstream needs stdio_env. Errors never repeat a secret.
@@ -200,33 +203,33 @@ func (s Server) exchange(srv *server, url, dir string, lookupEnv func(string) (s
 	return srv, err
 }
 
-// readSecret reads a secret from a file (relative to dir) or from the
-// gateway's environment; at most one source, exactly one when required.
-func readSecret(what, file, env, dir string, lookupEnv func(string) (string, bool), required bool) (string, error) {
+// readSecret is a secret from a file (relative to dir) or from the
+// gateway's environment; at most one source, exactly one when required
+// (nil: none).
+func readSecret(what, file, env, dir string, lookupEnv func(string) (string, bool), required bool) (*secretSource, error) {
 	switch {
 	case file != "" && env != "":
-		return "", fmt.Errorf("%s_file and %s_env exclude each other", what, what)
+		return nil, fmt.Errorf("%s_file and %s_env exclude each other", what, what)
 	case file != "":
 		if !filepath.IsAbs(file) {
 			file = filepath.Join(dir, file)
 		}
-		b, err := os.ReadFile(file)
+		s, err := fileSecret(file)
+		if errors.Is(err, errEmptySecret) {
+			return nil, fmt.Errorf("%s_file %s is empty", what, file)
+		}
 		if err != nil {
-			return "", fmt.Errorf("%s_file: %w", what, err)
+			return nil, fmt.Errorf("%s_file: %w", what, err)
 		}
-		v := strings.TrimSpace(string(b))
-		if v == "" {
-			return "", fmt.Errorf("%s_file %s is empty", what, file)
-		}
-		return v, nil
+		return s, nil
 	case env != "":
 		v, ok := lookupEnv(env)
 		if !ok || strings.TrimSpace(v) == "" {
-			return "", fmt.Errorf("%s_env: $%s is not set in the gateway's environment", what, env)
+			return nil, fmt.Errorf("%s_env: $%s is not set in the gateway's environment", what, env)
 		}
-		return strings.TrimSpace(v), nil
+		return fixedSecret(strings.TrimSpace(v)), nil
 	case required:
-		return "", fmt.Errorf("%s_file or %s_env is required", what, what)
+		return nil, fmt.Errorf("%s_file or %s_env is required", what, what)
 	}
-	return "", nil
+	return nil, nil
 }

@@ -25,6 +25,9 @@ func WithToken(ctx context.Context, tok string) context.Context {
 type Transport struct {
 	Base    http.RoundTripper // default http.DefaultTransport
 	Session string            // the credential of requests outside a call; "" for none
+	// session, when set, is asked for that credential instead of Session
+	// at each request (a secret rotated on disk).
+	session *secretSource
 }
 
 // RoundTrip implements http.RoundTripper.
@@ -32,6 +35,9 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	tok, _ := r.Context().Value(tokenKey{}).(string)
 	if tok == "" {
 		tok = t.Session
+		if t.session != nil {
+			tok = t.session.get()
+		}
 	}
 	r = r.Clone(r.Context())
 	r.Header.Del("Authorization")
@@ -49,7 +55,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 func (b *Broker) Transport(serverID string, base http.RoundTripper) *Transport {
 	t := &Transport{Base: base}
 	if s := b.cfg.servers[serverID]; s != nil && s.mode == schemas.TokenModeSecret {
-		t.Session = s.secret
+		t.session = s.secret
 	}
 	return t
 }
@@ -58,7 +64,7 @@ func (b *Broker) Transport(serverID string, base http.RoundTripper) *Transport {
 // started with, or nil.
 func (b *Broker) StdioEnv(serverID string) []string {
 	if s := b.cfg.servers[serverID]; s != nil && s.mode == schemas.TokenModeSecret && s.stdioEnv != "" {
-		return []string{s.stdioEnv + "=" + s.secret}
+		return []string{s.stdioEnv + "=" + s.secret.get()}
 	}
 	return nil
 }
