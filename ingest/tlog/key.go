@@ -99,13 +99,17 @@ func createKey(path, origin string) (*Key, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("tlog: log key: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("tlog: log key: %w", err)
+	// Written whole under a temporary name, then linked into place: a
+	// process starting at the same moment (talosd and `talosd log-key`)
+	// either wins or reads the winner's complete key.
+	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
+	err = os.WriteFile(tmp, []byte(skey+"\n"), 0o600)
+	if err == nil {
+		err = os.Link(tmp, path)
+		_ = os.Remove(tmp)
 	}
-	_, err = f.WriteString(skey + "\n")
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	if errors.Is(err, fs.ErrExist) {
+		return LoadOrCreateKey(path, origin, false)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("tlog: log key: %w", err)
