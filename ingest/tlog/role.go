@@ -124,6 +124,10 @@ func (r *Role) Run(ctx context.Context) error {
 			return nil
 		}
 		var f fatal
+		var c crashed
+		if errors.As(err, &c) {
+			return err
+		}
 		if errors.As(err, &f) {
 			r.o.Logger.Error("log role stopped: the log and TALOS_AUDIT disagree", "err", err)
 			return err
@@ -356,7 +360,12 @@ func (r *Role) stage(name string) error {
 		return nil
 	}
 	if err := r.o.crash(name); err != nil {
-		return fatal{err}
+		return crashed{err}
 	}
 	return nil
 }
+
+// crashed is the test hook's death: Run returns it at once.
+type crashed struct{ error }
+
+func (e crashed) Unwrap() error { return e.error }

@@ -1,12 +1,15 @@
 package tlog
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,7 +112,8 @@ func (b *bench) checkLog(t *testing.T, l *Log) {
 	var want [][32]byte
 	seen := map[[32]byte]uint64{}
 	for _, s := range b.sent {
-		h := LeafHash(s.data)
+		entry, _ := EntryOf(s.subject, s.data)
+		h := LeafHash(entry)
 		if _, dup := seen[h]; !dup {
 			seen[h] = uint64(len(want))
 			want = append(want, h)
@@ -170,23 +174,43 @@ func TestRoleAppendsEachRecordOnce(t *testing.T) {
 	ctx := context.Background()
 	again := b.sent[7]
 	b.raw(ctx, t, again.subject, again.data)
+	// Larger than a tile entry may be: logged as its stand-in.
+	big := fmt.Appendf(nil, `{"data":{"payload":"%s"},"id":"0190a3f0-0000-7000-8000-big000000000","type":"dev.talos.test"}`, strings.Repeat("x", MaxEntryBytes))
+	b.raw(ctx, t, "talos.audit.toolcall.files", big)
 	l, r, done, stop := b.start(t, RoleOptions{FetchMax: 32})
-	waitSize(t, r, 120)
+	waitSize(t, r, 121)
 	b.publish(t, 30)
 	b.raw(ctx, t, again.subject, again.data) // again, across batches
-	waitSize(t, r, 150)
+	waitSize(t, r, 151)
 	testenv.WaitFor(t, 10*time.Second, func() bool { return r.StreamSeq() == lastSeq(t, b.js) })
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if r.Duplicates() != 2 || r.Appended() != 150 {
-		t.Errorf("appended %d, duplicates %d; want 150 and 2", r.Appended(), r.Duplicates())
+	if r.Duplicates() != 2 || r.Appended() != 151 {
+		t.Errorf("appended %d, duplicates %d; want 151 and 2", r.Appended(), r.Duplicates())
 	}
 	if err := l.Close(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
 	b.checkLog(t, l)
+	// The stand-in names the record and its digest; its entry is in the
+	// bundle, and its index record says it stands in.
+	want := OversizeEntry("talos.audit.toolcall.files", "0190a3f0-0000-7000-8000-big000000000", big)
+	sum := sha256.Sum256(big)
+	if !bytes.Contains(want, []byte(hex.EncodeToString(sum[:]))) || !bytes.Contains(want, fmt.Appendf(nil, `"size":%d,`, len(big))) {
+		t.Errorf("stand-in %s", want)
+	}
+	found := false
+	for _, m := range testenv.StreamMsgs(t, b.js, schemas.StreamAudit) {
+		if m.Subject == schemas.SubjectLogIndex && bytes.Contains(m.Data, []byte(`"event_id":"0190a3f0-0000-7000-8000-big000000000"`)) {
+			found = bytes.Contains(m.Data, []byte(`"leaf_hash":"`+hex.EncodeToString(func() []byte { h := LeafHash(want); return h[:] }())+`","subject":"talos.audit.toolcall.files","stream_seq":`)) &&
+				bytes.Contains(m.Data, []byte(`"oversize":true`))
+		}
+	}
+	if !found {
+		t.Error("no index record announces the oversize record's stand-in")
+	}
 }
 
 func lastSeq(t *testing.T, js jetstream.JetStream) uint64 {
