@@ -49,6 +49,9 @@ const (
 	// TableToolCallRejections holds ToolCallEvents the flight recorder
 	// rejected (UTS FR-EVT-007), with the missing fields and the reason.
 	TableToolCallRejections = "tool_call_rejections"
+	// TableLogEntries says where each record is in the deployment's
+	// transparency log (migration 7, from the log role's index records).
+	TableLogEntries = "log_entries"
 )
 
 // Views of a Talos database; they never double-count a redelivered row.
@@ -69,6 +72,8 @@ const (
 	ViewCallsDuringKillSwitch = "v_calls_during_killswitch" // one row per (decision, kill switch active at its time and covering it)
 	ViewRegistryDigests       = "v_registry_digests"        // (hour, registry_digest) -> calls, first and last seen
 	ViewToolLatency           = "v_tool_latency"            // one row per executed call (phase post ToolCallEvent) with duration_ms
+
+	ViewLogEntries = "v_log_entries" // one row per (event_id, log_index): where a record is in the transparency log
 )
 
 const (
@@ -508,6 +513,35 @@ FROM {db}.v_tool_calls
 ARRAY JOIN arrayEnumerate(redaction_pseudonyms) AS i
 ORDER BY ep_id, tool_call_id, pseudonym, i
 LIMIT 1 BY ep_id, tool_call_id, pseudonym`,
+	},
+}, {
+	version: 7,
+	name:    "the transparency log's index",
+	// One row per record the log role announced (schemas.LogIndexBatch):
+	// its event id and where it is in the log. Ordered by event id, so a
+	// proof's index is found by the primary key; an event appended twice
+	// (two different copies) has two rows, which the key keeps apart.
+	statements: []string{
+		`CREATE TABLE IF NOT EXISTS {db}.log_entries (
+	event_id    String,
+	log_index   UInt64,
+	leaf_hash   String,
+	origin      String,
+	subject     String,
+	stream_seq  UInt64,
+	oversize    UInt8,
+	time        DateTime('UTC'),
+	time_ms     UInt64,
+	inserted_at DateTime('UTC') DEFAULT now()
+) ENGINE = ReplacingMergeTree()
+PARTITION BY toYYYYMM(time)
+ORDER BY (event_id, log_index)`,
+
+		`CREATE VIEW IF NOT EXISTS {db}.v_log_entries AS
+SELECT ` + logEntryColumnsSQL + `
+FROM {db}.log_entries
+ORDER BY event_id, log_index, time_ms
+LIMIT 1 BY event_id, log_index`,
 	},
 }}
 

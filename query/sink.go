@@ -19,7 +19,8 @@ import (
 // SinkWriter projects TALOS_AUDIT records into ClickHouse. It implements
 // the ingest sink's Writer: Write returns nil only when every record of
 // the batch is stored. Receipts go to receipts (control receipts also to
-// control_events); checkpoints to checkpoints; ToolCallEvents to tool_calls
+// control_events); checkpoints to checkpoints; the transparency log's
+// index records to log_entries; ToolCallEvents to tool_calls
 // with their redacted payloads in artifacts, or, when the flight recorder
 // refuses one (UTS FR-EVT-007), to tool_call_rejections. Records it cannot
 // turn into rows at all are not dropped: they are stored as they are in
@@ -73,6 +74,9 @@ func (w *SinkWriter) Write(ctx context.Context, recs []schemas.AuditRecord) erro
 	if err := InsertCheckpoints(ctx, w.conn, w.database, p.cps); err != nil {
 		return err
 	}
+	if err := InsertLogEntries(ctx, w.conn, w.database, p.logEntries); err != nil {
+		return err
+	}
 	if len(p.dead) > 0 {
 		if err := InsertDeadLetters(ctx, w.conn, w.database, p.dead); err != nil {
 			return err
@@ -96,6 +100,8 @@ type projection struct {
 	rejected  []ToolCallRejection
 	cps       []CheckpointRow
 	dead      []DeadLetter
+	// logEntries: the transparency log's index records.
+	logEntries []LogEntryRow
 }
 
 // newProjection sizes the hot path's tables for recs.
@@ -115,7 +121,8 @@ func newProjection(recs []schemas.AuditRecord) *projection {
 
 // add turns one record into its rows: receipts (control receipts also into
 // control_events), ToolCallEvents (refused ones into rejections),
-// checkpoints; anything that cannot be projected into a dead letter.
+// checkpoints; the log's index records; anything that cannot be projected
+// into a dead letter.
 func (p *projection) add(rec schemas.AuditRecord) {
 	deadLetter := func(reason string) {
 		p.dead = append(p.dead, DeadLetter{Subject: rec.Subject, StreamSeq: rec.StreamSeq, Reason: reason, Data: string(rec.Data)})
@@ -152,6 +159,13 @@ func (p *projection) add(rec schemas.AuditRecord) {
 			return
 		}
 		p.cps = append(p.cps, row)
+	case rec.Subject == schemas.SubjectLogIndex:
+		rows, err := LogEntryRowsOf(p.logEntries, rec.Data)
+		if err != nil {
+			deadLetter(err.Error())
+			return
+		}
+		p.logEntries = rows
 	default:
 		deadLetter("no projection for this subject in this version")
 	}

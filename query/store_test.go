@@ -37,7 +37,8 @@ func TestMigrateTwice(t *testing.T) {
 			t.Fatalf("schema_migrations has %d rows after two runs, want %d", n, len(migrations))
 		}
 		for _, tbl := range []string{TableReceipts, TableToolCalls, TableControlEvents, TableArtifacts,
-			TableCheckpoints, TableSchemaMigrations, TableDeadLetters, ViewReceipts, ViewDecisions, ViewDenialsByReason, ViewControlEvents} {
+			TableCheckpoints, TableSchemaMigrations, TableDeadLetters, ViewReceipts, ViewDecisions, ViewDenialsByReason, ViewControlEvents,
+			TableLogEntries, ViewLogEntries} {
 			q := fmt.Sprintf("SELECT count() FROM system.tables WHERE database = '%s' AND name = '%s'", name, tbl)
 			if count(t, ctx, conn, q) != 1 {
 				t.Errorf("%s.%s missing", name, tbl)

@@ -21,6 +21,7 @@ import (
 	"github.com/talos-audit/talos/ingest/natsserver"
 	"github.com/talos-audit/talos/ingest/retry"
 	"github.com/talos-audit/talos/ingest/telemetry"
+	"github.com/talos-audit/talos/ingest/tlog"
 	"github.com/talos-audit/talos/ingest/tracing"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
@@ -39,7 +40,7 @@ type stack struct {
 	WebURL string
 }
 
-var knownRoles = map[string]bool{"enforce": true, "sink": true, "control": true, "web": true, "forward": true}
+var knownRoles = map[string]bool{"enforce": true, "sink": true, "control": true, "web": true, "forward": true, "log": true}
 
 func newLogger(f *Flags) *slog.Logger {
 	var lvl slog.Level
@@ -73,7 +74,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 	log := newLogger(f)
 	for _, r := range f.Roles {
 		if !knownRoles[r] {
-			return usagef("unknown role %q (known: enforce, sink, control, web, forward)", r)
+			return usagef("unknown role %q (known: enforce, sink, control, web, forward, log)", r)
 		}
 	}
 	if f.InsecurePlaintext {
@@ -126,7 +127,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 		stop()
 		return err
 	}
-	srv := telemetry.Serve(telemetry.Options{Addr: f.HTTPAddr, Metrics: metrics, NATS: nc, Pprof: f.Pprof, Logger: log})
+	srv := telemetry.Serve(telemetry.Options{Addr: f.HTTPAddr, Metrics: metrics, NATS: nc, Pprof: f.Pprof, Logger: log, Routes: f.RoleFlags.Routes(f.has("log"), f.DataDir)})
 	if ready != nil {
 		if err := ready(gctx, &stack{NatsURL: natsURL, NC: nc, JS: js, Registry: c.reg, WebURL: webURL}); err != nil {
 			stop()
@@ -267,6 +268,13 @@ func startRoles(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *na
 		}
 		telemetry.RegisterForwarder(metrics, fw)
 		start("forward", fw.Run)
+	}
+	if f.has("log") {
+		run, err := f.RoleFlags.Start(f.DataDir, f.instance(), js, tlog.RoleOptions{AckWait: f.AckWait, Logger: log.With("role", "log")}, metrics)
+		if err != nil {
+			return "", closeSink, usagef("%v", err)
+		}
+		start("log", run)
 	}
 	if f.has("web") {
 		fwd, err := forward.Watch(nc, js) // the destinations of every forward role, for the incidents page

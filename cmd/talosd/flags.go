@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/talos-audit/talos/ingest/natstls"
+	"github.com/talos-audit/talos/ingest/tlog"
 	"github.com/talos-audit/talos/query"
 )
 
@@ -18,6 +19,7 @@ type Flags struct {
 	NatsUser           string        `name:"nats-user" help:"NATS user for --nats-url (credentials in the URL win; default: the worker user of --nats-auth)."`
 	NatsPassword       string        `name:"nats-password" help:"NATS password for --nats-user (prefer TALOS_NATS_PASSWORD: arguments are visible to other local users)."`
 	query.ServiceFlags               // --clickhouse-*: address, database, the sink's, web role's and migrations' users, TLS
+	tlog.RoleFlags                   // --log-*: the transparency log's origin, key, checkpoints, dedupe (role log)
 	Registry           string        `name:"registry" type:"path" help:"Tool registry: a manifest file or a directory of them (bootstrap pin). Required for the enforce role."`
 	SigningKey         string        `name:"signing-key" type:"path" help:"Ed25519 signing key (.key from 'talosctl keys gen'). Required for the enforce role."`
 	TrustedKeys        []string      `name:"trusted-keys" type:"path" help:"Public keys (.pub files or directories) of the other talosd instances: control events they signed are applied (this instance's own key is always trusted)."`
@@ -35,7 +37,7 @@ type Flags struct {
 	Mode               string        `name:"mode" enum:"prod,dev" default:"prod" help:"prod denies unclassified tools; dev allows them with a warning code."`
 	DataDir            string        `name:"data-dir" default:"./talos-data" type:"path" help:"Where the embedded NATS (and in dev, ClickHouse and keys) keep data."`
 	Instance           string        `name:"instance" help:"Instance name, used in CloudEvent sources and chain ids (default: host name)."`
-	Roles              []string      `name:"roles" default:"enforce,sink,control" help:"Roles to run: enforce, sink, control, web, forward."`
+	Roles              []string      `name:"roles" default:"enforce,sink,control" help:"Roles to run: enforce, sink, control, web, forward, log."`
 	ForwardConfig      string        `name:"forward-config" type:"path" help:"SIEM destinations of the forward role (JSON: syslog over TCP or TLS, Splunk HEC, webhook; README 'Forwarding to a SIEM')."`
 	WebAddr            string        `name:"web-addr" default:"127.0.0.1:8088" help:"Listen address of the web dashboard (role web)."`
 	WebToken           string        `name:"web-token" help:"Access token of the web dashboard, 16-256 characters (prefer TALOS_WEB_TOKEN: arguments are visible to other local users). Default: the token in --web-token-file."`

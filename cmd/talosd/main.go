@@ -26,6 +26,13 @@ type cli struct {
 	Dev devCmd `cmd:"" help:"Run the whole pipeline locally: embedded NATS, private ClickHouse, demo registry and keys, demo traffic."`
 
 	NatsAuthCmd natsAuthCmd `cmd:"" name:"nats-auth" help:"Create or complete the NATS users file (--nats-auth, --nats-eps) without starting anything; --conf also renders it for nats-server."`
+	LogKeyCmd   logKeyCmd   `cmd:"" name:"log-key" help:"Print the transparency log's verifier key, creating the log key (--log-key, --log-origin) if it is missing."`
+}
+
+type logKeyCmd struct{}
+
+func (logKeyCmd) Run(f *Flags) error {
+	return f.RoleFlags.PrintVerifier(os.Stdout, f.DataDir, f.instance())
 }
 
 type runCmd struct{}

@@ -74,14 +74,20 @@ type Options struct {
 	// connected.
 	NATS *nats.Conn
 	// Pprof also serves /debug/pprof (profiling; keep Addr private).
-	Pprof  bool
+	Pprof bool
+	// Routes are more handlers by pattern (the transparency log's tiles).
+	Routes map[string]http.Handler
 	Logger *slog.Logger
 }
 
-// Handler serves /healthz, /metrics and, with Pprof, /debug/pprof.
+// Handler serves /healthz, /metrics, the Routes and, with Pprof,
+// /debug/pprof.
 func Handler(o Options) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(o.Metrics, promhttp.HandlerOpts{}))
+	for pattern, h := range o.Routes {
+		mux.Handle(pattern, h)
+	}
 	if o.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)

@@ -1,0 +1,111 @@
+package tlog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// RoleFlags are talosd's settings of the log role (DESIGN.md §4). Zero
+// values mean defaults.
+type RoleFlags struct {
+	LogOrigin             string        `name:"log-origin" help:"Origin of the deployment's transparency log (role log): the first line of its checkpoints and the name of its key, e.g. audit.example.com/talos. Fixed once the log key exists (default: the key's, else talos.localhost/<instance>)."`
+	LogKey                string        `name:"log-key" type:"path" help:"The log's signed-note private key (default <data-dir>/keys/log.key, created once with --log-origin; its verifier key is written beside it as log.vkey and printed by 'talosd log-key')."`
+	LogCheckpointInterval time.Duration `name:"log-checkpoint-interval" default:"1s" help:"How often the log signs and publishes a new checkpoint while it grows."`
+	LogDedupeEntries      int           `name:"log-dedupe-entries" default:"131072" help:"How many of the log's last entries the log role remembers, so that a record published again is not appended twice."`
+}
+
+// Dir is the log's directory under dataDir.
+func Dir(dataDir string) string { return filepath.Join(dataDir, "tlog") }
+
+func (f RoleFlags) keyPath(dataDir string) string {
+	if f.LogKey != "" {
+		return f.LogKey
+	}
+	return filepath.Join(dataDir, "keys", "log.key")
+}
+
+// Key loads the log key, creating it (named --log-origin, else the
+// default origin for instance) when it is missing and no --log-key names
+// it. A --log-origin that is not valid is ErrBadOrigin.
+func (f RoleFlags) Key(dataDir, instance string) (*Key, error) {
+	if f.LogOrigin != "" {
+		if err := CheckOrigin(f.LogOrigin); err != nil {
+			return nil, err
+		}
+	}
+	origin := f.LogOrigin
+	if origin == "" && !fileExists(f.keyPath(dataDir)) {
+		origin = DefaultOrigin(instance)
+	}
+	return LoadOrCreateKey(f.keyPath(dataDir), origin, f.LogKey == "")
+}
+
+// Start opens the log under dataDir and prepares the role; run appends
+// until its context ends, then closes the log (waiting up to 10 s for a
+// checkpoint that covers every entry).
+func (f RoleFlags) Start(dataDir, instance string, js jetstream.JetStream, o RoleOptions, reg prometheus.Registerer) (run func(context.Context) error, err error) {
+	key, err := f.Key(dataDir, instance)
+	if err != nil {
+		return nil, err
+	}
+	o = o.withDefaults()
+	l, err := Open(Options{Dir: Dir(dataDir), Key: key, BatchMax: o.FetchMax, CheckpointInterval: f.LogCheckpointInterval, Logger: o.Logger})
+	if err != nil {
+		return nil, err
+	}
+	o.DedupeEntries = f.LogDedupeEntries
+	r, err := NewRole(js, l, o)
+	if err != nil {
+		_ = l.Close(time.Second)
+		return nil, err
+	}
+	if reg != nil {
+		r.register(reg)
+	}
+	o.Logger.Info("log role started", "origin", l.Origin(), "dir", l.Dir(), "verifier_key", key.Verifier, "stream_seq", r.StreamSeq())
+	return func(ctx context.Context) error {
+		err := r.Run(ctx)
+		return errors.Join(err, l.Close(10*time.Second))
+	}, nil
+}
+
+// Routes are the log's tiles for --http-addr when on (the log role runs),
+// else none.
+func (f RoleFlags) Routes(on bool, dataDir string) map[string]http.Handler {
+	if !on {
+		return nil
+	}
+	return Routes(Dir(dataDir))
+}
+
+// PrintVerifier writes the log's verifier key to w, creating the log key
+// as the log role would when it is missing.
+func (f RoleFlags) PrintVerifier(w io.Writer, dataDir, instance string) error {
+	key, err := f.Key(dataDir, instance)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(w, key.Verifier)
+	return err
+}
+
+func (r *Role) register(reg prometheus.Registerer) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "talos_log_size", Help: "Entries integrated in the transparency log."},
+			func() float64 { return float64(r.Size()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "talos_log_stream_seq", Help: "Last TALOS_AUDIT sequence the log role has fully handled (its cursor)."},
+			func() float64 { return float64(r.StreamSeq()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "talos_log_appended_total", Help: "Records this log role appended."},
+			func() float64 { return float64(r.Appended()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "talos_log_duplicates_total", Help: "Records found already in the log (redelivered or published again), not appended."},
+			func() float64 { return float64(r.Duplicates()) }),
+	)
+}
