@@ -34,3 +34,10 @@ type LogIndexEntry struct {
 	// entry is its stand-in (DESIGN.md §3).
 	Oversize bool `json:"oversize,omitempty"`
 }
+
+// SignedAuditSubjects are the subjects of TALOS_AUDIT's signed records —
+// receipts, ToolCallEvents and checkpoints — without the log role's index
+// records: what a reader of the evidence (the SIEM forwarder) follows.
+func SignedAuditSubjects() []string {
+	return []string{SubjectReceipt + ">", SubjectToolCall + ">", SubjectCheckpoint + ">"}
+}

@@ -133,7 +133,9 @@ func (d *destination) consumer(ctx context.Context) (jetstream.Consumer, error) 
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       d.ackWait,
 		MaxAckPending: d.d.MaxPending,
-		FilterSubject: schemas.SubjectAuditAll,
+		// The signed records only: the log role's index records
+		// (talos.audit.log.index) are no evidence of their own.
+		FilterSubjects: schemas.SignedAuditSubjects(),
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
 	if d.d.Start == "new" {
