@@ -40,8 +40,6 @@ type stack struct {
 	WebURL string
 }
 
-var knownRoles = map[string]bool{"enforce": true, "sink": true, "control": true, "web": true, "forward": true, "log": true}
-
 func newLogger(f *Flags) *slog.Logger {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(f.LogLevel))
@@ -72,11 +70,6 @@ type core struct {
 // → close the NATS connection → stop the embedded nats-server.
 func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack) error) error {
 	log := newLogger(f)
-	for _, r := range f.Roles {
-		if !knownRoles[r] {
-			return usagef("unknown role %q (known: enforce, sink, control, web, forward, log)", r)
-		}
-	}
 	if f.InsecurePlaintext {
 		log.Warn("NATS in PLAINTEXT (--insecure-nats-plaintext): anyone on the network path reads the calls; only to measure what TLS costs")
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"slices"
 	"time"
 
 	"github.com/talos-audit/talos/ingest/natstls"
@@ -37,7 +38,7 @@ type Flags struct {
 	Mode               string        `name:"mode" enum:"prod,dev" default:"prod" help:"prod denies unclassified tools; dev allows them with a warning code."`
 	DataDir            string        `name:"data-dir" default:"./talos-data" type:"path" help:"Where the embedded NATS (and in dev, ClickHouse and keys) keep data."`
 	Instance           string        `name:"instance" help:"Instance name, used in CloudEvent sources and chain ids (default: host name)."`
-	Roles              []string      `name:"roles" default:"enforce,sink,control" help:"Roles to run: enforce, sink, control, web, forward, log."`
+	Roles              []string      `name:"roles" default:"enforce,sink,control" enum:"enforce,sink,control,web,forward,log" help:"Roles to run: enforce, sink, control, web, forward, log."`
 	ForwardConfig      string        `name:"forward-config" type:"path" help:"SIEM destinations of the forward role (JSON: syslog over TCP or TLS, Splunk HEC, webhook; README 'Forwarding to a SIEM')."`
 	WebAddr            string        `name:"web-addr" default:"127.0.0.1:8088" help:"Listen address of the web dashboard (role web)."`
 	WebToken           string        `name:"web-token" help:"Access token of the web dashboard, 16-256 characters (prefer TALOS_WEB_TOKEN: arguments are visible to other local users). Default: the token in --web-token-file."`
@@ -67,11 +68,4 @@ func (f *Flags) instance() string {
 	return h
 }
 
-func (f *Flags) has(role string) bool {
-	for _, r := range f.Roles {
-		if r == role {
-			return true
-		}
-	}
-	return false
-}
+func (f *Flags) has(role string) bool { return slices.Contains(f.Roles, role) }

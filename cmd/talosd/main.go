@@ -16,6 +16,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/tlog"
 )
 
 // cli is talosd's command line. Every flag also reads TALOS_<FLAG>.
@@ -26,13 +27,7 @@ type cli struct {
 	Dev devCmd `cmd:"" help:"Run the whole pipeline locally: embedded NATS, private ClickHouse, demo registry and keys, demo traffic."`
 
 	NatsAuthCmd natsAuthCmd `cmd:"" name:"nats-auth" help:"Create or complete the NATS users file (--nats-auth, --nats-eps) without starting anything; --conf also renders it for nats-server."`
-	LogKeyCmd   logKeyCmd   `cmd:"" name:"log-key" help:"Print the transparency log's verifier key, creating the log key (--log-key, --log-origin) if it is missing."`
-}
-
-type logKeyCmd struct{}
-
-func (logKeyCmd) Run(f *Flags) error {
-	return f.RoleFlags.PrintVerifier(os.Stdout, f.DataDir, f.instance())
+	LogKeyCmd   tlog.KeyCmd `cmd:"" name:"log-key" help:"Print the transparency log's verifier key, creating the log key (--log-key, --log-origin) if it is missing."`
 }
 
 type runCmd struct{}
@@ -61,7 +56,7 @@ func main() {
 		os.Exit(2)
 	}
 	ingest.TuneGC(len(c.Flags.Roles) == 1 && c.Flags.Roles[0] == "enforce")
-	if err = k.Run(&c.Flags, c.Server(c.DataDir)); err != nil {
+	if err = k.Run(&c.Flags, c.Server(c.DataDir), tlog.KeyPlace{RoleFlags: c.RoleFlags, DataDir: c.DataDir, Instance: c.instance()}); err != nil {
 		fmt.Fprintln(os.Stderr, "talosd:", err)
 		if errors.As(err, new(usageError)) {
 			os.Exit(2)

@@ -78,7 +78,7 @@ func TestUsageErrors(t *testing.T) {
 	}{
 		{[]string{"--roles", "enforce", "--signing-key", "x.key"}, "--registry"},
 		{[]string{"--roles", "enforce", "--registry", "demo/registry"}, "--signing-key"},
-		{[]string{"--roles", "bogus"}, "unknown role"},
+		{[]string{"--roles", "enforce,bogus"}, `--roles must be one of "enforce","sink","control","web","forward","log" but got "bogus"`},
 		{[]string{"--mode", "staging"}, "--mode"},
 	}
 	for _, c := range cases {

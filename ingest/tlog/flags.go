@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -85,6 +86,19 @@ func (f RoleFlags) Routes(on bool, dataDir string) map[string]http.Handler {
 	}
 	return Routes(Dir(dataDir))
 }
+
+// KeyPlace is where talosd keeps the log key: its flags, its data
+// directory and its instance name (KeyCmd's argument).
+type KeyPlace struct {
+	RoleFlags
+	DataDir, Instance string
+}
+
+// KeyCmd is `talosd log-key`: print the log's verifier key (PrintVerifier).
+type KeyCmd struct{}
+
+// Run prints the verifier key of the log key at p.
+func (KeyCmd) Run(p KeyPlace) error { return p.PrintVerifier(os.Stdout, p.DataDir, p.Instance) }
 
 // PrintVerifier writes the log's verifier key to w, creating the log key
 // as the log role would when it is missing.
