@@ -71,7 +71,7 @@ func TestGrafanaDashboards(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"type: grafana-clickhouse-datasource", "uid: talos-clickhouse", "host: clickhouse", "port: 9000",
+	for _, want := range []string{"type: grafana-clickhouse-datasource", "uid: talos-clickhouse", "host: clickhouse", "port: 9440", "secure: true",
 		"protocol: native", "defaultDatabase: talos", "username: " + ReaderUser, "secureJsonData:", "password: $__file{/chreader/"} {
 		if !strings.Contains(string(ds), want) {
 			t.Errorf("datasource provisioning lacks %q", want)
