@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -48,6 +49,29 @@ type Upstream struct {
 	session *mcp.ClientSession
 	tools   []upstreamTool
 	changed chan struct{}
+
+	// rejected holds the definitions already logged as hidden (reject).
+	rejectedMu sync.Mutex
+	rejected   map[mcpup.Rejected]bool
+}
+
+// reject logs, once per definition and reason, a definition the server
+// listed that cannot be served: the list filter (mcpup.WithRejected) has
+// taken it out of the list, so it is hidden from every client and cannot
+// be called, while the server's other definitions are served.
+func (u *Upstream) reject(log *slog.Logger) func(mcpup.Rejected) {
+	return func(r mcpup.Rejected) {
+		u.rejectedMu.Lock()
+		seen := u.rejected[r]
+		if u.rejected == nil {
+			u.rejected = map[mcpup.Rejected]bool{}
+		}
+		u.rejected[r] = true
+		u.rejectedMu.Unlock()
+		if !seen {
+			log.Warn("upstream "+r.Kind+" hidden: its definition cannot be served", "server_id", r.ServerID, "name", r.Name, "why", r.Reason)
+		}
+	}
 }
 
 // listTools lists the server's tools with the hashes of their definitions.
@@ -92,6 +116,7 @@ func ConnectUpstreams(ctx context.Context, specs []mcpup.Spec, client *mcp.Imple
 			default:
 			}
 		}})}
+		opts = append(opts, mcpup.WithRejected(u.reject(log)))
 		transport := "pipe"
 		if s.URL != "" {
 			transport = "tcp"
