@@ -124,6 +124,12 @@ type Gateway struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// ready is closed once the gateway is first connected to Talos (its
+	// decision subscription made); until then no request is answered
+	// (waitReady).
+	ready     chan struct{}
+	readyOnce sync.Once
+
 	// mu guards the fields below and the upstreams' tools. Tool lists
 	// change when an upstream announces a new one (refresh).
 	mu      sync.Mutex
@@ -161,7 +167,7 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 	if o.Credentials == nil {
 		o.Credentials = credential.New(nil, credential.Options{})
 	}
-	g := &Gateway{o: o, log: o.Logger, nc: nc, js: js, ups: ups, creds: o.Credentials, servers: map[string]*mcp.Server{}, served: map[string]*Principal{}}
+	g := &Gateway{o: o, log: o.Logger, nc: nc, js: js, ups: ups, creds: o.Credentials, servers: map[string]*mcp.Server{}, served: map[string]*Principal{}, ready: make(chan struct{})}
 	g.appr = ep.NewApprovals(js, ep.ApprovalOptions{Keys: o.TrustedKeys, Logger: o.Logger})
 	if err := g.openOutboxes(); err != nil {
 		return nil, err
@@ -297,7 +303,32 @@ func (g *Gateway) subscribe() bool {
 	g.mu.Lock()
 	g.client = c
 	g.mu.Unlock()
+	g.readyOnce.Do(func() { close(g.ready) })
 	return true
+}
+
+// Ready is closed once the gateway is first connected to Talos: from
+// then on its MCP servers answer requests.
+func (g *Gateway) Ready() <-chan struct{} { return g.ready }
+
+// waitReady holds each request a client sends until the gateway is first
+// connected to Talos (Ready), so that no request, the handshake included,
+// is answered before a call can be decided: a client waits on its
+// initialize rather than have its first call refused
+// ENFORCEMENT_UNAVAILABLE. A request whose client leaves first ends with
+// its context; notifications pass at once. A later loss of the connection
+// denies calls as before.
+func (g *Gateway) waitReady(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if !strings.HasPrefix(method, "notifications/") {
+			select {
+			case <-g.ready:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return next(ctx, method, req)
+	}
 }
 
 // Close stops the approval follower and the upstream watchers, waits (up
@@ -366,6 +397,7 @@ func (g *Gateway) Server(p *Principal) *mcp.Server {
 			return next(ctx, method, req)
 		}
 	})
+	s.AddReceivingMiddleware(g.waitReady)
 	s.AddReceivingMiddleware(g.traceServer) // outermost: added last
 	g.servers[p.Name] = s
 	g.served[p.Name] = p
