@@ -130,12 +130,25 @@ type Gateway struct {
 	ready     chan struct{}
 	readyOnce sync.Once
 
+	// stdio says the one client session is served over stdio (Setup.Serve):
+	// it relays over the upstreams' own sessions (shared). Otherwise each
+	// client session has a relay of its own (relays; relayMu), closed when
+	// it ends. progress routes the progress tokens of forwarded requests
+	// (mapProgress).
+	stdio    bool
+	shared   *relay
+	relayMu  sync.Mutex
+	relays   map[*mcp.ServerSession]*relay
+	progress sync.Map
+
 	// mu guards the fields below and the upstreams' tools. Tool lists
 	// change when an upstream announces a new one (refresh).
-	mu      sync.Mutex
-	byName  map[string]upstreamTool // downstream tool name → its upstream tool
-	servers map[string]*mcp.Server  // principal name → its server
-	served  map[string]*Principal   // principal name → the principal
+	mu     sync.Mutex
+	byName map[string]upstreamTool // downstream tool name → its upstream tool
+	// features routes prompts, resources and templates (features.go).
+	features featureRoutes
+	servers  map[string]*mcp.Server // principal name → its server
+	served   map[string]*Principal  // principal name → the principal
 }
 
 // New builds a gateway over connected upstreams and a NATS connection
@@ -183,6 +196,12 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 	o.Tracing.Register(g.metrics)
 	g.drifted, g.driftOut = map[string]bool{}, g.refused
 	g.byName = route(o.Registry, ups, o.Logger)
+	g.features = routeFeatures(ups)
+	g.relays, g.shared = map[*mcp.ServerSession]*relay{}, newRelay(g, nil, false)
+	for _, u := range ups {
+		g.shared.sessions[u.spec.ServerID] = u.session
+		u.peer.Store(g.shared)
+	}
 	g.reportDrift(g.byName) // queued now, sent once Start connects the outbox
 	return g, nil
 }
@@ -338,6 +357,13 @@ func (g *Gateway) Close(wait time.Duration) {
 	if g.cancel != nil {
 		g.cancel()
 	}
+	// The client sessions of HTTP mode end, and with them their relays'
+	// upstream sessions.
+	g.relayMu.Lock()
+	for ss := range g.relays {
+		_ = ss.Close()
+	}
+	g.relayMu.Unlock()
 	g.wg.Wait()
 	g.undelivered("post events", g.out, g.out.Drain(wait))
 	g.undelivered("reports of refused requests", g.refused, g.refused.Drain(wait/2))
@@ -381,18 +407,26 @@ func (g *Gateway) Server(p *Principal) *mcp.Server {
 	if s := g.servers[p.Name]; s != nil {
 		return s
 	}
-	s := mcp.NewServer(&mcp.Implementation{Name: "talos-mcp-gateway", Version: g.o.Version}, &mcp.ServerOptions{
-		Instructions: "Tool calls pass through Talos: each is decided, receipted and audited.",
-	})
+	s := mcp.NewServer(&mcp.Implementation{Name: "talos-mcp-gateway", Version: g.o.Version}, g.serverOptions(p))
 	for _, name := range sortedKeys(g.byName) {
 		if t, ok := g.listed(p, name); ok {
 			s.AddTool(t, g.unreached(p))
 		}
 	}
+	g.offerFeatures(s, p, featureRoutes{}, g.features)
 	s.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-			if r, ok := req.(*mcp.CallToolRequest); ok && method == "tools/call" {
+			switch r := req.(type) {
+			case *mcp.CallToolRequest:
 				return g.call(ctx, p, r)
+			case *mcp.ServerRequest[*mcp.SetLoggingLevelParams]:
+				// The session keeps the level for what the gateway logs to
+				// it; the upstreams get it too.
+				res, err := next(ctx, method, req)
+				if err == nil {
+					g.relayOf(p, r.Session).setLevel(ctx, r.Params.Level)
+				}
+				return res, err
 			}
 			return next(ctx, method, req)
 		}
