@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/talos-audit/talos/testenv"
 )
 
@@ -30,9 +32,10 @@ func hiddenLine(kind, name string) string {
 
 // TestUpstreamDefinitionsRobust (issue 21): a real stdio server lists,
 // beside good tools, one whose input schema has no "type": "object", one
-// whose schema does not compile and one that is not a tool at all. The
-// gateway starts, lists and serves the good tools, and logs one line for
-// each broken one, naming it and why; a broken tool that arrives later
+// whose schema does not compile and one that is not a tool at all, and a
+// broken prompt, resource and resource template. The gateway starts,
+// lists and serves the good ones, and logs one line for each broken one,
+// naming it and why; a broken tool that arrives later
 // through notifications/tools/list_changed is hidden the same way while
 // the good one that came with it is served. talosctl registry lint
 // reports the broken tools INVALID (not STALE) and still passes.
@@ -94,11 +97,27 @@ func TestUpstreamDefinitionsRobust(t *testing.T) {
 	if res := gw.call(ctx, "late_good", map[string]any{"name": "Bo"}).mustAllow(t, "late_good"); text(res) != "Hello, Bo!" {
 		t.Fatalf("late_good: %q", text(res))
 	}
+	prompts, err := gw.cs.ListPrompts(ctx, nil)
+	if err != nil || len(prompts.Prompts) != 1 || prompts.Prompts[0].Name != "greeting" {
+		t.Fatalf("prompts/list: %v %+v, want only greeting", err, prompts)
+	}
+	resources, err := gw.cs.ListResources(ctx, nil)
+	if err != nil || len(resources.Resources) != 1 || resources.Resources[0].URI != "test://good" {
+		t.Fatalf("resources/list: %v %+v, want only test://good", err, resources)
+	}
+	templates, err := gw.cs.ListResourceTemplates(ctx, nil)
+	if err != nil || len(templates.ResourceTemplates) != 1 || templates.ResourceTemplates[0].URITemplate != "test://item/{id}" {
+		t.Fatalf("resources/templates/list: %v %+v, want only test://item/{id}", err, templates)
+	}
+	if read, err := gw.cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: "test://item/3"}); err != nil || read.Contents[0].Text != "content of test://item/3" {
+		t.Fatalf("resources/read test://item/3: %v %+v", err, read)
+	}
 	logb, _ := os.ReadFile(gw.log)
 	log := string(logb)
-	for _, name := range []string{"no_type", "bad_schema", "7", "late_bad"} {
-		if n := strings.Count(log, hiddenLine("tool", name)); n != 1 {
-			t.Fatalf("the gateway logged the hidden tool %s %d times, want once:\n%s", name, n, tail(log, 3000))
+	for _, h := range [][2]string{{"tool", "no_type"}, {"tool", "bad_schema"}, {"tool", "7"}, {"tool", "late_bad"},
+		{"prompt", `""`}, {"resource", "relative/path"}, {"resource template", "test://item/{id"}} {
+		if n := strings.Count(log, hiddenLine(h[0], h[1])); n != 1 {
+			t.Fatalf("the gateway logged the hidden %s %s %d times, want once:\n%s", h[0], h[1], n, tail(log, 3000))
 		}
 	}
 	if !strings.Contains(log, hiddenLine("tool", "no_type")+`why="inputSchema: \"type\" must be \"object\" (got none)"`) {
