@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -108,16 +109,6 @@ func relayOptions(serverID string, peer func() *relay, changed chan struct{}) []
 				_ = ss.NotifyElicitationComplete(r.context(serverID, ctx), req.Params)
 			}
 		},
-		LoggingMessageHandler: func(ctx context.Context, req *mcp.LoggingMessageRequest) {
-			if r, ss := client(); ss != nil {
-				_ = ss.Log(r.context(serverID, ctx), req.Params)
-			}
-		},
-		ProgressNotificationHandler: func(ctx context.Context, req *mcp.ProgressNotificationClientRequest) {
-			if r, _ := client(); r != nil {
-				r.g.progressed(req.Params)
-			}
-		},
 		ResourceUpdatedHandler: func(ctx context.Context, req *mcp.ResourceUpdatedNotificationRequest) {
 			if r, ss := client(); ss != nil {
 				_ = r.g.Server(r.p).ResourceUpdated(ctx, req.Params)
@@ -127,9 +118,14 @@ func relayOptions(serverID string, peer func() *relay, changed chan struct{}) []
 		PromptListChangedHandler:   func(context.Context, *mcp.PromptListChangedRequest) { signal() },
 		ResourceListChangedHandler: func(context.Context, *mcp.ResourceListChangedRequest) { signal() },
 	}
-	// The SDK's client answers roots/list from a list of its own; the
-	// client session's roots are asked for instead.
-	roots := func(next mcp.MethodHandler) mcp.MethodHandler {
+	return []mcpup.Option{mcpup.WithClientOptions(o), mcpup.WithReceivingMiddleware(rootsFromClient(serverID, client)),
+		mcpup.WithTransport(inOrder(serverID, client))}
+}
+
+// rootsFromClient answers an upstream's roots/list with the client
+// session's roots (the SDK's client would answer from a list of its own).
+func rootsFromClient(serverID string, client func() (*relay, *mcp.ServerSession)) mcp.Middleware {
+	return func(next mcp.MethodHandler) mcp.MethodHandler {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 			if method != "roots/list" {
 				return next(ctx, method, req)
@@ -141,7 +137,65 @@ func relayOptions(serverID string, peer func() *relay, changed chan struct{}) []
 			return ss.ListRoots(r.context(serverID, ctx), nil)
 		}
 	}
-	return []mcpup.Option{mcpup.WithClientOptions(o), mcpup.WithReceivingMiddleware(roots)}
+}
+
+// inOrder passes an upstream's progress and log messages on to the client
+// session as its session reads them, so that those sent before an answer
+// reach the client before the answer does (the SDK hands notifications to
+// its handlers after it has delivered later responses).
+func inOrder(serverID string, client func() (*relay, *mcp.ServerSession)) func(mcp.Transport) mcp.Transport {
+	return func(t mcp.Transport) mcp.Transport {
+		return notifyTransport{Transport: t, deliver: func(ctx context.Context, m *jsonrpc.Request) {
+			r, ss := client()
+			if ss == nil {
+				return
+			}
+			switch m.Method {
+			case "notifications/progress":
+				var p mcp.ProgressNotificationParams
+				if json.Unmarshal(m.Params, &p) == nil {
+					r.g.progressed(&p)
+				}
+			case "notifications/message":
+				var p mcp.LoggingMessageParams
+				if json.Unmarshal(m.Params, &p) == nil {
+					_ = ss.Log(r.context(serverID, ctx), &p)
+				}
+			}
+		}}
+	}
+}
+
+// notifyTransport is a client transport whose connection hands the
+// progress and log notifications it reads to deliver, at once and in the
+// order read, instead of to the session.
+type notifyTransport struct {
+	mcp.Transport
+	deliver func(context.Context, *jsonrpc.Request)
+}
+
+func (t notifyTransport) Connect(ctx context.Context) (mcp.Connection, error) {
+	c, err := t.Transport.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return notifyConn{Connection: c, deliver: t.deliver}, nil
+}
+
+type notifyConn struct {
+	mcp.Connection
+	deliver func(context.Context, *jsonrpc.Request)
+}
+
+func (c notifyConn) Read(ctx context.Context) (jsonrpc.Message, error) {
+	for {
+		m, err := c.Connection.Read(ctx)
+		r, ok := m.(*jsonrpc.Request)
+		if err != nil || !ok || r.ID.IsValid() || (r.Method != "notifications/progress" && r.Method != "notifications/message") {
+			return m, err
+		}
+		c.deliver(ctx, r)
+	}
 }
 
 // client is the relay's client session (nil until one is bound).

@@ -30,7 +30,7 @@ type options struct {
 	client     *mcp.ClientOptions
 	sending    []mcp.Middleware
 	receiving  []mcp.Middleware
-	wrap       func(mcp.Transport) mcp.Transport
+	wrap       []func(mcp.Transport) mcp.Transport
 	rejected   func(Rejected)
 }
 
@@ -65,9 +65,10 @@ func WithReceivingMiddleware(mw ...mcp.Middleware) Option {
 }
 
 // WithTransport has the session use wrap(t) for its transport t (to see
-// the messages it writes and reads).
+// the messages it writes and reads). Several wrap in the order given, the
+// first nearest the wire.
 func WithTransport(wrap func(mcp.Transport) mcp.Transport) Option {
-	return func(opts *options) { opts.wrap = wrap }
+	return func(opts *options) { opts.wrap = append(opts.wrap, wrap) }
 }
 
 // transport is t as WithRejected and WithTransport wrap it (the list
@@ -76,10 +77,10 @@ func (o *options) transport(t mcp.Transport, serverID string) mcp.Transport {
 	if o.rejected != nil {
 		t = listFilter{Transport: t, server: serverID, report: o.rejected}
 	}
-	if o.wrap == nil {
-		return t
+	for _, w := range o.wrap {
+		t = w(t)
 	}
-	return o.wrap(t)
+	return t
 }
 
 // Connect starts or dials the upstream server s and completes the MCP
