@@ -7,7 +7,12 @@
 // the post outbox with its result and timing (spooled to disk under
 // Options.SpoolDir until JetStream has it). Without an answer from Talos
 // the call is denied (fail closed). A tool whose definition drifted from
-// its registry pin is hidden and denied (drift.go, OWASP MCP03).
+// its registry pin is hidden and denied (drift.go, OWASP MCP03). The rest
+// of MCP (prompts, resources, completion, logging, progress, cancellation,
+// and sampling, elicitation and roots/list asked of the client) is relayed
+// per client session (relay.go, features.go), and a definition an
+// upstream lists that cannot be served is hidden (mcpup.WithRejected).
+// No request is answered before the gateway is first connected to Talos.
 //
 // cmd/talos-mcp-gateway fills a Config from its flags; Prepare validates
 // it and composes the parts (registry, principals, HTTPOptions, upstream
