@@ -15,6 +15,7 @@ const (
 	MCPServerEverything = "mcp-server-everything" // @modelcontextprotocol/server-everything
 	MCPServerFilesystem = "mcp-server-filesystem" // @modelcontextprotocol/server-filesystem <allowed dir>...
 	MCPInspector        = "mcp-inspector"         // @modelcontextprotocol/inspector (use --cli)
+	MCPConformance      = "conformance"           // @modelcontextprotocol/conformance (the official MCP conformance suite)
 )
 
 // MCPBin returns the absolute path of testenv/mcp/node_modules/.bin/<name>,

@@ -192,13 +192,25 @@ type gatewaySession struct {
 
 func (s *stack) gatewaySession(ctx context.Context, args ...string) *gatewaySession {
 	s.t.Helper()
-	return s.connectGateway(ctx, exec.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none",
-		"--registry", s.registry, "--trusted-keys", filepath.Join(s.dir, "worker.pub"), "--log-level", "debug"}, args...)...))
+	return s.gatewayClient(ctx, nil, args...)
+}
+
+// gatewayClient is gatewaySession with client (nil: a plain one).
+func (s *stack) gatewayClient(ctx context.Context, client *mcp.Client, args ...string) *gatewaySession {
+	s.t.Helper()
+	return s.connectGatewayWith(ctx, exec.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none",
+		"--registry", s.registry, "--trusted-keys", filepath.Join(s.dir, "worker.pub"), "--log-level", "debug"}, args...)...), client)
 }
 
 // connectGateway starts cmd, a gateway, as a stdio MCP server and connects
 // the Go SDK client to it.
 func (s *stack) connectGateway(ctx context.Context, cmd *exec.Cmd) *gatewaySession {
+	s.t.Helper()
+	return s.connectGatewayWith(ctx, cmd, nil)
+}
+
+// connectGatewayWith is connectGateway with client (nil: a plain one).
+func (s *stack) connectGatewayWith(ctx context.Context, cmd *exec.Cmd, client *mcp.Client) *gatewaySession {
 	s.t.Helper()
 	g := &gatewaySession{log: filepath.Join(s.dir, fmt.Sprintf("gateway-%d.log", time.Now().UnixNano()))}
 	logf, err := os.Create(g.log)
@@ -206,7 +218,9 @@ func (s *stack) connectGateway(ctx context.Context, cmd *exec.Cmd) *gatewaySessi
 		s.t.Fatal(err)
 	}
 	cmd.Stderr = logf
-	client := mcp.NewClient(&mcp.Implementation{Name: "talos-gateway-test", Version: "1"}, nil)
+	if client == nil {
+		client = mcp.NewClient(&mcp.Implementation{Name: "talos-gateway-test", Version: "1"}, nil)
+	}
 	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
 	if err != nil {
 		b, _ := os.ReadFile(g.log)

@@ -106,7 +106,7 @@ func (c *registryLintCmd) listTools(spec mcpup.Spec, rep *registrylint.Report) (
 	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
 	defer cancel()
 	live, info, err := mcpup.ListServer(ctx, spec, &mcp.Implementation{Name: "talosctl-registry-lint", Version: "1"},
-		mcpup.WithTerminateWait(time.Second))
+		mcpup.WithTerminateWait(time.Second), mcpup.WithRejected(func(r mcpup.Rejected) { rep.Reject(r.Kind, r.Name, r.Reason) }))
 	if err != nil {
 		return nil, failed("registry lint: %v", err)
 	}

@@ -12,6 +12,7 @@ package registrylint
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,6 +37,10 @@ const (
 	// Drift: a tool's live definition is not the one its definition_sha256
 	// pins (a call to it is denied DENY_TOOL_DRIFT).
 	Drift = "DRIFT"
+	// Invalid: the server lists a tool whose definition cannot be served
+	// (malformed, or an input schema MCP clients cannot use); the gateway
+	// hides it and serves the rest.
+	Invalid = "INVALID"
 )
 
 // Severities of findings.
@@ -50,6 +55,7 @@ var kinds = []struct{ kind, severity string }{
 	{Missing, SeverityError},
 	{MissingAction, SeverityError},
 	{Drift, SeverityError},
+	{Invalid, SeverityWarning},
 	{Stale, SeverityWarning},
 	{StaleAction, SeverityWarning},
 	{NoActionEnum, SeverityWarning},
@@ -97,6 +103,22 @@ type Report struct {
 	// how many pins it changed.
 	PinsFile    string `json:"pins_file,omitempty"`
 	PinsWritten int    `json:"pins_written,omitempty"`
+	// invalid holds the tools the server listed that cannot be served,
+	// with why (Reject).
+	invalid map[string]string
+}
+
+// Reject notes a definition the server listed that cannot be served
+// (kind "tool"; other kinds are not linted): Lint reports it INVALID, and
+// not STALE when the registry has it.
+func (rep *Report) Reject(kind, name, why string) {
+	if kind != "tool" {
+		return
+	}
+	if rep.invalid == nil {
+		rep.invalid = map[string]string{}
+	}
+	rep.invalid[name] = why
 }
 
 // ActionEnumFunc returns the values a tool's input schema allows at an
@@ -108,7 +130,15 @@ type ActionEnumFunc func(inputSchema any, actionPointer string) (values []string
 // OK when no finding is an error.
 func Lint(rep *Report, m *schemas.Manifest, live []*mcp.Tool, enum ActionEnumFunc) {
 	rep.LiveTools, rep.RegistryTools = len(live), len(m.Tools)
-	rep.Findings = Compare(m, live, enum)
+	rep.Findings = slices.DeleteFunc(Compare(m, live, enum), func(f Finding) bool {
+		_, bad := rep.invalid[f.Tool]
+		return bad && f.Kind == Stale
+	})
+	for _, name := range slices.Sorted(maps.Keys(rep.invalid)) {
+		rep.Findings = append(rep.Findings, Finding{Kind: Invalid, Severity: Severity(Invalid), Tool: name,
+			Detail: "listed by the server but cannot be served (" + rep.invalid[name] + "): the gateway hides it"})
+	}
+	sortFindings(rep.Findings)
 	rep.Counts = map[string]int{}
 	for _, k := range kinds {
 		rep.Counts[k.kind] = 0

@@ -92,9 +92,9 @@ func (rep *Report) WriteText(w io.Writer, skeletonAsked bool) error {
 			return err
 		}
 	}
-	_, err := fmt.Fprintf(w, "lint %s (%s): %d tools on the server, %d in the registry: %d missing, %d missing actions, %d drifted, %d stale, %d stale actions, %d without an action enum, %d advisories: %s\n",
+	_, err := fmt.Fprintf(w, "lint %s (%s): %d tools on the server, %d in the registry: %d missing, %d missing actions, %d drifted, %d invalid, %d stale, %d stale actions, %d without an action enum, %d advisories: %s\n",
 		rep.ServerID, strings.TrimSpace(server), rep.LiveTools, rep.RegistryTools,
-		n[Missing], n[MissingAction], n[Drift], n[Stale], n[StaleAction], n[NoActionEnum], n[Advisory], verdict)
+		n[Missing], n[MissingAction], n[Drift], n[Invalid], n[Stale], n[StaleAction], n[NoActionEnum], n[Advisory], verdict)
 	if err == nil && rep.Skeleton != "" {
 		_, err = fmt.Fprintf(w, "wrote a skeleton with %d tools to %s: review tool_class and trust_level before publishing\n", n[Missing], rep.Skeleton)
 	} else if err == nil && skeletonAsked {

@@ -61,7 +61,7 @@ func TestWriteSkeletonAndText(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		`MISSING  svc/"new\x1b"  -`, "STALE    svc/gone", "lint svc (srv 1.0): 1 tools on the server, 1 in the registry: 1 missing, 0 missing actions, 0 drifted, 1 stale",
+		`MISSING  svc/"new\x1b"  -`, "STALE    svc/gone", "lint svc (srv 1.0): 1 tools on the server, 1 in the registry: 1 missing, 0 missing actions, 0 drifted, 0 invalid, 1 stale",
 		": FAIL\n", "wrote a skeleton with 1 tools to " + path,
 	} {
 		if !strings.Contains(out.String(), want) {

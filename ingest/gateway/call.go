@@ -253,12 +253,12 @@ func (g *Gateway) awaitApproval(ctx context.Context, c *pending, d *schemas.Deci
 
 // forward runs an allowed call on its upstream and reports it.
 func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (*mcp.CallToolResult, error) {
-	up := g.upstreamOf(c.ut.server)
 	if c.cred.Token != "" {
 		ctx = credential.WithToken(ctx, c.cred.Token)
 	}
 	started := time.Now()
-	res, err := up.session.CallTool(ctx, &mcp.CallToolParams{Name: c.ut.tool.Name, Arguments: c.args})
+	r := g.relayOf(c.p, c.req.Session)
+	res, err := r.callTool(ctx, c.ut.server, &mcp.CallToolParams{Name: c.ut.tool.Name, Arguments: c.args}, c.req.Params.GetProgressToken())
 	ended := time.Now()
 	if err != nil {
 		post, perr := ep.SignedPost(c.pre, nil, false, started, ended, c.p.Signer)

@@ -304,6 +304,7 @@ func (s *Setup) Serve(ctx context.Context, g *Gateway) error {
 	if s.HTTP != nil {
 		return g.ListenHTTP(ctx, *s.HTTP)
 	}
+	g.stdio = true
 	err := g.Server(s.Principals[0]).Run(ctx, g.serverTransport(&mcp.StdioTransport{}))
 	if ctx.Err() != nil || errors.Is(err, context.Canceled) {
 		return nil

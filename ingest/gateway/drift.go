@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"reflect"
 	"time"
 
 	"github.com/talos-audit/talos/schemas"
@@ -20,6 +21,10 @@ func (g *Gateway) watch(ctx context.Context, u *Upstream) {
 		}
 		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		tools, err := u.listTools(lctx, g.log)
+		var f features
+		if err == nil {
+			f = u.listFeatures(lctx, g.log)
+		}
 		cancel()
 		if err != nil {
 			// The old list stays, and with it the old pins' verdicts; a
@@ -27,20 +32,28 @@ func (g *Gateway) watch(ctx context.Context, u *Upstream) {
 			g.log.Warn("upstream announced a new tool list that could not be read", "server_id", u.spec.ServerID, "err", err)
 			continue
 		}
-		g.refresh(u, tools)
+		g.refresh(u, tools, f)
 	}
 }
 
-// refresh takes u's new tool list: routes are worked out again, every
+// refresh takes u's new lists: its prompts and resources are offered as
+// listed now (features.go), and, for its tools, routes are worked out again, every
 // principal's server shows the tools it may now see (the SDK tells
 // connected clients the list changed), and a definition that drifted from
 // its registry pin is hidden, its calls denied DENY_TOOL_DRIFT (by the
 // worker, which compares the hash each call carries, and here), and
 // reported as an incident (reportDrift).
-func (g *Gateway) refresh(u *Upstream, tools []upstreamTool) {
+func (g *Gateway) refresh(u *Upstream, tools []upstreamTool, f features) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	u.tools = tools
+	u.tools, u.features = tools, f
+	oldFeatures := g.features
+	g.features = routeFeatures(g.ups)
+	if !reflect.DeepEqual(oldFeatures, g.features) {
+		for _, p := range sortedKeys(g.servers) {
+			g.offerFeatures(g.servers[p], g.served[p], oldFeatures, g.features)
+		}
+	}
 	old := g.byName
 	g.byName = route(g.o.Registry, g.ups, g.log)
 	g.reportDrift(g.byName)

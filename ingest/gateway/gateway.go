@@ -7,7 +7,12 @@
 // the post outbox with its result and timing (spooled to disk under
 // Options.SpoolDir until JetStream has it). Without an answer from Talos
 // the call is denied (fail closed). A tool whose definition drifted from
-// its registry pin is hidden and denied (drift.go, OWASP MCP03).
+// its registry pin is hidden and denied (drift.go, OWASP MCP03). The rest
+// of MCP (prompts, resources, completion, logging, progress, cancellation,
+// and sampling, elicitation and roots/list asked of the client) is relayed
+// per client session (relay.go, features.go), and a definition an
+// upstream lists that cannot be served is hidden (mcpup.WithRejected).
+// No request is answered before the gateway is first connected to Talos.
 //
 // cmd/talos-mcp-gateway fills a Config from its flags; Prepare validates
 // it and composes the parts (registry, principals, HTTPOptions, upstream
@@ -124,12 +129,31 @@ type Gateway struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// ready is closed once the gateway is first connected to Talos (its
+	// decision subscription made); until then no request is answered
+	// (waitReady).
+	ready     chan struct{}
+	readyOnce sync.Once
+
+	// stdio says the one client session is served over stdio (Setup.Serve):
+	// it relays over the upstreams' own sessions (shared). Otherwise each
+	// client session has a relay of its own (relays; relayMu), closed when
+	// it ends. progress routes the progress tokens of forwarded requests
+	// (mapProgress).
+	stdio    bool
+	shared   *relay
+	relayMu  sync.Mutex
+	relays   map[*mcp.ServerSession]*relay
+	progress sync.Map
+
 	// mu guards the fields below and the upstreams' tools. Tool lists
 	// change when an upstream announces a new one (refresh).
-	mu      sync.Mutex
-	byName  map[string]upstreamTool // downstream tool name → its upstream tool
-	servers map[string]*mcp.Server  // principal name → its server
-	served  map[string]*Principal   // principal name → the principal
+	mu     sync.Mutex
+	byName map[string]upstreamTool // downstream tool name → its upstream tool
+	// features routes prompts, resources and templates (features.go).
+	features featureRoutes
+	servers  map[string]*mcp.Server // principal name → its server
+	served   map[string]*Principal  // principal name → the principal
 }
 
 // New builds a gateway over connected upstreams and a NATS connection
@@ -161,7 +185,7 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 	if o.Credentials == nil {
 		o.Credentials = credential.New(nil, credential.Options{})
 	}
-	g := &Gateway{o: o, log: o.Logger, nc: nc, js: js, ups: ups, creds: o.Credentials, servers: map[string]*mcp.Server{}, served: map[string]*Principal{}}
+	g := &Gateway{o: o, log: o.Logger, nc: nc, js: js, ups: ups, creds: o.Credentials, servers: map[string]*mcp.Server{}, served: map[string]*Principal{}, ready: make(chan struct{})}
 	g.appr = ep.NewApprovals(js, ep.ApprovalOptions{Keys: o.TrustedKeys, Logger: o.Logger})
 	if err := g.openOutboxes(); err != nil {
 		return nil, err
@@ -177,6 +201,12 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 	o.Tracing.Register(g.metrics)
 	g.drifted, g.driftOut = map[string]bool{}, g.refused
 	g.byName = route(o.Registry, ups, o.Logger)
+	g.features = routeFeatures(ups)
+	g.relays, g.shared = map[*mcp.ServerSession]*relay{}, newRelay(g, nil, false)
+	for _, u := range ups {
+		g.shared.sessions[u.spec.ServerID] = u.session
+		u.peer.Store(g.shared)
+	}
 	g.reportDrift(g.byName) // queued now, sent once Start connects the outbox
 	return g, nil
 }
@@ -297,7 +327,32 @@ func (g *Gateway) subscribe() bool {
 	g.mu.Lock()
 	g.client = c
 	g.mu.Unlock()
+	g.readyOnce.Do(func() { close(g.ready) })
 	return true
+}
+
+// Ready is closed once the gateway is first connected to Talos: from
+// then on its MCP servers answer requests.
+func (g *Gateway) Ready() <-chan struct{} { return g.ready }
+
+// waitReady holds each request a client sends until the gateway is first
+// connected to Talos (Ready), so that no request, the handshake included,
+// is answered before a call can be decided: a client waits on its
+// initialize rather than have its first call refused
+// ENFORCEMENT_UNAVAILABLE. A request whose client leaves first ends with
+// its context; notifications pass at once. A later loss of the connection
+// denies calls as before.
+func (g *Gateway) waitReady(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if !strings.HasPrefix(method, "notifications/") {
+			select {
+			case <-g.ready:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return next(ctx, method, req)
+	}
 }
 
 // Close stops the approval follower and the upstream watchers, waits (up
@@ -307,6 +362,13 @@ func (g *Gateway) Close(wait time.Duration) {
 	if g.cancel != nil {
 		g.cancel()
 	}
+	// The client sessions of HTTP mode end, and with them their relays'
+	// upstream sessions.
+	g.relayMu.Lock()
+	for ss := range g.relays {
+		_ = ss.Close()
+	}
+	g.relayMu.Unlock()
 	g.wg.Wait()
 	g.undelivered("post events", g.out, g.out.Drain(wait))
 	g.undelivered("reports of refused requests", g.refused, g.refused.Drain(wait/2))
@@ -350,22 +412,31 @@ func (g *Gateway) Server(p *Principal) *mcp.Server {
 	if s := g.servers[p.Name]; s != nil {
 		return s
 	}
-	s := mcp.NewServer(&mcp.Implementation{Name: "talos-mcp-gateway", Version: g.o.Version}, &mcp.ServerOptions{
-		Instructions: "Tool calls pass through Talos: each is decided, receipted and audited.",
-	})
+	s := mcp.NewServer(&mcp.Implementation{Name: "talos-mcp-gateway", Version: g.o.Version}, g.serverOptions(p))
 	for _, name := range sortedKeys(g.byName) {
 		if t, ok := g.listed(p, name); ok {
 			s.AddTool(t, g.unreached(p))
 		}
 	}
+	g.offerFeatures(s, p, featureRoutes{}, g.features)
 	s.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-			if r, ok := req.(*mcp.CallToolRequest); ok && method == "tools/call" {
+			switch r := req.(type) {
+			case *mcp.CallToolRequest:
 				return g.call(ctx, p, r)
+			case *mcp.ServerRequest[*mcp.SetLoggingLevelParams]:
+				// The session keeps the level for what the gateway logs to
+				// it; the upstreams get it too.
+				res, err := next(ctx, method, req)
+				if err == nil {
+					g.relayOf(p, r.Session).setLevel(ctx, r.Params.Level)
+				}
+				return res, err
 			}
 			return next(ctx, method, req)
 		}
 	})
+	s.AddReceivingMiddleware(g.waitReady)
 	s.AddReceivingMiddleware(g.traceServer) // outermost: added last
 	g.servers[p.Name] = s
 	g.served[p.Name] = p

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -48,6 +50,39 @@ type Upstream struct {
 	session *mcp.ClientSession
 	tools   []upstreamTool
 	changed chan struct{}
+	// features are its prompts, resources and resource templates
+	// (listFeatures), replaced like tools.
+	features features
+
+	// impl and opts are how the session was made, for the sessions made
+	// for HTTP clients (relay.session); peer is the relay the session's
+	// server-to-client traffic goes to (the Gateway's shared relay).
+	impl *mcp.Implementation
+	opts []mcpup.Option
+	peer atomic.Pointer[relay]
+
+	// rejected holds the definitions already logged as hidden (reject).
+	rejectedMu sync.Mutex
+	rejected   map[mcpup.Rejected]bool
+}
+
+// reject logs, once per definition and reason, a definition the server
+// listed that cannot be served: the list filter (mcpup.WithRejected) has
+// taken it out of the list, so it is hidden from every client and cannot
+// be called, while the server's other definitions are served.
+func (u *Upstream) reject(log *slog.Logger) func(mcpup.Rejected) {
+	return func(r mcpup.Rejected) {
+		u.rejectedMu.Lock()
+		seen := u.rejected[r]
+		if u.rejected == nil {
+			u.rejected = map[mcpup.Rejected]bool{}
+		}
+		u.rejected[r] = true
+		u.rejectedMu.Unlock()
+		if !seen {
+			log.Warn("upstream "+r.Kind+" hidden: its definition cannot be served", "server_id", r.ServerID, "name", r.Name, "why", r.Reason)
+		}
+	}
 }
 
 // listTools lists the server's tools with the hashes of their definitions.
@@ -83,48 +118,52 @@ func ConnectUpstreams(ctx context.Context, specs []mcpup.Spec, client *mcp.Imple
 	}
 	var ups []*Upstream
 	for _, s := range specs {
-		u := &Upstream{spec: s, changed: make(chan struct{}, 1)}
-		// The server's announcement of a new tool list: the gateway lists
-		// again and compares the definitions with their pins (Start).
-		opts := []mcpup.Option{mcpup.WithClientOptions(&mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
-			select {
-			case u.changed <- struct{}{}:
-			default:
-			}
-		}})}
+		u := &Upstream{spec: s, changed: make(chan struct{}, 1), impl: client}
+		u.opts = []mcpup.Option{mcpup.WithRejected(u.reject(log))}
 		transport := "pipe"
 		if s.URL != "" {
 			transport = "tcp"
 		}
-		opts = append(opts, mcpup.WithSendingMiddleware(traceClient(t, transport)))
+		u.opts = append(u.opts, mcpup.WithSendingMiddleware(traceClient(t, transport)))
 		if t.Enabled() {
-			opts = append(opts, mcpup.WithTransport(func(tr mcp.Transport) mcp.Transport { return idTransport{Transport: tr} }))
+			u.opts = append(u.opts, mcpup.WithTransport(func(tr mcp.Transport) mcp.Transport { return idTransport{Transport: tr} }))
 		}
 		if s.URL != "" {
-			opts = append(opts, mcpup.WithHTTPClient(&http.Client{Transport: creds.Transport(s.ServerID, nil)}))
+			u.opts = append(u.opts, mcpup.WithHTTPClient(&http.Client{Transport: creds.Transport(s.ServerID, nil)}))
 		} else if env := creds.StdioEnv(s.ServerID); env != nil {
 			s.Env = append(slices.Clone(s.Env), env...)
 		}
 		u.spec = s
-		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		cs, err := mcpup.Connect(cctx, s, client, opts...)
-		if err != nil {
-			cancel()
+		if err := u.connect(ctx, log); err != nil {
 			CloseUpstreams(ups)
 			return nil, err
 		}
-		u.session = cs
-		u.tools, err = u.listTools(cctx, log)
-		cancel()
-		if err != nil {
-			_ = cs.Close()
-			CloseUpstreams(ups)
-			return nil, err
-		}
-		log.Info("upstream connected", "server_id", s.ServerID, "tools", len(u.tools))
+		log.Info("upstream connected", "server_id", s.ServerID, "tools", len(u.tools),
+			"prompts", len(u.features.prompts), "resources", len(u.features.resources), "resource_templates", len(u.features.templates))
 		ups = append(ups, u)
 	}
 	return ups, nil
+}
+
+// connect makes u's own session (60 s at most) and lists what it offers.
+// Its server-to-client traffic goes to u.peer, and its list_changed
+// notifications signal u.changed: the gateway lists again and compares
+// the definitions with their pins (Start).
+func (u *Upstream) connect(ctx context.Context, log *slog.Logger) error {
+	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	opts := append(slices.Clone(u.opts), relayOptions(u.spec.ServerID, u.peer.Load, u.changed)...)
+	cs, err := mcpup.Connect(cctx, u.spec, u.impl, opts...)
+	if err != nil {
+		return err
+	}
+	u.session = cs
+	if u.tools, err = u.listTools(cctx, log); err != nil {
+		_ = cs.Close()
+		return err
+	}
+	u.features = u.listFeatures(cctx, log)
+	return nil
 }
 
 // CloseUpstreams closes the sessions of ups (stopping stdio upstreams),

@@ -29,7 +29,9 @@ type options struct {
 	httpClient *http.Client
 	client     *mcp.ClientOptions
 	sending    []mcp.Middleware
-	wrap       func(mcp.Transport) mcp.Transport
+	receiving  []mcp.Middleware
+	wrap       []func(mcp.Transport) mcp.Transport
+	rejected   func(Rejected)
 }
 
 // WithStderr sends a stdio server's standard error to w instead of
@@ -55,18 +57,30 @@ func WithSendingMiddleware(mw ...mcp.Middleware) Option {
 	return func(opts *options) { opts.sending = append(opts.sending, mw...) }
 }
 
-// WithTransport has the session use wrap(t) for its transport t (to see
-// the messages it writes and reads).
-func WithTransport(wrap func(mcp.Transport) mcp.Transport) Option {
-	return func(opts *options) { opts.wrap = wrap }
+// WithReceivingMiddleware adds mw to the client's receiving middleware
+// (mcp.Client.AddReceivingMiddleware), around every request and
+// notification the server sends it.
+func WithReceivingMiddleware(mw ...mcp.Middleware) Option {
+	return func(opts *options) { opts.receiving = append(opts.receiving, mw...) }
 }
 
-// transport is t as WithTransport wraps it.
-func (o *options) transport(t mcp.Transport) mcp.Transport {
-	if o.wrap == nil {
-		return t
+// WithTransport has the session use wrap(t) for its transport t (to see
+// the messages it writes and reads). Several wrap in the order given, the
+// first nearest the wire.
+func WithTransport(wrap func(mcp.Transport) mcp.Transport) Option {
+	return func(opts *options) { opts.wrap = append(opts.wrap, wrap) }
+}
+
+// transport is t as WithRejected and WithTransport wrap it (the list
+// filter nearest the wire) for server serverID.
+func (o *options) transport(t mcp.Transport, serverID string) mcp.Transport {
+	if o.rejected != nil {
+		t = listFilter{Transport: t, server: serverID, report: o.rejected}
 	}
-	return o.wrap(t)
+	for _, w := range o.wrap {
+		t = w(t)
+	}
+	return t
 }
 
 // Connect starts or dials the upstream server s and completes the MCP
@@ -88,12 +102,15 @@ func Connect(ctx context.Context, s Spec, client *mcp.Implementation, opts ...Op
 	if len(o.sending) > 0 {
 		c.AddSendingMiddleware(o.sending...)
 	}
+	if len(o.receiving) > 0 {
+		c.AddReceivingMiddleware(o.receiving...)
+	}
 	switch {
 	case s.URL != "" && len(s.Command) > 0:
 		return nil, fmt.Errorf("mcpup: server %q: both a URL and a command are set", s.ServerID)
 	case s.URL != "":
 		t := &mcp.StreamableClientTransport{Endpoint: s.URL, HTTPClient: o.httpClient}
-		cs, err := c.Connect(ctx, o.transport(t), nil)
+		cs, err := c.Connect(ctx, o.transport(t, s.ServerID), nil)
 		if err != nil {
 			return nil, scrubURL(fmt.Errorf("mcpup: server %q: connect to %s over streamable HTTP: %w", s.ServerID, safeURL(s.URL), err), s.URL)
 		}
@@ -125,7 +142,7 @@ func connectStdio(ctx context.Context, c *mcp.Client, s Spec, o options) (*mcp.C
 		cmd.Env = append(os.Environ(), s.Env...)
 	}
 	cmd.Stderr = o.stderr
-	cs, err := c.Connect(ctx, o.transport(&mcp.CommandTransport{Command: cmd, TerminateDuration: o.terminate}), nil)
+	cs, err := c.Connect(ctx, o.transport(&mcp.CommandTransport{Command: cmd, TerminateDuration: o.terminate}, s.ServerID), nil)
 	if err == nil {
 		return cs, nil
 	}
