@@ -78,6 +78,7 @@ type cli struct {
 	TrustedKeys          []string      `name:"trusted-keys" type:"path" help:"talosd's public keys (.pub files or directories): talosctl approve|reject releases a parked call only when its control event is signed by one. Default: keys/signers in talosd's data dir (the directory of --nats-auth, else ./talos-data) when it exists; with no key, parked calls are denied after --approval-timeout."`
 	BlockNetworkOutbound bool          `name:"block-network-outbound" help:"Exfiltration guard: hide and refuse tools the registry marks network_outbound."`
 	AllowNetworkTool     []string      `name:"allow-network-tool" help:"Exempt a tool ('name' or 'server_id/name') from --block-network-outbound."`
+	RelayUngoverned      bool          `name:"relay-ungoverned" help:"Also offer the upstreams' prompts, resources and completions, relayed WITHOUT a Talos decision or receipt (Talos does not govern them yet). Default: none offered."`
 	MaxEnvelopeBytes     int           `name:"max-envelope-bytes" help:"Largest call envelope sent to Talos; larger calls are denied here (default: NATS max payload less 64 KiB)."`
 	DrainTimeout         time.Duration `name:"drain-timeout" default:"10s" help:"At exit, how long to wait for post events still queued for NATS."`
 	SpoolDir             string        `name:"spool-dir" type:"path" help:"Where post events and refusal reports wait for NATS, on disk (they hold call data: a 0700 directory, each file removed once JetStream has it) and sent first at the next start after a crash. One gateway per directory. Default: $XDG_STATE_HOME/talos-mcp-gateway/<ep-id>, else ~/.local/state/talos-mcp-gateway/<ep-id>."`
@@ -145,7 +146,7 @@ func (c *cli) config(log *slog.Logger) gateway.Config {
 		Workspaces: c.Workspace,
 		Sandbox: gateway.SandboxConfig{Enabled: c.Sandbox, ReadOnly: c.SandboxRO, Egress: c.SandboxEgress,
 			Env: c.SandboxEnv, Bwrap: c.SandboxBwrap},
-		BlockNetworkOutbound: c.BlockNetworkOutbound, AllowNetworkTool: c.AllowNetworkTool,
+		BlockNetworkOutbound: c.BlockNetworkOutbound, AllowNetworkTool: c.AllowNetworkTool, RelayUngoverned: c.RelayUngoverned,
 		DecisionTimeout: c.DecisionTimeout, ApprovalTimeout: c.ApprovalTimeout, MaxEnvelopeBytes: c.MaxEnvelopeBytes,
 		SpoolDir: c.SpoolDir, Logger: log, Version: version,
 	}

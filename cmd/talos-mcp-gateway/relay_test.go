@@ -123,7 +123,7 @@ func TestRelayWholeProtocol(t *testing.T) {
 	rc := &relayClient{}
 	client := mcp.NewClient(&mcp.Implementation{Name: "relay-test", Version: "1"}, rc.options())
 	client.AddRoots(&mcp.Root{URI: "file:///srv/relay-root", Name: "relay-root"})
-	gw := s.gatewayClient(ctx, client, "--ep-id", "gw-relay", "--upstream", "everything="+testenv.MCPBin(t, "mcp-server-everything"))
+	gw := s.gatewayClient(ctx, client, "--ep-id", "gw-relay", "--relay-ungoverned", "--upstream", "everything="+testenv.MCPBin(t, "mcp-server-everything"))
 	cs := gw.cs
 
 	relayPrompts(ctx, t, cs)

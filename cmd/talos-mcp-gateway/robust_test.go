@@ -64,7 +64,7 @@ func TestUpstreamDefinitionsRobust(t *testing.T) {
 	s := startStackRegistry(t, reg)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	gw := s.gatewaySession(ctx, "--ep-id", "gw-bad", "--upstream", server)
+	gw := s.gatewaySession(ctx, "--ep-id", "gw-bad", "--relay-ungoverned", "--upstream", server)
 	listed := func() []string {
 		res, err := gw.cs.ListTools(ctx, nil)
 		if err != nil {
@@ -122,5 +122,18 @@ func TestUpstreamDefinitionsRobust(t *testing.T) {
 	}
 	if !strings.Contains(log, hiddenLine("tool", "no_type")+`why="inputSchema: \"type\" must be \"object\" (got none)"`) {
 		t.Fatalf("the log line of no_type does not say why:\n%s", tail(log, 3000))
+	}
+
+	// Without --relay-ungoverned no prompt or resource is offered (Talos
+	// does not decide them yet), and a read by URI is refused.
+	plain := s.gatewaySession(ctx, "--ep-id", "gw-plain", "--upstream", server)
+	if p, err := plain.cs.ListPrompts(ctx, nil); err == nil && len(p.Prompts) > 0 {
+		t.Fatalf("prompts offered without --relay-ungoverned: %+v", p.Prompts)
+	}
+	if r, err := plain.cs.ListResources(ctx, nil); err == nil && len(r.Resources) > 0 {
+		t.Fatalf("resources offered without --relay-ungoverned: %+v", r.Resources)
+	}
+	if read, err := plain.cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: "test://good"}); err == nil {
+		t.Fatalf("resources/read without --relay-ungoverned answered: %+v", read)
 	}
 }

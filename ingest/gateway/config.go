@@ -61,6 +61,7 @@ type Config struct {
 
 	BlockNetworkOutbound bool     // --block-network-outbound
 	AllowNetworkTool     []string // --allow-network-tool
+	RelayUngoverned      bool     // --relay-ungoverned (Options.RelayUngoverned)
 	DecisionTimeout      time.Duration
 	ApprovalTimeout      time.Duration
 	MaxEnvelopeBytes     int
@@ -285,11 +286,12 @@ func (s *Setup) New(nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 		EPID: c.EPID, Registry: s.Registry, Discovery: s.Discovery,
 		DecisionTimeout: c.DecisionTimeout, ApprovalTimeout: c.ApprovalTimeout,
 		MaxEnvelopeBytes: c.MaxEnvelopeBytes, StdioSession: c.SessionID, Logger: c.Logger, Version: c.Version,
-		Credentials: s.Credentials,
-		Workspaces:  s.Workspaces,
-		SpoolDir:    s.SpoolDir,
-		TrustedKeys: s.TrustedKeys,
-		Tracing:     s.Tracing,
+		Credentials:     s.Credentials,
+		Workspaces:      s.Workspaces,
+		SpoolDir:        s.SpoolDir,
+		TrustedKeys:     s.TrustedKeys,
+		Tracing:         s.Tracing,
+		RelayUngoverned: c.RelayUngoverned,
 	}, nc, ups)
 	if err != nil {
 		return nil, usageError{err}

@@ -48,7 +48,7 @@ func (g *Gateway) refresh(u *Upstream, tools []upstreamTool, f features) {
 	defer g.mu.Unlock()
 	u.tools, u.features = tools, f
 	oldFeatures := g.features
-	g.features = routeFeatures(g.ups)
+	g.features = g.offeredFeatures()
 	if !reflect.DeepEqual(oldFeatures, g.features) {
 		for _, p := range sortedKeys(g.servers) {
 			g.offerFeatures(g.servers[p], g.served[p], oldFeatures, g.features)

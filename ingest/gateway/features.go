@@ -24,6 +24,17 @@ type features struct {
 	templates []*mcp.ResourceTemplate
 }
 
+// offeredFeatures is what the gateway offers of the upstreams' prompts,
+// resources and templates: nothing unless Options.RelayUngoverned, for
+// Talos does not decide or receipt them yet, and a resource read or a
+// prompt got past it would leave no evidence (fail closed).
+func (g *Gateway) offeredFeatures() featureRoutes {
+	if !g.o.RelayUngoverned {
+		return featureRoutes{}
+	}
+	return routeFeatures(g.ups)
+}
+
 // listFeatures lists what u's server announced besides tools. A list the
 // server fails to give is logged and left empty: it takes nothing else
 // down.
@@ -206,6 +217,9 @@ func (g *Gateway) readResource(p *Principal, server string) mcp.ResourceHandler 
 func (g *Gateway) serverOptions(p *Principal) *mcp.ServerOptions {
 	caps := &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}, Logging: &mcp.LoggingCapabilities{}}
 	for _, u := range g.ups {
+		if !g.o.RelayUngoverned {
+			break // no prompts, resources or completions offered
+		}
 		c := upstreamCaps(u.session)
 		if c.Prompts != nil {
 			caps.Prompts = &mcp.PromptCapabilities{ListChanged: true}

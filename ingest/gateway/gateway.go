@@ -80,6 +80,10 @@ type Options struct {
 	// killed while NATS is down sends it at its next start; "": in
 	// memory only.
 	SpoolDir string
+	// RelayUngoverned offers the upstreams' prompts, resources, resource
+	// templates and completions, relayed without a decision or a receipt
+	// (Talos does not govern them yet); false: none is offered.
+	RelayUngoverned bool
 	// TrustedKeys are talosd's public keys: an approve or reject event
 	// releases a parked call only if one of them signed it. None: parked
 	// calls are denied when their wait times out (fail closed).
@@ -201,7 +205,10 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 	o.Tracing.Register(g.metrics)
 	g.drifted, g.driftOut = map[string]bool{}, g.refused
 	g.byName = route(o.Registry, ups, o.Logger)
-	g.features = routeFeatures(ups)
+	g.features = g.offeredFeatures()
+	if !o.RelayUngoverned {
+		g.log.Info("upstream prompts and resources are not offered: Talos does not decide or receipt them yet (--relay-ungoverned offers them undecided)")
+	}
 	g.relays, g.shared = map[*mcp.ServerSession]*relay{}, newRelay(g, nil, false)
 	for _, u := range ups {
 		g.shared.sessions[u.spec.ServerID] = u.session
