@@ -136,7 +136,7 @@ func (d *destination) consumer(ctx context.Context) (jetstream.Consumer, error) 
 		// The signed records only: the log role's index records
 		// (talos.audit.log.index) are no evidence of their own.
 		FilterSubjects: schemas.SignedAuditSubjects(),
-		DeliverPolicy: jetstream.DeliverAllPolicy,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
 	}
 	if d.d.Start == "new" {
 		cfg.DeliverPolicy = jetstream.DeliverNewPolicy
