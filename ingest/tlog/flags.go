@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -21,6 +22,9 @@ type RoleFlags struct {
 	LogKey                string        `name:"log-key" type:"path" help:"The log's signed-note private key (default <data-dir>/keys/log.key, created once with --log-origin; its verifier key is written beside it as log.vkey and printed by 'talosd log-key')."`
 	LogCheckpointInterval time.Duration `name:"log-checkpoint-interval" default:"1s" help:"How often the log signs and publishes a new checkpoint while it grows."`
 	LogDedupeEntries      int           `name:"log-dedupe-entries" default:"131072" help:"How many of the log's last entries the log role remembers, so that a record published again is not appended twice."`
+	LogWitnessPolicy      string        `name:"log-witness-policy" type:"path" help:"Witness policy (C2SP tlog-witness; Sigsum policy format: 'witness NAME VKEY URL', 'group NAME N|any|all MEMBER...', 'quorum NAME'): a checkpoint is published only once its quorum has cosigned it. Default: none."`
+	LogWitnessTimeout     time.Duration `name:"log-witness-timeout" default:"10s" help:"How long each checkpoint waits for the witness quorum's cosignatures before the attempt fails (it is not published; the next attempt follows)."`
+	LogHeartbeat          time.Duration `name:"log-heartbeat" default:"10s" help:"How often the checkpoint is signed and witnessed again while nothing is appended, proving nothing was added since."`
 }
 
 // Dir is the log's directory under dataDir.
@@ -58,7 +62,14 @@ func (f RoleFlags) Start(dataDir, instance string, js jetstream.JetStream, o Rol
 		return nil, err
 	}
 	o = o.withDefaults()
-	l, err := Open(Options{Dir: Dir(dataDir), Key: key, BatchMax: o.FetchMax, CheckpointInterval: f.LogCheckpointInterval, Logger: o.Logger})
+	lo := Options{Dir: Dir(dataDir), Key: key, BatchMax: o.FetchMax, CheckpointInterval: f.LogCheckpointInterval,
+		WitnessTimeout: f.LogWitnessTimeout, Heartbeat: f.LogHeartbeat, Logger: o.Logger}
+	if f.LogWitnessPolicy != "" {
+		if lo.Witnesses, err = ParseWitnessPolicy(f.LogWitnessPolicy); err != nil {
+			return nil, err
+		}
+	}
+	l, err := Open(lo)
 	if err != nil {
 		return nil, err
 	}
@@ -71,9 +82,16 @@ func (f RoleFlags) Start(dataDir, instance string, js jetstream.JetStream, o Rol
 	if reg != nil {
 		r.register(reg)
 	}
-	o.Logger.Info("log role started", "origin", l.Origin(), "dir", l.Dir(), "verifier_key", key.Verifier, "stream_seq", r.StreamSeq())
+	o.Logger.Info("log role started", "origin", l.Origin(), "dir", l.Dir(), "verifier_key", key.Verifier, "stream_seq", r.StreamSeq(),
+		"witnesses", len(lo.Witnesses.Endpoints()))
+	stalledAfter := max(3*f.LogCheckpointInterval, 2*f.LogWitnessTimeout)
 	return func(ctx context.Context) error {
+		wctx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { l.watchPublished(wctx, js.Conn(), stalledAfter) })
 		err := r.Run(ctx)
+		stop()
+		wg.Wait()
 		return errors.Join(err, l.Close(10*time.Second))
 	}, nil
 }

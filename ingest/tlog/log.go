@@ -36,7 +36,16 @@ type Options struct {
 	// published while the log grows (default 1 s; tessera's minimum is
 	// 100 ms).
 	CheckpointInterval time.Duration
-	Logger             *slog.Logger
+	// Witnesses is the witness policy (ParseWitnessPolicy): a checkpoint is
+	// published only once its quorum has cosigned it (fail closed), each
+	// attempt waiting at most WitnessTimeout (default 10 s). Empty: none.
+	Witnesses      tessera.WitnessGroup
+	WitnessTimeout time.Duration
+	// Heartbeat is how often the checkpoint is signed (and witnessed)
+	// again while nothing is appended, so that its recent time proves
+	// nothing was added since (default 10 s).
+	Heartbeat time.Duration
+	Logger    *slog.Logger
 }
 
 func (o Options) withDefaults() Options {
@@ -48,6 +57,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.CheckpointInterval <= 0 {
 		o.CheckpointInterval = time.Second
+	}
+	if o.WitnessTimeout <= 0 {
+		o.WitnessTimeout = 10 * time.Second
+	}
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = 10 * time.Second
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -98,11 +113,16 @@ func Open(o Options) (*Log, error) {
 	drv, err := posix.New(tctx, posix.Config{Path: o.Dir})
 	if err == nil {
 		var app *tessera.Appender
-		app, l.shutdown, l.reader, err = tessera.NewAppender(tctx, drv, tessera.NewAppendOptions().
+		opts := tessera.NewAppendOptions().
 			WithCheckpointSigner(o.Key.Signer).
 			WithBatching(uint(o.BatchMax), o.BatchAge).
-			WithPushback(uint(4*o.BatchMax)).
-			WithCheckpointInterval(o.CheckpointInterval))
+			WithPushback(uint(4 * o.BatchMax)).
+			WithCheckpointInterval(o.CheckpointInterval).
+			WithCheckpointRepublishInterval(o.Heartbeat)
+		if len(o.Witnesses.Endpoints()) > 0 {
+			opts = opts.WithWitnesses(o.Witnesses, &tessera.WitnessOptions{Timeout: o.WitnessTimeout})
+		}
+		app, l.shutdown, l.reader, err = tessera.NewAppender(tctx, drv, opts)
 		if err == nil {
 			l.add = app.Add
 		}
