@@ -2,13 +2,11 @@ package tlog
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,6 +23,7 @@ type RoleFlags struct {
 	LogWitnessPolicy      string        `name:"log-witness-policy" type:"path" help:"Witness policy (C2SP tlog-witness; Sigsum policy format: 'witness NAME VKEY URL', 'group NAME N|any|all MEMBER...', 'quorum NAME'): a checkpoint is published only once its quorum has cosigned it. Default: none."`
 	LogWitnessTimeout     time.Duration `name:"log-witness-timeout" default:"10s" help:"How long each checkpoint waits for the witness quorum's cosignatures before the attempt fails (it is not published; the next attempt follows)."`
 	LogHeartbeat          time.Duration `name:"log-heartbeat" default:"10s" help:"How often the checkpoint is signed and witnessed again while nothing is appended, proving nothing was added since."`
+	LogLeaseTTL           time.Duration `name:"log-lease-ttl" default:"10s" help:"How long the appender lease (NATS KV) outlives its holder's last renewal: a standby log role takes over that long after the appender dies."`
 }
 
 // Dir is the log's directory under dataDir.
@@ -53,15 +52,17 @@ func (f RoleFlags) Key(dataDir, instance string) (*Key, error) {
 	return LoadOrCreateKey(f.keyPath(dataDir), origin, f.LogKey == "")
 }
 
-// Start opens the log under dataDir and prepares the role; run appends
-// until its context ends, then closes the log (waiting up to 10 s for a
-// checkpoint that covers every entry).
+// Start prepares the log role: it checks the log key and the witness
+// policy now (a mistake is an error at start), and run appends while it
+// holds the appender lease (appender.run), standing by while another
+// instance does, until its context ends.
 func (f RoleFlags) Start(dataDir, instance string, js jetstream.JetStream, o RoleOptions, reg prometheus.Registerer) (run func(context.Context) error, err error) {
 	key, err := f.Key(dataDir, instance)
 	if err != nil {
 		return nil, err
 	}
 	o = o.withDefaults()
+	o.DedupeEntries = f.LogDedupeEntries
 	lo := Options{Dir: Dir(dataDir), Key: key, BatchMax: o.FetchMax, CheckpointInterval: f.LogCheckpointInterval,
 		WitnessTimeout: f.LogWitnessTimeout, Heartbeat: f.LogHeartbeat, Logger: o.Logger}
 	if f.LogWitnessPolicy != "" {
@@ -69,31 +70,14 @@ func (f RoleFlags) Start(dataDir, instance string, js jetstream.JetStream, o Rol
 			return nil, err
 		}
 	}
-	l, err := Open(lo)
-	if err != nil {
-		return nil, err
-	}
-	o.DedupeEntries = f.LogDedupeEntries
-	r, err := NewRole(js, l, o)
-	if err != nil {
-		_ = l.Close(time.Second)
-		return nil, err
-	}
+	a := &appender{js: js, lo: lo, ro: o, leaseTTL: f.LogLeaseTTL, holder: fmt.Sprintf("%s pid %d", instance, os.Getpid()),
+		stalledAfter: max(3*f.LogCheckpointInterval, 2*f.LogWitnessTimeout)}
 	if reg != nil {
-		r.register(reg)
+		a.register(reg)
 	}
-	o.Logger.Info("log role started", "origin", l.Origin(), "dir", l.Dir(), "verifier_key", key.Verifier, "stream_seq", r.StreamSeq(),
-		"witnesses", len(lo.Witnesses.Endpoints()))
-	stalledAfter := max(3*f.LogCheckpointInterval, 2*f.LogWitnessTimeout)
-	return func(ctx context.Context) error {
-		wctx, stop := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		wg.Go(func() { l.watchPublished(wctx, js.Conn(), stalledAfter) })
-		err := r.Run(ctx)
-		stop()
-		wg.Wait()
-		return errors.Join(err, l.Close(10*time.Second))
-	}, nil
+	o.Logger.Info("log role started", "origin", key.Signer.Name(), "dir", lo.Dir, "verifier_key", key.Verifier,
+		"witnesses", len(lo.Witnesses.Endpoints()), "lease_ttl", f.LogLeaseTTL)
+	return a.run, nil
 }
 
 // Routes are the log's tiles for --http-addr when on (the log role runs),
@@ -127,17 +111,4 @@ func (f RoleFlags) PrintVerifier(w io.Writer, dataDir, instance string) error {
 	}
 	_, err = fmt.Fprintln(w, key.Verifier)
 	return err
-}
-
-func (r *Role) register(reg prometheus.Registerer) {
-	reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "talos_log_size", Help: "Entries integrated in the transparency log."},
-			func() float64 { return float64(r.Size()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "talos_log_stream_seq", Help: "Last TALOS_AUDIT sequence the log role has fully handled (its cursor)."},
-			func() float64 { return float64(r.StreamSeq()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "talos_log_appended_total", Help: "Records this log role appended."},
-			func() float64 { return float64(r.Appended()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "talos_log_duplicates_total", Help: "Records found already in the log (redelivered or published again), not appended."},
-			func() float64 { return float64(r.Duplicates()) }),
-	)
 }
