@@ -63,11 +63,15 @@ func NewEnforcer(nc *nats.Conn, js jetstream.JetStream, d StatefulDecider, o Enf
 	if o.Worker.Logger == nil {
 		o.Worker.Logger = o.Logger
 	}
+	e := &Enforcer{log: o.Logger}
+	// The worker decides only while the follower is current (it is set
+	// below, before Run starts the worker).
+	o.Worker.Deciding = func() bool { return e.fol.Current() }
 	w, err := NewWorker(nc, js, d, o.Worker)
 	if err != nil {
 		return nil, err
 	}
-	e := &Enforcer{w: w, log: o.Logger}
+	e.w = w
 	fol, err := control.NewControlFollower(js, d, control.FollowerOptions{
 		Keys:   o.Keys,
 		Logger: o.Logger,
@@ -90,7 +94,7 @@ func NewEnforcer(nc *nats.Conn, js jetstream.JetStream, d StatefulDecider, o Enf
 				Instance:       o.WorkerID,
 				AppliedSeq:     fol.Applied(),
 				ControlLast:    fol.Last(),
-				CaughtUp:       fol.CaughtUp(),
+				CaughtUp:       fol.Current(),
 				RegistryDigest: o.RegistryDigest(),
 				Rejected:       fol.Rejected(),
 				Handled:        w.Handled(),

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/talos-audit/talos/ingest/ordered"
 	"github.com/talos-audit/talos/ingest/retry"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -180,7 +181,7 @@ func (s *Sink) messages(ctx context.Context) (jetstream.MessagesContext, error) 
 	if err != nil {
 		return nil, fmt.Errorf("ingest: sink consumer: %w", err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(s.o.BatchRows))
+	it, err := cons.Messages(jetstream.PullMaxMessages(s.o.BatchRows), jetstream.PullHeartbeat(ordered.Heartbeat))
 	if err != nil {
 		return nil, fmt.Errorf("ingest: sink fetch: %w", err)
 	}

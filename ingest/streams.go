@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -13,7 +14,8 @@ import (
 // StreamOptions configures the three streams. The zero value is the
 // embedded single-node default.
 type StreamOptions struct {
-	// Replicas is 1 (default) on a single node, 3 in a cluster.
+	// Replicas is 1 (default) on a single node, 3 in a cluster. An
+	// existing stream keeps a higher count (EnsureStreams).
 	Replicas int
 	// AuditMaxAge bounds TALOS_AUDIT retention (default 30 days).
 	AuditMaxAge time.Duration
@@ -89,9 +91,20 @@ func StreamConfigs(o StreamOptions) []jetstream.StreamConfig {
 }
 
 // EnsureStreams creates the three streams or updates them to the wanted
-// configuration. It is safe to call from every process at start.
+// configuration. It is safe to call from every process at start. An update
+// never lowers an existing stream's replica count, as the KV buckets'
+// never does (package kv): a cluster runs them at R3, and a process started
+// without --replicas that joins it must not take two copies of the system
+// of record away.
 func EnsureStreams(ctx context.Context, js jetstream.JetStream, o StreamOptions) error {
 	for _, cfg := range StreamConfigs(o) {
+		st, err := js.Stream(ctx, cfg.Name)
+		switch {
+		case err == nil:
+			cfg.Replicas = max(cfg.Replicas, st.CachedInfo().Config.Replicas)
+		case !errors.Is(err, jetstream.ErrStreamNotFound):
+			return fmt.Errorf("ensure stream %s: %w", cfg.Name, err)
+		}
 		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
 			return fmt.Errorf("ensure stream %s: %w", cfg.Name, err)
 		}

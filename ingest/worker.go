@@ -20,6 +20,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest/checkpoint"
+	"github.com/talos-audit/talos/ingest/ordered"
 	"github.com/talos-audit/talos/ingest/retry"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -68,6 +69,13 @@ type WorkerOptions struct {
 	// doubles up to 5 s (default 50 ms). Publishing is retried until it
 	// succeeds or the worker stops: an audit record is never dropped.
 	RetryBackoff time.Duration
+	// PublishTimeout bounds the wait for TALOS_AUDIT to acknowledge one
+	// attempt at a receipt or a ToolCallEvent (default 2 s). In a cluster
+	// a publish in flight to a stream leader that stops is never
+	// acknowledged: the chain waits this long before it sends the same
+	// bytes again (the Nats-Msg-Id dedupes them), so it bounds the stall
+	// of a failover.
+	PublishTimeout time.Duration
 	// Checkpoints says when each chain cuts a signed checkpoint.
 	Checkpoints checkpoint.Options
 	Logger      *slog.Logger
@@ -75,7 +83,16 @@ type WorkerOptions struct {
 	// Tracer records each decision whose envelope names a sampled parent
 	// span as a span of that trace (nil: none).
 	Tracer trace.Tracer
+	// Deciding, if set, says whether the worker may decide now (its
+	// enforcement state is current: ControlFollower.Current). A batch taken
+	// while it is false is nak'ed with a short delay, for this worker once
+	// current again or for another.
+	Deciding func() bool
 }
+
+// notDecidingDelay is how long a call a worker could not decide (its state
+// not current) waits before it is delivered again.
+const notDecidingDelay = 250 * time.Millisecond
 
 // Worker consumes TALOS_CALLS, decides each call, stores one signed receipt
 // per call and phase in TALOS_AUDIT, answers the enforcement point that
@@ -119,6 +136,9 @@ func NewWorker(nc *nats.Conn, js jetstream.JetStream, d Decider, o WorkerOptions
 	if o.RetryBackoff <= 0 {
 		o.RetryBackoff = 50 * time.Millisecond
 	}
+	if o.PublishTimeout <= 0 {
+		o.PublishTimeout = 2 * time.Second
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -158,7 +178,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if buffer > w.o.MaxAckPending {
 		buffer = w.o.MaxAckPending
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(buffer))
+	it, err := cons.Messages(jetstream.PullMaxMessages(buffer), jetstream.PullHeartbeat(ordered.Heartbeat))
 	if err != nil {
 		return fmt.Errorf("ingest: enforce fetch: %w", err)
 	}
@@ -238,6 +258,10 @@ func (w *Worker) runChain(ctx context.Context, ch *receipts.Chain, work <-chan j
 			if ctx.Err() != nil {
 				for _, m := range batch {
 					_ = m.Nak()
+				}
+			} else if w.o.Deciding != nil && !w.o.Deciding() {
+				for _, m := range batch {
+					_ = m.NakWithDelay(notDecidingDelay)
 				}
 			} else {
 				w.handleBatch(ctx, ch, batch)
@@ -517,23 +541,21 @@ func (w *Worker) storeEvents(ctx context.Context, ch *receipts.Chain, calls []*c
 		}
 		sent = append(sent, pending{c, msg, fut})
 	}
+	// The acknowledgements are awaited until one deadline: an async
+	// publish has no timeout of its own, and one lost with a stream
+	// leader would be waited for for ever.
+	wctx, cancel := context.WithTimeout(ctx, w.o.PublishTimeout)
+	defer cancel()
 	for _, s := range sent {
-		var err error
-		if s.fut == nil {
-			err = errors.New("not sent")
-		} else {
-			select {
-			case <-s.fut.Ok():
+		err := errors.New("not sent")
+		if s.fut != nil {
+			if err = awaitAck(wctx, s.fut); err == nil {
 				continue
-			case err = <-s.fut.Err():
-			case <-ctx.Done():
-				err = ctx.Err()
 			}
 		}
 		// Retry this one alone until TALOS_AUDIT takes it or ctx ends.
 		err = w.retry(s.c.m).Run(ctx, "toolcall event publish", func() error {
-			_, err := w.js.PublishMsg(ctx, s.msg)
-			return err
+			return w.publish(ctx, s.msg)
 		}, "tool_call_id", s.c.out.ToolCall.ToolCallID, "first_err", err)
 		if err != nil {
 			w.retryLater(ctx, s.c.m, "cannot store the ToolCallEvent", s.c.msgID, err)
@@ -591,7 +613,9 @@ func (w *Worker) store(ctx context.Context, ch *receipts.Chain, m jetstream.Msg,
 		}
 		msg := &nats.Msg{Subject: subject, Data: sealed.JSON, Header: nats.Header{}}
 		msg.Header.Set(jetstream.MsgIDHeader, msgID)
-		ack, err := w.js.PublishMsg(ctx, msg)
+		pctx, cancel := context.WithTimeout(ctx, w.o.PublishTimeout)
+		ack, err := w.js.PublishMsg(pctx, msg)
+		cancel()
 		if err != nil {
 			return err
 		}
@@ -617,6 +641,34 @@ func (w *Worker) store(ctx context.Context, ch *receipts.Chain, m jetstream.Msg,
 		return nil, "", err
 	}
 	return stored, sealedID, nil
+}
+
+// awaitAck waits for fut's acknowledgement until ctx ends; an
+// acknowledgement already there counts even if ctx has ended.
+func awaitAck(ctx context.Context, fut jetstream.PubAckFuture) error {
+	select {
+	case <-fut.Ok():
+		return nil
+	case err := <-fut.Err():
+		return err
+	default:
+	}
+	select {
+	case <-fut.Ok():
+		return nil
+	case err := <-fut.Err():
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("no acknowledgement: %w", ctx.Err())
+	}
+}
+
+// publish stores msg in TALOS_AUDIT, waiting at most PublishTimeout.
+func (w *Worker) publish(ctx context.Context, msg *nats.Msg) error {
+	ctx, cancel := context.WithTimeout(ctx, w.o.PublishTimeout)
+	defer cancel()
+	_, err := w.js.PublishMsg(ctx, msg)
+	return err
 }
 
 // retry is the worker's retry policy for the evidence of call m.

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/talos-audit/talos/ingest/checkpoint"
+	"github.com/talos-audit/talos/ingest/ordered"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
@@ -241,7 +242,7 @@ func (s *ControlService) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ingest: control audit consumer: %w", err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(16))
+	it, err := cons.Messages(jetstream.PullMaxMessages(16), jetstream.PullHeartbeat(ordered.Heartbeat))
 	if err != nil {
 		return fmt.Errorf("ingest: control audit fetch: %w", err)
 	}

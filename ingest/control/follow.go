@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest/ordered"
@@ -78,6 +79,15 @@ type ControlFollower struct {
 	rejected atomic.Uint64
 	caughtUp atomic.Bool
 
+	// After a reconnect the follower may have missed events stored while
+	// it was away (in a cluster, through the other nodes), and nothing
+	// says so until it has read the stream's tail again. resyncGen counts
+	// lost connections; syncTo is the tail read after reconnect syncToGen;
+	// syncedGen is the last reconnect after which the follower reached that
+	// tail. Current is true when syncedGen == resyncGen.
+	resyncGen, syncToGen, syncedGen atomic.Uint64
+	syncTo                          atomic.Uint64
+
 	caughtOnce sync.Once
 	caughtCh   chan struct{} // closed once caught up
 }
@@ -113,6 +123,15 @@ func (f *ControlFollower) Last() uint64 { return f.last.Load() }
 // CaughtUp reports whether the follower has processed every event that
 // existed when Run started. It never goes back to false.
 func (f *ControlFollower) CaughtUp() bool { return f.caughtUp.Load() }
+
+// Current reports whether the follower is caught up and, since the NATS
+// connection last reconnected, has processed every event the stream held
+// once it was back: a worker decides calls only while it is current, so a
+// worker that was cut off from a cluster does not decide with a state that
+// misses the kill switches set meanwhile.
+func (f *ControlFollower) Current() bool {
+	return f.caughtUp.Load() && f.syncedGen.Load() == f.resyncGen.Load()
+}
 
 // Rejected is how many events the follower refused to apply.
 func (f *ControlFollower) Rejected() uint64 { return f.rejected.Load() }
@@ -174,6 +193,8 @@ func (f *ControlFollower) Run(ctx context.Context) error {
 		f.markCaughtUp() // empty stream: nothing to replay
 	}
 	bo.Reset()
+	resynced := f.watchReconnects(ctx)
+	defer resynced()
 
 	for ctx.Err() == nil {
 		before := f.applied.Load()
@@ -193,6 +214,71 @@ func (f *ControlFollower) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// watchReconnects makes the follower not current from the moment its NATS
+// connection is lost until, once reconnected, it has processed the
+// stream's tail as read after the reconnect. Shutdown: the returned func
+// stops the listener goroutine and waits for it.
+func (f *ControlFollower) watchReconnects(ctx context.Context) (stop func()) {
+	nc := f.js.Conn()
+	events := nc.StatusChanged(nats.RECONNECTING, nats.CONNECTED)
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			var st nats.Status
+			select {
+			case <-ctx.Done():
+				return
+			case st = <-events:
+			}
+			if st == nats.RECONNECTING {
+				f.resyncGen.Add(1)
+				continue
+			}
+			f.log.Info("control follower: reconnected; reading the stream's tail before deciding again")
+			if !f.readTail(ctx, f.resyncGen.Load()) {
+				return
+			}
+		}
+	})
+	return func() {
+		nc.RemoveStatusListener(events)
+		cancel()
+		wg.Wait()
+	}
+}
+
+// readTail reads the stream's last sequence for reconnect gen, retrying
+// until it has it (false if ctx ended first), and marks the follower
+// current if it is there already.
+func (f *ControlFollower) readTail(ctx context.Context, gen uint64) bool {
+	bo := ordered.Backoff{Min: 100 * time.Millisecond, Max: 2 * time.Second}
+	for {
+		t, err := f.streamLast(ctx)
+		if err == nil {
+			f.syncTo.Store(t)
+			f.syncToGen.Store(gen)
+			f.markSynced(f.applied.Load())
+			return true
+		}
+		if !bo.Wait(ctx) {
+			return false
+		}
+	}
+}
+
+// markSynced makes the follower current again if applied reaches the
+// tail read after the last reconnect.
+func (f *ControlFollower) markSynced(applied uint64) {
+	gen := f.resyncGen.Load()
+	if f.syncedGen.Load() != gen && f.syncToGen.Load() == gen && applied >= f.syncTo.Load() {
+		f.syncedGen.Store(gen)
+		if f.caughtUp.Load() {
+			f.log.Info("control follower: current again", "applied", applied)
+		}
+	}
 }
 
 // streamLast returns TALOS_CONTROL's last sequence, or 0 if it holds no
@@ -259,6 +345,7 @@ func (f *ControlFollower) handle(m jetstream.Msg, target uint64) {
 		}
 	}
 	f.applied.Store(seq)
+	f.markSynced(seq)
 	caught := md.NumPending == 0 || seq >= target
 	if caught {
 		f.caughtUp.Store(true) // CaughtUp() is true inside OnApplied already

@@ -4,11 +4,14 @@
 // given (127.0.0.1 and a free port by default), with its store in a directory
 // the caller names or a temporary one. Users turns a NATS users file
 // (package natsauth) into the users it admits; with TLS set (package
-// natstls) it admits only clients that speak TLS.
+// natstls) it admits only clients that speak TLS. Cluster joins it to other
+// nodes over routes (what testenv's three-node cluster is made of).
 package natsserver
 
 import (
 	"cmp"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -54,6 +57,24 @@ type Options struct {
 	// TLS is the certificate the server presents; every client must then
 	// speak TLS, and one that does not is refused. Nil means no TLS.
 	TLS *natstls.Server
+	// Cluster makes the server a node of a NATS cluster (JetStream
+	// clustered: streams and buckets of several replicas). Nil: one node.
+	Cluster *ClusterOptions
+}
+
+// ClusterOptions join a server to a NATS cluster. Every node names the same
+// cluster and a distinct ServerName; JetStream needs at least a majority of
+// the nodes up to elect its leaders.
+type ClusterOptions struct {
+	// Name is the cluster's name (required).
+	Name string
+	// Port is the route port, on Options.Host; 0 means a random free port
+	// (then no other node can name it in Routes before it runs).
+	Port int
+	// Routes are the route URLs (nats-route://host:port) of the nodes to
+	// join; a node's own URL among them is ignored, so every node may be
+	// given the same list.
+	Routes []string
 }
 
 // ErrAddrInUse is what Start's error wraps when the fixed port it was given
@@ -93,11 +114,15 @@ type Server struct {
 
 // Start starts an embedded nats-server with JetStream on 127.0.0.1 and
 // returns once it accepts clients and JetStream is enabled. A fixed Port
-// that is taken fails at once with ErrAddrInUse.
+// (or cluster Port) that is taken fails at once with ErrAddrInUse.
 func Start(opts Options) (*Server, error) {
-	if opts.Port > 0 {
-		addr := net.JoinHostPort(cmp.Or(opts.Host, "127.0.0.1"), strconv.Itoa(opts.Port))
-		if !addrFree(addr) {
+	ports := []int{opts.Port}
+	if opts.Cluster != nil {
+		ports = append(ports, opts.Cluster.Port)
+	}
+	for _, p := range ports {
+		addr := net.JoinHostPort(cmp.Or(opts.Host, "127.0.0.1"), strconv.Itoa(p))
+		if p > 0 && !addrFree(addr) {
 			return nil, fmt.Errorf("natsserver: listen on %s: %w", addr, ErrAddrInUse)
 		}
 	}
@@ -110,44 +135,14 @@ func Start(opts Options) (*Server, error) {
 		}
 		dir, n.tempDir = d, d
 	}
-	host := opts.Host
-	if host == "" {
-		host = "127.0.0.1"
-	}
-	port := opts.Port
-	if port == 0 {
-		port = -1 // nats-server: pick a random port
-	}
-	name := opts.ServerName
-	if name == "" {
-		name = "talos-embedded"
-	}
-	maxPayload := opts.MaxPayload
-	if maxPayload <= 0 {
-		maxPayload = DefaultMaxPayload
+	sopts, err := serverOptions(opts, dir)
+	if err != nil {
+		n.removeTemp()
+		return nil, fmt.Errorf("natsserver: %w", err)
 	}
 	ready := opts.ReadyTimeout
 	if ready <= 0 {
 		ready = 10 * time.Second
-	}
-	sopts := &server.Options{
-		ServerName: name,
-		Host:       host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   dir,
-		MaxPayload: maxPayload,
-		NoSigs:     true,
-		NoLog:      !opts.Logs,
-		Users:      opts.Users,
-	}
-	if opts.TLS != nil {
-		cfg, err := opts.TLS.Config(host)
-		if err != nil {
-			n.removeTemp()
-			return nil, fmt.Errorf("natsserver: %w", err)
-		}
-		sopts.TLSConfig = cfg
 	}
 	srv, err := server.NewServer(sopts)
 	if err != nil {
@@ -168,6 +163,84 @@ func Start(opts Options) (*Server, error) {
 		return nil, errors.New("natsserver: nats server started without JetStream")
 	}
 	return n, nil
+}
+
+// serverOptions are nats-server's options for opts, with the JetStream
+// store in dir.
+func serverOptions(opts Options, dir string) (*server.Options, error) {
+	host := cmp.Or(opts.Host, "127.0.0.1")
+	port := opts.Port
+	if port == 0 {
+		port = -1 // nats-server: pick a random port
+	}
+	maxPayload := opts.MaxPayload
+	if maxPayload <= 0 {
+		maxPayload = DefaultMaxPayload
+	}
+	sopts := &server.Options{
+		ServerName: cmp.Or(opts.ServerName, "talos-embedded"),
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   dir,
+		MaxPayload: maxPayload,
+		NoSigs:     true,
+		NoLog:      !opts.Logs,
+		Users:      opts.Users,
+	}
+	if opts.TLS != nil {
+		cfg, err := opts.TLS.Config(host)
+		if err != nil {
+			return nil, err
+		}
+		sopts.TLSConfig = cfg
+	}
+	if c := opts.Cluster; c != nil {
+		if err := clusterOptions(sopts, c, opts.TLS); err != nil {
+			return nil, err
+		}
+	}
+	return sopts, nil
+}
+
+// clusterOptions sets the cluster and routes of sopts. With TLS the routes
+// are mutual TLS: each node presents its certificate and requires one
+// chaining to the generated CA (an operator's certificate has no CA known
+// here, so it cannot secure routes).
+func clusterOptions(sopts *server.Options, c *ClusterOptions, t *natstls.Server) error {
+	if c.Name == "" {
+		return errors.New("cluster: a name is required")
+	}
+	port := c.Port
+	if port == 0 {
+		port = -1
+	}
+	sopts.Cluster = server.ClusterOpts{Name: c.Name, Host: sopts.Host, Port: port}
+	for _, r := range c.Routes {
+		u, err := url.Parse(r)
+		if err != nil {
+			return fmt.Errorf("cluster route %q: %w", r, err)
+		}
+		sopts.Routes = append(sopts.Routes, u)
+	}
+	if t == nil {
+		return nil
+	}
+	if t.CA() == "" {
+		return errors.New("cluster: TLS routes need the generated CA (natstls.Server.Dir), not an operator's certificate")
+	}
+	pem, err := os.ReadFile(t.CA())
+	if err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return fmt.Errorf("cluster: no certificate in %s", t.CA())
+	}
+	cfg := sopts.TLSConfig.Clone()
+	cfg.RootCAs, cfg.ClientCAs, cfg.ClientAuth = pool, pool, tls.RequireAndVerifyClientCert
+	sopts.Cluster.TLSConfig, sopts.Cluster.TLSTimeout = cfg, 2
+	return nil
 }
 
 // URL is the client URL: nats://<host>:<port>, tls://… when the server

@@ -1,6 +1,7 @@
 // Package ordered follows a JetStream stream with an ordered consumer
 // (Follow), re-created after a failure with Backoff: what the control
-// follower and the enforcement point's approval reader share. It imports no other project package, so the
+// follower and the enforcement point's approval reader share; and Heartbeat,
+// the idle heartbeat of every consumer Talos pulls from. It imports no other project package, so the
 // enforcement-point library (ingest/ep) may use it and still link none of
 // talosd.
 package ordered
@@ -13,6 +14,18 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// Heartbeat is how often the server of a consumer Talos pulls from says it
+// is there while no message comes: Follow's ordered consumers, and the
+// enforce workers', the sink's and the control service's durable ones. In a
+// NATS cluster a pull request waits on the node that leads the consumer;
+// when that node stops (or a new consumer has no leader yet), the request is
+// lost without a word, and the client notices only after two missed
+// heartbeats, then pulls again (an ordered consumer is re-created from the
+// next sequence). nats.go's defaults, 5 s for ordered consumers and 15 s
+// for the others, would leave a follower unaware of new control events for
+// over 10 s and a worker idle for 30 s.
+const Heartbeat = time.Second
 
 // Follow reads stream through an ordered consumer of cfg (created within
 // opTimeout) and hands each message to handle, until ctx ends (nil), the
@@ -29,7 +42,7 @@ func Follow(ctx context.Context, js jetstream.JetStream, stream string, cfg jets
 		return fmt.Errorf("ordered consumer: %w", err)
 	}
 	defer deleteConsumer(js, stream, cons)
-	it, err := cons.Messages()
+	it, err := cons.Messages(jetstream.PullHeartbeat(Heartbeat))
 	if err != nil {
 		return fmt.Errorf("ordered consumer messages: %w", err)
 	}

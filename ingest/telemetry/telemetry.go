@@ -46,9 +46,9 @@ func RegisterEnforcer(reg prometheus.Registerer, e *ingest.Enforcer) {
 			Name: "talos_control_rejected_total", Help: "Control events this worker refused to apply (bad signature or sequence).",
 		}, func() float64 { return float64(fol.Rejected()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "talos_control_caught_up", Help: "1 once the worker has replayed TALOS_CONTROL and decides calls.",
+			Name: "talos_control_caught_up", Help: "1 while the worker is current with TALOS_CONTROL and decides calls (0 before its replay, and after a reconnect until it has read the tail again).",
 		}, func() float64 {
-			if fol.CaughtUp() {
+			if fol.Current() {
 				return 1
 			}
 			return 0
