@@ -78,6 +78,18 @@
 #                                 and forwarding to both destinations); the
 #                                 spans the collector got and how far behind
 #                                 the forwarder was at the end of each run
+#   bash scripts/bench.sh log [CALLS]  the transparency log (scripts/benchlog.sh):
+#                                 two real witnesses (litewitness) cosigning
+#                                 every checkpoint; TALOS_AUDIT filled by
+#                                 CALLS (default 20,000) calls with their post
+#                                 events, then drained by a talosd with only
+#                                 the log role: appends/s and its CPU per
+#                                 append; then decision p50/p99 at 400 calls/s
+#                                 with the log role off and on, alternately,
+#                                 two rounds, and for each run with it on the
+#                                 delay from a record reaching NATS to the
+#                                 first witnessed checkpoint covering it
+#                                 (scripts/benchlog)
 #
 # Every run has the checks talosd runs by default: capabilities (each call
 # signed by the load generator and verified by the worker), preflight, the
@@ -101,9 +113,9 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 mode=${1:-main}
 case $mode in
-main | replay | flight | tail | verify | gateway | ab | profile | forward) ;;
+main | replay | flight | tail | verify | gateway | ab | profile | forward | log) ;;
 *)
-  echo "usage: bash scripts/bench.sh [replay|flight|tail|ab [BASE] [ROUNDS]|profile [SECONDS]|verify [N]|gateway [CALLS]|forward [CALLS]]" >&2
+  echo "usage: bash scripts/bench.sh [replay|flight|tail|ab [BASE] [ROUNDS]|profile [SECONDS]|verify [N]|gateway [CALLS]|forward [CALLS]|log [CALLS]]" >&2
   exit 2
   ;;
 esac
@@ -130,6 +142,12 @@ if [ "$mode" = gateway ]; then
 fi
 if [ "$mode" = gateway ] || [ "$mode" = forward ]; then
   go build -o "$work/bin/benchcreds" ./scripts/benchcreds
+fi
+if [ "$mode" = log ]; then
+  go build -o "$work/bin/benchlog" ./scripts/benchlog
+  echo "== building litewitness and its harness (testenv/witness)"
+  go build -C testenv/witness -o "$work/bin/witness" .
+  go build -C testenv/witness -o "$work/bin/litewitness" filippo.io/torchwood/cmd/litewitness
 fi
 if [ "$mode" = forward ]; then
   go build -o "$work/bin/benchsiem" ./scripts/benchsiem
@@ -182,6 +200,11 @@ start() {
   kill -0 "$worker" 2>/dev/null || { echo "the enforce worker did not start:" >&2; cat "$work/worker.log" >&2; exit 1; }
 }
 
+port_from() { # port_from FIRST: a loopback port from FIRST on that nothing listens on
+  local p
+  for p in $(seq "$1" $(($1 + 49))); do (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }; done
+  echo "no free port in $1-$(($1 + 49))" >&2; exit 1
+}
 cpu() { awk '{print $14+$15}' "/proc/$1/stat"; } # user+system, in clock ticks (1/100 s)
 busy() { awk '/^cpu /{print $2+$3+$4}' /proc/stat; } # the whole machine's user+nice+system, likewise
 rss() { awk '/VmHWM/{printf "%.0f", $2/1024}' "/proc/$1/status"; } # peak RSS so far, MiB
@@ -543,5 +566,9 @@ gateway)
 forward)
   calls=${2:-20000}
   . scripts/benchforward.sh
+  ;;
+log)
+  calls=${2:-20000}
+  . scripts/benchlog.sh
   ;;
 esac

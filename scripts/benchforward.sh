@@ -1,6 +1,6 @@
 # `bash scripts/bench.sh forward [CALLS]`: the forward role's figures. Sourced
-# by scripts/bench.sh (its start, bench, cpu, jf, $work, $talosd, $nats and
-# pids), not run alone.
+# by scripts/bench.sh (its start, bench, cpu, jf, port_from, $work, $talosd,
+# $nats and pids), not run alone.
 #
 #   1. TALOS_AUDIT is filled by CALLS calls with their post events (two
 #      receipts and a ToolCallEvent per call, and the checkpoints);
@@ -22,11 +22,6 @@
 #      received and how far behind the forwarder was when each run with it
 #      ended.
 
-port_from() { # port_from FIRST: a loopback port from FIRST on that nothing listens on
-  local p
-  for p in $(seq "$1" $(($1 + 49))); do (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }; done
-  echo "no free port in $1-$(($1 + 49))" >&2; exit 1
-}
 # metric PORT NAME DEST: one series of the forward process's /metrics.
 metric() { curl -s "http://127.0.0.1:$1/metrics" | awk -v k="$2{destination=\"$3\"}" '$1 == k {print $2; exit}'; }
 

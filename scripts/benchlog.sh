@@ -1,0 +1,99 @@
+# `bash scripts/bench.sh log [CALLS]`: the transparency log's figures.
+# Sourced by scripts/bench.sh (its start, bench, cpu, jf, port_from, $work,
+# $talosd, $nats, pids and term_pids), not run alone.
+#
+#   1. Two witnesses (litewitness from torchwood, built from
+#      testenv/witness; each with its own key) witness the log, a policy
+#      needing both: every checkpoint is published only once both cosigned.
+#   2. TALOS_AUDIT is filled by CALLS calls with their post events (two
+#      receipts and a ToolCallEvent per call: three log entries), then a
+#      talosd with only the log role drains it: appends/s from its first
+#      append until it has taken everything (talos_log_size on its
+#      /metrics), and the log process's CPU per append.
+#   3. Decision latency at 400 calls/s offered, each call with its post
+#      event, the log role off and on alternately (two rounds; on, it has
+#      first caught up with what the off run left); for each run with it
+#      on, scripts/benchlog measures the delay from each record reaching
+#      NATS to the first witnessed checkpoint covering it.
+
+origin=bench.talos.test/log
+start sink,control
+mkdir -p "$work/log"
+vkey=$("$talosd" log-key --data-dir "$work/log" --log-origin "$origin")
+: >"$work/witnesses.policy"
+for w in 1 2; do
+  wport=$(port_from $((18700 + 20 * w)))
+  mkdir -p "$work/w$w"
+  "$work/bin/witness" serve -dir "$work/w$w" -name "witness.bench/w$w" -listen "127.0.0.1:$wport" \
+    -litewitness "$work/bin/litewitness" >"$work/w$w/out" 2>"$work/w$w/log" &
+  term_pids+=($!)
+  for _ in $(seq 1 300); do grep -q '^vkey ' "$work/w$w/out" && break; sleep 0.1; done
+  grep -q '^vkey ' "$work/w$w/out" || { echo "witness $w did not start:" >&2; cat "$work/w$w/log" >&2; exit 1; }
+  "$work/bin/witness" add-log -dir "$work/w$w" -origin "$origin" -vkey "$vkey"
+  echo "witness w$w $(sed -n 's/^vkey //p' "$work/w$w/out") http://127.0.0.1:$wport" >>"$work/witnesses.policy"
+done
+printf 'group both all w1 w2\nquorum both\n' >>"$work/witnesses.policy"
+
+# logrole: a talosd with only the log role (witnessed); sets lpid and lport.
+logrole() {
+  lport=$(port_from 18780)
+  "$talosd" --roles log --nats-url "$nats" --nats-auth "$work/dev/nats-auth.json" --data-dir "$work/log" --log-origin "$origin" \
+    --log-witness-policy "$work/witnesses.policy" --http-addr "127.0.0.1:$lport" --instance bench-log >>"$work/log.log" 2>&1 &
+  lpid=$!; pids+=($lpid)
+  for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$lport/healthz" >/dev/null && return; sleep 0.1; done
+  echo "the log role did not start:" >&2; cat "$work/log.log" >&2; exit 1
+}
+stop_logrole() { kill -INT "$lpid"; wait "$lpid" 2>/dev/null || true; }
+logsize() { curl -s "http://127.0.0.1:$lport/metrics" | awk '$1 == "talos_log_size" {printf "%d", $2; exit}'; }
+# caught_up: waits until the log role has taken everything (its size unchanged for 2 s).
+caught_up() {
+  local last=-1 same=0 n
+  while [ "$same" -lt 20 ]; do
+    n=$(logsize); n=${n:-0}
+    if [ "$n" = "$last" ]; then same=$((same + 1)); else same=0 last=$n; fi
+    sleep 0.1
+  done
+}
+
+echo "== filling TALOS_AUDIT: $calls calls from 100 enforcement points, each with its post event (3 log entries per call)"
+bench --calls "$calls" --concurrency 100 --rate 0 --inflight 4 --post --json-out "$work/fill.json" | grep -E "decisions|end to end"
+logrole
+c0=$(cpu $lpid) t_first="" n_first=0 last=0 t_last=0
+for _ in $(seq 1 6000); do
+  n=$(logsize); n=${n:-0}
+  if [ -z "$t_first" ] && [ "$n" -gt 0 ]; then t_first=$(date +%s%N) n_first=$n; fi
+  if [ "$n" -gt "$last" ]; then last=$n t_last=$(date +%s%N); fi
+  [ -n "$t_first" ] && [ $(( ($(date +%s%N) - t_last) / 1000000 )) -gt 2000 ] && break
+  sleep 0.05
+done
+c1=$(cpu $lpid)
+awk -v n="$last" -v nf="$n_first" -v t0="$t_first" -v t1="$t_last" -v c="$((c1 - c0))" 'BEGIN{
+  printf "== drain into the witnessed log: %d entries, %.0f appends/s (first append until the last); log process CPU %.0f µs per append\n",
+    n, (n - nf) / ((t1 - t0) / 1e9), c * 10000 / n }'
+echo "== published checkpoint: $(sed -n 2p "$work/log/tlog/checkpoint") entries, $(grep -c '^— ' "$work/log/tlog/checkpoint") signatures (the log's and both witnesses')"
+stop_logrole
+
+echo "== decision latency at 400 calls/s offered (100 enforcement points, each call with its post event), the log role off and on"
+printf '   %-6s %-4s %12s %9s %9s   %s\n' round side "decisions/s" "p50 ms" "p99 ms" "record → witnessed checkpoint: p50 / p90 / p99 / max ms (records)"
+for round in 1 2; do
+  for side in off on; do
+    delay=""
+    if [ "$side" = on ]; then
+      logrole
+      caught_up
+      "$work/bin/benchlog" -nats-url "$nats" -nats-auth "$work/dev/nats-auth.json" -checkpoint "$work/log/tlog/checkpoint" \
+        >"$work/delay-$round.json" 2>"$work/benchlog-$round.log" &
+      blpid=$!
+      for _ in $(seq 1 100); do grep -q observing "$work/benchlog-$round.log" && break; sleep 0.1; done
+    fi
+    bench --calls 12000 --concurrency 100 --rate 400 --post --json >"$work/ab-$side-$round.json"
+    if [ "$side" = on ]; then
+      sleep 5 # the last records' checkpoint: batch, checkpoint interval, both witnesses
+      kill -TERM "$blpid"; wait "$blpid" 2>/dev/null || true
+      delay="$(jf "$work/delay-$round.json" delay_p50_ms) / $(jf "$work/delay-$round.json" delay_p90_ms) / $(jf "$work/delay-$round.json" delay_p99_ms) / $(jf "$work/delay-$round.json" delay_max_ms) ($(jf "$work/delay-$round.json" records))"
+      stop_logrole
+    fi
+    printf '   %-6s %-4s %12.0f %9.2f %9.2f   %s\n' "$round" "$side" "$(jf "$work/ab-$side-$round.json" decisions_per_sec)" \
+      "$(jf "$work/ab-$side-$round.json" decision_p50_ms)" "$(jf "$work/ab-$side-$round.json" decision_p99_ms)" "$delay"
+  done
+done
