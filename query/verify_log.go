@@ -18,6 +18,7 @@ import (
 
 	"github.com/talos-audit/talos/receipts/logproof"
 	"github.com/talos-audit/talos/receipts/verify"
+	"github.com/talos-audit/talos/schemas"
 )
 
 // Problem kinds of the transparency-log check (VerifyLog).
@@ -183,18 +184,17 @@ func VerifyLog(ctx context.Context, conn driver.Conn, database string, o LogOpti
 			return nil, err
 		}
 	}
-	log, err := readLogEntries(ctx, f, cp)
+	entries, err := readLogEntries(ctx, f, cp)
 	if err != nil {
 		return nil, err
 	}
-	rep.Entries = cp.Size
-	if got := log.root; got != cp.Root {
-		rep.Entries = 0
+	if got := entries.root; got != cp.Root {
 		rep.problem(ProblemLogEntries, RecordLogCheckpoint, cp.String(),
 			"the entries served up to size %d hash to %s, not to the checkpoint's root %s: they are not the log's", cp.Size, got, cp.Root)
 		return rep, nil
 	}
-	if err := matchRows(ctx, conn, database, log, rep, o); err != nil {
+	rep.Entries = cp.Size
+	if err := matchRows(ctx, conn, database, entries, rep, o); err != nil {
 		return nil, err
 	}
 	return rep, nil
@@ -321,12 +321,10 @@ func (l *logEntries) add(i int64, leaf tlog.Hash, e logproof.Entry) {
 // recordName is how a problem names the record of an entry.
 func recordName(e logproof.Entry) string {
 	switch {
-	case strings.HasPrefix(e.Type, "dev.talos.receipt."):
+	case strings.HasPrefix(e.Type, "dev.talos.receipt."), strings.HasPrefix(e.Subject, schemas.SubjectReceipt):
 		return "receipt"
-	case strings.HasPrefix(e.Type, "dev.talos.toolcall."), strings.HasPrefix(e.Subject, "talos.audit.toolcall."):
+	case strings.HasPrefix(e.Type, "dev.talos.toolcall."), strings.HasPrefix(e.Subject, schemas.SubjectToolCall):
 		return RecordToolCall
-	case e.Type == logproof.StandInType:
-		return "record"
 	}
 	return "log entry"
 }
