@@ -38,7 +38,8 @@ const (
 
 // Category is the auditor's category of a problem kind (this package's or
 // the receipts verifier's): missing, altered, reordered, duplicated,
-// foreign or malformed.
+// foreign, malformed, and for the transparency log's check unwitnessed or
+// unlogged.
 func Category(kind string) string {
 	switch kind {
 	case ProblemAlteredColumn:
@@ -49,8 +50,16 @@ func Category(kind string) string {
 		return verify.CategoryMalformed
 	case ProblemReordered:
 		return verify.CategoryReordered
-	case ProblemMissingReceipt:
+	case ProblemMissingReceipt, ProblemMissingRow:
 		return verify.CategoryMissing
+	case ProblemLogRewritten, ProblemLogEntries:
+		return verify.CategoryAltered
+	case ProblemLogCheckpoint:
+		return verify.CategoryForeign
+	case ProblemWitnessQuorum:
+		return CategoryUnwitnessed
+	case ProblemNotInLog:
+		return CategoryUnlogged
 	}
 	return verify.Category(kind)
 }

@@ -11,7 +11,7 @@ import (
 // Categories are the auditor's problem categories, in the order a report
 // names them.
 var Categories = []string{verify.CategoryMissing, verify.CategoryAltered, verify.CategoryReordered,
-	verify.CategoryDuplicated, verify.CategoryForeign, verify.CategoryMalformed}
+	verify.CategoryDuplicated, verify.CategoryForeign, verify.CategoryMalformed, CategoryUnwitnessed, CategoryUnlogged}
 
 // SortProblems orders problems by chain, then seq (stable otherwise), and
 // counts them per Category.

@@ -16,6 +16,16 @@ type VerifyOutcome struct {
 	Source string
 	Report verify.Report
 	Counts map[string]int
+	// Log is the transparency log's check (AddLog), nil without one.
+	Log *LogReport
+}
+
+// AddLog adds the transparency log's check: its problems join the
+// report's.
+func (o *VerifyOutcome) AddLog(l *LogReport) {
+	o.Log = l
+	o.Report.Problems = append(o.Report.Problems, l.Problems...)
+	o.Counts = SortProblems(o.Report.Problems)
 }
 
 // NewVerifyOutcome sorts rep's problems and counts them per category;
@@ -66,6 +76,9 @@ func (o *VerifyOutcome) WriteText(w io.Writer) error {
 	if r.CheckpointsUnchecked > 0 {
 		tail += fmt.Sprintf("; %d checkpoints could not be compared with their receipts", r.CheckpointsUnchecked)
 	}
+	if o.Log != nil {
+		tail += "; " + o.Log.Summary()
+	}
 	_, err := fmt.Fprintf(w, "OK: %s verified (signatures, chain links, %d Merkle roots, stored columns) from %s%s\n",
 		o.scope(), r.Checkpoints, o.Source, tail)
 	return err
@@ -87,5 +100,8 @@ func (o *VerifyOutcome) WriteJSON(w io.Writer) error {
 		"checkpoints_seen": r.CheckpointsSeen, "checkpoints_verified": r.Checkpoints,
 		"checkpoints_unchecked": r.CheckpointsUnchecked, "uncheckpointed_receipts": r.Uncovered,
 		"categories": o.Counts, "problems": probs}
+	if o.Log != nil {
+		out["log"] = o.Log
+	}
 	return json.NewEncoder(w).Encode(out)
 }

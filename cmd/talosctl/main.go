@@ -52,6 +52,9 @@ type cli struct {
 	Replay     replayCmd     `cmd:"" help:"The correlation_id replay cache: stats, check, flush."`
 	Status     statusCmd     `cmd:"" help:"Live workers: the control seq each has applied, its registry digest, whether it decides."`
 	Cap        capCmd        `cmd:"" help:"Capabilities (the CP- requirements): issue, delegate and inspect signed capability chains."`
+
+	LogProof       query.LogProofCmd       `cmd:"" name:"log-proof" help:"Write the proof bundle of one receipt (or ToolCallEvent) in the transparency log: the stored record, its inclusion proof and the witnessed checkpoint."`
+	VerifyLogProof query.VerifyLogProofCmd `cmd:"" name:"verify-log-proof" help:"Check a proof bundle (from log-proof) offline, with only the log's key, the witness policy and the public keys."`
 }
 
 // exitError carries an exit code: 1 for a failed check, 2 for usage.
@@ -81,7 +84,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "run 'talosctl --help' for usage")
 		os.Exit(2)
 	}
-	if err = k.Run(&c.Globals); err != nil {
+	if err = k.Run(&c.Globals, &c.ClientFlags); err != nil {
 		fmt.Fprintln(os.Stderr, "talosctl:", err)
 		var ee exitError
 		if errors.As(err, &ee) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 
 	"github.com/talos-audit/talos/query"
@@ -13,13 +12,15 @@ import (
 
 type verifyCmd struct {
 	TrustedKeys []string `name:"trusted-keys" required:"" type:"path" help:"Public keys (.pub files or directories of them) whose signatures are trusted: every key that ever signed, including rotated-out ones."`
-	File        string   `name:"file" type:"path" help:"Verify the CloudEvents in this file (JSON lines, or one JSON array; e.g. from talosctl export) instead of ClickHouse; '-' reads standard input."`
+	File        string   `name:"file" type:"path" xor:"log" help:"Verify the CloudEvents in this file (JSON lines, or one JSON array; e.g. from talosctl export) instead of ClickHouse; '-' reads standard input."`
 	Partial     bool     `name:"partial" help:"Accept chains whose first receipt is not seq 1 (a range, e.g. after retention)."`
 	Receipt     string   `name:"receipt" placeholder:"ID" help:"Instead of verifying everything, print the inclusion proof of this receipt (JSON, on stdout or --out) against the checkpoint that covers it; check it anywhere with talosctl verify-proof."`
 	Out         string   `name:"out" type:"path" help:"With --receipt: write the proof to this file instead of standard output."`
 	// BatchSignatures trades crypto/ed25519's exact accept set for speed;
 	// see query.VerifyOptions.BatchSignatures.
 	BatchSignatures bool `name:"batch-signatures" help:"Check receipt signatures by batch verification (the cofactored Ed25519 equation of RFC 8032 / FIPS 186-5, a batch at a time): several times faster. Beyond what crypto/ed25519 accepts it also accepts a signature made, by the key's holder, to satisfy only the cofactored equation; a batch that fails is rechecked one signature at a time with crypto/ed25519's rules."`
+	// Log (--log-url ...) holds the database to the transparency log too.
+	Log query.LogFlags `embed:""`
 }
 
 func (c *verifyCmd) Run(g *Globals) error {
@@ -75,7 +76,8 @@ func (c *verifyCmd) verifyDatabase(g *Globals, keys verify.KeySet) (*query.Verif
 	if err != nil {
 		return nil, failed("%v", err)
 	}
-	return query.NewVerifyOutcome(fmt.Sprintf("ClickHouse %s database %s", g.ClickhouseAddr, g.ClickhouseDatabase), rep), nil
+	out := query.NewVerifyOutcome(fmt.Sprintf("ClickHouse %s database %s", g.ClickhouseAddr, g.ClickhouseDatabase), rep)
+	return out, c.Log.Check(ctx, conn, g.ClickhouseDatabase, out)
 }
 
 // prove prints the inclusion proof of c.Receipt.
@@ -126,7 +128,7 @@ func (c *verifyProofCmd) Run(g *Globals) error {
 	if err != nil {
 		return usage("%v", err)
 	}
-	b, err := readInput(c.Proof)
+	b, err := query.ReadInput(c.Proof)
 	if err != nil {
 		return usage("%v", err)
 	}
@@ -145,14 +147,6 @@ func (c *verifyProofCmd) Run(g *Globals) error {
 		res.ReceiptID, res.ChainID, res.Seq, res.ReceiptKID, p.LeafIndex, p.TreeSize, res.CheckpointID, res.CheckpointSeq,
 		res.FromSeq, res.ToSeq, res.RootHash, res.CheckpointKID)
 	return nil
-}
-
-// readInput reads the file at path, or standard input for "-".
-func readInput(path string) ([]byte, error) {
-	if path == "-" {
-		return io.ReadAll(os.Stdin)
-	}
-	return os.ReadFile(path)
 }
 
 // writeOut writes b to the file at path (a failure), or to standard

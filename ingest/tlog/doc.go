@@ -10,7 +10,9 @@
 //     each went on schemas.SubjectLogIndex;
 //   - the tiles served read-only as C2SP tlog-tiles (Handler).
 //
-// It depends on no other project package but schemas, ingest/retry and
-// the JetStream client; checking the log needs none of it (README,
-// "Checking the transparency log").
+// It depends on no other project package but schemas, ingest/retry,
+// receipts/logproof (the stand-in of an oversize record) and the
+// JetStream client; checking the log needs none of it (README, "The
+// transparency log"; receipts/logproof and query.VerifyLog are
+// talosctl's checks).
 package tlog

@@ -1,26 +1,23 @@
 package tlog
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
-	"strconv"
 
 	"github.com/transparency-dev/merkle/rfc6962"
 
+	"github.com/talos-audit/talos/receipts/logproof"
 	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // MaxEntryBytes is the largest entry C2SP tlog-tiles can hold (its
 // length prefix is 16 bits).
-const MaxEntryBytes = 1<<16 - 1
+const MaxEntryBytes = logproof.MaxEntryBytes
 
 // OversizeType names the stand-in entry of a record larger than
-// MaxEntryBytes (a ToolCallEvent carrying large redacted payloads): the
-// RFC 8785 JSON {event_id, sha256, size, subject, type} of the record,
-// sha256 being the lowercase hex of its exact bytes. A checker rebuilds it
-// from the stored record (OversizeEntry) and finds it at the announced index.
-const OversizeType = "dev.talos.log.oversize.v1"
+// MaxEntryBytes (a ToolCallEvent carrying large redacted payloads):
+// logproof.StandIn. A checker rebuilds it from the stored record and finds
+// it at the announced index.
+const OversizeType = logproof.StandInType
 
 // EntryOf is the log entry of a TALOS_AUDIT record: its exact bytes, or
 // its stand-in when it is larger than MaxEntryBytes.
@@ -33,18 +30,7 @@ func EntryOf(subject string, data []byte) (entry []byte, oversize bool) {
 
 // OversizeEntry is the stand-in entry of an oversize record.
 func OversizeEntry(subject, eventID string, data []byte) []byte {
-	sum := sha256.Sum256(data)
-	var b []byte
-	b = append(b, `{"event_id":`...)
-	b = jsonkit.AppendString(b, eventID)
-	b = append(b, `,"sha256":"`...)
-	b = hex.AppendEncode(b, sum[:])
-	b = append(b, `","size":`...)
-	b = strconv.AppendInt(b, int64(len(data)), 10)
-	b = append(b, `,"subject":`...)
-	b = jsonkit.AppendString(b, subject)
-	b = append(b, `,"type":"`+OversizeType+`"}`...)
-	return b
+	return logproof.StandIn(subject, eventID, data)
 }
 
 // LeafHash is the RFC 6962 leaf hash of entry: sha256(0x00 ‖ entry).
