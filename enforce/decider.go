@@ -450,6 +450,7 @@ func fillCall(r *schemas.Receipt, c *schemas.ToolCall) {
 	r.CorrelationID = c.CorrelationID
 	r.SessionID = c.SessionID
 	r.ToolName = c.ToolName
+	r.MCPMethod = c.MCPMethod
 	r.TokenHandling = &schemas.TokenHandling{Mode: schemas.TokenModeNone}
 	if c.TokenHandling != nil {
 		th := *c.TokenHandling
@@ -698,7 +699,7 @@ func (d *Decider) authorize(st *State, pc *schemas.ParsedCall, cls *Classificati
 		return AuthResult{}
 	}
 	req := &AuthRequest{
-		ServerID: c.ServerID, ToolName: c.ToolName, Class: o.ToolClass,
+		ServerID: c.ServerID, ToolName: c.ToolName, MCPMethod: c.MCPMethod, Class: o.ToolClass,
 		RequestHash:   c.RequestHash,
 		CorrelationID: c.CorrelationID, SessionID: c.SessionID, IssuedAt: c.IssuedAt,
 		SenderSignature: pc.Doc["sender_signature"],

@@ -50,6 +50,7 @@ func (d *Decider) event(pc *schemas.ParsedCall, cls *Classification, r *schemas.
 		EPID:           r.EPID, // the publisher, as its receipt names it
 		ServerID:       c.ServerID,
 		ToolName:       c.ToolName,
+		MCPMethod:      c.MCPMethod,
 		Phase:          c.Phase,
 		Decision:       r.Decision,
 		ReasonCodes:    r.ReasonCodes,

@@ -20,13 +20,16 @@ type Receipt struct {
 	// for malformed envelopes, where it is the only trace of the content).
 	EnvelopeHash string `json:"envelope_hash"`
 
-	ToolCallID      string         `json:"tool_call_id"`
-	TraceID         string         `json:"trace_id"`
-	CorrelationID   string         `json:"correlation_id"`
-	SessionID       string         `json:"session_id"`
-	EPID            string         `json:"ep_id"`
-	ServerID        string         `json:"server_id"`
-	ToolName        string         `json:"tool_name"`
+	ToolCallID    string `json:"tool_call_id"`
+	TraceID       string `json:"trace_id"`
+	CorrelationID string `json:"correlation_id"`
+	SessionID     string `json:"session_id"`
+	EPID          string `json:"ep_id"`
+	ServerID      string `json:"server_id"`
+	ToolName      string `json:"tool_name"`
+	// MCPMethod is the envelope's mcp_method: what ToolName names when
+	// the call is not a tools/call ("" for one).
+	MCPMethod       string         `json:"mcp_method,omitempty"`
 	Phase           string         `json:"phase"`
 	Mode            string         `json:"mode"` // prod | dev
 	Decision        string         `json:"decision"`
