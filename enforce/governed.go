@@ -25,6 +25,14 @@ var (
 	resourceArgsSchema = json.RawMessage(`{"type":"object","properties":{"uri":{"type":"string"}},"required":["uri"],"additionalProperties":false}`)
 )
 
+// serverRequests are the tool entries a server's requests of its client
+// (sampling, elicitation) are checked as: read, recorded, in no registry
+// (schemas.IsServerRequest). Their tool_name is the method.
+var serverRequests = map[string]*schemas.Tool{
+	schemas.MethodSamplingCreateMessage: {ToolName: schemas.MethodSamplingCreateMessage, ToolClass: schemas.ClassRead},
+	schemas.MethodElicitationCreate:     {ToolName: schemas.MethodElicitationCreate, ToolClass: schemas.ClassRead},
+}
+
 // uriPointer is where a resource read's request carries its URI.
 const uriPointer = "/uri"
 
@@ -88,6 +96,9 @@ func (r *Registry) LookupMethod(serverID, method, name string) (*schemas.Tool, b
 	if method == "" || method == schemas.MethodToolsCall {
 		return r.Lookup(serverID, name)
 	}
+	if t, ok := serverRequests[method]; ok {
+		return t, name == method
+	}
 	g, ok := r.governed[methodKey{serverID, method, name}]
 	if !ok {
 		return nil, false
@@ -108,12 +119,19 @@ func (r *Registry) MatchResource(serverID, uri string) (name, pattern string, ok
 
 // ClassifyCall is Classify for a call of any method: a prompts/get or
 // resources/read is classified by its registry entry; a resources/read
-// whose arguments' uri that entry does not match is unclassified.
+// whose arguments' uri that entry does not match is unclassified. A
+// server's request of its client is a read named by its method.
 func (r *Registry) ClassifyCall(serverID, method, name string, args any) Classification {
 	if method == "" || method == schemas.MethodToolsCall {
 		return r.Classify(serverID, name, args)
 	}
 	c := Classification{Version: schemas.UnregisteredToolVersion}
+	if t, ok := serverRequests[method]; ok {
+		if name == method {
+			c.Tool, c.Class = t, schemas.ClassRead
+		}
+		return c
+	}
 	g, ok := r.governed[methodKey{serverID, method, name}]
 	if !ok {
 		return c

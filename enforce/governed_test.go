@@ -59,6 +59,9 @@ func TestGovernedPromptsAndResources(t *testing.T) {
 		{"URI outside its entry", schemas.MethodResourcesRead, "index", map[string]any{"uri": "docs://pages/7"}, ModeProd, schemas.DecisionDeny, unclassified},
 		{"URI outside the template", schemas.MethodResourcesRead, "pages", map[string]any{"uri": "docs://pages/7/secret"}, ModeProd, schemas.DecisionDeny, unclassified},
 		{"unlisted resource", schemas.MethodResourcesRead, "elsewhere", map[string]any{"uri": "docs://elsewhere"}, ModeProd, schemas.DecisionDeny, unclassified},
+		{"a sampling request", schemas.MethodSamplingCreateMessage, schemas.MethodSamplingCreateMessage, map[string]any{"messages": []any{}, "maxTokens": 10}, ModeProd, schemas.DecisionAllow, nil},
+		{"an elicitation request", schemas.MethodElicitationCreate, schemas.MethodElicitationCreate, map[string]any{"message": "name?"}, ModeProd, schemas.DecisionAllow, nil},
+		{"a server request named otherwise", schemas.MethodElicitationCreate, "summarize", map[string]any{}, ModeProd, schemas.DecisionDeny, unclassified},
 		{"resource read with more than its uri", schemas.MethodResourcesRead, "index", map[string]any{"uri": "docs://index", "x": "y"}, ModeProd, schemas.DecisionDeny, []string{schemas.CodeDenyUnknownFields}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -127,4 +130,46 @@ func TestSenderSignatureNamesTheMethod(t *testing.T) {
 	}
 	capSignSender(t, r, capKey(t, 1))
 	capWantCodes(t, a.Authorize(r))
+}
+
+// TestServerRequestRecorded: a server's request of its client is recorded
+// without a capability even where every call needs one (it is made during
+// a call that had one), names the call it happened in, and is still
+// subject to the incident state.
+func TestServerRequestRecorded(t *testing.T) {
+	reg, err := NewRegistry([]byte(docsManifest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Config{Mode: ModeProd, Registry: reg, NewEffectID: func() string { return fixedID }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := NewDecider(e, DeciderOptions{Capabilities: capAuthorizer(t), RequireCapability: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := envelope("pre", "docs", schemas.MethodSamplingCreateMessage, map[string]any{"messages": []any{}})
+	env["mcp_method"] = schemas.MethodSamplingCreateMessage
+	env["parent_tool_call_id"] = "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d6f"
+	raw, _ := json.Marshal(env)
+	out, err := d.DecideCall("talos.call.pre.gw-1.docs", raw, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := out.Receipt; r.Decision != schemas.DecisionAllow || r.ParentToolCallID != "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d6f" {
+		t.Fatalf("%s %v (%v), parent %q", r.Decision, r.ReasonCodes, out.Details, r.ParentToolCallID)
+	}
+	if err := d.Apply(1, ctl(schemas.VerbKillSwitchSet, scope("server:docs")), t0); err != nil {
+		t.Fatal(err)
+	}
+	env["correlation_id"] = "r3V2bH7pR9sT1uW4xY6zAc"
+	raw, _ = json.Marshal(env)
+	out, err = d.DecideCall("talos.call.pre.gw-1.docs", raw, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := out.Receipt; r.Decision != schemas.DecisionDeny || !slices.Contains(r.ReasonCodes, schemas.CodeKillSwitch) {
+		t.Fatalf("under a kill switch of its server: %s %v", r.Decision, r.ReasonCodes)
+	}
 }

@@ -164,9 +164,10 @@ func fullToolCall() ToolCall {
 		ContentHashAlg:         ContentHashAlg, SenderSignature: json.RawMessage(`{"sig":"x"}`), ParentSpanID: "p",
 		TokenHandling: &TokenHandling{Mode: TokenModeTokenExchange, Audience: "files", PassthroughDetected: true, Error: TokenErrExchangeRefused},
 		Result:        json.RawMessage(`{"content":[]}`), OK: ptr(true),
-		WorkspaceRoot: "/srv/ws", ToolDefinitionSHA256: strings.Repeat("4", 64), MCPMethod: MethodPromptsGet,
-		Error:  &CallError{Code: "c", Kind: "k", Message: "m", Retryable: ptr(false)},
-		Timing: &Timing{StartedAt: "2025-01-15T10:20:30.123Z", EndedAt: "2025-01-15T10:20:30.200Z"},
+		WorkspaceRoot: "/srv/ws", ToolDefinitionSHA256: strings.Repeat("4", 64), MCPMethod: MethodSamplingCreateMessage,
+		ParentToolCallID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d6f",
+		Error:            &CallError{Code: "c", Kind: "k", Message: "m", Retryable: ptr(false)},
+		Timing:           &Timing{StartedAt: "2025-01-15T10:20:30.123Z", EndedAt: "2025-01-15T10:20:30.200Z"},
 	}
 }
 
@@ -183,7 +184,7 @@ func fullReceiptEvent() map[string]any {
 		ResponseHash: strings.Repeat("d", 64), AgentID: "a", ToolID: "files/read_file", Timestamp: "2025-01-15T10:20:30.123Z",
 		ResultCode: "allow", EnvelopeHash: strings.Repeat("e", 64), ToolCallID: eff.ToolCallID,
 		TraceID: "4bf92f35-77b3-4da6-a3ce-929d0e0e4736", CorrelationID: "q3V2bH7pR9sT1uW4xY6zAb", SessionID: "s",
-		EPID: "gw", ServerID: "files", ToolName: "read_file", MCPMethod: MethodResourcesRead, Phase: PhasePost, Mode: "prod", Decision: DecisionAllow,
+		EPID: "gw", ServerID: "files", ToolName: "read_file", MCPMethod: MethodResourcesRead, ParentToolCallID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d6d", Phase: PhasePost, Mode: "prod", Decision: DecisionAllow,
 		ReasonCodes: []string{CodeToolUnclassifiedAllowedDev}, ToolClass: ClassRead, RegistryDigest: "sha256:" + strings.Repeat("f", 64),
 		DocumentHashes: eff.DocumentHashes, BatchTotalBytes: 3, ContentHashAlg: ContentHashAlg, Effect: &eff,
 		ControlSeq: 7, Control: fullControlRecord(), CapabilityIDs: []string{"cap-1"},

@@ -290,6 +290,7 @@ func fillToolCall(c *ToolCall, doc map[string]any, spans *envelopeSpans) {
 	c.WorkspaceRoot = str(doc, "workspace_root")
 	c.ToolDefinitionSHA256 = str(doc, "tool_definition_sha256")
 	c.MCPMethod = str(doc, "mcp_method")
+	c.ParentToolCallID = str(doc, "parent_tool_call_id")
 	c.Result = spans.result
 	if ok, isBool := doc["ok"].(bool); isBool {
 		c.OK = &ok

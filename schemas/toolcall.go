@@ -16,12 +16,16 @@ type ToolCall struct {
 	ServerID      string `json:"server_id"`
 	ToolName      string `json:"tool_name"`
 	// MCPMethod is the MCP request the call is when it is not a
-	// tools/call (MethodPromptsGet, MethodResourcesRead); "" for one.
-	MCPMethod string  `json:"mcp_method,omitempty"`
-	Transport string  `json:"transport"`
-	Actor     Actor   `json:"actor"`
-	Request   Request `json:"request"`
-	IssuedAt  string  `json:"issued_at"`
+	// tools/call (MethodPromptsGet, MethodResourcesRead, or a server
+	// request: IsServerRequest); "" for one.
+	MCPMethod string `json:"mcp_method,omitempty"`
+	// ParentToolCallID is a server request's: the call of the same
+	// enforcement point during which the server made it.
+	ParentToolCallID string  `json:"parent_tool_call_id,omitempty"`
+	Transport        string  `json:"transport"`
+	Actor            Actor   `json:"actor"`
+	Request          Request `json:"request"`
+	IssuedAt         string  `json:"issued_at"`
 
 	ToolClass              string          `json:"tool_class,omitempty"`
 	IdempotencyKey         string          `json:"idempotency_key,omitempty"`
@@ -62,6 +66,13 @@ type Actor struct {
 
 // Method is the MCP method of the call: MCPMethod, else MethodToolsCall.
 func (c *ToolCall) Method() string { return MethodOf(c.MCPMethod) }
+
+// IsServerRequest reports whether an envelope's mcp_method is a request
+// its server made of the client (sampling, elicitation): recorded and
+// checked against the incident state, not classified by the registry.
+func IsServerRequest(mcpMethod string) bool {
+	return mcpMethod == MethodSamplingCreateMessage || mcpMethod == MethodElicitationCreate
+}
 
 // MethodOf is the MCP method an envelope's mcp_method names: itself, or
 // MethodToolsCall when absent.

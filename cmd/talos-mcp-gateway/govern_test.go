@@ -196,3 +196,90 @@ func TestGovernPromptsAndResources(t *testing.T) {
 		t.Fatalf("registry lint: exit %d, want 1 with the unlisted prompt and resource template\n%s", code, out)
 	}
 }
+
+// TestServerRequestsRecorded (issue 21, must-show 3): behind the gateway
+// in stdio mode, the real server-everything's sampling and elicitation
+// requests during a tool call reach the client, whose answers go back, and
+// each is recorded in ClickHouse: an allow receipt and a ToolCallEvent
+// whose tool_name is the method, in the call's trace, naming the call
+// (parent_tool_call_id) in its signed JSON, with what the server asked
+// redacted (a planted secret reaches no table) and what came back only as
+// its hash.
+func TestServerRequestsRecorded(t *testing.T) {
+	s := startStackRegistry(t, relayRegistry(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	rc := &relayClient{}
+	client := mcp.NewClient(&mcp.Implementation{Name: "record-test", Version: "1"}, rc.options())
+	gw := s.gatewayClient(ctx, client, "--ep-id", "gw-record", "--upstream", "everything="+testenv.MCPBin(t, "mcp-server-everything"))
+
+	const secret = "AKIAR5N2XW7QMT4LPV6J"
+	sampled := gw.call(ctx, "trigger-sampling-request", map[string]any{"prompt": "relay me " + secret, "maxTokens": 10}).mustAllow(t, "sampling")
+	if !strings.Contains(text(sampled), "sampled by the client") {
+		t.Fatalf("the sampling result did not come from the client: %s", text(sampled))
+	}
+	rc.waitFor(t, "the sampling request", func() bool { return len(rc.sampled) == 1 && strings.Contains(rc.sampled[0], "relay me") })
+	elicited := gw.call(ctx, "trigger-elicitation-request", map[string]any{}).mustAllow(t, "elicitation")
+	if !strings.Contains(text(elicited), "Ada Lovelace") {
+		t.Fatalf("the elicitation result did not come from the client: %s", text(elicited))
+	}
+
+	conn, err := query.Open(ctx, s.chAddr, s.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for method, res := range map[string]*mcp.CallToolResult{schemas.MethodSamplingCreateMessage: sampled, schemas.MethodElicitationCreate: elicited} {
+		parent := res.Meta[gateway.MetaToolCallID].(string)
+		var id, traceID, resultRef, event, parentTrace string
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			err = conn.QueryRow(ctx, "SELECT tool_call_id, trace_id, result_ref, cloudevent FROM v_tool_calls WHERE tool_name = ? AND ok = 1 AND position(cloudevent, ?) > 0",
+				method, `"parent_tool_call_id":"`+parent+`"`).Scan(&id, &traceID, &resultRef, &event)
+			if err == nil && conn.QueryRow(ctx, "SELECT trace_id FROM v_tool_calls WHERE tool_call_id = ?", parent).Scan(&parentTrace) == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no record of %s during call %s: %v", method, parent, err)
+			}
+			time.Sleep(300 * time.Millisecond)
+		}
+		if traceID != parentTrace {
+			t.Fatalf("%s recorded in trace %s, its call in %s", method, traceID, parentTrace)
+		}
+		assertWorkerAllowed(ctx, t, s, id)
+		var content string
+		if err := conn.QueryRow(ctx, "SELECT content FROM artifacts WHERE ref = ? LIMIT 1", resultRef).Scan(&content); err != nil {
+			t.Fatalf("the recorded answer of %s: %v", method, err)
+		}
+		var answer map[string]string
+		if err := json.Unmarshal([]byte(content), &answer); err != nil || len(answer["sha256"]) != 64 {
+			t.Fatalf("%s: the answer is recorded as %s, want its sha256 only", method, content)
+		}
+		if method == schemas.MethodElicitationCreate && (answer["action"] != "accept" || len(answer) != 2) {
+			t.Fatalf("elicitation answer recorded as %s, want its sha256 and action", content)
+		}
+		if method == schemas.MethodSamplingCreateMessage && len(answer) != 1 {
+			t.Fatalf("sampling answer recorded as %s, want its sha256 only", content)
+		}
+	}
+	for _, table := range []string{"receipts", "tool_calls", "artifacts"} {
+		var n uint64
+		q := fmt.Sprintf("SELECT count() FROM %s WHERE positionCaseInsensitive(toString(tuple(*)), ?) > 0", table)
+		if err := conn.QueryRow(ctx, q, secret).Scan(&n); err != nil || n != 0 {
+			t.Fatalf("the planted secret reached %s (%d rows, %v)", table, n, err)
+		}
+	}
+	if out, code := s.ctlCode("verify", "--trusted-keys", filepath.Join(s.dir, "worker.pub")); code != 0 {
+		t.Fatalf("talosctl verify: exit %d\n%s", code, out)
+	}
+}
+
+// assertWorkerAllowed waits for the call's decision receipt in ClickHouse
+// and checks the worker allowed it.
+func assertWorkerAllowed(ctx context.Context, t *testing.T, s *stack, id string) {
+	t.Helper()
+	if decision, codes := waitDecision(ctx, t, s, id, "tool_call_id = ?", id); decision != schemas.DecisionAllow {
+		t.Fatalf("receipt of %s: %s %v, want allow", id, decision, codes)
+	}
+}

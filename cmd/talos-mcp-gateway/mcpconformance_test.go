@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
 
@@ -124,9 +125,10 @@ func bearerProxy(t *testing.T, target, token string) string {
 // the ones the baseline file lists with the reason MCP keeps them from
 // passing through. A scenario the baseline lists that passes through
 // fails the test, so the baseline cannot go stale. Every tools/call,
-// prompts/get and resources/read of the run was decided by Talos:
-// ClickHouse holds an allow receipt for each tool, prompt and resource
-// (by its registry name) the suite uses.
+// prompts/get and resources/read of the run was decided by Talos, and
+// its server's sampling and elicitation requests recorded: ClickHouse
+// holds an allow receipt for each tool, prompt and resource (by its
+// registry name) the suite uses, and for each kind of server request.
 func TestMCPConformanceThroughGateway(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -182,7 +184,8 @@ func TestMCPConformanceThroughGateway(t *testing.T) {
 	if len(failures) > 0 {
 		t.Fatalf("the conformance suite through the gateway differs from directly:\n%s", strings.Join(failures, "\n"))
 	}
-	for _, tool := range []string{"test_simple_text", "test_sampling", "test_elicitation", "test_tool_with_progress", "test_simple_prompt", "static", "template"} {
+	for _, tool := range []string{"test_simple_text", "test_sampling", "test_elicitation", "test_tool_with_progress", "test_simple_prompt", "static", "template",
+		schemas.MethodSamplingCreateMessage, schemas.MethodElicitationCreate} {
 		decision, _ := waitDecision(ctx, t, s, "the suite's call of "+tool, "server_id = 'conf' AND tool_name = ?", tool)
 		if decision != "allow" {
 			t.Fatalf("the suite's call of %s was %s, want allow", tool, decision)

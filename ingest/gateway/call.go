@@ -93,6 +93,11 @@ type pending struct {
 	// upstream runs the allowed call on its upstream, on the client
 	// session's relay r: its result, and whether it succeeded.
 	upstream func(ctx context.Context, r *relay) (res mcp.Result, ok bool, err error)
+	// parent is, for a server's request of the client, the call it was
+	// made during (serverreq.go); record, if set, is what the post event
+	// records of a result instead of the result itself.
+	parent callInfo
+	record func(mcp.Result) any
 }
 
 // call runs one tools/call through Talos: pre → decision (→ approval) →
@@ -177,6 +182,9 @@ func (g *Gateway) prepare(ctx context.Context, c *pending) error {
 	}
 	c.pre = pre
 	pre.ToolDefinitionSHA256 = c.def
+	if c.parent.toolCallID != "" {
+		pre.ParentToolCallID, pre.TraceID = c.parent.toolCallID, c.parent.traceID
+	}
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("gen_ai.tool.call.id", pre.ToolCallID))
 	g.credential(ctx, c)
 	c.log = g.log.With("tool_call_id", pre.ToolCallID, "server", c.server, "tool", c.name, "principal", c.p.Name)
@@ -291,7 +299,7 @@ func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (mc
 		ctx = credential.WithToken(ctx, c.cred.Token)
 	}
 	started := time.Now()
-	res, ok, err := c.upstream(ctx, g.relayOf(c.p, c.ss))
+	res, ok, err := c.upstream(withCall(ctx, c.pre), g.relayOf(c.p, c.ss))
 	ended := time.Now()
 	if err != nil {
 		post, perr := ep.SignedPost(c.pre, nil, false, started, ended, c.p.Signer)
@@ -302,7 +310,11 @@ func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (mc
 		c.log.Warn("upstream call failed", "err", err)
 		return nil, err
 	}
-	post, err := ep.SignedPost(c.pre, res, ok, started, ended, c.p.Signer)
+	var recorded any = res
+	if c.record != nil {
+		recorded = c.record(res)
+	}
+	post, err := ep.SignedPost(c.pre, recorded, ok, started, ended, c.p.Signer)
 	if err != nil {
 		c.log.Warn("post event not built", "err", err)
 	} else {
