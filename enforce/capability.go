@@ -141,6 +141,9 @@ type AuthRequest struct {
 	ServerID, ToolName string
 	// Method is the action name for action-based tools, else "".
 	Method string
+	// MCPMethod is the envelope's mcp_method ("" for tools/call): the
+	// method its sender signature names.
+	MCPMethod string
 	// Resource is the argument at the tool's resource_pointer, if
 	// HasResource.
 	Resource    string
@@ -545,7 +548,7 @@ func (a *Authorizer) checkSender(f *findings, r *AuthRequest, vc *verifiedChain)
 		CapabilityHash: vc.hash,
 		RequestHash:    r.RequestHash,
 		Tool:           r.ServerID + ":" + r.ToolName,
-		Method:         schemas.MethodToolsCall,
+		Method:         schemas.MethodOf(r.MCPMethod),
 		Timestamp:      r.IssuedAt,
 		SessionID:      r.SessionID,
 	}

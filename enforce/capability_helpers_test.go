@@ -202,7 +202,7 @@ func capRawRequest(t testing.TB, chain *schemas.CapabilityChain) *AuthRequest {
 func capFields(r *AuthRequest) schemas.EnvelopeSignedFields {
 	return schemas.EnvelopeSignedFields{
 		Type: schemas.EnvelopeSignatureV1, CorrelationID: r.CorrelationID, CapabilityHash: r.ChainHash,
-		RequestHash: r.RequestHash, Tool: r.ServerID + ":" + r.ToolName, Method: schemas.MethodToolsCall,
+		RequestHash: r.RequestHash, Tool: r.ServerID + ":" + r.ToolName, Method: schemas.MethodOf(r.MCPMethod),
 		Timestamp: r.IssuedAt, SessionID: r.SessionID,
 	}
 }

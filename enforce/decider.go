@@ -408,8 +408,7 @@ func (d *Decider) Begin(subject string, raw []byte, now time.Time, receiptID str
 	default:
 		p.checked = true
 		p.incident, p.incDet = st.Check(c)
-		// A refused request's report (DENY_UNAUTHENTICATED) has nothing to authorize or preflight.
-		if pre && c.ServerID != schemas.ServerUnauthenticated {
+		if pre && authorized(c) {
 			p.auth = d.authorize(st, pc, &p.cls, &p.engine, now)
 			p.sender = p.auth.Sender
 			if p.after, p.afterDet, err = d.preflight(st, pc, &p.cls, now); err != nil {
@@ -420,6 +419,14 @@ func (d *Decider) Begin(subject string, raw []byte, now time.Time, receiptID str
 	fillCall(&p.r, c)
 	p.call = CallKey{EPID: subjEP, SessionID: c.SessionID, CorrelationID: c.CorrelationID, ToolCallID: c.ToolCallID}
 	return p, nil
+}
+
+// authorized reports whether a phase-pre call is authorized and
+// preflighted. A refused request's report (DENY_UNAUTHENTICATED) has
+// nothing to authorize or preflight, nor has a server's request of its
+// client, made during a call that was (the incident state still applies).
+func authorized(c *schemas.ToolCall) bool {
+	return c.ServerID != schemas.ServerUnauthenticated && !schemas.IsServerRequest(c.MCPMethod)
 }
 
 // misattributed is the outcome of a valid envelope whose ep_id (claimed)
@@ -450,6 +457,7 @@ func fillCall(r *schemas.Receipt, c *schemas.ToolCall) {
 	r.CorrelationID = c.CorrelationID
 	r.SessionID = c.SessionID
 	r.ToolName = c.ToolName
+	r.MCPMethod, r.ParentToolCallID = c.MCPMethod, c.ParentToolCallID
 	r.TokenHandling = &schemas.TokenHandling{Mode: schemas.TokenModeNone}
 	if c.TokenHandling != nil {
 		th := *c.TokenHandling
@@ -698,7 +706,7 @@ func (d *Decider) authorize(st *State, pc *schemas.ParsedCall, cls *Classificati
 		return AuthResult{}
 	}
 	req := &AuthRequest{
-		ServerID: c.ServerID, ToolName: c.ToolName, Class: o.ToolClass,
+		ServerID: c.ServerID, ToolName: c.ToolName, MCPMethod: c.MCPMethod, Class: o.ToolClass,
 		RequestHash:   c.RequestHash,
 		CorrelationID: c.CorrelationID, SessionID: c.SessionID, IssuedAt: c.IssuedAt,
 		SenderSignature: pc.Doc["sender_signature"],

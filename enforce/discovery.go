@@ -87,14 +87,20 @@ type Visibility struct {
 // metadata counts; the upstream's annotations are advisory and never
 // widen anything.
 func (d *Discovery) See(v Viewer, server, name string) Visibility {
+	return d.SeeMethod(v, server, "", name)
+}
+
+// SeeMethod is See for what a call of method (an envelope's mcp_method)
+// names: a tool, or a prompt or resource of the registry by its name.
+func (d *Discovery) SeeMethod(v Viewer, server, method, name string) Visibility {
 	hide := func(detail string, codes ...string) Visibility {
 		return Visibility{Hidden: true, Codes: append([]string{schemas.CodeToolHidden}, codes...), Detail: detail}
 	}
-	t, ok := d.Registry.Lookup(server, name)
+	t, ok := d.Registry.LookupMethod(server, method, name)
 	if !ok {
 		return hide("the registry does not classify "+server+"/"+name, schemas.CodeUnknownTool)
 	}
-	if holder, shadowed := d.Registry.ShadowedBy(server, name); shadowed {
+	if holder, shadowed := d.Registry.ShadowedBy(server, name); shadowed && schemas.MethodOf(method) == schemas.MethodToolsCall {
 		return hide("shadows the protected tool of server "+holder, schemas.CodeToolShadowed)
 	}
 	if d.BlockNetwork && NetworkOutbound(t) && !slices.Contains(d.AllowNetwork, name) &&

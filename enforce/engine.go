@@ -242,7 +242,7 @@ func credentialCodes(th *schemas.TokenHandling, v *verdict) {
 
 // classify is the Classification of pc under the engine's registry.
 func (e *Engine) classify(pc *schemas.ParsedCall) Classification {
-	return e.reg.Classify(pc.Call.ServerID, pc.Call.ToolName, pc.Arguments())
+	return e.reg.ClassifyCall(pc.Call.ServerID, pc.Call.MCPMethod, pc.Call.ToolName, pc.Arguments())
 }
 
 // readOnlyCapability reports whether any capability in the envelope's

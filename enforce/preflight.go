@@ -83,6 +83,13 @@ func NewPreflight(reg *Registry, cfg PreflightConfig) (*Preflight, error) {
 			p.tools[toolKey{m.ServerID, t.ToolName}] = is
 		}
 	}
+	for i, g := range reg.governedOrder {
+		is, err := compileInputSchema(g.server, -1-i, &g.tool)
+		if err != nil {
+			return nil, fmt.Errorf("%w: server_id %s %s %q: %s", ErrInputSchema, g.server, g.method, g.tool.ToolName, oneLine(err.Error()))
+		}
+		p.tools[toolKey{g.server, g.tool.ToolName}] = is
+	}
 	return p, nil
 }
 

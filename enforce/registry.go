@@ -26,6 +26,11 @@ type Registry struct {
 	// Worked out once when the bundle is built, read per call.
 	versions  map[toolKey]string  // tool_version a ToolCallEvent names
 	protected map[string][]string // tool name -> servers holding a protected tool of that name, sorted
+
+	// governed are the prompts and resources (governed.go), also in
+	// manifest order.
+	governed      map[methodKey]*governedEntry
+	governedOrder []*governedEntry
 }
 
 type toolKey struct{ server, tool string }
@@ -126,7 +131,7 @@ func newRegistry(in []namedManifest) (*Registry, error) {
 	}
 	sort.Slice(ps, func(i, j int) bool { return ps[i].m.ServerID < ps[j].m.ServerID })
 
-	r := &Registry{tools: map[toolKey]*schemas.Tool{}}
+	r := &Registry{tools: map[toolKey]*schemas.Tool{}, governed: map[methodKey]*governedEntry{}}
 	var bundle strings.Builder
 	bundle.WriteByte('[')
 	for i, p := range ps {
@@ -141,6 +146,9 @@ func newRegistry(in []namedManifest) (*Registry, error) {
 		m := &r.manifests[i]
 		for j := range m.Tools {
 			r.tools[toolKey{m.ServerID, m.Tools[j].ToolName}] = &m.Tools[j]
+		}
+		if err := r.addGoverned(m); err != nil {
+			return nil, fmt.Errorf("enforce: registry: %w", err)
 		}
 	}
 	r.versions = make(map[toolKey]string, len(r.tools))

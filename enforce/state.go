@@ -203,7 +203,7 @@ func (s *State) checkEgress(call *schemas.ToolCall, codes, details []string) ([]
 			continue
 		}
 		if !blocked {
-			t, known := s.Registry().Lookup(call.ServerID, call.ToolName)
+			t, known := s.Registry().LookupMethod(call.ServerID, call.MCPMethod, call.ToolName)
 			if !known || !NetworkOutbound(t) {
 				return codes, details
 			}

@@ -93,8 +93,8 @@ func ActionAllowed(t *schemas.Tool, action string, readOnlyOnly bool) bool {
 	return slices.Contains(ReadOnlyActions(t), action)
 }
 
-// ServerNetworkOutbound reports whether the registry marks any tool of
-// serverID network_outbound (CM-EGRESS): the server may need a network,
+// ServerNetworkOutbound reports whether the registry marks any tool or
+// resource of serverID network_outbound (CM-EGRESS): the server may need a network,
 // which a sandbox grants only through its egress allowlist.
 func (r *Registry) ServerNetworkOutbound(serverID string) bool {
 	for i := range r.manifests {
@@ -104,6 +104,11 @@ func (r *Registry) ServerNetworkOutbound(serverID string) bool {
 		}
 		for j := range m.Tools {
 			if NetworkOutbound(&m.Tools[j]) {
+				return true
+			}
+		}
+		for j := range m.Resources {
+			if n := m.Resources[j].NetworkOutbound; n != nil && *n {
 				return true
 			}
 		}

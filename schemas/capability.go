@@ -16,8 +16,17 @@ const (
 	MaxDelegationDepth    = 3
 	CapabilitySkewSeconds = 60
 	// MethodToolsCall is the MCP method an envelope's sender signature
-	// names for every tools/call.
+	// names for every tools/call (ToolCall.Method).
 	MethodToolsCall = "tools/call"
+	// MethodPromptsGet and MethodResourcesRead are the other MCP requests
+	// Talos decides (an envelope's mcp_method).
+	MethodPromptsGet    = "prompts/get"
+	MethodResourcesRead = "resources/read"
+	// MethodSamplingCreateMessage and MethodElicitationCreate are the
+	// requests a server makes of its client that Talos records
+	// (IsServerRequest).
+	MethodSamplingCreateMessage = "sampling/createMessage"
+	MethodElicitationCreate     = "elicitation/create"
 )
 
 // Capability is a capability a trusted issuer signed for one subject

@@ -39,6 +39,10 @@ type jsonField struct {
 func structFields(typ reflect.Type) []jsonField {
 	var out []jsonField
 	for i := 0; i < typ.NumField(); i++ {
+		if f := typ.Field(i); f.Anonymous && f.Tag.Get("json") == "" {
+			out = append(out, structFields(f.Type)...) // encoding/json inlines it
+			continue
+		}
 		tag := typ.Field(i).Tag.Get("json")
 		if tag == "" || tag == "-" {
 			continue
@@ -78,6 +82,8 @@ func TestStructsMatchSchemas(t *testing.T) {
 		{reflect.TypeFor[TokenHandling](), FileReceiptSchema, "/$defs/token_handling"},
 		{reflect.TypeFor[Manifest](), FileToolRegistrySchema, ""},
 		{reflect.TypeFor[Tool](), FileToolRegistrySchema, "/$defs/tool"},
+		{reflect.TypeFor[Prompt](), FileToolRegistrySchema, "/$defs/prompt"},
+		{reflect.TypeFor[Resource](), FileToolRegistrySchema, "/$defs/resource"},
 		{reflect.TypeFor[DocumentSpec](), FileToolRegistrySchema, "/$defs/document_spec"},
 		{reflect.TypeFor[Action](), FileToolRegistrySchema, "/$defs/action"},
 		{reflect.TypeFor[ToolEffect](), FileToolEffectSchema, ""},
@@ -158,9 +164,10 @@ func fullToolCall() ToolCall {
 		ContentHashAlg:         ContentHashAlg, SenderSignature: json.RawMessage(`{"sig":"x"}`), ParentSpanID: "p",
 		TokenHandling: &TokenHandling{Mode: TokenModeTokenExchange, Audience: "files", PassthroughDetected: true, Error: TokenErrExchangeRefused},
 		Result:        json.RawMessage(`{"content":[]}`), OK: ptr(true),
-		WorkspaceRoot: "/srv/ws", ToolDefinitionSHA256: strings.Repeat("4", 64),
-		Error:  &CallError{Code: "c", Kind: "k", Message: "m", Retryable: ptr(false)},
-		Timing: &Timing{StartedAt: "2025-01-15T10:20:30.123Z", EndedAt: "2025-01-15T10:20:30.200Z"},
+		WorkspaceRoot: "/srv/ws", ToolDefinitionSHA256: strings.Repeat("4", 64), MCPMethod: MethodSamplingCreateMessage,
+		ParentToolCallID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d6f",
+		Error:            &CallError{Code: "c", Kind: "k", Message: "m", Retryable: ptr(false)},
+		Timing:           &Timing{StartedAt: "2025-01-15T10:20:30.123Z", EndedAt: "2025-01-15T10:20:30.200Z"},
 	}
 }
 
@@ -177,7 +184,7 @@ func fullReceiptEvent() map[string]any {
 		ResponseHash: strings.Repeat("d", 64), AgentID: "a", ToolID: "files/read_file", Timestamp: "2025-01-15T10:20:30.123Z",
 		ResultCode: "allow", EnvelopeHash: strings.Repeat("e", 64), ToolCallID: eff.ToolCallID,
 		TraceID: "4bf92f35-77b3-4da6-a3ce-929d0e0e4736", CorrelationID: "q3V2bH7pR9sT1uW4xY6zAb", SessionID: "s",
-		EPID: "gw", ServerID: "files", ToolName: "read_file", Phase: PhasePost, Mode: "prod", Decision: DecisionAllow,
+		EPID: "gw", ServerID: "files", ToolName: "read_file", MCPMethod: MethodResourcesRead, ParentToolCallID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d6d", Phase: PhasePost, Mode: "prod", Decision: DecisionAllow,
 		ReasonCodes: []string{CodeToolUnclassifiedAllowedDev}, ToolClass: ClassRead, RegistryDigest: "sha256:" + strings.Repeat("f", 64),
 		DocumentHashes: eff.DocumentHashes, BatchTotalBytes: 3, ContentHashAlg: ContentHashAlg, Effect: &eff,
 		ControlSeq: 7, Control: fullControlRecord(), CapabilityIDs: []string{"cap-1"},
@@ -235,10 +242,16 @@ func TestFullyPopulatedStructsValidate(t *testing.T) {
 			ActionPointer: "/action", Actions: []Action{{Name: "list_prs", ReadOnly: true}}, InputSchema: json.RawMessage(`{"type":"object"}`),
 			ToolVersion: "1.2.3", SideEffect: SideEffectExecute, Idempotency: IdempotencyNonIdempotent, ResourcePointer: "/repo",
 			PathPointers: []string{"/path"}, WorkspaceRoot: "/work", MaxArgsBytes: ptr(int64(4)),
-			DefinitionSHA256: strings.Repeat("5", 64)}}}
+			DefinitionSHA256: strings.Repeat("5", 64)}},
+		Prompts: []Prompt{{Name: "review", Exposure: Exposure{TrustLevel: "verified", RiskCategory: "LOW", SubagentAccess: "read_only",
+			RequiresApproval: ptr(true)}, MaxArgsBytes: ptr(int64(5))}},
+		Resources: []Resource{{Name: "repo-files", URI: "repo://{owner}/{name}/files{/path*}", Exposure: Exposure{TrustLevel: "community",
+			RiskCategory: "HIGH", SubagentAccess: "denied", RequiresApproval: ptr(false)}, NetworkOutbound: ptr(true)}}}
 	b = mustJSON(t, m)
 	assertAllKeys(t, reflect.TypeFor[Manifest](), b)
 	assertAllKeys(t, reflect.TypeFor[Tool](), mustJSON(t, m.Tools[0]))
+	assertAllKeys(t, reflect.TypeFor[Prompt](), mustJSON(t, m.Prompts[0]))
+	assertAllKeys(t, reflect.TypeFor[Resource](), mustJSON(t, m.Resources[0]))
 	assertAllKeys(t, reflect.TypeFor[DocumentSpec](), mustJSON(t, m.Tools[0].DocumentSpec))
 	if _, err := ParseManifest(b); err != nil {
 		t.Errorf("Manifest: %v", err)

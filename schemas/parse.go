@@ -289,6 +289,8 @@ func fillToolCall(c *ToolCall, doc map[string]any, spans *envelopeSpans) {
 	}
 	c.WorkspaceRoot = str(doc, "workspace_root")
 	c.ToolDefinitionSHA256 = str(doc, "tool_definition_sha256")
+	c.MCPMethod = str(doc, "mcp_method")
+	c.ParentToolCallID = str(doc, "parent_tool_call_id")
 	c.Result = spans.result
 	if ok, isBool := doc["ok"].(bool); isBool {
 		c.OK = &ok
@@ -404,10 +406,37 @@ func ParseManifest(raw []byte) (*Manifest, error) {
 			}
 		}
 	}
+	details = append(details, governedNames(&m, names)...)
 	if details != nil {
 		return nil, bad(details...)
 	}
 	return &m, nil
+}
+
+// governedNames reports prompt and resource names that repeat one of
+// the manifest's tool (names), prompt or resource names: one namespace
+// per server, so a {server_id, tool_name} of a receipt, kill switch,
+// scope or rule names one thing.
+func governedNames(m *Manifest, names map[string]int) []string {
+	var details []string
+	seen := make(map[string]string, len(names)+len(m.Prompts)+len(m.Resources))
+	for name, i := range names {
+		seen[name] = fmt.Sprintf("/tools/%d/tool_name", i)
+	}
+	add := func(name, at string) {
+		if prev, dup := seen[name]; dup {
+			details = append(details, at+": duplicate of "+prev)
+			return
+		}
+		seen[name] = at
+	}
+	for i := range m.Prompts {
+		add(m.Prompts[i].Name, fmt.Sprintf("/prompts/%d/name", i))
+	}
+	for i := range m.Resources {
+		add(m.Resources[i].Name, fmt.Sprintf("/resources/%d/name", i))
+	}
+	return details
 }
 
 func validateWith(raw []byte, name string, pick func(*compiledSet) *jsonschema.Schema) error {

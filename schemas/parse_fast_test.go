@@ -171,6 +171,8 @@ func parseCases(t testing.TB) map[string][]byte {
 			m["token_handling"] = map[string]any{"mode": "none", "audience": ""}
 		},
 		"relative workspace_root": func(m map[string]any) { m["workspace_root"] = "srv/ws" },
+		"prompts/get":             func(m map[string]any) { m["mcp_method"] = "prompts/get" },
+		"mcp_method tools/call":   func(m map[string]any) { m["mcp_method"] = "tools/call" },
 		"capability array":        func(m map[string]any) { m["capability"] = []any{"a", 1, nil, true} },
 		"capability string":       func(m map[string]any) { m["capability"] = "opaque" },
 		"capability number":       func(m map[string]any) { m["capability"] = 7 },

@@ -401,6 +401,20 @@ func TestParseManifestTable(t *testing.T) {
 			tool(m, 1)["path_pointers"], tool(m, 1)["workspace_root"] = []any{"/path"}, "srv/ws"
 		}, "/tools/1/workspace_root: pattern"},
 		{"path_pointers without workspace_root", func(m map[string]any) { tool(m, 1)["path_pointers"] = []any{"/path"} }, "/tools/1: dependentRequired"},
+		{"prompts and resources", func(m map[string]any) {
+			m["prompts"] = []any{map[string]any{"name": "review-pr", "trust_level": "verified", "risk_category": "LOW", "max_args_bytes": 512}}
+			m["resources"] = []any{map[string]any{"name": "pr-diff", "uri": "github://{owner}/{repo}/pulls/{n}/diff", "network_outbound": true}}
+		}, ""},
+		{"prompt named like a tool", func(m map[string]any) { m["prompts"] = []any{map[string]any{"name": "list-prs"}} },
+			"/prompts/0/name: duplicate of /tools/1/tool_name"},
+		{"resource named like a prompt", func(m map[string]any) {
+			m["prompts"] = []any{map[string]any{"name": "diff"}}
+			m["resources"] = []any{map[string]any{"name": "diff", "uri": "github://diff"}}
+		}, "/resources/0/name: duplicate of /prompts/0/name"},
+		{"resource without uri", func(m map[string]any) { m["resources"] = []any{map[string]any{"name": "x"}} }, "/resources/0: required: missing uri"},
+		{"resource name with a slash", func(m map[string]any) {
+			m["resources"] = []any{map[string]any{"name": "a/b", "uri": "x://y"}}
+		}, "/resources/0/name: pattern"},
 		{"definition pin", func(m map[string]any) { tool(m, 1)["definition_sha256"] = strings.Repeat("0a", 32) }, ""},
 		{"definition pin not hex", func(m map[string]any) { tool(m, 1)["definition_sha256"] = "sha256:" + strings.Repeat("0a", 32) }, "/tools/1/definition_sha256: pattern"},
 		{"bad schema_id", func(m map[string]any) { m["schema_id"] = "x" }, "/schema_id: const"},

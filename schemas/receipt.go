@@ -20,23 +20,29 @@ type Receipt struct {
 	// for malformed envelopes, where it is the only trace of the content).
 	EnvelopeHash string `json:"envelope_hash"`
 
-	ToolCallID      string         `json:"tool_call_id"`
-	TraceID         string         `json:"trace_id"`
-	CorrelationID   string         `json:"correlation_id"`
-	SessionID       string         `json:"session_id"`
-	EPID            string         `json:"ep_id"`
-	ServerID        string         `json:"server_id"`
-	ToolName        string         `json:"tool_name"`
-	Phase           string         `json:"phase"`
-	Mode            string         `json:"mode"` // prod | dev
-	Decision        string         `json:"decision"`
-	ReasonCodes     []string       `json:"reason_codes"`
-	ToolClass       string         `json:"tool_class"`
-	RegistryDigest  string         `json:"registry_digest"`
-	DocumentHashes  []DocumentHash `json:"document_hashes"`
-	BatchTotalBytes int64          `json:"batch_total_bytes"`
-	ContentHashAlg  string         `json:"content_hash_alg"`
-	Effect          *ToolEffect    `json:"effect,omitempty"`
+	ToolCallID    string `json:"tool_call_id"`
+	TraceID       string `json:"trace_id"`
+	CorrelationID string `json:"correlation_id"`
+	SessionID     string `json:"session_id"`
+	EPID          string `json:"ep_id"`
+	ServerID      string `json:"server_id"`
+	ToolName      string `json:"tool_name"`
+	// MCPMethod is the envelope's mcp_method: what ToolName names when
+	// the call is not a tools/call ("" for one).
+	MCPMethod string `json:"mcp_method,omitempty"`
+	// ParentToolCallID is the envelope's: the call during which a server
+	// made this request of its client.
+	ParentToolCallID string         `json:"parent_tool_call_id,omitempty"`
+	Phase            string         `json:"phase"`
+	Mode             string         `json:"mode"` // prod | dev
+	Decision         string         `json:"decision"`
+	ReasonCodes      []string       `json:"reason_codes"`
+	ToolClass        string         `json:"tool_class"`
+	RegistryDigest   string         `json:"registry_digest"`
+	DocumentHashes   []DocumentHash `json:"document_hashes"`
+	BatchTotalBytes  int64          `json:"batch_total_bytes"`
+	ContentHashAlg   string         `json:"content_hash_alg"`
+	Effect           *ToolEffect    `json:"effect,omitempty"`
 	// CapabilityIDs are the capability ids of the verified chain, root
 	// first (DESIGN.md §3); empty when the call carried no valid capability.
 	CapabilityIDs []string `json:"capability_ids,omitempty"`

@@ -10,6 +10,38 @@ type Manifest struct {
 	ServerID      string `json:"server_id"`
 	ServerVersion string `json:"server_version,omitempty"`
 	Tools         []Tool `json:"tools"`
+	// Prompts and Resources are the server's prompts and resources Talos
+	// decides like tools (prompts/get, resources/read). Names are one
+	// namespace with the tools' names.
+	Prompts   []Prompt   `json:"prompts,omitempty"`
+	Resources []Resource `json:"resources,omitempty"`
+}
+
+// Exposure is the trust and exposure metadata a prompt or resource
+// shares with a tool (CSP MUST 1, CM-TRUST, CM-SUBAGENT).
+type Exposure struct {
+	TrustLevel       string `json:"trust_level,omitempty"`
+	RiskCategory     string `json:"risk_category,omitempty"`
+	SubagentAccess   string `json:"subagent_access,omitempty"`
+	RequiresApproval *bool  `json:"requires_approval,omitempty"`
+}
+
+// Prompt is one prompt of a server's manifest: prompts/get of Name is
+// decided like a read tool of that name whose arguments are the prompt's.
+type Prompt struct {
+	Name string `json:"name"`
+	Exposure
+	MaxArgsBytes *int64 `json:"max_args_bytes,omitempty"`
+}
+
+// Resource is one resource of a server's manifest: a resources/read of a
+// URI that URI (an RFC 6570 template, or a URI matching only itself)
+// matches is decided like a read tool named Name.
+type Resource struct {
+	Name string `json:"name"`
+	URI  string `json:"uri"`
+	Exposure
+	NetworkOutbound *bool `json:"network_outbound,omitempty"`
 }
 
 // Tool classes.

@@ -6,19 +6,26 @@ import "encoding/json"
 // talos.call.<phase>.<ep_id>.<server_id> (schemas/talos/tool_call.schema.json).
 // Unknown top-level fields are rejected by the schema.
 type ToolCall struct {
-	SchemaVersion string  `json:"schema_version"`
-	Phase         string  `json:"phase"`
-	ToolCallID    string  `json:"tool_call_id"`
-	TraceID       string  `json:"trace_id"`
-	CorrelationID string  `json:"correlation_id"`
-	SessionID     string  `json:"session_id"`
-	EPID          string  `json:"ep_id"`
-	ServerID      string  `json:"server_id"`
-	ToolName      string  `json:"tool_name"`
-	Transport     string  `json:"transport"`
-	Actor         Actor   `json:"actor"`
-	Request       Request `json:"request"`
-	IssuedAt      string  `json:"issued_at"`
+	SchemaVersion string `json:"schema_version"`
+	Phase         string `json:"phase"`
+	ToolCallID    string `json:"tool_call_id"`
+	TraceID       string `json:"trace_id"`
+	CorrelationID string `json:"correlation_id"`
+	SessionID     string `json:"session_id"`
+	EPID          string `json:"ep_id"`
+	ServerID      string `json:"server_id"`
+	ToolName      string `json:"tool_name"`
+	// MCPMethod is the MCP request the call is when it is not a
+	// tools/call (MethodPromptsGet, MethodResourcesRead, or a server
+	// request: IsServerRequest); "" for one.
+	MCPMethod string `json:"mcp_method,omitempty"`
+	// ParentToolCallID is a server request's: the call of the same
+	// enforcement point during which the server made it.
+	ParentToolCallID string  `json:"parent_tool_call_id,omitempty"`
+	Transport        string  `json:"transport"`
+	Actor            Actor   `json:"actor"`
+	Request          Request `json:"request"`
+	IssuedAt         string  `json:"issued_at"`
 
 	ToolClass              string          `json:"tool_class,omitempty"`
 	IdempotencyKey         string          `json:"idempotency_key,omitempty"`
@@ -57,7 +64,27 @@ type Actor struct {
 	ModelID string `json:"model_id,omitempty"`
 }
 
-// Request is the MCP tools/call params.
+// Method is the MCP method of the call: MCPMethod, else MethodToolsCall.
+func (c *ToolCall) Method() string { return MethodOf(c.MCPMethod) }
+
+// IsServerRequest reports whether an envelope's mcp_method is a request
+// its server made of the client (sampling, elicitation): recorded and
+// checked against the incident state, not classified by the registry.
+func IsServerRequest(mcpMethod string) bool {
+	return mcpMethod == MethodSamplingCreateMessage || mcpMethod == MethodElicitationCreate
+}
+
+// MethodOf is the MCP method an envelope's mcp_method names: itself, or
+// MethodToolsCall when absent.
+func MethodOf(mcpMethod string) string {
+	if mcpMethod != "" {
+		return mcpMethod
+	}
+	return MethodToolsCall
+}
+
+// Request is the MCP tools/call params; for prompts/get its params, for
+// resources/read {name: tool_name, arguments: {uri}}.
 type Request struct {
 	Name      string          `json:"name"`
 	Arguments json.RawMessage `json:"arguments,omitempty"`

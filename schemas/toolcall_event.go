@@ -38,13 +38,17 @@ type ToolCallEvent struct {
 	ParentSpanID   string            `json:"parent_span_id,omitempty"`
 
 	// Talos's additions: where the call came from and how it was decided.
-	SessionID   string   `json:"session_id"`
-	EPID        string   `json:"ep_id"`
-	ServerID    string   `json:"server_id"`
-	ToolName    string   `json:"tool_name"`
-	Phase       string   `json:"phase"` // the phase whose envelope completed the record
-	Decision    string   `json:"decision"`
-	ReasonCodes []string `json:"reason_codes"`
+	SessionID string `json:"session_id"`
+	EPID      string `json:"ep_id"`
+	ServerID  string `json:"server_id"`
+	ToolName  string `json:"tool_name"`
+	// MCPMethod is the envelope's mcp_method: "" for a tools/call.
+	MCPMethod string `json:"mcp_method,omitempty"`
+	// ParentToolCallID is the envelope's (a server request's call).
+	ParentToolCallID string   `json:"parent_tool_call_id,omitempty"`
+	Phase            string   `json:"phase"` // the phase whose envelope completed the record
+	Decision         string   `json:"decision"`
+	ReasonCodes      []string `json:"reason_codes"`
 	// ReceiptID is the receipt of the envelope that completed the record
 	// (a deny's decision receipt, or the post event's effect receipt).
 	ReceiptID string `json:"receipt_id"`

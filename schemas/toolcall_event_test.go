@@ -23,7 +23,7 @@ func fullToolCallEvent() (map[string]any, ToolCallEvent) {
 		Resources: &ResourcesTouched{WorkspaceIDs: []string{"ws-1"}, Artifacts: []string{"sha256:" + strings.Repeat("c", 64)},
 			Files: []string{"/work/a.txt"}, URLs: []string{"https://example.com/x"}},
 		CapabilityIDs: []string{"cap-root", "cap-child"}, ParentSpanID: "span-1",
-		SessionID: "sess-1", EPID: "gw-1", ServerID: "files", ToolName: "read_file", Phase: PhasePost,
+		SessionID: "sess-1", EPID: "gw-1", ServerID: "files", ToolName: "read_file", MCPMethod: MethodElicitationCreate, ParentToolCallID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d6c", Phase: PhasePost,
 		Decision: DecisionAllow, ReasonCodes: []string{CodeToolUnclassifiedAllowedDev},
 		ReceiptID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d70", Flags: []string{FlagPostWithoutPre},
 		Redactions: []Redaction{{Pointer: "/args/token", Rule: "github_token",

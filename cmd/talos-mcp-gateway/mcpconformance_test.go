@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
 
@@ -26,6 +27,14 @@ import (
 var conformanceTools = []string{"test_simple_text", "test_image_content", "test_audio_content", "test_embedded_resource",
 	"test_multiple_content_types", "test_tool_with_logging", "test_error_handling", "test_tool_with_progress", "test_sampling",
 	"test_elicitation", "test_elicitation_sep1034_defaults", "test_elicitation_sep1330_enums", "test_reconnection", "json_schema_2020_12_tool"}
+
+// conformancePrompts and conformanceResources are the prompts and the
+// resources (three URIs and a template) of conformance-server.mjs, which
+// Talos decides like its tools.
+var conformancePrompts = []string{"test_simple_prompt", "test_prompt_with_arguments", "test_prompt_with_embedded_resource", "test_prompt_with_image"}
+
+const conformanceResources = `{"name": "static", "uri": "test://{name}", "trust_level": "verified"},
+	{"name": "template", "uri": "test://template/{id}/data", "trust_level": "verified"}`
 
 // scenarioLine is a line of the suite's summary: "✓ name: N passed, M failed".
 var scenarioLine = regexp.MustCompile(`^\S+ ([a-z0-9-]+): (\d+) passed, (\d+) failed`)
@@ -115,9 +124,11 @@ func bearerProxy(t *testing.T, target, token string) string {
 // directly, and every scenario passes through with as many checks, except
 // the ones the baseline file lists with the reason MCP keeps them from
 // passing through. A scenario the baseline lists that passes through
-// fails the test, so the baseline cannot go stale. Every tools/call of
-// the run was decided by Talos: ClickHouse holds an allow receipt for
-// each tool the suite calls.
+// fails the test, so the baseline cannot go stale. Every tools/call,
+// prompts/get and resources/read of the run was decided by Talos, and
+// its server's sampling and elicitation requests recorded: ClickHouse
+// holds an allow receipt for each tool, prompt and resource (by its
+// registry name) the suite uses, and for each kind of server request.
 func TestMCPConformanceThroughGateway(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -139,7 +150,12 @@ func TestMCPConformanceThroughGateway(t *testing.T) {
 	for _, tool := range conformanceTools {
 		entries = append(entries, fmt.Sprintf(`{"tool_name": %q, "tool_class": "read", "is_document_op": false, "trust_level": "verified"}`, tool))
 	}
-	manifest := `{"schema_id": "talos.mcp.tool_registry", "schema_version": "v1", "server_id": "conf", "tools": [` + strings.Join(entries, ",") + `]}`
+	var prompts []string
+	for _, p := range conformancePrompts {
+		prompts = append(prompts, fmt.Sprintf(`{"name": %q, "trust_level": "verified"}`, p))
+	}
+	manifest := `{"schema_id": "talos.mcp.tool_registry", "schema_version": "v1", "server_id": "conf", "tools": [` + strings.Join(entries, ",") +
+		`], "prompts": [` + strings.Join(prompts, ",") + `], "resources": [` + conformanceResources + `]}`
 	if err := os.WriteFile(filepath.Join(reg, "conf.json"), []byte(manifest), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +184,8 @@ func TestMCPConformanceThroughGateway(t *testing.T) {
 	if len(failures) > 0 {
 		t.Fatalf("the conformance suite through the gateway differs from directly:\n%s", strings.Join(failures, "\n"))
 	}
-	for _, tool := range []string{"test_simple_text", "test_sampling", "test_elicitation", "test_tool_with_progress"} {
+	for _, tool := range []string{"test_simple_text", "test_sampling", "test_elicitation", "test_tool_with_progress", "test_simple_prompt", "static", "template",
+		schemas.MethodSamplingCreateMessage, schemas.MethodElicitationCreate} {
 		decision, _ := waitDecision(ctx, t, s, "the suite's call of "+tool, "server_id = 'conf' AND tool_name = ?", tool)
 		if decision != "allow" {
 			t.Fatalf("the suite's call of %s was %s, want allow", tool, decision)

@@ -23,7 +23,9 @@ const badManifest = `{"schema_id": "talos.mcp.tool_registry", "schema_version": 
     {"tool_name": "spoil", "tool_class": "read", "is_document_op": false, "trust_level": "internal"},
     {"tool_name": "no_type", "tool_class": "read", "is_document_op": false, "trust_level": "internal"},
     {"tool_name": "late_good", "tool_class": "read", "is_document_op": false, "trust_level": "internal"},
-    {"tool_name": "late_bad", "tool_class": "read", "is_document_op": false, "trust_level": "internal"}]}`
+    {"tool_name": "late_bad", "tool_class": "read", "is_document_op": false, "trust_level": "internal"}],
+  "prompts": [{"name": "greeting", "trust_level": "internal"}],
+  "resources": [{"name": "good", "uri": "test://good", "trust_level": "internal"}, {"name": "items", "uri": "test://item/{id}", "trust_level": "internal"}]}`
 
 // hiddenLine is the gateway's log line for a definition it hides.
 func hiddenLine(kind, name string) string {
@@ -38,7 +40,9 @@ func hiddenLine(kind, name string) string {
 // naming it and why; a broken tool that arrives later
 // through notifications/tools/list_changed is hidden the same way while
 // the good one that came with it is served. talosctl registry lint
-// reports the broken tools INVALID (not STALE) and still passes.
+// reports the broken tools INVALID (not STALE) and still passes. The good
+// prompt and resources, which the registry lists, are offered without
+// --relay-ungoverned: Talos decides them.
 func TestUpstreamDefinitionsRobust(t *testing.T) {
 	script, _ := testenv.MCPScript(t, "badtools.mjs")
 	reg := t.TempDir()
@@ -64,7 +68,7 @@ func TestUpstreamDefinitionsRobust(t *testing.T) {
 	s := startStackRegistry(t, reg)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	gw := s.gatewaySession(ctx, "--ep-id", "gw-bad", "--relay-ungoverned", "--upstream", server)
+	gw := s.gatewaySession(ctx, "--ep-id", "gw-bad", "--upstream", server)
 	listed := func() []string {
 		res, err := gw.cs.ListTools(ctx, nil)
 		if err != nil {
@@ -124,16 +128,9 @@ func TestUpstreamDefinitionsRobust(t *testing.T) {
 		t.Fatalf("the log line of no_type does not say why:\n%s", tail(log, 3000))
 	}
 
-	// Without --relay-ungoverned no prompt or resource is offered (Talos
-	// does not decide them yet), and a read by URI is refused.
-	plain := s.gatewaySession(ctx, "--ep-id", "gw-plain", "--upstream", server)
-	if p, err := plain.cs.ListPrompts(ctx, nil); err == nil && len(p.Prompts) > 0 {
-		t.Fatalf("prompts offered without --relay-ungoverned: %+v", p.Prompts)
-	}
-	if r, err := plain.cs.ListResources(ctx, nil); err == nil && len(r.Resources) > 0 {
-		t.Fatalf("resources offered without --relay-ungoverned: %+v", r.Resources)
-	}
-	if read, err := plain.cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: "test://good"}); err == nil {
-		t.Fatalf("resources/read without --relay-ungoverned answered: %+v", read)
+	// A read of a URI no upstream serves is refused (Talos decides it and
+	// denies it), never answered.
+	if read, err := gw.cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: "test://item/3/more"}); err == nil {
+		t.Fatalf("resources/read of a URI no upstream serves answered: %+v", read)
 	}
 }

@@ -22,7 +22,7 @@ type registryLintCmd struct {
 	Registry      string        `name:"registry" type:"path" help:"Manifest file or directory of *.json manifests (as talosd --registry). Without it, or without a manifest for the server, every live tool is MISSING."`
 	ServerID      string        `name:"server-id" help:"Compare with this server_id's manifest instead of the one --server names (--server may then omit its '<server_id>=')."`
 	Timeout       time.Duration `name:"timeout" default:"30s" help:"Limit for starting or reaching the server and listing its tools."`
-	WriteSkeleton string        `name:"write-skeleton" type:"path" placeholder:"FILE" help:"Write a manifest skeleton with the missing tools to FILE (which must not exist): tool_class suggested from readOnlyHint, trust_level unknown. Review before publishing."`
+	WriteSkeleton string        `name:"write-skeleton" type:"path" placeholder:"FILE" help:"Write a manifest skeleton with the missing tools, prompts and resources to FILE (which must not exist): tool_class suggested from readOnlyHint, trust_level unknown. Review before publishing."`
 	WritePins     bool          `name:"write-pins" help:"Pin the definitions the server lists now: set definition_sha256 of its tools in the --registry manifest file (rewritten, indented), then lint against it. Review the live definitions first; publish and pin the registry afterwards."`
 }
 
@@ -53,7 +53,7 @@ func (c *registryLintCmd) Run(g *Globals) error {
 		}
 	}
 	registrylint.Lint(&rep, manifest, live, mcpup.ActionEnum)
-	if c.WriteSkeleton != "" && rep.Counts[registrylint.Missing] > 0 {
+	if c.WriteSkeleton != "" && rep.MissingAny() {
 		if err := rep.WriteSkeleton(c.WriteSkeleton); err != nil {
 			return failed("registry lint: --write-skeleton: %v", err)
 		}
@@ -66,8 +66,8 @@ func (c *registryLintCmd) Run(g *Globals) error {
 		return err
 	}
 	if !rep.OK {
-		return failed("registry lint: server %s: %d tool(s) and %d action(s) missing from the registry, %d definition(s) drifted from their pins",
-			manifestID, rep.Counts[registrylint.Missing], rep.Counts[registrylint.MissingAction], rep.Counts[registrylint.Drift])
+		return failed("registry lint: server %s: %d tool(s), %d action(s), %d prompt(s) and %d resource(s) missing from the registry, %d definition(s) drifted from their pins",
+			manifestID, rep.Counts[registrylint.Missing], rep.Counts[registrylint.MissingAction], rep.Counts[registrylint.MissingPrompt], rep.Counts[registrylint.MissingResource], rep.Counts[registrylint.Drift])
 	}
 	return nil
 }
@@ -106,7 +106,7 @@ func (c *registryLintCmd) listTools(spec mcpup.Spec, rep *registrylint.Report) (
 	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
 	defer cancel()
 	live, info, err := mcpup.ListServer(ctx, spec, &mcp.Implementation{Name: "talosctl-registry-lint", Version: "1"},
-		mcpup.WithTerminateWait(time.Second), mcpup.WithRejected(func(r mcpup.Rejected) { rep.Reject(r.Kind, r.Name, r.Reason) }))
+		mcpup.WithTerminateWait(time.Second), mcpup.WithRejected(func(r mcpup.Rejected) { rep.Reject(r.Kind, r.Name, r.Reason) }), mcpup.WithFeatures(rep.Features))
 	if err != nil {
 		return nil, failed("registry lint: %v", err)
 	}

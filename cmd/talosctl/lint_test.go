@@ -141,6 +141,35 @@ func writeManifest(t *testing.T, dir, name, serverID string, tools []schemas.Too
 	return p
 }
 
+// shippedFeatures gives the manifest file path the prompts and resources
+// of the shipped manifest of its server (deploy/mcp/registry).
+func shippedFeatures(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := schemas.ParseManifest(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shipped, err := os.ReadFile(filepath.Join("../../deploy/mcp/registry", m.ServerID+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := schemas.ParseManifest(shipped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Prompts, m.Resources = s.Prompts, s.Resources
+	if b, err = json.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // findingLines returns the report lines that start with kind.
 func findingLines(out, kind string) []string {
 	var lines []string
@@ -217,6 +246,7 @@ func TestRegistryLintEverything(t *testing.T) {
 
 	t.Run("complete", func(t *testing.T) {
 		reg := writeManifest(t, dir, "complete", "everything", classified(""))
+		shippedFeatures(t, reg)
 		out, errOut, code := runSplit(t, talosctl, "registry", "lint", "--server", server, "--registry", reg, "--json")
 		if code != 0 {
 			t.Fatalf("exit %d, want 0\n%s\n%s", code, out, errOut)
@@ -226,7 +256,8 @@ func TestRegistryLintEverything(t *testing.T) {
 			t.Fatalf("--json: %v\n%s", err, out)
 		}
 		if !rep.OK || !rep.ManifestFound || rep.LiveTools != len(live) || rep.RegistryTools != len(live) ||
-			rep.Counts[registrylint.Missing] != 0 || rep.Counts[registrylint.Stale] != 0 || !strings.HasPrefix(rep.RegistryDigest, "sha256:") {
+			rep.Counts[registrylint.Missing] != 0 || rep.Counts[registrylint.Stale] != 0 || !strings.HasPrefix(rep.RegistryDigest, "sha256:") ||
+			rep.LivePrompts != 4 || rep.RegistryPrompts != 4 || rep.LiveResources < 3 || rep.Counts[registrylint.MissingResource] != 0 {
 			t.Fatalf("report: %+v", rep)
 		}
 		// Every tool is class write while the server says readOnlyHint for

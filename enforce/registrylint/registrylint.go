@@ -4,8 +4,10 @@
 // is denied in prod), what it classifies that the server no longer offers
 // (STALE), for action-based tools the actions on either side only, and
 // pinned tools whose live definition is not the pinned one (DRIFT, OWASP
-// MCP03); WritePins pins the live definitions. It talks to no server:
-// the caller lists the tools and passes them in; report.go reads the
+// MCP03), and likewise the server's prompts, resources and resource
+// templates (governed.go: MISSING_PROMPT, MISSING_RESOURCE, STALE_*);
+// WritePins pins the live definitions. It talks to no server: the caller
+// lists the tools (and Features) and passes them in; report.go reads the
 // registry, writes the skeleton file and renders the report.
 package registrylint
 
@@ -59,6 +61,10 @@ var kinds = []struct{ kind, severity string }{
 	{Stale, SeverityWarning},
 	{StaleAction, SeverityWarning},
 	{NoActionEnum, SeverityWarning},
+	{MissingPrompt, SeverityError},
+	{MissingResource, SeverityError},
+	{StalePrompt, SeverityWarning},
+	{StaleResource, SeverityWarning},
 	{Advisory, SeverityAdvisory},
 }
 
@@ -81,6 +87,9 @@ type Finding struct {
 	Detail   string `json:"detail"`
 	// Suggested is MISSING's suggested tool_class (from readOnlyHint).
 	Suggested string `json:"suggested_tool_class,omitempty"`
+	// URI is a resource finding's URI or URI template (Tool is then the
+	// resource's name).
+	URI string `json:"uri,omitempty"`
 }
 
 // Report is a whole lint: what was compared, the findings and their
@@ -103,9 +112,18 @@ type Report struct {
 	// how many pins it changed.
 	PinsFile    string `json:"pins_file,omitempty"`
 	PinsWritten int    `json:"pins_written,omitempty"`
+	// LivePrompts and LiveResources count the prompts and the resources
+	// and templates the server lists, RegistryPrompts and
+	// RegistryResources the manifest's (when Features was called).
+	LivePrompts       int `json:"live_prompts"`
+	LiveResources     int `json:"live_resources"`
+	RegistryPrompts   int `json:"registry_prompts"`
+	RegistryResources int `json:"registry_resources"`
 	// invalid holds the tools the server listed that cannot be served,
 	// with why (Reject).
 	invalid map[string]string
+	// features is what the server lists besides tools (Features).
+	features *features
 }
 
 // Reject notes a definition the server listed that cannot be served
@@ -134,6 +152,11 @@ func Lint(rep *Report, m *schemas.Manifest, live []*mcp.Tool, enum ActionEnumFun
 		_, bad := rep.invalid[f.Tool]
 		return bad && f.Kind == Stale
 	})
+	if f := rep.features; f != nil {
+		rep.LivePrompts, rep.LiveResources = len(f.prompts), len(f.resources)+len(f.templates)
+		rep.RegistryPrompts, rep.RegistryResources = len(m.Prompts), len(m.Resources)
+		rep.Findings = append(rep.Findings, compareFeatures(m, f)...)
+	}
 	for _, name := range slices.Sorted(maps.Keys(rep.invalid)) {
 		rep.Findings = append(rep.Findings, Finding{Kind: Invalid, Severity: Severity(Invalid), Tool: name,
 			Detail: "listed by the server but cannot be served (" + rep.invalid[name] + "): the gateway hides it"})
@@ -364,9 +387,10 @@ func hintSummary(a *mcp.ToolAnnotations) string {
 	return "upstream " + strings.Join(parts, ", ")
 }
 
-// Skeleton is a manifest with the MISSING tools of findings, as indented
-// JSON, valid against the registry schema: tool_class as suggested,
-// trust_level unknown. It is for a person to review before publishing.
+// Skeleton is a manifest with the MISSING tools, prompts and resources of
+// findings, as indented JSON, valid against the registry schema:
+// tool_class as suggested, trust_level unknown. It is for a person to
+// review before publishing.
 func Skeleton(serverID, serverVersion string, findings []Finding) ([]byte, error) {
 	m := schemas.Manifest{SchemaID: "talos.mcp.tool_registry", SchemaVersion: "v1", ServerID: serverID}
 	if serverVersion != "" && len(serverVersion) <= 128 {
@@ -378,6 +402,7 @@ func Skeleton(serverID, serverVersion string, findings []Finding) ([]byte, error
 			m.Tools = append(m.Tools, schemas.Tool{ToolName: f.Tool, ToolClass: f.Suggested, TrustLevel: enforce.TrustUnknown})
 		}
 	}
+	skeletonFeatures(&m, findings)
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return nil, err

@@ -95,3 +95,48 @@ func TestLintDriftAndWritePins(t *testing.T) {
 		t.Fatalf("changed annotations: %+v", rep.Findings)
 	}
 }
+
+// The server's prompts, resources and templates against the manifest's
+// (issue 21): unlisted ones are MISSING_PROMPT and MISSING_RESOURCE
+// (errors), manifest entries matching nothing STALE_*; the skeleton holds
+// the missing ones under valid names and parses as a manifest.
+func TestLintPromptsAndResources(t *testing.T) {
+	m := &schemas.Manifest{ServerID: "svc", Tools: []schemas.Tool{{ToolName: "greet", ToolClass: "read"}},
+		Prompts:   []schemas.Prompt{{Name: "summary"}, {Name: "retired"}},
+		Resources: []schemas.Resource{{Name: "pages", URI: "docs://pages/{id}"}, {Name: "gone", URI: "docs://gone"}}}
+	var rep Report
+	rep.Features([]*mcp.Prompt{{Name: "summary"}, {Name: "new prompt"}},
+		[]*mcp.Resource{{Name: "page one", URI: "docs://pages/1"}, {Name: "greet", URI: "docs://index"}},
+		[]*mcp.ResourceTemplate{{Name: "pages", URITemplate: "docs://pages/{id}"}, {Name: "files/by path", URITemplate: "docs://files/{+path}"}})
+	Lint(&rep, m, []*mcp.Tool{{Name: "greet"}}, noEnum)
+	got := map[string][]string{}
+	for _, f := range rep.Findings {
+		got[f.Kind] = append(got[f.Kind], f.Tool+"|"+f.URI)
+	}
+	want := map[string][]string{
+		MissingPrompt:   {"new prompt|"},
+		MissingResource: {"files/by path|docs://files/{+path}", "greet|docs://index"},
+		StalePrompt:     {"retired|"},
+		StaleResource:   {"gone|docs://gone"},
+	}
+	for kind, w := range want {
+		if strings.Join(got[kind], ",") != strings.Join(w, ",") {
+			t.Errorf("%s: %v, want %v", kind, got[kind], w)
+		}
+	}
+	if rep.OK || !rep.MissingAny() || rep.LivePrompts != 2 || rep.LiveResources != 4 || rep.RegistryResources != 2 {
+		t.Fatalf("report %+v", rep)
+	}
+	b, err := Skeleton("svc", "", rep.Findings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sk, err := schemas.ParseManifest(b)
+	if err != nil {
+		t.Fatalf("skeleton: %v\n%s", err, b)
+	}
+	if len(sk.Prompts) != 1 || sk.Prompts[0].Name != "new-prompt" || len(sk.Resources) != 2 ||
+		sk.Resources[0].Name != "files-by-path" || sk.Resources[0].URI != "docs://files/{+path}" || sk.Resources[1].Name != "greet" {
+		t.Fatalf("skeleton %s", b)
+	}
+}

@@ -39,7 +39,8 @@ func (rep *Report) LoadManifest() (*schemas.Manifest, error) {
 	return manifest, nil
 }
 
-// WriteSkeleton writes the Skeleton of rep's MISSING tools to path, which
+// WriteSkeleton writes the Skeleton of rep's missing tools, prompts and
+// resources to path, which
 // is created and never overwritten, and records path in rep.Skeleton.
 func (rep *Report) WriteSkeleton(path string) error {
 	b, err := Skeleton(rep.ServerID, rep.ServerVersion, rep.Findings)
@@ -71,6 +72,8 @@ func (rep *Report) WriteText(w io.Writer, skeletonAsked bool) error {
 		action := "-"
 		if f.Action != "" {
 			action = Printable(f.Action)
+		} else if f.URI != "" {
+			action = Printable(f.URI)
 		}
 		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\n", f.Kind, rep.ServerID, Printable(f.Tool), action, f.Detail)
 	}
@@ -92,11 +95,17 @@ func (rep *Report) WriteText(w io.Writer, skeletonAsked bool) error {
 			return err
 		}
 	}
-	_, err := fmt.Fprintf(w, "lint %s (%s): %d tools on the server, %d in the registry: %d missing, %d missing actions, %d drifted, %d invalid, %d stale, %d stale actions, %d without an action enum, %d advisories: %s\n",
+	features := ""
+	if rep.features != nil {
+		features = fmt.Sprintf("; %d prompts and %d resources or templates on the server, %d and %d in the registry: %d missing prompts, %d missing resources, %d stale prompts, %d stale resources",
+			rep.LivePrompts, rep.LiveResources, rep.RegistryPrompts, rep.RegistryResources, n[MissingPrompt], n[MissingResource], n[StalePrompt], n[StaleResource])
+	}
+	_, err := fmt.Fprintf(w, "lint %s (%s): %d tools on the server, %d in the registry: %d missing, %d missing actions, %d drifted, %d invalid, %d stale, %d stale actions, %d without an action enum, %d advisories%s: %s\n",
 		rep.ServerID, strings.TrimSpace(server), rep.LiveTools, rep.RegistryTools,
-		n[Missing], n[MissingAction], n[Drift], n[Invalid], n[Stale], n[StaleAction], n[NoActionEnum], n[Advisory], verdict)
+		n[Missing], n[MissingAction], n[Drift], n[Invalid], n[Stale], n[StaleAction], n[NoActionEnum], n[Advisory], features, verdict)
 	if err == nil && rep.Skeleton != "" {
-		_, err = fmt.Fprintf(w, "wrote a skeleton with %d tools to %s: review tool_class and trust_level before publishing\n", n[Missing], rep.Skeleton)
+		_, err = fmt.Fprintf(w, "wrote a skeleton with %d tools, %d prompts and %d resources to %s: review tool_class and trust_level before publishing\n",
+			n[Missing], n[MissingPrompt], n[MissingResource], rep.Skeleton)
 	} else if err == nil && skeletonAsked {
 		_, err = fmt.Fprintln(w, "nothing missing: no skeleton written")
 	}

@@ -62,7 +62,7 @@ func TestWriteSkeletonAndText(t *testing.T) {
 	}
 	for _, want := range []string{
 		`MISSING  svc/"new\x1b"  -`, "STALE    svc/gone", "lint svc (srv 1.0): 1 tools on the server, 1 in the registry: 1 missing, 0 missing actions, 0 drifted, 0 invalid, 1 stale",
-		": FAIL\n", "wrote a skeleton with 1 tools to " + path,
+		": FAIL\n", "wrote a skeleton with 1 tools, 0 prompts and 0 resources to " + path,
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())

@@ -82,7 +82,7 @@ func (s *CallSigner) Sign(c *schemas.ToolCall) error {
 		CapabilityHash: s.hash,
 		RequestHash:    c.RequestHash,
 		Tool:           c.ServerID + ":" + c.ToolName,
-		Method:         schemas.MethodToolsCall,
+		Method:         c.Method(),
 		Timestamp:      c.IssuedAt,
 		SessionID:      c.SessionID,
 	})

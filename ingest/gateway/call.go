@@ -66,15 +66,23 @@ func deny(d Denial) error {
 	return &jsonrpc.Error{Code: CodeDenied, Message: msg, Data: data}
 }
 
-// pending is one tools/call on its way through Talos.
+// pending is one tools/call, prompts/get or resources/read on its way
+// through Talos.
 type pending struct {
-	p      *Principal
-	req    *mcp.CallToolRequest
-	ut     upstreamTool
-	routed bool
-	args   json.RawMessage
-	pre    *schemas.ToolCall
-	raw    []byte // pre, as published
+	p     *Principal
+	ss    *mcp.ServerSession // the client session; nil in some tests
+	extra *mcp.RequestExtra  // the HTTP request's, if any
+	token any                // the client's progress token; nil if none
+	meta  mcp.Meta           // the request's _meta
+	// method is the envelope's mcp_method ("" for tools/call), name its
+	// tool_name and server its server_id (unroutedServer if no upstream
+	// offers it).
+	method, name, server string
+	routed               bool
+	def                  string // tools: the definition the caller was shown (tool_definition_sha256)
+	args                 json.RawMessage
+	pre                  *schemas.ToolCall
+	raw                  []byte // pre, as published
 	// local is the gateway's own refusal (enforce.Discovery.CheckCall);
 	// nil when it has no objection.
 	local       []string
@@ -82,13 +90,65 @@ type pending struct {
 	// cred is the upstream credential of the call (credential).
 	cred credential.Credential
 	log  *slog.Logger
+	// upstream runs the allowed call on its upstream, on the client
+	// session's relay r: its result, and whether it succeeded.
+	upstream func(ctx context.Context, r *relay) (res mcp.Result, ok bool, err error)
+	// parent is, for a server's request of the client, the call it was
+	// made during (serverreq.go); record, if set, is what the post event
+	// records of a result instead of the result itself.
+	parent callInfo
+	record func(mcp.Result) any
 }
 
 // call runs one tools/call through Talos: pre → decision (→ approval) →
 // upstream → post.
-func (g *Gateway) call(ctx context.Context, p *Principal, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	c, err := g.prepare(ctx, p, req)
-	if err != nil {
+func (g *Gateway) call(ctx context.Context, p *Principal, req *mcp.CallToolRequest) (mcp.Result, error) {
+	return g.run(ctx, g.toolCall(p, req))
+}
+
+// toolCall is a tools/call to decide, with the gateway's own verdict on it.
+func (g *Gateway) toolCall(p *Principal, req *mcp.CallToolRequest) *pending {
+	params := req.Params
+	c := &pending{p: p, ss: req.Session, extra: req.Extra, token: params.GetProgressToken(), meta: params.Meta,
+		name: params.Name, server: unroutedServer, args: params.Arguments}
+	g.mu.Lock()
+	ut, routed := g.byName[params.Name]
+	g.mu.Unlock()
+	if !routed {
+		c.local, c.localDetail = []string{schemas.CodeToolHidden, schemas.CodeUnknownTool}, "no upstream offers this tool"
+		return c
+	}
+	c.server, c.routed, c.def = ut.server, true, ut.def
+	c.local, c.localDetail = g.o.Discovery.CheckCall(p.Viewer, ut.server, params.Name, nonNull(c.args))
+	if drift, why := ut.drift(g.o.Registry); drift {
+		// The definition the caller was shown differs from the registry's
+		// pin (DENY_TOOL_DRIFT, OWASP MCP03): the worker denies it, and so
+		// does the gateway.
+		c.local = append(c.local, schemas.CodeDenyToolDrift)
+		c.localDetail = strings.TrimPrefix(c.localDetail+"; "+why, "; ")
+	}
+	c.upstream = func(ctx context.Context, r *relay) (mcp.Result, bool, error) {
+		res, err := r.callTool(ctx, ut.server, &mcp.CallToolParams{Name: ut.tool.Name, Arguments: c.args}, c.token)
+		if err != nil {
+			return nil, false, err
+		}
+		return res, !res.IsError, nil
+	}
+	return c
+}
+
+// nonNull is args, or {} when absent or null.
+func nonNull(args json.RawMessage) json.RawMessage {
+	if len(args) == 0 || string(args) == "null" {
+		return json.RawMessage(`{}`)
+	}
+	return args
+}
+
+// run has Talos decide c, then forwards it, parks it for a human, or
+// denies it.
+func (g *Gateway) run(ctx context.Context, c *pending) (mcp.Result, error) {
+	if err := g.prepare(ctx, c); err != nil {
 		return nil, err
 	}
 	client, err := g.admit(c)
@@ -111,46 +171,28 @@ func (g *Gateway) call(ctx context.Context, p *Principal, req *mcp.CallToolReque
 	return g.resolve(ctx, c, d, wait)
 }
 
-// prepare builds the call's signed pre envelope and the gateway's own
-// verdict on it.
-func (g *Gateway) prepare(ctx context.Context, p *Principal, req *mcp.CallToolRequest) (*pending, error) {
-	params := req.Params
-	c := &pending{p: p, req: req, args: params.Arguments}
-	if len(c.args) == 0 || string(c.args) == "null" {
-		c.args = json.RawMessage(`{}`)
-	}
-	g.mu.Lock()
-	c.ut, c.routed = g.byName[params.Name]
-	g.mu.Unlock()
-	server := unroutedServer
-	if c.routed {
-		server = c.ut.server
-	}
-	pre, err := g.envelope(ctx, p, g.sessionOf(req), server, params.Name, c.args, params.Meta)
+// prepare builds the call's signed pre envelope (carrying the definition
+// the caller was shown, which the worker compares with the registry's pin)
+// and obtains its upstream credential.
+func (g *Gateway) prepare(ctx context.Context, c *pending) error {
+	c.args = nonNull(c.args)
+	pre, err := g.envelope(ctx, c.p, g.sessionOf(c.ss), c)
 	if err != nil {
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "talos: " + err.Error()}
+		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "talos: " + err.Error()}
 	}
 	c.pre = pre
+	pre.ToolDefinitionSHA256 = c.def
+	if c.parent.toolCallID != "" {
+		pre.ParentToolCallID, pre.TraceID = c.parent.toolCallID, c.parent.traceID
+	}
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("gen_ai.tool.call.id", pre.ToolCallID))
-	if c.routed {
-		// The definition the caller was shown: the worker compares it with
-		// the registry's pin (DENY_TOOL_DRIFT, OWASP MCP03), and so does the
-		// gateway.
-		pre.ToolDefinitionSHA256 = c.ut.def
-		c.local, c.localDetail = g.o.Discovery.CheckCall(p.Viewer, server, params.Name, c.args)
-		if drift, why := c.ut.drift(g.o.Registry); drift {
-			c.local = append(c.local, schemas.CodeDenyToolDrift)
-			c.localDetail = strings.TrimPrefix(c.localDetail+"; "+why, "; ")
-		}
-	} else {
-		c.local, c.localDetail = []string{schemas.CodeToolHidden, schemas.CodeUnknownTool}, "no upstream offers this tool"
-	}
 	g.credential(ctx, c)
-	c.log = g.log.With("tool_call_id", pre.ToolCallID, "server", server, "tool", params.Name, "principal", p.Name)
-	if c.raw, err = json.Marshal(pre); err != nil {
-		return nil, err
+	c.log = g.log.With("tool_call_id", pre.ToolCallID, "server", c.server, "tool", c.name, "principal", c.p.Name)
+	if c.method != "" {
+		c.log = c.log.With("mcp_method", c.method)
 	}
-	return c, nil
+	c.raw, err = json.Marshal(pre)
+	return err
 }
 
 // admit refuses, with a post event saying why, a call NATS would refuse
@@ -198,7 +240,7 @@ func (g *Gateway) decide(ctx context.Context, client *ep.Client, c *pending) (*s
 
 // resolve acts on the worker's decision and the gateway's own verdict:
 // forward, wait for a human, or deny.
-func (g *Gateway) resolve(ctx context.Context, c *pending, d *schemas.Decision, wait <-chan ep.Resolution) (*mcp.CallToolResult, error) {
+func (g *Gateway) resolve(ctx context.Context, c *pending, d *schemas.Decision, wait <-chan ep.Resolution) (mcp.Result, error) {
 	codes := union(d.ReasonCodes, c.local)
 	details := d.Details
 	if c.localDetail != "" {
@@ -226,10 +268,10 @@ func (g *Gateway) resolve(ctx context.Context, c *pending, d *schemas.Decision, 
 
 // awaitApproval parks a require_approval call until `talosctl approve` or
 // `reject` resolves it, the approval timeout passes, or the client leaves.
-func (g *Gateway) awaitApproval(ctx context.Context, c *pending, d *schemas.Decision, wait <-chan ep.Resolution) (*mcp.CallToolResult, error) {
+func (g *Gateway) awaitApproval(ctx context.Context, c *pending, d *schemas.Decision, wait <-chan ep.Resolution) (mcp.Result, error) {
 	pre, log := c.pre, c.log
 	log.Warn("call awaits approval", "approve", "talosctl approve "+pre.ToolCallID, "reject", "talosctl reject "+pre.ToolCallID+" --reason ...", "timeout", g.o.ApprovalTimeout)
-	notify(ctx, c.req, "Talos: this call needs a human approval: talosctl approve "+pre.ToolCallID)
+	notify(ctx, c.ss, "Talos: this call needs a human approval: talosctl approve "+pre.ToolCallID)
 	select {
 	case a := <-wait:
 		if a.Verb != schemas.VerbApprove {
@@ -252,13 +294,12 @@ func (g *Gateway) awaitApproval(ctx context.Context, c *pending, d *schemas.Deci
 }
 
 // forward runs an allowed call on its upstream and reports it.
-func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (*mcp.CallToolResult, error) {
+func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (mcp.Result, error) {
 	if c.cred.Token != "" {
 		ctx = credential.WithToken(ctx, c.cred.Token)
 	}
 	started := time.Now()
-	r := g.relayOf(c.p, c.req.Session)
-	res, err := r.callTool(ctx, c.ut.server, &mcp.CallToolParams{Name: c.ut.tool.Name, Arguments: c.args}, c.req.Params.GetProgressToken())
+	res, ok, err := c.upstream(withCall(ctx, c.pre), g.relayOf(c.p, c.ss))
 	ended := time.Now()
 	if err != nil {
 		post, perr := ep.SignedPost(c.pre, nil, false, started, ended, c.p.Signer)
@@ -269,23 +310,48 @@ func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (*m
 		c.log.Warn("upstream call failed", "err", err)
 		return nil, err
 	}
-	post, err := ep.SignedPost(c.pre, res, !res.IsError, started, ended, c.p.Signer)
+	var recorded any = res
+	if c.record != nil {
+		recorded = c.record(res)
+	}
+	post, err := ep.SignedPost(c.pre, recorded, ok, started, ended, c.p.Signer)
 	if err != nil {
 		c.log.Warn("post event not built", "err", err)
 	} else {
 		g.out.Send(post)
 	}
-	c.log.Info("call forwarded", "ok", !res.IsError, "ms", ended.Sub(started).Milliseconds())
+	c.log.Info("call forwarded", "ok", ok, "ms", ended.Sub(started).Milliseconds())
 	// Tell the client which audit record this is (after the post event
 	// was built from the upstream's own result).
-	out := *res
-	out.Meta = maps.Clone(res.Meta)
-	if out.Meta == nil {
-		out.Meta = mcp.Meta{}
+	return stamped(res, c.pre.ToolCallID, receiptID), nil
+}
+
+// stamped is a copy of res whose _meta names its tool_call_id and the
+// receipt of its pre decision.
+func stamped(res mcp.Result, toolCallID, receiptID string) mcp.Result {
+	ids := func(m mcp.Meta) mcp.Meta {
+		out := maps.Clone(m)
+		if out == nil {
+			out = mcp.Meta{}
+		}
+		out[MetaToolCallID], out[MetaReceiptID] = toolCallID, receiptID
+		return out
 	}
-	out.Meta[MetaToolCallID] = c.pre.ToolCallID
-	out.Meta[MetaReceiptID] = receiptID
-	return &out, nil
+	switch r := res.(type) {
+	case *mcp.CallToolResult:
+		out := *r
+		out.Meta = ids(r.Meta)
+		return &out
+	case *mcp.GetPromptResult:
+		out := *r
+		out.Meta = ids(r.Meta)
+		return &out
+	case *mcp.ReadResourceResult:
+		out := *r
+		out.Meta = ids(r.Meta)
+		return &out
+	}
+	return res
 }
 
 // fail reports a call the gateway refused on its own. Without the
@@ -308,14 +374,16 @@ func (g *Gateway) fail(p *Principal, pre *schemas.ToolCall, code, message string
 	g.out.Send(post)
 }
 
-// envelope builds and signs the pre envelope of a call. Without a
+// envelope builds and signs the pre envelope of call pc. Without a
 // capability the envelope still carries its request_hash. The trace
 // context of ctx, if any, becomes its trace_id and parent_span_id.
-func (g *Gateway) envelope(ctx context.Context, p *Principal, session, server, tool string, args json.RawMessage, meta mcp.Meta) (*schemas.ToolCall, error) {
-	c, err := ep.NewCall(g.o.EPID, server, tool, args)
+func (g *Gateway) envelope(ctx context.Context, p *Principal, session string, pc *pending) (*schemas.ToolCall, error) {
+	server, tool := pc.server, pc.name
+	c, err := ep.NewCall(g.o.EPID, server, tool, pc.args)
 	if err != nil {
 		return nil, err
 	}
+	c.MCPMethod = pc.method
 	if traceID, parent, ok := tracing.Envelope(ctx); ok {
 		c.TraceID, c.ParentSpanID = traceID, parent
 	}
@@ -323,9 +391,9 @@ func (g *Gateway) envelope(ctx context.Context, p *Principal, session, server, t
 	c.Actor = schemas.Actor{Kind: "agent", AgentID: p.AgentID}
 	c.RegistryDigest = g.o.Registry.Digest()
 	c.WorkspaceRoot = g.o.Workspaces[server]
-	if t, ok := g.o.Registry.Lookup(server, tool); ok && (t.ToolClass == schemas.ClassWrite || t.ActionPointer != "") {
+	if t, ok := g.o.Registry.LookupMethod(server, pc.method, tool); ok && (t.ToolClass == schemas.ClassWrite || t.ActionPointer != "") {
 		c.IdempotencyKey = c.ToolCallID
-		if k, ok := meta[idempotencyMeta].(string); ok && k != "" && len(k) <= 256 {
+		if k, ok := pc.meta[idempotencyMeta].(string); ok && k != "" && len(k) <= 256 {
 			c.IdempotencyKey = k
 		}
 	}
@@ -352,9 +420,9 @@ func (g *Gateway) maxEnvelope() int {
 
 // sessionOf is the session_id of a downstream session: the streamable
 // HTTP session id, or the gateway's own id for its stdio session.
-func (g *Gateway) sessionOf(req *mcp.CallToolRequest) string {
-	if req.Session != nil {
-		if id := req.Session.ID(); id != "" {
+func (g *Gateway) sessionOf(ss *mcp.ServerSession) string {
+	if ss != nil {
+		if id := ss.ID(); id != "" {
 			return id
 		}
 	}
@@ -362,11 +430,11 @@ func (g *Gateway) sessionOf(req *mcp.CallToolRequest) string {
 }
 
 // notify tells the client, as a log message, what the call waits for.
-func notify(ctx context.Context, req *mcp.CallToolRequest, msg string) {
-	if req.Session == nil {
+func notify(ctx context.Context, ss *mcp.ServerSession, msg string) {
+	if ss == nil {
 		return
 	}
-	_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "warning", Logger: "talos", Data: msg})
+	_ = ss.Log(ctx, &mcp.LoggingMessageParams{Level: "warning", Logger: "talos", Data: msg})
 }
 
 // union is a's codes followed by b's not already in a.

@@ -28,7 +28,7 @@ func (g *Gateway) credential(ctx context.Context, c *pending) {
 	if !c.routed || len(c.local) > 0 {
 		return
 	}
-	inbound := bearerOf(c.req)
+	inbound := bearerOf(c.extra)
 	subject := inbound
 	if isStaticToken(c.p, inbound) {
 		subject = "" // a principal's static token is the gateway's to check, never a token to exchange
@@ -48,13 +48,13 @@ func (g *Gateway) credential(ctx context.Context, c *pending) {
 	}
 }
 
-// bearerOf is the bearer token of the HTTP request that carried req; ""
-// over stdio.
-func bearerOf(req *mcp.CallToolRequest) string {
-	if req.Extra == nil || req.Extra.Header == nil {
+// bearerOf is the bearer token of the HTTP request whose extra this is;
+// "" over stdio.
+func bearerOf(extra *mcp.RequestExtra) string {
+	if extra == nil || extra.Header == nil {
 		return ""
 	}
-	tok, _ := strings.CutPrefix(req.Extra.Header.Get("Authorization"), "Bearer ")
+	tok, _ := strings.CutPrefix(extra.Header.Get("Authorization"), "Bearer ")
 	return tok
 }
 

@@ -48,7 +48,7 @@ func (g *Gateway) refresh(u *Upstream, tools []upstreamTool, f features) {
 	defer g.mu.Unlock()
 	u.tools, u.features = tools, f
 	oldFeatures := g.features
-	g.features = g.offeredFeatures()
+	g.features = routeFeatures(g.ups)
 	if !reflect.DeepEqual(oldFeatures, g.features) {
 		for _, p := range sortedKeys(g.servers) {
 			g.offerFeatures(g.servers[p], g.served[p], oldFeatures, g.features)
@@ -141,7 +141,7 @@ func (g *Gateway) driftReport(ut upstreamTool, name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	c, err := g.envelope(context.Background(), &Principal{}, driftSession(g.o.EPID), ut.server, name, args, nil)
+	c, err := g.envelope(context.Background(), &Principal{}, driftSession(g.o.EPID), &pending{server: ut.server, name: name, args: args})
 	if err != nil {
 		return "", err
 	}

@@ -12,27 +12,19 @@ import (
 )
 
 // features are the prompts, resources and resource templates an upstream
-// lists. The gateway offers them on every principal's server as the
-// upstream lists them (routed like tools: on a clash of names or URIs the
-// first upstream listed keeps it), and relays prompts/get, resources/read,
-// resources/subscribe and unsubscribe, and completion/complete to the
+// lists. The gateway routes them like tools (on a clash of names or URIs
+// the first upstream listed keeps it) and offers each principal those the
+// registry classifies and its capability covers (visibleFeatures, like
+// tools/list); prompts/get and resources/read are decided by Talos like
+// tools/call (govern.go), whatever was listed. With
+// Options.RelayUngoverned, resources/subscribe and unsubscribe and
+// completion/complete, which Talos does not decide, are relayed to the
 // upstream that listed the prompt or resource, on the client session's
-// relay. They are relayed as they are: not decided by Talos, not receipted.
+// relay.
 type features struct {
 	prompts   []*mcp.Prompt
 	resources []*mcp.Resource
 	templates []*mcp.ResourceTemplate
-}
-
-// offeredFeatures is what the gateway offers of the upstreams' prompts,
-// resources and templates: nothing unless Options.RelayUngoverned, for
-// Talos does not decide or receipt them yet, and a resource read or a
-// prompt got past it would leave no evidence (fail closed).
-func (g *Gateway) offeredFeatures() featureRoutes {
-	if !g.o.RelayUngoverned {
-		return featureRoutes{}
-	}
-	return routeFeatures(g.ups)
 }
 
 // listFeatures lists what u's server announced besides tools. A list the
@@ -129,21 +121,30 @@ func routeFeatures(ups []*Upstream) featureRoutes {
 // resourceServer is the upstream that serves uri: the one listing it,
 // else the one whose template matches it.
 func (fr featureRoutes) resourceServer(uri string) (string, bool) {
+	server, _, ok := fr.resourceRoute(uri)
+	return server, ok
+}
+
+// resourceRoute is resourceServer with the name its upstream lists the
+// resource or the matching template under.
+func (fr featureRoutes) resourceRoute(uri string) (server, name string, ok bool) {
 	if r, ok := fr.resources[uri]; ok {
-		return r.server, true
+		return r.server, r.def.Name, true
 	}
 	for _, t := range sortedKeys(fr.templates) {
 		if tmpl, err := uritemplate.New(t); err == nil && tmpl.Regexp().MatchString(uri) {
-			return fr.templates[t].server, true
+			return fr.templates[t].server, fr.templates[t].def.Name, true
 		}
 	}
-	return "", false
+	return "", "", false
 }
 
-// offerFeatures makes s, principal p's server, offer what routes holds,
-// removing what old held that routes does not (the SDK tells connected
-// clients the lists changed). Call it with g.mu held.
+// offerFeatures makes s, principal p's server, offer what routes holds
+// that p may see, removing what it offered of old that it no longer
+// offers (the SDK tells connected clients the lists changed). Call it
+// with g.mu held.
 func (g *Gateway) offerFeatures(s *mcp.Server, p *Principal, old, routes featureRoutes) {
+	old, routes = g.visibleFeatures(p, old), g.visibleFeatures(p, routes)
 	var gone []string
 	for name := range old.prompts {
 		if _, ok := routes.prompts[name]; !ok {
@@ -167,68 +168,60 @@ func (g *Gateway) offerFeatures(s *mcp.Server, p *Principal, old, routes feature
 	s.RemoveResourceTemplates(gone...)
 	for _, name := range sortedKeys(routes.prompts) {
 		r := routes.prompts[name]
-		s.AddPrompt(r.def, g.getPrompt(p, r.server))
+		s.AddPrompt(r.def, g.getPrompt(p))
 	}
 	for _, uri := range sortedKeys(routes.resources) {
 		r := routes.resources[uri]
-		s.AddResource(r.def, g.readResource(p, r.server))
+		s.AddResource(r.def, g.readResource(p))
 	}
 	for _, t := range sortedKeys(routes.templates) {
 		r := routes.templates[t]
-		s.AddResourceTemplate(r.def, g.readResource(p, r.server))
+		s.AddResourceTemplate(r.def, g.readResource(p))
 	}
 }
 
-// getPrompt relays prompts/get to server, on the client session's relay.
-func (g *Gateway) getPrompt(p *Principal, server string) mcp.PromptHandler {
+// getPrompt is the prompt handler of p's server; the receiving
+// middleware has Talos decide every prompts/get, so it is not reached.
+func (g *Gateway) getPrompt(p *Principal) mcp.PromptHandler {
 	return func(ctx context.Context, req *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
-		r := g.relayOf(p, req.Session)
-		cs, err := r.session(ctx, server)
+		res, err := g.run(ctx, g.promptCall(p, req))
 		if err != nil {
 			return nil, err
 		}
-		defer r.track(server, ctx)()
-		params := &mcp.GetPromptParams{Name: req.Params.Name, Arguments: req.Params.Arguments}
-		defer g.mapProgress(r, ctx, req.Params.GetProgressToken(), params)()
-		return cs.GetPrompt(ctx, params)
+		return res.(*mcp.GetPromptResult), nil
 	}
 }
 
-// readResource relays resources/read to server, on the client session's
-// relay.
-func (g *Gateway) readResource(p *Principal, server string) mcp.ResourceHandler {
+// readResource is the resource handler of p's server; the receiving
+// middleware has Talos decide every resources/read, so it is not reached.
+func (g *Gateway) readResource(p *Principal) mcp.ResourceHandler {
 	return func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-		r := g.relayOf(p, req.Session)
-		cs, err := r.session(ctx, server)
+		res, err := g.run(ctx, g.resourceCall(p, req))
 		if err != nil {
 			return nil, err
 		}
-		defer r.track(server, ctx)()
-		params := &mcp.ReadResourceParams{URI: req.Params.URI}
-		defer g.mapProgress(r, ctx, req.Params.GetProgressToken(), params)()
-		return cs.ReadResource(ctx, params)
+		return res.(*mcp.ReadResourceResult), nil
 	}
 }
 
 // serverOptions are the options of principal p's server: the
-// capabilities the upstreams announced (tools and logging always), the
-// handlers relaying subscriptions and completions when an upstream
-// offers them, and the protocol versions the relay keeps one-to-one.
+// capabilities the upstreams announced (tools and logging always;
+// prompts and resources, which Talos decides; subscriptions and
+// completions, which it does not, only with Options.RelayUngoverned), the
+// handlers relaying those, and the protocol versions the relay keeps
+// one-to-one.
 func (g *Gateway) serverOptions(p *Principal) *mcp.ServerOptions {
 	caps := &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}, Logging: &mcp.LoggingCapabilities{}}
 	for _, u := range g.ups {
-		if !g.o.RelayUngoverned {
-			break // no prompts, resources or completions offered
-		}
 		c := upstreamCaps(u.session)
 		if c.Prompts != nil {
 			caps.Prompts = &mcp.PromptCapabilities{ListChanged: true}
 		}
 		if c.Resources != nil {
-			sub := c.Resources.Subscribe || (caps.Resources != nil && caps.Resources.Subscribe)
+			sub := g.o.RelayUngoverned && (c.Resources.Subscribe || (caps.Resources != nil && caps.Resources.Subscribe))
 			caps.Resources = &mcp.ResourceCapabilities{ListChanged: true, Subscribe: sub}
 		}
-		if c.Completions != nil {
+		if c.Completions != nil && g.o.RelayUngoverned {
 			caps.Completions = &mcp.CompletionCapabilities{}
 		}
 	}

@@ -80,9 +80,10 @@ type Options struct {
 	// killed while NATS is down sends it at its next start; "": in
 	// memory only.
 	SpoolDir string
-	// RelayUngoverned offers the upstreams' prompts, resources, resource
-	// templates and completions, relayed without a decision or a receipt
-	// (Talos does not govern them yet); false: none is offered.
+	// RelayUngoverned offers the upstreams' resource subscriptions and
+	// completions, relayed without a decision or a receipt (Talos does not
+	// decide them); false: neither is offered. Prompts and resources are
+	// decided like tools and offered either way.
 	RelayUngoverned bool
 	// TrustedKeys are talosd's public keys: an approve or reject event
 	// releases a parked call only if one of them signed it. None: parked
@@ -205,9 +206,9 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 	o.Tracing.Register(g.metrics)
 	g.drifted, g.driftOut = map[string]bool{}, g.refused
 	g.byName = route(o.Registry, ups, o.Logger)
-	g.features = g.offeredFeatures()
+	g.features = routeFeatures(ups)
 	if !o.RelayUngoverned {
-		g.log.Info("upstream prompts and resources are not offered: Talos does not decide or receipt them yet (--relay-ungoverned offers them undecided)")
+		g.log.Info("upstream resource subscriptions and completions are not offered: Talos does not decide them (--relay-ungoverned relays them undecided)")
 	}
 	g.relays, g.shared = map[*mcp.ServerSession]*relay{}, newRelay(g, nil, false)
 	for _, u := range ups {
@@ -431,6 +432,10 @@ func (g *Gateway) Server(p *Principal) *mcp.Server {
 			switch r := req.(type) {
 			case *mcp.CallToolRequest:
 				return g.call(ctx, p, r)
+			case *mcp.GetPromptRequest:
+				return g.run(ctx, g.promptCall(p, r))
+			case *mcp.ReadResourceRequest:
+				return g.run(ctx, g.resourceCall(p, r))
 			case *mcp.ServerRequest[*mcp.SetLoggingLevelParams]:
 				// The session keeps the level for what the gateway logs to
 				// it; the upstreams get it too.
@@ -454,7 +459,11 @@ func (g *Gateway) Server(p *Principal) *mcp.Server {
 // every tools/call, so it is not reached.
 func (g *Gateway) unreached(p *Principal) mcp.ToolHandler {
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		return g.call(ctx, p, req)
+		res, err := g.call(ctx, p, req)
+		if err != nil {
+			return nil, err
+		}
+		return res.(*mcp.CallToolResult), nil
 	}
 }
 

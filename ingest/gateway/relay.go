@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/talos-audit/talos/ingest/mcpup"
+	"github.com/talos-audit/talos/schemas"
 )
 
 // relay is one client session's link to the upstreams: the upstream
@@ -95,14 +96,26 @@ func relayOptions(serverID string, peer func() *relay, changed chan struct{}) []
 			if ss == nil {
 				return nil, ErrNoClient
 			}
-			return ss.CreateMessageWithTools(r.context(serverID, ctx), req.Params)
+			res, err := r.g.serverRequest(ctx, r, serverID, schemas.MethodSamplingCreateMessage, req.Params, func(cctx context.Context) (mcp.Result, error) {
+				return ss.CreateMessageWithTools(cctx, req.Params)
+			})
+			if err != nil {
+				return nil, err
+			}
+			return res.(*mcp.CreateMessageWithToolsResult), nil
 		},
 		ElicitationHandler: func(ctx context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
 			r, ss := client()
 			if ss == nil {
 				return nil, ErrNoClient
 			}
-			return ss.Elicit(r.context(serverID, ctx), req.Params)
+			res, err := r.g.serverRequest(ctx, r, serverID, schemas.MethodElicitationCreate, req.Params, func(cctx context.Context) (mcp.Result, error) {
+				return ss.Elicit(cctx, req.Params)
+			})
+			if err != nil {
+				return nil, err
+			}
+			return res.(*mcp.ElicitResult), nil
 		},
 		ElicitationCompleteHandler: func(ctx context.Context, req *mcp.ElicitationCompleteNotificationRequest) {
 			if r, ss := client(); ss != nil {
@@ -196,6 +209,14 @@ func (c notifyConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 		}
 		c.deliver(ctx, r)
 	}
+}
+
+// principal is the principal of the relay's client session (nil until
+// one is bound in stdio mode).
+func (r *relay) principal() *Principal {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.p
 }
 
 // client is the relay's client session (nil until one is bound).

@@ -39,7 +39,7 @@ func TestGatewaySpools(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pre, err := g.envelope(context.Background(), &Principal{}, "s-1", "fs", "read", json.RawMessage(`{"path":"a"}`), nil)
+	pre, err := g.envelope(context.Background(), &Principal{}, "s-1", &pending{server: "fs", name: "read", args: json.RawMessage(`{"path":"a"}`)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -24,6 +25,7 @@ var ErrStart = errors.New("mcpup: server process failed to start")
 type Option func(*options)
 
 type options struct {
+	features   func(Features) // ListServer: also list prompts and resources (WithFeatures)
 	terminate  time.Duration
 	stderr     io.Writer
 	httpClient *http.Client
@@ -208,6 +210,10 @@ func ListTools(ctx context.Context, cs *mcp.ClientSession) ([]*mcp.Tool, error) 
 // needs. info is the server's name and version, nil if it gave none. A
 // listing error names the server.
 func ListServer(ctx context.Context, s Spec, client *mcp.Implementation, opts ...Option) (tools []*mcp.Tool, info *mcp.Implementation, err error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	cs, err := Connect(ctx, s, client, opts...)
 	if err != nil {
 		return nil, nil, err
@@ -216,8 +222,70 @@ func ListServer(ctx context.Context, s Spec, client *mcp.Implementation, opts ..
 	if tools, err = ListTools(ctx, cs); err != nil {
 		return nil, nil, fmt.Errorf("server %q: %w", s.ServerID, err)
 	}
+	if o.features != nil {
+		f, err := ListFeatures(ctx, cs)
+		if err != nil {
+			return nil, nil, fmt.Errorf("server %q: %w", s.ServerID, err)
+		}
+		o.features(f)
+	}
 	if r := cs.InitializeResult(); r != nil {
 		info = r.ServerInfo
 	}
 	return tools, info, nil
+}
+
+// Features are the prompts, resources and resource templates a server
+// lists.
+type Features struct {
+	Prompts   []*mcp.Prompt
+	Resources []*mcp.Resource
+	Templates []*mcp.ResourceTemplate
+}
+
+// WithFeatures has ListServer also list the server's prompts, resources
+// and resource templates (ListFeatures) and hand them to f.
+func WithFeatures(f func([]*mcp.Prompt, []*mcp.Resource, []*mcp.ResourceTemplate)) Option {
+	return func(o *options) {
+		o.features = func(l Features) { f(l.Prompts, l.Resources, l.Templates) }
+	}
+}
+
+// ListFeatures lists what cs's server announced besides tools: its
+// prompts, resources and resource templates (a server without templates
+// may answer that method not found).
+func ListFeatures(ctx context.Context, cs *mcp.ClientSession) (Features, error) {
+	var f Features
+	caps := &mcp.ServerCapabilities{}
+	if r := cs.InitializeResult(); r != nil && r.Capabilities != nil {
+		caps = r.Capabilities
+	}
+	if caps.Prompts != nil {
+		for p, err := range cs.Prompts(ctx, nil) {
+			if err != nil {
+				return f, fmt.Errorf("mcpup: prompts/list: %w", err)
+			}
+			f.Prompts = append(f.Prompts, p)
+		}
+	}
+	if caps.Resources == nil {
+		return f, nil
+	}
+	for r, err := range cs.Resources(ctx, nil) {
+		if err != nil {
+			return f, fmt.Errorf("mcpup: resources/list: %w", err)
+		}
+		f.Resources = append(f.Resources, r)
+	}
+	for t, err := range cs.ResourceTemplates(ctx, nil) {
+		var je *jsonrpc.Error
+		if errors.As(err, &je) && je.Code == jsonrpc.CodeMethodNotFound {
+			break
+		}
+		if err != nil {
+			return f, fmt.Errorf("mcpup: resources/templates/list: %w", err)
+		}
+		f.Templates = append(f.Templates, t)
+	}
+	return f, nil
 }
