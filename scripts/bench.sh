@@ -78,7 +78,7 @@
 #                                 and forwarding to both destinations); the
 #                                 spans the collector got and how far behind
 #                                 the forwarder was at the end of each run
-#   bash scripts/bench.sh log [CALLS]  the transparency log (scripts/benchlog.sh):
+#   bash scripts/bench.sh log [CALLS] [ROUNDS]  the transparency log (scripts/benchlog.sh):
 #                                 two real witnesses (litewitness) cosigning
 #                                 every checkpoint; TALOS_AUDIT filled by
 #                                 CALLS (default 20,000) calls with their post
@@ -86,7 +86,7 @@
 #                                 the log role: appends/s and its CPU per
 #                                 append; then decision p50/p99 at 400 calls/s
 #                                 with the log role off and on, alternately,
-#                                 two rounds, and for each run with it on the
+#                                 ROUNDS rounds (2), and for each run with it on the
 #                                 delay from a record reaching NATS to the
 #                                 first witnessed checkpoint covering it
 #                                 (scripts/benchlog)
@@ -115,7 +115,7 @@ mode=${1:-main}
 case $mode in
 main | replay | flight | tail | verify | gateway | ab | profile | forward | log) ;;
 *)
-  echo "usage: bash scripts/bench.sh [replay|flight|tail|ab [BASE] [ROUNDS]|profile [SECONDS]|verify [N]|gateway [CALLS]|forward [CALLS]|log [CALLS]]" >&2
+  echo "usage: bash scripts/bench.sh [replay|flight|tail|ab [BASE] [ROUNDS]|profile [SECONDS]|verify [N]|gateway [CALLS]|forward [CALLS]|log [CALLS] [ROUNDS]]" >&2
   exit 2
   ;;
 esac
@@ -568,7 +568,7 @@ forward)
   . scripts/benchforward.sh
   ;;
 log)
-  calls=${2:-20000}
+  calls=${2:-20000} rounds=${3:-2}
   . scripts/benchlog.sh
   ;;
 esac

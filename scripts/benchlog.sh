@@ -11,7 +11,8 @@
 #      append until it has taken everything (talos_log_size on its
 #      /metrics), and the log process's CPU per append.
 #   3. Decision latency at 400 calls/s offered, each call with its post
-#      event, the log role off and on alternately (two rounds; on, it has
+#      event, the log role off and on alternately (ROUNDS rounds, default
+#      2; on, it has
 #      first caught up with what the off run left); for each run with it
 #      on, scripts/benchlog measures the delay from each record reaching
 #      NATS to the first witnessed checkpoint covering it.
@@ -75,7 +76,7 @@ stop_logrole
 
 echo "== decision latency at 400 calls/s offered (100 enforcement points, each call with its post event), the log role off and on"
 printf '   %-6s %-4s %12s %9s %9s   %s\n' round side "decisions/s" "p50 ms" "p99 ms" "record → witnessed checkpoint: p50 / p90 / p99 / max ms (records)"
-for round in 1 2; do
+for round in $(seq 1 "$rounds"); do
   for side in off on; do
     delay=""
     if [ "$side" = on ]; then
