@@ -17,11 +17,9 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/transparency-dev/tessera/client"
 
-	"github.com/talos-audit/talos/ingest/loadgen"
 	"github.com/talos-audit/talos/ingest/tlog"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
@@ -50,14 +48,14 @@ func TestVerifyHeldToWitnessedLog(t *testing.T) {
 	s := startLogStack(t)
 	base := append(s.g, "verify", "--trusted-keys", s.pub, "--log-url", s.url, "--log-key", s.vkey)
 
-	s.calls(t, "tlogv-1", 12)
+	testenv.SendCalls(t, s.natsURL, "tlogv-1", 12)
 	size1 := s.settle(t)
 	seen := filepath.Join(s.dir, "seen.checkpoint")
 	out, code := run(t, s.talosctl, append(base, "--witness-policy", s.policy, "--save-checkpoint", seen)...)
 	if code != 0 || !strings.Contains(out, fmt.Sprintf("log %s at size %d cosigned by 2 of 2 witnesses (quorum both): %d entries match its root, %d stored records found in it", logOrigin, size1, size1, size1)) {
 		t.Fatalf("verify against the log: exit %d\n%s", code, out)
 	}
-	s.calls(t, "tlogv-2", 12)
+	testenv.SendCalls(t, s.natsURL, "tlogv-2", 12)
 	size2 := s.settle(t)
 	current := filepath.Join(s.dir, "current.checkpoint")
 	out, code = run(t, s.talosctl, append(append([]string{"--json"}, base...), "--witness-policy", s.policy, "--since-checkpoint", seen, "--save-checkpoint", current)...)
@@ -146,29 +144,6 @@ func writePolicy(t *testing.T, dir, name, n1 string, w1 *testenv.Witness, n2 str
 		t.Fatal(err)
 	}
 	return p
-}
-
-// calls sends calls (each with its post event) as 4 enforcement points.
-func (s *logStack) calls(t *testing.T, session string, calls int) {
-	t.Helper()
-	clients, closeAll, err := loadgen.Connect(1, 4, session, func() (*nats.Conn, error) { return nats.Connect(s.natsURL) })
-	defer closeAll()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := loadgen.NewMaker("files", "list_directory", session, 256, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := loadgen.Prepare(m, clients, calls, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop()
-	tally := p.Send(clients, loadgen.Pacing{Inflight: 4, Server: "files", Timeout: time.Minute})
-	if tally.None != 0 || tally.Allowed+tally.Denied != int64(calls) || tally.Posted != tally.Allowed {
-		t.Fatalf("calls: %+v", tally)
-	}
 }
 
 // settle waits until ClickHouse holds every receipt and ToolCallEvent of

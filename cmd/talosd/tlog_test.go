@@ -18,12 +18,10 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/mod/sumdb/note"
 	"golang.org/x/mod/sumdb/tlog"
 
-	"github.com/talos-audit/talos/ingest/loadgen"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
@@ -89,7 +87,7 @@ func TestTransparencyLogChecksIndependently(t *testing.T) {
 	_, js := testenv.ConnectJS(t, ns.URL())
 	a := &auditor{t: t, base: "http://" + httpAddr, verifier: verifier, conn: conn, db: db, js: js}
 
-	logCalls(t, ns.URL(), "tlog-1", 20)
+	testenv.SendCalls(t, ns.URL(), "tlog-1", 20)
 	size1, root1 := a.checkpointCovering(a.waitIndexed(ctx))
 	id, index, stored := a.someReceipt(ctx)
 	if uint64(index) >= uint64(size1) {
@@ -107,7 +105,7 @@ func TestTransparencyLogChecksIndependently(t *testing.T) {
 		t.Errorf("entry %d is not receipt %s as stored:\n%s\n%s", index, id, entry, stored)
 	}
 
-	logCalls(t, ns.URL(), "tlog-2", 20)
+	testenv.SendCalls(t, ns.URL(), "tlog-2", 20)
 	size2, root2 := a.checkpointCovering(a.waitIndexed(ctx))
 	if size2 <= size1 {
 		t.Fatalf("the log did not grow: %d then %d", size1, size2)
@@ -122,29 +120,6 @@ func TestTransparencyLogChecksIndependently(t *testing.T) {
 	// A different old root must fail the same check.
 	if err := tlog.CheckTree(tp, size2, root2, size1, tlog.RecordHash([]byte("forged"))); err == nil {
 		t.Error("a forged old root passed the consistency check")
-	}
-}
-
-// logCalls sends calls (each with its post event) as 4 enforcement points.
-func logCalls(t *testing.T, natsURL, session string, calls int) {
-	t.Helper()
-	clients, closeAll, err := loadgen.Connect(1, 4, session, func() (*nats.Conn, error) { return nats.Connect(natsURL) })
-	defer closeAll()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := loadgen.NewMaker("files", "list_directory", session, 256, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := loadgen.Prepare(m, clients, calls, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop()
-	tally := p.Send(clients, loadgen.Pacing{Inflight: 4, Server: "files", Timeout: time.Minute})
-	if tally.None != 0 || tally.Allowed+tally.Denied != int64(calls) || tally.Posted != tally.Allowed {
-		t.Fatalf("calls: %+v", tally)
 	}
 }
 
