@@ -251,7 +251,7 @@ var (
 		"tool_id", "timestamp", "result_code", "envelope_hash", "tool_call_id", "trace_id", "correlation_id",
 		"session_id", "ep_id", "server_id", "tool_name", "phase", "mode", "decision", "reason_codes", "tool_class",
 		"registry_digest", "document_hashes", "batch_total_bytes", "content_hash_alg", "effect", "capability_ids",
-		"idempotent_of", "control_seq", "control", "chain", "signature", "token_handling"}
+		"idempotent_of", "control_seq", "control", "chain", "signature", "token_handling", "mcp_method", "parent_tool_call_id"}
 	chainNames     = []string{"chain_id", "seq", "prev_hash"}
 	signatureNames = []string{"alg", "kid", "sig"}
 	// Members whose value the row does not use but whose type the general
@@ -460,6 +460,8 @@ func (r *jsonReader) receiptData(row *ReceiptRow) (buf []string, codes, caps, si
 			row.ToolName = r.optStr()
 		case "token_handling":
 			r.checkObject(tokenHandlingFields)
+		case "mcp_method", "parent_tool_call_id": // in the signed cloudevent only
+			r.check(kindString)
 		case "trace_id":
 			row.TraceID = r.optStr()
 		default:

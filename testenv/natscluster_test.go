@@ -54,10 +54,16 @@ func checkClusterFailover(t *testing.T, c *NATSCluster, opts []nats.Option) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t.>"}, Replicas: 3}); err != nil {
 		t.Fatal(err)
 	}
+	sent := 0 // the message id of a resent publish stays the same
 	publish := func(n int) {
-		for i := 0; i < n; i++ {
+		for range n {
+			sent++
 			for {
-				_, err := js.Publish(ctx, "t.x", []byte("m"))
+				// Each attempt waits 2 s at most: a request lost with
+				// the old leader gets no reply, and must not use up ctx.
+				pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+				_, err := js.Publish(pctx, "t.x", []byte("m"), jetstream.WithMsgID(fmt.Sprintf("m-%d", sent)))
+				pcancel()
 				if err == nil {
 					break
 				}
