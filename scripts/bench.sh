@@ -539,6 +539,9 @@ gateway)
   echo "== 1/3 stdio: the gateway a child process of the client, in front of its own mcp-server-everything"
   bench_mcp stdio --via "gw=$gw"
   evidence gw-bench
+  echo "== stdio, prompts/get and resources/read: decided, receipted and recorded like tools/call (a prompt and a resource template the registry lists)"
+  bench_mcp prompt --via "gw=$gw" --prompt simple-prompt --args '{}'
+  bench_mcp resource --via "gw=$gw" --resource demo://resource/static/document/architecture.md --args '{}'
   url=http://127.0.0.1:$(free_port)/mcp
   echo "== 2/3 streamable HTTP, plain (--insecure-plain-http on loopback), a static bearer token: $url"
   http_gateway gw-http "$url" --insecure-plain-http
@@ -555,7 +558,7 @@ gateway)
   # The three side by side, from the reports above (milliseconds).
   echo "== gateway added latency by transport, ms ($calls calls per side; the direct side is always stdio)"
   printf '%-32s %13s %13s %9s %9s %13s %13s\n' transport "direct p50" "via p50" "added p50" "added p99" "per round p50" "per round p99"
-  for t in "stdio:stdio" "http:HTTP plain + static token" "https:HTTPS + JWT"; do
+  for t in "stdio:stdio" "prompt:stdio, prompts/get" "resource:stdio, resources/read" "http:HTTP plain + static token" "https:HTTPS + JWT"; do
     awk -v name="${t#*:}" '
       $1 == "direct" { d = $2 } $1 == "via" { v = $2 }
       /^added \(via/ { p50 = $5; p99 = $7 }

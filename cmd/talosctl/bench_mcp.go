@@ -10,8 +10,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
-
 	"github.com/talos-audit/talos/ingest/loadgen"
 	"github.com/talos-audit/talos/ingest/mcpup"
 )
@@ -21,17 +19,19 @@ import (
 // directly and through the proxy, one call in flight, the two sides
 // interleaved so that drift on the machine hits both alike.
 type benchMCPCmd struct {
-	Direct  string        `name:"direct" required:"" help:"The server called directly: '<label>=<command> [args...]' (stdio) or '<label>=http(s)://...' (streamable HTTP)."`
-	Via     string        `name:"via" xor:"via" required:"" help:"The same server behind the gateway, e.g. 'gw=talos-mcp-gateway --ep-id gw1 --registry R --upstream \"everything=mcp-server-everything\"'."`
-	URL     string        `name:"url" xor:"via" required:"" help:"Instead of --via: the gateway's streamable HTTP endpoint, e.g. https://127.0.0.1:8931/mcp (the side named gw)."`
-	Token   string        `name:"token" help:"A streamable HTTP via side: sent as 'Authorization: Bearer <token>' (a static token or a JWT)."`
-	CA      string        `name:"ca" type:"existingfile" help:"A streamable HTTP via side: trust only the CA certificates in this PEM file (default: the system's roots)."`
-	Tool    string        `name:"tool" default:"echo" help:"Tool to call on both sides."`
-	Args    string        `name:"args" default:"{\"message\":\"hello\"}" help:"The call's arguments (a JSON object)."`
-	Calls   int           `name:"calls" default:"2000" help:"Measured calls per side."`
-	Warmup  int           `name:"warmup" default:"100" help:"Calls per side before measuring (checked, not timed)."`
-	Timeout time.Duration `name:"timeout" default:"30s" help:"Limit of one call, and of each side's start and handshake."`
-	Stderr  string        `name:"stderr" type:"path" help:"Append the stdio servers' stderr (the gateway's log) to this file instead of this command's stderr."`
+	Direct   string        `name:"direct" required:"" help:"The server called directly: '<label>=<command> [args...]' (stdio) or '<label>=http(s)://...' (streamable HTTP)."`
+	Via      string        `name:"via" xor:"via" required:"" help:"The same server behind the gateway, e.g. 'gw=talos-mcp-gateway --ep-id gw1 --registry R --upstream \"everything=mcp-server-everything\"'."`
+	URL      string        `name:"url" xor:"via" required:"" help:"Instead of --via: the gateway's streamable HTTP endpoint, e.g. https://127.0.0.1:8931/mcp (the side named gw)."`
+	Token    string        `name:"token" help:"A streamable HTTP via side: sent as 'Authorization: Bearer <token>' (a static token or a JWT)."`
+	CA       string        `name:"ca" type:"existingfile" help:"A streamable HTTP via side: trust only the CA certificates in this PEM file (default: the system's roots)."`
+	Tool     string        `name:"tool" default:"echo" help:"Tool to call on both sides."`
+	Prompt   string        `name:"prompt" xor:"what" help:"Instead of a tool: get this prompt (prompts/get; --args its arguments)."`
+	Resource string        `name:"resource" xor:"what" help:"Instead of a tool: read this resource URI (resources/read)."`
+	Args     string        `name:"args" default:"{\"message\":\"hello\"}" help:"The call's arguments (a JSON object)."`
+	Calls    int           `name:"calls" default:"2000" help:"Measured calls per side."`
+	Warmup   int           `name:"warmup" default:"100" help:"Calls per side before measuring (checked, not timed)."`
+	Timeout  time.Duration `name:"timeout" default:"30s" help:"Limit of one call, and of each side's start and handshake."`
+	Stderr   string        `name:"stderr" type:"path" help:"Append the stdio servers' stderr (the gateway's log) to this file instead of this command's stderr."`
 }
 
 func (b *benchMCPCmd) Run(g *Globals) error {
@@ -60,11 +60,12 @@ func (b *benchMCPCmd) Run(g *Globals) error {
 	if err != nil {
 		return failed("%v", err)
 	}
-	direct, via, err := loadgen.CompareMCP(ctx, sides[0], sides[1], &mcp.CallToolParams{Name: b.Tool, Arguments: args}, b.Calls, b.Warmup, b.Timeout)
+	op := loadgen.NewMCPOp(b.Tool, b.Prompt, b.Resource, args)
+	direct, via, err := loadgen.CompareMCP(ctx, sides[0], sides[1], op, b.Calls, b.Warmup, b.Timeout)
 	if err != nil {
 		return failed("%v", err)
 	}
-	res := loadgen.NewMCPResult(b.Tool, b.Warmup, specs, direct, via)
+	res := loadgen.NewMCPResult(op.Name, b.Warmup, specs, direct, via)
 	if g.JSON {
 		return json.NewEncoder(os.Stdout).Encode(res)
 	}

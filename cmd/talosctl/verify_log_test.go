@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/transparency-dev/tessera/client"
 
+	"github.com/talos-audit/talos/ingest/loadgen"
 	"github.com/talos-audit/talos/ingest/tlog"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
@@ -48,14 +49,18 @@ func TestVerifyHeldToWitnessedLog(t *testing.T) {
 	s := startLogStack(t)
 	base := append(s.g, "verify", "--trusted-keys", s.pub, "--log-url", s.url, "--log-key", s.vkey)
 
-	testenv.SendCalls(t, s.natsURL, "tlogv-1", 12)
+	if err := loadgen.SendUnsigned(s.natsURL, "tlogv-1", 12); err != nil {
+		t.Fatal(err)
+	}
 	size1 := s.settle(t)
 	seen := filepath.Join(s.dir, "seen.checkpoint")
 	out, code := run(t, s.talosctl, append(base, "--witness-policy", s.policy, "--save-checkpoint", seen)...)
 	if code != 0 || !strings.Contains(out, fmt.Sprintf("log %s at size %d cosigned by 2 of 2 witnesses (quorum both): %d entries match its root, %d stored records found in it", logOrigin, size1, size1, size1)) {
 		t.Fatalf("verify against the log: exit %d\n%s", code, out)
 	}
-	testenv.SendCalls(t, s.natsURL, "tlogv-2", 12)
+	if err := loadgen.SendUnsigned(s.natsURL, "tlogv-2", 12); err != nil {
+		t.Fatal(err)
+	}
 	size2 := s.settle(t)
 	current := filepath.Join(s.dir, "current.checkpoint")
 	out, code = run(t, s.talosctl, append(append([]string{"--json"}, base...), "--witness-policy", s.policy, "--since-checkpoint", seen, "--save-checkpoint", current)...)

@@ -103,27 +103,77 @@ type MCPSide struct {
 	CS   *mcp.ClientSession
 }
 
-// CompareMCP calls p on the direct side and then the via side, round after
-// round, one call in flight: warmup rounds checked but not timed, then
-// calls timed rounds. Every call must succeed and both sides must return
-// the same result (ResultDigest). It returns each side's latencies, round
-// by round.
-func CompareMCP(ctx context.Context, direct, via MCPSide, p *mcp.CallToolParams, calls, warmup int, timeout time.Duration) (d, v []time.Duration, err error) {
+// MCPOp is the request a bench-mcp run measures: its name for reports
+// and errors (a tool's name, or "prompts/get NAME", "resources/read URI"), and Do, which sends it on a session and returns a short
+// digest of what came back (to compare the two sides).
+type MCPOp struct {
+	Name string
+	Do   func(ctx context.Context, cs *mcp.ClientSession) (string, error)
+}
+
+// NewMCPOp is the request of bench-mcp's flags: prompts/get of prompt
+// (with args) when prompt is set, resources/read of resource when that is
+// set, else tools/call of tool with args. A protocol error (a gateway's
+// deny among them) or a tool result with isError fails the run.
+func NewMCPOp(tool, prompt, resource string, args map[string]any) MCPOp {
+	switch {
+	case prompt != "":
+		pargs := map[string]string{}
+		for k, v := range args {
+			pargs[k] = fmt.Sprint(v)
+		}
+		return MCPOp{Name: "prompts/get " + prompt, Do: func(ctx context.Context, cs *mcp.ClientSession) (string, error) {
+			res, err := cs.GetPrompt(ctx, &mcp.GetPromptParams{Name: prompt, Arguments: pargs})
+			if err != nil {
+				return "", fmt.Errorf("prompts/get %s: %w", prompt, err)
+			}
+			return digestJSON(res.Messages)
+		}}
+	case resource != "":
+		return MCPOp{Name: "resources/read " + resource, Do: func(ctx context.Context, cs *mcp.ClientSession) (string, error) {
+			res, err := cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: resource})
+			if err != nil {
+				return "", fmt.Errorf("resources/read %s: %w", resource, err)
+			}
+			return digestJSON(res.Contents)
+		}}
+	}
+	p := &mcp.CallToolParams{Name: tool, Arguments: args}
+	return MCPOp{Name: tool, Do: func(ctx context.Context, cs *mcp.ClientSession) (string, error) {
+		res, err := cs.CallTool(ctx, p)
+		if err != nil {
+			return "", fmt.Errorf("tools/call %s: %w", tool, err)
+		}
+		if res.IsError {
+			return "", fmt.Errorf("tools/call %s: the result is a tool error (isError)", tool)
+		}
+		return ResultDigest(res)
+	}}
+}
+
+// CompareMCP sends op on the direct side and then the via side, round
+// after round, one request in flight: warmup rounds checked but not timed,
+// then calls timed rounds. Every request must succeed and both sides must
+// return the same result. It returns each side's latencies, round by
+// round.
+func CompareMCP(ctx context.Context, direct, via MCPSide, op MCPOp, calls, warmup int, timeout time.Duration) (d, v []time.Duration, err error) {
 	sides := [2]MCPSide{direct, via}
 	lat := [2][]time.Duration{make([]time.Duration, 0, calls), make([]time.Duration, 0, calls)}
 	for round := -warmup; round < calls; round++ {
 		var digests [2]string
 		for i, s := range sides {
-			res, took, err := callTool(ctx, s, timeout, p)
+			cctx, cancel := context.WithTimeout(ctx, timeout)
+			start := time.Now()
+			digest, err := op.Do(cctx, s.CS) // its errors name the request
+			took := time.Since(start)
+			cancel()
 			if err != nil {
-				return nil, nil, fmt.Errorf("round %d: %v", round+warmup+1, err)
+				return nil, nil, fmt.Errorf("round %d: %s: %w", round+warmup+1, s.Name, err)
 			}
 			if round >= 0 {
 				lat[i] = append(lat[i], took)
 			}
-			if digests[i], err = ResultDigest(res); err != nil {
-				return nil, nil, fmt.Errorf("round %d: %s: result: %v", round+warmup+1, s.Name, err)
-			}
+			digests[i] = digest
 		}
 		if digests[0] != digests[1] {
 			return nil, nil, fmt.Errorf("round %d: the results differ: %s returned %s, %s returned %s",
@@ -133,32 +183,19 @@ func CompareMCP(ctx context.Context, direct, via MCPSide, p *mcp.CallToolParams,
 	return lat[0], lat[1], nil
 }
 
-// callTool runs one tools/call and checks that it succeeded: a protocol
-// error (a gateway's deny among them) or a result with isError fails the
-// run.
-func callTool(ctx context.Context, s MCPSide, timeout time.Duration, p *mcp.CallToolParams) (*mcp.CallToolResult, time.Duration, error) {
-	cctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	start := time.Now()
-	res, err := s.CS.CallTool(cctx, p)
-	took := time.Since(start)
-	switch {
-	case err != nil:
-		return nil, took, fmt.Errorf("%s: tools/call %s: %w", s.Name, p.Name, err)
-	case res.IsError:
-		return nil, took, fmt.Errorf("%s: tools/call %s: the result is a tool error (isError)", s.Name, p.Name)
-	}
-	return res, took, nil
-}
-
 // ResultDigest is a short digest of what a result says (content and
 // structured content; _meta is left out), to compare the two sides without
 // printing what the tool returned.
 func ResultDigest(r *mcp.CallToolResult) (string, error) {
-	b, err := json.Marshal(struct {
+	return digestJSON(struct {
 		Content    []mcp.Content `json:"content"`
 		Structured any           `json:"structuredContent,omitempty"`
 	}{r.Content, r.StructuredContent})
+}
+
+// digestJSON is the size and a short sha256 of v's JSON.
+func digestJSON(v any) (string, error) {
+	b, err := json.Marshal(v)
 	if err != nil {
 		return "", err
 	}

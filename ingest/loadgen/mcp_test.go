@@ -209,7 +209,7 @@ func TestConnectMCPViaHTTPS(t *testing.T) {
 			t.Fatalf("ConnectMCP: %v", err)
 		}
 		d, v, err := CompareMCP(context.Background(), sides[0], sides[1],
-			&mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"message": "hi"}}, 3, 1, 10*time.Second)
+			NewMCPOp("echo", "", "", map[string]any{"message": "hi"}), 3, 1, 10*time.Second)
 		if err != nil || len(d) != 3 || len(v) != 3 {
 			t.Fatalf("CompareMCP: %d, %d rounds, %v", len(d), len(v), err)
 		}
