@@ -51,8 +51,12 @@ func (r *KillSwitchResult) WriteText(w io.Writer) error {
 // (direct, via, and what via adds) and the per-round difference.
 func (res *MCPResult) WriteText(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "tools/call %s, %d calls per side after %d warm-up, one in flight, sides interleaved; every result checked equal\n",
-		res.Tool, res.D.Calls, res.Warmup)
+	what := res.Tool // a tool's name, or a request named by its method (NewMCPOp)
+	if !strings.Contains(what, "/") {
+		what = "tools/call " + what
+	}
+	fmt.Fprintf(&b, "%s, %d calls per side after %d warm-up, one in flight, sides interleaved; every result checked equal\n",
+		what, res.D.Calls, res.Warmup)
 	fmt.Fprintf(&b, "direct: %s\nvia:    %s\n", res.Direct, res.Via)
 	fmt.Fprintf(&b, "%-22s %9s %9s %9s %9s %9s\n", "latency, ms", "p50", "p90", "p99", "max", "mean")
 	row := func(name string, s LatencySummary) {
