@@ -511,12 +511,6 @@ gateway)
     echo "== in ClickHouse for $1 (warm-up included, $want calls): allowed pre decisions and post receipts: $got; ToolCallEvents: $events"
     [ "$got" = "$want $want" ] && [ "$events" = "$want" ] || { echo "some gateway calls left no receipt or ToolCallEvent" >&2; exit 1; }
   }
-  # free_port: a loopback port nothing listens on.
-  free_port() {
-    local p
-    for p in $(seq 18930 18999); do (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }; done
-    echo "no free port in 18930-18999" >&2; exit 1
-  }
   # http_gateway EP URL [flags]: the gateway in HTTP mode as EP, in front of
   # its own mcp-server-everything, listening at URL's host:port, with the
   # principal of $creds; returns once /healthz answers. Sets gwpid.
@@ -542,13 +536,13 @@ gateway)
   echo "== stdio, prompts/get and resources/read: decided, receipted and recorded like tools/call (a prompt and a resource template the registry lists)"
   bench_mcp prompt --via "gw=$gw" --prompt simple-prompt --args '{}'
   bench_mcp resource --via "gw=$gw" --resource demo://resource/static/document/architecture.md --args '{}'
-  url=http://127.0.0.1:$(free_port)/mcp
+  url=http://127.0.0.1:$(port_from 18930)/mcp
   echo "== 2/3 streamable HTTP, plain (--insecure-plain-http on loopback), a static bearer token: $url"
   http_gateway gw-http "$url" --insecure-plain-http
   TALOS_TOKEN=$(cat "$creds/static.token") bench_mcp http --url "$url" # the token in the environment, not in ps
   stop_gateway
   evidence gw-http
-  url=https://127.0.0.1:$(free_port)/mcp
+  url=https://127.0.0.1:$(port_from 18930)/mcp
   echo "== 3/3 streamable HTTPS (TLS 1.2+, ECDSA P-256 certificate), a JWT (ES256, checked against --jwks-file): $url"
   http_gateway gw-https "$url" --tls-cert "$creds/server.pem" --tls-key "$creds/server.key" \
     --jwt-issuer "$issuer" --jwt-audience "$audience" --jwks-file "$creds/jwks.json"

@@ -82,7 +82,7 @@ for round in $(seq 1 "$rounds"); do
     if [ "$side" = on ]; then
       logrole
       caught_up
-      "$work/bin/benchlog" -nats-url "$nats" -nats-auth "$work/dev/nats-auth.json" -checkpoint "$work/log/tlog/checkpoint" \
+      "$work/bin/benchlog" -nats-url "$nats" -nats-auth "$work/dev/nats-auth.json" -log-dir "$work/log/tlog" \
         >"$work/delay-$round.json" 2>"$work/benchlog-$round.log" &
       blpid=$!
       for _ in $(seq 1 100); do grep -q observing "$work/benchlog-$round.log" && break; sleep 0.1; done

@@ -7,8 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -101,7 +99,7 @@ func TestLogStandbyTakesOver(t *testing.T) {
 	// Once the log holds n entries, stop everything and read it.
 	dirLog := tlogpkg.Dir(data)
 	waitFor(t, time.Minute, func() string {
-		size, err := publishedSize(dirLog)
+		size, err := tlogpkg.PublishedSize(dirLog)
 		if err != nil || size < n {
 			return fmt.Sprintf("the published log has %d of %d entries (%v)", size, n, err)
 		}
@@ -133,21 +131,4 @@ func TestLogStandbyTakesOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-}
-
-// publishedSize is the size of the checkpoint published in the log
-// directory dir (0 before the first).
-func publishedSize(dir string) (uint64, error) {
-	raw, err := os.ReadFile(filepath.Join(dir, "checkpoint"))
-	if os.IsNotExist(err) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	lines := strings.SplitN(string(raw), "\n", 3)
-	if len(lines) < 3 {
-		return 0, fmt.Errorf("checkpoint without a size")
-	}
-	return strconv.ParseUint(lines[1], 10, 64)
 }

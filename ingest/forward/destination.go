@@ -214,7 +214,7 @@ func (d *destination) pollLag(ctx context.Context, cons jetstream.Consumer) {
 		info, err := cons.Info(ictx)
 		cancel()
 		if err == nil {
-			d.stats.lag.Store(info.NumPending + uint64(info.NumAckPending))
+			d.stats.lag.Store(lag(info))
 		}
 		select {
 		case <-ctx.Done():
@@ -223,3 +223,7 @@ func (d *destination) pollLag(ctx context.Context, cons jetstream.Consumer) {
 		}
 	}
 }
+
+// lag is the events of TALOS_AUDIT not yet delivered to a destination's
+// consumer: pending, and delivered but not acknowledged.
+func lag(info *jetstream.ConsumerInfo) uint64 { return info.NumPending + uint64(info.NumAckPending) }

@@ -59,7 +59,7 @@ func (w *Watcher) Statuses(ctx context.Context) ([]schemas.ForwardStatus, error)
 		if !ok {
 			continue
 		}
-		s := schemas.ForwardStatus{Name: name, Lag: info.NumPending + uint64(info.NumAckPending), InFlight: uint64(info.NumAckPending)}
+		s := schemas.ForwardStatus{Name: name, Lag: lag(info), InFlight: uint64(info.NumAckPending)}
 		if info.AckFloor.Last != nil {
 			s.LastAck = *info.AckFloor.Last
 		}

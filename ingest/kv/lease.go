@@ -3,7 +3,6 @@ package kv
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,12 +50,9 @@ func AcquireLease(ctx context.Context, js jetstream.JetStream, o LeaseOptions) (
 		return nil, err
 	}
 	for {
-		rev, err := kv.Create(ctx, o.Name, []byte(o.Holder))
-		if err == nil {
+		// Held by another (ErrKeyExists) or NATS unreachable: try again.
+		if rev, err := kv.Create(ctx, o.Name, []byte(o.Holder)); err == nil {
 			return startLease(kv, o, rev), nil
-		}
-		if !errors.Is(err, jetstream.ErrKeyExists) && ctx.Err() == nil {
-			err = fmt.Errorf("lease %s: %w", o.Name, err)
 		}
 		select {
 		case <-ctx.Done():

@@ -41,8 +41,12 @@ func ParseWitnessPolicy(path string) (tessera.WitnessGroup, error) {
 
 // Published is the size of the checkpoint the log last published (0
 // before its first).
-func (l *Log) Published() (uint64, error) {
-	raw, err := os.ReadFile(filepath.Join(l.dir, layout.CheckpointPath))
+func (l *Log) Published() (uint64, error) { return PublishedSize(l.dir) }
+
+// PublishedSize is the size of the checkpoint published in the log
+// directory dir (0 before its first), read without opening the log.
+func PublishedSize(dir string) (uint64, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, layout.CheckpointPath))
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, nil
 	}

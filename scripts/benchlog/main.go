@@ -5,13 +5,13 @@
 // It notes when each receipt and ToolCallEvent reaches NATS (a plain
 // subscription to their subjects), learns each record's log index from the
 // log role's index records (talos.audit.log.index), and polls the log's
-// published checkpoint file (published only once the witness quorum
+// published checkpoint (published only once the witness quorum
 // cosigned it). On SIGTERM or SIGINT it prints, for the records whose
 // index it learned: how many, and the delay from the record's arrival to
 // the first checkpoint covering it, p50, p90, p99 and max, as one JSON
 // object.
 //
-// Usage: go run ./scripts/benchlog -nats-url URL -nats-auth USERS.json -checkpoint FILE
+// Usage: go run ./scripts/benchlog -nats-url URL -nats-auth USERS.json -log-dir DIR
 package main
 
 import (
@@ -22,8 +22,6 @@ import (
 	"os"
 	"os/signal"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -31,6 +29,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/talos-audit/talos/ingest/natsauth"
+	"github.com/talos-audit/talos/ingest/tlog"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -49,7 +48,7 @@ type checkpoint struct {
 func main() {
 	url := flag.String("nats-url", "", "NATS URL")
 	users := flag.String("nats-auth", "", "NATS users file (the worker user logs in)")
-	file := flag.String("checkpoint", "", "the log's published checkpoint file")
+	dir := flag.String("log-dir", "", "the log's directory (its published checkpoint)")
 	flag.Parse()
 	opts, err := natsauth.Login{URL: *url, UsersFile: *users}.Options(schemas.NATSRoleWorker, "")
 	if err != nil {
@@ -83,7 +82,7 @@ func main() {
 			_ = json.NewEncoder(os.Stdout).Encode(o.report())
 			return
 		case <-tick.C:
-			o.poll(*file)
+			o.poll(*dir)
 		}
 	}
 }
@@ -114,17 +113,9 @@ func (o *observer) indexes(m *nats.Msg) {
 }
 
 // poll notes the published checkpoint's size when it grew.
-func (o *observer) poll(file string) {
-	raw, err := os.ReadFile(file)
-	if err != nil {
-		return
-	}
-	lines := strings.SplitN(string(raw), "\n", 3)
-	if len(lines) < 3 {
-		return
-	}
-	size, err := strconv.ParseUint(lines[1], 10, 64)
-	if err != nil {
+func (o *observer) poll(dir string) {
+	size, err := tlog.PublishedSize(dir)
+	if err != nil || size == 0 {
 		return
 	}
 	o.mu.Lock()
