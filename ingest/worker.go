@@ -227,7 +227,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // runChain handles calls from work with one chain until work is closed, a
 // batch at a time: whatever is waiting when the chain is free, up to
 // MaxBatch. It cuts a checkpoint every Checkpoints.Every receipts or
-// Interval, and a final one when it stops.
+// Interval, and a final one when it stops (none when Checkpoints.Off).
 func (w *Worker) runChain(ctx context.Context, ch *receipts.Chain, work <-chan jetstream.Msg) {
 	cpo := w.o.Checkpoints
 	tick := time.NewTicker(cpo.Tick())
@@ -237,7 +237,9 @@ func (w *Worker) runChain(ctx context.Context, ch *receipts.Chain, work <-chan j
 		select {
 		case m, ok := <-work:
 			if !ok {
-				w.cp.Final(ch)
+				if !cpo.Off {
+					w.cp.Final(ch)
+				}
 				return
 			}
 			batch = append(batch[:0], m)
@@ -265,12 +267,14 @@ func (w *Worker) runChain(ctx context.Context, ch *receipts.Chain, work <-chan j
 				}
 			} else {
 				w.handleBatch(ctx, ch, batch)
-				if n, _ := ch.Pending(); n >= uint64(cpo.Every) {
+				if cpo.Full(ch) {
 					_ = w.cp.Cut(ctx, ch, false)
 				}
 			}
 			if !open {
-				w.cp.Final(ch)
+				if !cpo.Off {
+					w.cp.Final(ch)
+				}
 				return
 			}
 		case <-tick.C:

@@ -2,6 +2,7 @@ package query
 
 import (
 	"fmt"
+	"io"
 	"sort"
 
 	"github.com/talos-audit/talos/receipts/verify"
@@ -28,6 +29,16 @@ func SortProblems(probs []verify.Problem) map[string]int {
 		counts[Category(p.Kind)]++
 	}
 	return counts
+}
+
+// ProveFromEventsFile is ProveFromEvents over the events of the file at
+// path ("-": stdin).
+func ProveFromEventsFile(path string, stdin io.Reader, id string, keys verify.KeySet) (*verify.Proof, *verify.ProofResult, error) {
+	events, err := verify.ReadEventsFile(path, stdin)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ProveFromEvents(events, id, keys)
 }
 
 // ProveFromEvents is ProveReceipt over a file of events (an export)

@@ -74,6 +74,8 @@ type LogOptions struct {
 	// (default http.DefaultClient).
 	Now    func() time.Time
 	Client *http.Client
+
+	partial bool // VerifyLogEvents: the records are a range of the log's
 }
 
 // LogReport is the outcome of VerifyLog.
@@ -154,6 +156,29 @@ func (r *LogReport) problem(kind, record, id, format string, a ...any) {
 // It holds the log's leaf hashes and record ids in memory (about 100 bytes
 // an entry).
 func VerifyLog(ctx context.Context, conn driver.Conn, database string, o LogOptions) (*LogReport, error) {
+	return verifyLog(ctx, o, func(fn func(*storedRecord)) error { return streamStoredRecords(ctx, conn, database, fn) })
+}
+
+// VerifyLogEvents is VerifyLog over a file of records (an export, as
+// talosctl export wrote it: each record's exact bytes) instead of the
+// database. Records carry no log index there: each is found in the log by
+// its id. With partial (the file holds a range of the records, e.g. one
+// export of a time window), log entries without a record in the file are
+// not reported.
+func VerifyLogEvents(ctx context.Context, events [][]byte, partial bool, o LogOptions) (*LogReport, error) {
+	o.partial = partial
+	return verifyLog(ctx, o, func(fn func(*storedRecord)) error {
+		for _, raw := range events {
+			if r, ok := eventRecord(raw); ok {
+				fn(r)
+			}
+		}
+		return nil
+	})
+}
+
+// verifyLog is VerifyLog with the stored records read by records.
+func verifyLog(ctx context.Context, o LogOptions, records func(func(*storedRecord)) error) (*LogReport, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -194,7 +219,7 @@ func VerifyLog(ctx context.Context, conn driver.Conn, database string, o LogOpti
 		return rep, nil
 	}
 	rep.Entries = cp.Size
-	if err := matchRows(ctx, conn, database, entries, rep, o); err != nil {
+	if err := matchRows(entries, rep, o, records); err != nil {
 		return nil, err
 	}
 	return rep, nil

@@ -20,7 +20,7 @@ import (
 // LogSource are the flags naming the transparency log an auditor checks
 // and what it must carry.
 type LogSource struct {
-	LogURL        string `name:"log-url" placeholder:"URL" xor:"log" help:"The deployment's transparency log, served as C2SP tlog-tiles (talosd's --http-addr with the log role, or a copy of its tlog directory on any web server)."`
+	LogURL        string `name:"log-url" placeholder:"URL" help:"The deployment's transparency log, served as C2SP tlog-tiles (talosd's --http-addr with the log role, or a copy of its tlog directory on any web server)."`
 	LogKey        string `name:"log-key" placeholder:"VKEY|FILE" help:"The log's verifier key (talosd log-key prints it), or a file holding it; its name is the log's origin."`
 	WitnessPolicy string `name:"witness-policy" type:"path" help:"Witness policy file (the one the log role is given): the checkpoint must carry its quorum's cosignatures."`
 }
@@ -71,6 +71,10 @@ func (f *LogFlags) Validate() error {
 // its report to out, and keeps its checkpoint in --save-checkpoint if it
 // passed.
 func (f *LogFlags) Check(ctx context.Context, conn driver.Conn, database string, out *VerifyOutcome) error {
+	return f.check(out, func(o LogOptions) (*LogReport, error) { return VerifyLog(ctx, conn, database, o) })
+}
+
+func (f *LogFlags) check(out *VerifyOutcome, verifyLog func(LogOptions) (*LogReport, error)) error {
 	if f.LogURL == "" {
 		return nil
 	}
@@ -84,7 +88,7 @@ func (f *LogFlags) Check(ctx context.Context, conn driver.Conn, database string,
 			return err
 		}
 	}
-	rep, err := VerifyLog(ctx, conn, database, o)
+	rep, err := verifyLog(o)
 	if err != nil {
 		return fmt.Errorf("transparency log %s: %w", o.URL, err)
 	}
@@ -93,6 +97,12 @@ func (f *LogFlags) Check(ctx context.Context, conn driver.Conn, database string,
 		return os.WriteFile(f.SaveCheckpoint, rep.Checkpoint, 0o644)
 	}
 	return nil
+}
+
+// CheckEvents holds the records of a file (verify --file) to the log
+// (VerifyLogEvents) when --log-url is set, like Check.
+func (f *LogFlags) CheckEvents(ctx context.Context, events [][]byte, partial bool, out *VerifyOutcome) error {
+	return f.check(out, func(o LogOptions) (*LogReport, error) { return VerifyLogEvents(ctx, events, partial, o) })
 }
 
 // LogProofCmd is `talosctl log-proof`: the proof bundle of one record.

@@ -2,6 +2,8 @@ package query
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"slices"
@@ -9,6 +11,9 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"golang.org/x/mod/sumdb/tlog"
+
+	"github.com/talos-audit/talos/receipts/logproof"
 )
 
 // storedRecordsSQL reads every stored receipt and ToolCallEvent (refused
@@ -66,11 +71,11 @@ func streamStoredRecords(ctx context.Context, conn driver.Conn, database string,
 // matchRows compares the stored records with the log's entries (see
 // VerifyLog) and reports, in rep, the records the log lacks and the
 // entries no row holds.
-func matchRows(ctx context.Context, conn driver.Conn, database string, l *logEntries, rep *LogReport, o LogOptions) error {
+func matchRows(l *logEntries, rep *LogReport, o LogOptions, records func(func(*storedRecord)) error) error {
 	size := int64(len(l.leaves))
 	covered := make([]bool, size)
 	unresolved := map[string][]*storedRecord{} // records not found at the index the database gives them
-	err := streamStoredRecords(ctx, conn, database, func(r *storedRecord) {
+	err := records(func(r *storedRecord) {
 		under, above, found := false, false, false
 		for _, i := range r.indexes {
 			switch idx := int64(i); {
@@ -104,8 +109,31 @@ func matchRows(ctx context.Context, conn driver.Conn, database string, l *logEnt
 		}
 	}
 	reportUnlogged(unresolved, l, rep, o.Grace)
-	reportUnstored(covered, l, rep, o.Now().Add(-o.Grace).UnixMilli())
+	if !o.partial {
+		reportUnstored(covered, l, rep, o.Now().Add(-o.Grace).UnixMilli())
+	}
 	return nil
+}
+
+// eventRecord is a record of a file as the log check reads it; ok is
+// false for what the log does not take (checkpoints, index records) or
+// cannot be read (verify reports that as malformed).
+func eventRecord(raw []byte) (r *storedRecord, ok bool) {
+	e := logproof.ReadEntry(raw)
+	r = &storedRecord{id: e.EventID, timeMS: e.TimeMS, leaf: tlog.RecordHash(raw), size: int64(len(raw))}
+	switch {
+	case e.EventID == "":
+		return nil, false
+	case strings.HasPrefix(e.Type, "dev.talos.receipt."):
+		r.record = "receipt"
+	case strings.HasPrefix(e.Type, "dev.talos.toolcall."):
+		r.record = RecordToolCall
+	default:
+		return nil, false
+	}
+	sum := sha256.Sum256(raw)
+	r.sha256 = hex.EncodeToString(sum[:])
+	return r, true
 }
 
 // reportUnlogged names the stored records the log lacks: one whose log

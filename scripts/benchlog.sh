@@ -12,10 +12,12 @@
 #      /metrics), and the log process's CPU per append.
 #   3. Decision latency at 400 calls/s offered, each call with its post
 #      event, the log role off and on alternately (ROUNDS rounds, default
-#      2; on, it has
-#      first caught up with what the off run left); for each run with it
-#      on, scripts/benchlog measures the delay from each record reaching
-#      NATS to the first witnessed checkpoint covering it.
+#      2; on, it has first caught up with what the off run left), and each
+#      process's CPU per call.
+#   4. One more run with the log on in which scripts/benchlog measures the
+#      delay from each record reaching NATS to the first witnessed
+#      checkpoint covering it (apart from 3: observing costs as much as
+#      the log role itself).
 
 origin=bench.talos.test/log
 start sink,control
@@ -74,27 +76,43 @@ awk -v n="$last" -v nf="$n_first" -v t0="$t_first" -v t1="$t_last" -v c="$((c1 -
 echo "== published checkpoint: $(sed -n 2p "$work/log/tlog/checkpoint") entries, $(grep -c '^— ' "$work/log/tlog/checkpoint") signatures (the log's and both witnesses')"
 stop_logrole
 
+# abrun SIDE ROUND: one run at 400 calls/s offered, each call with its post
+# event; sets the CPU per call of the worker, NATS + sink, ClickHouse and
+# (on) the log role over it.
+abrun() {
+  local side=$1 round=$2 w0 d0 c0 l0=0 l1=0 n
+  w0=$(cpu $worker) d0=$(cpu $dev) c0=$(cpu $chpid)
+  [ "$side" = off ] || l0=$(cpu $lpid)
+  bench --calls 12000 --concurrency 100 --rate 400 --post --json >"$work/ab-$side-$round.json"
+  [ "$side" = off ] || l1=$(cpu $lpid)
+  n=$(jf "$work/ab-$side-$round.json" calls)
+  printf '   %-6s %-4s %12.0f %9.2f %9.2f %9s %9s %9s %9s\n' "$round" "$side" "$(jf "$work/ab-$side-$round.json" decisions_per_sec)" \
+    "$(jf "$work/ab-$side-$round.json" decision_p50_ms)" "$(jf "$work/ab-$side-$round.json" decision_p99_ms)" \
+    "$(per $(($(cpu $worker) - w0)) "$n")" "$(per $(($(cpu $dev) - d0)) "$n")" "$(per $(($(cpu $chpid) - c0)) "$n")" "$(per $((l1 - l0)) "$n")"
+}
+
 echo "== decision latency at 400 calls/s offered (100 enforcement points, each call with its post event), the log role off and on"
-printf '   %-6s %-4s %12s %9s %9s   %s\n' round side "decisions/s" "p50 ms" "p99 ms" "record → witnessed checkpoint: p50 / p90 / p99 / max ms (records)"
+echo "   (on: it has first caught up with what the off run left; CPU in µs per call)"
+printf '   %-6s %-4s %12s %9s %9s %9s %9s %9s %9s\n' round side "decisions/s" "p50 ms" "p99 ms" worker "NATS+sink" ClickHouse "log role"
 for round in $(seq 1 "$rounds"); do
   for side in off on; do
-    delay=""
-    if [ "$side" = on ]; then
-      logrole
-      caught_up
-      "$work/bin/benchlog" -nats-url "$nats" -nats-auth "$work/dev/nats-auth.json" -log-dir "$work/log/tlog" \
-        >"$work/delay-$round.json" 2>"$work/benchlog-$round.log" &
-      blpid=$!
-      for _ in $(seq 1 100); do grep -q observing "$work/benchlog-$round.log" && break; sleep 0.1; done
-    fi
-    bench --calls 12000 --concurrency 100 --rate 400 --post --json >"$work/ab-$side-$round.json"
-    if [ "$side" = on ]; then
-      sleep 5 # the last records' checkpoint: batch, checkpoint interval, both witnesses
-      kill -TERM "$blpid"; wait "$blpid" 2>/dev/null || true
-      delay="$(jf "$work/delay-$round.json" delay_p50_ms) / $(jf "$work/delay-$round.json" delay_p90_ms) / $(jf "$work/delay-$round.json" delay_p99_ms) / $(jf "$work/delay-$round.json" delay_max_ms) ($(jf "$work/delay-$round.json" records))"
-      stop_logrole
-    fi
-    printf '   %-6s %-4s %12.0f %9.2f %9.2f   %s\n' "$round" "$side" "$(jf "$work/ab-$side-$round.json" decisions_per_sec)" \
-      "$(jf "$work/ab-$side-$round.json" decision_p50_ms)" "$(jf "$work/ab-$side-$round.json" decision_p99_ms)" "$delay"
+    if [ "$side" = on ]; then logrole; caught_up; fi
+    abrun "$side" "$round"
+    [ "$side" = off ] || stop_logrole
   done
 done
+
+# The observer (scripts/benchlog) takes every record over NATS itself, as
+# much work again as the log role's: it runs apart from the A/B above.
+echo "== record → witnessed checkpoint, at 400 calls/s offered with the log role on (scripts/benchlog observing every record)"
+logrole
+caught_up
+"$work/bin/benchlog" -nats-url "$nats" -nats-auth "$work/dev/nats-auth.json" -log-dir "$work/log/tlog" \
+  >"$work/delay.json" 2>"$work/benchlog.log" &
+blpid=$!
+for _ in $(seq 1 100); do grep -q observing "$work/benchlog.log" && break; sleep 0.1; done
+bench --calls 12000 --concurrency 100 --rate 400 --post --json >"$work/delay-run.json"
+sleep 5 # the last records' checkpoint: batch, checkpoint interval, both witnesses
+kill -TERM "$blpid"; wait "$blpid" 2>/dev/null || true
+stop_logrole
+echo "   delay p50 / p90 / p99 / max ms: $(jf "$work/delay.json" delay_p50_ms) / $(jf "$work/delay.json" delay_p90_ms) / $(jf "$work/delay.json" delay_p99_ms) / $(jf "$work/delay.json" delay_max_ms) ($(jf "$work/delay.json" records) records)"

@@ -54,6 +54,7 @@ type cli struct {
 	Cap        capCmd        `cmd:"" help:"Capabilities (the CP- requirements): issue, delegate and inspect signed capability chains."`
 
 	LogProof       query.LogProofCmd       `cmd:"" name:"log-proof" help:"Write the proof bundle of one receipt (or ToolCallEvent) in the transparency log: the stored record, its inclusion proof and the witnessed checkpoint."`
+	LogConsistency query.LogConsistencyCmd `cmd:"" name:"log-consistency" help:"Print the transparency log's consistency proof between two sizes (or from a checkpoint you kept), checked before it is printed."`
 	VerifyLogProof query.VerifyLogProofCmd `cmd:"" name:"verify-log-proof" help:"Check a proof bundle (from log-proof) offline, with only the log's key, the witness policy and the public keys."`
 }
 

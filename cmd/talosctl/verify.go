@@ -12,7 +12,7 @@ import (
 
 type verifyCmd struct {
 	TrustedKeys []string `name:"trusted-keys" required:"" type:"path" help:"Public keys (.pub files or directories of them) whose signatures are trusted: every key that ever signed, including rotated-out ones."`
-	File        string   `name:"file" type:"path" xor:"log" help:"Verify the CloudEvents in this file (JSON lines, or one JSON array; e.g. from talosctl export) instead of ClickHouse; '-' reads standard input."`
+	File        string   `name:"file" type:"path" help:"Verify the CloudEvents in this file (JSON lines, or one JSON array; e.g. from talosctl export) instead of ClickHouse; '-' reads standard input. With --log-url, held to the log (with --partial, only the file's records)."`
 	Partial     bool     `name:"partial" help:"Accept chains whose first receipt is not seq 1 (a range, e.g. after retention)."`
 	Receipt     string   `name:"receipt" placeholder:"ID" help:"Instead of verifying everything, print the inclusion proof of this receipt (JSON, on stdout or --out) against the checkpoint that covers it; check it anywhere with talosctl verify-proof."`
 	Out         string   `name:"out" type:"path" help:"With --receipt: write the proof to this file instead of standard output."`
@@ -41,6 +41,9 @@ func (c *verifyCmd) Run(g *Globals) error {
 			return usage("%v", err)
 		}
 		out = query.NewVerifyOutcome(c.File, verify.VerifyFile(events, keys, c.Partial, c.BatchSignatures))
+		if err := c.Log.CheckEvents(context.Background(), events, c.Partial, out); err != nil {
+			return failed("%v", err)
+		}
 	} else if out, err = c.verifyDatabase(g, keys); err != nil {
 		return err
 	}
@@ -88,11 +91,7 @@ func (c *verifyCmd) prove(g *Globals, keys verify.KeySet) error {
 		err   error
 	)
 	if c.File != "" {
-		events, rerr := verify.ReadEventsFile(c.File, os.Stdin)
-		if rerr != nil {
-			return usage("%v", rerr)
-		}
-		proof, res, err = query.ProveFromEvents(events, c.Receipt, keys)
+		proof, res, err = query.ProveFromEventsFile(c.File, os.Stdin, c.Receipt, keys)
 	} else {
 		ctx := context.Background()
 		conn, cerr := g.clickhouse(ctx)

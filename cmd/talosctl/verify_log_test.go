@@ -19,6 +19,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/transparency-dev/tessera/client"
+	modtlog "golang.org/x/mod/sumdb/tlog"
 
 	"github.com/talos-audit/talos/ingest/loadgen"
 	"github.com/talos-audit/talos/ingest/tlog"
@@ -58,6 +59,12 @@ func TestVerifyHeldToWitnessedLog(t *testing.T) {
 	if code != 0 || !strings.Contains(out, fmt.Sprintf("log %s at size %d cosigned by 2 of 2 witnesses (quorum both): %d entries match its root, %d stored records found in it", logOrigin, size1, size1, size1)) {
 		t.Fatalf("verify against the log: exit %d\n%s", code, out)
 	}
+	// The log's checkpoints replace the chains' (--no-chain-checkpoints):
+	// none was cut, though --checkpoint-interval would have cut several.
+	var checkpoints uint64
+	if err := s.conn.QueryRow(context.Background(), "SELECT count() FROM `"+s.db+"`.checkpoints").Scan(&checkpoints); err != nil || checkpoints != 0 {
+		t.Fatalf("chain checkpoints stored with --no-chain-checkpoints: %d (%v)", checkpoints, err)
+	}
 	if err := loadgen.SendUnsigned(s.natsURL, "tlogv-2", 12); err != nil {
 		t.Fatal(err)
 	}
@@ -72,6 +79,8 @@ func TestVerifyHeldToWitnessedLog(t *testing.T) {
 		rep.Log.Logged != size2 || len(rep.Log.Cosigned) != 2 {
 		t.Fatalf("verify --since-checkpoint: exit %d, %v\n%s", code, err, out)
 	}
+	s.checkConsistency(t, seen, current, size1, size2)
+	s.checkExport(t, size2)
 	out, code = run(t, s.talosctl, append(base, "--witness-policy", s.never)...)
 	if code != 1 || !strings.Contains(out, fmt.Sprintf("UNWITNESSED witness_quorum: log checkpoint %s at size %d: 0 of 2 witnesses of quorum both cosigned it (missing w3, w4)", logOrigin, size2)) ||
 		!strings.Contains(out, "FAILED: 1 problems (1 unwitnessed)") {
@@ -130,7 +139,8 @@ func startLogStack(t *testing.T) *logStack {
 	startTalosd(t, talosd, s.dir, "--capabilities", "optional", "--nats-url", s.natsURL, "--clickhouse-addr", addr, "--clickhouse-database", db,
 		"--registry", "../talosd/demo/registry", "--signing-key", s.signer+".key", "--roles", "enforce,sink,control,log",
 		"--http-addr", httpAddr, "--instance", "tlogv", "--batch-age", "200ms", "--log-origin", logOrigin,
-		"--log-witness-policy", s.policy, "--log-checkpoint-interval", "200ms", "--log-heartbeat", "2s")
+		"--log-witness-policy", s.policy, "--log-checkpoint-interval", "200ms", "--log-heartbeat", "2s",
+		"--no-chain-checkpoints", "--checkpoint-interval", "200ms")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
 	if s.conn, err = query.Open(ctx, addr, db); err != nil {
@@ -283,12 +293,22 @@ func (s *logStack) checkBundle(t *testing.T) {
 // ClickHouse: the log never sees them.
 func (s *logStack) forge(t *testing.T, chain string, at time.Time, n int) (ids []string, records [][]byte) {
 	t.Helper()
+	ids, records, recs := s.seal(t, chain, at, n)
+	if err := query.NewSinkWriter(s.conn, s.db).Write(context.Background(), recs); err != nil {
+		t.Fatal(err)
+	}
+	return ids, records
+}
+
+// seal signs n decision receipts with the pipeline's key on a chain of
+// their own, as forge does, storing them nowhere.
+func (s *logStack) seal(t *testing.T, chain string, at time.Time, n int) (ids []string, records [][]byte, recs []schemas.AuditRecord) {
+	t.Helper()
 	key, err := receipts.LoadPrivateKey(s.signer + ".key")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ch := receipts.NewChain(chain, key)
-	var recs []schemas.AuditRecord
 	for i := range n {
 		tcid := fmt.Sprintf("0190f5b2-7c1e-7a3b-8d4e-%012d", i+1)
 		data := schemas.Receipt{EventType: schemas.KindDecision, Tool: "list_directory", AgentID: "agent-7", ToolID: "files/list_directory",
@@ -305,10 +325,7 @@ func (s *logStack) forge(t *testing.T, chain string, at time.Time, n int) (ids [
 		ids, records = append(ids, sealed.ID), append(records, sealed.JSON)
 		recs = append(recs, schemas.AuditRecord{Subject: "talos.audit.receipt.decision.files", Data: sealed.JSON, StreamSeq: uint64(900000 + i)})
 	}
-	if err := query.NewSinkWriter(s.conn, s.db).Write(context.Background(), recs); err != nil {
-		t.Fatal(err)
-	}
-	return ids, records
+	return ids, records, recs
 }
 
 // tamperRows deletes a logged receipt's row, stores a receipt the log
@@ -321,10 +338,23 @@ func (s *logStack) tamperRows(t *testing.T, size int64) {
 	if err := query.MutateAndWait(ctx, s.conn, s.db, query.TableReceipts, "DELETE WHERE receipt_id = '"+victim+"'"); err != nil {
 		t.Fatal(err)
 	}
+	// A chain's last receipt: no chain checkpoint signs it, so only the
+	// log tells that it was there.
+	var tail string
+	var tailIndex uint64
+	err := s.conn.QueryRow(ctx, "SELECT r.receipt_id, e.log_index FROM `"+s.db+"`.v_receipts AS r "+
+		"ALL INNER JOIN `"+s.db+"`.v_log_entries AS e ON r.receipt_id = e.event_id WHERE r.kind = 'decision' AND r.receipt_id != '"+victim+"' "+
+		"ORDER BY r.chain_seq DESC, e.log_index DESC LIMIT 1").Scan(&tail, &tailIndex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := query.MutateAndWait(ctx, s.conn, s.db, query.TableReceipts, "DELETE WHERE receipt_id = '"+tail+"'"); err != nil {
+		t.Fatal(err)
+	}
 	unlogged, _ := s.forge(t, "forged-a", time.Now().Add(-time.Hour), 1)
 	claimant, _ := s.forge(t, "forged-b", time.Now().Add(-time.Hour), 1)
 	holder, held := s.someRecord(t, 6)
-	err := query.InsertLogEntries(ctx, s.conn, s.db, []query.LogEntryRow{{EventID: claimant[0], LogIndex: held, LeafHash: strings.Repeat("0", 64),
+	err = query.InsertLogEntries(ctx, s.conn, s.db, []query.LogEntryRow{{EventID: claimant[0], LogIndex: held, LeafHash: strings.Repeat("0", 64),
 		Origin: logOrigin, Subject: "talos.audit.receipt.decision.files", StreamSeq: 1, Time: time.Now().UTC().Truncate(time.Second), TimeMS: uint64(time.Now().UnixMilli())}})
 	if err != nil {
 		t.Fatal(err)
@@ -333,6 +363,7 @@ func (s *logStack) tamperRows(t *testing.T, size int64) {
 		"--witness-policy", s.policy, "--log-grace", "0s")...)
 	for _, want := range []string{
 		fmt.Sprintf("MISSING    missing_row: receipt %s: log entry %d has no stored row with its bytes (deleted, or altered)", victim, victimIndex),
+		fmt.Sprintf("MISSING    missing_row: receipt %s: log entry %d has no stored row with its bytes (deleted, or altered)", tail, tailIndex),
 		fmt.Sprintf("UNLOGGED   not_in_log: receipt %s: not in the log up to size %d, and no log index", unlogged[0], size),
 		fmt.Sprintf("UNLOGGED   not_in_log: receipt %s: its log index %d holds another record (receipt %s)", claimant[0], held, holder),
 	} {
@@ -395,5 +426,99 @@ func (s *logStack) rewrittenLog(t *testing.T, size int64, kept string) {
 	out, code = run(t, s.talosctl, append(verify, "--since-checkpoint", kept)...)
 	if code != 1 || !strings.Contains(out, fmt.Sprintf("ALTERED    log_rewritten: log checkpoint %s at size %d: does not extend the checkpoint kept at size %d", logOrigin, size, size)) {
 		t.Errorf("rewritten log, since the checkpoint kept: exit %d\n%s", code, out)
+	}
+	out, code = run(t, s.talosctl, "log-consistency", "--log-url", srv.URL, "--log-key", s.vkey, "--since-checkpoint", kept)
+	if code == 0 || !strings.Contains(out, fmt.Sprintf("the log's tree at size %d has root", size)) || !strings.Contains(out, "its history was rewritten") {
+		t.Errorf("log-consistency from the kept checkpoint to the rewritten log: exit %d\n%s", code, out)
+	}
+}
+
+// checkExport holds an export of the database (talosctl export --kind
+// all) to the log with verify --file: whole, it passes; a record taken
+// out is named as a log entry without its record, except with --partial;
+// a record the log lacks is named either way.
+func (s *logStack) checkExport(t *testing.T, size int64) {
+	t.Helper()
+	export := filepath.Join(s.dir, "export.jsonl")
+	if out, code := run(t, s.talosctl, append(s.g, "export", "--kind", "all", "--out", export)...); code != 0 {
+		t.Fatalf("export: exit %d\n%s", code, out)
+	}
+	verify := []string{"verify", "--trusted-keys", s.pub, "--log-url", s.url, "--log-key", s.vkey, "--witness-policy", s.policy, "--log-grace", "0s"}
+	out, code := run(t, s.talosctl, append(verify, "--file", export)...)
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("log %s at size %d cosigned by 2 of 2 witnesses (quorum both): %d entries match its root, %d stored records found in it", logOrigin, size, size, size)) {
+		t.Fatalf("verify --file of a whole export against the log: exit %d\n%s", code, out)
+	}
+	b, err := os.ReadFile(export)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(strings.TrimSuffix(string(b), "\n"), "\n")
+	var taken, takenID string
+	for i, l := range lines {
+		if e := logproof.ReadEntry([]byte(strings.TrimSpace(l))); e.Type == schemas.TypeReceiptDecision {
+			taken, takenID = l, e.EventID
+			lines = append(lines[:i:i], lines[i+1:]...)
+			break
+		}
+	}
+	_, forged, _ := s.seal(t, "forged-f", time.Now().Add(-time.Hour), 1)
+	lines = append(lines, "\n"+string(forged[0])+"\n")
+	cut := filepath.Join(s.dir, "cut.jsonl")
+	if err := os.WriteFile(cut, []byte(strings.Join(lines, "")), 0o644); err != nil || taken == "" {
+		t.Fatalf("no decision receipt in the export, or %v", err)
+	}
+	out, code = run(t, s.talosctl, append(verify, "--file", cut)...)
+	missing := fmt.Sprintf("MISSING    missing_row: receipt %s: log entry", takenID)
+	if code != 1 || !strings.Contains(out, missing) || !strings.Contains(out, "UNLOGGED   not_in_log: receipt ") {
+		t.Errorf("verify --file without a record and with a forged one: exit %d\n%s", code, out)
+	}
+	out, code = run(t, s.talosctl, append(verify, "--file", cut, "--partial")...)
+	if code != 1 || strings.Contains(out, missing) || !strings.Contains(out, "UNLOGGED   not_in_log: receipt ") {
+		t.Errorf("verify --file --partial: the missing record is not a problem, the forged one is: exit %d\n%s", code, out)
+	}
+}
+
+// checkConsistency has talosctl print the consistency proof from the
+// checkpoint kept at size1 to the one at size2, and checks it with
+// golang.org/x/mod's tlog against the roots the two signed checkpoints
+// carry (read here from their notes' text); it fails for sizes the log
+// does not have.
+func (s *logStack) checkConsistency(t *testing.T, seen, current string, size1, size2 int64) {
+	t.Helper()
+	out, code := run(t, s.talosctl, "log-consistency", "--log-url", s.url, "--log-key", s.vkey, "--witness-policy", s.policy,
+		"--since-checkpoint", seen, "--to", fmt.Sprint(size2))
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 0 || len(lines) < 4 || !strings.HasPrefix(lines[0], fmt.Sprintf("log %s: size %d (root ", logOrigin, size1)) ||
+		!strings.Contains(lines[len(lines)-1], "OK: checked with golang.org/x/mod/sumdb/tlog.CheckTree") {
+		t.Fatalf("log-consistency: exit %d\n%s", code, out)
+	}
+	var proof modtlog.TreeProof
+	for _, l := range lines[3 : len(lines)-1] {
+		h, err := modtlog.ParseHash(l)
+		if err != nil {
+			t.Fatalf("log-consistency: proof line %q: %v\n%s", l, err, out)
+		}
+		proof = append(proof, h)
+	}
+	root := func(file string) modtlog.Hash {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := modtlog.ParseHash(strings.Split(string(b), "\n")[2])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	if err := modtlog.CheckTree(proof, size2, root(current), size1, root(seen)); err != nil {
+		t.Fatalf("x/mod tlog refuses the printed proof from %d to %d: %v\n%s", size1, size2, err, out)
+	}
+	if len(proof) == 0 && size1 != size2 {
+		t.Fatalf("an empty proof from %d to %d", size1, size2)
+	}
+	out, code = run(t, s.talosctl, "log-consistency", "--log-url", s.url, "--log-key", s.vkey, "--from", "1", "--to", fmt.Sprint(size2+1000000))
+	if code == 0 || !strings.Contains(out, fmt.Sprintf("the newer size %d is beyond the log's checkpoint at size", size2+1000000)) {
+		t.Fatalf("log-consistency beyond the log: exit %d\n%s", code, out)
 	}
 }

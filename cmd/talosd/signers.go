@@ -10,7 +10,7 @@ import (
 
 // checkpoints are the chains' checkpoint settings from the flags.
 func (f *Flags) checkpoints() checkpoint.Options {
-	return checkpoint.Options{Every: f.CheckpointEvery, Interval: f.CheckpointInterval}
+	return checkpoint.Options{Every: f.CheckpointEvery, Interval: f.CheckpointInterval, Off: !f.ChainCheckpoints}
 }
 
 // signersDir keeps the public key of every signing key this data dir's

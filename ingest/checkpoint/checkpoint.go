@@ -18,9 +18,14 @@ import (
 // Every receipts, or once the oldest receipt no checkpoint covers is
 // Interval old, whichever comes first; and always when it stops cleanly
 // (a final checkpoint).
+//
+// Off cuts none: in a deployment that runs the transparency log, the
+// log's witnessed checkpoints cover every receipt of every chain, and the
+// per-range chain checkpoints would only repeat them (DESIGN.md §3).
 type Options struct {
 	Every    int           // default 1000
 	Interval time.Duration // default 10 s
+	Off      bool
 }
 
 // WithDefaults fills in the defaults of the fields left zero.
@@ -39,8 +44,20 @@ func (o Options) Tick() time.Duration { return max(o.Interval/4, 10*time.Millise
 
 // Due reports whether ch should cut a checkpoint now.
 func (o Options) Due(ch *receipts.Chain, now time.Time) bool {
+	if o.Off {
+		return false
+	}
 	n, since := ch.Pending()
 	return n > 0 && (n >= uint64(o.Every) || now.Sub(since) >= o.Interval)
+}
+
+// Full reports whether ch has Every receipts no checkpoint covers.
+func (o Options) Full(ch *receipts.Chain) bool {
+	if o.Off {
+		return false
+	}
+	n, _ := ch.Pending()
+	return n >= uint64(o.Every)
 }
 
 // Publisher signs and stores checkpoints of chains into TALOS_AUDIT.

@@ -772,7 +772,9 @@ func (s *ControlService) checkpointLoop(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			s.cp.Final(s.o.Chain)
+			if !s.o.Checkpoints.Off {
+				s.cp.Final(s.o.Chain)
+			}
 			return
 		case <-tick.C:
 			if s.o.Checkpoints.Due(s.o.Chain, time.Now()) {
