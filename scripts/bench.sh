@@ -90,6 +90,13 @@
 #                                 delay from a record reaching NATS to the
 #                                 first witnessed checkpoint covering it
 #                                 (scripts/benchlog)
+#   bash scripts/bench.sh cluster [ROUNDS]  replication (scripts/benchcluster.sh):
+#                                 R1 against R3 streams and buckets on a
+#                                 three-node NATS cluster (scripts/benchcluster),
+#                                 a fresh stack per run, alternately: decision
+#                                 p50/p99 at 500 and 1,000 calls/s, decisions/s
+#                                 and end-to-end events/s at saturation, and
+#                                 each process's CPU per call
 #
 # Every run has the checks talosd runs by default: capabilities (each call
 # signed by the load generator and verified by the worker), preflight, the
@@ -113,9 +120,9 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 mode=${1:-main}
 case $mode in
-main | replay | flight | tail | verify | gateway | ab | profile | forward | log) ;;
+main | replay | flight | tail | verify | gateway | ab | profile | forward | log | cluster) ;;
 *)
-  echo "usage: bash scripts/bench.sh [replay|flight|tail|ab [BASE] [ROUNDS]|profile [SECONDS]|verify [N]|gateway [CALLS]|forward [CALLS]|log [CALLS] [ROUNDS]]" >&2
+  echo "usage: bash scripts/bench.sh [replay|flight|tail|ab [BASE] [ROUNDS]|profile [SECONDS]|verify [N]|gateway [CALLS]|forward [CALLS]|log [CALLS] [ROUNDS]|cluster [ROUNDS]]" >&2
   exit 2
   ;;
 esac
@@ -142,6 +149,9 @@ if [ "$mode" = gateway ]; then
 fi
 if [ "$mode" = gateway ] || [ "$mode" = forward ]; then
   go build -o "$work/bin/benchcreds" ./scripts/benchcreds
+fi
+if [ "$mode" = cluster ]; then
+  go build -o "$work/bin/benchcluster" ./scripts/benchcluster
 fi
 if [ "$mode" = log ]; then
   go build -o "$work/bin/benchlog" ./scripts/benchlog
@@ -567,5 +577,9 @@ forward)
 log)
   calls=${2:-20000} rounds=${3:-2}
   . scripts/benchlog.sh
+  ;;
+cluster)
+  rounds=${2:-2}
+  . scripts/benchcluster.sh
   ;;
 esac

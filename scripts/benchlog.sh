@@ -10,16 +10,20 @@
 #      talosd with only the log role drains it: appends/s from its first
 #      append until it has taken everything (talos_log_size on its
 #      /metrics), and the log process's CPU per append.
-#   3. Decision latency at 400 calls/s offered, each call with its post
-#      event, the log role off and on alternately (ROUNDS rounds, default
-#      2; on, it has first caught up with what the off run left), and each
-#      process's CPU per call.
-#   4. One more run with the log on in which scripts/benchlog measures the
-#      delay from each record reaching NATS to the first witnessed
-#      checkpoint covering it (apart from 3: observing costs as much as
-#      the log role itself).
+#   3. One run at 400 calls/s offered, each call with its post event, with
+#      the log role on, in which scripts/benchlog measures the delay from
+#      each record reaching NATS to the first witnessed checkpoint covering
+#      it (apart from 4: observing costs as much as the log role itself).
+#   4. Decision latency at 400 calls/s offered, each call with its post
+#      event, the log off and on alternately (ROUNDS rounds, default 2),
+#      each run on a fresh stack as a deployment runs it (on: the log role
+#      in the talosd of NATS and the sink, witnessed, no chain
+#      checkpoints), and each process's CPU per call.
 
 origin=bench.talos.test/log
+# The witnesses outlive each stack (stop_all): stopped on exit.
+wpids=()
+trap 'stop_all; for p in "${wpids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
 start sink,control
 mkdir -p "$work/log"
 vkey=$("$talosd" log-key --data-dir "$work/log" --log-origin "$origin")
@@ -29,7 +33,7 @@ for w in 1 2; do
   mkdir -p "$work/w$w"
   "$work/bin/witness" serve -dir "$work/w$w" -name "witness.bench/w$w" -listen "127.0.0.1:$wport" \
     -litewitness "$work/bin/litewitness" >"$work/w$w/out" 2>"$work/w$w/log" &
-  term_pids+=($!)
+  wpids+=($!)
   for _ in $(seq 1 300); do grep -q '^vkey ' "$work/w$w/out" && break; sleep 0.1; done
   grep -q '^vkey ' "$work/w$w/out" || { echo "witness $w did not start:" >&2; cat "$work/w$w/log" >&2; exit 1; }
   "$work/bin/witness" add-log -dir "$work/w$w" -origin "$origin" -vkey "$vkey"
@@ -76,32 +80,6 @@ awk -v n="$last" -v nf="$n_first" -v t0="$t_first" -v t1="$t_last" -v c="$((c1 -
 echo "== published checkpoint: $(sed -n 2p "$work/log/tlog/checkpoint") entries, $(grep -c '^— ' "$work/log/tlog/checkpoint") signatures (the log's and both witnesses')"
 stop_logrole
 
-# abrun SIDE ROUND: one run at 400 calls/s offered, each call with its post
-# event; sets the CPU per call of the worker, NATS + sink, ClickHouse and
-# (on) the log role over it.
-abrun() {
-  local side=$1 round=$2 w0 d0 c0 l0=0 l1=0 n
-  w0=$(cpu $worker) d0=$(cpu $dev) c0=$(cpu $chpid)
-  [ "$side" = off ] || l0=$(cpu $lpid)
-  bench --calls 12000 --concurrency 100 --rate 400 --post --json >"$work/ab-$side-$round.json"
-  [ "$side" = off ] || l1=$(cpu $lpid)
-  n=$(jf "$work/ab-$side-$round.json" calls)
-  printf '   %-6s %-4s %12.0f %9.2f %9.2f %9s %9s %9s %9s\n' "$round" "$side" "$(jf "$work/ab-$side-$round.json" decisions_per_sec)" \
-    "$(jf "$work/ab-$side-$round.json" decision_p50_ms)" "$(jf "$work/ab-$side-$round.json" decision_p99_ms)" \
-    "$(per $(($(cpu $worker) - w0)) "$n")" "$(per $(($(cpu $dev) - d0)) "$n")" "$(per $(($(cpu $chpid) - c0)) "$n")" "$(per $((l1 - l0)) "$n")"
-}
-
-echo "== decision latency at 400 calls/s offered (100 enforcement points, each call with its post event), the log role off and on"
-echo "   (on: it has first caught up with what the off run left; CPU in µs per call)"
-printf '   %-6s %-4s %12s %9s %9s %9s %9s %9s %9s\n' round side "decisions/s" "p50 ms" "p99 ms" worker "NATS+sink" ClickHouse "log role"
-for round in $(seq 1 "$rounds"); do
-  for side in off on; do
-    if [ "$side" = on ]; then logrole; caught_up; fi
-    abrun "$side" "$round"
-    [ "$side" = off ] || stop_logrole
-  done
-done
-
 # The observer (scripts/benchlog) takes every record over NATS itself, as
 # much work again as the log role's: it runs apart from the A/B above.
 echo "== record → witnessed checkpoint, at 400 calls/s offered with the log role on (scripts/benchlog observing every record)"
@@ -116,3 +94,48 @@ sleep 5 # the last records' checkpoint: batch, checkpoint interval, both witness
 kill -TERM "$blpid"; wait "$blpid" 2>/dev/null || true
 stop_logrole
 echo "   delay p50 / p90 / p99 / max ms: $(jf "$work/delay.json" delay_p50_ms) / $(jf "$work/delay.json" delay_p90_ms) / $(jf "$work/delay.json" delay_p99_ms) / $(jf "$work/delay.json" delay_max_ms) ($(jf "$work/delay.json" records) records)"
+# Decision latency, the log off and on, each side a fresh stack as a
+# deployment runs it: off, talosd's default (chain checkpoints, no log);
+# on, the log role inside the talosd that runs NATS and the sink (what one
+# talosd with --roles enforce,sink,control,log is), witnessed by both
+# witnesses, with a new origin each run (a fresh log; the witnesses keep
+# what they cosigned of the others), and every talosd with
+# --no-chain-checkpoints.
+# abrun SIDE ROUND: one run at 400 calls/s offered, each call with its
+# post event, and each process's CPU per call over it.
+abrun() {
+  local side=$1 round=$2 w0 d0 c0 n
+  w0=$(cpu $worker) d0=$(cpu $dev) c0=$(cpu $chpid)
+  bench --calls 12000 --concurrency 100 --rate 400 --post --json >"$work/ab-$side-$round.json"
+  n=$(jf "$work/ab-$side-$round.json" calls)
+  printf '   %-6s %-4s %12.0f %9.2f %9.2f %9s %14s %11s\n' "$round" "$side" "$(jf "$work/ab-$side-$round.json" decisions_per_sec)" \
+    "$(jf "$work/ab-$side-$round.json" decision_p50_ms)" "$(jf "$work/ab-$side-$round.json" decision_p99_ms)" \
+    "$(per $(($(cpu $worker) - w0)) "$n")" "$(per $(($(cpu $dev) - d0)) "$n")" "$(per $(($(cpu $chpid) - c0)) "$n")"
+}
+
+stop_all
+echo "== decision latency at 400 calls/s offered (100 enforcement points, each call with its post event), the log off and on"
+echo "   (a fresh stack each run; on: the log role in the talosd of NATS and the sink, witnessed, no chain checkpoints; CPU in µs per call)"
+printf '   %-6s %-4s %12s %9s %9s %9s %14s %11s\n' round side "decisions/s" "p50 ms" "p99 ms" worker "NATS+sink+log" ClickHouse
+for round in $(seq 1 "$rounds"); do
+  for side in off on; do
+    if [ "$side" = on ]; then
+      o=$origin-$round
+      mkdir -p "$work/ab-log-$round"
+      v=$("$talosd" log-key --data-dir "$work/ab-log-$round" --log-origin "$o")
+      for w in 1 2; do "$work/bin/witness" add-log -dir "$work/w$w" -origin "$o" -vkey "$v"; done
+      dev_flags=(--log-key "$work/ab-log-$round/keys/log.key" --log-origin "$o" --log-witness-policy "$work/witnesses.policy" --no-chain-checkpoints)
+      worker_flags=(--no-chain-checkpoints)
+      start sink,control,log
+    else
+      dev_flags=() worker_flags=()
+      start sink,control
+    fi
+    abrun "$side" "$round"
+    if [ "$side" = on ]; then
+      sleep 3 # the last records' witnessed checkpoint
+      echo "          the log then: $(sed -n 2p "$work/dev/tlog/checkpoint") entries under a checkpoint with $(grep -c '^— ' "$work/dev/tlog/checkpoint") signatures"
+    fi
+    stop_all
+  done
+done
