@@ -26,11 +26,12 @@ var (
 )
 
 // serverRequests are the tool entries a server's requests of its client
-// (sampling, elicitation) are checked as: read, recorded, in no registry
+// (sampling, elicitation, roots) are checked as: read, recorded, in no registry
 // (schemas.IsServerRequest). Their tool_name is the method.
 var serverRequests = map[string]*schemas.Tool{
 	schemas.MethodSamplingCreateMessage: {ToolName: schemas.MethodSamplingCreateMessage, ToolClass: schemas.ClassRead},
 	schemas.MethodElicitationCreate:     {ToolName: schemas.MethodElicitationCreate, ToolClass: schemas.ClassRead},
+	schemas.MethodRootsList:             {ToolName: schemas.MethodRootsList, ToolClass: schemas.ClassRead},
 }
 
 // uriPointer is where a resource read's request carries its URI.

@@ -160,6 +160,16 @@ func TestServerRequestRecorded(t *testing.T) {
 	if r := out.Receipt; r.Decision != schemas.DecisionAllow || r.ParentToolCallID != "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d6f" {
 		t.Fatalf("%s %v (%v), parent %q", r.Decision, r.ReasonCodes, out.Details, r.ParentToolCallID)
 	}
+	// roots/list likewise, also when a server asks outside any call.
+	roots := envelope("pre", "docs", schemas.MethodRootsList, map[string]any{})
+	roots["mcp_method"] = schemas.MethodRootsList
+	raw, _ = json.Marshal(roots)
+	if out, err = d.DecideCall("talos.call.pre.gw-1.docs", raw, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if r := out.Receipt; r.Decision != schemas.DecisionAllow || r.MCPMethod != schemas.MethodRootsList || r.ParentToolCallID != "" {
+		t.Fatalf("roots/list: %s %v (%v), method %q, parent %q", r.Decision, r.ReasonCodes, out.Details, r.MCPMethod, r.ParentToolCallID)
+	}
 	if err := d.Apply(1, ctl(schemas.VerbKillSwitchSet, scope("server:docs")), t0); err != nil {
 		t.Fatal(err)
 	}

@@ -153,6 +153,14 @@ FROM (
 ORDER BY calls DESC, server_id, tool_name LIMIT ?`,
 	timeCol: "time_ms", agentCol: "agent_id", serverCol: "server_id", toolCol: "tool_name",
 }, {
+	Canned: Canned{Name: "mcp-requests", View: ViewMCPRequests,
+		Help:    "MCP requests Talos decided per method, server and name (tool, prompt, resource, or a server request's method), with denials.",
+		Columns: []string{"method", "server_id", "tool_name", "requests", "denials"}},
+	sql: `SELECT method, server_id, tool_name, count() AS requests, countIf(decision = 'deny') AS denials
+FROM {view} {where}
+GROUP BY method, server_id, tool_name ORDER BY requests DESC, method, server_id, tool_name LIMIT ?`,
+	timeCol: "time_ms", agentCol: "agent_id", serverCol: "server_id", toolCol: "tool_name",
+}, {
 	Canned: Canned{Name: "redaction-counts", View: ViewRedactionCounts,
 		Help:    "Secrets redacted per day and rule (whole UTC days overlapping --from/--to).",
 		Columns: []string{"day", "rule", "redactions"}},
@@ -173,6 +181,16 @@ FROM (
 )
 ORDER BY first_seen_ms, registry_digest LIMIT ?`,
 	period: perHour, timeCol: "hour",
+}, {
+	Canned: Canned{Name: "server-requests", View: ViewServerRequests,
+		Help: "What servers asked of clients (sampling, elicitation, roots), newest first, beside the call each was made during (--tool: that call's tool).",
+		Columns: []string{"time", "parent_tool_call_id", "parent_method", "parent_tool_name", "tool_call_id", "method", "decision", "ok",
+			"server_id", "agent_id", "args_hash", "result_hash", "receipt_id", "time_ms"}},
+	sql: `SELECT time, parent_tool_call_id, parent_method, parent_tool_name, tool_call_id, method, decision, ok,
+	server_id, agent_id, args_hash, result_hash, receipt_id, time_ms
+FROM {view} {where}
+ORDER BY time_ms DESC, tool_call_id LIMIT ?`,
+	timeCol: "time_ms", agentCol: "agent_id", serverCol: "server_id", toolCol: "parent_tool_name",
 }, {
 	Canned: Canned{Name: "top-denied-agents", View: ViewDenials,
 		Help:    "Agents with the most denials.",

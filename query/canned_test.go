@@ -23,6 +23,8 @@ func TestCannedCatalogue(t *testing.T) {
 		"registry-digests":        {"registry_digest", "first_seen", "last_seen", "calls"},
 		"redaction-counts":        {"day", "rule", "redactions"},
 		"latency-percentiles":     {"server_id", "tool_name", "calls", "p50_ms", "p90_ms", "p99_ms"},
+		"mcp-requests":            {"method", "server_id", "tool_name", "requests", "denials"},
+		"server-requests":         {"time", "parent_tool_call_id", "parent_method", "parent_tool_name", "tool_call_id", "method", "decision"},
 	}
 	if len(list) != len(want) {
 		t.Errorf("%d canned queries, want %d", len(list), len(want))
@@ -33,7 +35,7 @@ func TestCannedCatalogue(t *testing.T) {
 	views := map[string]bool{}
 	for _, s := range []string{ViewReceipts, ViewDecisions, ViewDenialsByReason, ViewControlEvents, ViewToolCalls, ViewSecretUses,
 		ViewRedactionCounts, ViewDenials, ViewWriteCalls, ViewIncidentTimeline, ViewKillSwitchIntervals, ViewCallsDuringKillSwitch,
-		ViewRegistryDigests, ViewToolLatency} {
+		ViewRegistryDigests, ViewToolLatency, ViewMCPRequests, ViewServerRequests} {
 		views[s] = true
 	}
 	for _, c := range list {

@@ -74,20 +74,39 @@ const (
 	ViewToolLatency           = "v_tool_latency"            // one row per executed call (phase post ToolCallEvent) with duration_ms
 
 	ViewLogEntries = "v_log_entries" // one row per (event_id, log_index): where a record is in the transparency log
+
+	// Views of migration 8 (issue 21).
+	ViewMCPRequests    = "v_mcp_requests"    // one row per decided MCP request (phase-pre decision), with its method
+	ViewServerRequests = "v_server_requests" // one row per server request (sampling, elicitation, roots) with its call
 )
 
 const (
-	receiptColumnsSQL    = "receipt_id, kind, phase, time, time_ms, tool_call_id, trace_id, session_id, ep_id, server_id, tool_name, tool_class, decision, reason_codes, agent_id, request_hash, envelope_hash, registry_digest, chain_id, chain_seq, prev_hash, receipt_hash, signer_kid, cloudevent, inserted_at"
-	decisionColumnsSQL   = "tool_call_id, phase, kind, decision, reason_codes, receipt_id, time, time_ms, session_id, ep_id, server_id, tool_name, tool_class, agent_id, registry_digest, chain_id, chain_seq"
+	// receiptColumnsSQL and decisionColumnsSQL are the columns of
+	// v_receipts and v_decisions since migration 8; receiptColumnsV1SQL and
+	// decisionColumnsV1SQL are those of the views of migrations 1 and 6,
+	// which run on a fresh database before migration 8 adds its columns.
+	receiptColumnsSQL    = "receipt_id, kind, phase, time, time_ms, tool_call_id, trace_id, session_id, ep_id, server_id, tool_name, mcp_method, parent_tool_call_id, tool_class, decision, reason_codes, agent_id, request_hash, envelope_hash, registry_digest, chain_id, chain_seq, prev_hash, receipt_hash, signer_kid, cloudevent, inserted_at"
+	decisionColumnsSQL   = "tool_call_id, phase, kind, decision, reason_codes, receipt_id, time, time_ms, session_id, ep_id, server_id, tool_name, mcp_method, parent_tool_call_id, tool_class, agent_id, registry_digest, chain_id, chain_seq"
+	receiptColumnsV1SQL  = "receipt_id, kind, phase, time, time_ms, tool_call_id, trace_id, session_id, ep_id, server_id, tool_name, tool_class, decision, reason_codes, agent_id, request_hash, envelope_hash, registry_digest, chain_id, chain_seq, prev_hash, receipt_hash, signer_kid, cloudevent, inserted_at"
+	decisionColumnsV1SQL = "tool_call_id, phase, kind, decision, reason_codes, receipt_id, time, time_ms, session_id, ep_id, server_id, tool_name, tool_class, agent_id, registry_digest, chain_id, chain_seq"
 	denialsByReasonSQL   = "hour, server_id, reason_code, denials"
 	schemaMigrationsCols = "version, name"
 	controlColumnsSQL    = "event_id, type, verb, time, time_ms, stream_seq, actor, target, reason, signer_kid, command_id, accepted, code, command_hash, responder_kid, chain_id, chain_seq, cloudevent"
-	// toolCallColumnsSQL is every tool_calls column as of migration 3, in
-	// the order of ToolCallRow's insert and scan lists; v_tool_calls has
-	// them all. A migration that adds tool_calls columns MUST leave this
-	// list as it is (migration 3's view uses it on a fresh database) and
-	// recreate v_tool_calls with a new list.
+	// toolCallColumnsSQL is every tool_calls column, in the order of
+	// ToolCallRow's insert and scan lists; v_tool_calls has them all since
+	// migration 8. toolCallColumnsV3SQL is the list as of migration 3, which
+	// the views of migrations 3 and 6 use (on a fresh database they run
+	// before migration 8's columns exist). A migration that adds tool_calls
+	// columns MUST leave the old lists as they are, and recreate
+	// v_tool_calls with the new one.
 	toolCallColumnsSQL = "event_id, time, time_ms, tool_call_id, trace_id, session_id, ep_id, server_id, tool_name, " +
+		"mcp_method, parent_tool_call_id, " +
+		"tool_id, tool_version, transport, side_effect, ok, args_hash, result_hash, args_ref, result_ref, error_code, " +
+		"started_at, started_at_ms, ended_at, ended_at_ms, duration_ms, phase, decision, reason_codes, receipt_id, " +
+		"idempotency, idempotency_key, actor_kind, agent_id, model_id, error_kind, error_message, error_retryable, " +
+		"capability_ids, parent_span_id, resources_files, resources_urls, flags, redaction_pointers, redaction_rules, " +
+		"redaction_pseudonyms, signer_kid, cloudevent, inserted_at"
+	toolCallColumnsV3SQL = "event_id, time, time_ms, tool_call_id, trace_id, session_id, ep_id, server_id, tool_name, " +
 		"tool_id, tool_version, transport, side_effect, ok, args_hash, result_hash, args_ref, result_ref, error_code, " +
 		"started_at, started_at_ms, ended_at, ended_at_ms, duration_ms, phase, decision, reason_codes, receipt_id, " +
 		"idempotency, idempotency_key, actor_kind, agent_id, model_id, error_kind, error_message, error_retryable, " +
@@ -226,7 +245,7 @@ ORDER BY checkpoint_id`,
 ORDER BY (stream_seq, subject)`,
 
 		`CREATE VIEW IF NOT EXISTS {db}.v_receipts AS
-SELECT ` + receiptColumnsSQL + `
+SELECT ` + receiptColumnsV1SQL + `
 FROM {db}.receipts
 ORDER BY receipt_id, inserted_at
 LIMIT 1 BY receipt_id`,
@@ -238,7 +257,7 @@ LIMIT 1 BY receipt_id`,
 		// an envelope too broken to carry an id still appears. Nothing an
 		// enforcement point sends vanishes from the auditors' view.
 		`CREATE VIEW IF NOT EXISTS {db}.v_decisions AS
-SELECT ` + decisionColumnsSQL + `
+SELECT ` + decisionColumnsV1SQL + `
 FROM {db}.v_receipts
 WHERE kind IN ('decision', 'effect')
 ORDER BY tool_call_id, phase, kind, time_ms, receipt_id
@@ -324,7 +343,7 @@ ORDER BY event_id`,
 		// (a redelivered call whose second event escaped the stream's
 		// duplicate window, or a sink redelivery, does not double-count).
 		`CREATE VIEW IF NOT EXISTS {db}.v_tool_calls AS
-SELECT ` + toolCallColumnsSQL + `
+SELECT ` + toolCallColumnsV3SQL + `
 FROM {db}.tool_calls
 ORDER BY tool_call_id, time_ms, event_id, inserted_at
 LIMIT 1 BY tool_call_id`,
@@ -492,7 +511,7 @@ WHERE phase = 'post'`,
 	statements: []string{
 		`DROP TABLE IF EXISTS {db}.v_decisions`,
 		`CREATE VIEW IF NOT EXISTS {db}.v_decisions AS
-SELECT ` + decisionColumnsSQL + `
+SELECT ` + decisionColumnsV1SQL + `
 FROM {db}.v_receipts
 WHERE kind IN ('decision', 'effect')
 ORDER BY ep_id, tool_call_id, phase, kind, time_ms, receipt_id
@@ -500,7 +519,7 @@ LIMIT 1 BY if(tool_call_id = '' OR has(reason_codes, 'VAL-HTC-001'), receipt_id,
 
 		`DROP TABLE IF EXISTS {db}.v_tool_calls`,
 		`CREATE VIEW IF NOT EXISTS {db}.v_tool_calls AS
-SELECT ` + toolCallColumnsSQL + `
+SELECT ` + toolCallColumnsV3SQL + `
 FROM {db}.tool_calls
 ORDER BY ep_id, tool_call_id, time_ms, event_id, inserted_at
 LIMIT 1 BY ep_id, tool_call_id`,
@@ -543,7 +562,85 @@ FROM {db}.log_entries
 ORDER BY event_id, log_index, time_ms
 LIMIT 1 BY event_id, log_index`,
 	},
+}, {
+	version: 8,
+	name:    "MCP methods and server requests",
+	// What a receipt's or event's tool_name names (mcp_method: "" for a
+	// tools/call) and the call a server request was made during, as
+	// columns (issue 21). A row stored before has no value of its own: the
+	// column's default reads it from the row's signed JSON, so the row
+	// still agrees with its cloudevent; rows written since carry it.
+	addColumns: []column{
+		{TableReceipts, "mcp_method", "String DEFAULT " + signedMemberSQL("mcp_method")},
+		{TableReceipts, "parent_tool_call_id", "String DEFAULT " + signedMemberSQL("parent_tool_call_id")},
+		{TableToolCalls, "mcp_method", "String DEFAULT " + signedMemberSQL("mcp_method")},
+		{TableToolCalls, "parent_tool_call_id", "String DEFAULT " + signedMemberSQL("parent_tool_call_id")},
+	},
+	// The views that have every column are re-created with the new ones;
+	// the views that read them name their columns, so they stand.
+	statements: []string{
+		`DROP TABLE IF EXISTS {db}.v_receipts`,
+		`CREATE VIEW IF NOT EXISTS {db}.v_receipts AS
+SELECT ` + receiptColumnsSQL + `
+FROM {db}.receipts
+ORDER BY receipt_id, inserted_at
+LIMIT 1 BY receipt_id`,
+
+		`DROP TABLE IF EXISTS {db}.v_decisions`,
+		`CREATE VIEW IF NOT EXISTS {db}.v_decisions AS
+SELECT ` + decisionColumnsSQL + `
+FROM {db}.v_receipts
+WHERE kind IN ('decision', 'effect')
+ORDER BY ep_id, tool_call_id, phase, kind, time_ms, receipt_id
+LIMIT 1 BY if(tool_call_id = '' OR has(reason_codes, 'VAL-HTC-001'), receipt_id, tool_call_id), ep_id, phase, kind`,
+
+		`DROP TABLE IF EXISTS {db}.v_tool_calls`,
+		`CREATE VIEW IF NOT EXISTS {db}.v_tool_calls AS
+SELECT ` + toolCallColumnsSQL + `
+FROM {db}.tool_calls
+ORDER BY ep_id, tool_call_id, time_ms, event_id, inserted_at
+LIMIT 1 BY ep_id, tool_call_id`,
+
+		// Every MCP request Talos decided, one row each (its phase-pre
+		// decision): method the MCP method (tools/call when the envelope
+		// named none), tool_name the tool, prompt, registry resource or, for
+		// a server request, the method; parent_tool_call_id a server
+		// request's call.
+		`CREATE VIEW IF NOT EXISTS {db}.v_mcp_requests AS
+SELECT time, time_ms, ep_id, tool_call_id, session_id, agent_id, server_id,
+	if(mcp_method = '', 'tools/call', mcp_method) AS method, tool_name, parent_tool_call_id,
+	decision, reason_codes, receipt_id, registry_digest
+FROM {db}.v_decisions
+WHERE phase = 'pre' AND kind = 'decision'`,
+
+		// What servers asked of the client during calls (sampling,
+		// elicitation, roots), one row per request, beside the call it was
+		// made during: the request's arguments and the client's answer as
+		// hashes (the recorded event), and the call's method and name
+		// (empty until its decision is stored). 18.16 joins by USING only,
+		// so the right side renames its columns.
+		`CREATE VIEW IF NOT EXISTS {db}.v_server_requests AS
+SELECT time, time_ms, ep_id, parent_tool_call_id, parent_method, parent_tool_name, tool_call_id, mcp_method AS method,
+	server_id, session_id, agent_id, decision, reason_codes, ok, args_hash, result_hash, receipt_id
+FROM {db}.v_tool_calls
+ANY LEFT JOIN (
+	SELECT ep_id, tool_call_id AS parent_tool_call_id, method AS parent_method, tool_name AS parent_tool_name
+	FROM {db}.v_mcp_requests
+) USING (ep_id, parent_tool_call_id)
+WHERE parent_tool_call_id != '' OR mcp_method IN ('sampling/createMessage', 'elicitation/create', 'roots/list')`,
+	},
 }}
+
+// signedMemberSQL is the SQL expression of the string member name of the
+// data of a row's cloudevent, "" when it has none: the column default of a
+// member that became a column after rows were stored. Stored events are
+// RFC 8785 JSON, so data's members are in sorted order and no member before
+// payloads holds anything but Talos's own fields: the search stops at
+// payloads, whose redacted arguments could hold a member of that name.
+func signedMemberSQL(name string) string {
+	return "visitParamExtractString(substring(cloudevent, 1, if(position(cloudevent, '\"payloads\":') = 0, " +
+		"length(cloudevent), position(cloudevent, '\"payloads\":'))), '" + name + "')"
+}
 
 // SchemaVersion is the version Migrate brings a database to.
 func SchemaVersion() uint32 { return migrations[len(migrations)-1].version }

@@ -53,7 +53,12 @@ type ReceiptRow struct {
 	// the verified chain's capability ids (root first), from data.
 	CapabilityHash string
 	CapabilityIDs  []string
-	InsertedAt     time.Time
+	// MCPMethod and ParentToolCallID are data's mcp_method (what ToolName
+	// names when the call is not a tools/call) and parent_tool_call_id (the
+	// call a server request was made during); "" when absent.
+	MCPMethod        string
+	ParentToolCallID string
+	InsertedAt       time.Time
 }
 
 // receiptColumns are the columns a receipt row is inserted with, in order;
@@ -85,6 +90,8 @@ var receiptColumns = []insertColumn[ReceiptRow]{
 	{name: "cloudevent", str: func(r *ReceiptRow) string { return r.CloudEvent }},
 	{name: "capability_hash", str: func(r *ReceiptRow) string { return r.CapabilityHash }},
 	{name: "capability_ids", strs: func(r *ReceiptRow) []string { return r.CapabilityIDs }},
+	{name: "mcp_method", str: func(r *ReceiptRow) string { return r.MCPMethod }},
+	{name: "parent_tool_call_id", str: func(r *ReceiptRow) string { return r.ParentToolCallID }},
 }
 
 // receiptInsertColumns are the names of receiptColumns.
@@ -115,7 +122,8 @@ func (r *ReceiptRow) scanTargets() []any {
 		&r.ReceiptID, &r.Kind, &r.Phase, &r.Time, &r.TimeMS, &r.ToolCallID, &r.TraceID, &r.SessionID,
 		&r.EPID, &r.ServerID, &r.ToolName, &r.ToolClass, &r.Decision, &r.ReasonCodes, &r.AgentID,
 		&r.RequestHash, &r.EnvelopeHash, &r.RegistryDigest, &r.ChainID, &r.ChainSeq, &r.PrevHash,
-		&r.ReceiptHash, &r.SignerKID, &r.CloudEvent, &r.CapabilityHash, &r.CapabilityIDs, &r.InsertedAt,
+		&r.ReceiptHash, &r.SignerKID, &r.CloudEvent, &r.CapabilityHash, &r.CapabilityIDs,
+		&r.MCPMethod, &r.ParentToolCallID, &r.InsertedAt,
 	}
 }
 
@@ -220,6 +228,9 @@ func rowOfReceipt(id, kind string, t time.Time, rec *schemas.Receipt, hash, ce s
 		CloudEvent:     ce,
 		CapabilityHash: rec.CapabilityHash,
 		CapabilityIDs:  nonNil(rec.CapabilityIDs),
+
+		MCPMethod:        rec.MCPMethod,
+		ParentToolCallID: rec.ParentToolCallID,
 	}
 	if row.ReasonCodes == nil {
 		row.ReasonCodes = []string{}
@@ -460,8 +471,10 @@ func (r *jsonReader) receiptData(row *ReceiptRow) (buf []string, codes, caps, si
 			row.ToolName = r.optStr()
 		case "token_handling":
 			r.checkObject(tokenHandlingFields)
-		case "mcp_method", "parent_tool_call_id": // in the signed cloudevent only
-			r.check(kindString)
+		case "mcp_method":
+			row.MCPMethod = r.optStr()
+		case "parent_tool_call_id":
+			row.ParentToolCallID = r.optStr()
 		case "trace_id":
 			row.TraceID = r.optStr()
 		default:

@@ -280,6 +280,9 @@ func publishedReceipts(t testing.TB) map[string][]byte {
 		ReasonCodes: []string{"KILL_SWITCH", "REPLAY"}, ToolCallID: "0190a1b2-0000-4000-8000-000000000001",
 		IdempotentOf: &schemas.IdempotentOf{ToolCallID: "0190a1b2-0000-4000-8000-000000000000"}, Mode: "prod",
 		Tool: "tool with \"quotes\" and ü", ContentHashAlg: schemas.ContentHashAlg})
+	seal("server request", schemas.TypeReceiptDecision, &schemas.Receipt{EventType: schemas.KindDecision, Decision: schemas.DecisionAllow,
+		ReasonCodes: []string{}, ToolCallID: "0190a1b2-0000-4000-8000-000000000002", ToolName: schemas.MethodSamplingCreateMessage,
+		MCPMethod: schemas.MethodSamplingCreateMessage, ParentToolCallID: "0190a1b2-0000-4000-8000-000000000001", Mode: "prod"})
 	seal("control", schemas.TypeReceiptControl, &schemas.Receipt{EventType: schemas.KindControl, Tool: "killswitch.set",
 		Control: &schemas.ControlRecord{CommandID: "c1", Verb: "killswitch.set", Actor: "alice", Accepted: true, Seq: 9}})
 	return out

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/talos-audit/talos/schemas"
 )
 
 // Receipt search bounds.
@@ -76,6 +78,25 @@ type ReceiptSummary struct {
 	AgentID     string
 	ChainID     string
 	ChainSeq    uint64
+	// MCPMethod and ParentToolCallID are the receipt's mcp_method and
+	// parent_tool_call_id ("" when absent).
+	MCPMethod        string
+	ParentToolCallID string
+}
+
+// Method is the MCP method of the request a decision or effect receipt
+// is for (tools/call when the receipt names none); "" for a control
+// receipt.
+func (s ReceiptSummary) Method() string { return methodOf(s.Kind, s.MCPMethod) }
+
+// Method is ReceiptSummary.Method of the row.
+func (r ReceiptRow) Method() string { return methodOf(r.Kind, r.MCPMethod) }
+
+func methodOf(kind, mcpMethod string) string {
+	if kind == schemas.KindControl {
+		return ""
+	}
+	return schemas.MethodOf(mcpMethod)
 }
 
 // Cursor is the position just after s, for ReceiptQuery.Before.
@@ -171,12 +192,12 @@ func SearchReceipts(ctx context.Context, conn driver.Conn, database string, q Re
 		limit = MaxSearchLimit
 	}
 	sql := "SELECT receipt_id, kind, phase, time_ms, tool_call_id, session_id, ep_id, server_id, " +
-		"tool_name, decision, reason_codes, agent_id, chain_id, chain_seq FROM " + view + where +
+		"tool_name, decision, reason_codes, agent_id, chain_id, chain_seq, mcp_method, parent_tool_call_id FROM " + view + where +
 		fmt.Sprintf(" ORDER BY time_ms DESC, receipt_id DESC LIMIT %d", limit)
 	return selectAll(ctx, conn, "search receipts", sql, func(rows driver.Rows, s *ReceiptSummary) error {
 		var ms uint64
 		err := rows.Scan(&s.ReceiptID, &s.Kind, &s.Phase, &ms, &s.ToolCallID, &s.SessionID, &s.EPID, &s.ServerID,
-			&s.ToolName, &s.Decision, &s.ReasonCodes, &s.AgentID, &s.ChainID, &s.ChainSeq)
+			&s.ToolName, &s.Decision, &s.ReasonCodes, &s.AgentID, &s.ChainID, &s.ChainSeq, &s.MCPMethod, &s.ParentToolCallID)
 		s.Time = time.UnixMilli(int64(ms)).UTC()
 		return err
 	}, args...)

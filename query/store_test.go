@@ -89,12 +89,8 @@ func TestViewsKeyCallsByEnforcementPoint(t *testing.T) {
 			CloudEvent: "{}"})
 	}
 	for range 2 { // the second time as a sink redelivery
-		if err := InsertReceipts(ctx, conn, db, recs); err != nil {
-			t.Fatal(err)
-		}
-		if err := InsertToolCalls(ctx, conn, db, calls); err != nil {
-			t.Fatal(err)
-		}
+		insertOld(t, ctx, conn, db, TableReceipts, receiptColumns, recs)
+		insertOld(t, ctx, conn, db, TableToolCalls, toolCallColumns, calls)
 	}
 	rows := func(view string) uint64 {
 		return count(t, ctx, conn, "SELECT count() FROM `"+db+"`."+view+" WHERE tool_call_id = 'tc-shared'")

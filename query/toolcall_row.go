@@ -24,30 +24,35 @@ import (
 // from CloudEvent, the exact signed JSON, by ToolCallRowFromEvent, and
 // CompareToolCallColumns tells when a stored row was altered.
 type ToolCallRow struct {
-	EventID     string    // CloudEvent id
-	Time        time.Time // CloudEvent time, truncated to the second
-	TimeMS      uint64    // CloudEvent time, unix milliseconds
-	ToolCallID  string
-	TraceID     string
-	SessionID   string
-	EPID        string
-	ServerID    string
-	ToolName    string
-	ToolID      string
-	ToolVersion string
-	Transport   string
-	SideEffect  string
-	OK          bool
-	ArgsHash    string
-	ResultHash  string
-	ArgsRef     string
-	ResultRef   string
-	ErrorCode   string
-	StartedAt   time.Time // timing.started_at, truncated to the second
-	StartedAtMS uint64
-	EndedAt     time.Time // timing.ended_at, truncated to the second
-	EndedAtMS   uint64
-	DurationMS  uint64
+	EventID    string    // CloudEvent id
+	Time       time.Time // CloudEvent time, truncated to the second
+	TimeMS     uint64    // CloudEvent time, unix milliseconds
+	ToolCallID string
+	TraceID    string
+	SessionID  string
+	EPID       string
+	ServerID   string
+	ToolName   string
+	// MCPMethod and ParentToolCallID are data's mcp_method (what ToolName
+	// names when the call is not a tools/call) and parent_tool_call_id (the
+	// call a server request was made during); "" when absent.
+	MCPMethod        string
+	ParentToolCallID string
+	ToolID           string
+	ToolVersion      string
+	Transport        string
+	SideEffect       string
+	OK               bool
+	ArgsHash         string
+	ResultHash       string
+	ArgsRef          string
+	ResultRef        string
+	ErrorCode        string
+	StartedAt        time.Time // timing.started_at, truncated to the second
+	StartedAtMS      uint64
+	EndedAt          time.Time // timing.ended_at, truncated to the second
+	EndedAtMS        uint64
+	DurationMS       uint64
 
 	Phase          string
 	Decision       string
@@ -88,6 +93,8 @@ var toolCallColumns = []insertColumn[ToolCallRow]{
 	{name: "ep_id", str: func(r *ToolCallRow) string { return r.EPID }},
 	{name: "server_id", str: func(r *ToolCallRow) string { return r.ServerID }},
 	{name: "tool_name", str: func(r *ToolCallRow) string { return r.ToolName }},
+	{name: "mcp_method", str: func(r *ToolCallRow) string { return r.MCPMethod }},
+	{name: "parent_tool_call_id", str: func(r *ToolCallRow) string { return r.ParentToolCallID }},
 	{name: "tool_id", str: func(r *ToolCallRow) string { return r.ToolID }},
 	{name: "tool_version", str: func(r *ToolCallRow) string { return r.ToolVersion }},
 	{name: "transport", str: func(r *ToolCallRow) string { return r.Transport }},
@@ -151,7 +158,7 @@ func (r *ToolCallRow) scan(rows driver.Rows) error {
 	var ok, retryable uint8
 	err := rows.Scan(
 		&r.EventID, &r.Time, &r.TimeMS, &r.ToolCallID, &r.TraceID, &r.SessionID, &r.EPID, &r.ServerID, &r.ToolName,
-		&r.ToolID, &r.ToolVersion, &r.Transport, &r.SideEffect, &ok, &r.ArgsHash, &r.ResultHash, &r.ArgsRef,
+		&r.MCPMethod, &r.ParentToolCallID, &r.ToolID, &r.ToolVersion, &r.Transport, &r.SideEffect, &ok, &r.ArgsHash, &r.ResultHash, &r.ArgsRef,
 		&r.ResultRef, &r.ErrorCode, &r.StartedAt, &r.StartedAtMS, &r.EndedAt, &r.EndedAtMS, &r.DurationMS,
 		&r.Phase, &r.Decision, &r.ReasonCodes, &r.ReceiptID, &r.Idempotency, &r.IdempotencyKey, &r.ActorKind,
 		&r.AgentID, &r.ModelID, &r.ErrorKind, &r.ErrorMessage, &retryable, &r.CapabilityIDs,
@@ -355,7 +362,7 @@ func toolCallRowOfEvent(id, ce string, times [3]time.Time, ev *schemas.ToolCallE
 	row := ToolCallRow{
 		EventID: id, Time: times[0].Truncate(time.Second), TimeMS: uint64(times[0].UnixMilli()),
 		ToolCallID: ev.ToolCallID, TraceID: ev.TraceID, SessionID: ev.SessionID, EPID: ev.EPID, ServerID: ev.ServerID,
-		ToolName: ev.ToolName, ToolID: ev.ToolID, ToolVersion: ev.ToolVersion, Transport: ev.Transport,
+		ToolName: ev.ToolName, MCPMethod: ev.MCPMethod, ParentToolCallID: ev.ParentToolCallID, ToolID: ev.ToolID, ToolVersion: ev.ToolVersion, Transport: ev.Transport,
 		SideEffect: ev.SideEffect, OK: ev.OK, ArgsHash: ev.ArgsHash, ResultHash: ev.ResultHash, ArgsRef: ev.ArgsRef,
 		ResultRef: ev.ResultRef,
 		StartedAt: times[1].Truncate(time.Second), StartedAtMS: uint64(times[1].UnixMilli()),
@@ -441,6 +448,8 @@ const (
 	tcRedactions
 	tcPayloads
 	tcSignature
+	tcMCPMethod
+	tcParentToolCallID
 
 	// tcRequired is the schema's required list of data.
 	tcRequired = tcType | tcTraceID | tcToolCallID | tcToolID | tcToolVersion | tcTransport | tcSideEffect |
@@ -609,10 +618,14 @@ func (r *jsonReader) toolCallData(row *ToolCallRow, d *toolCallData) bool {
 			valid = d.mark(tcIdempotency) && isIdempotency(r.strTo(&row.Idempotency))
 		case "idempotency_key":
 			valid = d.mark(tcIdempotencyKey) && runesBetween(r.strTo(&row.IdempotencyKey), 1, 256)
+		case "mcp_method":
+			valid = d.mark(tcMCPMethod) && schemas.IsMCPMethod(r.strTo(&row.MCPMethod))
 		case "ok":
 			valid = d.mark(tcOK) && r.booleanTo(&row.OK)
 		case "parent_span_id":
 			valid = d.mark(tcParentSpanID) && runesBetween(r.strTo(&row.ParentSpanID), 1, 128)
+		case "parent_tool_call_id":
+			valid = d.mark(tcParentToolCallID) && isUUID(r.strTo(&row.ParentToolCallID))
 		case "payloads":
 			valid = d.mark(tcPayloads) && r.payloads(d)
 		case "phase":

@@ -712,7 +712,7 @@ func TestMigration3FromVersion2(t *testing.T) {
 	}
 	// A version-2 receipts row, written with version 2's columns.
 	_, rows := chainOf(t, "v2", 1, t0)
-	old := receiptInsertColumns[:len(receiptInsertColumns)-2]
+	old := receiptInsertColumns[:slices.Index(receiptInsertColumns, "capability_hash")] // version 2's
 	b, err := conn.PrepareBatch(ctx, "INSERT INTO `"+db+"`.receipts ("+strings.Join(old, ", ")+")")
 	if err != nil {
 		t.Fatal(err)
@@ -826,11 +826,14 @@ func publishedToolCallEvents(t testing.TB) map[string][]byte {
 		ReasonCodes: []string{"TOOL_UNCLASSIFIED_DENIED"}, ReceiptID: full.ReceiptID, Redactions: []schemas.Redaction{}}
 	refsOnly := toolCallEvent(t, callA, tcAt) // payloads not stored, refs kept
 	refsOnly.Payloads = nil
+	server := toolCallEvent(t, callA, tcAt) // a server request, linked to its call
+	server.ToolName, server.MCPMethod, server.ParentToolCallID = schemas.MethodRootsList, schemas.MethodRootsList, full.TraceID
 	return map[string][]byte{
-		"full":      signed(t, key, callA, tcAt, &full),
-		"refs only": signed(t, key, callA, tcAt, &refsOnly),
-		"bench":     newSinkMaker(t).next(t, 1).toolCall.Data,
-		"minimal":   signed(t, key, callA, tcAt, &min),
+		"server request": signed(t, key, callA, tcAt, &server),
+		"full":           signed(t, key, callA, tcAt, &full),
+		"refs only":      signed(t, key, callA, tcAt, &refsOnly),
+		"bench":          newSinkMaker(t).next(t, 1).toolCall.Data,
+		"minimal":        signed(t, key, callA, tcAt, &min),
 	}
 }
 

@@ -436,7 +436,7 @@ func sameColumns(a, b *ReceiptRow) bool {
 		a.RequestHash == b.RequestHash && a.EnvelopeHash == b.EnvelopeHash && a.RegistryDigest == b.RegistryDigest &&
 		a.ChainID == b.ChainID && a.ChainSeq == b.ChainSeq && a.PrevHash == b.PrevHash && a.ReceiptHash == b.ReceiptHash &&
 		a.SignerKID == b.SignerKID && a.CloudEvent == b.CloudEvent && a.CapabilityHash == b.CapabilityHash &&
-		slices.Equal(a.CapabilityIDs, b.CapabilityIDs)
+		slices.Equal(a.CapabilityIDs, b.CapabilityIDs) && a.MCPMethod == b.MCPMethod && a.ParentToolCallID == b.ParentToolCallID
 }
 
 // untrusted reports whether the verifier found the event itself bad

@@ -22,11 +22,12 @@ const (
 	// Talos decides (an envelope's mcp_method).
 	MethodPromptsGet    = "prompts/get"
 	MethodResourcesRead = "resources/read"
-	// MethodSamplingCreateMessage and MethodElicitationCreate are the
-	// requests a server makes of its client that Talos records
-	// (IsServerRequest).
+	// MethodSamplingCreateMessage, MethodElicitationCreate and
+	// MethodRootsList are the requests a server makes of its client that
+	// Talos records (IsServerRequest).
 	MethodSamplingCreateMessage = "sampling/createMessage"
 	MethodElicitationCreate     = "elicitation/create"
+	MethodRootsList             = "roots/list"
 )
 
 // Capability is a capability a trusted issuer signed for one subject

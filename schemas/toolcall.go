@@ -68,10 +68,16 @@ type Actor struct {
 func (c *ToolCall) Method() string { return MethodOf(c.MCPMethod) }
 
 // IsServerRequest reports whether an envelope's mcp_method is a request
-// its server made of the client (sampling, elicitation): recorded and
-// checked against the incident state, not classified by the registry.
+// its server made of the client (sampling, elicitation, roots): recorded
+// and checked against the incident state, not classified by the registry.
 func IsServerRequest(mcpMethod string) bool {
-	return mcpMethod == MethodSamplingCreateMessage || mcpMethod == MethodElicitationCreate
+	return mcpMethod == MethodSamplingCreateMessage || mcpMethod == MethodElicitationCreate || mcpMethod == MethodRootsList
+}
+
+// IsMCPMethod reports whether s is a value an envelope's mcp_method may
+// have (tools/call is said by its absence).
+func IsMCPMethod(s string) bool {
+	return s == MethodPromptsGet || s == MethodResourcesRead || IsServerRequest(s)
 }
 
 // MethodOf is the MCP method an envelope's mcp_method names: itself, or

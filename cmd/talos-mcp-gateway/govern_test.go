@@ -172,6 +172,11 @@ func TestGovernPromptsAndResources(t *testing.T) {
 		if n := count("SELECT count() FROM receipts WHERE tool_call_id = ? AND position(cloudevent, ?) > 0", id, `"mcp_method":"`+method+`"`); n == 0 {
 			t.Fatalf("the receipts of %s do not name mcp_method %s", name, method)
 		}
+		// The method is a column of the auditors' views too.
+		if count("SELECT count() FROM v_mcp_requests WHERE tool_call_id = ? AND method = ? AND tool_name = ? AND decision = 'allow'", id, method, name) != 1 ||
+			count("SELECT count() FROM v_tool_calls WHERE tool_call_id = ? AND mcp_method = ?", id, method) != 1 {
+			t.Fatalf("v_mcp_requests or v_tool_calls does not show %s as a %s", name, method)
+		}
 	}
 	for what, d := range denied {
 		waitFor("the denial of "+what, func() bool {
@@ -179,6 +184,10 @@ func TestGovernPromptsAndResources(t *testing.T) {
 				d.ToolCallID, d.ReceiptID, schemas.CodeToolUnclassifiedDenied) == 1 &&
 				count("SELECT count() FROM v_tool_calls WHERE tool_call_id = ? AND ok = 0", d.ToolCallID) == 1
 		})
+		method := map[string]string{"resource-prompt": schemas.MethodPromptsGet, "blob": schemas.MethodResourcesRead}[what]
+		if count("SELECT count() FROM v_mcp_requests WHERE tool_call_id = ? AND method = ? AND decision = 'deny'", d.ToolCallID, method) != 1 {
+			t.Fatalf("v_mcp_requests does not show the denied %s as a %s", what, method)
+		}
 	}
 	for _, table := range []string{"receipts", "tool_calls", "artifacts"} {
 		q := fmt.Sprintf("SELECT count() FROM %s WHERE positionCaseInsensitive(toString(tuple(*)), ?) > 0", table)
@@ -198,19 +207,21 @@ func TestGovernPromptsAndResources(t *testing.T) {
 }
 
 // TestServerRequestsRecorded (issue 21, must-show 3): behind the gateway
-// in stdio mode, the real server-everything's sampling and elicitation
-// requests during a tool call reach the client, whose answers go back, and
-// each is recorded in ClickHouse: an allow receipt and a ToolCallEvent
-// whose tool_name is the method, in the call's trace, naming the call
-// (parent_tool_call_id) in its signed JSON, with what the server asked
-// redacted (a planted secret reaches no table) and what came back only as
-// its hash.
+// in stdio mode, the real server-everything's sampling, elicitation and
+// roots/list requests during a tool call reach the client, whose answers
+// go back, and each is recorded in ClickHouse: an allow receipt and a
+// ToolCallEvent whose tool_name and mcp_method are the method, in the
+// call's trace, naming the call (parent_tool_call_id, a column as in its
+// signed JSON), with what the server asked redacted (a planted secret
+// reaches no table) and what came back only as its hash; v_server_requests
+// shows each beside its call, and talosctl verify passes.
 func TestServerRequestsRecorded(t *testing.T) {
 	s := startStackRegistry(t, relayRegistry(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	rc := &relayClient{}
 	client := mcp.NewClient(&mcp.Implementation{Name: "record-test", Version: "1"}, rc.options())
+	client.AddRoots(&mcp.Root{URI: "file:///srv/record-root", Name: "record-root"})
 	gw := s.gatewayClient(ctx, client, "--ep-id", "gw-record", "--upstream", "everything="+testenv.MCPBin(t, "mcp-server-everything"))
 
 	const secret = "AKIAR5N2XW7QMT4LPV6J"
@@ -223,19 +234,27 @@ func TestServerRequestsRecorded(t *testing.T) {
 	if !strings.Contains(text(elicited), "Ada Lovelace") {
 		t.Fatalf("the elicitation result did not come from the client: %s", text(elicited))
 	}
+	rooted := gw.call(ctx, "get-roots-list", map[string]any{}).mustAllow(t, "get-roots-list")
+	if !strings.Contains(text(rooted), "file:///srv/record-root") {
+		t.Fatalf("roots/list did not reach the client: %s", text(rooted))
+	}
 
 	conn, err := query.Open(ctx, s.chAddr, s.db)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	for method, res := range map[string]*mcp.CallToolResult{schemas.MethodSamplingCreateMessage: sampled, schemas.MethodElicitationCreate: elicited} {
+	parents := map[string]*mcp.CallToolResult{schemas.MethodSamplingCreateMessage: sampled, schemas.MethodElicitationCreate: elicited,
+		schemas.MethodRootsList: rooted}
+	tools := map[string]string{schemas.MethodSamplingCreateMessage: "trigger-sampling-request",
+		schemas.MethodElicitationCreate: "trigger-elicitation-request", schemas.MethodRootsList: "get-roots-list"}
+	for method, res := range parents {
 		parent := res.Meta[gateway.MetaToolCallID].(string)
 		var id, traceID, resultRef, event, parentTrace string
 		deadline := time.Now().Add(60 * time.Second)
 		for {
-			err = conn.QueryRow(ctx, "SELECT tool_call_id, trace_id, result_ref, cloudevent FROM v_tool_calls WHERE tool_name = ? AND ok = 1 AND position(cloudevent, ?) > 0",
-				method, `"parent_tool_call_id":"`+parent+`"`).Scan(&id, &traceID, &resultRef, &event)
+			err = conn.QueryRow(ctx, "SELECT tool_call_id, trace_id, result_ref, cloudevent FROM v_tool_calls WHERE tool_name = ? AND mcp_method = ? AND parent_tool_call_id = ? AND ok = 1",
+				method, method, parent).Scan(&id, &traceID, &resultRef, &event)
 			if err == nil && conn.QueryRow(ctx, "SELECT trace_id FROM v_tool_calls WHERE tool_call_id = ?", parent).Scan(&parentTrace) == nil {
 				break
 			}
@@ -247,7 +266,18 @@ func TestServerRequestsRecorded(t *testing.T) {
 		if traceID != parentTrace {
 			t.Fatalf("%s recorded in trace %s, its call in %s", method, traceID, parentTrace)
 		}
+		if !strings.Contains(event, `"parent_tool_call_id":"`+parent+`"`) {
+			t.Fatalf("the signed event of %s does not name its call %s: %s", method, parent, event)
+		}
 		assertWorkerAllowed(ctx, t, s, id)
+		var parentMethod, parentTool, decision string
+		if err := conn.QueryRow(ctx, "SELECT parent_method, parent_tool_name, decision FROM v_server_requests WHERE tool_call_id = ? AND method = ? AND parent_tool_call_id = ?",
+			id, method, parent).Scan(&parentMethod, &parentTool, &decision); err != nil {
+			t.Fatalf("v_server_requests has no %s during %s: %v", method, parent, err)
+		}
+		if parentMethod != schemas.MethodToolsCall || parentTool != tools[method] || decision != schemas.DecisionAllow {
+			t.Fatalf("v_server_requests: %s during a %s of %s (%s), want during a tools/call of %s (allow)", method, parentMethod, parentTool, decision, tools[method])
+		}
 		var content string
 		if err := conn.QueryRow(ctx, "SELECT content FROM artifacts WHERE ref = ? LIMIT 1", resultRef).Scan(&content); err != nil {
 			t.Fatalf("the recorded answer of %s: %v", method, err)
@@ -259,8 +289,8 @@ func TestServerRequestsRecorded(t *testing.T) {
 		if method == schemas.MethodElicitationCreate && (answer["action"] != "accept" || len(answer) != 2) {
 			t.Fatalf("elicitation answer recorded as %s, want its sha256 and action", content)
 		}
-		if method == schemas.MethodSamplingCreateMessage && len(answer) != 1 {
-			t.Fatalf("sampling answer recorded as %s, want its sha256 only", content)
+		if method != schemas.MethodElicitationCreate && len(answer) != 1 {
+			t.Fatalf("%s answer recorded as %s, want its sha256 only", method, content)
 		}
 	}
 	for _, table := range []string{"receipts", "tool_calls", "artifacts"} {

@@ -259,6 +259,7 @@ func TestWebDashboardInChromium(t *testing.T) {
 		idem                string
 		want                string // a reason code the decision must carry; "" for an allow
 		post                bool   // send the post event after the allow
+		method, parent      string // a server request's mcp_method and call
 	}
 	var postCall string
 	calls, denials := 0, 0
@@ -269,6 +270,7 @@ func TestWebDashboardInChromium(t *testing.T) {
 			t.Fatal(err)
 		}
 		call.Actor.AgentID, call.IdempotencyKey = c.agent, c.idem
+		call.MCPMethod, call.ParentToolCallID = c.method, c.parent
 		cctx, ccancel := context.WithTimeout(ctx, 30*time.Second) // the first waits for the worker to start
 		defer ccancel()
 		started := time.Now()
@@ -310,6 +312,9 @@ func TestWebDashboardInChromium(t *testing.T) {
 	} {
 		send(c)
 	}
+	// A sampling request the server made during the executed call.
+	_, sampled := send(sent{agent: "agent-a", server: "files", tool: schemas.MethodSamplingCreateMessage, args: map[string]any{"messages": []any{}},
+		method: schemas.MethodSamplingCreateMessage, parent: postCall})
 	responder, err := receipts.LoadPrivateKey(filepath.Join(dir, "responder.key"))
 	if err != nil {
 		t.Fatal(err)
@@ -487,6 +492,14 @@ func TestWebDashboardInChromium(t *testing.T) {
 	rows.Close()
 	if !slices.Equal(shown, newest) {
 		t.Errorf("receipts listed:\n%v\nClickHouse newest first:\n%v", shown, newest)
+	}
+	// The sampling request names its method and links the call it was
+	// made during; a tool call's receipt says tools/call.
+	if m := figs["method:"+sampled.ReceiptID]; m != schemas.MethodSamplingCreateMessage || figs["method:"+killReceipt] != schemas.MethodToolsCall {
+		t.Errorf("receipts: method of the sampling request %q, of the kill-switch denial %q", m, figs["method:"+killReceipt])
+	}
+	if link := `data-parent="` + sampled.ReceiptID + `" href="/receipts?tool_call_id=` + postCall; !strings.Contains(dom, link) {
+		t.Errorf("receipts: the sampling request does not link its call (%s)", link)
 	}
 
 	// 3. The kill-switch denial's receipt page: verified, with its fields.

@@ -136,18 +136,23 @@ func relayOptions(serverID string, peer func() *relay, changed chan struct{}) []
 }
 
 // rootsFromClient answers an upstream's roots/list with the client
-// session's roots (the SDK's client would answer from a list of its own).
+// session's roots (the SDK's client would answer from a list of its own),
+// recorded by Talos like sampling and elicitation: the roots a client
+// names are paths of its machine, which an auditor may need to see were
+// asked for, and when.
 func rootsFromClient(serverID string, client func() (*relay, *mcp.ServerSession)) mcp.Middleware {
 	return func(next mcp.MethodHandler) mcp.MethodHandler {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-			if method != "roots/list" {
+			if method != schemas.MethodRootsList {
 				return next(ctx, method, req)
 			}
 			r, ss := client()
 			if ss == nil {
 				return nil, ErrNoClient
 			}
-			return ss.ListRoots(r.context(serverID, ctx), nil)
+			return r.g.serverRequest(ctx, r, serverID, schemas.MethodRootsList, req.GetParams(), func(cctx context.Context) (mcp.Result, error) {
+				return ss.ListRoots(cctx, nil)
+			})
 		}
 	}
 }

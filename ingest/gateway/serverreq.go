@@ -13,7 +13,7 @@ import (
 )
 
 // A server's requests of the client (sampling/createMessage,
-// elicitation/create) are recorded by Talos, linked to the call during
+// elicitation/create, roots/list) are recorded by Talos, linked to the call during
 // which the server made them (issue 21): before the gateway asks the
 // client, it publishes a pre envelope with mcp_method the method,
 // tool_name the method, the request's params as its arguments (which the

@@ -454,6 +454,54 @@ func TestReceiptList(t *testing.T) {
 	}
 }
 
+// TestReceiptsShowMCPMethod: the receipt list names each request's MCP
+// method (none for a control receipt) and links a server request to the
+// call it was made during; the receipt page shows both, verified.
+func TestReceiptsShowMCPMethod(t *testing.T) {
+	f := newFixture(t, nil)
+	ch := receipts.NewChain("mcp-0", f.key)
+	parent := f.calls["read1"]
+	var (
+		recs []schemas.AuditRecord
+		ids  []string
+	)
+	for i, c := range []struct{ method, tool, parent string }{
+		{schemas.MethodPromptsGet, "greeting", ""},
+		{schemas.MethodSamplingCreateMessage, schemas.MethodSamplingCreateMessage, parent},
+	} {
+		at := 2*time.Hour + time.Duration(i)*time.Minute
+		d := decision(call{c.tool, "agent-a", "files", c.tool, "allow", nil, at}, uuid.NewString(), schemas.PhasePre)
+		d.MCPMethod, d.ParentToolCallID = c.method, c.parent
+		s, err := ch.Seal(receipts.Meta{Type: schemas.TypeReceiptDecision, Source: "talos://enforce/w1", Subject: d.ToolCallID, Time: at0.Add(at)}, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.Commit(s); err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, schemas.AuditRecord{Subject: schemas.ReceiptSubject(schemas.KindDecision, "files"), Data: s.JSON, StreamSeq: uint64(100 + i)})
+		ids = append(ids, s.ID)
+	}
+	if err := query.NewSinkWriter(f.conn, f.db).Write(f.ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	body := f.page(t, "/receipts?since=all")
+	wantFigures(t, "receipts", figures(body), map[string]string{
+		"method:" + ids[0]: schemas.MethodPromptsGet, "method:" + ids[1]: schemas.MethodSamplingCreateMessage,
+		"method:" + f.ids["read1"]: schemas.MethodToolsCall, "method:" + f.ids["control1"]: "",
+	})
+	link := `data-parent="` + ids[1] + `" href="/receipts?tool_call_id=` + parent + `&amp;since=all"`
+	if !strings.Contains(body, link) || strings.Count(body, "data-parent=") != 1 {
+		t.Errorf("receipts: the sampling request does not link its call alone (%s)", link)
+	}
+	wantFigures(t, "sampling receipt", figures(f.page(t, "/receipts/"+ids[1])), map[string]string{
+		"verify": "verified", "verify:columns": "agree", "receipt:method": schemas.MethodSamplingCreateMessage, "receipt:parent": parent,
+	})
+	if figs := figures(f.page(t, "/receipts/"+ids[0])); figs["receipt:method"] != schemas.MethodPromptsGet || figs["receipt:parent"] != "" {
+		t.Errorf("prompt receipt: method %q, parent %q", figs["receipt:method"], figs["receipt:parent"])
+	}
+}
+
 // TestReceiptPage: the signed JSON, raw and pretty; the verification
 // status for a good receipt, a chain's first link, a foreign signer, a
 // tampered column, and the checkpoint hook; the call's ToolCallEvent.
