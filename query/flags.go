@@ -22,7 +22,7 @@ func (f TLSFlags) TLS() TLS {
 // ClientFlags are talosctl's ClickHouse flags: one login, a reader by
 // default.
 type ClientFlags struct {
-	ClickhouseAddr         string `name:"clickhouse-addr" default:"127.0.0.1:9000" help:"ClickHouse native address HOST:PORT."`
+	ClickhouseAddr         string `name:"clickhouse-addr" default:"127.0.0.1:9000" help:"ClickHouse native address HOST:PORT, or the replicas of a cluster comma-separated (the first that answers)."`
 	ClickhouseDatabase     string `name:"clickhouse-database" default:"talos" help:"ClickHouse database."`
 	ClickhouseUser         string `name:"clickhouse-user" default:"talos_reader" help:"ClickHouse user. query, verify, export, bench and conformance only read; synth writes and creates its database, so it needs an admin (default)."`
 	ClickhousePassword     string `name:"clickhouse-password" help:"Password of --clickhouse-user (prefer TALOS_CLICKHOUSE_PASSWORD or --clickhouse-password-file: arguments are visible to other local users)."`
