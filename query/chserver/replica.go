@@ -33,7 +33,7 @@ func (r *Replica) check() error {
 		return fmt.Errorf("chserver: a replica needs ZooKeeper, Cluster, Shard, Name and Replicas")
 	}
 	if !clusterName.MatchString(r.Cluster) {
-		return fmt.Errorf("chserver: cluster name %q: lowercase letters, digits and _ only", r.Cluster)
+		return fmt.Errorf("chserver: a replica's cluster name %q: lowercase letters, digits and _ only", r.Cluster)
 	}
 	for _, a := range append(append([]string{}, r.ZooKeeper...), r.Replicas...) {
 		if _, _, err := net.SplitHostPort(a); err != nil {
