@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/talos-audit/talos/testenv"
 )
@@ -128,6 +131,22 @@ func TestMigrateOnCluster(t *testing.T) {
 	var a, b uint64
 	if err := r0.QueryRow(ctx, views).Scan(&a, &b); err != nil || a != 10 || b != 5 {
 		t.Fatalf("replica 0: %d receipts and %d tool calls in the views (%v), want 10 and 5", a, b, err)
+	}
+
+	// A later migration's new column, and a view reading it, reach both
+	// replicas (the view is created on each, possibly before the other
+	// has applied the column: the ALTER must be there first).
+	later := migration{version: SchemaVersion() + 1, name: "cluster probe",
+		addColumns: []column{{TableReceipts, "cluster_probe", "String"}},
+		statements: []string{"CREATE VIEW IF NOT EXISTS {db}.v_cluster_probe AS SELECT receipt_id, cluster_probe FROM {db}.receipts"}}
+	if err := migrateOn(ctx, r0, db, append(slices.Clone(migrations), later), cl); err != nil {
+		t.Fatalf("a later migration on the cluster: %v", err)
+	}
+	probe := "SELECT count() FROM `" + db + "`.v_cluster_probe WHERE cluster_probe = ''"
+	for i, conn := range []driver.Conn{r0, r1} {
+		if n := count(t, ctx, conn, probe); n != 10 {
+			t.Fatalf("replica %d: %d rows in the later migration's view, want 10", i, n)
+		}
 	}
 
 	ch.Stop(1)
