@@ -47,6 +47,18 @@ func (c Cluster) Check() error {
 	return nil
 }
 
+// ddlContext is ctx for the migrations' statements on c: on a cluster, an
+// ALTER of a replicated table returns only once every replica applied it
+// (replication_alter_partitions_sync = 2, which 18.16 knows by this name
+// and newer servers as alter_sync), so a view created next on every
+// replica finds the new column there.
+func (c Cluster) ddlContext(ctx context.Context) context.Context {
+	if !c.On() {
+		return ctx
+	}
+	return clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"replication_alter_partitions_sync": 2}))
+}
+
 // writerSettings are the sink's query settings on c.
 func (c Cluster) writerSettings() clickhouse.Settings {
 	if c.InsertQuorum < 2 {

@@ -571,6 +571,7 @@ func migrateOn(ctx context.Context, conn driver.Conn, database string, list []mi
 			return err
 		}
 	}
+	ctx = c.ddlContext(ctx)
 	db := "`" + database + "`"
 	exec := func(stmt string) error {
 		s, err := c.statement(stmt, database)
