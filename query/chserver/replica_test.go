@@ -25,7 +25,7 @@ func TestReplicaConfig(t *testing.T) {
 		Hosts     []string `xml:"remote_servers>talos_test>shard>replica>port"`
 		DDL       string   `xml:"distributed_ddl>path"`
 	}
-	c := config{dir: "/tmp/x", tcp: 9000, http: 8123, interserver: 9009, replica: r}
+	c := config{dir: "/data/ch", tcp: 9000, http: 8123, interserver: 9009, replica: r}
 	if err := xml.Unmarshal([]byte(serverConfig(c)), &cfg); err != nil {
 		t.Fatalf("%v\n%s", err, serverConfig(c))
 	}
@@ -33,7 +33,7 @@ func TestReplicaConfig(t *testing.T) {
 		strings.Join(cfg.Hosts, ",") != "9000,9001" || cfg.DDL == "" {
 		t.Fatalf("replica config read as %+v", cfg)
 	}
-	if plain := serverConfig(config{dir: "/tmp/x", tcp: 9000}); strings.Contains(plain, "zookeeper") || strings.Contains(plain, "remote_servers") {
+	if plain := serverConfig(config{dir: "/data/ch", tcp: 9000}); strings.Contains(plain, "zookeeper") || strings.Contains(plain, "remote_servers") {
 		t.Fatal("a server on its own is configured as a replica")
 	}
 	for _, bad := range []Replica{
