@@ -61,21 +61,28 @@ type clusterWorker struct {
 
 func newTalosCluster(t *testing.T) *talosCluster {
 	t.Helper()
-	c := &talosCluster{nats: testenv.NATSClusterForTest(t, testenv.NATSClusterOptions{}),
-		ledger: kv.LedgerOptions{Replicas: clusterReplicas}}
 	addr, db := testenv.NewDatabase(t)
+	conn, err := query.Open(context.Background(), addr, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if err := query.Migrate(context.Background(), conn, db); err != nil {
+		t.Fatal(err)
+	}
+	return newTalosClusterOn(t, conn, db)
+}
+
+// newTalosClusterOn is newTalosCluster with its sink writing to database
+// db, already migrated, through conn.
+func newTalosClusterOn(t *testing.T, conn driver.Conn, db string) *talosCluster {
+	t.Helper()
+	c := &talosCluster{nats: testenv.NATSClusterForTest(t, testenv.NATSClusterOptions{}),
+		ledger: kv.LedgerOptions{Replicas: clusterReplicas}, conn: conn, db: db}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	var err error
-	if c.conn, err = query.Open(ctx, addr, ""); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.conn.Close() })
-	c.db = db
-	if err := query.Migrate(ctx, c.conn, db); err != nil {
-		t.Fatal(err)
-	}
 	nc := c.connect(t, 0, true)
 	js, _ := jetstream.New(nc)
 	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{Replicas: clusterReplicas}); err != nil {
@@ -193,27 +200,33 @@ func (c *talosCluster) client(t *testing.T, node int) *ep.Client {
 // signature and checkpoint holds.
 func (c *talosCluster) verify(t *testing.T, session string, want uint64) {
 	t.Helper()
+	c.verifyOn(t, c.conn, session, want)
+}
+
+// verifyOn is verify reading through conn.
+func (c *talosCluster) verifyOn(t *testing.T, conn driver.Conn, session string, want uint64) {
+	t.Helper()
 	ctx := context.Background()
 	var n, distinct, ids uint64
 	testenv.WaitFor(t, 120*time.Second, func() bool {
-		err := c.conn.QueryRow(ctx, fmt.Sprintf("SELECT count() FROM %s.v_decisions WHERE session_id = ?", c.db), session).Scan(&n)
+		err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count() FROM %s.v_decisions WHERE session_id = ?", c.db), session).Scan(&n)
 		return err == nil && n >= want
 	})
-	if err := c.conn.QueryRow(ctx, fmt.Sprintf(
+	if err := conn.QueryRow(ctx, fmt.Sprintf(
 		"SELECT count(), uniqExact(tool_call_id) FROM %s.v_decisions WHERE session_id = ?", c.db), session).Scan(&n, &distinct); err != nil {
 		t.Fatal(err)
 	}
 	if n != want || distinct != want {
 		t.Fatalf("v_decisions: %d rows for %d calls, want %d", n, distinct, want)
 	}
-	if err := c.conn.QueryRow(ctx, fmt.Sprintf(
+	if err := conn.QueryRow(ctx, fmt.Sprintf(
 		"SELECT uniqExact(receipt_id) FROM %s.receipts WHERE session_id = ? AND kind = 'decision'", c.db), session).Scan(&ids); err != nil {
 		t.Fatal(err)
 	}
 	if ids != want {
 		t.Fatalf("%d distinct decision receipts stored for %d calls", ids, want)
 	}
-	rep, err := query.VerifyDatabase(ctx, c.conn, c.db, c.keys, false, nil)
+	rep, err := query.VerifyDatabase(ctx, conn, c.db, c.keys, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

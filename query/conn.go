@@ -69,16 +69,17 @@ type Logins struct {
 
 // OpenMigrated connects as the admin with no database in the handshake
 // (the Talos database may not exist yet: every query names it), migrates
-// database and, on a server with SQL user management, creates the writer
-// and reader and grants them their rights (ProvisionUsers); then it
-// closes that connection and returns one as the writer. It is what the
-// sink opens first; the caller retries it while ClickHouse is not up.
-func OpenMigrated(ctx context.Context, l Logins, database string) (driver.Conn, error) {
+// database on c (MigrateCluster) and, on a server with SQL user
+// management, creates the writer and reader and grants them their rights
+// (ProvisionUsers); then it closes that connection and returns one as the
+// writer (with c's insert quorum). It is what the sink opens first; the
+// caller retries it while ClickHouse is not up.
+func OpenMigrated(ctx context.Context, l Logins, database string, c Cluster) (driver.Conn, error) {
 	admin, err := l.Admin.Open(ctx, "")
 	if err != nil {
 		return nil, err
 	}
-	if err := Migrate(ctx, admin, database); err != nil {
+	if err := MigrateCluster(ctx, admin, database, c); err != nil {
 		_ = admin.Close()
 		return nil, err
 	}
@@ -86,11 +87,11 @@ func OpenMigrated(ctx context.Context, l Logins, database string) (driver.Conn, 
 		_ = admin.Close()
 		return nil, err
 	}
-	if l.Writer == l.Admin {
+	if l.Writer == l.Admin && c.InsertQuorum == 0 {
 		return admin, nil
 	}
 	_ = admin.Close()
-	return l.Writer.Open(ctx, "")
+	return l.Writer.open(ctx, "", c.writerSettings())
 }
 
 // selectAll runs q with args and reads every row with scan, in order;

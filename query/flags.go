@@ -22,7 +22,7 @@ func (f TLSFlags) TLS() TLS {
 // ClientFlags are talosctl's ClickHouse flags: one login, a reader by
 // default.
 type ClientFlags struct {
-	ClickhouseAddr         string `name:"clickhouse-addr" default:"127.0.0.1:9000" help:"ClickHouse native address HOST:PORT."`
+	ClickhouseAddr         string `name:"clickhouse-addr" default:"127.0.0.1:9000" help:"ClickHouse native address HOST:PORT, or the replicas of a cluster comma-separated (the first that answers)."`
 	ClickhouseDatabase     string `name:"clickhouse-database" default:"talos" help:"ClickHouse database."`
 	ClickhouseUser         string `name:"clickhouse-user" default:"talos_reader" help:"ClickHouse user. query, verify, export, bench and conformance only read; synth writes and creates its database, so it needs an admin (default)."`
 	ClickhousePassword     string `name:"clickhouse-password" help:"Password of --clickhouse-user (prefer TALOS_CLICKHOUSE_PASSWORD or --clickhouse-password-file: arguments are visible to other local users)."`
@@ -42,7 +42,9 @@ func (f ClientFlags) Validate() error { return f.Endpoint().Check() }
 // writer after migrating as the admin; the web role and `talosd dev`'s
 // check read as the reader.
 type ServiceFlags struct {
-	ClickhouseAddr               string `name:"clickhouse-addr" help:"ClickHouse native address HOST:PORT (sink and web roles). In dev, empty starts a private clickhouse-server."`
+	ClickhouseAddr               string `name:"clickhouse-addr" help:"ClickHouse native address HOST:PORT (sink and web roles), or the replicas of a cluster comma-separated: each connection goes to the first that answers. In dev, empty starts a private clickhouse-server."`
+	ClickhouseCluster            string `name:"clickhouse-cluster" help:"ClickHouse cluster (a name of the servers' remote_servers) the sink's migrations run ON CLUSTER, creating replicated tables (DESIGN.md §4); empty: one server."`
+	ClickhouseInsertQuorum       int    `name:"clickhouse-insert-quorum" default:"0" help:"With --clickhouse-cluster: an insert succeeds only once this many replicas hold it (ClickHouse's insert_quorum; 0: once one does, the others fetch it). 2 on two replicas stops the sink while one is down."`
 	ClickhouseDatabase           string `name:"clickhouse-database" default:"talos" help:"ClickHouse database."`
 	ClickhouseUser               string `name:"clickhouse-user" default:"talos_writer" help:"ClickHouse user of the sink role: it inserts."`
 	ClickhousePassword           string `name:"clickhouse-password" help:"Password of --clickhouse-user (prefer TALOS_CLICKHOUSE_PASSWORD or the -file flag: arguments are visible to other local users)."`
@@ -68,11 +70,19 @@ func (f ServiceFlags) Logins() Logins {
 	}
 }
 
+// Cluster is where the sink's migrations run and how it inserts.
+func (f ServiceFlags) Cluster() Cluster {
+	return Cluster{Name: f.ClickhouseCluster, InsertQuorum: f.ClickhouseInsertQuorum}
+}
+
 // Reader is the login of the web role.
 func (f ServiceFlags) Reader() Endpoint { return f.Logins().Reader }
 
 // Validate reads the password and TLS files the flags name.
 func (f ServiceFlags) Validate() error {
+	if err := f.Cluster().Check(); err != nil {
+		return err
+	}
 	l := f.Logins()
 	for _, e := range []Endpoint{l.Admin, l.Writer, l.Reader} {
 		if err := e.Check(); err != nil {

@@ -3,6 +3,7 @@ package query
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -54,6 +55,41 @@ func TestServiceFlags(t *testing.T) {
 	t.Setenv("TALOS_CLICKHOUSE_PASSWORD_FILE", filepath.Join(dir, "missing"))
 	if _, err := parser.Parse(nil); err == nil || !strings.Contains(err.Error(), "password file") {
 		t.Fatalf("a missing password file parsed: %v", err)
+	}
+}
+
+// TestServiceFlagsCluster: the replicas of a cluster are the addresses of
+// --clickhouse-addr, in order; --clickhouse-cluster and the quorum reach
+// the migrations; a quorum without a cluster, or a cluster name DDL
+// cannot carry, fails the command line.
+func TestServiceFlagsCluster(t *testing.T) {
+	var cli struct {
+		ServiceFlags
+	}
+	parser, err := kong.New(&cli, kong.DefaultEnvars("TALOS"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := parser.Parse([]string{"--clickhouse-addr", "ch1:9440, ch2:9440", "--clickhouse-cluster", "talos", "--clickhouse-insert-quorum", "2"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := cli.Logins().Writer.Addrs(); !slices.Equal(got, []string{"ch1:9440", "ch2:9440"}) {
+		t.Fatalf("replicas %v", got)
+	}
+	if c := cli.Cluster(); c.Name != "talos" || c.InsertQuorum != 2 || c.writerSettings()["insert_quorum"] != 2 {
+		t.Fatalf("cluster %+v", c)
+	}
+	// Over TLS each replica's certificate is checked against the host it
+	// was dialled by, unless a name is given.
+	one, _ := TLS{Enabled: true}.Config("ch1:9440")
+	several, _ := TLS{Enabled: true}.Config("ch1:9440,ch2:9440")
+	if one.ServerName != "ch1" || several.ServerName != "" {
+		t.Fatalf("server names %q and %q, want ch1 and each replica's own", one.ServerName, several.ServerName)
+	}
+	for _, args := range [][]string{{"--clickhouse-insert-quorum", "2"}, {"--clickhouse-cluster", "talos;drop"}} {
+		if _, err := parser.Parse(args); err == nil || !strings.Contains(err.Error(), "--clickhouse-") {
+			t.Errorf("%v parsed: %v", args, err)
+		}
 	}
 }
 

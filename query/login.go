@@ -48,13 +48,15 @@ func (t TLS) on() bool {
 
 // Config is the client TLS configuration for a server at addr (TLS 1.2 or
 // later, the server's certificate always verified), or nil for plain TCP.
-// It reads the files; errors name the file, never its contents.
+// With several addresses (Addrs) and no ServerName, each server's
+// certificate is verified against the host it was dialled by. It reads
+// the files; errors name the file, never its contents.
 func (t TLS) Config(addr string) (*tls.Config, error) {
 	if !t.on() {
 		return nil, nil
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
-	if cfg.ServerName == "" {
+	if cfg.ServerName == "" && !strings.Contains(addr, ",") {
 		if host, _, err := net.SplitHostPort(addr); err == nil {
 			cfg.ServerName = host
 		}
@@ -86,7 +88,10 @@ func (t TLS) Config(addr string) (*tls.Config, error) {
 // reads its files each time, so a rotated password or certificate file
 // is picked up by the next connection.
 type Endpoint struct {
-	Addr string // host:port of the native protocol
+	// Addr is the host:port of the native protocol, or several,
+	// comma-separated: the replicas of a cluster, tried in order when a
+	// connection is opened (Addrs).
+	Addr string
 	User string // empty: AdminUser
 	// Password, or PasswordFile: a file whose first line is the password
 	// (at most one of the two).
@@ -118,6 +123,19 @@ func (e Endpoint) password() (string, error) {
 	return strings.TrimRight(line, "\r"), nil
 }
 
+// Addrs are the addresses of Addr, in order. A connection goes to the
+// first that answers; when a server is lost, its connections fail and
+// the next ones go to the next that answers.
+func (e Endpoint) Addrs() []string {
+	var out []string
+	for _, a := range strings.Split(e.Addr, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 // Check reads what Open would (the password file, the TLS files) without
 // connecting: a flag mistake shows at start, not as endless retries.
 func (e Endpoint) Check() error {
@@ -132,6 +150,11 @@ func (e Endpoint) Check() error {
 // server's default database), which is what Migrate needs when the Talos
 // database does not exist yet; every query names its database anyway.
 func (e Endpoint) Open(ctx context.Context, database string) (driver.Conn, error) {
+	return e.open(ctx, database, nil)
+}
+
+// open is Open with settings sent with every query.
+func (e Endpoint) open(ctx context.Context, database string, settings clickhouse.Settings) (driver.Conn, error) {
 	if database != "" && !ValidName(database) {
 		return nil, fmt.Errorf("query: invalid database name %q", database)
 	}
@@ -144,8 +167,9 @@ func (e Endpoint) Open(ctx context.Context, database string) (driver.Conn, error
 		return nil, err
 	}
 	conn, err := clickhouse.Open(&clickhouse.Options{
-		Addr:            []string{e.Addr},
+		Addr:            e.Addrs(),
 		Auth:            clickhouse.Auth{Database: database, Username: e.user(), Password: password},
+		Settings:        settings,
 		TLS:             tlsConfig,
 		DialTimeout:     DialTimeout,
 		MaxOpenConns:    MaxOpenConns,

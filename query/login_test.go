@@ -188,7 +188,7 @@ func TestOpenMigratedAsAdmin(t *testing.T) {
 	admin := loginAs(t, ctx, addr, AdminUser)
 	t.Cleanup(func() { _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS `"+db+"`") })
 	l := Logins{Admin: Endpoint{Addr: addr}, Writer: Endpoint{Addr: addr, User: WriterUser}, Reader: Endpoint{Addr: addr, User: ReaderUser}}
-	conn, err := OpenMigrated(ctx, l, db)
+	conn, err := OpenMigrated(ctx, l, db, Cluster{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,14 +203,14 @@ func TestOpenMigratedAsAdmin(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Migrating again (a restart) as the admin is harmless.
-	again, err := OpenMigrated(ctx, l, db)
+	again, err := OpenMigrated(ctx, l, db, Cluster{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	again.Close()
 	// The writer cannot stand in for the admin: migrations need DDL.
 	l.Admin = l.Writer
-	if _, err := OpenMigrated(ctx, l, db+"_w"); err == nil || !strings.Contains(err.Error(), "DDL queries are prohibited") {
+	if _, err := OpenMigrated(ctx, l, db+"_w", Cluster{}); err == nil || !strings.Contains(err.Error(), "DDL queries are prohibited") {
 		t.Fatalf("migrating as the writer: %v, want refused", err)
 	}
 }

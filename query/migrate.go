@@ -655,14 +655,32 @@ func Migrate(ctx context.Context, conn driver.Conn, database string) error {
 // migrate applies the migrations of list not yet recorded in database
 // (tests pass a prefix of migrations to build an older schema).
 func migrate(ctx context.Context, conn driver.Conn, database string, list []migration) error {
+	return migrateOn(ctx, conn, database, list, Cluster{})
+}
+
+// migrateOn is migrate with every statement run on c (Cluster.statement).
+func migrateOn(ctx context.Context, conn driver.Conn, database string, list []migration, c Cluster) error {
 	if !ValidName(database) {
 		return fmt.Errorf("query: invalid database name %q", database)
 	}
+	if c.On() {
+		if done, err := current(ctx, conn, database, list); err != nil || done {
+			return err
+		}
+	}
+	ctx = c.ddlContext(ctx)
 	db := "`" + database + "`"
-	if err := conn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
+	exec := func(stmt string) error {
+		s, err := c.statement(stmt, database)
+		if err != nil {
+			return err
+		}
+		return conn.Exec(ctx, s)
+	}
+	if err := exec("CREATE DATABASE IF NOT EXISTS " + db); err != nil {
 		return fmt.Errorf("query: create database %s: %w", database, err)
 	}
-	if err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+db+`.schema_migrations (
+	if err := exec("CREATE TABLE IF NOT EXISTS " + db + `.schema_migrations (
 	version    UInt32,
 	name       String,
 	applied_at DateTime('UTC') DEFAULT now()
@@ -681,7 +699,7 @@ func migrate(ctx context.Context, conn driver.Conn, database string, list []migr
 			return fmt.Errorf("query: migration %d (%s): %w", m.version, m.name, err)
 		}
 		for i, stmt := range m.statements {
-			if err := conn.Exec(ctx, strings.ReplaceAll(stmt, "{db}", db)); err != nil {
+			if err := exec(strings.ReplaceAll(stmt, "{db}", db)); err != nil {
 				return fmt.Errorf("query: migration %d (%s) statement %d: %w", m.version, m.name, i+1, err)
 			}
 		}

@@ -62,6 +62,23 @@ ensure_rsyslog() {
   if command -v service >/dev/null 2>&1; then $sudo service rsyslog stop >/dev/null 2>&1 || true; fi
 }
 
+# ensure_zookeeper installs Debian/Ubuntu's zookeeper (and a Java runtime
+# with it) when its jar is missing: the replicated ClickHouse of the
+# cluster tests (testenv.ClickHouseClusterForTest) coordinates through a
+# private ZooKeeper run from /usr/share/java. The package's own system
+# service, if it started one, is stopped: the tests run their own.
+ensure_zookeeper() {
+  if [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "zookeeper not found: installing it from the OS packages (apt-get install zookeeper) for the replicated ClickHouse tests…" >&2
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq zookeeper >/dev/null
+  if command -v service >/dev/null 2>&1; then $sudo service zookeeper stop >/dev/null 2>&1 || true; fi
+}
+
 # ensure_node installs Debian/Ubuntu's nodejs and npm when node is missing:
 # the MCP integration tests run npm MCP servers and the MCP Inspector CLI
 # (testenv/mcp). They need Node.js 18 or newer (20 is what they are tested

@@ -2,13 +2,15 @@
 # Quick start, command 2: run every test (this is exactly what CI runs).
 # Installs ClickHouse, Chromium (for the dashboard test), bubblewrap (for
 # the gateway's sandbox tests) and rsyslog with its OpenSSL driver (for the
-# forward role's tests) from the OS packages when missing, and Node.js plus
+# forward role's tests) and ZooKeeper (for the replicated ClickHouse
+# tests) from the OS packages when missing, and Node.js plus
 # the npm MCP servers the MCP tests run (testenv/mcp); NATS is embedded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_go
 ensure_clickhouse
+ensure_zookeeper
 ensure_chromium
 ensure_bwrap
 ensure_rsyslog

@@ -19,6 +19,7 @@ type synthCmd struct {
 	CheckpointEvery int    `name:"checkpoint-every" default:"1000" help:"A signed checkpoint after every N receipts of a chain (and one over the rest)."`
 	KeyOut          string `name:"key-out" required:"" type:"path" help:"Write the new signing key pair to NAME.key and NAME.pub (verify with --trusted-keys NAME.pub)."`
 	Batch           int    `name:"batch" default:"10000" help:"Rows per ClickHouse insert."`
+	Cluster         string `name:"clickhouse-cluster" help:"Create the database ON CLUSTER this ClickHouse cluster, with replicated tables (as talosd's sink)."`
 }
 
 func (c *synthCmd) Run(g *Globals) error {
@@ -38,7 +39,7 @@ func (c *synthCmd) Run(g *Globals) error {
 		return failed("clickhouse %s: %v", g.ClickhouseAddr, err)
 	}
 	defer conn.Close()
-	if err := query.Migrate(ctx, conn, g.ClickhouseDatabase); err != nil {
+	if err := query.MigrateCluster(ctx, conn, g.ClickhouseDatabase, query.Cluster{Name: c.Cluster}); err != nil {
 		return failed("%v", err)
 	}
 	bar := query.NewProgressBar(os.Stderr, "writing", "receipts")

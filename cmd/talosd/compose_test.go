@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"net/url"
 	"os"
 	"path"
@@ -414,11 +415,15 @@ func composeBlock(t *testing.T, compose, start, end string) string {
 	return compose[i:j]
 }
 
+// chReplicas are docker-compose's ClickHouse services, the replicas of
+// its cluster, in the order clients are given them.
+var chReplicas = []string{"clickhouse", "clickhouse2"}
+
 // TestComposeClickHouseTLS keeps docker-compose's ClickHouse TLS-only: the
-// chtls job's command makes a certificate for the service's host name that
-// its CA verifies; the service serves it on 9440 only (its plaintext ports
-// closed, none published); every client connects to 9440 trusting that CA,
-// from the volume it mounts.
+// chtls job's command makes a certificate for each replica's host name
+// that its CA verifies; each replica serves it on 9440 only (its plaintext
+// ports closed, only 9440 published); every client connects to 9440 of
+// every replica trusting that CA, from the volume it mounts.
 func TestComposeClickHouseTLS(t *testing.T) {
 	raw, err := os.ReadFile("../../docker-compose.yml")
 	if err != nil {
@@ -432,11 +437,11 @@ func TestComposeClickHouseTLS(t *testing.T) {
 	}
 	svc := doc.Services
 	job := svc["chtls"].Command
-	if len(job) != 5 || job[0] != "nats-tls" || job[1] != "--data-dir" || job[3] != "--nats-tls-hosts" || job[4] != "clickhouse" ||
-		svc.mounts("chtls")[job[2]] != "chtls" {
-		t.Fatalf("the chtls job %v does not write a certificate for clickhouse on the chtls volume", job)
+	if len(job) != 5 || job[0] != "nats-tls" || job[1] != "--data-dir" || job[3] != "--nats-tls-hosts" ||
+		!slices.Equal(strings.Split(job[4], ","), chReplicas) || svc.mounts("chtls")[job[2]] != "chtls" {
+		t.Fatalf("the chtls job %v does not write a certificate for %v on the chtls volume", job, chReplicas)
 	}
-	files, err := natstls.Ensure(filepath.Join(t.TempDir(), "nats-tls"), []string{"clickhouse"}) // as the job runs it
+	files, err := natstls.Ensure(filepath.Join(t.TempDir(), "nats-tls"), chReplicas) // as the job runs it
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -448,22 +453,28 @@ func TestComposeClickHouseTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	leaf, _ := x509.ParseCertificate(pair.Certificate[0])
-	if _, err := leaf.Verify(x509.VerifyOptions{DNSName: "clickhouse", Roots: pool}); err != nil {
-		t.Fatalf("the job's certificate does not verify for clickhouse: %v", err)
-	}
-
-	ch := svc["clickhouse"]
-	entry := strings.Join(ch.Entrypoint, " ")
-	for _, want := range []string{"/chtls/nats-tls/server.pem", "/chtls/nats-tls/server.key", "/etc/clickhouse-server/tls/", "exec /entrypoint.sh"} {
-		if !strings.Contains(entry, want) {
-			t.Errorf("the ClickHouse entrypoint lacks %s: %s", want, entry)
+	var addrs []string
+	for i, name := range chReplicas {
+		if _, err := leaf.Verify(x509.VerifyOptions{DNSName: name, Roots: pool}); err != nil {
+			t.Fatalf("the job's certificate does not verify for %s: %v", name, err)
 		}
-	}
-	if svc.mounts("clickhouse")["/chtls"] != "chtls" || !slices.Contains(ch.Volumes, "./deploy/clickhouse/tls.xml:/etc/clickhouse-server/config.d/tls.xml:ro") {
-		t.Errorf("the ClickHouse service mounts %v", ch.Volumes)
-	}
-	if len(ch.Ports) != 1 || ch.Ports[0] != "9440:9440" {
-		t.Errorf("the ClickHouse service publishes %v, want only 9440:9440", ch.Ports)
+		addrs = append(addrs, name+":9440")
+		ch := svc[name]
+		entry := strings.Join(ch.Entrypoint, " ")
+		for _, want := range []string{"/chtls/nats-tls/server.pem", "/chtls/nats-tls/server.key", "/etc/clickhouse-server/tls/", "exec /entrypoint.sh"} {
+			if !strings.Contains(entry, want) {
+				t.Errorf("the %s entrypoint lacks %s: %s", name, want, entry)
+			}
+		}
+		if svc.mounts(name)["/chtls"] != "chtls" || !slices.Contains(ch.Volumes, "./deploy/clickhouse/tls.xml:/etc/clickhouse-server/config.d/tls.xml:ro") {
+			t.Errorf("the %s service mounts %v", name, ch.Volumes)
+		}
+		if want := fmt.Sprintf("%d:9440", 9440+i); len(ch.Ports) != 1 || ch.Ports[0] != want {
+			t.Errorf("the %s service publishes %v, want only %s", name, ch.Ports, want)
+		}
+		if hc := strings.Join(ch.Healthcheck.Test, " "); !strings.Contains(hc, "-C /etc/clickhouse-server/client-tls.xml") {
+			t.Errorf("the %s healthcheck does not connect over TLS: %s", name, hc)
+		}
 	}
 	conf, err := os.ReadFile("../../deploy/clickhouse/tls.xml")
 	if err != nil {
@@ -476,13 +487,10 @@ func TestComposeClickHouseTLS(t *testing.T) {
 			t.Errorf("deploy/clickhouse/tls.xml lacks %s", want)
 		}
 	}
-	if hc := strings.Join(ch.Healthcheck.Test, " "); !strings.Contains(hc, "-C /etc/clickhouse-server/client-tls.xml") {
-		t.Errorf("the healthcheck does not connect over TLS: %s", hc)
-	}
 
 	for _, name := range []string{"worker1", "worker2", "web", "talosctl"} {
 		env := svc[name].Environment
-		if env["TALOS_CLICKHOUSE_ADDR"] != "clickhouse:9440" || env["TALOS_CLICKHOUSE_CA"] != "/chtls/nats-tls/ca.pem" || svc.mounts(name)["/chtls"] != "chtls" {
+		if env["TALOS_CLICKHOUSE_ADDR"] != strings.Join(addrs, ",") || env["TALOS_CLICKHOUSE_CA"] != "/chtls/nats-tls/ca.pem" || svc.mounts(name)["/chtls"] != "chtls" {
 			t.Errorf("%s reaches ClickHouse at %q trusting %q (chtls mounted at /chtls: %v)", name,
 				env["TALOS_CLICKHOUSE_ADDR"], env["TALOS_CLICKHOUSE_CA"], svc.mounts(name)["/chtls"] == "chtls")
 		}

@@ -314,7 +314,7 @@ func startSink(ctx context.Context, f *Flags, log *slog.Logger, js jetstream.Jet
 		return nil, nil, usagef("the sink role needs --clickhouse-addr HOST:PORT")
 	}
 	if err := retry.Do(ctx, log, "connect ClickHouse "+f.ClickhouseAddr, func() error {
-		conn, err = query.OpenMigrated(ctx, f.Logins(), f.ClickhouseDatabase)
+		conn, err = query.OpenMigrated(ctx, f.Logins(), f.ClickhouseDatabase, f.Cluster())
 		return err
 	}); err != nil {
 		return nil, nil, err

@@ -45,6 +45,13 @@ type Options struct {
 	// TCPPort fixes the native-protocol port (0: a free port). A fixed port
 	// lets people use clickhouse-client without --port (talosd dev).
 	TCPPort int
+	// HTTPPort and InterserverPort fix those ports too (0: free ports): a
+	// replica started again on its Dir with all three ports is where the
+	// other replicas and ZooKeeper last saw it.
+	HTTPPort, InterserverPort int
+	// Replica makes the server one replica of a cluster (nil: a server
+	// on its own).
+	Replica *Replica
 	// StartTimeout bounds the wait until the server answers SELECT 1
 	// (default 60 s).
 	StartTimeout time.Duration
@@ -118,6 +125,11 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	} else if filepath.Base(opts.Binary) == "clickhouse" {
 		argv = append(argv, "server")
 	}
+	if opts.Replica != nil {
+		if err := opts.Replica.check(); err != nil {
+			return nil, err
+		}
+	}
 	startTO := opts.StartTimeout
 	if startTO <= 0 {
 		startTO = 60 * time.Second
@@ -166,15 +178,17 @@ func startOnce(ctx context.Context, argv []string, dir string, opts Options, sta
 	if err != nil {
 		return nil, fmt.Errorf("chserver: pick ports: %w", err)
 	}
-	if opts.TCPPort > 0 {
-		ports[0] = opts.TCPPort
+	for i, p := range []int{opts.TCPPort, opts.HTTPPort, opts.InterserverPort} {
+		if p > 0 {
+			ports[i] = p
+		}
 	}
 	for _, sub := range []string{"data", "tmp", "user_files", "format_schemas", "log"} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
 			return nil, err
 		}
 	}
-	c := config{dir: dir, tcp: ports[0], http: ports[1], interserver: ports[2], clientCerts: opts.ClientCerts}
+	c := config{dir: dir, tcp: ports[0], http: ports[1], interserver: ports[2], clientCerts: opts.ClientCerts, replica: opts.Replica}
 	if opts.TLS {
 		if c.tls, err = writeTLS(filepath.Join(dir, "tls")); err != nil {
 			return nil, fmt.Errorf("chserver: tls: %w", err)
@@ -285,9 +299,14 @@ func (c *Server) Dir() string { return c.dir }
 
 // Open connects to database ("" means the server's default database) as
 // the administrator, AdminUser.
-func (c *Server) Open(database string) (driver.Conn, error) {
+func (c *Server) Open(database string) (driver.Conn, error) { return OpenAddr(c.Addr(), database) }
+
+// OpenAddr connects to database on the server at addr as the
+// administrator, AdminUser, as Server.Open does; it does not dial until
+// the first query, so it works for a server that is down.
+func OpenAddr(addr, database string) (driver.Conn, error) {
 	return clickhouse.Open(&clickhouse.Options{
-		Addr:         []string{c.Addr()},
+		Addr:         []string{addr},
 		Auth:         clickhouse.Auth{Database: database, Username: AdminUser},
 		DialTimeout:  5 * time.Second,
 		MaxOpenConns: 4,
@@ -344,6 +363,7 @@ type config struct {
 	secure                 int // 0: no TLS
 	tls                    TLSFiles
 	clientCerts            bool
+	replica                *Replica // nil: not a replica
 }
 
 func serverConfig(c config) string {
@@ -380,9 +400,9 @@ func serverConfig(c config) string {
     <table>query_log</table>
     <flush_interval_milliseconds>7500</flush_interval_milliseconds>
   </query_log>
-%[10]s</yandex>
+%[10]s%[11]s</yandex>
 `, p("log"), c.tcp, c.http, c.interserver, p("data"), p("tmp"), p("user_files"), p("format_schemas"),
-		xmlEscape(filepath.Join(c.dir, "users.xml")), tlsConfig(c))
+		xmlEscape(filepath.Join(c.dir, "users.xml")), tlsConfig(c), replicaConfig(c.replica))
 }
 
 // tlsConfig is the secure native port and its OpenSSL server section
