@@ -56,7 +56,7 @@ func TestComposeMatchesFlags(t *testing.T) {
 			tools = tools[:j]
 		}
 	}
-	talosctlOnly := map[string]bool{"TALOS_RESPONDER_KEY": true}
+	talosctlOnly := map[string]bool{"TALOS_RESPONDER_KEY": true, "TALOS_LOG_URL": true}
 	env := map[string]string{}
 	for _, m := range set {
 		if talosctlOnly[m[1]] {
@@ -99,8 +99,8 @@ func TestComposeMatchesFlags(t *testing.T) {
 	if _, err := parser.Parse([]string{"run"}); err != nil {
 		t.Fatalf("talosd rejects the compose environment: %v", err)
 	}
-	if c.Mode != "prod" || strings.Join(c.Roles, ",") != "enforce,sink,control" || len(c.ResponderKeys) != 1 || c.Replicas != 3 {
-		t.Fatalf("compose environment parsed as mode %q roles %v replicas %d", c.Mode, c.Roles, c.Replicas)
+	if c.Mode != "prod" || strings.Join(c.Roles, ",") != "enforce,sink,control,log" || len(c.ResponderKeys) != 1 || c.Replicas != 3 || c.ChainCheckpoints {
+		t.Fatalf("compose environment parsed as mode %q roles %v replicas %d chain checkpoints %v", c.Mode, c.Roles, c.Replicas, c.ChainCheckpoints)
 	}
 }
 
@@ -219,7 +219,7 @@ func TestComposeClickHouseUsers(t *testing.T) {
 		written["chreader/reader.password"] = true
 	}
 	logins := map[string]struct{ user, roles string }{
-		"worker1": {query.WriterUser, "enforce,sink,control"}, "worker2": {query.WriterUser, "enforce,sink,control"},
+		"worker1": {query.WriterUser, "enforce,sink,control,log"}, "worker2": {query.WriterUser, "enforce,sink,control,log"},
 		"web": {"", "web"}, "talosctl": {query.ReaderUser, ""},
 	}
 	for name, want := range logins {
@@ -251,6 +251,72 @@ func TestComposeClickHouseUsers(t *testing.T) {
 	}
 	if svc.mounts("grafana")["/chreader"] != "chreader" || svc.mounts("grafana")["/chsecrets"] != "" {
 		t.Errorf("grafana mounts %v; want chreader (the reader's password) only", svc.mounts("grafana"))
+	}
+}
+
+// TestComposeTransparencyLog keeps docker-compose.yml's transparency log
+// whole (DESIGN.md §3): both workers run the log role on one shared log
+// directory (<data dir>/tlog, a named volume the image creates for the
+// nonroot user) with one log key, which a job creates once on a volume
+// they mount; they cut no chain checkpoints (the log's replace them); and
+// talosctl holds ClickHouse to the log a worker serves, with the key's
+// verifier key.
+func TestComposeTransparencyLog(t *testing.T) {
+	raw, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Services composeServices `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	svc := doc.Services
+	job := svc["logkey"].Command
+	i := slices.Index(job, "--data-dir")
+	if len(job) == 0 || job[0] != "log-key" || i < 0 || i+1 >= len(job) || !slices.Contains(job, "--log-origin") {
+		t.Fatalf("the logkey job runs %v; want talosd log-key --data-dir DIR --log-origin ORIGIN", job)
+	}
+	keyDir := job[i+1]
+	keyVolume := svc.mounts("logkey")[keyDir]
+	if keyVolume == "" {
+		t.Fatalf("the logkey job writes %s on no volume", keyDir)
+	}
+	logVolume := ""
+	for _, w := range []string{"worker1", "worker2"} {
+		env := svc[w].Environment
+		if !slices.Contains(strings.Split(env["TALOS_ROLES"], ","), "log") || env["TALOS_CHAIN_CHECKPOINTS"] != "false" {
+			t.Errorf("%s: roles %q, chain checkpoints %q; want the log role and none", w, env["TALOS_ROLES"], env["TALOS_CHAIN_CHECKPOINTS"])
+		}
+		if env["TALOS_LOG_KEY"] != keyDir+"/keys/log.key" || !strings.HasPrefix(svc.mounts(w)[keyDir], keyVolume) {
+			t.Errorf("%s: log key %q on %v; want %s/keys/log.key on the %s volume", w, env["TALOS_LOG_KEY"], svc.mounts(w), keyDir, keyVolume)
+		}
+		v := svc.mounts(w)[env["TALOS_DATA_DIR"]+"/tlog"]
+		if v == "" || (logVolume != "" && v != logVolume) {
+			t.Errorf("%s: %s/tlog is volume %q; want one volume both workers share", w, env["TALOS_DATA_DIR"], v)
+		}
+		logVolume = v
+	}
+	ctl := svc["talosctl"].Environment
+	u, err := url.Parse(ctl["TALOS_LOG_URL"])
+	if err != nil || svc[u.Hostname()].Environment["TALOS_ROLES"] == "" || !strings.HasSuffix(svc[u.Hostname()].Environment["TALOS_HTTP_ADDR"], ":"+u.Port()) {
+		t.Errorf("talosctl's log URL %q is not a worker's --http-addr", ctl["TALOS_LOG_URL"])
+	}
+	if ctl["TALOS_LOG_KEY"] != keyDir+"/keys/log.vkey" || svc.mounts("talosctl")[keyDir] != keyVolume {
+		t.Errorf("talosctl's log key %q: want the verifier key %s/keys/log.vkey on the %s volume", ctl["TALOS_LOG_KEY"], keyDir, keyVolume)
+	}
+	docker, err := os.ReadFile("../../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{keyDir, svc["worker1"].Environment["TALOS_DATA_DIR"]} {
+		if !strings.Contains(string(docker), "COPY --from=build --chown=65532:65532 /out"+dir+" "+dir+"\n") {
+			t.Errorf("the Dockerfile does not create %s for the nonroot user (a named volume mounted there would be root's)", dir)
+		}
+	}
+	if !strings.Contains(string(docker), "/out/data/tlog") {
+		t.Error("the Dockerfile does not create /data/tlog, where the shared log volume is mounted")
 	}
 }
 
