@@ -36,7 +36,7 @@ var gatewayOnly = []Result{
 	{Group: GroupCSP, ID: "CRED-02", Reason: "the token an upstream receives is only visible to that upstream", Test: "cmd/talos-mcp-gateway/credentials_test.go TestCredentialBoundary"},
 	{Group: GroupCSP, ID: "SAND-01", Reason: "the sandbox confines the gateway's stdio upstreams (--sandbox), which a run through NATS does not reach", Test: "cmd/talos-mcp-gateway/sandbox_test.go TestSandboxFilesystem"},
 	{Group: GroupCSP, ID: "SAND-02", Reason: "the sandbox confines the gateway's stdio upstreams (--sandbox), which a run through NATS does not reach", Test: "cmd/talos-mcp-gateway/sandbox_test.go TestSandboxFilesystem"},
-	{Group: GroupCSP, ID: "NET-01", Reason: "egress is confined inside the gateway's sandbox (--sandbox-egress), which a run through NATS does not reach", Test: "cmd/talos-mcp-gateway/sandbox_test.go TestSandboxEgress"},
+	{Group: GroupCSP, ID: "NET-01", Reason: "egress is confined inside the gateway's sandbox (--sandbox-egress), which a run through NATS does not reach", Test: "cmd/talos-mcp-gateway/sandbox_test.go TestSandboxEgress, TestSandboxEgressFetch"},
 }
 
 // oauthReason is why MUST 6 does not apply.

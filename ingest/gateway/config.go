@@ -79,7 +79,7 @@ type Config struct {
 type SandboxConfig struct {
 	Enabled  bool     // --sandbox: every stdio upstream runs sandboxed
 	ReadOnly []string // --sandbox-ro: host paths every sandbox sees read-only
-	Egress   []string // --sandbox-egress: '<server_id>=<host>:<port>'
+	Egress   []string // --sandbox-egress: '<server_id>=<host>:<port>[@<ip>:<port>]'
 	Env      []string // --sandbox-env: '<server_id>=<NAME>'
 	Bwrap    string   // --sandbox-bwrap
 }
