@@ -22,7 +22,10 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/talos-audit/talos/ingest/gateway"
 	"github.com/talos-audit/talos/ingest/sandbox"
+	"github.com/talos-audit/talos/query"
+	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
 
@@ -324,7 +327,8 @@ func tunnelProxy(t *testing.T, target string) (url string, tunnels *atomic.Int64
 // docs.talos.test:80 to the page's address, the page's content arrives
 // through the gateway's tools/call, and a host off the allowlist is
 // refused by the egress proxy: the call returns the server's error and the
-// page's server sees no request.
+// page's server sees no request. Each call's decision receipt records how
+// its upstream ran (upstream_sandbox), and the receipts verify.
 func TestSandboxEgressFetch(t *testing.T) {
 	s := startStackRegistry(t, registryWith(t, map[string]string{
 		"fetchnone": fetchManifest("fetchnone", false), "fetch": fetchManifest("fetch", true)}))
@@ -356,8 +360,13 @@ func TestSandboxEgressFetch(t *testing.T) {
 		"--log-level", "debug", "--ep-id", "gw-fetch-plain", "--upstream", "fetchnone="+bin)
 	cmd.Env = append(os.Environ(), hostEnv...)
 	plain := s.connectGateway(ctx, cmd)
-	if res := fetch(plain, "http://docs.talos.test/page"); res.IsError || !strings.Contains(text(res), page) {
+	res := fetch(plain, "http://docs.talos.test/page")
+	if res.IsError || !strings.Contains(text(res), page) {
 		t.Fatalf("unsandboxed fetch through the host proxy: %q: the test would prove nothing", text(res))
+	}
+	egress := []string{"docs.talos.test:80@" + originAddr}
+	want := map[string]schemas.UpstreamSandbox{ // tool_call_id → what its receipt records
+		toolCallID(res): {Network: schemas.SandboxNetworkUnconfined},
 	}
 	if hits.Load() != 1 || tunnels.Load() != 1 {
 		t.Fatalf("unsandboxed fetch: %d requests at the page, %d tunnels, want 1 and 1", hits.Load(), tunnels.Load())
@@ -370,25 +379,29 @@ func TestSandboxEgressFetch(t *testing.T) {
 		"--sandbox-env", "fetchnone=HTTP_PROXY", "--sandbox-env", "fetchnone=HTTPS_PROXY", "--sandbox-env", "fetchnone=NODE_OPTIONS")...)
 	cmd.Env = append(os.Environ(), hostEnv...)
 	closed := s.connectGateway(ctx, cmd)
-	if res := fetch(closed, "http://docs.talos.test/page"); !res.IsError || strings.Contains(text(res), page) {
+	if res = fetch(closed, "http://docs.talos.test/page"); !res.IsError || strings.Contains(text(res), page) {
 		t.Fatalf("sandboxed without network_outbound, the fetch got out: %q", text(res))
 	}
+	want[toolCallID(res)] = schemas.UpstreamSandbox{Sandboxed: true, Network: schemas.SandboxNetworkNone}
 	if hits.Load() != 1 || tunnels.Load() != 1 {
 		t.Fatalf("without network_outbound: %d requests at the page, %d tunnels, want 1 and 1", hits.Load(), tunnels.Load())
 	}
 
 	open := s.gatewaySession(ctx, append(sb, "--ep-id", "gw-fetch-allow", "--upstream", "fetch="+bin, "--workspace", "fetch="+ws,
-		"--sandbox-egress", "fetch=docs.talos.test:80@"+originAddr)...)
-	if res := fetch(open, "http://docs.talos.test/page"); res.IsError || !strings.Contains(text(res), page) {
+		"--sandbox-egress", "fetch="+egress[0])...)
+	if res = fetch(open, "http://docs.talos.test/page"); res.IsError || !strings.Contains(text(res), page) {
 		t.Fatalf("allowlisted fetch through the egress proxy: %q", text(res))
 	}
+	allowlisted := schemas.UpstreamSandbox{Sandboxed: true, Network: schemas.SandboxNetworkAllowlist, AllowlistSHA256: sandbox.AllowlistSHA256(egress)}
+	want[toolCallID(res)] = allowlisted
 	if hits.Load() != 2 {
 		t.Fatalf("allowlisted fetch: %d requests at the page, want 2", hits.Load())
 	}
 	for _, u := range []string{"http://other.talos.test/page", "http://docs.talos.test:8080/page"} {
-		if res := fetch(open, u); !res.IsError || strings.Contains(text(res), page) {
+		if res = fetch(open, u); !res.IsError || strings.Contains(text(res), page) {
 			t.Fatalf("fetch of %s, off the allowlist: %q", u, text(res))
 		}
+		want[toolCallID(res)] = allowlisted
 	}
 	if hits.Load() != 2 || tunnels.Load() != 1 {
 		t.Fatalf("after the refused fetches: %d requests at the page, %d host tunnels, want 2 and 1", hits.Load(), tunnels.Load())
@@ -399,6 +412,27 @@ func TestSandboxEgressFetch(t *testing.T) {
 			t.Fatalf("the gateway did not log the refused egress to %s", dest)
 		}
 	}
+
+	// The decision receipts say how each call's upstream ran, and verify.
+	conn, err := query.Open(ctx, s.chAddr, s.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for id, us := range want {
+		if r := decisionReceipt(t, ctx, conn, id); r.UpstreamSandbox == nil || *r.UpstreamSandbox != us {
+			t.Fatalf("%s's receipt has upstream_sandbox %+v, want %+v", id, r.UpstreamSandbox, us)
+		}
+	}
+	if out, code := s.ctlCode("verify", "--trusted-keys", filepath.Join(s.dir, "worker.pub")); code != 0 {
+		t.Fatalf("talosctl verify: exit %d\n%s", code, out)
+	}
+}
+
+// toolCallID is the tool_call_id a forwarded result names.
+func toolCallID(res *mcp.CallToolResult) string {
+	id, _ := res.Meta[gateway.MetaToolCallID].(string)
+	return id
 }
 
 // TestSandboxSetupErrors: a sandbox that cannot be set up stops the

@@ -3,6 +3,8 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -322,4 +325,36 @@ func Args(l Layout, argv []string) []string {
 		a = append(a, initPath, InitCommand, ProxyAddr, socketPath, "--")
 	}
 	return append(a, argv...)
+}
+
+// AllowlistSHA256 names an egress allowlist in receipts
+// (schemas.UpstreamSandbox.AllowlistSHA256): "sha256:" and the hex sha256
+// of its entries normalised ("host:port" with the host in lower case, and
+// "@ip:port" after it when pinned), sorted, without duplicates, each
+// followed by a newline. The entries must be valid (New checks them).
+func AllowlistSHA256(egress []string) string {
+	entries := make([]string, 0, len(egress))
+	for _, e := range egress {
+		dest, addr, _ := parseEgress(e)
+		if addr != dest {
+			dest += "@" + addr
+		}
+		entries = append(entries, dest)
+	}
+	slices.Sort(entries)
+	h := sha256.New()
+	for _, e := range slices.Compact(entries) {
+		h.Write([]byte(e + "\n"))
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// Record is how the sandbox's server runs, as its calls' envelopes and
+// receipts say (upstream_sandbox): sandboxed, with no network, or with its
+// egress allowlist named by AllowlistSHA256.
+func (s *Sandbox) Record() schemas.UpstreamSandbox {
+	if len(s.cfg.Egress) == 0 {
+		return schemas.UpstreamSandbox{Sandboxed: true, Network: schemas.SandboxNetworkNone}
+	}
+	return schemas.UpstreamSandbox{Sandboxed: true, Network: schemas.SandboxNetworkAllowlist, AllowlistSHA256: AllowlistSHA256(s.cfg.Egress)}
 }

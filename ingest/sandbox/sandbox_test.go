@@ -3,6 +3,8 @@ package sandbox
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +20,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/talos-audit/talos/schemas"
 )
 
 // TestArgs: the bwrap command line, in order: namespaces and lifetime
@@ -310,4 +314,30 @@ func mustURL(t *testing.T, s string) *url.URL {
 		t.Fatal(err)
 	}
 	return u
+}
+
+// TestRecord: what receipts say of a sandbox (upstream_sandbox): no
+// network without an allowlist; with one, its digest over the normalised,
+// sorted, deduplicated entries, so that the order and case an operator
+// wrote them in do not change it, and any other allowlist does.
+func TestRecord(t *testing.T) {
+	s := &Sandbox{cfg: Config{ServerID: "web", Network: true}}
+	if got := s.Record(); got != (schemas.UpstreamSandbox{Sandboxed: true, Network: schemas.SandboxNetworkNone}) {
+		t.Fatalf("no allowlist: %+v", got)
+	}
+	sum := sha256.Sum256([]byte("a.example:80@127.0.0.1:8080\nb.example:443\n"))
+	want := "sha256:" + hex.EncodeToString(sum[:])
+	s.cfg.Egress = []string{"B.example:443", "a.example:80@127.0.0.1:8080", "b.example:443"}
+	if got := s.Record(); got != (schemas.UpstreamSandbox{Sandboxed: true, Network: schemas.SandboxNetworkAllowlist, AllowlistSHA256: want}) {
+		t.Fatalf("allowlist: %+v, want digest %s", got, want)
+	}
+	for _, other := range [][]string{{"b.example:443"}, {"a.example:80", "b.example:443"}, {"a.example:80@127.0.0.1:8081", "b.example:443"}} {
+		if AllowlistSHA256(other) == want {
+			t.Fatalf("allowlist %q has the digest of another", other)
+		}
+	}
+	set := Set{s, &Sandbox{cfg: Config{ServerID: "fs"}}}
+	if r := set.Records(); len(r) != 2 || r["web"].AllowlistSHA256 != want || r["fs"].Network != schemas.SandboxNetworkNone {
+		t.Fatalf("Records: %+v", r)
+	}
 }
