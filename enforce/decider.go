@@ -445,8 +445,9 @@ func misattributed(o Outcome, claimed, publisher string) Outcome {
 }
 
 // fillCall fills the receipt with what a valid envelope says of its call:
-// its ids (but ep_id, which the subject gives) and the enforcement point's
-// token handling (mode none when it reports none; CSP MUST 5, CRED-03).
+// its ids (but ep_id, which the subject gives), the enforcement point's
+// token handling (mode none when it reports none; CSP MUST 5, CRED-03) and
+// its upstream's sandbox when it reports one (CSP MUST 8).
 func fillCall(r *schemas.Receipt, c *schemas.ToolCall) {
 	r.EventType = kindOf(c.Phase)
 	r.Tool = c.ToolName
@@ -462,6 +463,10 @@ func fillCall(r *schemas.Receipt, c *schemas.ToolCall) {
 	if c.TokenHandling != nil {
 		th := *c.TokenHandling
 		r.TokenHandling = &th
+	}
+	if c.UpstreamSandbox != nil {
+		us := *c.UpstreamSandbox
+		r.UpstreamSandbox = &us
 	}
 }
 

@@ -208,6 +208,36 @@ func TestDeciderUnauthenticatedReport(t *testing.T) {
 	}
 }
 
+// TestDeciderUpstreamSandbox: the decision receipt copies the envelope's
+// upstream_sandbox (CSP MUST 8) and has none when the envelope has none.
+func TestDeciderUpstreamSandbox(t *testing.T) {
+	d := newTestDecider(t)
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	for name, us := range map[string]*schemas.UpstreamSandbox{
+		"no report":  nil,
+		"allowlist":  {Sandboxed: true, Network: schemas.SandboxNetworkAllowlist, AllowlistSHA256: digest},
+		"unconfined": {Sandboxed: false, Network: schemas.SandboxNetworkUnconfined},
+	} {
+		t.Run(name, func(t *testing.T) {
+			env := envelope("pre", "files", "list_dir", map[string]any{"path": "/"})
+			if us != nil {
+				env["upstream_sandbox"] = us
+			}
+			raw, _ := json.Marshal(env)
+			r, _, err := d.Decide("talos.call.pre.gw-1.files", raw, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (r.UpstreamSandbox == nil) != (us == nil) || (us != nil && *r.UpstreamSandbox != *us) {
+				t.Fatalf("upstream_sandbox %+v, want %+v (%v)", r.UpstreamSandbox, us, r.ReasonCodes)
+			}
+			if r.Decision != schemas.DecisionAllow {
+				t.Fatalf("decision %s %v, want allow", r.Decision, r.ReasonCodes)
+			}
+		})
+	}
+}
+
 // TestDeciderTokenHandling: the receipt records the enforcement point's
 // token handling (mode none when it reports none, CSP MUST 5, CRED-03); a
 // reported passthrough is DENY_TOKEN_PASSTHROUGH (CRED-02) and a missing

@@ -262,7 +262,7 @@ var (
 		"tool_id", "timestamp", "result_code", "envelope_hash", "tool_call_id", "trace_id", "correlation_id",
 		"session_id", "ep_id", "server_id", "tool_name", "phase", "mode", "decision", "reason_codes", "tool_class",
 		"registry_digest", "document_hashes", "batch_total_bytes", "content_hash_alg", "effect", "capability_ids",
-		"idempotent_of", "control_seq", "control", "chain", "signature", "token_handling", "mcp_method", "parent_tool_call_id"}
+		"idempotent_of", "control_seq", "control", "chain", "signature", "token_handling", "upstream_sandbox", "mcp_method", "parent_tool_call_id"}
 	chainNames     = []string{"chain_id", "seq", "prev_hash"}
 	signatureNames = []string{"alg", "kid", "sig"}
 	// Members whose value the row does not use but whose type the general
@@ -273,6 +273,7 @@ var (
 	idempotentOfFields  = []checkedField{{"tool_call_id", kindString}, {"receipt_id", kindString}}
 	tokenHandlingFields = []checkedField{{"mode", kindString}, {"audience", kindString},
 		{"passthrough_detected", kindBool}, {"error", kindString}}
+	upstreamSandboxFields = []checkedField{{"sandboxed", kindBool}, {"network", kindString}, {"allowlist_sha256", kindString}}
 )
 
 // checkedField is a member a fast path type-checks and discards.
@@ -471,6 +472,8 @@ func (r *jsonReader) receiptData(row *ReceiptRow) (buf []string, codes, caps, si
 			row.ToolName = r.optStr()
 		case "token_handling":
 			r.checkObject(tokenHandlingFields)
+		case "upstream_sandbox":
+			r.checkObject(upstreamSandboxFields)
 		case "mcp_method":
 			row.MCPMethod = r.optStr()
 		case "parent_tool_call_id":

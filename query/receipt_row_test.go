@@ -279,7 +279,8 @@ func publishedReceipts(t testing.TB) map[string][]byte {
 	seal("deny", schemas.TypeReceiptDecision, &schemas.Receipt{EventType: schemas.KindDecision, Decision: schemas.DecisionDeny,
 		ReasonCodes: []string{"KILL_SWITCH", "REPLAY"}, ToolCallID: "0190a1b2-0000-4000-8000-000000000001",
 		IdempotentOf: &schemas.IdempotentOf{ToolCallID: "0190a1b2-0000-4000-8000-000000000000"}, Mode: "prod",
-		Tool: "tool with \"quotes\" and ü", ContentHashAlg: schemas.ContentHashAlg})
+		Tool: "tool with \"quotes\" and ü", ContentHashAlg: schemas.ContentHashAlg,
+		UpstreamSandbox: &schemas.UpstreamSandbox{Sandboxed: true, Network: schemas.SandboxNetworkAllowlist, AllowlistSHA256: "sha256:" + strings.Repeat("ab", 32)}})
 	seal("server request", schemas.TypeReceiptDecision, &schemas.Receipt{EventType: schemas.KindDecision, Decision: schemas.DecisionAllow,
 		ReasonCodes: []string{}, ToolCallID: "0190a1b2-0000-4000-8000-000000000002", ToolName: schemas.MethodSamplingCreateMessage,
 		MCPMethod: schemas.MethodSamplingCreateMessage, ParentToolCallID: "0190a1b2-0000-4000-8000-000000000001", Mode: "prod"})
@@ -400,6 +401,7 @@ func TestReceiptFastPathKnowsReceiptFields(t *testing.T) {
 		{"effect", checked(effectFields), tags(schemas.ToolEffect{})},
 		{"idempotent_of", checked(idempotentOfFields), tags(schemas.IdempotentOf{})},
 		{"token_handling", checked(tokenHandlingFields), tags(schemas.TokenHandling{})},
+		{"upstream_sandbox", checked(upstreamSandboxFields), tags(schemas.UpstreamSandbox{})},
 	} {
 		have := slices.Sorted(slices.Values(tc.have))
 		if !slices.Equal(have, tc.want) {

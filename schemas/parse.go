@@ -287,6 +287,10 @@ func fillToolCall(c *ToolCall, doc map[string]any, spans *envelopeSpans) {
 		pt, _ := th["passthrough_detected"].(bool)
 		c.TokenHandling = &TokenHandling{Mode: str(th, "mode"), Audience: str(th, "audience"), PassthroughDetected: pt, Error: str(th, "error")}
 	}
+	if us, ok := doc["upstream_sandbox"].(map[string]any); ok {
+		sandboxed, _ := us["sandboxed"].(bool)
+		c.UpstreamSandbox = &UpstreamSandbox{Sandboxed: sandboxed, Network: str(us, "network"), AllowlistSHA256: str(us, "allowlist_sha256")}
+	}
 	c.WorkspaceRoot = str(doc, "workspace_root")
 	c.ToolDefinitionSHA256 = str(doc, "tool_definition_sha256")
 	c.MCPMethod = str(doc, "mcp_method")

@@ -163,6 +163,19 @@ func parseCases(t testing.TB) map[string][]byte {
 			m["workspace_root"] = "/srv/ws"
 			m["tool_definition_sha256"] = strings.Repeat("ab", 32)
 			m["token_handling"] = map[string]any{"mode": "token_exchange", "audience": "files", "passthrough_detected": false}
+			m["upstream_sandbox"] = map[string]any{"sandboxed": true, "network": "allowlist", "allowlist_sha256": "sha256:" + strings.Repeat("ab", 32)}
+		},
+		"upstream_sandbox unconfined": func(m map[string]any) {
+			m["upstream_sandbox"] = map[string]any{"sandboxed": false, "network": "unconfined"}
+		},
+		"upstream_sandbox unknown network": func(m map[string]any) {
+			m["upstream_sandbox"] = map[string]any{"sandboxed": true, "network": "host"}
+		},
+		"upstream_sandbox bad digest": func(m map[string]any) {
+			m["upstream_sandbox"] = map[string]any{"sandboxed": true, "network": "allowlist", "allowlist_sha256": strings.Repeat("ab", 32)}
+		},
+		"upstream_sandbox without network": func(m map[string]any) {
+			m["upstream_sandbox"] = map[string]any{"sandboxed": true}
 		},
 		"token_handling unknown mode": func(m map[string]any) {
 			m["token_handling"] = map[string]any{"mode": "passthrough", "audience": "", "passthrough_detected": true}

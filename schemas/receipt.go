@@ -57,6 +57,9 @@ type Receipt struct {
 	// none) on the decision and effect receipts of valid envelopes (CSP
 	// MUST 5, CRED-03).
 	TokenHandling *TokenHandling `json:"token_handling,omitempty"`
+	// UpstreamSandbox is copied from the envelope, when it has one, on the
+	// decision and effect receipts of valid envelopes (CSP MUST 8).
+	UpstreamSandbox *UpstreamSandbox `json:"upstream_sandbox,omitempty"`
 	// Control is the command record of a control receipt (event_type control).
 	Control *ControlRecord `json:"control,omitempty"`
 

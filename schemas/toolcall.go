@@ -39,6 +39,10 @@ type ToolCall struct {
 	// TokenHandling is how the enforcement point obtained the credential
 	// it sends the upstream for this call (CSP MUST 5).
 	TokenHandling *TokenHandling `json:"token_handling,omitempty"`
+	// UpstreamSandbox is how the enforcement point runs the stdio upstream
+	// it forwards this call to (CSP MUST 8); absent when it does not say
+	// (an HTTP upstream runs elsewhere).
+	UpstreamSandbox *UpstreamSandbox `json:"upstream_sandbox,omitempty"`
 	// WorkspaceRoot is the workspace the enforcement point serves for
 	// ServerID (its configuration): the root of path arguments for registry
 	// tools whose workspace_root is WorkspaceFromEnforcementPoint (CSP
@@ -125,6 +129,24 @@ const (
 	TokenModeSecret        = "secret"         // the enforcement point's own secret for that server
 	TokenModeTokenExchange = "token_exchange" // RFC 8693: the client's token exchanged for one with the server's audience
 )
+
+// The network of a call's upstream (UpstreamSandbox.Network).
+const (
+	SandboxNetworkNone       = "none"       // sandboxed, with no network at all
+	SandboxNetworkAllowlist  = "allowlist"  // sandboxed, reaching its egress allowlist only
+	SandboxNetworkUnconfined = "unconfined" // not sandboxed: the host's network
+)
+
+// UpstreamSandbox is how the stdio upstream of a call runs (CSP MUST 8,
+// SAND-01, SAND-02, NET-01): under the enforcement point's sandbox or not,
+// and with what network. AllowlistSHA256 names the egress allowlist
+// ("sha256:" and the hex sha256 of its normalised entries, sorted, each
+// followed by a newline) when Network is allowlist.
+type UpstreamSandbox struct {
+	Sandboxed       bool   `json:"sandboxed"`
+	Network         string `json:"network"`
+	AllowlistSHA256 string `json:"allowlist_sha256,omitempty"`
+}
 
 // Why an enforcement point has no credential for a call (TokenHandling.Error).
 const (

@@ -16,6 +16,7 @@ const (
 	MCPServerFilesystem = "mcp-server-filesystem" // @modelcontextprotocol/server-filesystem <allowed dir>...
 	MCPInspector        = "mcp-inspector"         // @modelcontextprotocol/inspector (use --cli)
 	MCPConformance      = "conformance"           // @modelcontextprotocol/conformance (the official MCP conformance suite)
+	MCPServerFetch      = "mcp-fetch-server"      // mcp-fetch-server: fetches URLs with Node's fetch(); undici beside it for the sandbox's Node preload
 )
 
 // MCPBin returns the absolute path of testenv/mcp/node_modules/.bin/<name>,

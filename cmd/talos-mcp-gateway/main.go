@@ -88,7 +88,7 @@ type cli struct {
 
 	Sandbox       bool     `name:"sandbox" help:"Run every stdio upstream under bubblewrap (bwrap): only its workspace writable, system directories read-only, nothing else of the host visible, private /tmp, no network unless the registry marks a tool of the server network_outbound, and then only to --sandbox-egress. A sandbox that cannot be set up is a startup error."`
 	SandboxRO     []string `name:"sandbox-ro" sep:"none" help:"A host path every sandbox sees read-only (an upstream's installation outside /usr, e.g. its node_modules). Repeat for several."`
-	SandboxEgress []string `name:"sandbox-egress" sep:"none" help:"'<server_id>=<host>:<port>': a destination a network_outbound upstream may reach through the sandbox's egress proxy. Nothing else is reachable."`
+	SandboxEgress []string `name:"sandbox-egress" sep:"none" help:"'<server_id>=<host>:<port>[@<ip>:<port>]': a destination a network_outbound upstream may reach through the sandbox's egress proxy (at the pinned address, when given). Nothing else is reachable."`
 	SandboxEnv    []string `name:"sandbox-env" sep:"none" help:"'<server_id>=<NAME>': pass the gateway's environment variable NAME to the upstream (a sandboxed upstream gets no other)."`
 	SandboxBwrap  string   `name:"sandbox-bwrap" default:"bwrap" help:"The bubblewrap program."`
 

@@ -3,13 +3,20 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/schemas"
@@ -32,7 +39,7 @@ const rugManifest = `{"schema_id": "talos.mcp.tool_registry", "schema_version": 
 // reported the drift (one DENY_TOOL_DRIFT receipt in its drift session in
 // ClickHouse, and talosctl query denials-by-reason shows it); and a call
 // to it is denied DENY_TOOL_DRIFT by the worker, with a receipt, and never
-// reaches the server.
+// reaches the server. In HTTP mode, /metrics counts a drift (driftOverHTTP).
 func TestToolDefinitionPinning(t *testing.T) {
 	script, _ := testenv.MCPScript(t, "rugpull.mjs")
 	reg := t.TempDir()
@@ -121,6 +128,73 @@ func TestToolDefinitionPinning(t *testing.T) {
 	}
 	if out := s.ctl("query", "denials-by-reason"); !strings.Contains(out, schemas.CodeDenyToolDrift) {
 		t.Fatalf("talosctl query denials-by-reason shows no drift:\n%s", out)
+	}
+	driftOverHTTP(ctx, t, s, reg, server)
+}
+
+// driftMetric is the drift counter of rug/greet in /metrics.
+var driftMetric = regexp.MustCompile(`talos_gateway_tool_drift_total\{server_id="rug",tool="greet"\} (\d+)`)
+
+// driftOverHTTP: behind a gateway in HTTP mode, a server that lists a
+// drifted definition from the start (rugpull.mjs --drifted): /metrics
+// counts the drift of rug/greet once, greet is missing from a streamable
+// HTTP client's tools/list while rug is listed, and a call to greet is
+// denied DENY_TOOL_DRIFT without being counted again. (The drift is the
+// gateway's own upstream session's: in HTTP mode a client's calls go to
+// upstream sessions of its own, whose list_changed the gateway does not
+// compare with the pins.)
+func driftOverHTTP(ctx context.Context, t *testing.T, s *stack, reg, server string) {
+	t.Helper()
+	writeJSON(t, filepath.Join(s.dir, "principals.json"), map[string]any{"principals": []map[string]string{
+		{"name": "ops", "token_sha256": sha("ops-token"), "agent_id": "ops"}}})
+	port := freePort(t)
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	s.httpGateway(t, base, "--ep-id", "gw-rug-http", "--upstream", server+" --drifted", "--registry", reg,
+		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--insecure-plain-http", "--principals", filepath.Join(s.dir, "principals.json"))
+	drifts := func() int {
+		t.Helper()
+		resp, err := http.Get(base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		m := driftMetric.FindSubmatch(b)
+		if m == nil {
+			return 0 // a counter with no drift yet has no series
+		}
+		n, _ := strconv.Atoi(string(m[1]))
+		return n
+	}
+	client := mcp.NewClient(&mcp.Implementation{Name: "talos-test-ops", Version: "1"}, nil)
+	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp",
+		HTTPClient: &http.Client{Transport: bearer{token: "ops-token", next: http.DefaultTransport}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	res, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tl := range res.Tools {
+		names = append(names, tl.Name)
+	}
+	if slices.Contains(names, "greet") || !slices.Contains(names, "rug") {
+		t.Fatalf("HTTP tools/list with greet drifted: %v", names)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for drifts() == 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := drifts(); n != 1 {
+		t.Fatalf("/metrics counts %d drifts of rug/greet, want 1", n)
+	}
+	g := &gatewaySession{cs: cs}
+	g.call(ctx, "greet", map[string]any{"name": "Ada"}).mustDeny(t, "greet over HTTP, drifted", schemas.CodeDenyToolDrift)
+	if n := drifts(); n != 1 {
+		t.Fatalf("/metrics counts %d drifts of rug/greet after the denied call, want still 1", n)
 	}
 }
 

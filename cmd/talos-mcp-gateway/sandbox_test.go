@@ -6,16 +6,26 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/talos-audit/talos/ingest/gateway"
+	"github.com/talos-audit/talos/ingest/sandbox"
+	"github.com/talos-audit/talos/query"
+	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
 
@@ -142,6 +152,28 @@ func withoutPathChecks(t *testing.T) string {
 	return reg
 }
 
+// registryWith is a copy of the shipped registry with manifests added
+// (server_id → manifest).
+func registryWith(t *testing.T, manifests map[string]string) string {
+	t.Helper()
+	reg := t.TempDir()
+	for _, f := range []string{"everything.json", "filesystem.json"} {
+		b, err := os.ReadFile(filepath.Join(registryDir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(reg, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for id, m := range manifests {
+		if err := os.WriteFile(filepath.Join(reg, id+".json"), []byte(m), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return reg
+}
+
 // probeManifest is a registry manifest for testenv/mcp/netprobe.mjs.
 func probeManifest(serverID string, network bool) string {
 	return fmt.Sprintf(`{"schema_id": "talos.mcp.tool_registry", "schema_version": "v1", "server_id": %q,
@@ -188,22 +220,8 @@ func listen(t *testing.T) *listener {
 // egress proxy only, and a destination off the allowlist is refused. The
 // listeners count what really arrived.
 func TestSandboxEgress(t *testing.T) {
-	reg := t.TempDir()
-	for _, f := range []string{"everything.json", "filesystem.json"} {
-		b, err := os.ReadFile(filepath.Join(registryDir, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(reg, f), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for id, network := range map[string]bool{"probe": false, "probenet": true} {
-		if err := os.WriteFile(filepath.Join(reg, id+".json"), []byte(probeManifest(id, network)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	s := startStackRegistry(t, reg)
+	s := startStackRegistry(t, registryWith(t, map[string]string{
+		"probe": probeManifest("probe", false), "probenet": probeManifest("probenet", true)}))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	script, dir := testenv.MCPScript(t, "netprobe.mjs")
@@ -258,6 +276,163 @@ func TestSandboxEgress(t *testing.T) {
 	if !strings.Contains(string(b), "sandbox egress refused") {
 		t.Fatal("the gateway did not log the refused egress")
 	}
+}
+
+// fetchManifest is a registry manifest for the npm mcp-fetch-server's
+// fetch_html tool.
+func fetchManifest(serverID string, network bool) string {
+	return fmt.Sprintf(`{"schema_id": "talos.mcp.tool_registry", "schema_version": "v1", "server_id": %q,
+  "tools": [{"tool_name": "fetch_html", "tool_class": "read", "is_document_op": false,
+    "trust_level": "internal", "risk_category": "LOW", "network_outbound": %v}]}`, serverID, network)
+}
+
+// tunnelProxy is an HTTP proxy on the host's loopback that tunnels every
+// CONNECT, whatever it names, to target, and counts the tunnels.
+func tunnelProxy(t *testing.T, target string) (url string, tunnels *atomic.Int64) {
+	tunnels = new(atomic.Int64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodConnect {
+			http.Error(w, "CONNECT only", http.StatusBadRequest)
+			return
+		}
+		up, err := net.Dial("tcp", target)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		down, buf, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			up.Close()
+			return
+		}
+		tunnels.Add(1)
+		_, _ = down.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n"))
+		go func() { _, _ = io.Copy(up, buf); up.Close() }()
+		_, _ = io.Copy(down, up)
+		down.Close()
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, tunnels
+}
+
+// TestSandboxEgressFetch (CSP MUST 8, NET-01) with a real npm MCP server:
+// mcp-fetch-server fetches with Node's built-in fetch(), which on Node 20
+// ignores HTTP(S)_PROXY unless the sandbox's Node preload installs undici's
+// proxy agent. The page is served on the host's loopback under a name that
+// resolves nowhere (docs.talos.test), so it is reachable only through a
+// proxy that knows where it is. Unsandboxed, with the preload and a host
+// proxy in its environment, the server fetches it: the configuration
+// works. Sandboxed without network_outbound, with that same environment,
+// nothing arrives. With network_outbound and the allowlist pinning
+// docs.talos.test:80 to the page's address, the page's content arrives
+// through the gateway's tools/call, and a host off the allowlist is
+// refused by the egress proxy: the call returns the server's error and the
+// page's server sees no request. Each call's decision receipt records how
+// its upstream ran (upstream_sandbox), and the receipts verify.
+func TestSandboxEgressFetch(t *testing.T) {
+	s := startStackRegistry(t, registryWith(t, map[string]string{
+		"fetchnone": fetchManifest("fetchnone", false), "fetch": fetchManifest("fetch", true)}))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const page = "talos egress page: fetched through the proxy"
+	var hits atomic.Int64
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.Header().Set("Content-Type", "text/html")
+		fmt.Fprintf(w, "<html><body><p>%s</p></body></html>", page)
+	}))
+	t.Cleanup(origin.Close)
+	originAddr := strings.TrimPrefix(origin.URL, "http://")
+	proxyURL, tunnels := tunnelProxy(t, originAddr)
+	preloadDir := t.TempDir()
+	preload := filepath.Join(preloadDir, "node-preload.cjs")
+	if err := os.WriteFile(preload, []byte(sandbox.NodePreload()), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	bin := testenv.MCPBin(t, testenv.MCPServerFetch)
+	fetch := func(g *gatewaySession, url string) *mcp.CallToolResult {
+		t.Helper()
+		return g.call(ctx, "fetch_html", map[string]any{"url": url}).mustAllow(t, "fetch "+url)
+	}
+	hostEnv := []string{"HTTP_PROXY=" + proxyURL, "HTTPS_PROXY=" + proxyURL, "NODE_OPTIONS=--require " + preload}
+
+	cmd := exec.Command(s.gateway, "--nats-url", s.natsURL(), "--nats-auth", "none", "--registry", s.registry,
+		"--log-level", "debug", "--ep-id", "gw-fetch-plain", "--upstream", "fetchnone="+bin)
+	cmd.Env = append(os.Environ(), hostEnv...)
+	plain := s.connectGateway(ctx, cmd)
+	res := fetch(plain, "http://docs.talos.test/page")
+	if res.IsError || !strings.Contains(text(res), page) {
+		t.Fatalf("unsandboxed fetch through the host proxy: %q: the test would prove nothing", text(res))
+	}
+	egress := []string{"docs.talos.test:80@" + originAddr}
+	want := map[string]schemas.UpstreamSandbox{ // tool_call_id → what its receipt records
+		toolCallID(res): {Network: schemas.SandboxNetworkUnconfined},
+	}
+	if hits.Load() != 1 || tunnels.Load() != 1 {
+		t.Fatalf("unsandboxed fetch: %d requests at the page, %d tunnels, want 1 and 1", hits.Load(), tunnels.Load())
+	}
+
+	ws := t.TempDir()
+	sb := append([]string{"--sandbox", "--sandbox-ro", preloadDir}, mcpReadOnly(t, bin)...)
+	cmd = exec.Command(s.gateway, append(sb, "--nats-url", s.natsURL(), "--nats-auth", "none", "--registry", s.registry,
+		"--log-level", "debug", "--ep-id", "gw-fetch-none", "--upstream", "fetchnone="+bin, "--workspace", "fetchnone="+ws,
+		"--sandbox-env", "fetchnone=HTTP_PROXY", "--sandbox-env", "fetchnone=HTTPS_PROXY", "--sandbox-env", "fetchnone=NODE_OPTIONS")...)
+	cmd.Env = append(os.Environ(), hostEnv...)
+	closed := s.connectGateway(ctx, cmd)
+	if res = fetch(closed, "http://docs.talos.test/page"); !res.IsError || strings.Contains(text(res), page) {
+		t.Fatalf("sandboxed without network_outbound, the fetch got out: %q", text(res))
+	}
+	want[toolCallID(res)] = schemas.UpstreamSandbox{Sandboxed: true, Network: schemas.SandboxNetworkNone}
+	if hits.Load() != 1 || tunnels.Load() != 1 {
+		t.Fatalf("without network_outbound: %d requests at the page, %d tunnels, want 1 and 1", hits.Load(), tunnels.Load())
+	}
+
+	open := s.gatewaySession(ctx, append(sb, "--ep-id", "gw-fetch-allow", "--upstream", "fetch="+bin, "--workspace", "fetch="+ws,
+		"--sandbox-egress", "fetch="+egress[0])...)
+	if res = fetch(open, "http://docs.talos.test/page"); res.IsError || !strings.Contains(text(res), page) {
+		t.Fatalf("allowlisted fetch through the egress proxy: %q", text(res))
+	}
+	allowlisted := schemas.UpstreamSandbox{Sandboxed: true, Network: schemas.SandboxNetworkAllowlist, AllowlistSHA256: sandbox.AllowlistSHA256(egress)}
+	want[toolCallID(res)] = allowlisted
+	if hits.Load() != 2 {
+		t.Fatalf("allowlisted fetch: %d requests at the page, want 2", hits.Load())
+	}
+	for _, u := range []string{"http://other.talos.test/page", "http://docs.talos.test:8080/page"} {
+		if res = fetch(open, u); !res.IsError || strings.Contains(text(res), page) {
+			t.Fatalf("fetch of %s, off the allowlist: %q", u, text(res))
+		}
+		want[toolCallID(res)] = allowlisted
+	}
+	if hits.Load() != 2 || tunnels.Load() != 1 {
+		t.Fatalf("after the refused fetches: %d requests at the page, %d host tunnels, want 2 and 1", hits.Load(), tunnels.Load())
+	}
+	b, _ := os.ReadFile(open.log)
+	for _, dest := range []string{"other.talos.test:80", "docs.talos.test:8080"} {
+		if !regexp.MustCompile(`sandbox egress refused.*destination=` + regexp.QuoteMeta(dest)).Match(b) {
+			t.Fatalf("the gateway did not log the refused egress to %s", dest)
+		}
+	}
+
+	// The decision receipts say how each call's upstream ran, and verify.
+	conn, err := query.Open(ctx, s.chAddr, s.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for id, us := range want {
+		if r := decisionReceipt(t, ctx, conn, id); r.UpstreamSandbox == nil || *r.UpstreamSandbox != us {
+			t.Fatalf("%s's receipt has upstream_sandbox %+v, want %+v", id, r.UpstreamSandbox, us)
+		}
+	}
+	if out, code := s.ctlCode("verify", "--trusted-keys", filepath.Join(s.dir, "worker.pub")); code != 0 {
+		t.Fatalf("talosctl verify: exit %d\n%s", code, out)
+	}
+}
+
+// toolCallID is the tool_call_id a forwarded result names.
+func toolCallID(res *mcp.CallToolResult) string {
+	id, _ := res.Meta[gateway.MetaToolCallID].(string)
+	return id
 }
 
 // TestSandboxSetupErrors: a sandbox that cannot be set up stops the

@@ -391,6 +391,12 @@ func (g *Gateway) envelope(ctx context.Context, p *Principal, session string, pc
 	c.Actor = schemas.Actor{Kind: "agent", AgentID: p.AgentID}
 	c.RegistryDigest = g.o.Registry.Digest()
 	c.WorkspaceRoot = g.o.Workspaces[server]
+	if us, ok := g.o.UpstreamSandboxes[server]; ok {
+		c.UpstreamSandbox = &us
+	}
+	if us, ok := g.o.UpstreamSandboxes[server]; ok {
+		c.UpstreamSandbox = &us
+	}
 	if t, ok := g.o.Registry.LookupMethod(server, pc.method, tool); ok && (t.ToolClass == schemas.ClassWrite || t.ActionPointer != "") {
 		c.IdempotencyKey = c.ToolCallID
 		if k, ok := pc.meta[idempotencyMeta].(string); ok && k != "" && len(k) <= 256 {

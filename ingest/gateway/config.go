@@ -79,7 +79,7 @@ type Config struct {
 type SandboxConfig struct {
 	Enabled  bool     // --sandbox: every stdio upstream runs sandboxed
 	ReadOnly []string // --sandbox-ro: host paths every sandbox sees read-only
-	Egress   []string // --sandbox-egress: '<server_id>=<host>:<port>'
+	Egress   []string // --sandbox-egress: '<server_id>=<host>:<port>[@<ip>:<port>]'
 	Env      []string // --sandbox-env: '<server_id>=<NAME>'
 	Bwrap    string   // --sandbox-bwrap
 }
@@ -265,6 +265,19 @@ func (s *Setup) sandbox(ctx context.Context) (sandbox.Set, error) {
 		Egress: egress, Env: env, LookupEnv: s.cfg.LookupEnv, Bwrap: sc.Bwrap, Logger: s.cfg.Logger})
 }
 
+// upstreamSandboxes is how each stdio upstream runs, for its calls'
+// upstream_sandbox: its sandbox's record, else (without --sandbox)
+// unconfined.
+func (s *Setup) upstreamSandboxes() map[string]schemas.UpstreamSandbox {
+	out := s.sandboxes.Records()
+	for _, sp := range s.Upstreams {
+		if _, ok := out[sp.ServerID]; !ok && len(sp.Command) > 0 {
+			out[sp.ServerID] = schemas.UpstreamSandbox{Network: schemas.SandboxNetworkUnconfined}
+		}
+	}
+	return out
+}
+
 // Close stops the sandboxes and exports the spans still queued; call it
 // after the upstreams are closed.
 func (s *Setup) Close() {
@@ -283,7 +296,7 @@ func (s *Setup) ConnectUpstreams(ctx context.Context) ([]*Upstream, error) {
 func (s *Setup) New(nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 	c := &s.cfg
 	g, err := New(Options{
-		EPID: c.EPID, Registry: s.Registry, Discovery: s.Discovery,
+		EPID: c.EPID, Registry: s.Registry, Discovery: s.Discovery, UpstreamSandboxes: s.upstreamSandboxes(),
 		DecisionTimeout: c.DecisionTimeout, ApprovalTimeout: c.ApprovalTimeout,
 		MaxEnvelopeBytes: c.MaxEnvelopeBytes, StdioSession: c.SessionID, Logger: c.Logger, Version: c.Version,
 		Credentials:     s.Credentials,

@@ -94,6 +94,10 @@ type Options struct {
 	// same); nil or disabled: none, though a client's trace context still
 	// reaches Talos and the upstream.
 	Tracing *tracing.Provider
+	// UpstreamSandboxes is how each stdio upstream runs (CSP MUST 8), by
+	// server_id, sent as its calls' upstream_sandbox; a server not in it
+	// (an HTTP upstream) is sent none.
+	UpstreamSandboxes map[string]schemas.UpstreamSandbox
 }
 
 // The spool directories of the gateway's outboxes, under Options.SpoolDir.

@@ -13,7 +13,10 @@
 // Unix socket bound into the sandbox; inside, a small init (RunInit, the
 // gateway's own executable) listens on the sandbox's loopback and relays to
 // that socket, and the server is pointed at it with HTTP(S)_PROXY. A client
-// that ignores the proxy variables simply has no network.
+// that ignores the proxy variables simply has no network; Node, whose
+// built-in fetch() ignores them before Node 24, is given a preload
+// (NodePreload) that makes fetch() use them through the npm undici
+// installed beside the server.
 //
 // A sandbox that cannot be set up (bwrap missing, namespaces refused, a bad
 // workspace) is an error from New: the caller MUST NOT start the server

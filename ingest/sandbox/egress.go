@@ -21,11 +21,12 @@ import (
 // egressProxy is the only way out of a sandbox with an egress allowlist: an
 // HTTP proxy on a Unix socket (bound into the sandbox) that connects to
 // allowlisted host:port pairs and refuses everything else with 403 (CSP
-// MUST 8, NET-01). It resolves names itself; the sandbox has no DNS.
+// MUST 8, NET-01). It resolves names itself (or dials a pinned address);
+// the sandbox has no DNS.
 type egressProxy struct {
-	server string // server_id, for logs
-	path   string // the socket's host path
-	allow  map[string]bool
+	server string            // server_id, for logs
+	path   string            // the socket's host path
+	allow  map[string]string // destination → the address dialled for it
 	log    *slog.Logger
 	ln     net.Listener
 	srv    *http.Server
@@ -46,11 +47,16 @@ func (s *Sandbox) startProxy() error {
 		return err
 	}
 	s.dir = dir
-	p := &egressProxy{server: s.cfg.ServerID, path: filepath.Join(dir, "egress.sock"), allow: map[string]bool{},
+	p := &egressProxy{server: s.cfg.ServerID, path: filepath.Join(dir, "egress.sock"), allow: map[string]string{},
 		log: s.cfg.Logger, done: make(chan struct{}), tunnels: map[net.Conn]bool{}}
 	for _, e := range s.cfg.Egress {
-		hp, _ := parseHostPort(e) // validated
-		p.allow[hp] = true
+		dest, addr, _ := parseEgress(e) // validated
+		p.allow[dest] = addr
+	}
+	s.preload = filepath.Join(dir, "node-preload.cjs")
+	if err := os.WriteFile(s.preload, []byte(nodePreload), 0o444); err != nil {
+		_ = os.RemoveAll(dir)
+		return err
 	}
 	if p.ln, err = net.Listen("unix", p.path); err != nil {
 		_ = os.RemoveAll(dir)
@@ -82,7 +88,8 @@ func (p *egressProxy) close() {
 
 // ServeHTTP handles CONNECT host:port (tunnels, for TLS) and absolute-form
 // requests (plain HTTP through a proxy). The destination is checked against
-// the allowlist exactly as the client named it.
+// the allowlist exactly as the client named it, and reached at its pinned
+// address if it has one.
 func (p *egressProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	dest := r.Host
 	if r.Method != http.MethodConnect {
@@ -96,21 +103,23 @@ func (p *egressProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	hp, err := parseHostPort(dest)
-	if err != nil || !p.allow[hp] {
+	addr, ok := p.allow[hp]
+	if err != nil || !ok {
 		p.log.Warn("sandbox egress refused: not on the allowlist", "server_id", p.server, "destination", dest)
 		http.Error(w, "talos sandbox: egress to "+dest+" is not on the allowlist", http.StatusForbidden)
 		return
 	}
-	p.log.Info("sandbox egress", "server_id", p.server, "destination", hp)
+	p.log.Info("sandbox egress", "server_id", p.server, "destination", hp, "address", addr)
 	if r.Method == http.MethodConnect {
-		p.tunnel(w, r, hp)
+		p.tunnel(w, r, addr)
 		return
 	}
-	p.forward(w, r, hp)
+	p.forward(w, r, addr)
 }
 
-func (p *egressProxy) tunnel(w http.ResponseWriter, r *http.Request, hp string) {
-	up, err := (&net.Dialer{Timeout: dialTimeout}).DialContext(r.Context(), "tcp", hp)
+// tunnel connects to addr and splices the hijacked client connection to it.
+func (p *egressProxy) tunnel(w http.ResponseWriter, r *http.Request, addr string) {
+	up, err := (&net.Dialer{Timeout: dialTimeout}).DialContext(r.Context(), "tcp", addr)
 	if err != nil {
 		http.Error(w, "talos sandbox: "+err.Error(), http.StatusBadGateway)
 		return
@@ -150,15 +159,15 @@ func (p *egressProxy) tunnel(w http.ResponseWriter, r *http.Request, hp string) 
 	splice(down, buf.Reader, up)
 }
 
-// forward sends one absolute-form request to hp (never through another
+// forward sends one absolute-form request to addr (never through another
 // proxy) and copies the response back.
-func (p *egressProxy) forward(w http.ResponseWriter, r *http.Request, hp string) {
+func (p *egressProxy) forward(w http.ResponseWriter, r *http.Request, addr string) {
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
 	out.Header.Del("Proxy-Connection")
 	out.Header.Del("Proxy-Authorization")
 	t := &http.Transport{Proxy: nil, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{Timeout: dialTimeout}).DialContext(ctx, "tcp", hp)
+		return (&net.Dialer{Timeout: dialTimeout}).DialContext(ctx, "tcp", addr)
 	}}
 	defer t.CloseIdleConnections()
 	resp, err := t.RoundTrip(out)

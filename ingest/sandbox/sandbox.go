@@ -3,6 +3,8 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -39,7 +42,9 @@ type Config struct {
 	Network bool
 	// Egress is the allowlist, "host:port" pairs the server may reach
 	// through the egress proxy (CSP MUST 8, NET-01). Hosts match as the
-	// client names them (case-insensitive); no wildcards.
+	// client names them (case-insensitive); no wildcards. An entry
+	// "host:port@ip:port" pins the destination: the proxy connects to that
+	// address and never looks the name up (DNS cannot move it).
 	Egress []string
 	// Init is the host path of an executable that runs RunInit when its
 	// first argument is InitCommand (the gateway's own executable). Needed
@@ -55,16 +60,18 @@ type Config struct {
 // egress proxy (if any) listening. Wrap may be called for each start of the
 // server; Close stops the proxy after the server has exited.
 type Sandbox struct {
-	cfg   Config
-	bwrap string
-	dir   string // private directory of the proxy's socket
-	proxy *egressProxy
+	cfg     Config
+	bwrap   string
+	dir     string // private directory of the proxy's socket and the Node preload
+	proxy   *egressProxy
+	preload string // host path of the Node preload (with the proxy)
 }
 
 // Paths inside the sandbox.
 const (
-	initPath   = "/run/talos/init"
-	socketPath = "/run/talos/egress.sock"
+	initPath    = "/run/talos/init"
+	socketPath  = "/run/talos/egress.sock"
+	preloadPath = "/run/talos/node-preload.cjs"
 	// ProxyAddr is where the init listens inside the sandbox's own network
 	// namespace; the server's HTTP(S)_PROXY points there.
 	ProxyAddr = "127.0.0.1:3128"
@@ -141,7 +148,7 @@ func (c *Config) validate() error {
 		return errors.New("an egress allowlist is configured, but the registry marks no tool of the server network_outbound")
 	}
 	for _, e := range c.Egress {
-		if _, err := parseHostPort(e); err != nil {
+		if _, _, err := parseEgress(e); err != nil {
 			return fmt.Errorf("egress %q: %v", e, err)
 		}
 	}
@@ -180,6 +187,27 @@ func parseHostPort(e string) (string, error) {
 		return "", errors.New("want host:port with a port from 1 to 65535")
 	}
 	return net.JoinHostPort(strings.ToLower(host), port), nil
+}
+
+// parseEgress checks one allowlist entry, "host:port" or
+// "host:port@ip:port", and returns the destination normalised and the
+// address the proxy dials for it (the destination itself when not pinned).
+func parseEgress(e string) (dest, addr string, err error) {
+	dest, pin, pinned := strings.Cut(e, "@")
+	if dest, err = parseHostPort(dest); err != nil {
+		return "", "", err
+	}
+	if !pinned {
+		return dest, dest, nil
+	}
+	host, _, err := net.SplitHostPort(pin)
+	if err != nil || net.ParseIP(host) == nil {
+		return "", "", errors.New("want host:port@ip:port: the pinned address must be an IP address and a port")
+	}
+	if addr, err = parseHostPort(pin); err != nil {
+		return "", "", err
+	}
+	return dest, addr, nil
 }
 
 // try runs /bin/true (as found on the host) inside a sandbox with the same
@@ -221,12 +249,28 @@ func (s *Sandbox) Wrap(argv, env []string) ([]string, []string, error) {
 	l := Layout{Workspace: s.cfg.Workspace, ReadOnly: s.cfg.ReadOnly}
 	base := []string{"PATH=" + sandboxPATH, "HOME=/tmp", "TMPDIR=/tmp"}
 	if s.proxy != nil {
-		l.Init, l.Socket = s.cfg.Init, s.proxy.path
+		l.Init, l.Socket, l.Preload = s.cfg.Init, s.proxy.path, s.preload
 		u := "http://" + ProxyAddr
 		base = append(base, "HTTP_PROXY="+u, "HTTPS_PROXY="+u, "http_proxy="+u, "https_proxy="+u,
-			"ALL_PROXY="+u, "all_proxy="+u, "NO_PROXY=", "no_proxy=")
+			"ALL_PROXY="+u, "all_proxy="+u, "NO_PROXY=", "no_proxy=", "NODE_USE_ENV_PROXY=1")
+		env = withNodePreload(env)
 	}
 	return append([]string{s.bwrap}, Args(l, argv)...), append(base, env...), nil
+}
+
+// withNodePreload is env with NODE_OPTIONS requiring the Node preload
+// (NodePreload) before any NODE_OPTIONS env declares.
+func withNodePreload(env []string) []string {
+	opt := "--require " + preloadPath
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "NODE_OPTIONS="); ok {
+			opt += " " + v
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, "NODE_OPTIONS="+opt)
 }
 
 // Close stops the egress proxy and removes its socket. Call it after the
@@ -249,6 +293,9 @@ type Layout struct {
 	// allowlist: Init (the host's executable) runs as the sandbox's init,
 	// relaying ProxyAddr to the proxy's Unix socket Socket.
 	Init, Socket string
+	// Preload is the host file of NodePreload, bound read-only for a
+	// server with an egress allowlist; empty: none.
+	Preload string
 }
 
 // Args is bwrap's argument list for running argv confined to l: every
@@ -270,9 +317,44 @@ func Args(l Layout, argv []string) []string {
 	if l.Init != "" {
 		a = append(a, "--ro-bind", l.Init, initPath, "--bind", l.Socket, socketPath)
 	}
+	if l.Preload != "" {
+		a = append(a, "--ro-bind", l.Preload, preloadPath)
+	}
 	a = append(a, "--remount-ro", "/", "--chdir", l.Workspace, "--")
 	if l.Init != "" {
 		a = append(a, initPath, InitCommand, ProxyAddr, socketPath, "--")
 	}
 	return append(a, argv...)
+}
+
+// AllowlistSHA256 names an egress allowlist in receipts
+// (schemas.UpstreamSandbox.AllowlistSHA256): "sha256:" and the hex sha256
+// of its entries normalised ("host:port" with the host in lower case, and
+// "@ip:port" after it when pinned), sorted, without duplicates, each
+// followed by a newline. The entries must be valid (New checks them).
+func AllowlistSHA256(egress []string) string {
+	entries := make([]string, 0, len(egress))
+	for _, e := range egress {
+		dest, addr, _ := parseEgress(e)
+		if addr != dest {
+			dest += "@" + addr
+		}
+		entries = append(entries, dest)
+	}
+	slices.Sort(entries)
+	h := sha256.New()
+	for _, e := range slices.Compact(entries) {
+		h.Write([]byte(e + "\n"))
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// Record is how the sandbox's server runs, as its calls' envelopes and
+// receipts say (upstream_sandbox): sandboxed, with no network, or with its
+// egress allowlist named by AllowlistSHA256.
+func (s *Sandbox) Record() schemas.UpstreamSandbox {
+	if len(s.cfg.Egress) == 0 {
+		return schemas.UpstreamSandbox{Sandboxed: true, Network: schemas.SandboxNetworkNone}
+	}
+	return schemas.UpstreamSandbox{Sandboxed: true, Network: schemas.SandboxNetworkAllowlist, AllowlistSHA256: AllowlistSHA256(s.cfg.Egress)}
 }

@@ -3,6 +3,8 @@ package sandbox
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +20,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/talos-audit/talos/schemas"
 )
 
 // TestArgs: the bwrap command line, in order: namespaces and lifetime
@@ -58,6 +62,17 @@ func TestArgs(t *testing.T) {
 				"--remount-ro", "/", "--chdir", "/srv/ws", "--",
 				initPath, InitCommand, ProxyAddr, socketPath, "--", "/usr/bin/node", "server.js"},
 		},
+		{
+			name: "egress allowlist with the Node preload",
+			l: Layout{Workspace: "/srv/ws", Init: "/usr/local/bin/talos-mcp-gateway", Socket: "/tmp/talos-sandbox-1/egress.sock",
+				Preload: "/tmp/talos-sandbox-1/node-preload.cjs"},
+			want: []string{"--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+				"--bind", "/srv/ws", "/srv/ws",
+				"--ro-bind", "/usr/local/bin/talos-mcp-gateway", initPath, "--bind", "/tmp/talos-sandbox-1/egress.sock", socketPath,
+				"--ro-bind", "/tmp/talos-sandbox-1/node-preload.cjs", preloadPath,
+				"--remount-ro", "/", "--chdir", "/srv/ws", "--",
+				initPath, InitCommand, ProxyAddr, socketPath, "--", "/usr/bin/node", "server.js"},
+		},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -95,10 +110,19 @@ func TestWrapEnv(t *testing.T) {
 		t.Fatalf("env %q, want %q", env, want)
 	}
 	s.proxy = &egressProxy{path: "/tmp/x/egress.sock"}
-	s.cfg.Init = "/usr/local/bin/talos-mcp-gateway"
+	s.cfg.Init, s.preload = "/usr/local/bin/talos-mcp-gateway", "/tmp/x/node-preload.cjs"
 	argv, env, _ = s.Wrap([]string{"/usr/bin/node"}, nil)
 	if !slices.Contains(env, "HTTPS_PROXY=http://"+ProxyAddr) || !slices.Contains(env, "NO_PROXY=") || !slices.Contains(argv, InitCommand) {
 		t.Fatalf("with a proxy: argv %q env %q", argv, env)
+	}
+	if !slices.Contains(env, "NODE_OPTIONS=--require "+preloadPath) || !slices.Contains(argv, preloadPath) {
+		t.Fatalf("with a proxy, Node is not given the preload: argv %q env %q", argv, env)
+	}
+	// A declared NODE_OPTIONS keeps its options after the preload's.
+	_, env, _ = s.Wrap([]string{"/usr/bin/node"}, []string{"NODE_OPTIONS=--max-old-space-size=256", "A=b"})
+	if want := []string{"A=b", "NODE_OPTIONS=--require " + preloadPath + " --max-old-space-size=256"}; !slices.Equal(env[len(env)-2:], want) ||
+		slices.Contains(env, "NODE_OPTIONS=--max-old-space-size=256") {
+		t.Fatalf("declared NODE_OPTIONS: env %q, want it to end %q", env, want)
 	}
 }
 
@@ -122,6 +146,8 @@ func TestNewErrors(t *testing.T) {
 		{"egress without network_outbound", Config{ServerID: "fs", Workspace: ws, Egress: []string{"a.example:443"}}, "network_outbound"},
 		{"egress without a port", Config{ServerID: "fs", Workspace: ws, Network: true, Egress: []string{"a.example"}, Init: file}, "want host:port"},
 		{"egress port zero", Config{ServerID: "fs", Workspace: ws, Network: true, Egress: []string{"a.example:0"}, Init: file}, "port from 1"},
+		{"egress pinned to a name", Config{ServerID: "fs", Workspace: ws, Network: true, Egress: []string{"a.example:443@b.example:443"}, Init: file}, "must be an IP address"},
+		{"egress pinned without a port", Config{ServerID: "fs", Workspace: ws, Network: true, Egress: []string{"a.example:443@192.0.2.1"}, Init: file}, "must be an IP address"},
 		{"egress without init", Config{ServerID: "fs", Workspace: ws, Network: true, Egress: []string{"a.example:443"}}, "init program"},
 		{"bwrap missing", Config{ServerID: "fs", Workspace: ws, Bwrap: "/nonexistent/bwrap"}, "bubblewrap not found"},
 		{"bwrap fails", Config{ServerID: "fs", Workspace: ws, Bwrap: "false"}, "bwrap could not start"},
@@ -190,8 +216,9 @@ echo "ifaces=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\n' ' ')
 }
 
 // TestEgressProxy: the proxy tunnels (CONNECT) and forwards (absolute-form
-// GET) to allowlisted destinations only; anything else gets 403 and never
-// reaches the destination.
+// GET) to allowlisted destinations only, a pinned one at its address (its
+// name resolves nowhere); anything else, the pinned host on another port
+// included, gets 403 and never reaches the destination.
 func TestEgressProxy(t *testing.T) {
 	var mu sync.Mutex
 	hits := map[string]int{}
@@ -205,8 +232,10 @@ func TestEgressProxy(t *testing.T) {
 		t.Cleanup(srv.Close)
 		return srv
 	}
-	allowed, other := hs("allowed"), hs("other")
-	s := &Sandbox{cfg: Config{ServerID: "web", Egress: []string{strings.TrimPrefix(allowed.URL, "http://")}, Logger: slog.New(slog.DiscardHandler)}}
+	allowed, other, pinned := hs("allowed"), hs("other"), hs("pinned")
+	// docs.talos.test resolves nowhere: only its pinned address reaches it.
+	egress := []string{strings.TrimPrefix(allowed.URL, "http://"), "Docs.talos.test:80@" + strings.TrimPrefix(pinned.URL, "http://")}
+	s := &Sandbox{cfg: Config{ServerID: "web", Egress: egress, Logger: slog.New(slog.DiscardHandler)}}
 	if err := s.startProxy(); err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +264,14 @@ func TestEgressProxy(t *testing.T) {
 	if code, body := get(other.URL); code != 403 || !strings.Contains(body, "not on the allowlist") {
 		t.Fatalf("GET off the allowlist: %d %q", code, body)
 	}
-	for dest, want := range map[string]string{strings.TrimPrefix(allowed.URL, "http://"): "200", strings.TrimPrefix(other.URL, "http://"): "403"} {
+	if code, body := get("http://docs.talos.test/page"); code != 200 || body != "hello from pinned" {
+		t.Fatalf("GET of the pinned destination: %d %q", code, body)
+	}
+	if code, _ := get("http://docs.talos.test:8080/page"); code != 403 {
+		t.Fatalf("GET of the pinned host on another port: %d, want 403", code)
+	}
+	for dest, want := range map[string]string{strings.TrimPrefix(allowed.URL, "http://"): "200", strings.TrimPrefix(other.URL, "http://"): "403",
+		"docs.talos.test:80": "200", "docs.talos.test:443": "403"} {
 		c, err := net.Dial("unix", s.proxy.path)
 		if err != nil {
 			t.Fatal(err)
@@ -267,7 +303,7 @@ func TestEgressProxy(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if hits["other"] != 0 || hits["allowed"] != 1 {
+	if hits["other"] != 0 || hits["allowed"] != 1 || hits["pinned"] != 1 {
 		t.Fatalf("destinations reached: %v", hits)
 	}
 }
@@ -278,4 +314,30 @@ func mustURL(t *testing.T, s string) *url.URL {
 		t.Fatal(err)
 	}
 	return u
+}
+
+// TestRecord: what receipts say of a sandbox (upstream_sandbox): no
+// network without an allowlist; with one, its digest over the normalised,
+// sorted, deduplicated entries, so that the order and case an operator
+// wrote them in do not change it, and any other allowlist does.
+func TestRecord(t *testing.T) {
+	s := &Sandbox{cfg: Config{ServerID: "web", Network: true}}
+	if got := s.Record(); got != (schemas.UpstreamSandbox{Sandboxed: true, Network: schemas.SandboxNetworkNone}) {
+		t.Fatalf("no allowlist: %+v", got)
+	}
+	sum := sha256.Sum256([]byte("a.example:80@127.0.0.1:8080\nb.example:443\n"))
+	want := "sha256:" + hex.EncodeToString(sum[:])
+	s.cfg.Egress = []string{"B.example:443", "a.example:80@127.0.0.1:8080", "b.example:443"}
+	if got := s.Record(); got != (schemas.UpstreamSandbox{Sandboxed: true, Network: schemas.SandboxNetworkAllowlist, AllowlistSHA256: want}) {
+		t.Fatalf("allowlist: %+v, want digest %s", got, want)
+	}
+	for _, other := range [][]string{{"b.example:443"}, {"a.example:80", "b.example:443"}, {"a.example:80@127.0.0.1:8081", "b.example:443"}} {
+		if AllowlistSHA256(other) == want {
+			t.Fatalf("allowlist %q has the digest of another", other)
+		}
+	}
+	set := Set{s, &Sandbox{cfg: Config{ServerID: "fs"}}}
+	if r := set.Records(); len(r) != 2 || r["web"].AllowlistSHA256 != want || r["fs"].Network != schemas.SandboxNetworkNone {
+		t.Fatalf("Records: %+v", r)
+	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest/mcpup"
+	"github.com/talos-audit/talos/schemas"
 )
 
 // ErrConfig is wrapped by the errors ForUpstreams returns for options that
@@ -57,6 +58,16 @@ func (s Set) Close() {
 	for _, sb := range s {
 		_ = sb.Close()
 	}
+}
+
+// Records is how each sandboxed server runs (Sandbox.Record), by
+// server_id; empty for an empty Set.
+func (s Set) Records() map[string]schemas.UpstreamSandbox {
+	out := make(map[string]schemas.UpstreamSandbox, len(s))
+	for _, sb := range s {
+		out[sb.cfg.ServerID] = sb.Record()
+	}
+	return out
 }
 
 // ForUpstreams prepares a sandbox (New) for every stdio upstream in specs,
