@@ -263,7 +263,7 @@ func startRoles(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *na
 		start("forward", fw.Run)
 	}
 	if f.has("log") {
-		run, err := f.RoleFlags.Start(f.DataDir, f.instance(), js, tlog.RoleOptions{AckWait: f.AckWait, Logger: log.With("role", "log")}, metrics)
+		run, err := f.RoleFlags.Start(f.DataDir, f.instance(), js, tlog.RoleOptions{Logger: log.With("role", "log")}, metrics)
 		if err != nil {
 			return "", closeSink, usagef("%v", err)
 		}

@@ -24,12 +24,8 @@ type RoleOptions struct {
 	// Consumer is the role's durable consumer on TALOS_AUDIT (default
 	// "talos-log"). The role re-creates it at each start, from its cursor.
 	Consumer string
-	// AckWait is the consumer's redelivery timer (default 30 s); held
-	// messages are kept in progress while a write is retried.
-	AckWait time.Duration
-	// FetchMax is the most records taken, appended and acked together
-	// (default 1,024); FetchWait the longest a fetch waits to fill (default
-	// 200 ms).
+	// FetchMax is the most records taken and appended together (default
+	// 1,024); FetchWait the longest a fetch waits to fill (default 200 ms).
 	FetchMax  int
 	FetchWait time.Duration
 	// DedupeEntries is how many of the log's last entries the dedupe window
@@ -45,9 +41,6 @@ type RoleOptions struct {
 func (o RoleOptions) withDefaults() RoleOptions {
 	if o.Consumer == "" {
 		o.Consumer = "talos-log"
-	}
-	if o.AckWait <= 0 {
-		o.AckWait = 30 * time.Second
 	}
 	if o.FetchMax <= 0 {
 		o.FetchMax = 1024
@@ -70,14 +63,18 @@ func (o RoleOptions) withDefaults() RoleOptions {
 var LoggedSubjects = []string{schemas.SubjectReceipt + ">", schemas.SubjectToolCall + ">"}
 
 // Role is the log role: it appends the records of TALOS_AUDIT to the log,
-// in stream order, each once, and acks them only once they are integrated
-// and their indexes announced. One goroutine (Run) owns all its state.
+// in stream order, each once, and moves its cursor past them only once
+// they are integrated and their indexes announced. One goroutine (Run) owns all its state.
 type Role struct {
 	js  jetstream.JetStream
 	log *Log
 	o   RoleOptions
 	win *window
 	cur cursor
+	// delivered is the consumer sequence of the last record the consumer
+	// delivered: with no acks (the cursor is what the role resumes from),
+	// a record lost between the server and the role shows as a gap in it.
+	delivered uint64
 
 	size, seq, appended, duplicates atomic.Uint64
 }
@@ -168,6 +165,7 @@ func (r *Role) follow(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	r.delivered = 0
 	for ctx.Err() == nil {
 		mb, err := cons.Fetch(r.o.FetchMax, jetstream.FetchMaxWait(r.o.FetchWait))
 		if err != nil {
@@ -218,9 +216,7 @@ func (r *Role) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	cons, err := r.js.CreateConsumer(ctx, schemas.StreamAudit, jetstream.ConsumerConfig{
 		Durable:        r.o.Consumer,
 		Description:    "Talos transparency log (re-created from the log's cursor at each start)",
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        r.o.AckWait,
-		MaxAckPending:  r.o.FetchMax,
+		AckPolicy:      jetstream.AckNonePolicy,
 		FilterSubjects: LoggedSubjects,
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    r.cur.StreamSeq + 1,
@@ -244,7 +240,8 @@ type item struct {
 
 // handle appends one batch: each record not already in the log is added,
 // in order; once all are integrated their indexes are announced, the
-// cursor is moved past the batch, and only then are they acked.
+// cursor is moved past the batch. The consumer takes no acks: the
+// cursor, not the consumer, is where a restarted role resumes.
 func (r *Role) handle(ctx context.Context, msgs []jetstream.Msg) error {
 	items := make([]item, 0, len(msgs))
 	inBatch := make(map[[32]byte]int, len(msgs))
@@ -253,9 +250,12 @@ func (r *Role) handle(ctx context.Context, msgs []jetstream.Msg) error {
 		if err != nil {
 			return fmt.Errorf("tlog: %w", err)
 		}
+		if md.Sequence.Consumer != r.delivered+1 {
+			return fmt.Errorf("tlog: the consumer delivered its record %d after %d: one was lost on the way", md.Sequence.Consumer, r.delivered)
+		}
+		r.delivered = md.Sequence.Consumer
 		if md.Sequence.Stream <= r.cur.StreamSeq {
-			_ = m.Ack() // handled before the last restart
-			continue
+			continue // handled before the last restart
 		}
 		entry, oversize := EntryOf(m.Subject(), m.Data())
 		it := item{msg: m, seq: md.Sequence.Stream, hash: LeafHash(entry), oversize: oversize}
@@ -292,9 +292,6 @@ func (r *Role) handle(ctx context.Context, msgs []jetstream.Msg) error {
 	r.seq.Store(next.StreamSeq)
 	if err := r.stage("cursor"); err != nil {
 		return err
-	}
-	for i := range items {
-		_ = items[i].msg.Ack()
 	}
 	return nil
 }
@@ -343,12 +340,7 @@ func (r *Role) announce(ctx context.Context, items []item) error {
 		return err
 	}
 	id := "log:" + r.log.origin + ":" + strconv.FormatUint(items[0].seq, 10) + "-" + strconv.FormatUint(items[len(items)-1].seq, 10)
-	p := retry.Policy{First: 100 * time.Millisecond, Max: 5 * time.Second, KeepAlive: r.o.AckWait / 3, Log: r.o.Logger,
-		InProgress: func() {
-			for i := range items {
-				_ = items[i].msg.InProgress()
-			}
-		}}
+	p := retry.Policy{First: 100 * time.Millisecond, Max: 5 * time.Second, Log: r.o.Logger}
 	return p.Run(ctx, "log index publish", func() error {
 		_, err := r.js.Publish(ctx, schemas.SubjectLogIndex, data, jetstream.WithMsgID(id))
 		return err
