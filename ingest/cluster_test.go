@@ -234,7 +234,7 @@ func (c *talosCluster) watchDecisions(t *testing.T, node int) *decisionTimes {
 	t.Helper()
 	d := &decisionTimes{seen: map[string]bool{}}
 	nc := c.connect(t, node, false)
-	sub, err := nc.Subscribe(schemas.DecisionSubject("test-ep"), func(m *nats.Msg) {
+	sub, err := nc.Subscribe(schemas.DecisionSubjects("test-ep"), func(m *nats.Msg) {
 		var dec struct {
 			ToolCallID string `json:"tool_call_id"`
 		}
