@@ -117,7 +117,7 @@ func TestClusterEveryDecisionReachesItsEnforcementPoint(t *testing.T) {
 	if testing.Short() {
 		t.Skip("stops three nodes of a NATS cluster under load")
 	}
-	const calls, before = 2300, 200
+	const calls, before = 2500, 200
 	began := time.Now()
 	c := newTalosCluster(t)
 	js, _ := jetstream.New(c.connect(t, 0, true))
@@ -313,7 +313,7 @@ func TestClusterKillSwitchDuringFailover(t *testing.T) {
 // process: streams, the call ledger, an enforce and a control role each,
 // R3) started at the same instant on a fresh three-node cluster whose
 // JetStream is still forming all come up and decide, ten times over, each
-// time on a new cluster.
+// time on a new cluster (three clusters at a time).
 func TestClusterColdStart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts ten NATS clusters")
@@ -328,8 +328,13 @@ func TestClusterColdStart(t *testing.T) {
 	}
 	keys := verify.KeySet{}
 	keys.Add(key.Public())
+	// Three repetitions at a time: each mostly waits for its cluster.
+	slots := make(chan struct{}, 3)
 	for rep := range 10 {
 		t.Run(fmt.Sprintf("start-%02d", rep+1), func(t *testing.T) {
+			t.Parallel()
+			slots <- struct{}{}
+			defer func() { <-slots }()
 			cluster := testenv.NATSClusterForTest(t, testenv.NATSClusterOptions{Cold: true})
 			began := time.Now()
 			start := make(chan struct{})

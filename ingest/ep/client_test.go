@@ -220,6 +220,25 @@ func TestClientAsksAgain(t *testing.T) {
 	if d, _, err := send(never, time.Second); !errors.Is(err, ep.ErrNoDecision) {
 		t.Fatalf("a call never decided: %+v %v, want %v", d, err, ep.ErrNoDecision)
 	}
+	// The refusal is recorded: the call's post event names DECISION_TIMEOUT.
+	if err := client.RecordNoDecision(never, nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	calls, err := e.js.Stream(ctx, schemas.StreamCalls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := calls.GetLastMsgForSubject(ctx, schemas.CallSubject(schemas.PhasePost, "gw-1", "files"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var post schemas.ToolCall
+	if err := json.Unmarshal(m.Data, &post); err != nil || post.ToolCallID != never.ToolCallID || post.Error == nil ||
+		post.Error.Code != schemas.CodeDecisionTimeout || post.Error.Kind != "denied" || post.Result != nil {
+		t.Fatalf("post event %s (%v), want the call's DECISION_TIMEOUT", m.Data, err)
+	}
 }
 
 func mustMarshal(t *testing.T, v any) []byte {
