@@ -14,7 +14,7 @@ import (
 
 // SetupOptions bound Setup's waits. The zero value means 1 s for the
 // first attempt, 200 ms to 2 s between attempts and a 30 s grace for
-// placement (NoPeersGrace).
+// placement (Grace).
 type SetupOptions struct {
 	// Attempt bounds the first attempt, doubled for each next one up to
 	// 8 s: a JetStream API request that a cluster without a meta leader
@@ -22,13 +22,14 @@ type SetupOptions struct {
 	// cluster answers slowly gets longer each time.
 	Attempt    time.Duration
 	First, Max time.Duration
-	// NoPeersGrace is how long "no suitable peers" and "insufficient
-	// resources" are waited out: on a cluster starting cold its nodes join
-	// JetStream one by one, and a replicated stream cannot be placed until
-	// enough have; after the grace the replica count is taken for more
-	// than the cluster has, and the error is returned.
-	NoPeersGrace time.Duration
-	Log          *slog.Logger
+	// Grace is how long "no suitable peers", "insufficient resources" and
+	// "JetStream not enabled" are waited out: on a cluster starting cold
+	// its nodes join JetStream one by one, and a replicated stream cannot
+	// be placed until enough have; after the grace the replica count is
+	// taken for more than the cluster has (or JetStream for off), and the
+	// error is returned.
+	Grace time.Duration
+	Log   *slog.Logger
 }
 
 // ErrMisconfigured marks an error Setup returns without waiting: waiting
@@ -55,8 +56,8 @@ func Setup(ctx context.Context, nc *nats.Conn, o SetupOptions, what string, try 
 	if o.Max <= 0 {
 		o.Max = 2 * time.Second
 	}
-	if o.NoPeersGrace <= 0 {
-		o.NoPeersGrace = 30 * time.Second
+	if o.Grace <= 0 {
+		o.Grace = 30 * time.Second
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
@@ -73,15 +74,15 @@ func Setup(ctx context.Context, nc *nats.Conn, o SetupOptions, what string, try 
 			}
 			return nil
 		}
-		transient, placement := Transient(nc, err)
+		transient, graced := Transient(nc, err)
 		switch {
 		case !transient && deniedAPI(nc):
 			return fmt.Errorf("%w: %s: %w (%w)", ErrMisconfigured, what, err, nc.LastError())
 		case !transient:
 			return fmt.Errorf("%w: %s: %w", ErrMisconfigured, what, err)
-		case placement && time.Since(began) > o.NoPeersGrace:
-			return fmt.Errorf("%w: %s: %w (for %v: more replicas than the cluster has JetStream nodes?)",
-				ErrMisconfigured, what, err, o.NoPeersGrace)
+		case graced && time.Since(began) > o.Grace:
+			return fmt.Errorf("%w: %s: %w (for %v: more replicas than the cluster has JetStream nodes, or JetStream off?)",
+				ErrMisconfigured, what, err, o.Grace)
 		case ctx.Err() != nil:
 			return fmt.Errorf("%s: %w", what, err)
 		}
@@ -99,18 +100,18 @@ func Setup(ctx context.Context, nc *nats.Conn, o SetupOptions, what string, try 
 // Transient reports whether err, from a JetStream API request on nc, may
 // go away by itself while a cluster elects leaders or starts: no answer
 // (a timeout, no responders, a connection being re-established), the
-// cluster or JetStream temporarily unavailable, no leader. placement is
-// true for "no suitable peers" and "insufficient resources", transient on
-// a cluster still starting, a misconfiguration otherwise. A timeout while
-// nc's last error is a permission violation on the JetStream API is not
-// transient: the request was refused, not lost.
-func Transient(nc *nats.Conn, err error) (transient, placement bool) {
+// cluster temporarily unavailable, no leader. graced is true for "no
+// suitable peers", "insufficient resources" and "JetStream not enabled":
+// transient on a cluster still starting, a misconfiguration after a
+// while. A timeout while nc's last error is a permission violation on the
+// JetStream API is not transient: the request was refused, not lost.
+func Transient(nc *nats.Conn, err error) (transient, graced bool) {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		switch apiErr.ErrorCode {
-		case 10005, 10023: // JSClusterNoPeersErrF, JSInsufficientResourcesErr
+		case 10005, 10023, 10039, 10076: // no peers, insufficient resources; JetStream not enabled (yet?)
 			return true, true
-		case 10006, 10008, 10009, 10076: // cluster not active, not available, not leader; JetStream not enabled (yet)
+		case 10006, 10008, 10009: // cluster not active, not available, not leader
 			return true, false
 		}
 		return apiErr.Code == 503 || apiErr.Code == 408 || apiErr.Code == 504, false
@@ -118,9 +119,10 @@ func Transient(nc *nats.Conn, err error) (transient, placement bool) {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
 		return !deniedAPI(nc), false
+	case errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
+		return true, true
 	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoStreamResponse),
-		errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, nats.ErrConnectionReconnecting),
-		errors.Is(err, nats.ErrDisconnected), errors.Is(err, jetstream.ErrStreamNotFound),
+		errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrDisconnected), errors.Is(err, jetstream.ErrStreamNotFound),
 		errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrBucketNotFound):
 		// Not found: a stream just created whose leader is not yet known
 		// to every node.
