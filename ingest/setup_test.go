@@ -61,3 +61,22 @@ func TestEnsureStreamsMisconfigured(t *testing.T) {
 		})
 	}
 }
+
+// TestEnsureStreamsMoreReplicasThanNodes: five replicas asked of a
+// three-node cluster cannot be placed; a cluster still starting could not
+// place them either, so the error is waited out for the grace, then named
+// a misconfiguration.
+func TestEnsureStreamsMoreReplicasThanNodes(t *testing.T) {
+	cluster := testenv.NATSClusterForTest(t, testenv.NATSClusterOptions{})
+	_, js := testenv.ConnectJS(t, cluster.NodeURL(0))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{Replicas: 5, Setup: retry.SetupOptions{Grace: 2 * time.Second}})
+	if !errors.Is(err, retry.ErrMisconfigured) || !strings.Contains(err.Error(), "more replicas than the cluster has") {
+		t.Fatalf("err %v, want %v naming the replicas", err, retry.ErrMisconfigured)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("waited for the deadline instead of failing")
+	}
+	t.Log(err)
+}
