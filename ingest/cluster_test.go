@@ -46,6 +46,7 @@ type talosCluster struct {
 	key     *receipts.PrivateKey
 	keys    verify.KeySet
 	ctl     *control.ControlClient
+	ctlKey  *receipts.PrivateKey
 	ledger  kv.LedgerOptions
 	workers []*clusterWorker
 }
@@ -112,7 +113,7 @@ func newTalosCluster(t *testing.T) *talosCluster {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = run(ctx) }()
 	}
-	c.ctl = control.NewControlClient(c.connect(t, 0, true), responder, "alice@test")
+	c.ctl, c.ctlKey = control.NewControlClient(c.connect(t, 0, true), responder, "alice@test"), responder
 	return c
 }
 

@@ -255,7 +255,10 @@ func TestClusterKillSwitchDuringFailover(t *testing.T) {
 			led = append(led, s)
 		}
 	}
-	second := (victim + 1) % c.nats.Size()
+	second := (victim + 2) % c.nats.Size()
+	// The responder is connected to the node that stops, as talosctl on a
+	// machine whose node dies.
+	responder := control.NewControlClient(c.connect(t, victim, true), c.ctlKey, "alice@test")
 	c.nats.Stop(victim)
 	c.nats.Stop(second)
 	stopped := time.Now()
@@ -269,7 +272,7 @@ func TestClusterKillSwitchDuringFailover(t *testing.T) {
 		err  error
 	)
 	sent := make(chan struct{})
-	go func() { defer close(sent); rep, prop, err = c.ctl.Send(ctx, cmd, 30*time.Second) }()
+	go func() { defer close(sent); rep, prop, err = responder.Send(ctx, cmd, 30*time.Second) }()
 	time.Sleep(outage)
 	c.nats.Restart(t, second)
 	restarted := time.Now()
@@ -287,7 +290,7 @@ func TestClusterKillSwitchDuringFailover(t *testing.T) {
 		t.Fatalf("applied by %v, missing %v: want all three live workers", prop.Applied, prop.Missing)
 	}
 
-	again, err := c.ctl.Do(ctx, cmd) // a client's retry: same bytes, same command_id
+	again, err := responder.Do(ctx, cmd) // a client's retry: same bytes, same command_id
 	if err != nil || !again.OK || again.Seq != rep.Seq || again.ReceiptID != rep.ReceiptID {
 		t.Fatalf("the command sent again: %+v %v, want seq %d receipt %s", again, err, rep.Seq, rep.ReceiptID)
 	}
