@@ -66,17 +66,17 @@ func (r *epResults) sendWaiting(cl *ep.Client, session string, n int, wait time.
 				tool = "no_such_tool"
 			}
 			call, err := ep.NewCall("test-ep", "files", tool, map[string]any{"path": fmt.Sprintf("f-%d", i)})
-			if err != nil {
-				panic(err)
+			var d *schemas.Decision
+			if err == nil {
+				call.SessionID = session
+				ctx, cancel := context.WithTimeout(context.Background(), wait)
+				d, err = cl.Call(ctx, call)
+				cancel()
 			}
-			call.SessionID = session
-			ctx, cancel := context.WithTimeout(context.Background(), wait)
-			d, err := cl.Call(ctx, call)
-			cancel()
 			r.mu.Lock()
 			defer r.mu.Unlock()
 			if err != nil {
-				r.failed[call.ToolCallID] = err
+				r.failed[fmt.Sprintf("%s #%d", session, i)] = err
 				return
 			}
 			r.got[call.ToolCallID] = d
@@ -125,10 +125,10 @@ func TestClusterEveryDecisionReachesItsEnforcementPoint(t *testing.T) {
 		return func() int { return c.nats.StreamLeader(t, js, stream) }
 	}
 	phases := []struct {
-		name     string
-		victim   func() int
-		epThere  bool // the enforcement point is connected to the victim
-		sessions string
+		name    string
+		victim  func() int
+		epThere bool // the enforcement point is connected to the victim
+		session string
 	}{
 		{"TALOS_CALLS leader", leaderOf(schemas.StreamCalls), false, "reask-calls"},
 		{"TALOS_AUDIT leader", leaderOf(schemas.StreamAudit), false, "reask-audit"},
@@ -143,7 +143,7 @@ func TestClusterEveryDecisionReachesItsEnforcementPoint(t *testing.T) {
 		}
 		cl := c.failoverClient(t, epNode)
 		already := res.decided.Load()
-		done := res.sendWaiting(cl, ph.sessions, calls, 120*time.Second)
+		done := res.sendWaiting(cl, ph.session, calls, 120*time.Second)
 		callsStored(t, js, calls)
 		for i := range c.nats.Size() {
 			c.startWorker(t, fmt.Sprintf("p%d-w%d", k, i), i, true)
@@ -159,7 +159,7 @@ func TestClusterEveryDecisionReachesItsEnforcementPoint(t *testing.T) {
 		}
 		<-done
 		t.Logf("%v: every call of %s answered %v after the stop; %d decisions obtained by asking again",
-			time.Since(began).Round(time.Millisecond), ph.sessions, time.Since(stopped).Round(time.Millisecond), cl.Reasked())
+			time.Since(began).Round(time.Millisecond), ph.session, time.Since(stopped).Round(time.Millisecond), cl.Reasked())
 		if ph.epThere && cl.Reasked() == 0 {
 			t.Fatal("the enforcement point lost its connection with calls in flight, yet asked for no decision again")
 		}
@@ -173,15 +173,15 @@ func TestClusterEveryDecisionReachesItsEnforcementPoint(t *testing.T) {
 		}
 	}
 	if len(res.failed) > 0 {
-		for id, err := range res.failed {
-			t.Errorf("call %s: no decision: %v", id, err)
+		for call, err := range res.failed {
+			t.Errorf("call %s: no decision: %v", call, err)
 		}
 		t.Fatalf("%d of %d calls left without a decision", len(res.failed), len(phases)*calls)
 	}
 	for _, ph := range phases {
-		c.verify(t, ph.sessions, calls)
+		c.verify(t, ph.session, calls)
 	}
-	c.compareReceipts(t, res, phases[0].sessions, phases[1].sessions, phases[2].sessions)
+	c.compareReceipts(t, res, phases[0].session, phases[1].session, phases[2].session)
 	t.Logf("%v: %d decisions compared with their receipts", time.Since(began).Round(time.Millisecond), len(res.got))
 }
 
