@@ -136,7 +136,7 @@ func TestBatchPublishFailure(t *testing.T) {
 			return publish()
 		}}
 	}})
-	sub, err := s.nc.SubscribeSync(schemas.DecisionSubject("test-ep"))
+	sub, err := s.nc.SubscribeSync(schemas.DecisionSubjects("test-ep"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestBatchDuplicateInside(t *testing.T) {
 			return publish()
 		}}
 	}})
-	sub, err := s.nc.SubscribeSync(schemas.DecisionSubject("test-ep"))
+	sub, err := s.nc.SubscribeSync(schemas.DecisionSubjects("test-ep"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func TestBatchDuplicateInside(t *testing.T) {
 // own for them.
 func TestBatchWorkerDiesBetweenPublishAndAck(t *testing.T) {
 	s := newStack(t, stackOptions{noWorker: true})
-	sub, err := s.nc.SubscribeSync(schemas.DecisionSubject("test-ep"))
+	sub, err := s.nc.SubscribeSync(schemas.DecisionSubjects("test-ep"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,6 +46,7 @@ type talosCluster struct {
 	key     *receipts.PrivateKey
 	keys    verify.KeySet
 	ctl     *control.ControlClient
+	ctlKey  *receipts.PrivateKey
 	ledger  kv.LedgerOptions
 	workers []*clusterWorker
 }
@@ -119,7 +120,7 @@ func newTalosClusterOn(t *testing.T, conn driver.Conn, db string) *talosCluster 
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = run(ctx) }()
 	}
-	c.ctl = control.NewControlClient(c.connect(t, 0, true), responder, "alice@test")
+	c.ctl, c.ctlKey = control.NewControlClient(c.connect(t, 0, true), responder, "alice@test"), responder
 	return c
 }
 
@@ -247,7 +248,7 @@ func (c *talosCluster) watchDecisions(t *testing.T, node int) *decisionTimes {
 	t.Helper()
 	d := &decisionTimes{seen: map[string]bool{}}
 	nc := c.connect(t, node, false)
-	sub, err := nc.Subscribe(schemas.DecisionSubject("test-ep"), func(m *nats.Msg) {
+	sub, err := nc.Subscribe(schemas.DecisionSubjects("test-ep"), func(m *nats.Msg) {
 		var dec struct {
 			ToolCallID string `json:"tool_call_id"`
 		}

@@ -430,7 +430,7 @@ func TestReplayAcrossWorkersAndRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	decisions := make(chan *nats.Msg, 8)
-	sub, err := p.nc.ChanSubscribe(schemas.DecisionSubject("test-ep"), decisions)
+	sub, err := p.nc.ChanSubscribe(schemas.DecisionSubjects("test-ep"), decisions)
 	if err != nil {
 		t.Fatal(err)
 	}

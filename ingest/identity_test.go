@@ -101,7 +101,7 @@ func TestEnforcementPointIdentity(t *testing.T) {
 			o.Ledger = ledger
 		}})
 	alpha, beta := dialEP(t, ns.URL(), users, "alpha"), dialEP(t, ns.URL(), users, "beta")
-	betaDecisions, err := beta.nc.SubscribeSync(schemas.DecisionSubject("beta"))
+	betaDecisions, err := beta.nc.SubscribeSync(schemas.DecisionSubjects("beta"))
 	if err != nil {
 		t.Fatal(err)
 	}

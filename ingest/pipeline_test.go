@@ -583,7 +583,7 @@ func TestPipelineDevMode(t *testing.T) {
 // and the dropped duplicate leaves no gap in any chain.
 func TestPipelineDuplicateCallOneReceipt(t *testing.T) {
 	s := newStack(t, stackOptions{})
-	sub, err := s.nc.SubscribeSync(schemas.DecisionSubject("test-ep"))
+	sub, err := s.nc.SubscribeSync(schemas.DecisionSubjects("test-ep"))
 	if err != nil {
 		t.Fatal(err)
 	}

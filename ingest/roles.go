@@ -94,7 +94,7 @@ func NewEnforceRole(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, 
 			return nil, err
 		}
 	}
-	ledger, err := kv.NewLedger(ctx, js, o.Ledger)
+	ledger, err := kv.NewLedger(ctx, js, withLogger(o.Ledger, o.Logger))
 	if err != nil {
 		return nil, fmt.Errorf("call ledger: %w", err)
 	}
@@ -159,7 +159,7 @@ func NewControlRole(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, 
 	}
 	if en := o.Enforce; en != nil {
 		p.Ledger, p.State, p.Follower = en.ledger, en.state, en.Follower()
-	} else if p.Ledger, err = kv.NewLedger(ctx, js, o.Ledger); err != nil {
+	} else if p.Ledger, err = kv.NewLedger(ctx, js, withLogger(o.Ledger, o.Logger)); err != nil {
 		return nil, fmt.Errorf("call ledger: %w", err)
 	}
 	if run, err = control.NewControlPlane(nc, js, p); err != nil {
@@ -169,4 +169,12 @@ func NewControlRole(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, 
 		o.Logger.Info("control role started", "chain", p.Chain.ID(), "responder_keys", len(o.ResponderKeys), "replay_window", p.Ledger.Window())
 	}
 	return run, nil
+}
+
+// withLogger is o with log as its logger unless it has one.
+func withLogger(o kv.LedgerOptions, log *slog.Logger) kv.LedgerOptions {
+	if o.Logger == nil {
+		o.Logger = log
+	}
+	return o
 }

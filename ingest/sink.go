@@ -169,17 +169,21 @@ func (s *Sink) Run(ctx context.Context) error {
 // messages creates or updates the sink's durable consumer of
 // TALOS_AUDIT and starts pulling from it.
 func (s *Sink) messages(ctx context.Context) (jetstream.MessagesContext, error) {
-	cons, err := s.js.CreateOrUpdateConsumer(ctx, schemas.StreamAudit, jetstream.ConsumerConfig{
-		Durable:       s.o.Consumer,
-		Description:   "Talos ClickHouse sink",
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       s.o.AckWait,
-		MaxAckPending: 2 * s.o.BatchRows,
-		FilterSubject: schemas.SubjectAuditAll,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
+	var cons jetstream.Consumer
+	err := retry.Setup(ctx, s.js.Conn(), retry.SetupOptions{Log: s.o.Logger}, "sink consumer "+s.o.Consumer, func(ctx context.Context) (err error) {
+		cons, err = s.js.CreateOrUpdateConsumer(ctx, schemas.StreamAudit, jetstream.ConsumerConfig{
+			Durable:       s.o.Consumer,
+			Description:   "Talos ClickHouse sink",
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       s.o.AckWait,
+			MaxAckPending: 2 * s.o.BatchRows,
+			FilterSubject: schemas.SubjectAuditAll,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("ingest: sink consumer: %w", err)
+		return nil, fmt.Errorf("ingest: %w", err)
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(s.o.BatchRows), jetstream.PullHeartbeat(ordered.Heartbeat))
 	if err != nil {

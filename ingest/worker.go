@@ -96,8 +96,9 @@ const notDecidingDelay = 250 * time.Millisecond
 
 // Worker consumes TALOS_CALLS, decides each call, stores one signed receipt
 // per call and phase in TALOS_AUDIT, answers the enforcement point that
-// published it (the ep_id of its subject) on talos.decision.<ep_id>, and
-// only then acks the call.
+// published it (the ep_id of its subject) on
+// talos.decision.<ep_id>.<phase>.<call>, which TALOS_DECISIONS keeps for
+// it to ask again, and only then acks the call.
 type Worker struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
@@ -157,22 +158,24 @@ func (w *Worker) Handled() uint64 { return w.handled.Load() }
 // Run consumes until ctx is cancelled. Messages fetched but not finished
 // are nak'ed so another worker takes them at once.
 func (w *Worker) Run(ctx context.Context) error {
-	audit, err := w.js.Stream(ctx, schemas.StreamAudit)
-	if err != nil {
-		return fmt.Errorf("ingest: audit stream: %w", err)
-	}
-	w.audit = audit
-	cons, err := w.js.CreateOrUpdateConsumer(ctx, schemas.StreamCalls, jetstream.ConsumerConfig{
-		Durable:       w.o.Consumer,
-		Description:   "Talos enforce workers",
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       w.o.AckWait,
-		MaxAckPending: w.o.MaxAckPending,
-		FilterSubject: schemas.SubjectCallsAll,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
+	var cons jetstream.Consumer
+	err := retry.Setup(ctx, w.nc, retry.SetupOptions{Log: w.log}, "enforce consumer "+w.o.Consumer, func(ctx context.Context) (err error) {
+		if w.audit, err = w.js.Stream(ctx, schemas.StreamAudit); err != nil {
+			return err
+		}
+		cons, err = w.js.CreateOrUpdateConsumer(ctx, schemas.StreamCalls, jetstream.ConsumerConfig{
+			Durable:       w.o.Consumer,
+			Description:   "Talos enforce workers",
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       w.o.AckWait,
+			MaxAckPending: w.o.MaxAckPending,
+			FilterSubject: schemas.SubjectCallsAll,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		return err
 	})
 	if err != nil {
-		return fmt.Errorf("ingest: enforce consumer: %w", err)
+		return fmt.Errorf("ingest: %w", err)
 	}
 	buffer := 64 * len(w.o.Chains)
 	if buffer > w.o.MaxAckPending {
@@ -300,6 +303,20 @@ type call struct {
 	server   string
 	msgID    string
 	after    []*enforce.LedgerOp
+	// replyToken is the last token of the decision's subject: the
+	// tool_call_id, or calls-seq-<n> when the envelope is malformed or has
+	// none (DecisionSubject).
+	replyToken string
+	reply      *inflight // the decision reply on its way into TALOS_DECISIONS
+}
+
+// inflight is one asynchronous publish of a batch to a stream that a call's
+// ack waits for: its ToolCallEvent, or its decision reply.
+type inflight struct {
+	c    *call
+	msg  *nats.Msg
+	fut  jetstream.PubAckFuture // nil: the publish could not even be sent
+	what string
 }
 
 // handleBatch decides a batch of calls, stores one receipt per call (and
@@ -338,7 +355,7 @@ func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jet
 			continue
 		}
 		if len(c.after) == 0 {
-			w.reply(c.dec)
+			w.reply(c)
 		} else {
 			waiting = append(waiting, c)
 		}
@@ -347,7 +364,13 @@ func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jet
 		w.ledgerAfter(ctx, waiting)
 	}
 	w.traceDecisions(calls, ch.ID(), began)
-	w.storeEvents(ctx, ch, calls, now)
+	sent := w.storeEvents(ctx, ch, calls, now)
+	for _, c := range calls {
+		if c.reply != nil {
+			sent = append(sent, *c.reply)
+		}
+	}
+	w.settle(ctx, sent)
 	for _, c := range calls {
 		if c.done {
 			continue
@@ -437,6 +460,10 @@ func (w *Worker) storeReceipt(ctx context.Context, ch *receipts.Chain, c *call, 
 	if r.ToolCallID == "" || r.EPID == "" || slices.Contains(r.ReasonCodes, schemas.CodeEnvelopeInvalid) {
 		c.dedupeID = seqID
 	}
+	c.replyToken = r.ToolCallID
+	if c.dedupeID == seqID || !schemas.SafeToken(r.ToolCallID) {
+		c.replyToken = seqID
+	}
 	subjectID := r.ToolCallID
 	if subjectID == "" {
 		subjectID = seqID
@@ -506,21 +533,16 @@ func (w *Worker) ledgerAfter(ctx context.Context, calls []*call) {
 			c.done = true
 			continue
 		}
-		w.reply(c.dec)
+		w.reply(c)
 	}
 }
 
 // storeEvents signs the batch's ToolCallEvents with the chain's key and
 // publishes them together (one per call: Nats-Msg-Id
-// <ep_id>:<tool_call_id>:toolcall, or calls-seq-<n>:toolcall); a
-// call whose event cannot be stored is left for a retry.
-func (w *Worker) storeEvents(ctx context.Context, ch *receipts.Chain, calls []*call, now time.Time) {
-	type pending struct {
-		c   *call
-		msg *nats.Msg
-		fut jetstream.PubAckFuture
-	}
-	var sent []pending
+// <ep_id>:<tool_call_id>:toolcall, or calls-seq-<n>:toolcall), for settle
+// to await; a call whose event cannot be signed is left for a retry.
+func (w *Worker) storeEvents(ctx context.Context, ch *receipts.Chain, calls []*call, now time.Time) []inflight {
+	var sent []inflight
 	for _, c := range calls {
 		if c.done || c.out.ToolCall == nil {
 			continue
@@ -543,11 +565,19 @@ func (w *Worker) storeEvents(ctx context.Context, ch *receipts.Chain, calls []*c
 		if err != nil {
 			fut = nil
 		}
-		sent = append(sent, pending{c, msg, fut})
+		sent = append(sent, inflight{c, msg, fut, "ToolCallEvent"})
 	}
-	// The acknowledgements are awaited until one deadline: an async
-	// publish has no timeout of its own, and one lost with a stream
-	// leader would be waited for for ever.
+	return sent
+}
+
+// settle awaits the batch's asynchronous publishes (ToolCallEvents into
+// TALOS_AUDIT, decision replies into TALOS_DECISIONS) until one deadline:
+// an async publish has no timeout of its own, and one lost with a stream
+// leader would be waited for for ever. Each one not acknowledged by then
+// is sent again alone, same bytes, until its stream takes it or ctx ends;
+// its call is otherwise left for a retry, which stores and answers the
+// same (a redelivery gets the receipt already stored).
+func (w *Worker) settle(ctx context.Context, sent []inflight) {
 	wctx, cancel := context.WithTimeout(ctx, w.o.PublishTimeout)
 	defer cancel()
 	for _, s := range sent {
@@ -557,12 +587,14 @@ func (w *Worker) storeEvents(ctx context.Context, ch *receipts.Chain, calls []*c
 				continue
 			}
 		}
-		// Retry this one alone until TALOS_AUDIT takes it or ctx ends.
-		err = w.retry(s.c.m).Run(ctx, "toolcall event publish", func() error {
+		if s.c.done {
+			continue // already left for a retry
+		}
+		err = w.retry(s.c.m).Run(ctx, s.what+" publish", func() error {
 			return w.publish(ctx, s.msg)
-		}, "tool_call_id", s.c.out.ToolCall.ToolCallID, "first_err", err)
+		}, "subject", s.msg.Subject, "call_msg_id", s.c.msgID, "first_err", err)
 		if err != nil {
-			w.retryLater(ctx, s.c.m, "cannot store the ToolCallEvent", s.c.msgID, err)
+			w.retryLater(ctx, s.c.m, "cannot store the "+s.what, s.c.msgID, err)
 			s.c.done = true
 		}
 	}
@@ -681,15 +713,25 @@ func (w *Worker) retry(m jetstream.Msg) retry.Policy {
 		InProgress: func() { _ = m.InProgress() }}
 }
 
-// reply answers the enforcement point d names; nil (a stored receipt that
-// could not be read back) and an invalid ep_id are not answered.
-func (w *Worker) reply(d *wireDecision) {
-	if d == nil || !schemas.ValidID(d.epID) {
+// reply answers the enforcement point c's decision names, on the call's
+// own subject talos.decision.<ep_id>.<phase>.<call>: the enforcement
+// point receives it as it is published, and TALOS_DECISIONS stores it for
+// the enforcement point to ask again. The publish is asynchronous; settle
+// awaits it before the call is acked, so an acked call's decision can
+// always be asked for again. A nil decision (a stored receipt that could
+// not be read back) and an invalid ep_id are not answered.
+func (w *Worker) reply(c *call) {
+	d := c.dec
+	if d == nil || !schemas.ValidID(d.epID) || (d.Phase != schemas.PhasePre && d.Phase != schemas.PhasePost) {
 		return
 	}
-	if err := w.nc.Publish(schemas.DecisionSubject(d.epID), encodeDecision(&d.Decision)); err != nil {
+	msg := &nats.Msg{Subject: schemas.DecisionSubject(d.epID, d.Phase, c.replyToken), Data: encodeDecision(&d.Decision)}
+	fut, err := w.js.PublishMsgAsync(msg)
+	if err != nil {
 		w.log.Warn("publish decision", "ep_id", d.epID, "err", err)
+		fut = nil
 	}
+	c.reply = &inflight{c, msg, fut, "decision reply"}
 }
 
 // wireDecision is a decision reply and the enforcement point it goes to.

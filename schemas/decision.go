@@ -2,7 +2,7 @@ package schemas
 
 import "encoding/json"
 
-// Decision is the reply a worker publishes on talos.decision.<ep_id>
+// Decision is the reply a worker publishes on talos.decision.<ep_id>.<phase>.<call>
 // (schemas/talos/decision.schema.json).
 type Decision struct {
 	ToolCallID     string          `json:"tool_call_id"`

@@ -13,6 +13,9 @@ const (
 	StreamCalls   = "TALOS_CALLS"
 	StreamAudit   = "TALOS_AUDIT"
 	StreamControl = "TALOS_CONTROL"
+	// StreamDecisions keeps each decision reply for a while, so that an
+	// enforcement point that missed it can ask again (DecisionSubject).
+	StreamDecisions = "TALOS_DECISIONS"
 )
 
 // Subject roots and wildcards.
@@ -20,13 +23,15 @@ const (
 	SubjectCallsAll   = "talos.call.>"
 	SubjectAuditAll   = "talos.audit.>"
 	SubjectControlAll = "talos.control.>"
-	SubjectCall       = "talos.call." // talos.call.<phase>.<ep_id>.<server_id>
-	SubjectCallPre    = "talos.call.pre."
-	SubjectCallPost   = "talos.call.post."
-	SubjectControl    = "talos.control." // talos.control.<verb>
-	SubjectDecision   = "talos.decision."
-	SubjectStatus     = "talos.status."
-	SubjectCtl        = "talos.ctl."
+	// SubjectDecisionsAll is every decision reply (TALOS_DECISIONS).
+	SubjectDecisionsAll = "talos.decision.>"
+	SubjectCall         = "talos.call." // talos.call.<phase>.<ep_id>.<server_id>
+	SubjectCallPre      = "talos.call.pre."
+	SubjectCallPost     = "talos.call.post."
+	SubjectControl      = "talos.control." // talos.control.<verb>
+	SubjectDecision     = "talos.decision."
+	SubjectStatus       = "talos.status."
+	SubjectCtl          = "talos.ctl."
 
 	// TALOS_AUDIT subject prefixes (ReceiptSubject, ToolCallEventSubject,
 	// CheckpointSubject): the sink routes records on them.
@@ -116,8 +121,50 @@ func ParseApprovalTarget(target string) (epID, toolCallID string, ok bool) {
 	return epID, toolCallID, true
 }
 
-// DecisionSubject is the core-NATS subject an enforcement point listens on.
-func DecisionSubject(epID string) string { return SubjectDecision + epID }
+// DecisionSubject is the subject of one call's decision reply:
+// talos.decision.<ep_id>.<phase>.<call>, call its tool_call_id (or, for
+// an envelope without a usable one, calls-seq-<TALOS_CALLS sequence>). Its
+// enforcement point listens on DecisionSubjects live, and TALOS_DECISIONS
+// keeps the last reply of each subject for it to ask again
+// (DecisionGetSubject).
+func DecisionSubject(epID, phase, call string) string {
+	return SubjectDecision + epID + "." + phase + "." + call
+}
+
+// DecisionSubjects matches every decision reply to enforcement point epID
+// (talos.decision.<ep_id>.>): what its NATS user may subscribe to.
+func DecisionSubjects(epID string) string { return SubjectDecision + epID + ".>" }
+
+// directGet is the JetStream API subject prefix of a direct get of a
+// TALOS_DECISIONS subject's last message, the subject appended.
+const directGet = "$JS.API.DIRECT.GET." + StreamDecisions + "."
+
+// DecisionGetSubject is the request that asks TALOS_DECISIONS again for
+// one call's decision reply: a JetStream direct get of the last message on
+// DecisionSubject(epID, phase, call), answered by any replica of the
+// stream (a follower may not have it yet: ask again).
+func DecisionGetSubject(epID, phase, call string) string {
+	return directGet + DecisionSubject(epID, phase, call)
+}
+
+// DecisionGetSubjects matches every DecisionGetSubject of enforcement
+// point epID: its NATS user may ask for its own calls' decisions only.
+func DecisionGetSubjects(epID string) string { return directGet + DecisionSubjects(epID) }
+
+// SafeToken reports whether s may be one token of a subject: 1 to 128
+// letters, digits, '-' or '_' (a tool_call_id is a UUID).
+func SafeToken(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
 
 // ReceiptSubject is the TALOS_AUDIT subject of a receipt; for control receipts
 // the last token is the verb.

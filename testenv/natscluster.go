@@ -29,6 +29,10 @@ type NATSClusterOptions struct {
 	Users []*server.User
 	// Logs sends the nodes' logs to stderr.
 	Logs bool
+	// Cold returns as soon as every node listens, without waiting for
+	// JetStream: the cluster is still forming its meta group, as one whose
+	// nodes and clients all start at once (docker-compose) is.
+	Cold bool
 }
 
 // NATSCluster is a NATS cluster of embedded nats-servers in this process,
@@ -51,8 +55,8 @@ type clusterNode struct {
 }
 
 // NATSClusterForTest starts a cluster (three nodes by default), waits until
-// JetStream has elected its meta leader and every node is current, and
-// shuts every node down when the test ends.
+// JetStream has elected its meta leader and every node is current (unless
+// Cold), and shuts every node down when the test ends.
 func NATSClusterForTest(t testing.TB, o NATSClusterOptions) *NATSCluster {
 	t.Helper()
 	n := o.Nodes
@@ -82,7 +86,9 @@ func NATSClusterForTest(t testing.TB, o NATSClusterOptions) *NATSCluster {
 			t.Fatal(err)
 		}
 	}
-	c.WaitJetStream(t)
+	if !o.Cold {
+		c.WaitJetStream(t)
+	}
 	return c
 }
 

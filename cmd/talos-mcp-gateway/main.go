@@ -43,7 +43,7 @@ type cli struct {
 	NatsAuth     string `name:"nats-auth" help:"talosd's NATS users file; the gateway logs in as the user of --ep-id. 'none': no credentials."`
 	NatsCA       string `name:"nats-ca" type:"path" help:"CA certificate (PEM) the NATS server's certificate must chain to; with it, a server without TLS is refused. Default: nats-tls/ca.pem beside --nats-auth when it exists, else the system's roots."`
 
-	EPID     string   `name:"ep-id" required:"" help:"This enforcement point's id (its decisions arrive on talos.decision.<ep-id>)."`
+	EPID     string   `name:"ep-id" required:"" help:"This enforcement point's id (its decisions arrive on talos.decision.<ep-id>.>)."`
 	Upstream []string `name:"upstream" required:"" sep:"none" help:"An upstream MCP server: '<server_id>=<command> [args...]' (stdio) or '<server_id>=http(s)://...' (streamable HTTP). Repeat for several."`
 	Registry string   `name:"registry" required:"" type:"path" help:"The tool registry: a manifest file or a directory of them (the bundle the workers pin)."`
 

@@ -43,7 +43,7 @@ func TestGatewaySpoolSurvivesKill(t *testing.T) {
 	}
 	defer nc.Close()
 	decided := make(chan struct{}, 1)
-	if _, err := nc.Subscribe(schemas.DecisionSubject(ep), func(*nats.Msg) {
+	if _, err := nc.Subscribe(schemas.DecisionSubjects(ep), func(*nats.Msg) {
 		select {
 		case decided <- struct{}{}:
 		default:

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"strings"
 	"time"
@@ -17,7 +18,7 @@ type callCmd struct {
 	Server         string        `name:"server" help:"server_id of the MCP server."`
 	Tool           string        `name:"tool" help:"Tool name."`
 	Args           string        `name:"args" default:"{}" help:"Tool arguments as JSON, or @FILE."`
-	EPID           string        `name:"ep-id" default:"talosctl" help:"Enforcement point id (decisions arrive on talos.decision.<ep-id>)."`
+	EPID           string        `name:"ep-id" default:"talosctl" help:"Enforcement point id (decisions arrive on talos.decision.<ep-id>.>)."`
 	Agent          string        `name:"agent" help:"actor.agent_id (default: the --capability chain's holder, else talosctl-agent)."`
 	Session        string        `name:"session" help:"session_id (default: a new one)."`
 	IdempotencyKey string        `name:"idempotency-key" help:"idempotency_key (required by write tools)."`
@@ -123,6 +124,9 @@ func (c *callCmd) sendCall(ctx context.Context, g *Globals, client *ep.Client) e
 	}
 	started := time.Now()
 	d, err := client.Call(ctx, call)
+	if errors.Is(err, ep.ErrNoDecision) {
+		err = errors.Join(err, client.RecordNoDecision(call, signer)) // the refusal is receipted too
+	}
 	if err != nil || d.Decision != schemas.DecisionAllow || c.Result == "" {
 		return printDecision(g, d, err)
 	}

@@ -19,7 +19,7 @@ import (
 // as the actor in the control receipt.
 type ctlFlags struct {
 	signerFlags
-	Timeout time.Duration `name:"timeout" default:"10s" help:"How long to wait for the control service (and, with --wait, for every live worker)."`
+	Timeout time.Duration `name:"timeout" default:"30s" help:"How long to wait for the control service, retrying the same command (and, with --wait, for every live worker): 30 s outlasts a NATS cluster's leader election."`
 }
 
 // signerFlags name the responder key that signs control commands.

@@ -128,7 +128,7 @@ func checkReplicas(t *testing.T, js jetstream.JetStream, cluster *testenv.NATSCl
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	wantStreams := map[string]bool{schemas.StreamCalls: false, schemas.StreamAudit: false, schemas.StreamControl: false,
+	wantStreams := map[string]bool{schemas.StreamCalls: false, schemas.StreamAudit: false, schemas.StreamControl: false, schemas.StreamDecisions: false,
 		"KV_TALOS_LEDGER": false, "KV_TALOS_RATE": false}
 	durables := 0
 	names := js.StreamNames(ctx)

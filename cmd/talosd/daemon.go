@@ -94,9 +94,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 	if err != nil {
 		return err
 	}
-	if err := retry.Do(ctx, log, "create streams", func() error {
-		return ingest.EnsureStreams(ctx, js, ingest.StreamOptions{Replicas: f.Replicas})
-	}); err != nil {
+	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{Replicas: f.Replicas, Setup: retry.SetupOptions{Log: log}}); err != nil {
 		return err
 	}
 	if c.key != nil {

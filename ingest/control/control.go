@@ -24,6 +24,7 @@ import (
 
 	"github.com/talos-audit/talos/ingest/checkpoint"
 	"github.com/talos-audit/talos/ingest/ordered"
+	"github.com/talos-audit/talos/ingest/retry"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
@@ -227,20 +228,24 @@ func NewControlService(nc *nats.Conn, js jetstream.JetStream, o ControlOptions) 
 // flight is abandoned with ctx; a copy not yet acked is redelivered. Close
 // the NATS connection only after Run has returned.
 func (s *ControlService) Run(ctx context.Context) error {
-	if err := s.start(ctx); err != nil {
+	var cons jetstream.Consumer
+	err := retry.Setup(ctx, s.nc, retry.SetupOptions{Log: s.log}, "control service streams and consumer "+ControlAuditConsumer, func(ctx context.Context) (err error) {
+		if err := s.start(ctx); err != nil {
+			return err
+		}
+		cons, err = s.js.CreateOrUpdateConsumer(ctx, schemas.StreamControl, jetstream.ConsumerConfig{
+			Durable:       ControlAuditConsumer,
+			Description:   "Talos: copies every control event to TALOS_AUDIT",
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       controlCopyAckWait,
+			MaxAckPending: controlCopyPending,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+			FilterSubject: schemas.SubjectControlAll,
+		})
 		return err
-	}
-	cons, err := s.js.CreateOrUpdateConsumer(ctx, schemas.StreamControl, jetstream.ConsumerConfig{
-		Durable:       ControlAuditConsumer,
-		Description:   "Talos: copies every control event to TALOS_AUDIT",
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       controlCopyAckWait,
-		MaxAckPending: controlCopyPending,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		FilterSubject: schemas.SubjectControlAll,
 	})
 	if err != nil {
-		return fmt.Errorf("ingest: control audit consumer: %w", err)
+		return fmt.Errorf("ingest: %w", err)
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(16), jetstream.PullHeartbeat(ordered.Heartbeat))
 	if err != nil {

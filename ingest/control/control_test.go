@@ -865,3 +865,59 @@ func TestControlDoAndWait(t *testing.T) {
 		t.Fatalf("send status: %+v %+v %v", r, p, err)
 	}
 }
+
+// TestControlClientRetriesUnrecorded: a CTL_INTERNAL reply that recorded
+// nothing (no seq: the service could not reach a stream, say during a
+// leader election) is sent again, same bytes and so the same command_id,
+// until the service records it; one that names a seq (recorded, a later
+// step failed) is returned as it is, never sent again.
+func TestControlClientRetriesUnrecorded(t *testing.T) {
+	e := newControlEnv(t)
+	var (
+		mu    sync.Mutex
+		seen  [][]byte
+		reply = func(n int) schemas.ControlReply {
+			if n < 3 {
+				return schemas.ControlReply{Code: schemas.CtlInternal, Error: "no stream leader"}
+			}
+			return schemas.ControlReply{OK: true, Seq: 7, ReceiptID: "r-7"}
+		}
+	)
+	sub, err := e.nc.Subscribe(schemas.SubjectCtlAll, func(m *nats.Msg) {
+		mu.Lock()
+		seen = append(seen, m.Data)
+		r := reply(len(seen))
+		mu.Unlock()
+		b, _ := json.Marshal(r)
+		_ = m.Respond(b)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	c := e.client()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rep, err := c.Do(ctx, killSwitch(c, "global"))
+	if err != nil || !rep.OK || rep.Seq != 7 {
+		t.Fatalf("after two unrecorded CTL_INTERNAL: %+v %v, want the third answer", rep, err)
+	}
+	mu.Lock()
+	if len(seen) != 3 || !bytes.Equal(seen[0], seen[1]) || !bytes.Equal(seen[1], seen[2]) {
+		t.Fatalf("%d requests, want 3 with the same bytes", len(seen))
+	}
+	seen = nil
+	reply = func(int) schemas.ControlReply {
+		return schemas.ControlReply{Code: schemas.CtlInternal, Seq: 8, Error: "recorded at control seq 8, but the replay store was not flushed"}
+	}
+	mu.Unlock()
+	rep, err = c.Do(ctx, killSwitch(c, "global"))
+	if err != nil || rep.OK || rep.Seq != 8 {
+		t.Fatalf("a recorded CTL_INTERNAL: %+v %v, want it returned", rep, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 1 {
+		t.Fatalf("a recorded CTL_INTERNAL was sent %d times, want once", len(seen))
+	}
+}

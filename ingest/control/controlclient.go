@@ -52,10 +52,14 @@ func (c *ControlClient) NewCommand(verb string) *schemas.ControlCommand {
 
 // Do signs cmd (if the client has a key; the signature replaces any in
 // cmd) and sends it to talos.ctl.<verb>. When no service answers in time
-// (no responders, a timeout) it sends the same bytes again, so the same
+// (no responders, a timeout), or one answers CTL_INTERNAL having recorded
+// nothing (no seq: it could not reach a stream, say while the cluster
+// elects a leader), it sends the same bytes again, so the same
 // command_id, until ctx ends: the service appends a command once however
-// often it arrives. A refusal is a reply with OK false, not an error; the
-// error is for no reply at all or an unreadable one.
+// often it arrives, and answers a repeat with the first append's seq and
+// receipt. A refusal is a reply with OK false, not an error (the last
+// CTL_INTERNAL when ctx ends); the error is for no reply at all or an
+// unreadable one.
 func (c *ControlClient) Do(ctx context.Context, cmd *schemas.ControlCommand) (*schemas.ControlReply, error) {
 	if c.key != nil {
 		if err := receipts.SignCommand(c.key, cmd); err != nil {
@@ -72,28 +76,39 @@ func (c *ControlClient) Do(ctx context.Context, cmd *schemas.ControlCommand) (*s
 		actx, cancel := context.WithTimeout(ctx, controlAttemptTimeout)
 		m, err := c.nc.RequestWithContext(actx, subject, data)
 		cancel()
+		var reply schemas.ControlReply
 		if err == nil {
-			var reply schemas.ControlReply
 			if err := json.Unmarshal(m.Data, &reply); err != nil {
 				return nil, fmt.Errorf("control reply on %s: %w", subject, err)
 			}
-			return &reply, nil
+			if reply.OK || reply.Code != schemas.CtlInternal || reply.Seq != 0 {
+				return &reply, nil
+			}
 		}
-		retryable := errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
+		retryable := err == nil || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
 			errors.Is(err, context.DeadlineExceeded)
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("control %s: no reply (%w): %w", cmd.Verb, err, ctx.Err())
-		}
-		if !retryable {
-			return nil, fmt.Errorf("control %s: %w", cmd.Verb, err)
+		if ctx.Err() != nil || !retryable {
+			return noReply(ctx, cmd.Verb, &reply, err)
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("control %s: no reply (%w): %w", cmd.Verb, err, ctx.Err())
+			return noReply(ctx, cmd.Verb, &reply, err)
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, controlRetryMax)
 	}
+}
+
+// noReply ends Do without an answer it could use: the last CTL_INTERNAL
+// reply when there was one (err nil), else err.
+func noReply(ctx context.Context, verb string, reply *schemas.ControlReply, err error) (*schemas.ControlReply, error) {
+	switch {
+	case err == nil:
+		return reply, nil
+	case ctx.Err() != nil:
+		return nil, fmt.Errorf("control %s: no reply (%w): %w", verb, err, ctx.Err())
+	}
+	return nil, fmt.Errorf("control %s: %w", verb, err)
 }
 
 // Propagation is how an accepted mutation reached the workers.

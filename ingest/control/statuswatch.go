@@ -76,7 +76,11 @@ func NewStatusWatcher(nc *nats.Conn) (*StatusWatcher, error) {
 		_ = sub.Unsubscribe()
 		return nil, err
 	}
-	if err := nc.Flush(); err != nil {
+	// The flush puts the subscription in place before the caller sends a
+	// command. One interrupted by a reconnect (nats.go reports it as a
+	// closed connection) is no failure: the client subscribes again before
+	// it sends anything else, so the order holds.
+	if err := nc.Flush(); err != nil && nc.IsClosed() {
 		_ = sub.Unsubscribe()
 		return nil, fmt.Errorf("ingest: subscribe worker status: %w", err)
 	}

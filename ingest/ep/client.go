@@ -11,12 +11,14 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/schemas/jsonkit"
 )
@@ -35,9 +37,27 @@ var ErrDuplicateCall = errors.New("TALOS_CALLS already holds a call with this Na
 // maxSent bounds the Nats-Msg-Ids a Client remembers having published.
 const maxSent = 4096
 
+// ClientOptions configure a Client. The zero value means the defaults.
+type ClientOptions struct {
+	// ReaskAfter is how long a call waits for its decision before the
+	// client asks TALOS_DECISIONS for it, and then between two asks
+	// (default 1 s; a decision normally arrives in milliseconds).
+	ReaskAfter time.Duration
+	// PublishAttempt bounds one attempt at storing a call in TALOS_CALLS
+	// (default 2 s): an attempt lost with a stream leader is never
+	// acknowledged, and is sent again, same bytes and Nats-Msg-Id, until
+	// the call's deadline.
+	PublishAttempt time.Duration
+	// Keys, when not empty, are talosd's public keys: a decision is taken
+	// only if its receipt is signed by one of them and names the
+	// decision's receipt id.
+	Keys verify.KeySet
+}
+
 // Client is the enforcement-point side of Talos: it publishes calls to
 // TALOS_CALLS on its own subjects (talos.call.<phase>.<ep_id>.<server_id>)
-// and waits for their decisions on talos.decision.<ep_id>. A decision is
+// and waits for their decisions on talos.decision.<ep_id>.>, asking
+// TALOS_DECISIONS again for one it missed (SendHashed). A decision is
 // taken for a call only if it names the call's tool_call_id and phase and,
 // when the client knows the call's request hash, its receipt's
 // request_hash is that hash. It is safe for concurrent use.
@@ -46,25 +66,42 @@ type Client struct {
 	js   jetstream.JetStream
 	epID string
 	sub  *nats.Subscription
+	o    ClientOptions
 
 	mu      sync.Mutex
 	waiters map[string]*waiter // key: tool_call_id + ":" + phase
 	sent    sentIDs
+
+	reasked atomic.Uint64
 }
 
 // waiter is a call waiting for its decision.
 type waiter struct {
 	ch          chan *schemas.Decision
 	requestHash string // "" when the client could not read the envelope it sent
+	keys        verify.KeySet
 }
 
-// NewClient subscribes to the decisions for epID.
+// NewClient subscribes to the decisions for epID, with the default
+// options.
 func NewClient(nc *nats.Conn, js jetstream.JetStream, epID string) (*Client, error) {
+	return NewClientWithOptions(nc, js, epID, ClientOptions{})
+}
+
+// NewClientWithOptions subscribes to the decisions for epID
+// (talos.decision.<ep_id>.>).
+func NewClientWithOptions(nc *nats.Conn, js jetstream.JetStream, epID string, o ClientOptions) (*Client, error) {
 	if !schemas.ValidID(epID) {
 		return nil, fmt.Errorf("ep_id %q must match %s", epID, schemas.IDPattern)
 	}
-	c := &Client{nc: nc, js: js, epID: epID, waiters: map[string]*waiter{}}
-	sub, err := nc.Subscribe(schemas.DecisionSubject(epID), c.onDecision)
+	if o.ReaskAfter <= 0 {
+		o.ReaskAfter = time.Second
+	}
+	if o.PublishAttempt <= 0 {
+		o.PublishAttempt = 2 * time.Second
+	}
+	c := &Client{nc: nc, js: js, epID: epID, o: o, waiters: map[string]*waiter{}}
+	sub, err := nc.Subscribe(schemas.DecisionSubjects(epID), c.onDecision)
 	if err != nil {
 		return nil, fmt.Errorf("subscribe decisions: %w", err)
 	}
@@ -77,6 +114,10 @@ func NewClient(nc *nats.Conn, js jetstream.JetStream, epID string) (*Client, err
 	c.sub = sub
 	return c, nil
 }
+
+// Reasked is how many decisions this client obtained by asking
+// TALOS_DECISIONS again (their live reply missed).
+func (c *Client) Reasked() uint64 { return c.reasked.Load() }
 
 // EPID is the enforcement point id this client speaks for.
 func (c *Client) EPID() string { return c.epID }
@@ -107,6 +148,12 @@ func (c *Client) onDecision(m *nats.Msg) {
 // envelope). Any other answer is another request's and is ignored: the
 // call then ends without a decision (fail closed).
 func (w *waiter) accepts(d *schemas.Decision) bool {
+	if len(w.keys) > 0 {
+		ev, err := verify.VerifyEvent(d.Receipt, w.keys)
+		if err != nil || ev.ID != d.ReceiptID {
+			return false
+		}
+	}
 	if w.requestHash == "" {
 		return true
 	}
@@ -169,9 +216,17 @@ func (c *Client) Send(ctx context.Context, phase, serverID, toolCallID string, r
 // SendHashed is Send for a caller that knows the request hash of raw
 // (hex sha256 of the RFC 8785 form of its request, as HashRequest sets
 // it): it is not computed again.
+//
+// A decision missed (a reply lost with a node, or sent while this client
+// was reconnecting) is asked for again: after ReaskAfter without one, and
+// every ReaskAfter until ctx's deadline, the client reads the call's
+// decision from TALOS_DECISIONS, where the worker stored the reply before
+// it acked the call, and takes it on the same terms as a live one. A call
+// not decided yet (in the stream, or being decided) is asked for until
+// the deadline; only then is it ErrNoDecision.
 func (c *Client) SendHashed(ctx context.Context, phase, serverID, toolCallID, requestHash string, raw []byte) (*schemas.Decision, error) {
 	key := toolCallID + ":" + phase
-	w := &waiter{ch: make(chan *schemas.Decision, 1), requestHash: requestHash}
+	w := &waiter{ch: make(chan *schemas.Decision, 1), requestHash: requestHash, keys: c.o.Keys}
 	c.mu.Lock()
 	c.waiters[key] = w
 	c.mu.Unlock()
@@ -180,28 +235,74 @@ func (c *Client) SendHashed(ctx context.Context, phase, serverID, toolCallID, re
 		delete(c.waiters, key)
 		c.mu.Unlock()
 	}()
-	if err := c.Publish(ctx, phase, serverID, toolCallID, raw); err != nil {
-		return nil, err
-	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 	}
-	select {
-	case d := <-w.ch:
-		return d, nil
-	case <-ctx.Done():
-		return nil, ErrNoDecision
+	if err := c.Publish(ctx, phase, serverID, toolCallID, raw); err != nil {
+		if ctx.Err() != nil {
+			// Perhaps stored all the same: its decision may be recorded.
+			return nil, fmt.Errorf("%w (%w)", ErrNoDecision, err)
+		}
+		return nil, err
 	}
+	return c.await(ctx, w, phase, toolCallID)
+}
+
+// await waits for w's decision until ctx ends, asking TALOS_DECISIONS for
+// it every ReaskAfter.
+func (c *Client) await(ctx context.Context, w *waiter, phase, toolCallID string) (*schemas.Decision, error) {
+	tick := time.NewTimer(c.o.ReaskAfter)
+	defer tick.Stop()
+	for {
+		select {
+		case d := <-w.ch:
+			return d, nil
+		case <-ctx.Done():
+			return nil, ErrNoDecision
+		case <-tick.C:
+			if d := c.reask(ctx, w, phase, toolCallID); d != nil {
+				c.reasked.Add(1)
+				return d, nil
+			}
+			tick.Reset(c.o.ReaskAfter)
+		}
+	}
+}
+
+// reask reads call toolCallID's decision for phase from TALOS_DECISIONS
+// (a direct get of talos.decision.<ep_id>.<phase>.<tool_call_id>, which
+// NATS lets this enforcement point's user make for its own ep_id only).
+// It returns the decision if one is stored and w accepts it, else nil:
+// not decided yet, not stored on the replica that answered yet, or no
+// answer (the caller asks again).
+func (c *Client) reask(ctx context.Context, w *waiter, phase, toolCallID string) *schemas.Decision {
+	if !schemas.SafeToken(toolCallID) {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, c.o.ReaskAfter)
+	defer cancel()
+	m, err := c.nc.RequestWithContext(rctx, schemas.DecisionGetSubject(c.epID, phase, toolCallID), nil)
+	if err != nil || m.Header.Get("Status") != "" { // 404: nothing stored (yet)
+		return nil
+	}
+	d, err := schemas.ParseDecision(m.Data)
+	if err != nil || d.ToolCallID != toolCallID || d.Phase != phase || !w.accepts(d) {
+		return nil
+	}
+	return d
 }
 
 // Publish stores a call in TALOS_CALLS without waiting for its decision,
 // on this client's subject talos.call.<phase>.<ep_id>.<server_id> with
 // Nats-Msg-Id <ep_id>:<tool_call_id>:<phase>:<digest of raw> (none
-// without a toolCallID). The stream answering it as a duplicate is
+// without a toolCallID). An attempt that gets no acknowledgement within
+// PublishAttempt (a stream leader lost, a reconnect) is made again with
+// the same bytes until ctx ends. The stream answering it as a duplicate is
 // ErrDuplicateCall unless this client published that Nats-Msg-Id before
-// (a retry of its own publish, among the last 4,096 it made).
+// (a retry of its own publish, among the last 4,096 it made, or an
+// earlier attempt of this one whose acknowledgement was lost).
 func (c *Client) Publish(ctx context.Context, phase, serverID, toolCallID string, raw []byte) error {
 	msg := &nats.Msg{Subject: schemas.CallSubject(phase, c.epID, serverID), Data: raw, Header: nats.Header{}}
 	id, first := "", false
@@ -212,9 +313,24 @@ func (c *Client) Publish(ctx context.Context, phase, serverID, toolCallID string
 		first = c.sent.add(id)
 		c.mu.Unlock()
 	}
-	ack, err := c.js.PublishMsg(ctx, msg)
-	if err != nil {
-		return fmt.Errorf("publish call: %w", err)
+	var ack *jetstream.PubAck
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, c.o.PublishAttempt)
+		a, err := c.js.PublishMsg(actx, msg)
+		cancel()
+		if err == nil {
+			ack = a
+			first = first && attempt == 1
+			break
+		}
+		if ctx.Err() != nil || !lostPublish(err) {
+			return fmt.Errorf("publish call: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("publish call: %w", err)
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 	if ack.Duplicate && first {
 		// Not this client's message: a later publish of the id is no retry.
@@ -224,6 +340,14 @@ func (c *Client) Publish(ctx context.Context, phase, serverID, toolCallID string
 		return ErrDuplicateCall
 	}
 	return nil
+}
+
+// lostPublish reports whether a publish error may mean the message was
+// lost (or stored and its acknowledgement lost): worth sending again.
+func lostPublish(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected)
 }
 
 // sentIDs remembers the last maxSent Nats-Msg-Ids a Client published, so
@@ -342,4 +466,25 @@ func PostOf(pre *schemas.ToolCall, result any, ok bool, started, ended time.Time
 	}
 	post.IssuedAt = ended.UTC().Format(schemas.TimeFormat)
 	return &post, nil
+}
+
+// RecordNoDecision publishes the post event of pre, a call that got no
+// decision by its deadline (ErrNoDecision), so that the refusal is in the
+// audit trail too: no result, error DECISION_TIMEOUT of kind "denied",
+// signed again with s when s is not nil (as the gateway's are). It waits up to 5 s for
+// TALOS_CALLS to store it. The gateway records its refusals likewise.
+func (c *Client) RecordNoDecision(pre *schemas.ToolCall, s *CallSigner) error {
+	now := time.Now()
+	post, err := SignedPost(pre, nil, false, now, now, s)
+	if err != nil {
+		return err
+	}
+	post.Error = &schemas.CallError{Code: schemas.CodeDecisionTimeout, Kind: "denied", Message: "no decision by the deadline"}
+	raw, err := json.Marshal(post)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return c.Publish(ctx, post.Phase, post.ServerID, post.ToolCallID, raw)
 }

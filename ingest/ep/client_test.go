@@ -21,6 +21,7 @@ import (
 // enforcement point gw-1, and a connection that plays the worker.
 type clientEnv struct {
 	client *ep.Client
+	nc     *nats.Conn
 	js     jetstream.JetStream
 	worker *nats.Conn
 }
@@ -40,7 +41,7 @@ func newClientEnv(t *testing.T) *clientEnv {
 	}
 	t.Cleanup(func() { _ = client.Close() })
 	worker, _ := testenv.ConnectJS(t, ns.URL())
-	return &clientEnv{client: client, js: js, worker: worker}
+	return &clientEnv{client: client, nc: nc, js: js, worker: worker}
 }
 
 // answer makes the worker connection answer each call published on
@@ -55,7 +56,7 @@ func (e *clientEnv) answer(t *testing.T, reply func(call *schemas.ToolCall) []sc
 		}
 		for _, d := range reply(&call) {
 			b, _ := json.Marshal(d)
-			_ = e.worker.Publish(schemas.DecisionSubject("gw-1"), b)
+			_ = e.worker.Publish(schemas.DecisionSubject("gw-1", call.Phase, call.ToolCallID), b)
 		}
 	})
 	if err != nil {
@@ -169,6 +170,74 @@ func TestClientDuplicateOfACallItNeverSent(t *testing.T) {
 		if err := e.client.Publish(ctx, own.Phase, own.ServerID, own.ToolCallID, mustMarshal(t, own)); err != nil {
 			t.Fatalf("publish #%d of its own call: %v", i+1, err)
 		}
+	}
+}
+
+// TestClientAsksAgain: a call whose decision reply the client never
+// received (the worker answered while it was away) gets the decision
+// TALOS_DECISIONS keeps for it, on the same terms as a live one: another
+// request's decision stored for the call is not taken, and a call nothing
+// was stored for is ErrNoDecision once its deadline passes.
+func TestClientAsksAgain(t *testing.T) {
+	e := newClientEnv(t)
+	client, err := ep.NewClientWithOptions(e.nc, e.js, "gw-1", ep.ClientOptions{ReaskAfter: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	wjs, _ := jetstream.New(e.worker)
+	// store keeps a decision on call in TALOS_DECISIONS, published before
+	// the call is sent: no live reply can reach its waiter.
+	store := func(call *schemas.ToolCall, verdict, requestHash string) {
+		d := decision(call, verdict, []string{}, requestHash)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := wjs.Publish(ctx, schemas.DecisionSubject("gw-1", call.Phase, call.ToolCallID), mustMarshal(t, d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send := func(call *schemas.ToolCall, wait time.Duration) (*schemas.Decision, time.Duration, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		began := time.Now()
+		d, err := client.Call(ctx, call)
+		return d, time.Since(began), err
+	}
+	missed, _ := ep.NewCall("gw-1", "files", "read_file", map[string]any{"path": "a"})
+	store(missed, schemas.DecisionAllow, ep.RequestHashOf(mustMarshal(t, missed)))
+	d, took, err := send(missed, 10*time.Second)
+	if err != nil || d.Decision != schemas.DecisionAllow || d.ReceiptID != "r-allow" {
+		t.Fatalf("missed decision: %+v %v, want the stored allow", d, err)
+	}
+	t.Logf("missed decision obtained by asking again after %v", took.Round(time.Millisecond))
+
+	other, _ := ep.NewCall("gw-1", "files", "read_file", map[string]any{"path": "b"})
+	store(other, schemas.DecisionAllow, "0000000000000000000000000000000000000000000000000000000000000000")
+	if d, _, err := send(other, time.Second); !errors.Is(err, ep.ErrNoDecision) {
+		t.Fatalf("another request's stored allow: %+v %v, want %v", d, err, ep.ErrNoDecision)
+	}
+	never, _ := ep.NewCall("gw-1", "files", "read_file", map[string]any{"path": "c"})
+	if d, _, err := send(never, time.Second); !errors.Is(err, ep.ErrNoDecision) {
+		t.Fatalf("a call never decided: %+v %v, want %v", d, err, ep.ErrNoDecision)
+	}
+	// The refusal is recorded: the call's post event names DECISION_TIMEOUT.
+	if err := client.RecordNoDecision(never, nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	calls, err := e.js.Stream(ctx, schemas.StreamCalls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := calls.GetLastMsgForSubject(ctx, schemas.CallSubject(schemas.PhasePost, "gw-1", "files"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var post schemas.ToolCall
+	if err := json.Unmarshal(m.Data, &post); err != nil || post.ToolCallID != never.ToolCallID || post.Error == nil ||
+		post.Error.Code != schemas.CodeDecisionTimeout || post.Error.Kind != "denied" || post.Result != nil {
+		t.Fatalf("post event %s (%v), want the call's DECISION_TIMEOUT", m.Data, err)
 	}
 }
 

@@ -4,8 +4,10 @@
 // sets their request_hash and CallSigner attaches a capability chain and
 // signs them (CP-SFC); Client publishes a call to TALOS_CALLS on its own
 // enforcement point's subjects and waits for its decision, the one whose
-// receipt names the request it sent (ErrNoDecision, and ErrDuplicateCall
-// for a Nats-Msg-Id another message holds: deny, fail closed); Outbox
+// receipt names the request it sent, asking TALOS_DECISIONS again for one
+// it missed (ErrNoDecision once none is stored by the deadline, and
+// ErrDuplicateCall for a Nats-Msg-Id another message holds: deny, fail
+// closed); Outbox
 // delivers post events until JetStream acknowledges them (OpenOutbox: each
 // kept in a spool directory until then, so a crash loses none); Approvals
 // follows the approve and reject events of TALOS_CONTROL and hands each

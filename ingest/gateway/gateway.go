@@ -86,8 +86,10 @@ type Options struct {
 	// decided like tools and offered either way.
 	RelayUngoverned bool
 	// TrustedKeys are talosd's public keys: an approve or reject event
-	// releases a parked call only if one of them signed it. None: parked
-	// calls are denied when their wait times out (fail closed).
+	// releases a parked call only if one of them signed it, and a
+	// decision is taken only if one of them signed its receipt. None:
+	// parked calls are denied when their wait times out (fail closed), and
+	// decisions are taken on their request hash alone.
 	TrustedKeys verify.KeySet
 	// Tracing records MCP server spans for what clients send and MCP
 	// client spans for what goes upstream (give ConnectUpstreams the
@@ -331,7 +333,7 @@ func (g *Gateway) approvalsReady() bool {
 
 // subscribe makes the enforcement-point client (its decision subscription).
 func (g *Gateway) subscribe() bool {
-	c, err := ep.NewClient(g.nc, g.js, g.o.EPID)
+	c, err := ep.NewClientWithOptions(g.nc, g.js, g.o.EPID, ep.ClientOptions{Keys: g.o.TrustedKeys})
 	if err != nil {
 		g.log.Warn("waiting for NATS to subscribe to decisions", "err", err)
 		return false

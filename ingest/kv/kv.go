@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/talos-audit/talos/ingest/retry"
 )
 
 // bucket is a KV bucket as a Talos component needs it.
@@ -19,6 +22,7 @@ type bucket struct {
 	// keepTTL: an existing bucket's longer TTL is kept (another worker may
 	// need keys to live longer); otherwise the TTL is set to ttl.
 	keepTTL bool
+	log     *slog.Logger // where waits for the cluster are logged (nil: slog.Default)
 }
 
 // ensureBucket creates the bucket, or updates an existing one to b, and
@@ -27,10 +31,24 @@ type bucket struct {
 // an existing bucket's replica count, since a cluster may run it at R3 while
 // a worker started without the flag joins. The storage type of an existing
 // bucket cannot change; the update then fails.
-func ensureBucket(ctx context.Context, js jetstream.JetStream, b bucket) (jetstream.KeyValue, jetstream.Stream, error) {
+//
+// While the cluster elects leaders or its nodes join, the bucket is
+// retried with a log line (retry.Setup); a misconfiguration fails at once.
+func ensureBucket(ctx context.Context, js jetstream.JetStream, b bucket) (kv jetstream.KeyValue, st jetstream.Stream, err error) {
 	if js == nil {
 		return nil, nil, fmt.Errorf("ingest: bucket %s needs a JetStream context", b.name)
 	}
+	err = retry.Setup(ctx, js.Conn(), retry.SetupOptions{Log: b.log}, "bucket "+b.name, func(ctx context.Context) (err error) {
+		kv, st, err = ensureBucketOnce(ctx, js, b)
+		return err
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("ingest: bucket %s: %w", b.name, err)
+	}
+	return kv, st, nil
+}
+
+func ensureBucketOnce(ctx context.Context, js jetstream.JetStream, b bucket) (jetstream.KeyValue, jetstream.Stream, error) {
 	replicas, ttl := max(b.replicas, 1), b.ttl
 	st, err := js.Stream(ctx, "KV_"+b.name)
 	switch {
@@ -41,7 +59,7 @@ func ensureBucket(ctx context.Context, js jetstream.JetStream, b bucket) (jetstr
 			ttl = max(ttl, cfg.MaxAge)
 		}
 	case !errors.Is(err, jetstream.ErrStreamNotFound):
-		return nil, nil, fmt.Errorf("ingest: bucket %s: %w", b.name, err)
+		return nil, nil, err
 	}
 	storage := jetstream.FileStorage
 	if b.memory {
@@ -57,10 +75,10 @@ func ensureBucket(ctx context.Context, js jetstream.JetStream, b bucket) (jetstr
 		Replicas:     replicas,
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("ingest: bucket %s: %w", b.name, err)
+		return nil, nil, err
 	}
 	if st, err = js.Stream(ctx, "KV_"+b.name); err != nil {
-		return nil, nil, fmt.Errorf("ingest: bucket %s stream: %w", b.name, err)
+		return nil, nil, fmt.Errorf("stream: %w", err)
 	}
 	return kv, st, nil
 }

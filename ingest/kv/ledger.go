@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,6 +42,9 @@ type LedgerOptions struct {
 	// cannot be changed; NewLedger then fails.
 	Memory  bool
 	Timeout time.Duration
+	// Logger logs the waits for a cluster still electing leaders while the
+	// bucket is created (nil: slog.Default).
+	Logger *slog.Logger
 }
 
 // Ledger is enforce.CallLedger on the KV bucket TALOS_LEDGER, shared by
@@ -87,6 +91,7 @@ func NewLedger(ctx context.Context, js jetstream.JetStream, o LedgerOptions) (*L
 		maxValueSize: maxLedgerValue,
 		replicas:     o.Replicas,
 		memory:       o.Memory,
+		log:          o.Logger,
 	})
 	if err != nil {
 		return nil, err

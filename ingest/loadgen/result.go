@@ -4,12 +4,15 @@ import "time"
 
 // Result is a bench run's figures, as talosctl bench --json prints them.
 type Result struct {
-	Calls           int               `json:"calls"`
-	Concurrency     int               `json:"concurrency"`
-	OfferedRate     int               `json:"offered_rate"`
-	Allowed         int64             `json:"allowed"`
-	Denied          int64             `json:"denied"`
-	NoDecision      int64             `json:"no_decision"`
+	Calls       int   `json:"calls"`
+	Concurrency int   `json:"concurrency"`
+	OfferedRate int   `json:"offered_rate"`
+	Allowed     int64 `json:"allowed"`
+	Denied      int64 `json:"denied"`
+	NoDecision  int64 `json:"no_decision"`
+	// AskedAgain are the decisions the enforcement points obtained by
+	// asking TALOS_DECISIONS again, their live reply missed.
+	AskedAgain      int64             `json:"asked_again,omitempty"`
 	SendSeconds     float64           `json:"send_seconds"`
 	DecisionsPerSec float64           `json:"decisions_per_sec"`
 	P50ms           float64           `json:"decision_p50_ms"`

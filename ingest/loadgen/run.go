@@ -145,6 +145,9 @@ func (p *Prepared) Run(clients []*ep.Client, pace Pacing, ks *control.ControlCli
 	}
 	res := NewResult(len(clients), pace.Rate, p, t, end)
 	res.KillSwitch = ksRes
+	for _, c := range clients {
+		res.AskedAgain += int64(c.Reasked())
+	}
 	return res, t, nil
 }
 

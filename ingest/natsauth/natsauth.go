@@ -90,7 +90,8 @@ type Permissions struct {
 // its publish acks, API replies and approval events there. A responder's
 // MUST use schemas.ResponderInboxPrefix for the replies to its requests.
 // Only workers may read other inboxes or use the JetStream API ($JS.API.>)
-// beyond the approval consumers of an enforcement point (approvalAPI).
+// beyond the approval consumers of an enforcement point (approvalAPI) and
+// its direct gets of its own decisions (schemas.DecisionGetSubjects).
 func RolePermissions(u User) Permissions {
 	switch u.Role {
 	case schemas.NATSRoleWorker:
@@ -106,10 +107,12 @@ func RolePermissions(u User) Permissions {
 	case schemas.NATSRoleEnforcement:
 		// It publishes calls on its own ep_id's subjects only, so a call's
 		// subject names the enforcement point that sent it.
+		// It hears its own decisions, and asks TALOS_DECISIONS again for
+		// its own calls' only (a direct get whose subject names its ep_id).
 		p := Permissions{
-			Publish: SubjectPermission{Allow: []string{schemas.EPCallSubjects(u.EPID)}},
+			Publish: SubjectPermission{Allow: []string{schemas.EPCallSubjects(u.EPID), schemas.DecisionGetSubjects(u.EPID)}},
 			Subscribe: SubjectPermission{Allow: []string{
-				schemas.DecisionSubject(u.EPID), schemas.EPInboxPrefix(u.EPID) + ".>",
+				schemas.DecisionSubjects(u.EPID), schemas.EPInboxPrefix(u.EPID) + ".>",
 			}},
 		}
 		// It also reads the approve and reject events (signed control

@@ -141,14 +141,14 @@ func TestNATSPermissions(t *testing.T) {
 		// (b) its own decisions arrive; (c) another's do not, and it may
 		// not even subscribe to them.
 		own := make(chan *nats.Msg, 4)
-		if _, err := alpha.ChanSubscribe(schemas.DecisionSubject("alpha"), own); err != nil {
+		if _, err := alpha.ChanSubscribe(schemas.DecisionSubjects("alpha"), own); err != nil {
 			t.Fatal(err)
 		}
 		other := make(chan *nats.Msg, 4)
-		if _, err := alpha.ChanSubscribe(schemas.DecisionSubject("beta"), other); err != nil {
+		if _, err := alpha.ChanSubscribe(schemas.DecisionSubjects("beta"), other); err != nil {
 			t.Fatal(err)
 		}
-		alpha.wantViolation(t, "Subscription", schemas.DecisionSubject("beta"))
+		alpha.wantViolation(t, "Subscription", schemas.DecisionSubjects("beta"))
 		for _, subj := range []string{"talos.decision.>", "talos.decision.*", ">", "_INBOX.>", schemas.EPInboxPrefix("beta") + ".>", "talos.ctl.>", "talos.status.>", "talos.audit.>"} {
 			if _, err := alpha.SubscribeSync(subj); err != nil {
 				t.Fatal(err)
@@ -157,10 +157,10 @@ func TestNATSPermissions(t *testing.T) {
 		}
 		// The worker answers beta first, then alpha, on one connection: once
 		// alpha's decision is in, beta's would have been too.
-		if err := worker.Publish(schemas.DecisionSubject("beta"), []byte(`{"for":"beta"}`)); err != nil {
+		if err := worker.Publish(schemas.DecisionSubject("beta", schemas.PhasePre, "c1"), []byte(`{"for":"beta"}`)); err != nil {
 			t.Fatal(err)
 		}
-		if err := worker.Publish(schemas.DecisionSubject("alpha"), []byte(`{"for":"alpha"}`)); err != nil {
+		if err := worker.Publish(schemas.DecisionSubject("alpha", schemas.PhasePre, "c1"), []byte(`{"for":"alpha"}`)); err != nil {
 			t.Fatal(err)
 		}
 		select {
@@ -175,6 +175,24 @@ func TestNATSPermissions(t *testing.T) {
 		case m := <-other:
 			t.Fatalf("alpha read beta's decision %s", m.Data)
 		default:
+		}
+		// (c1) it asks TALOS_DECISIONS again for its own decision (a direct
+		// get of its own subject), never for another's, nor by any other
+		// form of direct get.
+		var got *nats.Msg
+		testenv.WaitFor(t, 5*time.Second, func() bool { // stored once TALOS_DECISIONS has it
+			got, err = alpha.Request(schemas.DecisionGetSubject("alpha", schemas.PhasePre, "c1"), nil, 5*time.Second)
+			return err == nil && got.Header.Get("Status") == ""
+		})
+		if string(got.Data) != `{"for":"alpha"}` {
+			t.Fatalf("alpha asks again for its own decision: %s", got.Data)
+		}
+		for _, subj := range []string{schemas.DecisionGetSubject("beta", schemas.PhasePre, "c1"),
+			"$JS.API.DIRECT.GET." + schemas.StreamDecisions, "$JS.API.STREAM.MSG.GET." + schemas.StreamDecisions} {
+			if err := alpha.Publish(subj, []byte(`{"last_by_subj":"talos.decision.beta.pre.c1"}`)); err != nil {
+				t.Fatal(err)
+			}
+			alpha.wantViolation(t, "Publish", subj)
 		}
 
 		// (c2) it follows the approve and reject events of TALOS_CONTROL
@@ -196,7 +214,7 @@ func TestNATSPermissions(t *testing.T) {
 		if err := worker.Flush(); err != nil {
 			t.Fatal(err)
 		}
-		denied := []string{schemas.CtlSubject(schemas.VerbKillSwitchSet), schemas.DecisionSubject("beta"),
+		denied := []string{schemas.CtlSubject(schemas.VerbKillSwitchSet), schemas.DecisionSubject("beta", schemas.PhasePre, "c1"),
 			schemas.StatusSubject("w1"), schemas.ControlSubject(schemas.VerbKillSwitchSet), schemas.ControlSubject(schemas.VerbApprove),
 			schemas.ReceiptSubject(schemas.KindDecision, "files"),
 			schemas.CallSubject(schemas.PhasePre, "beta", "files"), schemas.CallSubject(schemas.PhasePost, "beta", "files"),
@@ -265,7 +283,7 @@ func TestNATSPermissions(t *testing.T) {
 			t.Fatalf("responder heartbeat: %v", err)
 		}
 		for _, subj := range []string{schemas.CallSubject(schemas.PhasePre, "alpha", "files"), schemas.ControlSubject(schemas.VerbKillSwitchSet),
-			schemas.DecisionSubject("alpha"), schemas.ReceiptSubject(schemas.KindControl, schemas.VerbKillSwitchSet), "$JS.API.INFO"} {
+			schemas.DecisionSubject("alpha", schemas.PhasePre, "c1"), schemas.ReceiptSubject(schemas.KindControl, schemas.VerbKillSwitchSet), "$JS.API.INFO"} {
 			if err := r.Publish(subj, []byte(`{}`)); err != nil {
 				t.Fatal(err)
 			}
@@ -273,7 +291,7 @@ func TestNATSPermissions(t *testing.T) {
 		}
 		// Workers' inboxes carry JetStream fetches (raw calls): no inbox
 		// but its own.
-		for _, subj := range []string{schemas.DecisionSubject("alpha"), schemas.EPInboxPrefix("alpha") + ".>", schemas.SubjectCtlAll, ">",
+		for _, subj := range []string{schemas.DecisionSubject("alpha", schemas.PhasePre, "c1"), schemas.EPInboxPrefix("alpha") + ".>", schemas.SubjectCtlAll, ">",
 			"_INBOX.>", "_INBOX.*", "_INBOX.*.*", worker.NewRespInbox()} {
 			if _, err := r.SubscribeSync(subj); err != nil {
 				t.Fatal(err)
