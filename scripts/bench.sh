@@ -78,18 +78,18 @@
 #                                 and forwarding to both destinations); the
 #                                 spans the collector got and how far behind
 #                                 the forwarder was at the end of each run
-#   bash scripts/bench.sh log [CALLS] [ROUNDS]  the transparency log (scripts/benchlog.sh):
+#   bash scripts/bench.sh log [CALLS] [ROUNDS] [RATE]  the transparency log (scripts/benchlog.sh):
 #                                 two real witnesses (litewitness) cosigning
 #                                 every checkpoint; TALOS_AUDIT filled by
 #                                 CALLS (default 20,000) calls with their post
 #                                 events, then drained by a talosd with only
 #                                 the log role: appends/s and its CPU per
-#                                 append; then decision p50/p99 at 400 calls/s
-#                                 with the log role off and on, alternately,
-#                                 ROUNDS rounds (2), and for each run with it on the
-#                                 delay from a record reaching NATS to the
-#                                 first witnessed checkpoint covering it
-#                                 (scripts/benchlog)
+#                                 append; the delay from a record reaching
+#                                 NATS to the first witnessed checkpoint
+#                                 covering it at 400 calls/s (scripts/benchlog);
+#                                 then decision p50/p99 at RATE calls/s (400)
+#                                 with the log off and on, alternately, ROUNDS
+#                                 rounds (2), a fresh stack each run
 #   bash scripts/bench.sh cluster [ROUNDS]  replication (scripts/benchcluster.sh):
 #                                 R1 against R3 streams and buckets on a
 #                                 three-node NATS cluster (scripts/benchcluster),
@@ -122,7 +122,7 @@ mode=${1:-main}
 case $mode in
 main | replay | flight | tail | verify | gateway | ab | profile | forward | log | cluster) ;;
 *)
-  echo "usage: bash scripts/bench.sh [replay|flight|tail|ab [BASE] [ROUNDS]|profile [SECONDS]|verify [N]|gateway [CALLS]|forward [CALLS]|log [CALLS] [ROUNDS]|cluster [ROUNDS]]" >&2
+  echo "usage: bash scripts/bench.sh [replay|flight|tail|ab [BASE] [ROUNDS]|profile [SECONDS]|verify [N]|gateway [CALLS]|forward [CALLS]|log [CALLS] [ROUNDS] [RATE]|cluster [ROUNDS]]" >&2
   exit 2
   ;;
 esac
@@ -575,7 +575,7 @@ forward)
   . scripts/benchforward.sh
   ;;
 log)
-  calls=${2:-20000} rounds=${3:-2}
+  calls=${2:-20000} rounds=${3:-2} rate=${4:-400}
   . scripts/benchlog.sh
   ;;
 cluster)

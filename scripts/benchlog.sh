@@ -14,7 +14,7 @@
 #      the log role on, in which scripts/benchlog measures the delay from
 #      each record reaching NATS to the first witnessed checkpoint covering
 #      it (apart from 4: observing costs as much as the log role itself).
-#   4. Decision latency at 400 calls/s offered, each call with its post
+#   4. Decision latency at RATE calls/s offered (default 400), each call with its post
 #      event, the log off and on alternately (ROUNDS rounds, default 2),
 #      each run on a fresh stack as a deployment runs it (on: the log role
 #      in the talosd of NATS and the sink, witnessed, no chain
@@ -101,12 +101,12 @@ echo "   delay p50 / p90 / p99 / max ms: $(jf "$work/delay.json" delay_p50_ms) /
 # witnesses, with a new origin each run (a fresh log; the witnesses keep
 # what they cosigned of the others), and every talosd with
 # --no-chain-checkpoints.
-# abrun SIDE ROUND: one run at 400 calls/s offered, each call with its
+# abrun SIDE ROUND: one run at $rate calls/s offered, each call with its
 # post event, and each process's CPU per call over it.
 abrun() {
   local side=$1 round=$2 w0 d0 c0 n
   w0=$(cpu $worker) d0=$(cpu $dev) c0=$(cpu $chpid)
-  bench --calls 12000 --concurrency 100 --rate 400 --post --json >"$work/ab-$side-$round.json"
+  bench --calls $((rate * 30)) --concurrency 100 --rate "$rate" --post --json >"$work/ab-$side-$round.json"
   n=$(jf "$work/ab-$side-$round.json" calls)
   printf '   %-6s %-4s %12.0f %9.2f %9.2f %9s %14s %11s\n' "$round" "$side" "$(jf "$work/ab-$side-$round.json" decisions_per_sec)" \
     "$(jf "$work/ab-$side-$round.json" decision_p50_ms)" "$(jf "$work/ab-$side-$round.json" decision_p99_ms)" \
@@ -114,7 +114,7 @@ abrun() {
 }
 
 stop_all
-echo "== decision latency at 400 calls/s offered (100 enforcement points, each call with its post event), the log off and on"
+echo "== decision latency at $rate calls/s offered (100 enforcement points, each call with its post event), the log off and on"
 echo "   (a fresh stack each run; on: the log role in the talosd of NATS and the sink, witnessed, no chain checkpoints; CPU in µs per call)"
 printf '   %-6s %-4s %12s %9s %9s %9s %14s %11s\n' round side "decisions/s" "p50 ms" "p99 ms" worker "NATS+sink+log" ClickHouse
 for round in $(seq 1 "$rounds"); do
