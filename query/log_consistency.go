@@ -69,13 +69,9 @@ func (c *LogConsistencyCmd) Run() error {
 // root is since's, else read from the tiles; either way the proof is
 // checked with tlog.CheckTree before it is returned.
 func ProveLogConsistency(ctx context.Context, o LogOptions, from int64, since []byte, to int64) (*LogConsistency, error) {
-	f, err := logFetcher(o.URL, o.Client)
+	f, raw, err := readCheckpoint(ctx, o)
 	if err != nil {
 		return nil, err
-	}
-	raw, err := f.ReadCheckpoint(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("log checkpoint: %w", err)
 	}
 	cp, err := logproof.OpenCheckpoint(raw, o.Key)
 	if err != nil {

@@ -510,19 +510,10 @@ WHERE phase = 'post'`,
 	// named), so a redelivered copy still collapses with its original.
 	statements: []string{
 		`DROP TABLE IF EXISTS {db}.v_decisions`,
-		`CREATE VIEW IF NOT EXISTS {db}.v_decisions AS
-SELECT ` + decisionColumnsV1SQL + `
-FROM {db}.v_receipts
-WHERE kind IN ('decision', 'effect')
-ORDER BY ep_id, tool_call_id, phase, kind, time_ms, receipt_id
-LIMIT 1 BY if(tool_call_id = '' OR has(reason_codes, 'VAL-HTC-001'), receipt_id, tool_call_id), ep_id, phase, kind`,
+		decisionsView(decisionColumnsV1SQL),
 
 		`DROP TABLE IF EXISTS {db}.v_tool_calls`,
-		`CREATE VIEW IF NOT EXISTS {db}.v_tool_calls AS
-SELECT ` + toolCallColumnsV3SQL + `
-FROM {db}.tool_calls
-ORDER BY ep_id, tool_call_id, time_ms, event_id, inserted_at
-LIMIT 1 BY ep_id, tool_call_id`,
+		toolCallsView(toolCallColumnsV3SQL),
 
 		`DROP TABLE IF EXISTS {db}.v_secret_uses`,
 		`CREATE VIEW IF NOT EXISTS {db}.v_secret_uses AS
@@ -587,19 +578,10 @@ ORDER BY receipt_id, inserted_at
 LIMIT 1 BY receipt_id`,
 
 		`DROP TABLE IF EXISTS {db}.v_decisions`,
-		`CREATE VIEW IF NOT EXISTS {db}.v_decisions AS
-SELECT ` + decisionColumnsSQL + `
-FROM {db}.v_receipts
-WHERE kind IN ('decision', 'effect')
-ORDER BY ep_id, tool_call_id, phase, kind, time_ms, receipt_id
-LIMIT 1 BY if(tool_call_id = '' OR has(reason_codes, 'VAL-HTC-001'), receipt_id, tool_call_id), ep_id, phase, kind`,
+		decisionsView(decisionColumnsSQL),
 
 		`DROP TABLE IF EXISTS {db}.v_tool_calls`,
-		`CREATE VIEW IF NOT EXISTS {db}.v_tool_calls AS
-SELECT ` + toolCallColumnsSQL + `
-FROM {db}.tool_calls
-ORDER BY ep_id, tool_call_id, time_ms, event_id, inserted_at
-LIMIT 1 BY ep_id, tool_call_id`,
+		toolCallsView(toolCallColumnsSQL),
 
 		// Every MCP request Talos decided, one row each (its phase-pre
 		// decision): method the MCP method (tools/call when the envelope
@@ -781,4 +763,26 @@ func AppliedVersion(ctx context.Context, conn driver.Conn, database string) (uin
 		top = max(top, v)
 	}
 	return top, nil
+}
+
+// decisionsView creates v_decisions over columns of v_receipts: one row
+// per (ep_id, tool_call_id, phase, kind), a malformed envelope's by its
+// receipt. Migrations 6 and 8 differ only in the columns.
+func decisionsView(columns string) string {
+	return `CREATE VIEW IF NOT EXISTS {db}.v_decisions AS
+SELECT ` + columns + `
+FROM {db}.v_receipts
+WHERE kind IN ('decision', 'effect')
+ORDER BY ep_id, tool_call_id, phase, kind, time_ms, receipt_id
+LIMIT 1 BY if(tool_call_id = '' OR has(reason_codes, 'VAL-HTC-001'), receipt_id, tool_call_id), ep_id, phase, kind`
+}
+
+// toolCallsView creates v_tool_calls over columns of tool_calls: one row
+// per (ep_id, tool_call_id).
+func toolCallsView(columns string) string {
+	return `CREATE VIEW IF NOT EXISTS {db}.v_tool_calls AS
+SELECT ` + columns + `
+FROM {db}.tool_calls
+ORDER BY ep_id, tool_call_id, time_ms, event_id, inserted_at
+LIMIT 1 BY ep_id, tool_call_id`
 }

@@ -182,13 +182,9 @@ func verifyLog(ctx context.Context, o LogOptions, records func(func(*storedRecor
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	f, err := logFetcher(o.URL, o.Client)
+	f, raw, err := readCheckpoint(ctx, o)
 	if err != nil {
 		return nil, err
-	}
-	raw, err := f.ReadCheckpoint(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("log checkpoint: %w", err)
 	}
 	rep := &LogReport{URL: o.URL, Origin: o.Key.Name(), SinceSize: -1}
 	cp, err := logproof.OpenCheckpoint(raw, o.Key)
@@ -223,6 +219,20 @@ func verifyLog(ctx context.Context, o LogOptions, records func(func(*storedRecor
 		return nil, err
 	}
 	return rep, nil
+}
+
+// readCheckpoint fetches the checkpoint the log at o.URL serves now, as
+// read (not yet opened with o.Key), and the fetcher its tiles come from.
+func readCheckpoint(ctx context.Context, o LogOptions) (*client.HTTPFetcher, []byte, error) {
+	f, err := logFetcher(o.URL, o.Client)
+	if err != nil {
+		return nil, nil, err
+	}
+	raw, err := f.ReadCheckpoint(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("log checkpoint: %w", err)
+	}
+	return f, raw, nil
 }
 
 func logFetcher(rawURL string, c *http.Client) (*client.HTTPFetcher, error) {

@@ -231,13 +231,9 @@ func ProveLogRecord(ctx context.Context, conn driver.Conn, database, id string, 
 	if len(entries) == 0 {
 		return nil, nil, errors.New("the log has not announced it yet (no row in log_entries)")
 	}
-	f, err := logFetcher(o.URL, o.Client)
+	f, raw, err := readCheckpoint(ctx, o)
 	if err != nil {
 		return nil, nil, err
-	}
-	raw, err := f.ReadCheckpoint(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("log checkpoint: %w", err)
 	}
 	cp, err := logproof.OpenCheckpoint(raw, o.Key)
 	if err != nil {

@@ -1,5 +1,17 @@
 # Shared by scripts/dev.sh and scripts/test.sh. Sourced, not run.
 
+# apt_install SERVICE PACKAGE...: installs Debian/Ubuntu packages (with sudo
+# unless root). SERVICE, unless "-", is the system service a package may
+# start, stopped at once: Talos's tests and dev stack run their own servers.
+apt_install() {
+  local service=$1 sudo=""
+  shift
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+  if [ "$service" != - ] && command -v service >/dev/null 2>&1; then $sudo service "$service" stop >/dev/null 2>&1 || true; fi
+}
+
 # ensure_clickhouse installs Debian/Ubuntu's clickhouse-server and
 # clickhouse-client when no clickhouse-server binary is on this machine.
 ensure_clickhouse() {
@@ -7,13 +19,8 @@ ensure_clickhouse() {
     return 0
   fi
   echo "clickhouse-server not found: installing it from the OS packages (apt-get install clickhouse-server clickhouse-client)…" >&2
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq clickhouse-server clickhouse-client >/dev/null
-  # The package may start a system-wide server; Talos runs its own private
-  # one, so stop the system one if it is running (it would hold port 9000).
-  if command -v service >/dev/null 2>&1; then $sudo service clickhouse-server stop >/dev/null 2>&1 || true; fi
+  # The package may start a system-wide server (it would hold port 9000).
+  apt_install clickhouse-server clickhouse-server clickhouse-client
 }
 
 # ensure_chromium installs Debian/Ubuntu's chromium when /usr/bin/chromium
@@ -24,10 +31,7 @@ ensure_chromium() {
     return 0
   fi
   echo "chromium not found: installing it from the OS packages (apt-get install chromium) for the dashboard's headless-browser test…" >&2
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+  apt_install - chromium
 }
 
 # ensure_bwrap installs Debian/Ubuntu's bubblewrap when bwrap is missing:
@@ -38,10 +42,7 @@ ensure_bwrap() {
     return 0
   fi
   echo "bwrap not found: installing it from the OS packages (apt-get install bubblewrap) for the gateway's sandbox tests…" >&2
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq bubblewrap >/dev/null
+  apt_install - bubblewrap
 }
 
 # ensure_rsyslog installs Debian/Ubuntu's rsyslog and its OpenSSL
@@ -55,11 +56,7 @@ ensure_rsyslog() {
     return 0
   fi
   echo "rsyslogd or its OpenSSL driver not found: installing them from the OS packages (apt-get install rsyslog rsyslog-openssl) for the forward role's tests…" >&2
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq rsyslog rsyslog-openssl >/dev/null
-  if command -v service >/dev/null 2>&1; then $sudo service rsyslog stop >/dev/null 2>&1 || true; fi
+  apt_install rsyslog rsyslog rsyslog-openssl
 }
 
 # ensure_zookeeper installs Debian/Ubuntu's zookeeper (and a Java runtime
@@ -72,11 +69,7 @@ ensure_zookeeper() {
     return 0
   fi
   echo "zookeeper not found: installing it from the OS packages (apt-get install zookeeper) for the replicated ClickHouse tests…" >&2
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq zookeeper >/dev/null
-  if command -v service >/dev/null 2>&1; then $sudo service zookeeper stop >/dev/null 2>&1 || true; fi
+  apt_install zookeeper zookeeper
 }
 
 # ensure_node installs Debian/Ubuntu's nodejs and npm when node is missing:
@@ -86,10 +79,7 @@ ensure_zookeeper() {
 ensure_node() {
   if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
     echo "node/npm not found: installing them from the OS packages (apt-get install nodejs npm) for the MCP integration tests…" >&2
-    local sudo=""
-    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nodejs npm >/dev/null
+    apt_install - nodejs npm
   fi
   local major
   major="$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)"

@@ -128,22 +128,6 @@ func pairKeys(sessionID, correlationID string) string {
 // approvalKey is the ledger key of a call parked for approval.
 func approvalKey(k enforce.CallKey) string { return "appr." + k.EPID + "." + k.ToolCallID }
 
-// validToken reports whether s can be the last token of a key: a
-// tool_call_id is a UUID (the envelope schema says so), never a wildcard
-// or a dot.
-func validToken(s string) bool {
-	if s == "" || len(s) > 128 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
-
 // Do implements enforce.CallLedger: every write of ops goes out as one
 // asynchronous JetStream publish and every read as a concurrent get, and
 // Do returns once all have answered (or the ledger's timeout passed). A
@@ -161,7 +145,7 @@ func (l *Ledger) Do(ops []*enforce.LedgerOp) {
 	)
 	for _, op := range ops {
 		op.Won, op.Found, op.Err = false, false, nil
-		if k := op.Call; op.Kind != enforce.OpClaimIdempotency && (!validToken(k.ToolCallID) || !schemas.ValidID(k.EPID)) {
+		if k := op.Call; op.Kind != enforce.OpClaimIdempotency && (!schemas.SafeToken(k.ToolCallID) || !schemas.ValidID(k.EPID)) {
 			op.Err = fmt.Errorf("ingest: ledger: ep_id %q and tool_call_id %q cannot be a key", k.EPID, k.ToolCallID)
 			continue
 		}
@@ -400,7 +384,7 @@ func (l *Ledger) getRecord(ctx context.Context, key string) (rec enforce.PreReco
 // keys of toolCallID (appr.*.<tool_call_id>) and reads each.
 func (l *Ledger) LookupApprovals(toolCallID string) (map[string]enforce.PreRecord, error) {
 	out := map[string]enforce.PreRecord{}
-	if !validToken(toolCallID) {
+	if !schemas.SafeToken(toolCallID) {
 		return out, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
