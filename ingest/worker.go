@@ -699,7 +699,8 @@ func awaitAck(ctx context.Context, fut jetstream.PubAckFuture) error {
 	}
 }
 
-// publish stores msg in TALOS_AUDIT, waiting at most PublishTimeout.
+// publish stores msg in its stream (TALOS_AUDIT, or TALOS_DECISIONS for a
+// decision reply), waiting at most PublishTimeout.
 func (w *Worker) publish(ctx context.Context, msg *nats.Msg) error {
 	ctx, cancel := context.WithTimeout(ctx, w.o.PublishTimeout)
 	defer cancel()

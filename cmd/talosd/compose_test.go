@@ -172,6 +172,22 @@ type composeServices map[string]struct {
 	} `yaml:"healthcheck"`
 }
 
+// readComposeServices reads docker-compose.yml's services.
+func readComposeServices(t *testing.T) composeServices {
+	t.Helper()
+	raw, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Services composeServices `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	return doc.Services
+}
+
 // mounts maps a service's mount targets to their named volumes.
 func (s composeServices) mounts(name string) map[string]string {
 	m := map[string]string{}
@@ -191,17 +207,7 @@ func (s composeServices) mounts(name string) map[string]string {
 // a service names is one the chsecrets job writes, on a volume the
 // service mounts.
 func TestComposeClickHouseUsers(t *testing.T) {
-	raw, err := os.ReadFile("../../docker-compose.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc struct {
-		Services composeServices `yaml:"services"`
-	}
-	if err := yaml.Unmarshal(raw, &doc); err != nil {
-		t.Fatal(err)
-	}
-	svc := doc.Services
+	svc := readComposeServices(t)
 	admin := svc["clickhouse"].Environment["CLICKHOUSE_USER"]
 	if admin == "" || admin == "default" || svc["clickhouse"].Environment["CLICKHOUSE_DEFAULT_ACCESS_MANAGEMENT"] != "1" {
 		t.Fatalf("the ClickHouse service's admin %q: want a named user with access management", admin)
@@ -262,17 +268,7 @@ func TestComposeClickHouseUsers(t *testing.T) {
 // talosctl holds ClickHouse to the log a worker serves, with the key's
 // verifier key.
 func TestComposeTransparencyLog(t *testing.T) {
-	raw, err := os.ReadFile("../../docker-compose.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc struct {
-		Services composeServices `yaml:"services"`
-	}
-	if err := yaml.Unmarshal(raw, &doc); err != nil {
-		t.Fatal(err)
-	}
-	svc := doc.Services
+	svc := readComposeServices(t)
 	job := svc["logkey"].Command
 	i := slices.Index(job, "--data-dir")
 	if len(job) == 0 || job[0] != "log-key" || i < 0 || i+1 >= len(job) || !slices.Contains(job, "--log-origin") {
@@ -491,17 +487,7 @@ var chReplicas = []string{"clickhouse", "clickhouse2"}
 // ports closed, only 9440 published); every client connects to 9440 of
 // every replica trusting that CA, from the volume it mounts.
 func TestComposeClickHouseTLS(t *testing.T) {
-	raw, err := os.ReadFile("../../docker-compose.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc struct {
-		Services composeServices `yaml:"services"`
-	}
-	if err := yaml.Unmarshal(raw, &doc); err != nil {
-		t.Fatal(err)
-	}
-	svc := doc.Services
+	svc := readComposeServices(t)
 	job := svc["chtls"].Command
 	if len(job) != 5 || job[0] != "nats-tls" || job[1] != "--data-dir" || job[3] != "--nats-tls-hosts" ||
 		!slices.Equal(strings.Split(job[4], ","), chReplicas) || svc.mounts("chtls")[job[2]] != "chtls" {
