@@ -43,20 +43,7 @@ func (g *Gateway) promptCall(p *Principal, req *mcp.GetPromptRequest) *pending {
 	}
 	c.server, c.routed = pr.server, true
 	c.local, c.localDetail = g.governedCheck(p, c)
-	c.upstream = func(ctx context.Context, r *relay) (mcp.Result, bool, error) {
-		cs, err := r.session(ctx, c.server)
-		if err != nil {
-			return nil, false, err
-		}
-		defer r.track(c.server, ctx)()
-		up := &mcp.GetPromptParams{Name: params.Name, Arguments: params.Arguments}
-		defer g.mapProgress(r, ctx, c.token, up)()
-		res, err := cs.GetPrompt(ctx, up)
-		if err != nil {
-			return nil, false, err
-		}
-		return res, true, nil
-	}
+	c.upstream = forward(g, c, &mcp.GetPromptParams{Name: params.Name, Arguments: params.Arguments}, (*mcp.ClientSession).GetPrompt)
 	return c
 }
 
@@ -85,21 +72,27 @@ func (g *Gateway) resourceCall(p *Principal, req *mcp.ReadResourceRequest) *pend
 		}
 		c.local, c.localDetail = []string{schemas.CodeToolHidden, schemas.CodeUnknownTool}, "the registry lists no resource of "+server+" matching this URI"
 	}
-	c.upstream = func(ctx context.Context, r *relay) (mcp.Result, bool, error) {
+	c.upstream = forward(g, c, &mcp.ReadResourceParams{URI: uri}, (*mcp.ClientSession).ReadResource)
+	return c
+}
+
+// forward is the upstream step of a governed request c: up sent by send
+// on the session of c's server, with the client's progress token mapped.
+func forward[P interface{ SetProgressToken(any) }, R mcp.Result](g *Gateway, c *pending, up P,
+	send func(*mcp.ClientSession, context.Context, P) (R, error)) func(context.Context, *relay) (mcp.Result, bool, error) {
+	return func(ctx context.Context, r *relay) (mcp.Result, bool, error) {
 		cs, err := r.session(ctx, c.server)
 		if err != nil {
 			return nil, false, err
 		}
 		defer r.track(c.server, ctx)()
-		up := &mcp.ReadResourceParams{URI: uri}
 		defer g.mapProgress(r, ctx, c.token, up)()
-		res, err := cs.ReadResource(ctx, up)
+		res, err := send(cs, ctx, up)
 		if err != nil {
 			return nil, false, err
 		}
 		return res, true, nil
 	}
-	return c
 }
 
 // governedCheck is the gateway's own refusal of a prompt or resource p
