@@ -217,9 +217,9 @@ func (c *NATSCluster) running() []*server.Server {
 	return out
 }
 
-// WaitJetStream waits up to 30 s until JetStream has a meta leader and
-// every running node is current with it and routed to every other
-// running node.
+// WaitJetStream waits up to 30 s until JetStream has a meta leader that
+// has heard from every running node (it can place a stream on any), and
+// every running node is current with it and routed to every other.
 func (c *NATSCluster) WaitJetStream(t testing.TB) {
 	t.Helper()
 	WaitFor(t, 30*time.Second, func() bool {
@@ -229,7 +229,11 @@ func (c *NATSCluster) WaitJetStream(t testing.TB) {
 			if !s.JetStreamIsCurrent() || s.NumRoutes() < len(srvs)-1 {
 				return false
 			}
-			leader = leader || s.JetStreamIsLeader()
+			// The meta leader places streams only on peers it has
+			// stats from ("no suitable peers for placement" before).
+			if s.JetStreamIsLeader() {
+				leader = len(s.JetStreamClusterPeers()) >= len(srvs)
+			}
 		}
 		return leader
 	})
