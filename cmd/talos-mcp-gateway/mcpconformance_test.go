@@ -199,11 +199,11 @@ func (s *stack) httpGateway(t *testing.T, base string, args ...string) {
 	t.Helper()
 	gw := exec.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none",
 		"--trusted-keys", filepath.Join(s.dir, "worker.pub")}, args...)...)
-	logPath := filepath.Join(s.dir, "gateway-http.log")
-	logf, err := os.Create(logPath)
+	logf, err := os.CreateTemp(s.dir, "gateway-http-*.log")
 	if err != nil {
 		t.Fatal(err)
 	}
+	logPath := logf.Name()
 	gw.Stdout, gw.Stderr = logf, logf
 	if err := gw.Start(); err != nil {
 		t.Fatal(err)

@@ -39,7 +39,9 @@ const rugManifest = `{"schema_id": "talos.mcp.tool_registry", "schema_version": 
 // reported the drift (one DENY_TOOL_DRIFT receipt in its drift session in
 // ClickHouse, and talosctl query denials-by-reason shows it); and a call
 // to it is denied DENY_TOOL_DRIFT by the worker, with a receipt, and never
-// reaches the server. In HTTP mode, /metrics counts a drift (driftOverHTTP).
+// reaches the server. In HTTP mode, /metrics counts a drift (driftOverHTTP),
+// and a rug pull on one client's own upstream session is caught the same
+// way (driftOnClientSession).
 func TestToolDefinitionPinning(t *testing.T) {
 	script, _ := testenv.MCPScript(t, "rugpull.mjs")
 	reg := t.TempDir()
@@ -130,6 +132,125 @@ func TestToolDefinitionPinning(t *testing.T) {
 		t.Fatalf("talosctl query denials-by-reason shows no drift:\n%s", out)
 	}
 	driftOverHTTP(ctx, t, s, reg, server)
+	driftOnClientSession(ctx, t, s, reg, server)
+	driftOnNewClientSession(ctx, t, s, reg, server)
+}
+
+// driftOnNewClientSession: a client's own upstream session that lists a
+// drifted definition from its start, made for a call Talos already
+// allowed with the pinned one: the gateway does not forward the call (the
+// client gets an error, its post event records DENY_TOOL_DRIFT), reports
+// the drift, and denies greet from then on.
+func driftOnNewClientSession(ctx context.Context, t *testing.T, s *stack, reg, server string) {
+	t.Helper()
+	flag := filepath.Join(t.TempDir(), "drifted")
+	port := freePort(t)
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	s.httpGateway(t, base, "--ep-id", "gw-rug-new", "--upstream", server+" --drifted-if="+flag, "--registry", reg,
+		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--insecure-plain-http", "--principals", filepath.Join(s.dir, "principals.json"))
+	client := mcp.NewClient(&mcp.Implementation{Name: "talos-test-ops", Version: "1"}, nil)
+	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp",
+		HTTPClient: &http.Client{Transport: bearer{token: "ops-token", next: http.DefaultTransport}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	// The gateway's own server process started before the flag: greet is
+	// listed; the client's own process starts with its first call.
+	if err := os.WriteFile(flag, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g := &gatewaySession{cs: cs}
+	r := g.call(ctx, "greet", map[string]any{"name": "Ada"})
+	if r.err == nil || r.denied != nil || !strings.Contains(r.err.Error(), "drifted from its registry pin") {
+		t.Fatalf("greet on a session that started drifted: %+v, want the gateway's refusal to forward it", r)
+	}
+	assertDriftReported(ctx, t, s, "gw-rug-new", "rug", "greet")
+	conn, err := query.Open(ctx, s.chAddr, s.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		var n uint64
+		err := conn.QueryRow(ctx, "SELECT count() FROM tool_calls FINAL WHERE ep_id = 'gw-rug-new' AND tool_name = 'greet' AND phase = 'post' AND error_code = ?",
+			schemas.CodeDenyToolDrift).Scan(&n)
+		if err == nil && n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			rows, _ := conn.Query(ctx, "SELECT phase, ok, error_code, tool_call_id FROM tool_calls WHERE ep_id = 'gw-rug-new'")
+			for rows != nil && rows.Next() {
+				var phase, code, id string
+				var ok uint8
+				_ = rows.Scan(&phase, &ok, &code, &id)
+				t.Logf("tool_calls row: %s %d %q %s", phase, ok, code, id)
+			}
+			t.Fatalf("no post event of greet recording %s: %d, %v", schemas.CodeDenyToolDrift, n, err)
+		}
+	}
+	d := g.call(ctx, "greet", map[string]any{"name": "Ada"}).mustDeny(t, "greet after its session listed a drifted definition", schemas.CodeDenyToolDrift)
+	assertWorkerDenied(ctx, t, s, d.ToolCallID, schemas.CodeDenyToolDrift)
+}
+
+// driftOnClientSession: in HTTP mode each client's calls run on upstream
+// sessions of its own (here, a rugpull.mjs process per client). One
+// client has greet rewritten on its own session (rug); the gateway, whose
+// own session still lists the pinned definition, reads that session's
+// list_changed: greet leaves the client's tools/list, the drift is
+// reported once before anyone calls greet, and the client's call is
+// denied DENY_TOOL_DRIFT by the worker with a receipt and never reaches
+// the server. A second client, whose own server process never changed,
+// no longer sees greet either and is denied too: a server seen to rug-pull
+// is not trusted with that tool again.
+func driftOnClientSession(ctx context.Context, t *testing.T, s *stack, reg, server string) {
+	t.Helper()
+	port := freePort(t)
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	s.httpGateway(t, base, "--ep-id", "gw-rug-client", "--upstream", server, "--registry", reg,
+		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--insecure-plain-http", "--principals", filepath.Join(s.dir, "principals.json"))
+	connect := func() (*gatewaySession, func() []string) {
+		client := mcp.NewClient(&mcp.Implementation{Name: "talos-test-ops", Version: "1"}, nil)
+		cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp",
+			HTTPClient: &http.Client{Transport: bearer{token: "ops-token", next: http.DefaultTransport}}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cs.Close() })
+		return &gatewaySession{cs: cs}, func() []string {
+			res, err := cs.ListTools(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, tl := range res.Tools {
+				names = append(names, tl.Name)
+			}
+			return names
+		}
+	}
+	a, listedA := connect()
+	if names := listedA(); !slices.Contains(names, "greet") {
+		t.Fatalf("HTTP tools/list before the rug pull: %v", names)
+	}
+	if res := a.call(ctx, "greet", map[string]any{"name": "Ada"}).mustAllow(t, "greet on the client's session"); text(res) != "Hello, Ada!" {
+		t.Fatalf("greet: %q", text(res))
+	}
+	a.call(ctx, "rug", map[string]any{}).mustAllow(t, "rug on the client's session")
+	testenv.WaitFor(t, 30*time.Second, func() bool { return !slices.Contains(listedA(), "greet") })
+	assertDriftReported(ctx, t, s, "gw-rug-client", "rug", "greet")
+	d := a.call(ctx, "greet", map[string]any{"name": "Ada"}).mustDeny(t, "greet after the rug pull on the client's session", schemas.CodeDenyToolDrift)
+	assertWorkerDenied(ctx, t, s, d.ToolCallID, schemas.CodeDenyToolDrift)
+
+	b, listedB := connect()
+	if names := listedB(); slices.Contains(names, "greet") || !slices.Contains(names, "rug") {
+		t.Fatalf("a second client's tools/list after the rug pull: %v", names)
+	}
+	d = b.call(ctx, "greet", map[string]any{"name": "Bob"}).mustDeny(t, "greet from a second client", schemas.CodeDenyToolDrift)
+	assertWorkerDenied(ctx, t, s, d.ToolCallID, schemas.CodeDenyToolDrift)
+	if n := driftReports(ctx, t, s, "gw-rug-client", "rug", "greet"); n != 1 {
+		t.Fatalf("the drift of rug/greet was reported %d times, want once", n)
+	}
 }
 
 // driftMetric is the drift counter of rug/greet in /metrics.

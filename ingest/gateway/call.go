@@ -113,6 +113,7 @@ func (g *Gateway) toolCall(p *Principal, req *mcp.CallToolRequest) *pending {
 		name: params.Name, server: unroutedServer, args: params.Arguments}
 	g.mu.Lock()
 	ut, routed := g.byName[params.Name]
+	ut = g.current(ut)
 	g.mu.Unlock()
 	if !routed {
 		c.local, c.localDetail = []string{schemas.CodeToolHidden, schemas.CodeUnknownTool}, "no upstream offers this tool"
@@ -128,7 +129,7 @@ func (g *Gateway) toolCall(p *Principal, req *mcp.CallToolRequest) *pending {
 		c.localDetail = strings.TrimPrefix(c.localDetail+"; "+why, "; ")
 	}
 	c.upstream = func(ctx context.Context, r *relay) (mcp.Result, bool, error) {
-		res, err := r.callTool(ctx, ut.server, &mcp.CallToolParams{Name: ut.tool.Name, Arguments: c.args}, c.token)
+		res, err := r.callTool(ctx, ut.server, &mcp.CallToolParams{Name: ut.tool.Name, Arguments: c.args}, c.token, c.def)
 		if err != nil {
 			return nil, false, err
 		}
@@ -305,6 +306,9 @@ func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (mc
 		post, perr := ep.SignedPost(c.pre, nil, false, started, ended, c.p.Signer)
 		if perr == nil {
 			post.Error = &schemas.CallError{Code: "UPSTREAM_ERROR", Kind: "upstream"}
+			if errors.Is(err, errSessionDrift) {
+				post.Error = &schemas.CallError{Code: schemas.CodeDenyToolDrift, Kind: "denied", Message: err.Error()}
+			}
 			g.out.Send(post)
 		}
 		c.log.Warn("upstream call failed", "err", err)

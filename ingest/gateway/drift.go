@@ -4,8 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/talos-audit/talos/schemas"
 )
@@ -64,10 +67,17 @@ func (g *Gateway) refresh(u *Upstream, tools []upstreamTool, f features) {
 	for n := range g.byName {
 		names[n] = true
 	}
+	g.relist(sortedKeys(names))
+	g.log.Info("upstream tool list refreshed", "server_id", u.spec.ServerID, "tools", len(tools))
+}
+
+// relist shows each principal's server the tools of names it may see now
+// and takes away the others (the SDK tells connected clients the list
+// changed). Call it with g.mu held.
+func (g *Gateway) relist(names []string) {
 	for _, p := range sortedKeys(g.servers) {
-		s := g.servers[p]
-		pr := g.served[p]
-		for _, name := range sortedKeys(names) {
+		s, pr := g.servers[p], g.served[p]
+		for _, name := range names {
 			if t, ok := g.listed(pr, name); ok {
 				s.AddTool(t, g.unreached(pr))
 			} else {
@@ -75,7 +85,102 @@ func (g *Gateway) refresh(u *Upstream, tools []upstreamTool, f features) {
 			}
 		}
 	}
-	g.log.Info("upstream tool list refreshed", "server_id", u.spec.ServerID, "tools", len(tools))
+}
+
+// errSessionDrift refuses a call whose tool drifted from its pin on the
+// upstream session that would run it after Talos decided it.
+var errSessionDrift = errors.New("talos: the tool's definition drifted from its registry pin on this session's upstream")
+
+func driftKey(server, tool string) string { return server + "\x00" + tool }
+
+// current is ut as the gateway holds it now: the drifted definition an
+// HTTP client's own upstream session listed for it, if any
+// (sessionDrift). Call it with g.mu held.
+func (g *Gateway) current(ut upstreamTool) upstreamTool {
+	if ut.tool == nil {
+		return ut
+	}
+	if d, ok := g.sessionDrift[driftKey(ut.server, ut.tool.Name)]; ok {
+		return d
+	}
+	return ut
+}
+
+// checkSession lists the tools of cs, an upstream session of serverID
+// made for one HTTP client, and holds them to their pins (sessionTools).
+// In HTTP mode each client's calls run on a session of its own, and a
+// server may list another definition there than on the gateway's own
+// session, or change it there later (a rug pull aimed at one client).
+func (g *Gateway) checkSession(ctx context.Context, serverID string, cs *mcp.ClientSession) error {
+	tools, err := listTools(ctx, serverID, cs, g.log)
+	if err != nil {
+		return err
+	}
+	g.sessionTools(tools)
+	return nil
+}
+
+// watchSession lists the tools of cs again on each list_changed it
+// announces (changed), until stop is closed or cs ends.
+func (g *Gateway) watchSession(stop <-chan struct{}, serverID string, cs *mcp.ClientSession, changed <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		case <-changed:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := g.checkSession(ctx, serverID, cs)
+		cancel()
+		if errors.Is(err, mcp.ErrConnectionClosed) {
+			return
+		}
+		if err != nil {
+			g.log.Warn("a client's upstream session announced a new tool list that could not be read", "server_id", serverID, "err", err)
+		}
+	}
+}
+
+// sessionTools takes the tools an HTTP client's own upstream session
+// lists: a definition that drifted from its pin makes the tool drifted
+// for every client for the gateway's life (fail closed: the server was
+// seen to rug-pull), hidden from every tools/list, its calls denied
+// DENY_TOOL_DRIFT, and reported as an incident like a drift on the
+// gateway's own session (reportDrift).
+func (g *Gateway) sessionTools(tools []upstreamTool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	drifted := map[string]upstreamTool{}
+	for _, ut := range tools {
+		key := driftKey(ut.server, ut.tool.Name)
+		if d, _ := ut.drift(g.o.Registry); !d {
+			continue
+		}
+		if seen, ok := g.sessionDrift[key]; ok && seen.def == ut.def {
+			continue
+		}
+		g.log.Error("an HTTP client's upstream session lists a tool definition that drifted from its registry pin",
+			"server_id", ut.server, "tool", ut.tool.Name, "definition_sha256", ut.def)
+		g.sessionDrift[key] = ut
+		drifted[ut.tool.Name] = ut
+	}
+	if len(drifted) > 0 {
+		g.reportDrift(drifted)
+		g.relist(sortedKeys(drifted))
+	}
+}
+
+// sessionDrifted refuses (errSessionDrift) a call of server's tool that
+// Talos decided with definition def, when a client's upstream session
+// has since listed another, drifted one (sessionTools).
+func (g *Gateway) sessionDrifted(server, tool, def string) error {
+	g.mu.Lock()
+	d, ok := g.sessionDrift[driftKey(server, tool)]
+	g.mu.Unlock()
+	if ok && d.def != def {
+		return fmt.Errorf("%w (%s/%s: %s)", errSessionDrift, server, tool, d.def)
+	}
+	return nil
 }
 
 // reportOutbox is where reports go: the refusals' outbox (g.refused).

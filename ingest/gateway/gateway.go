@@ -165,6 +165,11 @@ type Gateway struct {
 	features featureRoutes
 	servers  map[string]*mcp.Server // principal name → its server
 	served   map[string]*Principal  // principal name → the principal
+	// sessionDrift holds, by server_id and tool name (driftKey), a
+	// definition that drifted from its pin as listed by an upstream
+	// session made for one HTTP client (sessionTools): the tool is then
+	// drifted for every client, for the gateway's life.
+	sessionDrift map[string]upstreamTool
 }
 
 // New builds a gateway over connected upstreams and a NATS connection
@@ -210,7 +215,7 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 		[]string{"server_id", "tool"})
 	g.metrics.MustRegister(g.authRef, g.driftRef)
 	o.Tracing.Register(g.metrics)
-	g.drifted, g.driftOut = map[string]bool{}, g.refused
+	g.drifted, g.driftOut, g.sessionDrift = map[string]bool{}, g.refused, map[string]upstreamTool{}
 	g.byName = route(o.Registry, ups, o.Logger)
 	g.features = routeFeatures(ups)
 	if !o.RelayUngoverned {
@@ -482,6 +487,7 @@ func (g *Gateway) listed(p *Principal, name string) (*mcp.Tool, bool) {
 	if !ok {
 		return nil, false
 	}
+	ut = g.current(ut)
 	if drift, why := ut.drift(g.o.Registry); drift {
 		g.log.Debug("tool hidden", "principal", p.Name, "server", ut.server, "tool", name, "why", why)
 		return nil, false

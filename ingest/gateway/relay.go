@@ -40,6 +40,7 @@ type relay struct {
 	mu     sync.Mutex
 	ss     *mcp.ServerSession // the client session; nil until one is bound
 	closed bool               // close was called: no more sessions are made
+	stop   chan struct{}      // closed by close: the sessions' watchers end
 	// sessions maps server_id to its upstream session.
 	sessions map[string]*mcp.ClientSession
 	// inflight holds, per server_id, the contexts of this client's
@@ -267,8 +268,10 @@ func (r *relay) track(serverID string, ctx context.Context) (done func()) {
 // session is the upstream session of serverID for this client session:
 // the upstream's own one, or in HTTP mode one made for it now (60 s at
 // most; a session's own requests carry no call's credential) if it has
-// none yet, with the client's logging level. Sessions are made one at a
-// time (dialMu), without holding r.mu.
+// none yet, with the client's logging level. A session made here has its
+// tools held to their pins like the upstream's own session (watchSession):
+// listed before it is used, and again on each list_changed. Sessions are
+// made one at a time (dialMu), without holding r.mu.
 func (r *relay) session(ctx context.Context, serverID string) (*mcp.ClientSession, error) {
 	if cs := r.lookup(serverID); cs != nil {
 		return cs, nil
@@ -284,12 +287,20 @@ func (r *relay) session(ctx context.Context, serverID string) (*mcp.ClientSessio
 	}
 	cctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	opts := append(slices.Clone(u.opts), relayOptions(serverID, func() *relay { return r }, nil)...)
+	changed := make(chan struct{}, 1)
+	opts := append(slices.Clone(u.opts), relayOptions(serverID, func() *relay { return r }, changed)...)
 	cs, err := mcpup.Connect(cctx, u.spec, u.impl, opts...)
+	if err == nil {
+		err = r.g.checkSession(cctx, serverID, cs)
+	}
 	if err != nil {
+		if cs != nil {
+			_ = cs.Close()
+		}
 		r.g.log.Warn("cannot open an upstream session for a client session", "server_id", serverID, "err", err)
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "talos: upstream " + serverID + " unreachable"}
 	}
+	go r.g.watchSession(r.stop, serverID, cs, changed)
 	r.mu.Lock()
 	level, closed := r.level, r.closed
 	if !closed {
@@ -315,10 +326,15 @@ func (r *relay) lookup(serverID string) *mcp.ClientSession {
 
 // callTool forwards a tools/call to serverID on this client session's
 // upstream session, with the client's progress token mapped (token, nil
-// if it asked for none).
-func (r *relay) callTool(ctx context.Context, serverID string, params *mcp.CallToolParams, token any) (*mcp.CallToolResult, error) {
+// if it asked for none). def is the tool's definition hash Talos decided
+// the call with: a call whose tool drifted since on the session just made
+// for it (sessionTools) is refused (errSessionDrift).
+func (r *relay) callTool(ctx context.Context, serverID string, params *mcp.CallToolParams, token any, def string) (*mcp.CallToolResult, error) {
 	cs, err := r.session(ctx, serverID)
 	if err != nil {
+		return nil, err
+	}
+	if err := r.g.sessionDrifted(serverID, params.Name, def); err != nil {
 		return nil, err
 	}
 	defer r.track(serverID, ctx)()
@@ -353,6 +369,9 @@ func hasLogging(cs *mcp.ClientSession) bool {
 func (r *relay) close() {
 	r.mu.Lock()
 	sessions := r.sessions
+	if !r.closed {
+		close(r.stop)
+	}
 	r.sessions, r.closed = map[string]*mcp.ClientSession{}, true
 	r.mu.Unlock()
 	if !r.own {
@@ -400,7 +419,7 @@ func (g *Gateway) relayOf(p *Principal, ss *mcp.ServerSession) *relay {
 }
 
 func newRelay(g *Gateway, p *Principal, own bool) *relay {
-	return &relay{g: g, p: p, own: own, sessions: map[string]*mcp.ClientSession{}, inflight: map[string][]*context.Context{}}
+	return &relay{g: g, p: p, own: own, stop: make(chan struct{}), sessions: map[string]*mcp.ClientSession{}, inflight: map[string][]*context.Context{}}
 }
 
 // progressRoute is where an upstream's progress for one forwarded request

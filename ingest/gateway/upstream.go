@@ -87,17 +87,23 @@ func (u *Upstream) reject(log *slog.Logger) func(mcpup.Rejected) {
 
 // listTools lists the server's tools with the hashes of their definitions.
 func (u *Upstream) listTools(ctx context.Context, log *slog.Logger) ([]upstreamTool, error) {
-	tools, err := mcpup.ListTools(ctx, u.session)
+	return listTools(ctx, u.spec.ServerID, u.session, log)
+}
+
+// listTools lists the tools of serverID's session cs with the hashes of
+// their definitions.
+func listTools(ctx context.Context, serverID string, cs *mcp.ClientSession, log *slog.Logger) ([]upstreamTool, error) {
+	tools, err := mcpup.ListTools(ctx, cs)
 	if err != nil {
-		return nil, fmt.Errorf("upstream %s: tools/list: %w", u.spec.ServerID, err)
+		return nil, fmt.Errorf("upstream %s: tools/list: %w", serverID, err)
 	}
 	out := make([]upstreamTool, 0, len(tools))
 	for _, t := range tools {
 		def, err := registrylint.Definition(t).SHA256()
 		if err != nil {
-			log.Warn("tool definition cannot be hashed", "server_id", u.spec.ServerID, "tool", t.Name, "err", err)
+			log.Warn("tool definition cannot be hashed", "server_id", serverID, "tool", t.Name, "err", err)
 		}
-		out = append(out, upstreamTool{server: u.spec.ServerID, tool: t, def: def})
+		out = append(out, upstreamTool{server: serverID, tool: t, def: def})
 	}
 	return out, nil
 }
