@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -210,6 +211,20 @@ func (b *Broker) Resolve(ctx context.Context, r Request) (Credential, error) {
 	}
 	c.Token = tok
 	return c, nil
+}
+
+// SecretDigests is, by server_id, the hex sha256 of each mode secret
+// server's secret as it is now: for comparing it with tokens known only
+// by their hash (a principal's token_sha256) without handing it out.
+func (b *Broker) SecretDigests() map[string]string {
+	out := map[string]string{}
+	for id, s := range b.cfg.servers {
+		if s.mode == schemas.TokenModeSecret {
+			sum := sha256.Sum256([]byte(s.secret.get()))
+			out[id] = hex.EncodeToString(sum[:])
+		}
+	}
+	return out
 }
 
 // Same reports, in constant time for tokens of equal length, whether a
