@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -82,12 +84,29 @@ func (p *authProxy) split() (calls, session []string) {
 	return calls, session
 }
 
-// tokenEndpoint is an RFC 8693 token endpoint that records each exchange's
-// form and answers with a fresh token for the requested audience, or 503
+// of is the Authorization headers of the requests of one JSON-RPC method.
+func (p *authProxy) of(method string) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for _, r := range p.reqs {
+		if r.method == method {
+			out = append(out, r.auth)
+		}
+	}
+	return out
+}
+
+// tokenEndpoint is a token endpoint that checks the gateway's client
+// credentials and records each request's form: an RFC 8693 exchange is
+// answered with a fresh token for the requested audience, a client
+// credentials grant (RFC 6749 §4.4) bound to the upstream's audience and
+// to a resource with a fresh "own" token for it; everything with 503
 // while failing.
 type tokenEndpoint struct {
 	mu      sync.Mutex
-	forms   []map[string]string
+	forms   []map[string]string // exchanges
+	grants  []map[string]string // client credentials grants
 	failing atomic.Bool
 	url     string
 }
@@ -100,22 +119,42 @@ func newTokenEndpoint(t *testing.T) *tokenEndpoint {
 		for k := range r.PostForm {
 			f[k] = r.PostForm.Get(k)
 		}
+		own := f["grant_type"] == "client_credentials"
 		e.mu.Lock()
-		e.forms = append(e.forms, f)
-		n := len(e.forms)
+		if own {
+			e.grants = append(e.grants, f)
+		} else {
+			e.forms = append(e.forms, f)
+		}
+		n := len(e.forms) // each kind is numbered apart
+		if own {
+			n = len(e.grants)
+		}
 		e.mu.Unlock()
 		if e.failing.Load() {
 			http.Error(w, "down for maintenance", http.StatusServiceUnavailable)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		if f["grant_type"] != "urn:ietf:params:oauth:grant-type:token-exchange" || f["client_id"] != "talos-gw" || f["client_secret"] != "gw-client-secret" {
-			w.WriteHeader(http.StatusBadRequest)
+		if f["client_id"] != "talos-gw" || f["client_secret"] != "gw-client-secret" {
+			w.WriteHeader(http.StatusUnauthorized)
 			_, _ = w.Write([]byte(`{"error":"invalid_client"}`))
 			return
 		}
-		_ = json.NewEncoder(w).Encode(map[string]any{"access_token": fmt.Sprintf("exchanged-%d-aud-%s", n, f["audience"]),
-			"token_type": "Bearer", "issued_token_type": "urn:ietf:params:oauth:token-type:access_token", "expires_in": 600})
+		switch {
+		case own && (f["audience"] != "everything-api" || !strings.HasSuffix(f["resource"], "/mcp") || f["subject_token"] != ""):
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = w.Write([]byte(`{"error":"invalid_target"}`))
+		case own:
+			_ = json.NewEncoder(w).Encode(map[string]any{"access_token": fmt.Sprintf("own-%d-aud-%s", n, f["audience"]),
+				"token_type": "Bearer", "expires_in": 600})
+		case f["grant_type"] != "urn:ietf:params:oauth:grant-type:token-exchange":
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = w.Write([]byte(`{"error":"unsupported_grant_type"}`))
+		default:
+			_ = json.NewEncoder(w).Encode(map[string]any{"access_token": fmt.Sprintf("exchanged-%d-aud-%s", n, f["audience"]),
+				"token_type": "Bearer", "issued_token_type": "urn:ietf:params:oauth:token-type:access_token", "expires_in": 600})
+		}
 	}))
 	t.Cleanup(hs.Close)
 	e.url = hs.URL + "/token"
@@ -128,6 +167,12 @@ func (e *tokenEndpoint) exchanges() []map[string]string {
 	return slices.Clone(e.forms)
 }
 
+func (e *tokenEndpoint) clientGrants() []map[string]string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.grants)
+}
+
 // TestCredentialBoundary runs the gateway binary in HTTP mode (TLS, JWTs
 // from a test issuer) in front of the real npm server-everything over
 // streamable HTTP, with the real pipeline and ClickHouse (CSP MUST 5). Each
@@ -137,8 +182,10 @@ func (e *tokenEndpoint) exchanges() []map[string]string {
 //     exchange of alice's JWT for the upstream's audience and resource with
 //     the gateway's client credentials, and every tools/call the upstream
 //     gets carries the exchanged token; a second call reuses it; the
-//     session's own requests (initialize, tools/list, its stream) carry no
-//     credential;
+//     session's own requests (initialize, tools/list, its stream) carry the
+//     gateway's own token, from one client credentials grant for the same
+//     audience and resource; a gateway refused that grant does not start,
+//     naming the server and the endpoint's error;
 //   - with mode secret, the upstream gets the configured secret on every
 //     request, alice's call included, and never her JWT;
 //   - CRED-02: no client token reaches the upstream; a gateway whose
@@ -225,8 +272,49 @@ func TestCredentialBoundary(t *testing.T) {
 	if !slices.Equal(calls, []string{"Bearer exchanged-1-aud-everything-api", "Bearer exchanged-1-aud-everything-api"}) {
 		t.Fatalf("CRED-01: the upstream's tools/call requests carried %q, want the exchanged token twice", calls)
 	}
-	if len(session) == 0 || slices.ContainsFunc(session, func(a string) bool { return a != "" }) {
-		t.Fatalf("token_exchange: the session's own requests carried %q, want no credential", session)
+	// The session's own requests carry the gateway's own token, granted to
+	// it for the upstream's audience and resource and cached: never a
+	// client's token, and never nothing.
+	grants := sts.clientGrants()
+	if len(grants) != 1 {
+		t.Fatalf("%d client credentials grants, want 1 (cached for the session)", len(grants))
+	}
+	for k, v := range map[string]string{"grant_type": "client_credentials", "audience": "everything-api", "resource": xUp.url,
+		"scope": "echo", "client_id": "talos-gw", "subject_token": ""} {
+		if grants[0][k] != v {
+			t.Fatalf("the client credentials grant's %s is %q, want %q", k, grants[0][k], v)
+		}
+	}
+	const own = "Bearer own-1-aud-everything-api"
+	for _, m := range []string{"initialize", "tools/list"} {
+		if got := xUp.of(m); len(got) == 0 || slices.ContainsFunc(got, func(a string) bool { return a != own }) {
+			t.Fatalf("token_exchange: the upstream's %s requests carried %q, want the gateway's own token", m, got)
+		}
+	}
+	if slices.ContainsFunc(session, func(a string) bool { return a != own }) {
+		t.Fatalf("token_exchange: the session's own requests carried %q, want the gateway's own token on each", session)
+	}
+
+	// A token endpoint that refuses the gateway its own token: the upstream
+	// cannot be connected, nothing is sent to it, and the gateway does not
+	// start, saying which server and what the endpoint answered.
+	rUp := newAuthProxy(t, everything)
+	rCmd := exec.CommandContext(ctx, s.gateway, "--nats-url", s.natsURL(), "--nats-auth", "none", "--registry", registryDir,
+		"--ep-id", "gw-cred-r", "--spool-dir", t.TempDir(), "--upstream", "everything="+rUp.url,
+		"--credentials", filepath.Join(s.dir, "exchange.json"))
+	rCmd.Env = append(os.Environ(), "GW_STS_SECRET=not-the-client-secret")
+	out, err := rCmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("a refused client credentials grant: %v, want exit 1:\n%s", err, out)
+	}
+	for _, part := range []string{`server "everything"`, "client credentials grant at " + sts.url, "invalid_client"} {
+		if !strings.Contains(string(out), part) {
+			t.Fatalf("a refused client credentials grant: the gateway's error does not say %q:\n%s", part, out)
+		}
+	}
+	if calls, session := rUp.split(); len(calls)+len(session) != 0 {
+		t.Fatalf("a refused client credentials grant: %d requests reached the upstream", len(calls)+len(session))
 	}
 
 	// The token endpoint down: ops (nothing cached) is denied, fail closed.
@@ -291,7 +379,7 @@ func TestCredentialBoundary(t *testing.T) {
 			t.Fatalf("%s: decision %s %v", id, r.Decision, r.ReasonCodes)
 		}
 	}
-	for _, tok := range []string{alice, ops, "exchanged-1-aud", secret} {
+	for _, tok := range []string{alice, ops, "exchanged-1-aud", "own-1-aud", secret} {
 		sig := tok[strings.LastIndexByte(tok, '.')+1:]
 		for _, table := range []string{"receipts", "tool_calls", "artifacts"} {
 			var n uint64

@@ -4,14 +4,17 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/oauthex"
 	"golang.org/x/oauth2"
+	"golang.org/x/oauth2/clientcredentials"
 
 	"github.com/talos-audit/talos/schemas"
 )
@@ -25,6 +28,10 @@ var (
 	ErrNoSubjectToken = errors.New("credential: no client JWT to exchange")
 	// ErrExchange: the token endpoint refused or did not answer.
 	ErrExchange = errors.New("credential: token exchange failed")
+	// ErrSessionToken: in mode token_exchange, the token endpoint did not
+	// grant the gateway its own token for the session's requests; the
+	// request to the upstream is not sent.
+	ErrSessionToken = errors.New("credential: no session token")
 )
 
 // RFC 8693 token type identifiers the broker uses.
@@ -47,10 +54,12 @@ type Options struct {
 	Now             func() time.Time
 }
 
-// Broker hands out the credential of each upstream server per call. It is
-// safe for concurrent use; exchanged tokens are cached per (principal,
-// server) until shortly before they expire, and a new client token for the
-// same principal replaces the cached one.
+// Broker hands out the credential of each upstream server per call, and
+// of its session's own requests (Transport). It is safe for concurrent
+// use; exchanged tokens are cached per (principal, server) until shortly
+// before they expire, and a new client token for the same principal
+// replaces the cached one; the gateway's own session token is cached per
+// server the same way.
 type Broker struct {
 	cfg *Config
 	o   Options
@@ -59,15 +68,60 @@ type Broker struct {
 	cache map[cacheKey]*cached
 }
 
-type cacheKey struct{ principal, server string }
+// cacheKey is a (principal, server) pair's exchanged token, or with own
+// set (and no principal) the server's session token.
+type cacheKey struct {
+	principal, server string
+	own               bool
+}
 
-// cached is one exchanged token; mu serialises its exchanges so callers
-// of one principal wait for one exchange rather than each making one.
+// cached is one token from the token endpoint; mu serialises its requests
+// so callers of one key wait for one request rather than each making one.
 type cached struct {
 	mu      sync.Mutex
 	subject [32]byte // sha256 of the client token it was exchanged for
 	token   string
 	expiry  time.Time
+}
+
+// entry is key's cache entry, created empty when absent.
+func (b *Broker) entry(key cacheKey) *cached {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.cache[key]
+	if e == nil {
+		e = &cached{}
+		b.cache[key] = e
+	}
+	return e
+}
+
+// renew is e's token when it was obtained for subject and is not within
+// RefreshBefore of its expiry; else the one fetch obtains, then cached in
+// e (an answer without expires_in for DefaultLifetime). A failed fetch
+// leaves e empty: nothing stale is served after it.
+func (b *Broker) renew(e *cached, subject [32]byte, fetch func() (*oauth2.Token, error)) (string, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := b.o.Now()
+	if e.token != "" && e.subject == subject && now.Before(e.expiry.Add(-b.o.RefreshBefore)) {
+		return e.token, nil
+	}
+	e.token = ""
+	tok, err := fetch()
+	if err != nil {
+		return "", err
+	}
+	if tok.AccessToken == "" {
+		return "", errors.New("the token endpoint issued an empty token")
+	}
+	// The library dates Expiry by the wall clock; the cache by b.o.Now.
+	expiry := now.Add(time.Until(tok.Expiry))
+	if tok.Expiry.IsZero() {
+		expiry = now.Add(b.o.DefaultLifetime + b.o.RefreshBefore)
+	}
+	e.subject, e.token, e.expiry = subject, tok.AccessToken, expiry
+	return tok.AccessToken, nil
 }
 
 // New is a broker over a loaded configuration (nil: every server is mode
@@ -159,6 +213,20 @@ func (b *Broker) Resolve(ctx context.Context, r Request) (Credential, error) {
 	return c, nil
 }
 
+// SecretDigests is, by server_id, the hex sha256 of each mode secret
+// server's secret as it is now: for comparing it with tokens known only
+// by their hash (a principal's token_sha256) without handing it out.
+func (b *Broker) SecretDigests() map[string]string {
+	out := map[string]string{}
+	for id, s := range b.cfg.servers {
+		if s.mode == schemas.TokenModeSecret {
+			sum := sha256.Sum256([]byte(s.secret.get()))
+			out[id] = hex.EncodeToString(sum[:])
+		}
+	}
+	return out
+}
+
 // Same reports, in constant time for tokens of equal length, whether a
 // non-empty outbound credential equals an inbound token.
 func Same(outbound, inbound string) bool {
@@ -175,32 +243,10 @@ var errUnreachable = errors.New("token endpoint unreachable")
 // subject token, exchanged again when absent, for another subject token,
 // or within RefreshBefore of its expiry.
 func (b *Broker) exchanged(ctx context.Context, s *server, r Request) (string, error) {
-	key := cacheKey{r.Principal, r.ServerID}
-	b.mu.Lock()
-	e := b.cache[key]
-	if e == nil {
-		e = &cached{}
-		b.cache[key] = e
-	}
-	b.mu.Unlock()
-	subject := sha256.Sum256([]byte(r.SubjectToken))
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	now := b.o.Now()
-	if e.token != "" && e.subject == subject && now.Before(e.expiry.Add(-b.o.RefreshBefore)) {
-		return e.token, nil
-	}
-	e.token = ""
-	tok, err := b.exchange(ctx, s, r.SubjectToken)
-	if err != nil {
-		return "", err
-	}
-	expiry := tok.Expiry
-	if expiry.IsZero() {
-		expiry = now.Add(b.o.DefaultLifetime + b.o.RefreshBefore)
-	}
-	e.subject, e.token, e.expiry = subject, tok.AccessToken, expiry
-	return tok.AccessToken, nil
+	e := b.entry(cacheKey{principal: r.Principal, server: r.ServerID})
+	return b.renew(e, sha256.Sum256([]byte(r.SubjectToken)), func() (*oauth2.Token, error) {
+		return b.exchange(ctx, s, r.SubjectToken)
+	})
 }
 
 // exchange is one RFC 8693 request: grant_type token-exchange, the client's
@@ -217,7 +263,7 @@ func (b *Broker) exchange(ctx context.Context, s *server, subject string) (*oaut
 	}
 	hc := *b.o.HTTPClient
 	hc.Transport = reachability{next: hc.Transport}
-	tok, err := oauthex.ExchangeToken(ctx, s.endpoint, &oauthex.TokenExchangeRequest{
+	return oauthex.ExchangeToken(ctx, s.endpoint, &oauthex.TokenExchangeRequest{
 		RequestedTokenType: TokenTypeAccessToken,
 		Audience:           s.audience,
 		Resource:           s.resource,
@@ -225,13 +271,41 @@ func (b *Broker) exchange(ctx context.Context, s *server, subject string) (*oaut
 		SubjectToken:       subject,
 		SubjectTokenType:   TokenTypeJWT,
 	}, creds, &hc)
-	if err != nil {
-		return nil, err
+}
+
+// SessionToken is the gateway's own token for the session requests of
+// serverID (initialize, tools/list, its stream), in mode token_exchange
+// with session client_credentials; "" for any other server. It is
+// obtained with the client credentials grant (RFC 6749 §4.4) at the
+// server's token_endpoint, with the gateway's client credentials and the
+// audience, resource and scope an exchange asks for, and cached until
+// RefreshBefore its expiry. It is never a client's token: no client token
+// is sent to obtain it. A refused or failed grant is ErrSessionToken,
+// naming the server, the endpoint and the endpoint's error.
+func (b *Broker) SessionToken(ctx context.Context, serverID string) (string, error) {
+	s := b.cfg.servers[serverID]
+	if s == nil || s.mode != schemas.TokenModeTokenExchange || !s.ownSession {
+		return "", nil
 	}
-	if tok.AccessToken == "" {
-		return nil, errors.New("the token endpoint issued an empty token")
+	tok, err := b.renew(b.entry(cacheKey{server: serverID, own: true}), [32]byte{}, func() (*oauth2.Token, error) {
+		return b.clientCredentials(ctx, s)
+	})
+	if err != nil {
+		return "", fmt.Errorf("%w for %s: the client credentials grant at %s failed: %v", ErrSessionToken, serverID, s.endpoint, err)
 	}
 	return tok, nil
+}
+
+// clientCredentials is one client credentials request (grant_type
+// client_credentials) for the gateway itself, bound like an exchange:
+// the server's audience, resource and scope, client_secret_post.
+func (b *Broker) clientCredentials(ctx context.Context, s *server) (*oauth2.Token, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	cc := clientcredentials.Config{ClientID: s.clientID, ClientSecret: s.clientSecret.get(), TokenURL: s.endpoint,
+		Scopes: s.scope, AuthStyle: oauth2.AuthStyleInParams,
+		EndpointParams: url.Values{"audience": {s.audience}, "resource": {s.resource}}}
+	return cc.Token(context.WithValue(ctx, oauth2.HTTPClient, b.o.HTTPClient))
 }
 
 // reachability marks a round trip that got no HTTP answer (errUnreachable),

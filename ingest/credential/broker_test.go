@@ -20,7 +20,8 @@ import (
 
 // sts is an RFC 8693 token endpoint for tests: it checks the grant and the
 // client credentials, and issues "exchanged-<n>-for-<audience>" tokens
-// valid for expiresIn seconds (the subject token itself when echo is set).
+// valid for expiresIn seconds (the subject token itself when echo is set);
+// to the client credentials grant, "own-<n>-for-<audience>" tokens.
 type sts struct {
 	*httptest.Server
 	mu        sync.Mutex
@@ -51,9 +52,19 @@ func newSTS(t *testing.T) *sts {
 			_, _ = w.Write([]byte(`{"error":"invalid_grant"}`))
 			return
 		}
-		if form["grant_type"] != "urn:ietf:params:oauth:grant-type:token-exchange" || form["client_id"] != "gw" || form["client_secret"] != "gw-secret" {
+		if form["client_id"] != "gw" || form["client_secret"] != "gw-secret" {
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = w.Write([]byte(`{"error":"invalid_client"}`))
+			return
+		}
+		if form["grant_type"] == "client_credentials" && form["subject_token"] == "" {
+			_ = json.NewEncoder(w).Encode(map[string]any{"access_token": "own-" + strconv.FormatInt(s.n.Add(1), 10) + "-for-" + form["audience"],
+				"token_type": "Bearer", "expires_in": s.expiresIn})
+			return
+		}
+		if form["grant_type"] != "urn:ietf:params:oauth:grant-type:token-exchange" {
 			w.WriteHeader(http.StatusBadRequest)
-			_, _ = w.Write([]byte(`{"error":"invalid_request"}`))
+			_, _ = w.Write([]byte(`{"error":"unsupported_grant_type"}`))
 			return
 		}
 		tok := "exchanged-" + strconv.FormatInt(s.n.Add(1), 10) + "-for-" + form["audience"]
@@ -141,8 +152,9 @@ func TestBrokerModes(t *testing.T) {
 	if got := b.StdioEnv("local"); len(got) != 1 || got[0] != "API_TOKEN=local-secret" {
 		t.Fatalf("StdioEnv: %v", got)
 	}
-	if b.StdioEnv("gh") != nil || b.Transport("gh", nil).session.get() != "gh-secret" || b.Transport("crm", nil).session != nil {
-		t.Fatal("session credentials: only a secret is sent outside a call")
+	if b.StdioEnv("gh") != nil || b.Transport("gh", nil).session.get() != "gh-secret" || b.Transport("crm", nil).session != nil ||
+		b.Transport("crm", nil).own == nil || b.Transport("gh", nil).own != nil || b.Transport("fs", nil).own != nil {
+		t.Fatal("session credentials: a secret, or the gateway's own token in mode token_exchange, is sent outside a call")
 	}
 }
 
@@ -337,7 +349,10 @@ func TestLoadErrors(t *testing.T) {
 		"exchange no endpoint": {map[string]any{"crm": map[string]any{"mode": "token_exchange", "client_id": "c"}}, "token_endpoint"},
 		"exchange no client":   {map[string]any{"crm": map[string]any{"mode": "token_exchange", "token_endpoint": "https://x"}}, "client_id"},
 		"none with a secret":   {map[string]any{"fs": map[string]any{"mode": "none", "secret_env": "SET"}}, "no other field"},
-		"unknown field":        {map[string]any{"gh": map[string]any{"mode": "none", "token": "x"}}, "unknown field"},
+		"exchange bad session": {map[string]any{"crm": map[string]any{"mode": "token_exchange", "token_endpoint": "https://x", "client_id": "c",
+			"session": "client"}}, "want client_credentials or none"},
+		"session on a secret": {map[string]any{"gh": map[string]any{"mode": "secret", "secret_env": "SET", "session": "none"}}, "mode secret takes"},
+		"unknown field":       {map[string]any{"gh": map[string]any{"mode": "none", "token": "x"}}, "unknown field"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Load(writeConfig(t, map[string]any{"servers": tc.servers}), ups, env)
@@ -378,6 +393,103 @@ func TestTransport(t *testing.T) {
 			t.Fatalf("%+v: upstream got %q", tc, got[len(got)-1])
 		}
 	}
+}
+
+// TestSessionToken: in mode token_exchange the session's own requests
+// carry the gateway's own token, from the client credentials grant with its
+// client credentials for the server's audience, resource and scope, cached
+// until RefreshBefore its expiry and fetched again after it, apart from
+// the exchanged tokens; a call's credential wins; session none sends
+// nothing. A refused grant fails the request, naming the server, the
+// endpoint and its answer, and nothing reaches the upstream.
+func TestSessionToken(t *testing.T) {
+	st := newSTS(t)
+	st.expiresIn = 120
+	var mu sync.Mutex
+	var got []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, r.Header.Get("Authorization"))
+	}))
+	defer up.Close()
+	path := writeConfig(t, map[string]any{"servers": map[string]any{
+		"crm": map[string]any{"mode": "token_exchange", "token_endpoint": st.URL, "client_id": "gw", "client_secret_env": "S",
+			"audience": "crm-api", "scope": []string{"crm.read", "crm.list"}},
+		"gh": map[string]any{"mode": "token_exchange", "token_endpoint": st.URL, "client_id": "gw", "client_secret_env": "S", "session": "none"},
+	}})
+	cfg, err := Load(path, ups, func(string) (string, bool) { return "gw-secret", true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var now atomic.Int64
+	now.Store(time.Now().UnixNano())
+	b := New(cfg, Options{RefreshBefore: 30 * time.Second, Now: func() time.Time { return time.Unix(0, now.Load()) }})
+	send := func(ctx context.Context, server string) (string, error) {
+		t.Helper()
+		mu.Lock()
+		n := len(got)
+		mu.Unlock()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, up.URL, strings.NewReader(`{"method":"tools/list"}`))
+		req.Header.Set("Authorization", "Bearer client-token")
+		resp, err := (&http.Client{Transport: b.Transport(server, nil)}).Do(req)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			if len(got) != n {
+				t.Fatalf("%s: a failed request reached the upstream", server)
+			}
+			return "", err
+		}
+		resp.Body.Close()
+		return got[len(got)-1], nil
+	}
+	want := func(ctx context.Context, server, auth string, grants int64) {
+		t.Helper()
+		if a, err := send(ctx, server); err != nil || a != auth || st.n.Load() != grants {
+			t.Fatalf("%s: the upstream got %q (%v) after %d grants, want %q after %d", server, a, err, st.n.Load(), auth, grants)
+		}
+	}
+	ctx := context.Background()
+	want(ctx, "crm", "Bearer own-1-for-crm-api", 1)
+	f := st.last()
+	for k, v := range map[string]string{"grant_type": "client_credentials", "audience": "crm-api", "resource": "https://crm.example/mcp",
+		"scope": "crm.read crm.list", "client_id": "gw", "client_secret": "gw-secret", "subject_token": ""} {
+		if f[k] != v {
+			t.Fatalf("client credentials form %s = %q, want %q (%v)", k, f[k], v, f)
+		}
+	}
+	want(ctx, "crm", "Bearer own-1-for-crm-api", 1)
+	now.Add(int64(80 * time.Second)) // 40 s before expiry: still fresh
+	want(ctx, "crm", "Bearer own-1-for-crm-api", 1)
+	now.Add(int64(15 * time.Second)) // 25 s before expiry: fetched again
+	want(ctx, "crm", "Bearer own-2-for-crm-api", 2)
+	want(WithToken(ctx, "exchanged-for-a-call"), "crm", "Bearer exchanged-for-a-call", 2)
+	if c, err := b.Resolve(ctx, Request{Principal: "alice", ServerID: "crm", Inbound: "jwt", SubjectToken: "jwt"}); err != nil || c.Token != "exchanged-3-for-crm-api" {
+		t.Fatalf("a call's exchange: %+v %v", c, err)
+	}
+	want(ctx, "crm", "Bearer own-2-for-crm-api", 3)
+	want(ctx, "gh", "", 3) // session none
+	if tok, err := b.SessionToken(ctx, "gh"); tok != "" || err != nil {
+		t.Fatalf("session none: %q %v", tok, err)
+	}
+
+	now.Add(int64(time.Hour)) // expired: the grant is asked again, and refused
+	st.status.Store(http.StatusBadRequest)
+	_, err = send(ctx, "crm")
+	if !errors.Is(err, ErrSessionToken) {
+		t.Fatalf("a refused grant: %v, want ErrSessionToken", err)
+	}
+	for _, part := range []string{"for crm:", "client credentials grant at " + st.URL, "invalid_grant"} {
+		if !strings.Contains(err.Error(), part) {
+			t.Fatalf("a refused grant: %q does not say %q", err, part)
+		}
+	}
+	if strings.Contains(err.Error(), "gw-secret") {
+		t.Fatal("the error repeats the client secret")
+	}
+	st.status.Store(0)
+	want(ctx, "crm", "Bearer own-4-for-crm-api", 4) // granted again
 }
 
 // TestLoadBroker: without a file every server is mode none; with one, its

@@ -4,7 +4,9 @@
 // is sent), secret (the gateway's own secret for that server, from a file
 // or from the gateway's environment) or token_exchange (the client's
 // validated JWT exchanged, RFC 8693, for a token whose audience is that
-// server). Every call's handling is recorded as schemas.TokenHandling.
+// server; the session's own requests carry a token the gateway obtains
+// for itself, RFC 6749 client credentials, for that same audience). Every
+// call's handling is recorded as schemas.TokenHandling.
 package credential
 
 import (
@@ -56,8 +58,12 @@ type Server struct {
 	// Resource is the RFC 8707 resource indicator (default: the upstream's
 	// URL).
 	Resource string `json:"resource,omitempty"`
-	// Timeout bounds one exchange ("10s" by default).
+	// Timeout bounds one request to the token endpoint ("10s" by default).
 	Timeout string `json:"timeout,omitempty"`
+	// Session is what the session's own requests (initialize, tools/list,
+	// its stream) carry: SessionClientCredentials (the default) or
+	// SessionNone, for an upstream that serves them unauthenticated.
+	Session string `json:"session,omitempty"`
 
 	// Audience is the audience the credential is bound to, recorded in
 	// receipts and asked for in an exchange (default: the server_id).
@@ -82,7 +88,16 @@ type server struct {
 	scope          []string
 	resource       string
 	timeout        time.Duration
+	// ownSession: the session's own requests carry the gateway's own
+	// client-credentials token (token_exchange, session client_credentials).
+	ownSession bool
 }
+
+// What a token_exchange server's session requests carry (Server.Session).
+const (
+	SessionClientCredentials = "client_credentials"
+	SessionNone              = "none"
+)
 
 // Config is a validated --credentials file: what the broker needs, secrets
 // included. Build a Broker with New.
@@ -149,13 +164,13 @@ func (s Server) validate(id, url, dir string, lookupEnv func(string) (string, bo
 	switch s.Mode {
 	case schemas.TokenModeNone:
 		if s.SecretFile != "" || s.SecretEnv != "" || s.StdioEnv != "" || s.TokenEndpoint != "" || s.ClientID != "" ||
-			s.ClientSecretFile != "" || s.ClientSecretEnv != "" || s.Scope != nil || s.Resource != "" || s.Timeout != "" {
+			s.ClientSecretFile != "" || s.ClientSecretEnv != "" || s.Scope != nil || s.Resource != "" || s.Timeout != "" || s.Session != "" {
 			return nil, errors.New("mode none takes no other field but audience")
 		}
 		srv.audience = ""
 		return srv, nil
 	case schemas.TokenModeSecret:
-		if s.TokenEndpoint != "" || s.ClientID != "" || s.ClientSecretFile != "" || s.ClientSecretEnv != "" || s.Scope != nil || s.Resource != "" || s.Timeout != "" {
+		if s.TokenEndpoint != "" || s.ClientID != "" || s.ClientSecretFile != "" || s.ClientSecretEnv != "" || s.Scope != nil || s.Resource != "" || s.Timeout != "" || s.Session != "" {
 			return nil, errors.New("mode secret takes secret_file or secret_env, stdio_env and audience only")
 		}
 		if url == "" && s.StdioEnv == "" {
@@ -197,6 +212,13 @@ func (s Server) exchange(srv *server, url, dir string, lookupEnv func(string) (s
 			return nil, fmt.Errorf("timeout %q: want a positive duration", s.Timeout)
 		}
 		srv.timeout = d
+	}
+	switch s.Session {
+	case "", SessionClientCredentials:
+		srv.ownSession = true
+	case SessionNone:
+	default:
+		return nil, fmt.Errorf("session %q: want %s or %s", s.Session, SessionClientCredentials, SessionNone)
 	}
 	var err error
 	srv.clientSecret, err = readSecret("client_secret", s.ClientSecretFile, s.ClientSecretEnv, dir, lookupEnv, false)

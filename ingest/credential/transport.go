@@ -18,16 +18,19 @@ func WithToken(ctx context.Context, tok string) context.Context {
 // Transport is the http.RoundTripper of one HTTP upstream's session. It
 // removes any Authorization header from every request (nothing of the
 // client's reaches the upstream) and sets the call's credential (WithToken)
-// or, for the session's own requests (initialize, tools/list, its stream),
-// the server's secret in mode secret. In mode token_exchange the session's
-// own requests carry no credential: there is no client token to exchange
-// for them.
+// or, for the session's own requests (initialize, tools/list, the prompts
+// and resources listings, its stream), the server's secret in mode secret,
+// and in mode token_exchange the gateway's own token for that server
+// (Broker.SessionToken: there is no client token to exchange for them).
+// A session token that cannot be had fails the request, which is not sent.
 type Transport struct {
 	Base    http.RoundTripper // default http.DefaultTransport
 	Session string            // the credential of requests outside a call; "" for none
 	// session, when set, is asked for that credential instead of Session
 	// at each request (a secret rotated on disk).
 	session *secretSource
+	// own, when set, obtains that credential instead (mode token_exchange).
+	own func(context.Context) (string, error)
 }
 
 // RoundTrip implements http.RoundTripper.
@@ -35,8 +38,17 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	tok, _ := r.Context().Value(tokenKey{}).(string)
 	if tok == "" {
 		tok = t.Session
-		if t.session != nil {
+		switch {
+		case t.session != nil:
 			tok = t.session.get()
+		case t.own != nil:
+			var err error
+			if tok, err = t.own(r.Context()); err != nil {
+				if r.Body != nil {
+					r.Body.Close()
+				}
+				return nil, err
+			}
 		}
 	}
 	r = r.Clone(r.Context())
@@ -54,8 +66,12 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 // Transport is the RoundTripper of serverID's HTTP session.
 func (b *Broker) Transport(serverID string, base http.RoundTripper) *Transport {
 	t := &Transport{Base: base}
-	if s := b.cfg.servers[serverID]; s != nil && s.mode == schemas.TokenModeSecret {
+	switch s := b.cfg.servers[serverID]; {
+	case s == nil:
+	case s.mode == schemas.TokenModeSecret:
 		t.session = s.secret
+	case s.mode == schemas.TokenModeTokenExchange && s.ownSession:
+		t.own = func(ctx context.Context) (string, error) { return b.SessionToken(ctx, serverID) }
 	}
 	return t
 }

@@ -113,12 +113,13 @@ type Setup struct {
 
 // Prepare validates c and composes its parts, in this order: the ep id,
 // the registry, the principals, the HTTP mode (NewHTTPOptions), the
-// upstreams, the credentials (credential.LoadBroker), the NATS login,
-// the spool directory (DefaultSpoolDir when none is given), the trusted
-// keys (TrustedKeys), the workspaces (Workspaces) and, with
-// c.Sandbox.Enabled, a sandbox per stdio upstream (sandbox.ForUpstreams;
-// ctx bounds its trial runs). The first error stops it; a configuration
-// error wraps ErrUsage, a sandbox that cannot be set up does not.
+// upstreams, the credentials (credential.LoadBroker; no secret may be a
+// principal's static token), the NATS login, the spool directory
+// (DefaultSpoolDir when none is given), the trusted keys (TrustedKeys),
+// the workspaces (Workspaces) and, with c.Sandbox.Enabled, a sandbox per
+// stdio upstream (sandbox.ForUpstreams; ctx bounds its trial runs). The
+// first error stops it; a configuration error wraps ErrUsage, a sandbox
+// that cannot be set up does not.
 func Prepare(ctx context.Context, c Config) (*Setup, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -169,6 +170,9 @@ func (s *Setup) configure() error {
 	}
 	if s.Credentials, err = credential.LoadBroker(c.Credentials, ups, c.LookupEnv, credential.Options{}); err != nil {
 		return err
+	}
+	if err := refuseStaticSecrets(s.Principals, s.Credentials); err != nil {
+		return fmt.Errorf("--credentials %s: %w", c.Credentials, err)
 	}
 	if s.NATS, err = natsOptions(c.NATS, c.EPID); err != nil {
 		return err

@@ -3,6 +3,8 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"log/slog"
 	"os"
@@ -232,6 +234,46 @@ func TestPrepare(t *testing.T) {
 		s.SpoolDir != must(DefaultSpoolDir("gw-1", os.LookupEnv)) || !strings.HasSuffix(s.SpoolDir, "/talos-mcp-gateway/gw-1") {
 		t.Fatalf("setup %+v", s)
 	}
+}
+
+// TestPrepareStaticTokenSecret: a secret credential that is one of the
+// principals' static bearer tokens is refused at start (CSP MUST 5),
+// naming the server and the principal, never the secret; another secret
+// is accepted.
+func TestPrepareStaticTokenSecret(t *testing.T) {
+	dir := t.TempDir()
+	reg := filepath.Join(dir, "registry.json")
+	if err := os.WriteFile(reg, []byte(`{"schema_id":"talos.mcp.tool_registry","schema_version":"v1","server_id":"docs","tools":[]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hash := func(tok string) string { sum := sha256.Sum256([]byte(tok)); return hex.EncodeToString(sum[:]) }
+	principals := writeFile(t, dir, `{"principals":[{"name":"alice","token_sha256":"`+hash("alice-static-token")+`"},`+
+		`{"name":"bob","token_sha256":"`+strings.ToUpper(hash("bob-static-token"))+`"}]}`)
+	if err := os.WriteFile(filepath.Join(dir, "docs.token"), []byte("bob-static-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	prepare := func(credentials, secret string) (*Setup, error) {
+		return Prepare(context.Background(), Config{EPID: "gw-1", Registry: reg, Upstreams: []string{"docs=https://docs.example/mcp"},
+			NATS: natsauth.Login{UsersFile: natsauth.None}, Logger: slog.New(slog.DiscardHandler), SpoolDir: dir,
+			Principals: principals, HTTP: HTTPConfig{Listen: "127.0.0.1:0", InsecurePlainHTTP: true},
+			Credentials: writeFile(t, dir, credentials),
+			LookupEnv:   func(k string) (string, bool) { return secret, k == "DOCS_TOKEN" }})
+	}
+	for name, creds := range map[string]string{
+		"from the environment": `{"servers":{"docs":{"mode":"secret","secret_env":"DOCS_TOKEN"}}}`,
+		"from a file":          `{"servers":{"docs":{"mode":"secret","secret_file":"docs.token"}}}`,
+	} {
+		s, err := prepare(creds, "bob-static-token")
+		if err == nil || !errors.Is(err, ErrUsage) || strings.Contains(err.Error(), "bob-static-token") ||
+			!strings.Contains(err.Error(), "server docs: its secret is principal bob's bearer token") {
+			t.Fatalf("%s: %v, %v; want a usage error naming the server and the principal", name, s, err)
+		}
+	}
+	s, err := prepare(`{"servers":{"docs":{"mode":"secret","secret_env":"DOCS_TOKEN"}}}`, "docs-upstream-secret")
+	if err != nil {
+		t.Fatalf("a secret of its own: %v", err)
+	}
+	s.Close()
 }
 
 // TestDefaultSpoolDir: the user's state directory, per ep id; none

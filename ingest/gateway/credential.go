@@ -6,6 +6,9 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -56,6 +59,23 @@ func bearerOf(extra *mcp.RequestExtra) string {
 	}
 	tok, _ := strings.CutPrefix(extra.Header.Get("Authorization"), "Bearer ")
 	return tok
+}
+
+// refuseStaticSecrets is an error when a server's mode secret credential
+// is one of the principals' static bearer tokens (CSP MUST 5): the per-call
+// check refuses only the calls of that principal, and the session's own
+// requests would carry it regardless. Compared by hash, in constant time;
+// the error names the server and the principal, never the secret.
+func refuseStaticSecrets(ps []*Principal, b *credential.Broker) error {
+	digests := b.SecretDigests()
+	for _, id := range slices.Sorted(maps.Keys(digests)) {
+		for _, p := range ps {
+			if p.TokenSHA256 != "" && subtle.ConstantTimeCompare([]byte(p.TokenSHA256), []byte(digests[id])) == 1 {
+				return fmt.Errorf("server %s: its secret is principal %s's bearer token (its token_sha256); a client's token is never sent upstream", id, p.Name)
+			}
+		}
+	}
+	return nil
 }
 
 // isStaticToken reports whether tok is p's static bearer token.
