@@ -16,6 +16,7 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest/credential"
+	"github.com/talos-audit/talos/ingest/mcpup"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -81,12 +82,12 @@ func (r *run) probeDiscovery(ctx context.Context) (Result, Result) {
 		return both(Fail, "an MCP session with the principal's token: "+err.Error())
 	}
 	defer closeSession()
-	listed := map[string]bool{}
+	listed := map[string]*mcp.Tool{}
 	for t, err := range cs.Tools(ctx, nil) {
 		if err != nil {
 			return both(Fail, "tools/list: "+err.Error())
 		}
-		listed[t.Name] = true
+		listed[t.Name] = t
 	}
 	return r.disc01(ctx, cs, e, listed), e.disc02(listed)
 }
@@ -96,10 +97,17 @@ func (r *run) probeDiscovery(ctx context.Context) (Result, Result) {
 type expected struct {
 	what    string              // the registry and capability, for the reasons
 	servers string              // the servers checked, for the reasons
-	visible map[string][]string // tool name → the servers where it is permitted
+	visible map[string][]permit // tool name → where it is permitted
 	// want are the permitted tools of the checked servers; hidden the
 	// others of the checked servers, read tools first.
 	want, hidden []Tool
+}
+
+// permit is a permitted tool of one server: all of it (actions nil), or
+// the actions at pointer.
+type permit struct {
+	pointer string
+	actions []string
 }
 
 // expectation reads the registry and the principal's capability.
@@ -110,7 +118,7 @@ func (r *run) expectation() (*expected, error) {
 	}
 	gw := r.cfg.Gateway
 	var v enforce.Viewer
-	e := &expected{what: "the registry (digest " + reg.Digest() + ")", servers: "every server of the registry", visible: map[string][]string{}}
+	e := &expected{what: "the registry (digest " + reg.Digest() + ")", servers: "every server of the registry", visible: map[string][]permit{}}
 	if gw.Capability == nil {
 		e.what += " alone (no --gateway-capability: a principal without one)"
 	} else if v, err = enforce.ViewerOf(gw.Capability); err != nil {
@@ -135,7 +143,7 @@ func (r *run) expectation() (*expected, error) {
 			tool := Tool{m.ServerID, t.ToolName}
 			switch vis := d.See(v, m.ServerID, t.ToolName); {
 			case !vis.Hidden:
-				e.visible[t.ToolName] = append(e.visible[t.ToolName], m.ServerID)
+				e.visible[t.ToolName] = append(e.visible[t.ToolName], permit{t.ActionPointer, vis.Actions})
 				if checked {
 					e.want = append(e.want, tool)
 				}
@@ -176,23 +184,47 @@ func (r *run) connectGateway(ctx context.Context) (*mcp.ClientSession, func(), e
 
 // disc01 passes when every listed tool is permitted and a registered tool
 // the principal may not see is refused by the gateway itself.
-func (r *run) disc01(ctx context.Context, cs *mcp.ClientSession, e *expected, listed map[string]bool) Result {
-	var outside []string
-	for name := range listed {
-		if len(e.visible[name]) == 0 {
-			outside = append(outside, name)
-		}
-	}
-	if len(outside) > 0 {
-		slices.Sort(outside)
+func (r *run) disc01(ctx context.Context, cs *mcp.ClientSession, e *expected, listed map[string]*mcp.Tool) Result {
+	if outside := e.outside(listed); len(outside) > 0 {
 		return Result{Status: Fail, Reason: fmt.Sprintf("listed, but not permitted by %s: %s", e.what, strings.Join(outside, ", "))}
 	}
 	seen := fmt.Sprintf("the %d tools listed are all permitted by %s", len(listed), e.what)
-	i := slices.IndexFunc(e.hidden, func(t Tool) bool { return !listed[t.Name] })
+	i := slices.IndexFunc(e.hidden, func(t Tool) bool { return listed[t.Name] == nil })
 	if i < 0 {
 		return Result{Status: Pass, Reason: seen + "; no registry tool of " + e.servers + " is hidden from this principal, so no refused call shows"}
 	}
 	return callHidden(ctx, cs, e.hidden[i], seen)
+}
+
+// outside are the listed tools the principal is not permitted, sorted:
+// by name, or an action-based tool by the actions its schema offers.
+func (e *expected) outside(listed map[string]*mcp.Tool) []string {
+	var out []string
+	for name, t := range listed {
+		perms := e.visible[name]
+		if len(perms) == 0 {
+			out = append(out, name)
+			continue
+		}
+		if slices.ContainsFunc(perms, func(p permit) bool { return p.actions == nil }) {
+			continue
+		}
+		offered, _ := mcpup.ActionEnum(t.InputSchema, perms[0].pointer)
+		var beyond []string
+		for _, a := range offered {
+			if !slices.ContainsFunc(perms, func(p permit) bool { return slices.Contains(p.actions, a) }) {
+				beyond = append(beyond, a)
+			}
+		}
+		switch {
+		case len(offered) == 0:
+			out = append(out, fmt.Sprintf("%s (no action enum at %s: any action)", name, perms[0].pointer))
+		case len(beyond) > 0:
+			out = append(out, fmt.Sprintf("%s (actions %s not permitted)", name, strings.Join(beyond, ", ")))
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // callHidden calls t, a tool the principal may not see, without
@@ -226,10 +258,10 @@ func callHidden(ctx context.Context, cs *mcp.ClientSession, t Tool, seen string)
 
 // disc02 passes when every permitted tool of the checked servers is
 // listed.
-func (e *expected) disc02(listed map[string]bool) Result {
+func (e *expected) disc02(listed map[string]*mcp.Tool) Result {
 	var missing []string
 	for _, t := range e.want {
-		if !listed[t.Name] {
+		if listed[t.Name] == nil {
 			missing = append(missing, t.String())
 		}
 	}

@@ -4,8 +4,11 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // TestDiscoveryInputs: the DISC rows' inputs are refused clearly when
@@ -69,6 +72,40 @@ func TestDiscoveryInputs(t *testing.T) {
 			if r.Status != c.status || !strings.Contains(r.Reason, c.want) || strings.Contains(r.Reason, secret) || r.Test == "" {
 				t.Errorf("%s: %s %s %q, want %s with %q", c.name, r.ID, r.Status, r.Reason, c.status, c.want)
 			}
+		}
+	}
+}
+
+// TestDiscoveryOutside: a listed tool is outside what the principal is
+// permitted when no permitted tool has its name, or, for an action-based
+// tool, when its schema offers an action the principal may not call or
+// no action enum at all.
+func TestDiscoveryOutside(t *testing.T) {
+	e := &expected{visible: map[string][]permit{
+		"echo":    {{}},
+		"message": {{pointer: "/kind", actions: []string{"debug", "success"}}},
+	}}
+	schema := func(kinds ...string) map[string]any {
+		p := map[string]any{"type": "string"}
+		if kinds != nil {
+			p["enum"] = kinds
+		}
+		return map[string]any{"type": "object", "properties": map[string]any{"kind": p}}
+	}
+	for _, c := range []struct {
+		name   string
+		listed map[string]*mcp.Tool
+		want   []string
+	}{
+		{"as permitted", map[string]*mcp.Tool{"echo": {InputSchema: schema()}, "message": {InputSchema: schema("success", "debug")}}, nil},
+		{"narrower", map[string]*mcp.Tool{"message": {InputSchema: schema("debug")}}, nil},
+		{"an unpermitted tool", map[string]*mcp.Tool{"echo": {}, "write": {}}, []string{"write"}},
+		{"an unpermitted action", map[string]*mcp.Tool{"message": {InputSchema: schema("debug", "error", "success")}},
+			[]string{"message (actions error not permitted)"}},
+		{"no action enum", map[string]*mcp.Tool{"message": {InputSchema: schema()}}, []string{"message (no action enum at /kind: any action)"}},
+	} {
+		if got := e.outside(c.listed); !slices.Equal(got, c.want) {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
 		}
 	}
 }
