@@ -24,8 +24,11 @@ type conformanceCmd struct {
 	Registry     string        `name:"registry" type:"path" help:"The registry talosd enforces (INV-01, expected side effects)."`
 	ReadTool     string        `name:"read-tool" default:"files/read_file" help:"SERVER/TOOL: a read tool with a strict input schema and a path argument /path."`
 	WriteTool    string        `name:"write-tool" default:"files/write_file" help:"SERVER/TOOL: a write tool taking {path, content}."`
-	GatewayURL   string        `name:"gateway-url" help:"An MCP gateway's streamable HTTP URL (https://…/mcp) to probe (AUTH-01, AUTH-02, TLS-01)."`
+	GatewayURL   string        `name:"gateway-url" help:"An MCP gateway's streamable HTTP URL (https://…/mcp) to probe (AUTH-01, AUTH-02, TLS-01; DISC-01, DISC-02 with --gateway-token-file)."`
 	GatewayCA    string        `name:"gateway-ca" type:"existingfile" help:"PEM CA certificate the gateway's TLS certificate chains to."`
+	GatewayToken string        `name:"gateway-token-file" type:"existingfile" help:"A file holding a principal's bearer token for the gateway (never printed): DISC-01, DISC-02 compare its tools/list with --registry and --gateway-capability."`
+	GatewayCap   string        `name:"gateway-capability" type:"existingfile" help:"That principal's capability chain, as its --principals entry names it (none: the registry alone limits it)."`
+	GatewayServ  []string      `name:"gateway-server" help:"A server_id the gateway's upstreams serve (DISC-02 expects its permitted tools listed); default every server of --registry. Repeat for several."`
 	Timeout      time.Duration `name:"timeout" default:"10s" help:"Wait for each decision."`
 	EventWait    time.Duration `name:"event-wait" default:"30s" help:"Wait for the sink to store the run's ToolCallEvents."`
 }
@@ -33,7 +36,8 @@ type conformanceCmd struct {
 func (c *conformanceCmd) Run(g *Globals) error {
 	cfg := conformance.Config{Registry: c.Registry, Timeout: c.Timeout, EventWait: c.EventWait}
 	responder, err := conformance.Files{Capability: c.Capability, AgentKey: c.AgentKey, IssuerKey: c.IssuerKey, ResponderKey: c.ResponderKey,
-		TrustedKeys: c.TrustedKeys, GatewayURL: c.GatewayURL, GatewayCA: c.GatewayCA, ReadTool: c.ReadTool, WriteTool: c.WriteTool}.Load(&cfg)
+		TrustedKeys: c.TrustedKeys, GatewayURL: c.GatewayURL, GatewayCA: c.GatewayCA, GatewayToken: c.GatewayToken, GatewayCapability: c.GatewayCap,
+		GatewayServers: c.GatewayServ, ReadTool: c.ReadTool, WriteTool: c.WriteTool}.Load(&cfg)
 	if err != nil {
 		return usage("%v", err)
 	}
@@ -66,12 +70,7 @@ func (c *conformanceCmd) Run(g *Globals) error {
 	if err != nil {
 		return failed("%v", err)
 	}
-	if g.JSON {
-		err = printJSON(os.Stdout, rep)
-	} else {
-		err = rep.WriteText(os.Stdout)
-	}
-	if err == nil && !rep.OK() {
+	if err = rep.Write(os.Stdout, g.JSON); err == nil && !rep.OK() {
 		err = failed("%d applicable conformance test(s) failed", rep.Failed)
 	}
 	return err

@@ -23,6 +23,7 @@ import (
 	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
+	"github.com/talos-audit/talos/schemas"
 )
 
 // Statuses of a Result.
@@ -90,6 +91,18 @@ type Gateway struct {
 	// TLS is the client configuration (its RootCAs trust the gateway's
 	// certificate); nil uses the system's.
 	TLS *tls.Config
+	// Token is a principal's bearer token (a static token or a JWT) for
+	// the DISC rows; "" leaves them not_applicable. It is sent as the
+	// Authorization header of the DISC probe's session and nowhere else.
+	Token string
+	// Capability is that principal's capability chain (the one its
+	// principals entry names); nil: the principal holds none, and the
+	// registry alone limits what it sees.
+	Capability *schemas.CapabilityChain
+	// Servers are the server_ids the gateway's upstreams serve, whose
+	// permitted tools DISC-02 expects listed; nil: every server of the
+	// registry.
+	Servers []string
 }
 
 // Config is what a run may use; only Client is required. The zero value
@@ -132,6 +145,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Client == nil {
 		return nil, fmt.Errorf("conformance: no enforcement-point client")
 	}
+	r := newRun(cfg.withDefaults())
+	r.runCalls(ctx)
+	r.runCapabilities(ctx)
+	r.runIncident(ctx)
+	r.runEvents(ctx)
+	r.runReceipts()
+	r.runGateway(ctx)
+	r.runDiscovery(ctx)
+	r.runStatic()
+	return r.report(), nil
+}
+
+func (cfg Config) withDefaults() Config {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Second
 	}
@@ -141,15 +167,20 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.PayloadBytes <= 0 {
 		cfg.PayloadBytes = 1<<20 + 1<<10
 	}
-	r := newRun(cfg)
-	r.runCalls(ctx)
-	r.runCapabilities(ctx)
-	r.runIncident(ctx)
-	r.runEvents(ctx)
-	r.runReceipts()
-	r.runGateway(ctx)
-	r.runStatic()
-	return r.report(), nil
+	return cfg
+}
+
+// Write prints the report: as indented JSON when asJSON, else as the
+// table (WriteText).
+func (r *Report) Write(w io.Writer, asJSON bool) error {
+	if !asJSON {
+		return r.WriteText(w)
+	}
+	b, err := r.MarshalIndent()
+	if err == nil {
+		_, err = fmt.Fprintf(w, "%s\n", b)
+	}
+	return err
 }
 
 // WriteText prints the report as a table and a summary line.

@@ -30,20 +30,12 @@ var order = []struct{ group, id, check string }{
 // gatewayOnly are rows only the gateway's own configuration can show; a
 // run through NATS never reaches them, so they point at the tests that do.
 var gatewayOnly = []Result{
-	{Group: GroupCSP, ID: "DISC-01", Reason: discReason, Test: "cmd/talos-mcp-gateway/principals_test.go TestToolsListPerPrincipal"},
-	{Group: GroupCSP, ID: "DISC-02", Reason: discReason, Test: "cmd/talos-mcp-gateway/principals_test.go TestToolsListPerPrincipal"},
 	{Group: GroupCSP, ID: "CRED-01", Reason: "the token exchange happens inside the gateway, towards its upstreams' token endpoint", Test: "cmd/talos-mcp-gateway/credentials_test.go TestCredentialBoundary"},
 	{Group: GroupCSP, ID: "CRED-02", Reason: "the token an upstream receives is only visible to that upstream", Test: "cmd/talos-mcp-gateway/credentials_test.go TestCredentialBoundary"},
 	{Group: GroupCSP, ID: "SAND-01", Reason: "the sandbox confines the gateway's stdio upstreams (--sandbox), which a run through NATS does not reach", Test: "cmd/talos-mcp-gateway/sandbox_test.go TestSandboxFilesystem"},
 	{Group: GroupCSP, ID: "SAND-02", Reason: "the sandbox confines the gateway's stdio upstreams (--sandbox), which a run through NATS does not reach", Test: "cmd/talos-mcp-gateway/sandbox_test.go TestSandboxFilesystem"},
 	{Group: GroupCSP, ID: "NET-01", Reason: "egress is confined inside the gateway's sandbox (--sandbox-egress), which a run through NATS does not reach", Test: "cmd/talos-mcp-gateway/sandbox_test.go TestSandboxEgress, TestSandboxEgressFetch"},
 }
-
-// discReason is why DISC-01 and DISC-02 are not probed: only the gateway
-// answers tools/list, and what it lists depends on a principal the run
-// would have to hold a token for.
-const discReason = "tools/list is answered by the gateway alone, per principal, from the registry and that principal's capability; " +
-	"talosd never sees it, so a run through NATS has nothing to probe, and --gateway-url probes only what needs no principal's token"
 
 // oauthReason is why MUST 6 does not apply.
 const oauthReason = "the gateway does no OAuth proxying: it validates bearer tokens from an issuer and brokers upstream credentials; it never acts as an authorization server or forwards OAuth redirects"
