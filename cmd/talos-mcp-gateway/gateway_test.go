@@ -342,14 +342,7 @@ func TestGatewayEndToEnd(t *testing.T) {
 	gw := s.gatewaySession(ctx, append(upstreams(t, root), "--ep-id", "gw-e2e", "--approval-timeout", "60s",
 		"--decision-timeout", "3s")...)
 
-	tools, err := gw.cs.ListTools(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, tl := range tools.Tools {
-		names = append(names, tl.Name)
-	}
+	names := gw.toolNames(ctx, t)
 	for _, want := range []string{"echo", "get-sum", "read_text_file", "write_file", "get-resource-links"} {
 		if !slices.Contains(names, want) {
 			t.Fatalf("tools/list lacks %s: %v", want, names)

@@ -83,17 +83,7 @@ func TestToolDefinitionPinning(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	gw := s.gatewaySession(ctx, "--ep-id", "gw-rug", "--upstream", server)
-	listed := func() []string {
-		res, err := gw.cs.ListTools(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var names []string
-		for _, tl := range res.Tools {
-			names = append(names, tl.Name)
-		}
-		return names
-	}
+	listed := func() []string { return gw.toolNames(ctx, t) }
 	if names := listed(); !slices.Contains(names, "greet") || !slices.Contains(names, "rug") {
 		t.Fatalf("tools/list before the rug pull: %v", names)
 	}
@@ -148,19 +138,12 @@ func driftOnNewClientSession(ctx context.Context, t *testing.T, s *stack, reg, s
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	s.httpGateway(t, base, "--ep-id", "gw-rug-new", "--upstream", server+" --drifted-if="+flag, "--registry", reg,
 		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--insecure-plain-http", "--principals", filepath.Join(s.dir, "principals.json"))
-	client := mcp.NewClient(&mcp.Implementation{Name: "talos-test-ops", Version: "1"}, nil)
-	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp",
-		HTTPClient: &http.Client{Transport: bearer{token: "ops-token", next: http.DefaultTransport}}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cs.Close()
+	g := httpSession(ctx, t, base, "ops-token")
 	// The gateway's own server process started before the flag: greet is
 	// listed; the client's own process starts with its first call.
 	if err := os.WriteFile(flag, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	g := &gatewaySession{cs: cs}
 	r := g.call(ctx, "greet", map[string]any{"name": "Ada"})
 	if r.err == nil || r.denied != nil || !strings.Contains(r.err.Error(), "drifted from its registry pin") {
 		t.Fatalf("greet on a session that started drifted: %+v, want the gateway's refusal to forward it", r)
@@ -171,24 +154,12 @@ func driftOnNewClientSession(ctx context.Context, t *testing.T, s *stack, reg, s
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+	testenv.WaitFor(t, 60*time.Second, func() bool { // the post event of the call not forwarded
 		var n uint64
 		err := conn.QueryRow(ctx, "SELECT count() FROM tool_calls FINAL WHERE ep_id = 'gw-rug-new' AND tool_name = 'greet' AND phase = 'post' AND error_code = ?",
 			schemas.CodeDenyToolDrift).Scan(&n)
-		if err == nil && n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			rows, _ := conn.Query(ctx, "SELECT phase, ok, error_code, tool_call_id FROM tool_calls WHERE ep_id = 'gw-rug-new'")
-			for rows != nil && rows.Next() {
-				var phase, code, id string
-				var ok uint8
-				_ = rows.Scan(&phase, &ok, &code, &id)
-				t.Logf("tool_calls row: %s %d %q %s", phase, ok, code, id)
-			}
-			t.Fatalf("no post event of greet recording %s: %d, %v", schemas.CodeDenyToolDrift, n, err)
-		}
-	}
+		return err == nil && n == 1
+	})
 	d := g.call(ctx, "greet", map[string]any{"name": "Ada"}).mustDeny(t, "greet after its session listed a drifted definition", schemas.CodeDenyToolDrift)
 	assertWorkerDenied(ctx, t, s, d.ToolCallID, schemas.CodeDenyToolDrift)
 }
@@ -209,27 +180,8 @@ func driftOnClientSession(ctx context.Context, t *testing.T, s *stack, reg, serv
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	s.httpGateway(t, base, "--ep-id", "gw-rug-client", "--upstream", server, "--registry", reg,
 		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--insecure-plain-http", "--principals", filepath.Join(s.dir, "principals.json"))
-	connect := func() (*gatewaySession, func() []string) {
-		client := mcp.NewClient(&mcp.Implementation{Name: "talos-test-ops", Version: "1"}, nil)
-		cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp",
-			HTTPClient: &http.Client{Transport: bearer{token: "ops-token", next: http.DefaultTransport}}}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = cs.Close() })
-		return &gatewaySession{cs: cs}, func() []string {
-			res, err := cs.ListTools(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var names []string
-			for _, tl := range res.Tools {
-				names = append(names, tl.Name)
-			}
-			return names
-		}
-	}
-	a, listedA := connect()
+	a := httpSession(ctx, t, base, "ops-token")
+	listedA := func() []string { return a.toolNames(ctx, t) }
 	if names := listedA(); !slices.Contains(names, "greet") {
 		t.Fatalf("HTTP tools/list before the rug pull: %v", names)
 	}
@@ -242,8 +194,8 @@ func driftOnClientSession(ctx context.Context, t *testing.T, s *stack, reg, serv
 	d := a.call(ctx, "greet", map[string]any{"name": "Ada"}).mustDeny(t, "greet after the rug pull on the client's session", schemas.CodeDenyToolDrift)
 	assertWorkerDenied(ctx, t, s, d.ToolCallID, schemas.CodeDenyToolDrift)
 
-	b, listedB := connect()
-	if names := listedB(); slices.Contains(names, "greet") || !slices.Contains(names, "rug") {
+	b := httpSession(ctx, t, base, "ops-token")
+	if names := b.toolNames(ctx, t); slices.Contains(names, "greet") || !slices.Contains(names, "rug") {
 		t.Fatalf("a second client's tools/list after the rug pull: %v", names)
 	}
 	d = b.call(ctx, "greet", map[string]any{"name": "Bob"}).mustDeny(t, "greet from a second client", schemas.CodeDenyToolDrift)
@@ -287,23 +239,9 @@ func driftOverHTTP(ctx context.Context, t *testing.T, s *stack, reg, server stri
 		n, _ := strconv.Atoi(string(m[1]))
 		return n
 	}
-	client := mcp.NewClient(&mcp.Implementation{Name: "talos-test-ops", Version: "1"}, nil)
-	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp",
-		HTTPClient: &http.Client{Transport: bearer{token: "ops-token", next: http.DefaultTransport}}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cs.Close()
-	res, err := cs.ListTools(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, tl := range res.Tools {
-		names = append(names, tl.Name)
-	}
-	if slices.Contains(names, "greet") || !slices.Contains(names, "rug") {
-		t.Fatalf("HTTP tools/list with greet drifted: %v", names)
+	g := httpSession(ctx, t, base, "ops-token")
+	if names := g.toolNames(ctx, t); slices.Contains(names, "greet") || !slices.Contains(names, "rug") {
+		t.Fatalf("HTTP tools/list with greet drifted: %v", g.toolNames(ctx, t))
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for drifts() == 0 && time.Now().Before(deadline) {
@@ -312,7 +250,6 @@ func driftOverHTTP(ctx context.Context, t *testing.T, s *stack, reg, server stri
 	if n := drifts(); n != 1 {
 		t.Fatalf("/metrics counts %d drifts of rug/greet, want 1", n)
 	}
-	g := &gatewaySession{cs: cs}
 	g.call(ctx, "greet", map[string]any{"name": "Ada"}).mustDeny(t, "greet over HTTP, drifted", schemas.CodeDenyToolDrift)
 	if n := drifts(); n != 1 {
 		t.Fatalf("/metrics counts %d drifts of rug/greet after the denied call, want still 1", n)
@@ -382,4 +319,32 @@ func assertWorkerDenied(ctx context.Context, t *testing.T, s *stack, id, code st
 	if decision != schemas.DecisionDeny || !slices.Contains(codes, code) {
 		t.Fatalf("receipt of %s: %s %v, want deny with %s", id, decision, codes, code)
 	}
+}
+
+// httpSession is an MCP session with the gateway serving streamable HTTP
+// at base, as the principal of bearer token; it closes with the test.
+func httpSession(ctx context.Context, t *testing.T, base, token string) *gatewaySession {
+	t.Helper()
+	client := mcp.NewClient(&mcp.Implementation{Name: "talos-test-client", Version: "1"}, nil)
+	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp",
+		HTTPClient: &http.Client{Transport: bearer{token: token, next: http.DefaultTransport}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.Close() })
+	return &gatewaySession{cs: cs}
+}
+
+// toolNames are the names of the tools the session's tools/list shows.
+func (g *gatewaySession) toolNames(ctx context.Context, t *testing.T) []string {
+	t.Helper()
+	res, err := g.cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tl := range res.Tools {
+		names = append(names, tl.Name)
+	}
+	return names
 }

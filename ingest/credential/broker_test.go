@@ -243,15 +243,8 @@ func TestBrokerPassthrough(t *testing.T) {
 func TestBrokerCache(t *testing.T) {
 	st := newSTS(t)
 	st.expiresIn = 120
-	path := writeConfig(t, map[string]any{"servers": map[string]any{
-		"crm": map[string]any{"mode": "token_exchange", "token_endpoint": st.URL, "client_id": "gw", "client_secret_env": "S"}}})
-	cfg, err := Load(path, ups, func(string) (string, bool) { return "gw-secret", true })
-	if err != nil {
-		t.Fatal(err)
-	}
-	var now atomic.Int64
-	now.Store(time.Now().UnixNano())
-	b := New(cfg, Options{RefreshBefore: 30 * time.Second, Now: func() time.Time { return time.Unix(0, now.Load()) }})
+	b, now := clockedBroker(t, map[string]any{
+		"crm": map[string]any{"mode": "token_exchange", "token_endpoint": st.URL, "client_id": "gw", "client_secret_env": "S"}})
 	get := func(principal, subject string) string {
 		t.Helper()
 		c, err := b.Resolve(context.Background(), Request{Principal: principal, ServerID: "crm", Inbound: subject, SubjectToken: subject})
@@ -413,18 +406,11 @@ func TestSessionToken(t *testing.T) {
 		got = append(got, r.Header.Get("Authorization"))
 	}))
 	defer up.Close()
-	path := writeConfig(t, map[string]any{"servers": map[string]any{
+	b, now := clockedBroker(t, map[string]any{
 		"crm": map[string]any{"mode": "token_exchange", "token_endpoint": st.URL, "client_id": "gw", "client_secret_env": "S",
 			"audience": "crm-api", "scope": []string{"crm.read", "crm.list"}},
 		"gh": map[string]any{"mode": "token_exchange", "token_endpoint": st.URL, "client_id": "gw", "client_secret_env": "S", "session": "none"},
-	}})
-	cfg, err := Load(path, ups, func(string) (string, bool) { return "gw-secret", true })
-	if err != nil {
-		t.Fatal(err)
-	}
-	var now atomic.Int64
-	now.Store(time.Now().UnixNano())
-	b := New(cfg, Options{RefreshBefore: 30 * time.Second, Now: func() time.Time { return time.Unix(0, now.Load()) }})
+	})
 	send := func(ctx context.Context, server string) (string, error) {
 		t.Helper()
 		mu.Lock()
@@ -476,7 +462,7 @@ func TestSessionToken(t *testing.T) {
 
 	now.Add(int64(time.Hour)) // expired: the grant is asked again, and refused
 	st.status.Store(http.StatusBadRequest)
-	_, err = send(ctx, "crm")
+	_, err := send(ctx, "crm")
 	if !errors.Is(err, ErrSessionToken) {
 		t.Fatalf("a refused grant: %v, want ErrSessionToken", err)
 	}
@@ -515,4 +501,18 @@ func TestLoadBroker(t *testing.T) {
 		!strings.Contains(err.Error(), "not an upstream") {
 		t.Fatalf("a bad file: %v", err)
 	}
+}
+
+// clockedBroker is a broker over the configuration of servers (client
+// secret "gw-secret" from the environment), refreshing 30 s before
+// expiry, on a clock the test sets (now, in Unix nanoseconds).
+func clockedBroker(t *testing.T, servers map[string]any) (*Broker, *atomic.Int64) {
+	t.Helper()
+	cfg, err := Load(writeConfig(t, map[string]any{"servers": servers}), ups, func(string) (string, bool) { return "gw-secret", true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := new(atomic.Int64)
+	now.Store(time.Now().UnixNano())
+	return New(cfg, Options{RefreshBefore: 30 * time.Second, Now: func() time.Time { return time.Unix(0, now.Load()) }}), now
 }
