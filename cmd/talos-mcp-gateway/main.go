@@ -57,7 +57,7 @@ type cli struct {
 	Listen     string `name:"listen" help:"Serve streamable HTTP on this address (e.g. 0.0.0.0:8931) instead of stdio; needs --principals and --tls-cert/--tls-key (or, on a loopback address only, --insecure-plain-http)."`
 	Principals string `name:"principals" type:"existingfile" help:"HTTP callers: JSON {\"principals\":[{\"name\",\"token_sha256\",\"jwt_subject\",\"jwt_principal\",\"agent_id\",\"capability\",\"agent_key\"}]}; each sees its own tools. A static token (token_sha256) is tried first; otherwise a JWT selects the principal whose jwt_principal is its talos_principal claim, or, without that claim, whose jwt_subject is its sub."`
 
-	TLSCert           string `name:"tls-cert" type:"existingfile" help:"HTTP mode: the server certificate (chain), PEM; TLS 1.2 or later is served."`
+	TLSCert           string `name:"tls-cert" type:"existingfile" help:"HTTP mode: the server certificate (chain), PEM; TLS 1.2 or later is served. A renewed pair written over --tls-cert/--tls-key is picked up without a restart."`
 	TLSKey            string `name:"tls-key" type:"existingfile" help:"HTTP mode: the key of --tls-cert, PEM."`
 	InsecurePlainHTTP bool   `name:"insecure-plain-http" help:"HTTP mode without TLS: allowed only when --listen is a loopback address (local testing)."`
 

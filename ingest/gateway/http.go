@@ -85,7 +85,7 @@ func NewHTTPOptions(c HTTPConfig, principals []*Principal, log *slog.Logger) (*H
 		Refusals: RefusalLimits{PerSource: rate.Limit(c.RefusalRate), PerSourceBurst: c.RefusalBurst}}
 	if c.TLSCert != "" || c.TLSKey != "" {
 		var err error
-		if o.TLS, err = LoadTLS(c.TLSCert, c.TLSKey); err != nil {
+		if o.TLS, err = LoadTLS(c.TLSCert, c.TLSKey, log); err != nil {
 			return nil, err
 		}
 	}
@@ -119,19 +119,6 @@ func NewHTTPOptions(c HTTPConfig, principals []*Principal, log *slog.Logger) (*H
 		log.Warn("JWKS not fetched yet: every JWT is refused until it is", "url", c.JWKSURL, "err", err)
 	}
 	return o, nil
-}
-
-// LoadTLS is the server TLS configuration of a certificate (chain) and its
-// key, PEM files: TLS 1.2 at least.
-func LoadTLS(certFile, keyFile string) (*tls.Config, error) {
-	if certFile == "" || keyFile == "" {
-		return nil, errors.New("--tls-cert and --tls-key go together")
-	}
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
-	}
-	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
 }
 
 // CheckListen refuses a plain-HTTP listener anywhere but on a loopback
