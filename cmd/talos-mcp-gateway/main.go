@@ -67,7 +67,7 @@ type cli struct {
 	JWKSURL       string        `name:"jwks-url" help:"The issuer's JWKS URL (https only), fetched every --jwks-refresh and cached; while no current key set is held, every JWT is refused."`
 	JWTAlgorithms []string      `name:"jwt-algorithms" default:"RS256,ES256,EdDSA" help:"Signature algorithms a JWT may use (asymmetric only: RS*, PS*, ES*, EdDSA)."`
 	JWTLeeway     time.Duration `name:"jwt-leeway" default:"30s" help:"Clock skew allowed on a JWT's exp, nbf and iat."`
-	JWKSRefresh   time.Duration `name:"jwks-refresh" default:"5m" help:"How often the JWKS is read again (sooner after a failure, or for a key id it lacks)."`
+	JWKSRefresh   time.Duration `name:"jwks-refresh" default:"5m" help:"How often the JWKS is read again (sooner after a failure, for a key id it lacks, or as the --jwks-url response's Cache-Control max-age or no-cache says, though never within 30 s)."`
 	JWKSMaxStale  time.Duration `name:"jwks-max-stale" default:"15m" help:"How long the last JWKS read stays in use while reading it again fails; then every JWT is refused."`
 
 	AuthRefusalRate  float64 `name:"auth-refusal-rate" default:"1" help:"Refused (unauthenticated) requests reported to Talos per second and source address; beyond it and --auth-refusal-burst they are still refused, and counted in /metrics."`

@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,6 +27,11 @@ const (
 	// key id asks for (a rotation at the issuer), so tokens naming made-up
 	// key ids cannot make the gateway fetch without end.
 	minKick = 30 * time.Second
+	// minRefresh is the least time between two scheduled reads of a JWKS
+	// URL, whatever its Cache-Control asks (max-age=0, no-cache,
+	// no-store): an issuer's header cannot make the gateway fetch
+	// without end either.
+	minRefresh = 30 * time.Second
 	// retryFailed is the most Run waits to try again after a failed read.
 	retryFailed = 10 * time.Second
 	// maxJWKSBytes bounds a key set document.
@@ -40,7 +47,11 @@ type KeySetOptions struct {
 	File string
 	// URL is the issuer's JWKS endpoint; it MUST be https.
 	URL string
-	// Refresh is how often the keys are read again (DefaultRefresh).
+	// Refresh is how often the keys are read again (DefaultRefresh). A
+	// JWKS URL whose response says how long it may be cached
+	// (Cache-Control max-age, less its Age; no-cache and no-store: not
+	// at all) is read again when that time is up, though never sooner
+	// than 30 s after the last read, and never later than Refresh.
 	Refresh time.Duration
 	// MaxStale is how long the last keys read stay in use while reading
 	// them again fails (DefaultMaxStale). Past it no key is known and
@@ -64,6 +75,7 @@ type KeySet struct {
 	mu      sync.Mutex
 	keys    map[string]jose.JSONWebKey // by key id
 	fetched time.Time                  // last successful read; zero: never
+	due     time.Time                  // when the keys read last are read again
 	kicked  time.Time                  // last refresh an unknown key id asked for
 }
 
@@ -111,7 +123,7 @@ func (k *KeySet) Source() string {
 // Refresh reads the keys now. On failure the keys read before stay in use
 // until they are MaxStale old.
 func (k *KeySet) Refresh(ctx context.Context) error {
-	b, err := k.read(ctx)
+	b, next, err := k.read(ctx)
 	if err != nil {
 		return err
 	}
@@ -121,17 +133,31 @@ func (k *KeySet) Refresh(ctx context.Context) error {
 	}
 	k.mu.Lock()
 	k.keys, k.fetched = keys, k.o.Now()
+	k.due = k.fetched.Add(next)
 	k.mu.Unlock()
 	return nil
 }
 
-// Run refreshes the keys every Refresh, and soon after a token names a key
-// id the set does not hold, until ctx ends. A failed read is logged and
-// tried again within retryFailed (sooner than Refresh, so a gateway that
-// started without keys does not refuse every caller for long). The caller
-// owns the goroutine running Run.
+// wait is how long until the keys are due to be read again: at once if
+// they never were.
+func (k *KeySet) wait() time.Duration {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.fetched.IsZero() {
+		return 0
+	}
+	return max(0, k.due.Sub(k.o.Now()))
+}
+
+// Run refreshes the keys when they are due (every Refresh, or as the JWKS
+// response's Cache-Control says), and soon after a token names a key id
+// the set does not hold, until ctx ends; keys never read are read at
+// once. A failed read is logged and tried again within retryFailed
+// (sooner than Refresh, so a gateway that started without keys does not
+// refuse every caller for long). The caller owns the goroutine running
+// Run.
 func (k *KeySet) Run(ctx context.Context) {
-	t := time.NewTimer(k.o.Refresh)
+	t := time.NewTimer(k.wait())
 	defer t.Stop()
 	for {
 		select {
@@ -141,12 +167,18 @@ func (k *KeySet) Run(ctx context.Context) {
 		case <-k.kick:
 			t.Stop()
 		}
-		next := k.o.Refresh
-		if err := k.Refresh(ctx); err != nil && ctx.Err() == nil {
-			next = min(next, retryFailed)
+		if err := k.Refresh(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			next := min(k.o.Refresh, retryFailed)
 			k.o.Logger.Warn("JWKS not refreshed; the keys read before stay in use until they are stale",
 				"source", k.Source(), "max_stale", k.o.MaxStale, "retry_in", next, "err", err)
+			t.Reset(next)
+			continue
 		}
+		next := k.wait()
+		k.o.Logger.Debug("JWKS refreshed", "source", k.Source(), "next_in", next)
 		t.Reset(next)
 	}
 }
@@ -176,37 +208,51 @@ func (k *KeySet) lookup(id, alg string) (jose.JSONWebKey, error) {
 	return key, nil
 }
 
-func (k *KeySet) read(ctx context.Context) ([]byte, error) {
+// read is the JWKS document and how long until it is read again.
+func (k *KeySet) read(ctx context.Context) ([]byte, time.Duration, error) {
 	if k.o.File != "" {
 		b, err := os.ReadFile(k.o.File)
 		if err != nil {
-			return nil, fmt.Errorf("jwtauth: %w", err)
+			return nil, 0, fmt.Errorf("jwtauth: %w", err)
 		}
-		return b, nil
+		return b, k.o.Refresh, nil
 	}
+	b, h, err := k.fetch(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	next := k.o.Refresh
+	if life, ok := cacheLifetime(h); ok {
+		next = min(next, max(life, minRefresh))
+	}
+	return b, next, nil
+}
+
+// fetch GETs the JWKS URL: the body and its header.
+func (k *KeySet) fetch(ctx context.Context) ([]byte, http.Header, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.o.URL, nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	req.Header.Set("Accept", "application/json, application/jwk-set+json")
 	resp, err := k.o.HTTPClient.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("jwtauth: fetch JWKS: %w", err)
+		return nil, nil, fmt.Errorf("jwtauth: fetch JWKS: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("jwtauth: fetch JWKS %s: HTTP %d", k.o.URL, resp.StatusCode)
+		return nil, nil, fmt.Errorf("jwtauth: fetch JWKS %s: HTTP %d", k.o.URL, resp.StatusCode)
 	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxJWKSBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("jwtauth: fetch JWKS: %w", err)
+		return nil, nil, fmt.Errorf("jwtauth: fetch JWKS: %w", err)
 	}
 	if len(b) > maxJWKSBytes {
-		return nil, fmt.Errorf("jwtauth: JWKS from %s is larger than %d bytes", k.o.URL, maxJWKSBytes)
+		return nil, nil, fmt.Errorf("jwtauth: JWKS from %s is larger than %d bytes", k.o.URL, maxJWKSBytes)
 	}
-	return b, nil
+	return b, resp.Header, nil
 }
 
 // parseKeys reads a JWKS document: its public signing keys by key id. A
@@ -234,4 +280,42 @@ func parseKeys(b []byte) (map[string]jose.JSONWebKey, error) {
 		return nil, errors.New("jwtauth: JWKS has no signing key with a key id")
 	}
 	return keys, nil
+}
+
+// cacheLifetime is how long a JWKS response may be used before it is read
+// again, by its Cache-Control (RFC 9111): max-age less the response's Age;
+// none with no-cache or no-store, or a max-age that cannot be read. ok is
+// false when it says none of these.
+func cacheLifetime(h http.Header) (life time.Duration, ok bool) {
+	maxAge := int64(-1)
+	for _, d := range strings.Split(strings.Join(h.Values("Cache-Control"), ","), ",") {
+		name, val, _ := strings.Cut(strings.TrimSpace(d), "=")
+		switch strings.ToLower(strings.TrimSpace(name)) {
+		case "no-cache", "no-store":
+			return 0, true
+		case "max-age":
+			maxAge = max(seconds(val), 0)
+		}
+	}
+	if maxAge < 0 {
+		return 0, false
+	}
+	if age := seconds(h.Get("Age")); age > 0 {
+		maxAge = max(maxAge-age, 0)
+	}
+	return time.Duration(maxAge) * time.Second, true
+}
+
+// seconds reads a delta-seconds value (RFC 9111 §1.2.2): -1 if it is
+// not one, at most 2^31.
+func seconds(v string) int64 {
+	v = strings.Trim(strings.TrimSpace(v), `"`)
+	if v == "" || strings.TrimLeft(v, "0123456789") != "" {
+		return -1
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n > 1<<31 {
+		return 1 << 31
+	}
+	return n
 }

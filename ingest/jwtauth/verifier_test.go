@@ -7,6 +7,9 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
+	"maps"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -256,5 +259,146 @@ func TestNewKeySetAndVerifierRefuse(t *testing.T) {
 	b, _ := json.Marshal(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: priv, KeyID: "k"}}})
 	if _, err := parseKeys(b); err == nil || !strings.Contains(err.Error(), "private") {
 		t.Errorf("a JWKS with a private key: %v", err)
+	}
+}
+
+// TestKeySetCacheControl: a JWKS URL is read again when its response's
+// Cache-Control says it is stale (max-age less Age; at once with no-cache,
+// no-store or a max-age that cannot be read), never sooner than
+// minRefresh after the last read and never later than Refresh; a response
+// that says none of these is read again every Refresh. A short max-age
+// does not shorten MaxStale: keys past it stay in use while the issuer
+// cannot be reached.
+func TestKeySetCacheControl(t *testing.T) {
+	is := testenv.NewIssuer(t, t.TempDir())
+	jwks, err := os.ReadFile(is.JWKSFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	header := http.Header{}
+	failing := false
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if failing {
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		maps.Copy(w.Header(), header)
+		_, _ = w.Write(jwks)
+	}))
+	defer srv.Close()
+	serve := func(h ...string) {
+		mu.Lock()
+		defer mu.Unlock()
+		header = http.Header{}
+		for i := 0; i < len(h); i += 2 {
+			header.Add(h[i], h[i+1])
+		}
+	}
+	clk := &clock{t: time.Now()}
+	const refresh = 10 * time.Minute
+	ks, err := NewKeySet(KeySetOptions{URL: srv.URL, Refresh: refresh, MaxStale: 30 * time.Minute, HTTPClient: srv.Client(), Now: clk.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := ks.wait(); w != 0 {
+		t.Fatalf("never read: due in %s, want at once", w)
+	}
+	cases := []struct {
+		name   string
+		header []string
+		want   time.Duration
+	}{
+		{"no Cache-Control", nil, refresh},
+		{"says nothing of freshness", []string{"Cache-Control", "public, must-revalidate"}, refresh},
+		{"max-age", []string{"Cache-Control", "public, max-age=120"}, 2 * time.Minute},
+		{"max-age quoted, other case", []string{"Cache-Control", `Max-Age="90"`}, 90 * time.Second},
+		{"max-age less Age", []string{"Cache-Control", "max-age=120", "Age", "50"}, 70 * time.Second},
+		{"Age past max-age", []string{"Cache-Control", "max-age=120", "Age", "500"}, minRefresh},
+		{"max-age below the floor", []string{"Cache-Control", "max-age=5"}, minRefresh},
+		{"max-age=0", []string{"Cache-Control", "max-age=0"}, minRefresh},
+		{"max-age beyond Refresh", []string{"Cache-Control", "max-age=86400"}, refresh},
+		{"max-age too large to read", []string{"Cache-Control", "max-age=99999999999999999999999"}, refresh},
+		{"max-age unreadable", []string{"Cache-Control", "max-age=soon"}, minRefresh},
+		{"max-age negative", []string{"Cache-Control", "max-age=-60"}, minRefresh},
+		{"no-cache", []string{"Cache-Control", "no-cache"}, minRefresh},
+		{"no-store beside a max-age", []string{"Cache-Control", "max-age=600", "Cache-Control", "no-store"}, minRefresh},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			serve(tc.header...)
+			if err := ks.Refresh(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if w := ks.wait(); w != tc.want {
+				t.Fatalf("due in %s, want %s", w, tc.want)
+			}
+		})
+	}
+
+	// The clock runs down the time left; past it the keys are due at once.
+	serve("Cache-Control", "max-age=120")
+	if err := ks.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	clk.add(50 * time.Second)
+	if w := ks.wait(); w != 70*time.Second {
+		t.Fatalf("50 s after a max-age=120 read: due in %s, want 70s", w)
+	}
+	clk.add(100 * time.Second)
+	if w := ks.wait(); w != 0 {
+		t.Fatalf("past max-age: due in %s, want at once", w)
+	}
+
+	// Stale by max-age, but within MaxStale: the keys stay in use while
+	// the issuer cannot be reached.
+	v := verifier(t, ks, is)
+	tok := is.Mint(t, "ES256", is.Claims("alice", aud, 24*time.Hour))
+	mu.Lock()
+	failing = true
+	mu.Unlock()
+	clk.add(20 * time.Minute)
+	if err := ks.Refresh(context.Background()); err == nil {
+		t.Fatal("a 503 was taken for keys")
+	}
+	if _, err := v.Verify(tok); err != nil {
+		t.Fatalf("keys 22 min old, max-age 2 min, max stale 30 min: %v", err)
+	}
+	clk.add(10 * time.Minute)
+	if _, err := v.Verify(tok); ReasonOf(err) != KeysUnavailable {
+		t.Fatalf("keys 32 min old, max stale 30 min: %v, want %s", err, KeysUnavailable)
+	}
+}
+
+// TestKeySetRunReadsAtOnce: a refresher started on a set never read reads
+// it at once, not a Refresh later (a gateway whose first read failed
+// refuses every JWT until then).
+func TestKeySetRunReadsAtOnce(t *testing.T) {
+	is := testenv.NewIssuer(t, t.TempDir())
+	ks, err := NewKeySet(KeySetOptions{URL: is.JWKSURL, Refresh: time.Hour, MaxStale: 2 * time.Hour, HTTPClient: is.TLS.Client()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { ks.Run(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+	v := verifier(t, ks, is)
+	tok := is.Mint(t, "RS256", is.Claims("alice", aud, time.Hour))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := v.Verify(tok)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the refresher did not read the keys: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := is.Served(); n != 1 {
+		t.Fatalf("JWKS served %d times, want 1", n)
 	}
 }
