@@ -2,6 +2,9 @@ package jwtauth
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/rsa"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
@@ -11,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -73,10 +77,10 @@ type KeySet struct {
 	kick chan struct{} // an unknown key id asks Run for a refresh
 
 	mu      sync.Mutex
-	keys    map[string]jose.JSONWebKey // by key id
-	fetched time.Time                  // last successful read; zero: never
-	due     time.Time                  // when the keys read last are read again
-	kicked  time.Time                  // last refresh an unknown key id asked for
+	keys    []jose.JSONWebKey // the signing keys (parseKeys)
+	fetched time.Time         // last successful read; zero: never
+	due     time.Time         // when the keys read last are read again
+	kicked  time.Time         // last refresh an unknown key id asked for
 }
 
 // NewKeySet checks o; it reads nothing (Refresh or Run do).
@@ -183,7 +187,9 @@ func (k *KeySet) Run(ctx context.Context) {
 	}
 }
 
-// lookup is the key of id that may verify a signature made with alg.
+// lookup is the key that may verify a signature made with alg: the key
+// of id; for a token that names no key id (id ""), the one key of the set
+// usable for alg, if there is exactly one (a single-key issuer).
 func (k *KeySet) lookup(id, alg string) (jose.JSONWebKey, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -191,21 +197,75 @@ func (k *KeySet) lookup(id, alg string) (jose.JSONWebKey, error) {
 	if k.fetched.IsZero() || now.Sub(k.fetched) > k.o.MaxStale {
 		return jose.JSONWebKey{}, &Error{Reason: KeysUnavailable, Err: fmt.Errorf("no current JWKS from %s", k.Source())}
 	}
-	key, ok := k.keys[id]
-	if !ok {
-		if now.Sub(k.kicked) >= minKick {
-			k.kicked = now
-			select {
-			case k.kick <- struct{}{}:
-			default:
-			}
-		}
+	if id == "" {
+		return k.onlyKeyFor(alg, now)
+	}
+	i := slices.IndexFunc(k.keys, func(key jose.JSONWebKey) bool { return key.KeyID == id })
+	if i < 0 {
+		k.askRefresh(now)
 		return jose.JSONWebKey{}, &Error{Reason: UnknownKey, Err: fmt.Errorf("key id %q is not in the JWKS", id)}
 	}
+	key := k.keys[i]
 	if key.Algorithm != "" && key.Algorithm != alg {
 		return jose.JSONWebKey{}, &Error{Reason: AlgorithmNotAllowed, Err: fmt.Errorf("key %q is for %s, the token says %s", id, key.Algorithm, alg)}
 	}
 	return key, nil
+}
+
+// onlyKeyFor is the one key of the set usable for alg, for a token that
+// names no key id. None is UnknownKey, and asks for a refresh as an
+// unknown key id does; several are UnknownKey too: the token must say
+// which. k.mu is held.
+func (k *KeySet) onlyKeyFor(alg string, now time.Time) (jose.JSONWebKey, error) {
+	var found []jose.JSONWebKey
+	for _, key := range k.keys {
+		if usableFor(key, alg) {
+			found = append(found, key)
+		}
+	}
+	switch len(found) {
+	case 1:
+		return found[0], nil
+	case 0:
+		k.askRefresh(now)
+		return jose.JSONWebKey{}, &Error{Reason: UnknownKey, Err: fmt.Errorf("the token names no key id (kid), and the JWKS holds no key for %s", alg)}
+	}
+	return jose.JSONWebKey{}, &Error{Reason: UnknownKey,
+		Err: fmt.Errorf("the token names no key id (kid), and the JWKS holds %d keys for %s: a kid must say which", len(found), alg)}
+}
+
+// usableFor reports whether key may verify a signature made with alg: its
+// own alg if it names one, else its type (and curve).
+func usableFor(key jose.JSONWebKey, alg string) bool {
+	if key.Algorithm != "" {
+		return key.Algorithm == alg
+	}
+	switch pub := key.Key.(type) {
+	case *rsa.PublicKey:
+		return strings.HasPrefix(alg, "RS") || strings.HasPrefix(alg, "PS")
+	case *ecdsa.PublicKey:
+		return alg == curveAlgorithm[pub.Curve.Params().Name]
+	case ed25519.PublicKey:
+		return alg == "EdDSA"
+	}
+	return false
+}
+
+// curveAlgorithm is the signature algorithm of each elliptic curve.
+var curveAlgorithm = map[string]string{"P-256": "ES256", "P-384": "ES384", "P-521": "ES512"}
+
+// askRefresh asks Run for a refresh, at most every minKick (a rotation at
+// the issuer), so tokens naming made-up keys cannot make the gateway fetch
+// without end. k.mu is held.
+func (k *KeySet) askRefresh(now time.Time) {
+	if now.Sub(k.kicked) < minKick {
+		return
+	}
+	k.kicked = now
+	select {
+	case k.kick <- struct{}{}:
+	default:
+	}
 }
 
 // read is the JWKS document and how long until it is read again.
@@ -255,29 +315,32 @@ func (k *KeySet) fetch(ctx context.Context) ([]byte, http.Header, error) {
 	return b, resp.Header, nil
 }
 
-// parseKeys reads a JWKS document: its public signing keys by key id. A
-// document holding a private key, or two keys under one id, is refused
-// whole; keys without an id, or for another use than signing, are left out.
-func parseKeys(b []byte) (map[string]jose.JSONWebKey, error) {
+// parseKeys reads a JWKS document: its public signing keys. A document
+// holding a private key, or two keys under one id, is refused whole; keys
+// for another use than signing are left out. A key without an id can only
+// verify a token that names none (KeySet.lookup).
+func parseKeys(b []byte) ([]jose.JSONWebKey, error) {
 	var set jose.JSONWebKeySet
 	if err := json.Unmarshal(b, &set); err != nil {
 		return nil, fmt.Errorf("jwtauth: JWKS: %w", err)
 	}
-	keys := map[string]jose.JSONWebKey{}
+	var keys []jose.JSONWebKey
+	ids := map[string]bool{}
 	for _, key := range set.Keys {
 		if !key.IsPublic() {
 			return nil, errors.New("jwtauth: JWKS holds a private key; publish only public keys")
 		}
-		if key.KeyID == "" || (key.Use != "" && key.Use != "sig") {
+		if key.Use != "" && key.Use != "sig" {
 			continue
 		}
-		if _, dup := keys[key.KeyID]; dup {
+		if key.KeyID != "" && ids[key.KeyID] {
 			return nil, fmt.Errorf("jwtauth: JWKS has two keys with id %q", key.KeyID)
 		}
-		keys[key.KeyID] = key
+		ids[key.KeyID] = true
+		keys = append(keys, key)
 	}
 	if len(keys) == 0 {
-		return nil, errors.New("jwtauth: JWKS has no signing key with a key id")
+		return nil, errors.New("jwtauth: JWKS has no signing key")
 	}
 	return keys, nil
 }

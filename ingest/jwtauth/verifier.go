@@ -139,9 +139,6 @@ func (v *Verifier) Verify(token string) (*Claims, error) {
 		return nil, &Error{Reason: Malformed, Err: errors.New("exactly one signature is required")}
 	}
 	h := tok.Headers[0]
-	if h.KeyID == "" {
-		return nil, &Error{Reason: UnknownKey, Err: errors.New("the token names no key id (kid)")}
-	}
 	key, err := v.o.Keys.lookup(h.KeyID, h.Algorithm)
 	if err != nil {
 		return nil, err

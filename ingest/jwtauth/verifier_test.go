@@ -2,6 +2,7 @@ package jwtauth
 
 import (
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -400,5 +401,90 @@ func TestKeySetRunReadsAtOnce(t *testing.T) {
 	}
 	if n := is.Served(); n != 1 {
 		t.Fatalf("JWKS served %d times, want 1", n)
+	}
+}
+
+// mintNoKeyID signs claims with key as a compact JWT whose header names
+// no key id.
+func mintNoKeyID(t *testing.T, key crypto.Signer, alg string, claims map[string]any) string {
+	t.Helper()
+	s, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.SignatureAlgorithm(alg), Key: key}, (&jose.SignerOptions{}).WithType("JWT"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload, _ := json.Marshal(claims)
+	jws, err := s.Sign(payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := jws.CompactSerialize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(tok[:strings.IndexByte(tok, '.')], "kid") {
+		t.Fatal("the header names a key id")
+	}
+	return tok
+}
+
+// TestVerifyNoKeyID: a token whose header names no key id is verified by
+// the one key of the set usable for its algorithm (the key's alg, else its
+// type and curve), with or without an id of its own; with no such key, or
+// several, it is refused as unknown_key, saying which. A key without an id
+// never verifies a token that names one.
+func TestVerifyNoKeyID(t *testing.T) {
+	is := testenv.NewIssuer(t, t.TempDir())
+	es2, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	p384, _ := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
+	claims := is.Claims("alice", aud, time.Hour)
+	rsaKey, esKey, edKey := is.Keys["RS256"], is.Keys["ES256"], is.Keys["EdDSA"]
+	jwk := func(k crypto.Signer, id, alg string) jose.JSONWebKey {
+		return jose.JSONWebKey{Key: k.Public(), KeyID: id, Algorithm: alg, Use: "sig"}
+	}
+	cases := []struct {
+		name  string
+		keys  []jose.JSONWebKey
+		token string
+		want  Reason // "" = accepted
+		says  string
+	}{
+		{"one key", []jose.JSONWebKey{jwk(rsaKey, "k1", "RS256")}, mintNoKeyID(t, rsaKey, "RS256", claims), "", ""},
+		{"one key per algorithm", []jose.JSONWebKey{jwk(rsaKey, "RS256", "RS256"), jwk(esKey, "ES256", "ES256"), jwk(edKey, "EdDSA", "EdDSA")},
+			mintNoKeyID(t, esKey, "ES256", claims), "", ""},
+		{"one key, no alg, no id", []jose.JSONWebKey{jwk(edKey, "", "")}, mintNoKeyID(t, edKey, "EdDSA", claims), "", ""},
+		{"an EC key of another curve beside", []jose.JSONWebKey{jwk(esKey, "a", ""), jwk(p384, "b", "")}, mintNoKeyID(t, esKey, "ES256", claims), "", ""},
+		{"signed by another key", []jose.JSONWebKey{jwk(esKey, "a", "ES256")}, mintNoKeyID(t, es2, "ES256", claims), BadSignature, ""},
+		{"no key for its algorithm", []jose.JSONWebKey{jwk(rsaKey, "k1", "RS256")}, mintNoKeyID(t, esKey, "ES256", claims), UnknownKey,
+			"no key id (kid), and the JWKS holds no key for ES256"},
+		{"no key of its curve", []jose.JSONWebKey{jwk(p384, "k1", "")}, mintNoKeyID(t, esKey, "ES256", claims), UnknownKey, "no key for ES256"},
+		{"two keys for its algorithm", []jose.JSONWebKey{jwk(esKey, "a", "ES256"), jwk(es2, "b", "")}, mintNoKeyID(t, esKey, "ES256", claims), UnknownKey,
+			"holds 2 keys for ES256: a kid must say which"},
+		{"a key without an id, a token naming one", []jose.JSONWebKey{jwk(esKey, "", "ES256")}, testenv.MintJWT(t, esKey, "ES256", "a", claims), UnknownKey,
+			`key id "a" is not in the JWKS`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "jwks.json")
+			b, _ := json.Marshal(jose.JSONWebKeySet{Keys: tc.keys})
+			if err := os.WriteFile(file, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			ks, err := NewKeySet(KeySetOptions{File: file})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ks.Refresh(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			c, err := verifier(t, ks, is).Verify(tc.token)
+			switch {
+			case tc.want == "" && (err != nil || c.Subject != "alice"):
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && ReasonOf(err) != tc.want:
+				t.Fatalf("%v, want %s", err, tc.want)
+			case tc.want != "" && !strings.Contains(err.Error(), tc.says):
+				t.Fatalf("%v, want it to say %q", err, tc.says)
+			}
+		})
 	}
 }
