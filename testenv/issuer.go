@@ -166,10 +166,14 @@ func (is *Issuer) Mint(t testing.TB, alg string, claims map[string]any) string {
 }
 
 // MintJWT signs claims with key as a compact JWT whose header names alg
-// and kid (a test may sign with a key the issuer does not hold).
+// and kid, or no kid if kid is "" (a test may sign with a key the issuer
+// does not hold).
 func MintJWT(t testing.TB, key crypto.Signer, alg, kid string, claims map[string]any) string {
 	t.Helper()
-	opts := (&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", kid)
+	opts := (&jose.SignerOptions{}).WithType("JWT")
+	if kid != "" {
+		opts = opts.WithHeader("kid", kid)
+	}
 	s, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.SignatureAlgorithm(alg), Key: key}, opts)
 	if err != nil {
 		t.Fatal(err)

@@ -141,7 +141,10 @@ func (s *stack) httpsGateway(t *testing.T, client *http.Client, base string, env
 //     limits' worth is reported; the rest is counted in /metrics;
 //   - a valid JWT selects its principal by sub (or by the talos_principal
 //     claim), lists tools and calls one, allowed, with a receipt; a static
-//     token keeps working beside JWTs.
+//     token keeps working beside JWTs, and so does a JWT without a kid
+//     (one key of its algorithm in the JWKS);
+//   - a renewed certificate written over the files is served to new
+//     connections without a restart.
 func TestHTTPAuthTLSJWT(t *testing.T) {
 	s := startStack(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -244,7 +247,8 @@ func TestHTTPAuthTLSJWT(t *testing.T) {
 			c[gateway.PrincipalClaim] = "ops-team"
 			return c
 		}()),
-		"legacy, by its static token": "legacy-token",
+		"legacy, by its static token":   "legacy-token",
+		"alice, by a JWT without a kid": testenv.MintJWT(t, is.Keys["RS256"], "RS256", "", is.Claims("alice@clients", audience, time.Hour)),
 	} {
 		if _, err := connect(token).cs.ListTools(ctx, nil); err != nil {
 			t.Fatalf("%s: %v", name, err)
@@ -273,10 +277,43 @@ func TestHTTPAuthTLSJWT(t *testing.T) {
 		t.Fatalf("%d of 60 flood refusals reported: the limits did not hold", reported)
 	}
 	checkRefusalMetric(t, client, base, 60-reported)
+	checkCertRenewal(t, is.TLS, base)
 
 	checkRefusalReceipts(t, ctx, s, refused, allowedID, []string{forged, expired})
 	if out, code := s.ctlCode("verify", "--trusted-keys", filepath.Join(s.dir, "worker.pub")); code != 0 {
 		t.Fatalf("talosctl verify: exit %d\n%s", code, out)
+	}
+}
+
+// checkCertRenewal: a renewed certificate written over the gateway's
+// --tls-cert/--tls-key is served to new connections without a restart.
+func checkCertRenewal(t *testing.T, old *testenv.TLSFiles, base string) {
+	t.Helper()
+	renewed := testenv.NewTLSFiles(t, t.TempDir())
+	for from, to := range map[string]string{renewed.CertFile: old.CertFile, renewed.KeyFile: old.KeyFile} {
+		b, err := os.ReadFile(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(to, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	written := time.Now()
+	for {
+		resp, err := renewed.Client().Get(base + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Since(written) > 30*time.Second {
+			t.Fatalf("the renewed certificate is not served: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("the renewed certificate was served %s after it was written", time.Since(written).Round(time.Millisecond))
+	if _, err := old.Client().Get(base + "/healthz"); err == nil {
+		t.Fatal("a new connection still got the old certificate")
 	}
 }
 

@@ -404,29 +404,6 @@ func TestKeySetRunReadsAtOnce(t *testing.T) {
 	}
 }
 
-// mintNoKeyID signs claims with key as a compact JWT whose header names
-// no key id.
-func mintNoKeyID(t *testing.T, key crypto.Signer, alg string, claims map[string]any) string {
-	t.Helper()
-	s, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.SignatureAlgorithm(alg), Key: key}, (&jose.SignerOptions{}).WithType("JWT"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	payload, _ := json.Marshal(claims)
-	jws, err := s.Sign(payload)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := jws.CompactSerialize()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(tok[:strings.IndexByte(tok, '.')], "kid") {
-		t.Fatal("the header names a key id")
-	}
-	return tok
-}
-
 // TestVerifyNoKeyID: a token whose header names no key id is verified by
 // the one key of the set usable for its algorithm (the key's alg, else its
 // type and curve), with or without an id of its own; with no such key, or
@@ -448,19 +425,22 @@ func TestVerifyNoKeyID(t *testing.T) {
 		want  Reason // "" = accepted
 		says  string
 	}{
-		{"one key", []jose.JSONWebKey{jwk(rsaKey, "k1", "RS256")}, mintNoKeyID(t, rsaKey, "RS256", claims), "", ""},
+		{"one key", []jose.JSONWebKey{jwk(rsaKey, "k1", "RS256")}, testenv.MintJWT(t, rsaKey, "RS256", "", claims), "", ""},
 		{"one key per algorithm", []jose.JSONWebKey{jwk(rsaKey, "RS256", "RS256"), jwk(esKey, "ES256", "ES256"), jwk(edKey, "EdDSA", "EdDSA")},
-			mintNoKeyID(t, esKey, "ES256", claims), "", ""},
-		{"one key, no alg, no id", []jose.JSONWebKey{jwk(edKey, "", "")}, mintNoKeyID(t, edKey, "EdDSA", claims), "", ""},
-		{"an EC key of another curve beside", []jose.JSONWebKey{jwk(esKey, "a", ""), jwk(p384, "b", "")}, mintNoKeyID(t, esKey, "ES256", claims), "", ""},
-		{"signed by another key", []jose.JSONWebKey{jwk(esKey, "a", "ES256")}, mintNoKeyID(t, es2, "ES256", claims), BadSignature, ""},
-		{"no key for its algorithm", []jose.JSONWebKey{jwk(rsaKey, "k1", "RS256")}, mintNoKeyID(t, esKey, "ES256", claims), UnknownKey,
+			testenv.MintJWT(t, esKey, "ES256", "", claims), "", ""},
+		{"one key, no alg, no id", []jose.JSONWebKey{jwk(edKey, "", "")}, testenv.MintJWT(t, edKey, "EdDSA", "", claims), "", ""},
+		{"an EC key of another curve beside", []jose.JSONWebKey{jwk(esKey, "a", ""), jwk(p384, "b", "")}, testenv.MintJWT(t, esKey, "ES256", "", claims), "", ""},
+		{"signed by another key", []jose.JSONWebKey{jwk(esKey, "a", "ES256")}, testenv.MintJWT(t, es2, "ES256", "", claims), BadSignature, ""},
+		{"no key for its algorithm", []jose.JSONWebKey{jwk(rsaKey, "k1", "RS256")}, testenv.MintJWT(t, esKey, "ES256", "", claims), UnknownKey,
 			"no key id (kid), and the JWKS holds no key for ES256"},
-		{"no key of its curve", []jose.JSONWebKey{jwk(p384, "k1", "")}, mintNoKeyID(t, esKey, "ES256", claims), UnknownKey, "no key for ES256"},
-		{"two keys for its algorithm", []jose.JSONWebKey{jwk(esKey, "a", "ES256"), jwk(es2, "b", "")}, mintNoKeyID(t, esKey, "ES256", claims), UnknownKey,
+		{"no key of its curve", []jose.JSONWebKey{jwk(p384, "k1", "")}, testenv.MintJWT(t, esKey, "ES256", "", claims), UnknownKey, "no key for ES256"},
+		{"two keys for its algorithm", []jose.JSONWebKey{jwk(esKey, "a", "ES256"), jwk(es2, "b", "")}, testenv.MintJWT(t, esKey, "ES256", "", claims), UnknownKey,
 			"holds 2 keys for ES256: a kid must say which"},
 		{"a key without an id, a token naming one", []jose.JSONWebKey{jwk(esKey, "", "ES256")}, testenv.MintJWT(t, esKey, "ES256", "a", claims), UnknownKey,
 			`key id "a" is not in the JWKS`},
+	}
+	if h, _, _ := strings.Cut(cases[0].token, "."); strings.Contains(decode(t, h), "kid") {
+		t.Fatalf("the token's header names a key id: %s", decode(t, h))
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -487,4 +467,13 @@ func TestVerifyNoKeyID(t *testing.T) {
 			}
 		})
 	}
+}
+
+func decode(t *testing.T, b64 string) string {
+	t.Helper()
+	b, err := base64.RawURLEncoding.DecodeString(b64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
