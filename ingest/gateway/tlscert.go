@@ -42,46 +42,50 @@ type certFiles struct {
 // error here, never a certificate served later.
 func newCertFiles(certFile, keyFile string, every time.Duration, now func() time.Time, log *slog.Logger) (*certFiles, error) {
 	c := &certFiles{certFile: certFile, keyFile: keyFile, every: every, now: now, log: log}
-	cert, sum, err := c.load()
+	certPEM, keyPEM, sum, err := c.read()
 	if err != nil {
 		return nil, err
 	}
-	c.current, c.loaded, c.checked = cert, sum, now()
+	if c.current, err = parsePair(certPEM, keyPEM); err != nil {
+		return nil, err
+	}
+	c.loaded, c.checked = sum, now()
 	return c, nil
 }
 
-// load reads and checks the pair, and digests what it read (or, when a
-// file cannot be read, why).
-func (c *certFiles) load() (*tls.Certificate, [sha256.Size]byte, error) {
-	certPEM, err := os.ReadFile(c.certFile)
-	if err == nil {
-		var keyPEM []byte
-		if keyPEM, err = os.ReadFile(c.keyFile); err == nil {
-			return pair(certPEM, keyPEM)
-		}
+// read reads the pair, and a digest of what it read (or, when a file
+// cannot be read, of why).
+func (c *certFiles) read() (certPEM, keyPEM []byte, sum [sha256.Size]byte, err error) {
+	if certPEM, err = os.ReadFile(c.certFile); err == nil {
+		keyPEM, err = os.ReadFile(c.keyFile)
 	}
-	return nil, sha256.Sum256([]byte(err.Error())), err
-}
-
-func pair(certPEM, keyPEM []byte) (*tls.Certificate, [sha256.Size]byte, error) {
+	if err != nil {
+		return nil, nil, sha256.Sum256([]byte(err.Error())), err
+	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%d:", len(certPEM))
 	h.Write(certPEM)
 	h.Write(keyPEM)
-	var sum [sha256.Size]byte
 	h.Sum(sum[:0])
+	return certPEM, keyPEM, sum, nil
+}
+
+// parsePair is the certificate of a PEM pair, if its key is the
+// certificate's.
+func parsePair(certPEM, keyPEM []byte) (*tls.Certificate, error) {
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err == nil && cert.Leaf == nil {
 		cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0])
 	}
 	if err != nil {
-		return nil, sum, err
+		return nil, err
 	}
-	return &cert, sum, nil
+	return &cert, nil
 }
 
 // get is tls.Config.GetCertificate: the current pair, read again first if
-// the last read is certCheckEvery old.
+// the last read is certCheckEvery old; a pair is parsed only when its
+// files' content changed.
 func (c *certFiles) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -90,18 +94,23 @@ func (c *certFiles) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 		return c.current, nil
 	}
 	c.checked = now
-	cert, sum, err := c.load()
-	switch {
-	case err == nil && sum == c.loaded:
-	case err == nil:
-		c.current, c.loaded, c.refused = cert, sum, [sha256.Size]byte{}
-		c.log.Info("TLS certificate reloaded: new handshakes get it", "cert", c.certFile, "subject", cert.Leaf.Subject.String(),
-			"serial", cert.Leaf.SerialNumber.String(), "not_after", cert.Leaf.NotAfter.UTC())
-	case sum != c.refused:
+	certPEM, keyPEM, sum, err := c.read()
+	if sum == c.loaded || sum == c.refused {
+		return c.current, nil
+	}
+	var cert *tls.Certificate
+	if err == nil {
+		cert, err = parsePair(certPEM, keyPEM)
+	}
+	if err != nil {
 		c.refused = sum
 		c.log.Warn("TLS certificate files changed but cannot be used: the previous certificate is still served",
 			"cert", c.certFile, "key", c.keyFile, "err", err)
+		return c.current, nil
 	}
+	c.current, c.loaded, c.refused = cert, sum, [sha256.Size]byte{}
+	c.log.Info("TLS certificate reloaded: new handshakes get it", "cert", c.certFile, "subject", cert.Leaf.Subject.String(),
+		"serial", cert.Leaf.SerialNumber.String(), "not_after", cert.Leaf.NotAfter.UTC())
 	return c.current, nil
 }
 
