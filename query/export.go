@@ -19,14 +19,18 @@ import (
 
 // Export kinds (ExportOptions.Kind).
 const (
-	// ExportAll is receipts, tool calls and checkpoints: every signed
-	// record once (control receipts are receipts).
+	// ExportAll is receipts, tool calls, rejected tool calls and
+	// checkpoints: every record of the audit stream the database holds,
+	// once (control receipts are receipts).
 	ExportAll = "all"
 	// ExportReceipts is every receipt (decision, effect and control), in
 	// chain order: what `talosctl verify --file` checks link by link.
 	ExportReceipts = "receipts"
 	// ExportToolCalls is every ToolCallEvent, oldest first.
 	ExportToolCalls = "toolcalls"
+	// ExportRejected is every ToolCallEvent the flight recorder refused
+	// (tool_call_rejections), as stored, oldest first.
+	ExportRejected = "rejected"
 	// ExportCheckpoints is every signed checkpoint, in chain order.
 	ExportCheckpoints = "checkpoints"
 	// ExportControl is the control receipts alone (a subset of
@@ -35,11 +39,16 @@ const (
 )
 
 // ExportKinds lists the values of ExportOptions.Kind.
-var ExportKinds = []string{ExportReceipts, ExportToolCalls, ExportCheckpoints, ExportControl, ExportAll}
+var ExportKinds = []string{ExportReceipts, ExportToolCalls, ExportRejected, ExportCheckpoints, ExportControl, ExportAll}
+
+// RecordToolCallRejected is ExportRecord.Record of a ToolCallEvent the
+// flight recorder refused.
+const RecordToolCallRejected = "toolcall_rejected"
 
 // Export formats (NewExportWriter).
 const (
-	// ExportJSONL is one signed CloudEvent per line, as stored.
+	// ExportJSONL is one signed CloudEvent per line, as stored; a
+	// rejected ToolCallEvent is one ExportedRejection line instead.
 	ExportJSONL = "jsonl"
 	// ExportCSV is ExportColumns, the signed CloudEvent last.
 	ExportCSV = "csv"
@@ -58,8 +67,8 @@ type ExportOptions struct {
 // they agree with CloudEvent, which `talosctl verify` checks in the
 // database).
 type ExportRecord struct {
-	// Record is the receipt kind (decision, effect, control), "toolcall"
-	// or "checkpoint".
+	// Record is the receipt kind (decision, effect, control), "toolcall",
+	// RecordToolCallRejected or "checkpoint".
 	Record string
 	ID     string    // CloudEvent id
 	Time   time.Time // CloudEvent time, milliseconds, UTC
@@ -79,7 +88,16 @@ type ExportRecord struct {
 	// Verb, Target and Actor describe a control receipt (ExportControl).
 	Verb, Target, Actor string
 	SignerKID           string
-	CloudEvent          string
+	// Subject, StreamSeq, Missing and Rejection describe a rejected
+	// ToolCallEvent (ExportRejected): where it arrived on TALOS_AUDIT, the
+	// required fields it lacks and why the recorder refused it.
+	Subject   string
+	StreamSeq uint64
+	Missing   []string
+	Rejection string
+	// CloudEvent is the signed JSON as stored (of a rejected ToolCallEvent:
+	// as received, less the payloads RejectionOf withholds).
+	CloudEvent string
 }
 
 // ExportColumns are the CSV columns of an export, in the order of
@@ -87,7 +105,7 @@ type ExportRecord struct {
 var ExportColumns = []string{
 	"record", "id", "time", "chain_id", "chain_seq", "tool_call_id", "session_id", "agent_id", "server_id",
 	"tool_name", "phase", "decision", "reason_codes", "registry_digest", "verb", "target", "actor", "signer_kid",
-	"cloudevent",
+	"missing", "rejection", "cloudevent",
 }
 
 // CSVValues renders r as ExportColumns: the time in RFC 3339 with
@@ -100,7 +118,7 @@ func (r *ExportRecord) CSVValues() []string {
 	return []string{
 		r.Record, r.ID, r.Time.UTC().Format(schemas.TimeFormat), r.ChainID, seq, r.ToolCallID, r.SessionID, r.AgentID,
 		r.ServerID, r.ToolName, r.Phase, r.Decision, strings.Join(r.ReasonCodes, ";"), r.RegistryDigest, r.Verb,
-		r.Target, r.Actor, r.SignerKID, r.CloudEvent,
+		r.Target, r.Actor, r.SignerKID, strings.Join(r.Missing, ";"), r.Rejection, r.CloudEvent,
 	}
 }
 
@@ -140,6 +158,17 @@ var exportSources = map[string]exportSource{
 			return err
 		},
 	},
+	ExportRejected: {
+		table:   TableToolCallRejections,
+		columns: "event_id, time_ms, subject, stream_seq, missing, reason, cloudevent",
+		order:   "time_ms, event_id",
+		scan: func(rows driver.Rows, r *ExportRecord) error {
+			var ms uint64
+			err := rows.Scan(&r.ID, &ms, &r.Subject, &r.StreamSeq, &r.Missing, &r.Rejection, &r.CloudEvent)
+			r.Record, r.Time = RecordToolCallRejected, time.UnixMilli(int64(ms)).UTC()
+			return err
+		},
+	},
 	ExportCheckpoints: {
 		table:   TableCheckpoints,
 		columns: "checkpoint_id, time_ms, chain_id, from_seq, to_seq, signer_kid, cloudevent",
@@ -169,8 +198,8 @@ var exportSources = map[string]exportSource{
 // time is in [opts.From, opts.To), as a stream: memory is bounded by one
 // record's stored copies (the server sorts on disk beyond 256 MiB).
 // Receipts, checkpoints and control receipts come in chain order (chain_id,
-// seq), tool calls oldest first; ExportAll is receipts, then tool calls,
-// then checkpoints.
+// seq), tool calls and rejected ones oldest first; ExportAll is receipts,
+// then tool calls, then rejected tool calls, then checkpoints.
 //
 // Copies of a record stored more than once with the same signed JSON (a
 // sink redelivery) reach fn once. When one id is stored with different
@@ -181,7 +210,7 @@ func Export(ctx context.Context, conn driver.Conn, database string, opts ExportO
 	kinds := []string{opts.Kind}
 	switch {
 	case opts.Kind == "" || opts.Kind == ExportAll:
-		kinds = []string{ExportReceipts, ExportToolCalls, ExportCheckpoints}
+		kinds = []string{ExportReceipts, ExportToolCalls, ExportRejected, ExportCheckpoints}
 	case !slices.Contains(ExportKinds, opts.Kind):
 		return fmt.Errorf("query: export: unknown kind %q (want one of %s)", opts.Kind, strings.Join(ExportKinds, ", "))
 	}
@@ -290,10 +319,17 @@ type jsonlExport struct {
 // lines cannot): then insignificant whitespace is removed, which keeps the
 // JSON value, hence its canonical form and signature. Stored bytes that
 // are not JSON and span lines get their line breaks replaced by spaces, so
-// the record stays one (bad) line that a verifier names.
+// the record stays one (bad) line that a verifier names. A rejected
+// ToolCallEvent is written as its ExportedRejection.
 func (e *jsonlExport) Write(r *ExportRecord) error {
 	e.buf.Reset()
-	if strings.ContainsAny(r.CloudEvent, "\r\n") {
+	if r.Record == RecordToolCallRejected {
+		b, err := json.Marshal(exportedRejection(r))
+		if err != nil {
+			return err
+		}
+		e.buf.Write(b)
+	} else if strings.ContainsAny(r.CloudEvent, "\r\n") {
 		if err := json.Compact(&e.buf, []byte(r.CloudEvent)); err != nil {
 			e.buf.Reset()
 			e.buf.WriteString(strings.NewReplacer("\r", " ", "\n", " ").Replace(r.CloudEvent))

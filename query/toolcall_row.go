@@ -1194,13 +1194,24 @@ type ToolCallRejection struct {
 	CloudEvent string
 }
 
+// payloadsWithheld ends the Reason of a rejection stored without the
+// data.payloads the event carried.
+const payloadsWithheld = " (data.payloads not stored)"
+
+// PayloadsWithheld reports whether r was stored without the payloads its
+// event carried: then its signature, which covers them, cannot hold on
+// CloudEvent.
+func (r *ToolCallRejection) PayloadsWithheld() bool {
+	return strings.HasSuffix(r.Reason, payloadsWithheld)
+}
+
 // RejectionOf builds the tool_call_rejections row of rec, refused with rej.
 func RejectionOf(rec schemas.AuditRecord, rej *RejectedToolCall) ToolCallRejection {
 	stored, withheld := withoutPayloads(rec.Data)
 	r := ToolCallRejection{Subject: rec.Subject, StreamSeq: rec.StreamSeq, Missing: nonNil(rej.Missing),
 		Reason: rej.Reason, CloudEvent: string(stored), Time: time.Unix(0, 0).UTC()}
 	if withheld {
-		r.Reason += " (data.payloads not stored)"
+		r.Reason += payloadsWithheld
 	}
 	var env toolCallEnvelope
 	_ = json.Unmarshal(rec.Data, &env)

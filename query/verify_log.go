@@ -3,6 +3,7 @@ package query
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -12,6 +13,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/transparency-dev/merkle/compact"
 	"github.com/transparency-dev/merkle/rfc6962"
+	"github.com/transparency-dev/tessera/api"
 	"github.com/transparency-dev/tessera/client"
 	"golang.org/x/mod/sumdb/note"
 	"golang.org/x/mod/sumdb/tlog"
@@ -99,6 +101,9 @@ type LogReport struct {
 	Logged          int64 `json:"logged"`
 	Pending         int64 `json:"pending"`
 	UnstoredPending int64 `json:"unstored_pending"`
+	// Withheld of the Logged records are rejected ToolCallEvents found as
+	// the sink stores them: their entries less the payloads it withheld.
+	Withheld int64 `json:"withheld"`
 	// Checkpoint is the signed note checked (nil if it did not verify).
 	Checkpoint []byte           `json:"-"`
 	Problems   []verify.Problem `json:"-"`
@@ -129,6 +134,9 @@ func (r *LogReport) Summary() string {
 		fmt.Fprintf(&b, ", consistent with its checkpoint at size %d", r.SinceSize)
 	}
 	fmt.Fprintf(&b, ": %d entries match its root, %d stored records found in it", r.Entries, r.Logged)
+	if r.Withheld > 0 {
+		fmt.Fprintf(&b, " (%d of them rejected ToolCallEvents, stored without the payloads the sink withheld)", r.Withheld)
+	}
 	if r.Pending > 0 {
 		fmt.Fprintf(&b, ", %d newer than the checkpoint", r.Pending)
 	}
@@ -149,7 +157,9 @@ func (r *LogReport) problem(kind, record, id, format string, a ...any) {
 // the served hash tiles); the entries up to the checkpoint's size hash to
 // its root; every stored receipt and ToolCallEvent (receipts, tool_calls,
 // tool_call_rejections) at a log index under the checkpoint is that entry,
-// byte for byte (an oversize record: its stand-in's SHA-256 and size);
+// byte for byte (an oversize record: its stand-in's SHA-256 and size; a
+// rejected ToolCallEvent stored without its payloads: an entry the
+// recorder refuses, which RejectionOf stores as that row);
 // every such entry has its stored row. Each failure is a problem of the
 // report; the error is for what could not be read.
 //
@@ -304,6 +314,9 @@ type logEntries struct {
 	newest  int64                    // the newest record's signed time, Unix ms
 	times   []int64                  // each record's signed time (0: unknown)
 	root    tlog.Hash                // the root the entries hash to
+	// entry reads entry i again (its bundle fetched anew, the last one
+	// kept): only rejected ToolCallEvents need an entry's bytes.
+	entry func(i int64) ([]byte, error)
 }
 
 // readLogEntries reads the entry bundles up to cp's size (tessera's
@@ -331,6 +344,7 @@ func readLogEntries(ctx context.Context, f *client.HTTPFetcher, cp *logproof.Che
 			l.add(int64(len(l.leaves)), leaf, logproof.ReadEntry(e))
 		}
 	}
+	l.entry = entryReader(ctx, f, n)
 	l.root = tlog.Hash(rfc6962.DefaultHasher.EmptyRoot())
 	if n > 0 {
 		root, err := rng.GetRootHash(nil)
@@ -340,6 +354,28 @@ func readLogEntries(ctx context.Context, f *client.HTTPFetcher, cp *logproof.Che
 		l.root = tlog.Hash(root)
 	}
 	return l, nil
+}
+
+// entryReader reads single entries of a log of size n, one bundle at a
+// time (the last one kept).
+func entryReader(ctx context.Context, f *client.HTTPFetcher, n int64) func(int64) ([]byte, error) {
+	var (
+		at     = int64(-1)
+		bundle *api.EntryBundle
+	)
+	return func(i int64) ([]byte, error) {
+		if b := i / 256; b != at {
+			got, err := client.GetEntryBundle(ctx, f.ReadEntryBundle, uint64(b), uint64(n))
+			if err != nil {
+				return nil, fmt.Errorf("log entry %d: %w", i, err)
+			}
+			at, bundle = b, &got
+		}
+		if int(i%256) >= len(bundle.Entries) {
+			return nil, fmt.Errorf("log entry %d: not in its bundle", i)
+		}
+		return bundle.Entries[i%256], nil
+	}
 }
 
 func (l *logEntries) add(i int64, leaf tlog.Hash, e logproof.Entry) {
@@ -375,6 +411,9 @@ type storedRecord struct {
 	size    int64
 	indexes []uint64 // its log indexes in v_log_entries
 	found   bool     // found in the log by its id, not at an index announced
+	// rejected: a ToolCallEvent the recorder refused, maybe stored
+	// without its payloads (RejectionOf); withheld: found so.
+	rejected, withheld bool
 }
 
 // holds reports whether entry i is r's: its bytes, or its stand-in.
@@ -383,6 +422,26 @@ func (l *logEntries) holds(i int64, r *storedRecord) bool {
 		return s.EventID == r.id && s.SHA256 == r.sha256 && s.Size == r.size
 	}
 	return l.leaves[i] == r.leaf
+}
+
+// holdsRejected reports whether entry i is the event the rejected record
+// r was stored from although their bytes differ: the flight recorder
+// refuses the entry, and RejectionOf stores it as r's bytes. An oversize
+// record's entry is its stand-in: its bytes are not in the log.
+func (l *logEntries) holdsRejected(i int64, r *storedRecord) (bool, error) {
+	if _, ok := l.standIn[i]; ok || !r.rejected {
+		return false, nil
+	}
+	raw, err := l.entry(i)
+	if err != nil {
+		return false, err
+	}
+	var rej *RejectedToolCall
+	if _, _, err := ToolCallRowFromEvent(raw); !errors.As(err, &rej) {
+		return false, nil
+	}
+	stored := RejectionOf(schemas.AuditRecord{Data: raw}, rej).CloudEvent
+	return tlog.RecordHash([]byte(stored)) == r.leaf, nil
 }
 
 func hexHash(s string) (tlog.Hash, error) {

@@ -17,8 +17,8 @@ import (
 )
 
 // storedRecordsSQL reads every stored receipt and ToolCallEvent (refused
-// ones included), one row per distinct copy, with the hashes of its exact
-// cloudevent and its log indexes.
+// ones included: rec 2), one row per distinct copy, with the hashes of its
+// exact cloudevent and its log indexes.
 const storedRecordsSQL = `SELECT r.id, r.rec, r.t, r.leaf, r.sha, r.size, e.idx FROM (
 	SELECT receipt_id AS id, toUInt8(0) AS rec, any(time_ms) AS t, lower(hex(SHA256(concat(unhex('00'), cloudevent)))) AS leaf,
 		lower(hex(SHA256(cloudevent))) AS sha, length(cloudevent) AS size FROM {receipts} GROUP BY id, leaf, sha, size
@@ -26,7 +26,7 @@ const storedRecordsSQL = `SELECT r.id, r.rec, r.t, r.leaf, r.sha, r.size, e.idx 
 	SELECT event_id AS id, toUInt8(1) AS rec, any(time_ms) AS t, lower(hex(SHA256(concat(unhex('00'), cloudevent)))) AS leaf,
 		lower(hex(SHA256(cloudevent))) AS sha, length(cloudevent) AS size FROM {tool_calls} GROUP BY id, leaf, sha, size
 	UNION ALL
-	SELECT event_id AS id, toUInt8(1) AS rec, any(time_ms) AS t, lower(hex(SHA256(concat(unhex('00'), cloudevent)))) AS leaf,
+	SELECT event_id AS id, toUInt8(2) AS rec, any(time_ms) AS t, lower(hex(SHA256(concat(unhex('00'), cloudevent)))) AS leaf,
 		lower(hex(SHA256(cloudevent))) AS sha, length(cloudevent) AS size FROM {tool_call_rejections} GROUP BY id, leaf, sha, size
 ) AS r ALL LEFT JOIN (SELECT event_id AS id, groupArray(log_index) AS idx FROM {v_log_entries} GROUP BY event_id) AS e USING id`
 
@@ -59,8 +59,8 @@ func streamStoredRecords(ctx context.Context, conn driver.Conn, database string,
 		if r.leaf, err = hexHash(leaf); err != nil {
 			return fmt.Errorf("stored records: %s: %w", r.id, err)
 		}
-		r.record, r.timeMS, r.size = "receipt", int64(t), int64(size)
-		if rec == 1 {
+		r.record, r.timeMS, r.size, r.rejected = "receipt", int64(t), int64(size), rec == 2
+		if rec > 0 {
 			r.record = RecordToolCall
 		}
 		fn(&r)
@@ -100,10 +100,18 @@ func matchRows(l *logEntries, rep *LogReport, o LogOptions, records func(func(*s
 		return err
 	}
 	// A record whose index is not announced (or wrong) may still be in the
-	// log: find it by id.
+	// log: find it by id. A rejected ToolCallEvent may be stored without
+	// its payloads: its entry is the event it was stored from.
 	for i, id := range l.ids {
 		for _, r := range unresolved[id] {
-			if l.holds(int64(i), r) {
+			held := l.holds(int64(i), r)
+			if !held && !r.found {
+				if held, err = l.holdsRejected(int64(i), r); err != nil {
+					return err
+				}
+				r.withheld = r.withheld || held
+			}
+			if held {
 				covered[i], r.found = true, true
 			}
 		}
@@ -115,19 +123,24 @@ func matchRows(l *logEntries, rep *LogReport, o LogOptions, records func(func(*s
 	return nil
 }
 
-// eventRecord is a record of a file as the log check reads it; ok is
-// false for what the log does not take (checkpoints, index records) or
-// cannot be read (verify reports that as malformed).
+// eventRecord is a record of a file as the log check reads it (of an
+// ExportedRejection: its stored event); ok is false for what the log does
+// not take (checkpoints, index records) or cannot be read (verify reports
+// that as malformed).
 func eventRecord(raw []byte) (r *storedRecord, ok bool) {
+	x, rejected := ReadExportedRejection(raw)
+	if rejected {
+		raw = []byte(x.CloudEvent)
+	}
 	e := logproof.ReadEntry(raw)
 	r = &storedRecord{id: e.EventID, timeMS: e.TimeMS, leaf: tlog.RecordHash(raw), size: int64(len(raw))}
 	switch {
 	case e.EventID == "":
 		return nil, false
-	case strings.HasPrefix(e.Type, "dev.talos.receipt."):
+	case strings.HasPrefix(e.Type, "dev.talos.receipt.") && !rejected:
 		r.record = "receipt"
 	case strings.HasPrefix(e.Type, "dev.talos.toolcall."):
-		r.record = RecordToolCall
+		r.record, r.rejected = RecordToolCall, rejected
 	default:
 		return nil, false
 	}
@@ -145,6 +158,9 @@ func reportUnlogged(unresolved map[string][]*storedRecord, l *logEntries, rep *L
 		for _, r := range unresolved[id] {
 			if r.found {
 				rep.Logged++
+				if r.withheld {
+					rep.Withheld++
+				}
 				continue
 			}
 			var at []int64

@@ -18,6 +18,9 @@ type VerifyOutcome struct {
 	Counts map[string]int
 	// Log is the transparency log's check (AddLog), nil without one.
 	Log *LogReport
+	// Rejected is what an export's rejected ToolCallEvents showed
+	// (VerifyExport), nil when it has none.
+	Rejected *RejectedSummary
 }
 
 // AddLog adds the transparency log's check: its problems join the
@@ -76,6 +79,9 @@ func (o *VerifyOutcome) WriteText(w io.Writer) error {
 	if r.CheckpointsUnchecked > 0 {
 		tail += fmt.Sprintf("; %d checkpoints could not be compared with their receipts", r.CheckpointsUnchecked)
 	}
+	if o.Rejected != nil {
+		tail += o.Rejected.summary()
+	}
 	if o.Log != nil {
 		tail += "; " + o.Log.Summary()
 	}
@@ -102,6 +108,9 @@ func (o *VerifyOutcome) WriteJSON(w io.Writer) error {
 		"categories": o.Counts, "problems": probs}
 	if o.Log != nil {
 		out["log"] = o.Log
+	}
+	if o.Rejected != nil {
+		out["rejected"] = o.Rejected
 	}
 	return json.NewEncoder(w).Encode(out)
 }

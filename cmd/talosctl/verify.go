@@ -40,7 +40,7 @@ func (c *verifyCmd) Run(g *Globals) error {
 		if err != nil {
 			return usage("%v", err)
 		}
-		out = query.NewVerifyOutcome(c.File, verify.VerifyFile(events, keys, c.Partial, c.BatchSignatures))
+		out = query.VerifyExport(c.File, events, keys, c.Partial, c.BatchSignatures)
 		if err := c.Log.CheckEvents(context.Background(), events, c.Partial, out); err != nil {
 			return failed("%v", err)
 		}

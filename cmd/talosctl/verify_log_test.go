@@ -36,7 +36,9 @@ const logOrigin = "audit.example.com/talos"
 // transparency log: the pipeline (talosd as a process, real NATS and
 // ClickHouse) with the log role and two real litewitness processes whose
 // quorum must cosign. verify passes holding ClickHouse to the log with 2
-// of 2 witnesses, and with consistency from the checkpoint it kept; it
+// of 2 witnesses, and with consistency from the checkpoint it kept, two
+// ToolCallEvents the flight recorder refused among the records (one
+// stored without its payloads); so does a full export of it; it
 // fails naming the quorum with a policy of two witnesses that never
 // cosigned (0 of 2). A receipt's proof bundle verifies offline with public
 // keys only, and an altered one does not. Then the tampers: a receipt row
@@ -65,6 +67,7 @@ func TestVerifyHeldToWitnessedLog(t *testing.T) {
 	if err := s.conn.QueryRow(context.Background(), "SELECT count() FROM `"+s.db+"`.checkpoints").Scan(&checkpoints); err != nil || checkpoints != 0 {
 		t.Fatalf("chain checkpoints stored with --no-chain-checkpoints: %d (%v)", checkpoints, err)
 	}
+	rejected := s.publishRejected(t)
 	if err := loadgen.SendUnsigned(s.natsURL, "tlogv-2", 12); err != nil {
 		t.Fatal(err)
 	}
@@ -76,11 +79,11 @@ func TestVerifyHeldToWitnessedLog(t *testing.T) {
 		Log query.LogReport `json:"log"`
 	}
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 || !rep.OK || rep.Log.SinceSize != size1 || rep.Log.Size != size2 ||
-		rep.Log.Logged != size2 || len(rep.Log.Cosigned) != 2 {
+		rep.Log.Logged != size2 || rep.Log.Withheld != 1 || len(rep.Log.Cosigned) != 2 {
 		t.Fatalf("verify --since-checkpoint: exit %d, %v\n%s", code, err, out)
 	}
 	s.checkConsistency(t, seen, current, size1, size2)
-	s.checkExport(t, size2)
+	s.checkExport(t, size2, rejected)
 	out, code = run(t, s.talosctl, append(base, "--witness-policy", s.never)...)
 	if code != 1 || !strings.Contains(out, fmt.Sprintf("UNWITNESSED witness_quorum: log checkpoint %s at size %d: 0 of 2 witnesses of quorum both cosigned it (missing w3, w4)", logOrigin, size2)) ||
 		!strings.Contains(out, "FAILED: 1 problems (1 unwitnessed)") {
@@ -175,7 +178,8 @@ func (s *logStack) settle(t *testing.T) int64 {
 			}
 		}
 		var rows, indexed uint64
-		q := "SELECT (SELECT uniqExact(receipt_id) FROM `" + s.db + "`.receipts) + (SELECT uniqExact(event_id) FROM `" + s.db + "`.tool_calls), " +
+		q := "SELECT (SELECT uniqExact(receipt_id) FROM `" + s.db + "`.receipts) + (SELECT uniqExact(event_id) FROM `" + s.db + "`.tool_calls) + " +
+			"(SELECT uniqExact(event_id) FROM `" + s.db + "`.tool_call_rejections), " +
 			"(SELECT uniqExact(event_id) FROM `" + s.db + "`.v_log_entries)"
 		if err := s.conn.QueryRow(context.Background(), q).Scan(&rows, &indexed); err != nil {
 			return false
@@ -434,10 +438,13 @@ func (s *logStack) rewrittenLog(t *testing.T, size int64, kept string) {
 }
 
 // checkExport holds an export of the database (talosctl export --kind
-// all) to the log with verify --file: whole, it passes; a record taken
-// out is named as a log entry without its record, except with --partial;
-// a record the log lacks is named either way.
-func (s *logStack) checkExport(t *testing.T, size int64) {
+// all) to the log with verify --file: whole, it passes, the rejected
+// ToolCallEvents included (offline, the one stored without its payloads
+// is said to be uncheckable, not failed); a record taken out, a receipt
+// or the rejection stored without its payloads, is named as a log entry
+// without its record, except with --partial; a record the log lacks is
+// named either way.
+func (s *logStack) checkExport(t *testing.T, size int64, rejected [2]string) {
 	t.Helper()
 	export := filepath.Join(s.dir, "export.jsonl")
 	if out, code := run(t, s.talosctl, append(s.g, "export", "--kind", "all", "--out", export)...); code != 0 {
@@ -445,18 +452,33 @@ func (s *logStack) checkExport(t *testing.T, size int64) {
 	}
 	verify := []string{"verify", "--trusted-keys", s.pub, "--log-url", s.url, "--log-key", s.vkey, "--witness-policy", s.policy, "--log-grace", "0s"}
 	out, code := run(t, s.talosctl, append(verify, "--file", export)...)
-	if code != 0 || !strings.Contains(out, fmt.Sprintf("log %s at size %d cosigned by 2 of 2 witnesses (quorum both): %d entries match its root, %d stored records found in it", logOrigin, size, size, size)) {
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("log %s at size %d cosigned by 2 of 2 witnesses (quorum both): %d entries match its root, %d stored records found in it "+
+		"(1 of them rejected ToolCallEvents, stored without the payloads the sink withheld)", logOrigin, size, size, size)) ||
+		!strings.Contains(out, "; 2 rejected ToolCallEvents (refused by the flight recorder, in no chain): 1 signed by a trusted key, 1 stored without the payloads their signature covers") {
 		t.Fatalf("verify --file of a whole export against the log: exit %d\n%s", code, out)
 	}
 	b, err := os.ReadFile(export)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if strings.Contains(string(b), rawSecret) {
+		t.Fatal("the export carries the payload the sink withheld")
+	}
+	only := filepath.Join(s.dir, "rejected.jsonl")
+	if out, code := run(t, s.talosctl, append(s.g, "export", "--kind", "rejected", "--out", only)...); code != 0 || !strings.Contains(out, "exported 2 rejected records") {
+		t.Fatalf("export --kind rejected: exit %d\n%s", code, out)
+	}
 	lines := strings.SplitAfter(strings.TrimSuffix(string(b), "\n"), "\n")
 	var taken, takenID string
 	for i, l := range lines {
 		if e := logproof.ReadEntry([]byte(strings.TrimSpace(l))); e.Type == schemas.TypeReceiptDecision {
 			taken, takenID = l, e.EventID
+			lines = append(lines[:i:i], lines[i+1:]...)
+			break
+		}
+	}
+	for i, l := range lines {
+		if x, ok := query.ReadExportedRejection([]byte(strings.TrimSpace(l))); ok && x.ID == rejected[0] {
 			lines = append(lines[:i:i], lines[i+1:]...)
 			break
 		}
@@ -469,13 +491,57 @@ func (s *logStack) checkExport(t *testing.T, size int64) {
 	}
 	out, code = run(t, s.talosctl, append(verify, "--file", cut)...)
 	missing := fmt.Sprintf("MISSING    missing_row: receipt %s: log entry", takenID)
-	if code != 1 || !strings.Contains(out, missing) || !strings.Contains(out, "UNLOGGED   not_in_log: receipt ") {
+	missingRejected := fmt.Sprintf("MISSING    missing_row: tool call event %s: log entry", rejected[0])
+	if code != 1 || !strings.Contains(out, missing) || !strings.Contains(out, missingRejected) || !strings.Contains(out, "UNLOGGED   not_in_log: receipt ") {
 		t.Errorf("verify --file without a record and with a forged one: exit %d\n%s", code, out)
 	}
 	out, code = run(t, s.talosctl, append(verify, "--file", cut, "--partial")...)
-	if code != 1 || strings.Contains(out, missing) || !strings.Contains(out, "UNLOGGED   not_in_log: receipt ") {
+	if code != 1 || strings.Contains(out, missing) || strings.Contains(out, missingRejected) || !strings.Contains(out, "UNLOGGED   not_in_log: receipt ") {
 		t.Errorf("verify --file --partial: the missing record is not a problem, the forged one is: exit %d\n%s", code, out)
 	}
+}
+
+// rawSecret is the payload of the refused ToolCallEvent that does not
+// match its hash: the sink withholds it.
+const rawSecret = "ghp_R4wS3cr3tT0k3nV4lu3BBBBBBBBBBBBBBBB"
+
+// publishRejected publishes on TALOS_AUDIT, signed with the pipeline's
+// key as a worker would, two ToolCallEvents the flight recorder refuses:
+// one whose args payload does not match its hash (stored without its
+// payloads), one without a trace_id and without payloads (stored as
+// received). It returns their ids, in that order.
+func (s *logStack) publishRejected(t *testing.T) (ids [2]string) {
+	t.Helper()
+	key, err := receipts.LoadPrivateKey(s.signer + ".key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().UTC()
+	for i, trace := range []string{"4bf92f35-77b3-4da6-a3ce-929d0e0e4736", ""} {
+		callID := fmt.Sprintf("0190f5b2-7c1e-7a3b-8d4e-%012d", 500+i)
+		ev := schemas.ToolCallEvent{Type: schemas.ToolCallEventKind, TraceID: trace, ToolCallID: callID, ToolID: "files/read_file",
+			ToolVersion: "1.0.0", Transport: "mcp", SideEffect: schemas.SideEffectRead, Idempotency: schemas.IdempotencyIdempotent,
+			Actor: schemas.Actor{Kind: "agent", AgentID: "agent-7"}, OK: true,
+			Timing:    schemas.EventTiming{StartedAt: at.Format(schemas.TimeFormat), EndedAt: at.Format(schemas.TimeFormat)},
+			SessionID: "tlogv-rejected", EPID: "gw-1", ServerID: "files", ToolName: "read_file", Phase: schemas.PhasePre,
+			Decision: schemas.DecisionAllow, ReasonCodes: []string{}, ReceiptID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d70", Redactions: []schemas.Redaction{}}
+		if trace != "" {
+			ev.ArgsRef, ev.ArgsHash = "sha256:"+strings.Repeat("ab", 32), strings.Repeat("ab", 32)
+			ev.Payloads = &schemas.Payloads{Args: json.RawMessage(`{"token":"` + rawSecret + `"}`)}
+		}
+		sealed, err := receipts.SignEvent(key, receipts.Meta{Type: schemas.TypeToolCall, Source: "talos://enforce/tlogv", Subject: callID, Time: at}, &ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := query.ToolCallRowFromEvent(sealed.JSON); err == nil {
+			t.Fatalf("event %d is not refused by the recorder", i)
+		}
+		if _, err := s.js.Publish(context.Background(), schemas.ToolCallEventSubject("files"), sealed.JSON); err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = sealed.ID
+	}
+	return ids
 }
 
 // checkConsistency has talosctl print the consistency proof from the
