@@ -37,20 +37,8 @@ func newRejectedFixture(t *testing.T) *rejectedFixture {
 	f.keys.Add(key.Public())
 	ch := receipts.NewChain("rej-w1", key)
 	for i := 1; i <= 2; i++ {
-		at := tcAt.Add(time.Duration(i) * time.Second)
-		data := schemas.Receipt{EventType: schemas.KindDecision, Tool: "read_file", AgentID: "agent-7", ToolID: "files/read_file",
-			Timestamp: at.Format(schemas.TimeFormat), ResultCode: "allow", ToolCallID: fmt.Sprintf("0190f5b2-7c1e-7a3b-8d4e-00000000020%d", i),
-			TraceID: "4bf92f35-77b3-4da6-a3ce-929d0e0e4736", ServerID: "files", ToolName: "read_file", Phase: "pre", Mode: "prod",
-			Decision: "allow", ReasonCodes: []string{}, ToolClass: "read", DocumentHashes: []schemas.DocumentHash{},
-			ContentHashAlg: schemas.ContentHashAlg}
-		s, err := ch.Seal(receipts.Meta{Type: schemas.TypeReceiptDecision, Source: "talos://enforce/w1", Subject: data.ToolCallID, Time: at}, &data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ch.Commit(s); err != nil {
-			t.Fatal(err)
-		}
-		f.published = append(f.published, schemas.AuditRecord{Subject: "talos.audit.receipt.decision.files", Data: s.JSON})
+		sealed := sealDecision(t, ch, tcAt.Add(time.Duration(i)*time.Second), fmt.Sprintf("0190f5b2-7c1e-7a3b-8d4e-00000000020%d", i), "agent-7")
+		f.published = append(f.published, schemas.AuditRecord{Subject: "talos.audit.receipt.decision.files", Data: sealed})
 	}
 	event := func(n int, change func(map[string]any)) []byte {
 		m := asMap(t, toolCallEvent(t, fmt.Sprintf("0190f5b2-7c1e-7a3b-8d4e-0000000003%02d", n), tcAt))

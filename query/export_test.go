@@ -37,25 +37,13 @@ func exportFixture(t *testing.T, ctx context.Context, conn driver.Conn, db strin
 	var recs []schemas.AuditRecord
 	var signed [][]byte
 	for i := 1; i <= 5; i++ {
-		at := expAt.Add(time.Duration(i) * time.Second)
 		agent := "agent-7"
 		if i == 2 {
 			agent = `agent "quoted" \ path`
 		}
-		data := schemas.Receipt{EventType: schemas.KindDecision, Tool: "read_file", AgentID: agent, ToolID: "files/read_file",
-			Timestamp: at.Format(schemas.TimeFormat), ResultCode: "allow", ToolCallID: fmt.Sprintf("0190f5b2-7c1e-7a3b-8d4e-00000000010%d", i),
-			TraceID: "4bf92f35-77b3-4da6-a3ce-929d0e0e4736", ServerID: "files", ToolName: "read_file", Phase: "pre", Mode: "prod",
-			Decision: "allow", ReasonCodes: []string{}, ToolClass: "read", DocumentHashes: []schemas.DocumentHash{},
-			ContentHashAlg: schemas.ContentHashAlg}
-		s, err := ch.Seal(receipts.Meta{Type: schemas.TypeReceiptDecision, Source: "talos://enforce/w1", Subject: data.ToolCallID, Time: at}, &data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ch.Commit(s); err != nil {
-			t.Fatal(err)
-		}
-		signed = append(signed, s.JSON)
-		recs = append(recs, schemas.AuditRecord{Subject: "talos.audit.receipt.decision.files", Data: s.JSON, StreamSeq: uint64(i)})
+		sealed := sealDecision(t, ch, expAt.Add(time.Duration(i)*time.Second), fmt.Sprintf("0190f5b2-7c1e-7a3b-8d4e-00000000010%d", i), agent)
+		signed = append(signed, sealed)
+		recs = append(recs, schemas.AuditRecord{Subject: "talos.audit.receipt.decision.files", Data: sealed, StreamSeq: uint64(i)})
 	}
 	ctl := controlReceipt(t, ch, schemas.ControlRecord{CommandID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d99", Verb: schemas.VerbKillSwitchSet,
 		Actor: "alice", Reason: "drill", Target: "server:files", Accepted: true, Seq: 1, CommandHash: strings.Repeat("a", 64)},
@@ -287,4 +275,24 @@ func TestExportReportsConflictingCopies(t *testing.T) {
 	if entries, _ := os.ReadDir(filepath.Dir(bad)); len(entries) != 0 {
 		t.Fatalf("after a failed export: %v", entries)
 	}
+}
+
+// sealDecision seals into ch, and commits, an allow decision receipt of
+// files/read_file for call toolCallID by agent at at, and returns its
+// signed JSON.
+func sealDecision(t *testing.T, ch *receipts.Chain, at time.Time, toolCallID, agent string) []byte {
+	t.Helper()
+	data := schemas.Receipt{EventType: schemas.KindDecision, Tool: "read_file", AgentID: agent, ToolID: "files/read_file",
+		Timestamp: at.Format(schemas.TimeFormat), ResultCode: "allow", ToolCallID: toolCallID,
+		TraceID: "4bf92f35-77b3-4da6-a3ce-929d0e0e4736", ServerID: "files", ToolName: "read_file", Phase: "pre", Mode: "prod",
+		Decision: "allow", ReasonCodes: []string{}, ToolClass: "read", DocumentHashes: []schemas.DocumentHash{},
+		ContentHashAlg: schemas.ContentHashAlg}
+	s, err := ch.Seal(receipts.Meta{Type: schemas.TypeReceiptDecision, Source: "talos://enforce/w1", Subject: toolCallID, Time: at}, &data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Commit(s); err != nil {
+		t.Fatal(err)
+	}
+	return s.JSON
 }

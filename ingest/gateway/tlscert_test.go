@@ -28,8 +28,8 @@ func TestCertRotation(t *testing.T) {
 	second := testenv.NewTLSFiles(t, t.TempDir())
 	third := testenv.NewTLSFiles(t, t.TempDir())
 	var logs testenv.SyncBuffer
-	clk := &testClock{t: time.Now()}
-	cf, err := newCertFiles(first.CertFile, first.KeyFile, certCheckEvery, clk.now, slog.New(slog.NewTextHandler(&logs, nil)))
+	clk := testenv.NewClock(time.Now())
+	cf, err := newCertFiles(first.CertFile, first.KeyFile, certCheckEvery, clk.Now, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func TestCertRotation(t *testing.T) {
 	expect("at start", first)
 	write(second, second)
 	expect("renewed within the check interval", first)
-	clk.add(certCheckEvery)
+	clk.Add(certCheckEvery)
 	expect("renewed, interval passed", second)
 	if n := strings.Count(logs.String(), "TLS certificate reloaded"); n != 1 {
 		t.Fatalf("%d reloads logged, want 1:\n%s", n, logs.String())
@@ -93,19 +93,19 @@ func TestCertRotation(t *testing.T) {
 	// Bad renewals keep the last good pair, each logged once.
 	write(third, nil) // the key is not (yet) the certificate's
 	for range 3 {
-		clk.add(certCheckEvery)
+		clk.Add(certCheckEvery)
 		expect("a certificate whose key is not written yet", second)
 	}
 	if err := os.WriteFile(first.KeyFile, []byte("-----BEGIN PRIVATE KEY-----\nnot a key\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	clk.add(certCheckEvery)
+	clk.Add(certCheckEvery)
 	expect("a key file that is not PEM", second)
 	if err := os.Remove(first.KeyFile); err != nil {
 		t.Fatal(err)
 	}
 	for range 2 {
-		clk.add(certCheckEvery)
+		clk.Add(certCheckEvery)
 		expect("a key file removed", second)
 	}
 	if n := strings.Count(logs.String(), "cannot be used"); n != 3 {
@@ -121,7 +121,7 @@ func TestCertRotation(t *testing.T) {
 	}
 
 	write(nil, third)
-	clk.add(certCheckEvery)
+	clk.Add(certCheckEvery)
 	expect("the renewal completed", third)
 
 	// At start, a bad pair is an error, not a certificate served later.
@@ -131,19 +131,6 @@ func TestCertRotation(t *testing.T) {
 	if _, err := LoadTLS(second.CertFile, filepath.Join(dir, "none.key"), nil); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a missing key at start: %v", err)
 	}
-}
-
-// testClock is a settable clock.
-type testClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *testClock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *testClock) add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
 }
 
 func mustRead(t *testing.T, path string) []byte {

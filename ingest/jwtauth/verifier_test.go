@@ -26,19 +26,6 @@ import (
 
 const aud = "talos-mcp-gateway"
 
-// clock is a settable test clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 func verifier(t *testing.T, ks *KeySet, is *testenv.Issuer) *Verifier {
 	t.Helper()
 	v, err := NewVerifier(Options{Issuer: is.Name, Audience: aud, Keys: ks})
@@ -140,9 +127,9 @@ func TestVerifyReasons(t *testing.T) {
 // refresh within MaxStale keeps the last keys.
 func TestKeySetRefreshFailureRefuses(t *testing.T) {
 	is := testenv.NewIssuer(t, t.TempDir())
-	clk := &clock{t: time.Now()}
+	clk := testenv.NewClock(time.Now())
 	ks, err := NewKeySet(KeySetOptions{URL: is.JWKSURL, Refresh: time.Minute, MaxStale: 10 * time.Minute,
-		HTTPClient: is.TLS.Client(), Now: clk.now})
+		HTTPClient: is.TLS.Client(), Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,14 +153,14 @@ func TestKeySetRefreshFailureRefuses(t *testing.T) {
 		t.Fatalf("with fresh keys: %v", err)
 	}
 	is.SetFailing(true)
-	clk.add(5 * time.Minute)
+	clk.Add(5 * time.Minute)
 	if err := ks.Refresh(context.Background()); err == nil {
 		t.Fatal("refresh should fail")
 	}
 	if _, err := v.Verify(tok); err != nil {
 		t.Fatalf("refresh failed 5 min after the last good one (max stale 10 min): %v", err)
 	}
-	clk.add(6 * time.Minute)
+	clk.Add(6 * time.Minute)
 	if err := ks.Refresh(context.Background()); err == nil {
 		t.Fatal("refresh should fail")
 	}
@@ -298,9 +285,9 @@ func TestKeySetCacheControl(t *testing.T) {
 			header.Add(h[i], h[i+1])
 		}
 	}
-	clk := &clock{t: time.Now()}
+	clk := testenv.NewClock(time.Now())
 	const refresh = 10 * time.Minute
-	ks, err := NewKeySet(KeySetOptions{URL: srv.URL, Refresh: refresh, MaxStale: 30 * time.Minute, HTTPClient: srv.Client(), Now: clk.now})
+	ks, err := NewKeySet(KeySetOptions{URL: srv.URL, Refresh: refresh, MaxStale: 30 * time.Minute, HTTPClient: srv.Client(), Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,11 +331,11 @@ func TestKeySetCacheControl(t *testing.T) {
 	if err := ks.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	clk.add(50 * time.Second)
+	clk.Add(50 * time.Second)
 	if w := ks.wait(); w != 70*time.Second {
 		t.Fatalf("50 s after a max-age=120 read: due in %s, want 70s", w)
 	}
-	clk.add(100 * time.Second)
+	clk.Add(100 * time.Second)
 	if w := ks.wait(); w != 0 {
 		t.Fatalf("past max-age: due in %s, want at once", w)
 	}
@@ -360,14 +347,14 @@ func TestKeySetCacheControl(t *testing.T) {
 	mu.Lock()
 	failing = true
 	mu.Unlock()
-	clk.add(20 * time.Minute)
+	clk.Add(20 * time.Minute)
 	if err := ks.Refresh(context.Background()); err == nil {
 		t.Fatal("a 503 was taken for keys")
 	}
 	if _, err := v.Verify(tok); err != nil {
 		t.Fatalf("keys 22 min old, max-age 2 min, max stale 30 min: %v", err)
 	}
-	clk.add(10 * time.Minute)
+	clk.Add(10 * time.Minute)
 	if _, err := v.Verify(tok); ReasonOf(err) != KeysUnavailable {
 		t.Fatalf("keys 32 min old, max stale 30 min: %v, want %s", err, KeysUnavailable)
 	}
