@@ -76,6 +76,9 @@ func Setup(ctx context.Context, nc *nats.Conn, o SetupOptions, what string, try 
 		}
 		transient, graced := Transient(nc, err)
 		switch {
+		case errors.Is(err, nats.ErrConnectionClosed) && nc != nil && nc.LastError() != nil:
+			// Closed for good (refused credentials, for one): say why.
+			return fmt.Errorf("%s: %w: %w", what, err, nc.LastError())
 		case !transient && deniedAPI(nc):
 			return fmt.Errorf("%w: %s: %w (%w)", ErrMisconfigured, what, err, nc.LastError())
 		case !transient:
