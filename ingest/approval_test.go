@@ -69,18 +69,8 @@ func newApprovalPlane(t *testing.T) *approvalPlane {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := receipts.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys := verify.KeySet{}
-	keys.Add(key.Public())
-	responder, err := receipts.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	responders := verify.KeySet{}
-	responders.Add(responder.Public())
+	key, keys := newSigner(t)
+	responder, responders := newSigner(t)
 
 	ledger, err := kv.NewLedger(ctx, js, kv.LedgerOptions{})
 	if err != nil {

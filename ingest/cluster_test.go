@@ -80,9 +80,7 @@ func newTalosClusterOn(t *testing.T, conn driver.Conn, db string) *talosCluster 
 	t.Helper()
 	c := &talosCluster{nats: testenv.NATSClusterForTest(t, testenv.NATSClusterOptions{}),
 		ledger: kv.LedgerOptions{Replicas: clusterReplicas}, conn: conn, db: db}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	ctx, run := background(t)
 	var err error
 	nc := c.connect(t, 0, true)
 	js, _ := jetstream.New(nc)
@@ -92,17 +90,8 @@ func newTalosClusterOn(t *testing.T, conn driver.Conn, db string) *talosCluster 
 	if c.reg, err = enforce.LoadRegistry(demoRegistry); err != nil {
 		t.Fatal(err)
 	}
-	if c.key, err = receipts.GenerateKey(); err != nil {
-		t.Fatal(err)
-	}
-	c.keys = verify.KeySet{}
-	c.keys.Add(c.key.Public())
-	responder, err := receipts.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	responders := verify.KeySet{}
-	responders.Add(responder.Public())
+	c.key, c.keys = newSigner(t)
+	responder, responders := newSigner(t)
 	runControl, err := ingest.NewControlRole(ctx, nc, js, ingest.ControlRoleOptions{
 		Instance: "control-0", Key: c.key, Engine: mustEngine(t, c.reg), Signers: c.keys, ResponderKeys: responders,
 		Ledger: c.ledger, Logger: quietLogger(),
@@ -116,10 +105,7 @@ func newTalosClusterOn(t *testing.T, conn driver.Conn, db string) *talosCluster 
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, run := range []func(context.Context) error{runControl, sink.Run} {
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = run(ctx) }()
-	}
+	run(runControl, sink.Run)
 	c.ctl, c.ctlKey = control.NewControlClient(c.connect(t, 0, true), responder, "alice@test"), responder
 	return c
 }

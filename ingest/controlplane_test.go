@@ -56,9 +56,7 @@ type planeWorker struct {
 func newPlane(t *testing.T) *plane {
 	t.Helper()
 	addr, db := testenv.NewDatabase(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	ctx, run := background(t)
 	p := &plane{url: testenv.NATSForTest(t).URL(), db: db, workers: map[string]*planeWorker{}}
 	t.Cleanup(p.stopAll)
 	var err error
@@ -76,17 +74,8 @@ func newPlane(t *testing.T) *plane {
 	if p.reg, err = enforce.LoadRegistry(demoRegistry); err != nil {
 		t.Fatal(err)
 	}
-	if p.key, err = receipts.GenerateKey(); err != nil {
-		t.Fatal(err)
-	}
-	p.keys = verify.KeySet{}
-	p.keys.Add(p.key.Public())
-	responder, err := receipts.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	responders := verify.KeySet{}
-	responders.Add(responder.Public())
+	p.key, p.keys = newSigner(t)
+	responder, responders := newSigner(t)
 
 	// The control role (NewControlPlane without an enforce worker): its own
 	// state follower (list/show, precheck), the call ledger (replay
@@ -106,10 +95,7 @@ func newPlane(t *testing.T) *plane {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, run := range []func(context.Context) error{runControl, sink.Run} {
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = run(ctx) }()
-	}
+	run(runControl, sink.Run)
 	p.ctl = control.NewControlClient(p.nc, responder, "alice@test")
 	if p.client, err = ep.NewClient(p.nc, p.js, "test-ep"); err != nil {
 		t.Fatal(err)

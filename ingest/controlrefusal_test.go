@@ -39,17 +39,8 @@ func TestControlRefusalReceiptCountInClickHouse(t *testing.T) {
 	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	key, err := receipts.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	responder, err := receipts.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, responders := verify.KeySet{}, verify.KeySet{}
-	keys.Add(key.Public())
-	responders.Add(responder.Public())
+	key, keys := newSigner(t)
+	responder, responders := newSigner(t)
 	var offset atomic.Int64 // added to the control service's clock
 	svc, err := control.NewControlService(nc, js, control.ControlOptions{
 		Chain: receipts.NewChain("refusals-control", key), Source: "talos://control/refusals", ResponderKeys: responders,

@@ -134,12 +134,7 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := receipts.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys := verify.KeySet{}
-	keys.Add(key.Public())
+	key, keys := newSigner(t)
 	chains := []*receipts.Chain{receipts.NewChain("test-a", key), receipts.NewChain("test-b", key)}
 	// A short AckWait: a redelivery (after an outage) shows up within the
 	// tests' waits instead of after the 30 s default.

@@ -325,12 +325,7 @@ func TestClusterColdStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := receipts.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys := verify.KeySet{}
-	keys.Add(key.Public())
+	key, keys := newSigner(t)
 	// Three repetitions at a time: each mostly waits for its cluster.
 	slots := make(chan struct{}, 3)
 	for rep := range 10 {

@@ -10,8 +10,6 @@ import (
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/ingest/kv"
-	"github.com/talos-audit/talos/receipts"
-	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/testenv"
 )
 
@@ -30,13 +28,8 @@ func TestRoles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := receipts.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
+	key, signers := newSigner(t)
 	engine := mustEngine(t, reg)
-	signers := verify.KeySet{}
-	signers.Add(key.Public())
 	ledger := kv.LedgerOptions{Window: time.Hour, Memory: true}
 	en, err := ingest.NewEnforceRole(ctx, nc, js, ingest.EnforceRoleOptions{
 		Instance: "Roles Test", Key: key, Engine: engine, Signers: signers, Ledger: ledger, HeartbeatInterval: 50 * time.Millisecond,

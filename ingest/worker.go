@@ -158,8 +158,45 @@ func (w *Worker) Handled() uint64 { return w.handled.Load() }
 // Run consumes until ctx is cancelled. Messages fetched but not finished
 // are nak'ed so another worker takes them at once.
 func (w *Worker) Run(ctx context.Context) error {
-	var cons jetstream.Consumer
-	err := retry.Setup(ctx, w.nc, retry.SetupOptions{Log: w.log}, "enforce consumer "+w.o.Consumer, func(ctx context.Context) (err error) {
+	buffer := min(64*len(w.o.Chains), w.o.MaxAckPending)
+	// work holds as many calls as one pull brings; the chains take them.
+	// Owner: this function; it closes work once nothing can send on it,
+	// then waits for the chains, so no goroutine outlives Run.
+	work := make(chan jetstream.Msg, buffer)
+	var wg sync.WaitGroup
+	for _, ch := range w.o.Chains {
+		wg.Go(func() { w.runChain(ctx, ch, work) })
+	}
+	defer func() {
+		close(work)
+		wg.Wait()
+	}()
+	for {
+		cons, err := w.consumer(ctx)
+		if err != nil {
+			return err
+		}
+		if err := w.consume(ctx, cons, buffer, work); err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		// The consumer went away (deleted, or its stream recreated):
+		// undecided calls wait in the stream for the one made again.
+		w.log.Warn("enforce consumer stopped; binding it again", "consumer", w.o.Consumer)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// consumer creates or updates the workers' durable consumer of
+// TALOS_CALLS, waiting out a cluster that is electing leaders.
+func (w *Worker) consumer(ctx context.Context) (cons jetstream.Consumer, err error) {
+	err = retry.Setup(ctx, w.nc, retry.SetupOptions{Log: w.log}, "enforce consumer "+w.o.Consumer, func(ctx context.Context) (err error) {
 		if w.audit, err = w.js.Stream(ctx, schemas.StreamAudit); err != nil {
 			return err
 		}
@@ -175,55 +212,43 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("ingest: %w", err)
+		return nil, fmt.Errorf("ingest: %w", err)
 	}
-	buffer := 64 * len(w.o.Chains)
-	if buffer > w.o.MaxAckPending {
-		buffer = w.o.MaxAckPending
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(buffer), jetstream.PullHeartbeat(ordered.Heartbeat))
+	return cons, nil
+}
+
+// consume hands cons's calls to work until ctx ends (nil) or the
+// consumption stops by itself (nil, ctx still live). The client library
+// queues what a pull brings in the subscription's own buffer while the
+// chains are busy and pulls again only once they took it: a channel
+// iterator (Messages) would drop what overflows its buffer, as happens
+// when a pull made before a reconnect and one made after both deliver,
+// and a dropped call waits for AckWait, past its enforcement point's
+// deadline. A call handed over while stopping is handed back (Nak) for
+// another worker.
+func (w *Worker) consume(ctx context.Context, cons jetstream.Consumer, buffer int, work chan<- jetstream.Msg) error {
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case work <- m:
+		case <-ctx.Done():
+			_ = m.Nak()
+		}
+	}, jetstream.PullMaxMessages(buffer), jetstream.PullHeartbeat(ordered.Heartbeat),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			// NATS unreachable, a missed heartbeat, the consumer being
+			// recreated: the library pulls again by itself.
+			w.log.Warn("enforce fetch", "err", err)
+		}))
 	if err != nil {
 		return fmt.Errorf("ingest: enforce fetch: %w", err)
 	}
-	// work holds as many messages as the iterator's own buffer, so the
-	// fetch loop never blocks on busy chains: around a reconnect the client
-	// library may pull a fresh batch while its buffer is still full, and
-	// what does not fit is dropped client-side (redelivered only after
-	// AckWait).
-	work := make(chan jetstream.Msg, buffer)
-	var wg sync.WaitGroup
-	for _, ch := range w.o.Chains {
-		wg.Add(1)
-		go func(ch *receipts.Chain) {
-			defer wg.Done()
-			w.runChain(ctx, ch, work)
-		}(ch)
+	closed := cc.Closed()
+	select {
+	case <-ctx.Done():
+		cc.Stop() // the calls still queued come again after AckWait
+		<-closed  // the handler has returned for good
+	case <-closed:
 	}
-	// Owner of `work`: this loop; it closes the channel, then waits for the
-	// chain goroutines, so no goroutine outlives Run.
-	go func() {
-		<-ctx.Done()
-		it.Stop()
-	}()
-	for {
-		m, err := it.Next()
-		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
-				break
-			}
-			// NATS unreachable or the consumer is being recreated: back off
-			// rather than spin; undecided calls wait in the stream.
-			w.log.Warn("enforce fetch", "err", err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(100 * time.Millisecond):
-			}
-			continue
-		}
-		work <- m
-	}
-	close(work)
-	wg.Wait()
 	return nil
 }
 
