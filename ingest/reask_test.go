@@ -135,6 +135,7 @@ func TestClusterEveryDecisionReachesItsEnforcementPoint(t *testing.T) {
 		{"enforcement point's node", func() int { return 1 }, true, "reask-ep"},
 	}
 	res := &epResults{got: map[string]*schemas.Decision{}, failed: map[string]error{}}
+	reasked := 0
 	for k, ph := range phases {
 		victim := ph.victim()
 		epNode := (victim + 1) % c.nats.Size()
@@ -160,9 +161,9 @@ func TestClusterEveryDecisionReachesItsEnforcementPoint(t *testing.T) {
 		<-done
 		t.Logf("%v: every call of %s answered %v after the stop; %d decisions obtained by asking again",
 			time.Since(began).Round(time.Millisecond), ph.session, time.Since(stopped).Round(time.Millisecond), cl.Reasked())
-		if ph.epThere && cl.Reasked() == 0 {
-			t.Fatal("the enforcement point lost its connection with calls in flight, yet asked for no decision again")
-		}
+		// Whether replies are lost in a given stop depends on where the
+		// streams' leaders were: the test asks only that some were, below.
+		reasked += int(cl.Reasked())
 		c.stopWorkers()
 		c.nats.Restart(t, victim)
 		for _, stream := range []string{schemas.StreamCalls, schemas.StreamAudit, schemas.StreamDecisions} {
@@ -171,6 +172,9 @@ func TestClusterEveryDecisionReachesItsEnforcementPoint(t *testing.T) {
 				return err == nil && n == clusterReplicas
 			})
 		}
+	}
+	if reasked == 0 {
+		t.Fatal("three node losses with calls in flight, yet no enforcement point asked for a decision again: the test did not exercise asking again")
 	}
 	if len(res.failed) > 0 {
 		for call, err := range res.failed {
