@@ -155,8 +155,9 @@ func NewWorker(nc *nats.Conn, js jetstream.JetStream, d Decider, o WorkerOptions
 // Handled is how many calls this worker has acked.
 func (w *Worker) Handled() uint64 { return w.handled.Load() }
 
-// Run consumes until ctx is cancelled. Messages fetched but not finished
-// are nak'ed so another worker takes them at once.
+// Run consumes until ctx is cancelled. Calls handed to a chain but not
+// finished are nak'ed so another worker takes them at once; calls the
+// client library still queued come again after AckWait (consume).
 func (w *Worker) Run(ctx context.Context) error {
 	buffer := min(64*len(w.o.Chains), w.o.MaxAckPending)
 	// work holds as many calls as one pull brings; the chains take them.

@@ -217,21 +217,24 @@ func (k *KeySet) lookup(id, alg string) (jose.JSONWebKey, error) {
 // unknown key id does; several are UnknownKey too: the token must say
 // which. k.mu is held.
 func (k *KeySet) onlyKeyFor(alg string, now time.Time) (jose.JSONWebKey, error) {
-	var found []jose.JSONWebKey
+	var (
+		only  jose.JSONWebKey
+		found int
+	)
 	for _, key := range k.keys {
 		if usableFor(key, alg) {
-			found = append(found, key)
+			only, found = key, found+1
 		}
 	}
-	switch len(found) {
+	switch found {
 	case 1:
-		return found[0], nil
+		return only, nil
 	case 0:
 		k.askRefresh(now)
 		return jose.JSONWebKey{}, &Error{Reason: UnknownKey, Err: fmt.Errorf("the token names no key id (kid), and the JWKS holds no key for %s", alg)}
 	}
 	return jose.JSONWebKey{}, &Error{Reason: UnknownKey,
-		Err: fmt.Errorf("the token names no key id (kid), and the JWKS holds %d keys for %s: a kid must say which", len(found), alg)}
+		Err: fmt.Errorf("the token names no key id (kid), and the JWKS holds %d keys for %s: a kid must say which", found, alg)}
 }
 
 // usableFor reports whether key may verify a signature made with alg: its
