@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/talos-audit/talos/ingest/jspub"
 	"github.com/talos-audit/talos/ingest/natsserver"
 	"github.com/talos-audit/talos/ingest/natstls"
 )
@@ -58,7 +59,7 @@ func ConnectJS(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
+	js, err := jspub.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,9 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/talos-audit/talos/ingest/ep"
+	"github.com/talos-audit/talos/ingest/jspub"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -72,7 +71,7 @@ func (c *callCmd) Run(g *Globals) error {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	js, err := jspub.New(nc)
 	if err != nil {
 		return err
 	}

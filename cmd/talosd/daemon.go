@@ -18,6 +18,7 @@ import (
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/ingest/forward"
+	"github.com/talos-audit/talos/ingest/jspub"
 	"github.com/talos-audit/talos/ingest/natsserver"
 	"github.com/talos-audit/talos/ingest/retry"
 	"github.com/talos-audit/talos/ingest/telemetry"
@@ -90,7 +91,7 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 		return fmt.Errorf("connect %s: %w", natsURL, err)
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	js, err := jspub.New(nc)
 	if err != nil {
 		return err
 	}

@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest/ep"
+	"github.com/talos-audit/talos/ingest/jspub"
 	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -87,7 +87,7 @@ func Run(ctx context.Context, o RunOptions) (int, error) {
 		return 0, fmt.Errorf("connect as enforcement point %s: %w", EP, err)
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	js, err := jspub.New(nc)
 	if err != nil {
 		return 0, err
 	}

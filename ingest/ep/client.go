@@ -177,8 +177,11 @@ func receiptRequestHash(receipt []byte) (hash string, ok bool) {
 		if err == nil && !found {
 			return "", true
 		}
-		if err == nil && json.Unmarshal(receipt[m.ValStart:m.End], &hash) == nil {
-			return hash, true
+		if err == nil {
+			v := receipt[m.ValStart:m.End]
+			if end, _, ok := jsonkit.ScanString(v, 0); ok && end == len(v) {
+				return jsonkit.Unescape(v[1 : end-1]), true
+			}
 		}
 	}
 	var r struct {

@@ -43,6 +43,7 @@ import (
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest/credential"
 	"github.com/talos-audit/talos/ingest/ep"
+	"github.com/talos-audit/talos/ingest/jspub"
 	"github.com/talos-audit/talos/ingest/mcpup"
 	"github.com/talos-audit/talos/ingest/tracing"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -193,7 +194,7 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 	if o.StdioSession == "" {
 		o.StdioSession = "stdio-" + uuid.NewString()
 	}
-	js, err := jetstream.New(nc)
+	js, err := jspub.New(nc)
 	if err != nil {
 		return nil, err
 	}

@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/ingest/ep"
+	"github.com/talos-audit/talos/ingest/jspub"
 )
 
 // EndToEndWait bounds WaitEndToEnd: how long ClickHouse may take to hold
@@ -29,7 +29,7 @@ func Clients(conns []*nats.Conn, n int, run string) ([]*ep.Client, error) {
 	var clients []*ep.Client
 	for e := range n {
 		nc := conns[e%len(conns)]
-		js, err := jetstream.New(nc)
+		js, err := jspub.New(nc)
 		if err != nil {
 			return clients, err
 		}

@@ -1,0 +1,161 @@
+package jspub_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/talos-audit/talos/ingest/jspub"
+	"github.com/talos-audit/talos/testenv"
+)
+
+// reference is what jetstream.PublishMsg makes of an answer: encoding/json
+// over the same shape as nats.go's own response type.
+func reference(b []byte) (*jetstream.PubAck, error) {
+	var resp struct {
+		Type  string              `json:"type"`
+		Error *jetstream.APIError `json:"error,omitempty"`
+		*jetstream.PubAck
+	}
+	if err := json.Unmarshal(b, &resp); err != nil {
+		return nil, jetstream.ErrInvalidJSAck
+	}
+	if resp.Error != nil {
+		return nil, fmt.Errorf("nats: %w", resp.Error)
+	}
+	if resp.PubAck == nil || resp.PubAck.Stream == "" {
+		return nil, jetstream.ErrInvalidJSAck
+	}
+	return resp.PubAck, nil
+}
+
+// sameAsReference fails t unless ParseAck and reference agree on b.
+func sameAsReference(t *testing.T, b []byte) {
+	t.Helper()
+	got, gerr := jspub.ParseAck(b)
+	want, werr := reference(b)
+	if !reflect.DeepEqual(got, want) || fmt.Sprint(gerr) != fmt.Sprint(werr) {
+		t.Fatalf("ParseAck(%q) = %+v, %v; encoding/json: %+v, %v", b, got, gerr, want, werr)
+	}
+}
+
+func TestParseAckAsEncodingJSON(t *testing.T) {
+	for _, b := range []string{
+		// As nats-server writes them.
+		`{"stream":"TALOS_CALLS","seq":1}`,
+		`{"stream":"TALOS_CALLS","domain":"hub","seq":18446744073709551615}`,
+		`{"stream":"TALOS_AUDIT","seq":42,"duplicate": true}`,
+		`{"stream":"X","seq":7,"duplicate": true,"batch":"b1","count":3}`,
+		`{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"},"stream":"X","seq":0}`,
+		`{"type":"io.nats.jetstream.api.v1.pub_ack_response","error":{"code":400,"err_code":10071,"description":"wrong last sequence: 3"}}`,
+		// Shapes the one-pass reader leaves to encoding/json.
+		` { "stream" : "S" , "seq" : 9 , "duplicate" : false } `,
+		`{"stream":"S\u0041","seq":9}`,
+		`{"stream":"S","seq":9,"seq":10}`,
+		`{"stream":"S","seq":09}`,
+		`{"stream":"S","seq":-1}`,
+		`{"stream":"S","seq":1.5}`,
+		`{"stream":"S","seq":18446744073709551616}`,
+		`{"stream":"","seq":9}`,
+		`{"seq":9}`,
+		`{"stream":"S"}`,
+		`{"stream":"S","seq":9,"val":"10"}`,
+		`{"stream":"S","seq":9}x`,
+		`{"stream":"S","seq":9,}`,
+		`{"stream":"S","seq":9,"duplicate":tru}`,
+		`{"stream":"S","seq":9,"duplicate":null}`,
+		`{"stream":null,"seq":9}`,
+		`[]`, ``, `null`, `{`, `{"stream":"S`,
+	} {
+		sameAsReference(t, []byte(b))
+	}
+}
+
+func FuzzParseAck(f *testing.F) {
+	for _, b := range []string{
+		`{"stream":"TALOS_CALLS","seq":1}`,
+		`{"stream":"A","domain":"d","seq":2,"duplicate": true}`,
+		`{"error":{"code":503,"description":"x"}}`,
+	} {
+		f.Add([]byte(b))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) { sameAsReference(t, b) })
+}
+
+func TestPublishAgainstServer(t *testing.T) {
+	ns := testenv.NATSForTest(t)
+	nc, js := testenv.ConnectJS(t, ns.URL())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	msg := func(id string) *nats.Msg {
+		m := &nats.Msg{Subject: "s.a", Data: []byte("x"), Header: nats.Header{}}
+		m.Header.Set(jetstream.MsgIDHeader, id)
+		return m
+	}
+	ack, err := jspub.Publish(ctx, nc, msg("one"))
+	if err != nil || ack.Stream != "S" || ack.Sequence != 1 || ack.Duplicate {
+		t.Fatalf("first publish: %+v, %v", ack, err)
+	}
+	if ack, err = jspub.Publish(ctx, nc, msg("one")); err != nil || ack.Sequence != 1 || !ack.Duplicate {
+		t.Fatalf("same Msg-Id again: %+v, %v; want a duplicate of seq 1", ack, err)
+	}
+	m := msg("two")
+	m.Header.Set(jetstream.ExpectedLastSeqHeader, "5")
+	var apiErr *jetstream.APIError
+	if _, err = jspub.Publish(ctx, nc, m); !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {
+		t.Fatalf("wrong expected last sequence: %v; want the stream's API error", err)
+	}
+	// New's PublishMsg: without options through Publish, with them
+	// through nats.go.
+	js2, err := jspub.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ack, err = js2.PublishMsg(ctx, msg("three")); err != nil || ack.Sequence != 2 || ack.Duplicate {
+		t.Fatalf("PublishMsg: %+v, %v; want seq 2", ack, err)
+	}
+	if _, err = js2.PublishMsg(ctx, msg("four"), jetstream.WithExpectLastSequence(1)); !errors.As(err, &apiErr) {
+		t.Fatalf("PublishMsg expecting last sequence 1: %v; want the stream's API error", err)
+	}
+	if ack, err = js2.Publish(ctx, "s.b", []byte("y"), jetstream.WithExpectLastSequence(2)); err != nil || ack.Sequence != 3 {
+		t.Fatalf("Publish expecting last sequence 2: %+v, %v; want seq 3", ack, err)
+	}
+	_, err = jspub.Publish(ctx, nc, &nats.Msg{Subject: "nostream.a", Data: []byte("x")})
+	if !errors.Is(err, jetstream.ErrNoStreamResponse) {
+		t.Fatalf("no stream: %v; want ErrNoStreamResponse", err)
+	}
+}
+
+// BenchmarkAck compares reading a stream's acknowledgement with
+// encoding/json (as jetstream.PublishMsg does) and with ParseAck, each in
+// a goroutine of its own as a publishing caller is.
+func BenchmarkAck(b *testing.B) {
+	ack := []byte(`{"stream":"TALOS_CALLS","seq":1234567}`)
+	for _, c := range []struct {
+		name  string
+		parse func([]byte) (*jetstream.PubAck, error)
+	}{{"encoding-json", reference}, {"ParseAck", jspub.ParseAck}} {
+		b.Run(c.name, func(b *testing.B) {
+			done := make(chan struct{})
+			for b.Loop() {
+				go func() {
+					if _, err := c.parse(ack); err != nil {
+						panic(err)
+					}
+					done <- struct{}{}
+				}()
+				<-done
+			}
+		})
+	}
+}
