@@ -10,6 +10,7 @@ package ordered
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -30,12 +31,20 @@ import (
 // over 10 s and a worker idle for 30 s.
 const Heartbeat = time.Second
 
+// followBuffer is how many events Follow's consumption hands over ahead of
+// handle; the client library queues the rest.
+const followBuffer = 64
+
+// errStopped is Follow's error when its consumption stopped by itself.
+var errStopped = errors.New("ordered consumer stopped")
+
 // Follow reads stream through an ordered consumer of cfg (created within
-// opTimeout) and hands each message to handle, until ctx ends (nil), the
-// iterator fails (its error) or handle returns an error. The consumer's
-// server side is deleted when it returns. Shutdown: a watcher goroutine
-// stops the iterator when ctx ends, which makes Next return; Follow then
-// waits for the watcher.
+// opTimeout) and hands each message to handle, in stream order and on the
+// caller's goroutine, until ctx ends (nil), the consumption stops by itself
+// (an error: the connection closed) or handle returns an error (that
+// error). The consumer's server side is deleted when it returns.
+// Shutdown: Follow stops the consumption (Consume) and waits for it before
+// returning; no handle call happens after it returns.
 func Follow(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.OrderedConsumerConfig,
 	opTimeout time.Duration, handle func(jetstream.Msg) error) error {
 	cctx, cancel := context.WithTimeout(ctx, opTimeout)
@@ -45,28 +54,19 @@ func Follow(ctx context.Context, js jetstream.JetStream, stream string, cfg jets
 		return fmt.Errorf("ordered consumer: %w", err)
 	}
 	defer deleteConsumer(js, stream, cons)
-	it, err := cons.Messages(jetstream.PullHeartbeat(Heartbeat))
-	if err != nil {
-		return fmt.Errorf("ordered consumer messages: %w", err)
-	}
-	done := make(chan struct{})
+	msgs := make(chan jetstream.Msg, followBuffer)
+	var consumed error
+	cctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		select {
-		case <-ctx.Done():
-		case <-done:
-		}
-		it.Stop()
+		defer close(msgs)
+		consumed = Consume(cctx, cons, msgs, nil)
 	})
 	defer func() {
-		close(done)
+		stop()
 		wg.Wait()
 	}()
-	for {
-		m, err := it.Next()
-		if err != nil {
-			return err
-		}
+	for m := range msgs {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -74,6 +74,13 @@ func Follow(ctx context.Context, js jetstream.JetStream, stream string, cfg jets
 			return err
 		}
 	}
+	switch {
+	case consumed != nil:
+		return fmt.Errorf("ordered consumer messages: %w", consumed)
+	case ctx.Err() != nil:
+		return nil
+	}
+	return errStopped
 }
 
 // Consume hands cons's messages to out, in the order they come, until ctx
