@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -90,31 +91,15 @@ func NewSink(js jetstream.JetStream, w Writer, o SinkOptions) (*Sink, error) {
 }
 
 // Run consumes until ctx is cancelled; a batch being written when ctx is
-// cancelled is abandoned un-acked and will be redelivered.
+// cancelled is abandoned un-acked and will be redelivered. It returns an
+// error if the consumer cannot be bound.
 func (s *Sink) Run(ctx context.Context) error {
-	it, err := s.messages(ctx)
+	cons, err := s.consumer(ctx)
 	if err != nil {
-		return err
+		return fmt.Errorf("ingest: %w", err)
 	}
-	// A reader goroutine keeps draining the iterator while a batch is being
-	// written, into a channel as large as the iterator's buffer: around a
-	// reconnect the client library may pull a fresh batch while its buffer
-	// is still full, and what does not fit would be dropped client-side
-	// (redelivered only after AckWait). Owner: this function; it stops the
-	// iterator and waits for the reader before returning.
-	in := make(chan jetstream.Msg, s.o.BatchRows)
-	readerDone := make(chan struct{})
-	go func() {
-		defer close(readerDone)
-		s.read(ctx, it, in)
-	}()
-	defer func() {
-		it.Stop()
-		<-readerDone
-		for m := range in {
-			_ = m.Nak()
-		}
-	}()
+	in, stopPull := s.pull(ctx, cons)
+	defer stopPull()
 	var (
 		msgs  = make([]jetstream.Msg, 0, s.o.BatchRows)
 		recs  = make([]schemas.AuditRecord, 0, s.o.BatchRows)
@@ -135,7 +120,8 @@ func (s *Sink) Run(ctx context.Context) error {
 			return nil
 		case m, ok := <-in:
 			if !ok {
-				return nil
+				// ctx ended, or the consumer could not be bound again.
+				return stopPull()
 			}
 			if len(msgs) == 0 {
 				timer = time.NewTimer(s.o.BatchAge)
@@ -166,11 +152,44 @@ func (s *Sink) Run(ctx context.Context) error {
 	}
 }
 
-// messages creates or updates the sink's durable consumer of
-// TALOS_AUDIT and starts pulling from it.
-func (s *Sink) messages(ctx context.Context) (jetstream.MessagesContext, error) {
-	var cons jetstream.Consumer
-	err := retry.Setup(ctx, s.js.Conn(), retry.SetupOptions{Log: s.o.Logger}, "sink consumer "+s.o.Consumer, func(ctx context.Context) (err error) {
+// pull starts a puller goroutine, which keeps taking cons's messages while
+// a batch is being written, into a channel as large as one pull; a
+// consumer that stops by itself is bound again (ordered.Pull: a callback,
+// which never drops what a pull brought, where a channel iterator would
+// and the record would wait AckWait). Owner: Run, through stop, which ends
+// the puller, waits for it, hands back (Nak) what it left in the channel
+// and returns its error: nil once ctx ended, or why the consumer could not
+// be bound again. stop may be called more than once.
+func (s *Sink) pull(ctx context.Context, cons jetstream.Consumer) (<-chan jetstream.Msg, func() error) {
+	in := make(chan jetstream.Msg, s.o.BatchRows)
+	ctx, cancel := context.WithCancel(ctx)
+	var pulled error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(in)
+		pulled = ordered.Pull(ctx, cons, s.consumer, in, ordered.PullOptions{
+			Batch: s.o.BatchRows, What: "sink", Log: s.o.Logger,
+			OnErr: func(err error) { s.o.Logger.Debug("sink fetch", "err", err) },
+		})
+	}()
+	return in, sync.OnceValue(func() error {
+		cancel()
+		<-done
+		for m := range in {
+			_ = m.Nak()
+		}
+		if pulled != nil {
+			return fmt.Errorf("ingest: %w", pulled)
+		}
+		return nil
+	})
+}
+
+// consumer creates or updates the sink's durable consumer of
+// TALOS_AUDIT, waiting out a cluster that is electing leaders.
+func (s *Sink) consumer(ctx context.Context) (cons jetstream.Consumer, err error) {
+	err = retry.Setup(ctx, s.js.Conn(), retry.SetupOptions{Log: s.o.Logger}, "sink consumer "+s.o.Consumer, func(ctx context.Context) (err error) {
 		cons, err = s.js.CreateOrUpdateConsumer(ctx, schemas.StreamAudit, jetstream.ConsumerConfig{
 			Durable:       s.o.Consumer,
 			Description:   "Talos ClickHouse sink",
@@ -182,42 +201,7 @@ func (s *Sink) messages(ctx context.Context) (jetstream.MessagesContext, error) 
 		})
 		return err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("ingest: %w", err)
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(s.o.BatchRows), jetstream.PullHeartbeat(ordered.Heartbeat))
-	if err != nil {
-		return nil, fmt.Errorf("ingest: sink fetch: %w", err)
-	}
-	return it, nil
-}
-
-// read moves messages from it to in until the iterator is stopped or ctx
-// ends, then closes in. A fetch error is retried after a pause; a message
-// taken when ctx ends is Nak'd.
-func (s *Sink) read(ctx context.Context, it jetstream.MessagesContext, in chan<- jetstream.Msg) {
-	defer close(in)
-	for {
-		m, err := it.Next()
-		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
-				return
-			}
-			s.o.Logger.Debug("sink fetch", "err", err)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			continue
-		}
-		select {
-		case in <- m:
-		case <-ctx.Done():
-			_ = m.Nak()
-			return
-		}
-	}
+	return cons, err
 }
 
 // ack acks the messages of a written batch; a failed ack is logged, and

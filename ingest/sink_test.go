@@ -131,3 +131,44 @@ func TestSinkRetriesAndAcksOnlyAfterWrite(t *testing.T) {
 		}
 	}
 }
+
+// TestSinkBindsItsConsumerAgain: when the sink's durable consumer is
+// deleted under it (an operator, or its stream recreated), the sink binds
+// it again and writes what comes after, instead of stopping for good.
+func TestSinkBindsItsConsumerAgain(t *testing.T) {
+	ns := testenv.NATSForTest(t)
+	_, js := testenv.ConnectJS(t, ns.URL())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w := &flakyWriter{written: map[string]int{}}
+	sink, err := ingest.NewSink(js, w, ingest.SinkOptions{BatchAge: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- sink.Run(ctx) }()
+	publishAndWait := func(rec string) {
+		t.Helper()
+		if _, err := js.Publish(ctx, schemas.ReceiptSubject("decision", "files"), []byte(rec)); err != nil {
+			t.Fatal(err)
+		}
+		began := time.Now()
+		testenv.WaitFor(t, 10*time.Second, func() bool {
+			_, written := w.snapshot()
+			return written[rec] == 1
+		})
+		t.Logf("%s written after %v", rec, time.Since(began).Round(time.Millisecond))
+	}
+	publishAndWait(`{"n":1}`)
+	if err := js.DeleteConsumer(ctx, schemas.StreamAudit, "talos-sink"); err != nil {
+		t.Fatal(err)
+	}
+	publishAndWait(`{"n":2}`)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("sink: %v", err)
+	}
+}

@@ -157,7 +157,7 @@ func (w *Worker) Handled() uint64 { return w.handled.Load() }
 
 // Run consumes until ctx is cancelled. Calls handed to a chain but not
 // finished are nak'ed so another worker takes them at once; calls the
-// client library still queued come again after AckWait (consume).
+// client library still queued come again after AckWait (ordered.Consume).
 func (w *Worker) Run(ctx context.Context) error {
 	buffer := min(64*len(w.o.Chains), w.o.MaxAckPending)
 	// work holds as many calls as one pull brings; the chains take them.
@@ -172,26 +172,25 @@ func (w *Worker) Run(ctx context.Context) error {
 		close(work)
 		wg.Wait()
 	}()
-	for {
-		cons, err := w.consumer(ctx)
-		if err != nil {
-			return err
-		}
-		if err := w.consume(ctx, cons, buffer, work); err != nil {
-			return err
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		// The consumer went away (deleted, or its stream recreated):
-		// undecided calls wait in the stream for the one made again.
-		w.log.Warn("enforce consumer stopped; binding it again", "consumer", w.o.Consumer)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(time.Second):
-		}
+	cons, err := w.consumer(ctx)
+	if err != nil {
+		return fmt.Errorf("ingest: %w", err)
 	}
+	// Consumed with a callback (ordered.Pull), not a channel iterator: a
+	// call the iterator dropped would wait for AckWait, past its
+	// enforcement point's deadline. A consumer that stops by itself
+	// (deleted, or its stream recreated) is bound again; undecided calls
+	// wait in the stream meanwhile.
+	err = ordered.Pull(ctx, cons, w.consumer, work, ordered.PullOptions{
+		Batch: buffer, What: "enforce", Log: w.log,
+		// NATS unreachable, a missed heartbeat, the consumer being
+		// recreated: the library pulls again by itself.
+		OnErr: func(err error) { w.log.Warn("enforce fetch", "err", err) },
+	})
+	if err != nil {
+		return fmt.Errorf("ingest: %w", err)
+	}
+	return nil
 }
 
 // consumer creates or updates the workers' durable consumer of
@@ -212,45 +211,7 @@ func (w *Worker) consumer(ctx context.Context) (cons jetstream.Consumer, err err
 		})
 		return err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("ingest: %w", err)
-	}
-	return cons, nil
-}
-
-// consume hands cons's calls to work until ctx ends (nil) or the
-// consumption stops by itself (nil, ctx still live). The client library
-// queues what a pull brings in the subscription's own buffer while the
-// chains are busy and pulls again only once they took it: a channel
-// iterator (Messages) would drop what overflows its buffer, as happens
-// when a pull made before a reconnect and one made after both deliver,
-// and a dropped call waits for AckWait, past its enforcement point's
-// deadline. A call handed over while stopping is handed back (Nak) for
-// another worker.
-func (w *Worker) consume(ctx context.Context, cons jetstream.Consumer, buffer int, work chan<- jetstream.Msg) error {
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		select {
-		case work <- m:
-		case <-ctx.Done():
-			_ = m.Nak()
-		}
-	}, jetstream.PullMaxMessages(buffer), jetstream.PullHeartbeat(ordered.Heartbeat),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			// NATS unreachable, a missed heartbeat, the consumer being
-			// recreated: the library pulls again by itself.
-			w.log.Warn("enforce fetch", "err", err)
-		}))
-	if err != nil {
-		return fmt.Errorf("ingest: enforce fetch: %w", err)
-	}
-	closed := cc.Closed()
-	select {
-	case <-ctx.Done():
-		cc.Stop() // the calls still queued come again after AckWait
-		<-closed  // the handler has returned for good
-	case <-closed:
-	}
-	return nil
+	return cons, err
 }
 
 // runChain handles calls from work with one chain until work is closed, a

@@ -46,6 +46,7 @@ const (
 	controlRequestBuffer = 256 // requests queued before NATS drops them (the client retries)
 	controlCopyPending   = 64  // MaxAckPending of the copier
 	controlCopyAckWait   = 30 * time.Second
+	controlCopyBatch     = 16 // messages one pull of the copier asks for
 	// recordHeadroom is what a control receipt adds around the command it
 	// embeds, and room for the headers; a bigger command is refused.
 	recordHeadroom = 8 << 10
@@ -223,54 +224,34 @@ func NewControlService(nc *nats.Conn, js jetstream.JetStream, o ControlOptions) 
 //
 // Shutdown order: ctx is cancelled → the request subscription is removed
 // (queued, unanswered requests are retried by their clients against
-// another instance) and the copier's fetch is stopped → Run waits for the
-// handler goroutines and the copier, then returns. An append or publish in
-// flight is abandoned with ctx; a copy not yet acked is redelivered. Close
-// the NATS connection only after Run has returned.
+// another instance) and the copier stops consuming, handing back (Nak)
+// the events it took but did not copy → Run waits for the handler
+// goroutines and the copier, then returns. An append or publish in flight
+// is abandoned with ctx; a copy not yet acked is redelivered. Close the
+// NATS connection only after Run has returned.
 func (s *ControlService) Run(ctx context.Context) error {
-	var cons jetstream.Consumer
-	err := retry.Setup(ctx, s.nc, retry.SetupOptions{Log: s.log}, "control service streams and consumer "+ControlAuditConsumer, func(ctx context.Context) (err error) {
-		if err := s.start(ctx); err != nil {
-			return err
-		}
-		cons, err = s.js.CreateOrUpdateConsumer(ctx, schemas.StreamControl, jetstream.ConsumerConfig{
-			Durable:       ControlAuditConsumer,
-			Description:   "Talos: copies every control event to TALOS_AUDIT",
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       controlCopyAckWait,
-			MaxAckPending: controlCopyPending,
-			DeliverPolicy: jetstream.DeliverAllPolicy,
-			FilterSubject: schemas.SubjectControlAll,
-		})
-		return err
-	})
+	err := retry.Setup(ctx, s.nc, retry.SetupOptions{Log: s.log}, "control service streams", s.start)
 	if err != nil {
 		return fmt.Errorf("ingest: %w", err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(16), jetstream.PullHeartbeat(ordered.Heartbeat))
+	cons, err := s.copyConsumer(ctx)
 	if err != nil {
-		return fmt.Errorf("ingest: control audit fetch: %w", err)
+		return fmt.Errorf("ingest: %w", err)
 	}
 	reqs := make(chan *nats.Msg, controlRequestBuffer)
 	sub, err := s.nc.ChanQueueSubscribe(schemas.SubjectCtlAll, ControlQueue, reqs)
 	if err != nil {
-		it.Stop()
 		return fmt.Errorf("ingest: subscribe control requests: %w", err)
 	}
 	if err := s.nc.Flush(); err != nil {
 		_ = sub.Unsubscribe()
-		it.Stop()
 		return fmt.Errorf("ingest: subscribe control requests: %w", err)
 	}
 
 	// Owner of the copier and the handlers: this function, which waits for
 	// all of them before returning.
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		s.copyLoop(ctx, it)
-	}()
+	wg.Go(func() { s.copyEvents(ctx, cons) })
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -292,7 +273,6 @@ func (s *ControlService) Run(ctx context.Context) error {
 	}
 	<-ctx.Done()
 	_ = sub.Unsubscribe()
-	it.Stop()
 	wg.Wait()
 	return nil
 }
@@ -928,21 +908,49 @@ func isWrongLastSeq(err error) bool {
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
 }
 
-// copyLoop copies every TALOS_CONTROL event to TALOS_AUDIT until the
-// iterator is stopped.
-func (s *ControlService) copyLoop(ctx context.Context, it jetstream.MessagesContext) {
-	for {
-		m, err := it.Next()
+// copyConsumer creates or updates the durable consumer that copies
+// TALOS_CONTROL to TALOS_AUDIT, waiting out a cluster that is electing
+// leaders.
+func (s *ControlService) copyConsumer(ctx context.Context) (cons jetstream.Consumer, err error) {
+	err = retry.Setup(ctx, s.nc, retry.SetupOptions{Log: s.log}, "control copy consumer "+ControlAuditConsumer, func(ctx context.Context) (err error) {
+		cons, err = s.js.CreateOrUpdateConsumer(ctx, schemas.StreamControl, jetstream.ConsumerConfig{
+			Durable:       ControlAuditConsumer,
+			Description:   "Talos: copies every control event to TALOS_AUDIT",
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       controlCopyAckWait,
+			MaxAckPending: controlCopyPending,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+			FilterSubject: schemas.SubjectControlAll,
+		})
+		return err
+	})
+	return cons, err
+}
+
+// copyEvents copies every TALOS_CONTROL event cons delivers to
+// TALOS_AUDIT until ctx ends. It consumes with a callback (ordered.Pull),
+// not a channel iterator, which would drop what overflows its buffer
+// after a reconnect and leave the event uncopied for AckWait; a consumer
+// that stops by itself is bound again. Owner of the puller goroutine:
+// copyEvents, which waits for it; an event it handed over after ctx ended
+// is handed back (Nak).
+func (s *ControlService) copyEvents(ctx context.Context, cons jetstream.Consumer) {
+	events := make(chan jetstream.Msg, controlCopyBatch)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(events)
+		err := ordered.Pull(ctx, cons, s.copyConsumer, events, ordered.PullOptions{
+			Batch: controlCopyBatch, What: "control copy", Log: s.log,
+			OnErr: func(err error) { s.log.Warn("control copy fetch", "err", err) },
+		})
 		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
-				return
-			}
-			s.log.Warn("control copy fetch", "err", err)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
+			s.log.Error("control copy stopped: events are no longer copied to "+schemas.StreamAudit, "err", err)
+		}
+	})
+	defer wg.Wait()
+	for m := range events {
+		if ctx.Err() != nil {
+			_ = m.Nak()
 			continue
 		}
 		s.copyOne(ctx, m)

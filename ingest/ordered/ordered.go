@@ -1,14 +1,18 @@
 // Package ordered follows a JetStream stream with an ordered consumer
-// (Follow), re-created after a failure with Backoff: what the control
-// follower and the enforcement point's approval reader share; and Heartbeat,
-// the idle heartbeat of every consumer Talos pulls from. It imports no other project package, so the
-// enforcement-point library (ingest/ep) may use it and still link none of
-// talosd.
+// (Follow), re-created after a failure with Backoff, and hands a durable
+// pull consumer's messages to a channel (Pull, built on Consume): what the
+// control follower, the enforcement point's approval reader, the enforce
+// workers, the sink and the control service share; and Heartbeat, the idle
+// heartbeat of every consumer Talos pulls from. It imports no other project
+// package, so the enforcement-point library (ingest/ep) may use it and
+// still link none of talosd.
 package ordered
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -27,12 +31,20 @@ import (
 // over 10 s and a worker idle for 30 s.
 const Heartbeat = time.Second
 
+// followBuffer is how many events Follow's consumption hands over ahead of
+// handle; the client library queues the rest.
+const followBuffer = 64
+
+// errStopped is Follow's error when its consumption stopped by itself.
+var errStopped = errors.New("ordered consumer stopped")
+
 // Follow reads stream through an ordered consumer of cfg (created within
-// opTimeout) and hands each message to handle, until ctx ends (nil), the
-// iterator fails (its error) or handle returns an error. The consumer's
-// server side is deleted when it returns. Shutdown: a watcher goroutine
-// stops the iterator when ctx ends, which makes Next return; Follow then
-// waits for the watcher.
+// opTimeout) and hands each message to handle, in stream order and on the
+// caller's goroutine, until ctx ends (nil), the consumption stops by itself
+// (an error: the connection closed) or handle returns an error (that
+// error). The consumer's server side is deleted when it returns.
+// Shutdown: Follow stops the consumption (Consume) and waits for it before
+// returning; no handle call happens after it returns.
 func Follow(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.OrderedConsumerConfig,
 	opTimeout time.Duration, handle func(jetstream.Msg) error) error {
 	cctx, cancel := context.WithTimeout(ctx, opTimeout)
@@ -42,32 +54,120 @@ func Follow(ctx context.Context, js jetstream.JetStream, stream string, cfg jets
 		return fmt.Errorf("ordered consumer: %w", err)
 	}
 	defer deleteConsumer(js, stream, cons)
-	it, err := cons.Messages(jetstream.PullHeartbeat(Heartbeat))
-	if err != nil {
-		return fmt.Errorf("ordered consumer messages: %w", err)
-	}
-	done := make(chan struct{})
+	msgs := make(chan jetstream.Msg, followBuffer)
+	var consumed error
+	cctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		select {
-		case <-ctx.Done():
-		case <-done:
-		}
-		it.Stop()
+		defer close(msgs)
+		consumed = Consume(cctx, cons, msgs, nil)
 	})
 	defer func() {
-		close(done)
+		stop()
 		wg.Wait()
 	}()
-	for {
-		m, err := it.Next()
-		if err != nil {
-			return err
-		}
+	for m := range msgs {
 		if ctx.Err() != nil {
 			return nil
 		}
 		if err := handle(m); err != nil {
+			return err
+		}
+	}
+	switch {
+	case consumed != nil:
+		return fmt.Errorf("ordered consumer messages: %w", consumed)
+	case ctx.Err() != nil:
+		return nil
+	}
+	return errStopped
+}
+
+// Consume hands cons's messages to out, in the order they come, until ctx
+// ends (nil) or the consumption stops by itself (nil, ctx still live: the
+// consumer deleted or its connection closed); it returns an error only if
+// the consumption cannot start. opts add to Heartbeat. onErr, if not nil,
+// is told each error the client library recovers from by itself (it pulls
+// again).
+//
+// While out is full the client library queues what a pull brought in the
+// subscription's own buffer and pulls again only once it was handed over.
+// A channel iterator (Messages) would drop what overflows its buffer, as
+// happens when a pull made before a reconnect and one made after both
+// deliver (nats.go "slow consumer"): a dropped message then comes back
+// only after AckWait, or, on an ordered consumer, only once a later one
+// shows the gap.
+//
+// Shutdown: a message being handed over when ctx ends is handed back
+// (Nak); Consume then stops the consumption and returns once its handler
+// has returned for good. Messages still queued in the client come again
+// after AckWait.
+func Consume(ctx context.Context, cons jetstream.Consumer, out chan<- jetstream.Msg, onErr func(error), opts ...jetstream.PullConsumeOpt) error {
+	opts = append(opts, jetstream.PullHeartbeat(Heartbeat))
+	if onErr != nil {
+		opts = append(opts, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) { onErr(err) }))
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case out <- m:
+		case <-ctx.Done():
+			_ = m.Nak()
+		}
+	}, opts...)
+	if err != nil {
+		return err
+	}
+	closed := cc.Closed()
+	select {
+	case <-ctx.Done():
+		cc.Stop()
+		<-closed
+	case <-closed:
+	}
+	return nil
+}
+
+// PullOptions says how Pull pulls and logs.
+type PullOptions struct {
+	// Batch is how many messages one pull asks for (PullMaxMessages).
+	Batch int
+	// What names the consumer's user in the log: "<What> consumer stopped".
+	What string
+	// OnErr is told each error the client library recovers from by itself.
+	OnErr func(error)
+	Log   *slog.Logger
+}
+
+// Pull hands cons's messages to out (Consume) until ctx ends, then returns
+// nil. When the consumption stops by itself (the durable consumer deleted,
+// its stream recreated), Pull waits a second and takes the consumer bind
+// returns, which creates or binds it again; bind's error, with ctx still
+// live, is Pull's. The messages not yet acked wait in the stream meanwhile.
+func Pull(ctx context.Context, cons jetstream.Consumer, bind func(context.Context) (jetstream.Consumer, error),
+	out chan<- jetstream.Msg, o PullOptions) error {
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	for {
+		if err := Consume(ctx, cons, out, o.OnErr, jetstream.PullMaxMessages(o.Batch)); err != nil {
+			return fmt.Errorf("%s fetch: %w", o.What, err)
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		o.Log.Warn(o.What+" consumer stopped; binding it again", "consumer", cons.CachedInfo().Name)
+		t := time.NewTimer(time.Second)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		var err error
+		if cons, err = bind(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return err
 		}
 	}
