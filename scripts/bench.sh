@@ -507,14 +507,17 @@ gateway)
       exit 1
     fi
   }
-  # evidence EP: every call through the gateway EP went through Talos: its
-  # allowed pre decisions, post receipts and ToolCallEvents, in ClickHouse.
+  # evidence EP: every echo call through the gateway EP went through Talos:
+  # its allowed pre decisions, post receipts and ToolCallEvents, in
+  # ClickHouse. The server's own requests to the client through the gateway
+  # (mcp-server-everything asks for roots/list once) are decided and
+  # recorded too, under their method's name; they are not counted here.
   evidence() {
     local want=$((calls + warmup)) got events
     chq() { clickhouse-client --host "${ch%:*}" --port "${ch##*:}" -q "$1"; }
     for _ in $(seq 1 120); do
-      got=$(chq "SELECT uniqExactIf(tool_call_id, phase = 'pre' AND decision = 'allow'), uniqExactIf(tool_call_id, phase = 'post') FROM talos.receipts WHERE ep_id = '$1'" | tr '\t' ' ')
-      events=$(chq "SELECT uniqExact(tool_call_id) FROM talos.tool_calls WHERE ep_id = '$1'")
+      got=$(chq "SELECT uniqExactIf(tool_call_id, phase = 'pre' AND decision = 'allow'), uniqExactIf(tool_call_id, phase = 'post') FROM talos.receipts WHERE ep_id = '$1' AND tool_name = 'echo'" | tr '\t' ' ')
+      events=$(chq "SELECT uniqExact(tool_call_id) FROM talos.tool_calls WHERE ep_id = '$1' AND tool_name = 'echo'")
       [ "$got" = "$want $want" ] && [ "$events" = "$want" ] && break
       sleep 0.5
     done

@@ -234,3 +234,30 @@ func TestOutboxSpoolFailureIsFull(t *testing.T) {
 		t.Fatalf("TALOS_CALLS holds %v", got)
 	}
 }
+
+// TestOutboxSendsDirectWhileConnected: a started spooled outbox with
+// nothing waiting has JetStream store a post before Send returns and
+// writes no file: the spool's directory is gone, so a post spooled instead
+// would leave the outbox Full.
+func TestOutboxSendsDirectWhileConnected(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "spool")
+	out := openOutbox(t, dir)
+	js := streamWithCalls(t)
+	out.Start(js)
+	defer out.Drain(10 * time.Second)
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for range 3 {
+		post := outboxPost(t)
+		out.Send(post)
+		want = append(want, post.ToolCallID)
+		if out.Full() {
+			t.Fatal("Full after a Send while connected: the post went to the spool")
+		}
+		if got := storedCalls(t, js); !slices.Equal(got, want) {
+			t.Fatalf("TALOS_CALLS holds %v when Send returns, want %v", got, want)
+		}
+	}
+}
