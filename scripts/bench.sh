@@ -58,9 +58,10 @@
 #                                 with a static token; over HTTPS with a JWT
 #                                 (a CA, certificate, JWKS and token from
 #                                 scripts/benchcreds); then the added latency
-#                                 of the three side by side. Waits until no
-#                                 `go test` runs, so the machine is otherwise
-#                                 idle
+#                                 of the three side by side (`gateway CALLS
+#                                 stdio`: the stdio tools/call one only).
+#                                 Waits until no `go test` runs, so the
+#                                 machine is otherwise idle
 #   bash scripts/bench.sh forward [CALLS]  the forward role (SIEM forwarding):
 #                                 TALOS_AUDIT filled by CALLS (default 20,000)
 #                                 calls with their post events, then drained
@@ -122,7 +123,7 @@ mode=${1:-main}
 case $mode in
 main | replay | flight | tail | verify | gateway | ab | profile | forward | log | cluster) ;;
 *)
-  echo "usage: bash scripts/bench.sh [replay|flight|tail|ab [BASE] [ROUNDS]|profile [SECONDS]|verify [N]|gateway [CALLS]|forward [CALLS]|log [CALLS] [ROUNDS] [RATE]|cluster [ROUNDS]]" >&2
+  echo "usage: bash scripts/bench.sh [replay|flight|tail|ab [BASE] [ROUNDS]|profile [SECONDS]|verify [N]|gateway [CALLS] [stdio]|forward [CALLS]|log [CALLS] [ROUNDS] [RATE]|cluster [ROUNDS]]" >&2
   exit 2
   ;;
 esac
@@ -546,6 +547,7 @@ gateway)
   echo "== 1/3 stdio: the gateway a child process of the client, in front of its own mcp-server-everything"
   bench_mcp stdio --via "gw=$gw"
   evidence gw-bench
+  [ "${3:-}" = stdio ] && exit 0
   echo "== stdio, prompts/get and resources/read: decided, receipted and recorded like tools/call (a prompt and a resource template the registry lists)"
   bench_mcp prompt --via "gw=$gw" --prompt simple-prompt --args '{}'
   bench_mcp resource --via "gw=$gw" --resource demo://resource/static/document/architecture.md --args '{}'
