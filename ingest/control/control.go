@@ -249,9 +249,18 @@ func (s *ControlService) Run(ctx context.Context) error {
 	}
 
 	// Owner of the copier and the handlers: this function, which waits for
-	// all of them before returning.
+	// all of them before returning. A copier that stops for good (its
+	// consumer cannot be bound again) stops the service with its error:
+	// control events that do not reach the audit trail fail closed.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var copyErr error
 	var wg sync.WaitGroup
-	wg.Go(func() { s.copyEvents(ctx, cons) })
+	wg.Go(func() {
+		if copyErr = s.copyEvents(ctx, cons); copyErr != nil {
+			cancel()
+		}
+	})
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -274,7 +283,7 @@ func (s *ControlService) Run(ctx context.Context) error {
 	<-ctx.Done()
 	_ = sub.Unsubscribe()
 	wg.Wait()
-	return nil
+	return copyErr
 }
 
 // start looks up the streams, the message size bound, the last
@@ -928,26 +937,23 @@ func (s *ControlService) copyConsumer(ctx context.Context) (cons jetstream.Consu
 }
 
 // copyEvents copies every TALOS_CONTROL event cons delivers to
-// TALOS_AUDIT until ctx ends. It consumes with a callback (ordered.Pull),
-// not a channel iterator, which would drop what overflows its buffer
-// after a reconnect and leave the event uncopied for AckWait; a consumer
-// that stops by itself is bound again. Owner of the puller goroutine:
-// copyEvents, which waits for it; an event it handed over after ctx ended
-// is handed back (Nak).
-func (s *ControlService) copyEvents(ctx context.Context, cons jetstream.Consumer) {
+// TALOS_AUDIT until ctx ends (nil), or until the consumer stopped by
+// itself and cannot be bound again (that error). It consumes with a
+// callback (ordered.Pull), not a channel iterator, which would drop what
+// overflows its buffer after a reconnect and leave the event uncopied for
+// AckWait. Owner of the puller goroutine: copyEvents, which waits for it;
+// an event it handed over after ctx ended is handed back (Nak).
+func (s *ControlService) copyEvents(ctx context.Context, cons jetstream.Consumer) error {
 	events := make(chan jetstream.Msg, controlCopyBatch)
+	var pulled error
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		defer close(events)
-		err := ordered.Pull(ctx, cons, s.copyConsumer, events, ordered.PullOptions{
+		pulled = ordered.Pull(ctx, cons, s.copyConsumer, events, ordered.PullOptions{
 			Batch: controlCopyBatch, What: "control copy", Log: s.log,
 			OnErr: func(err error) { s.log.Warn("control copy fetch", "err", err) },
 		})
-		if err != nil {
-			s.log.Error("control copy stopped: events are no longer copied to "+schemas.StreamAudit, "err", err)
-		}
 	})
-	defer wg.Wait()
 	for m := range events {
 		if ctx.Err() != nil {
 			_ = m.Nak()
@@ -955,6 +961,11 @@ func (s *ControlService) copyEvents(ctx context.Context, cons jetstream.Consumer
 		}
 		s.copyOne(ctx, m)
 	}
+	wg.Wait()
+	if pulled != nil {
+		return fmt.Errorf("ingest: control events are no longer copied to %s: %w", schemas.StreamAudit, pulled)
+	}
+	return nil
 }
 
 // copyOne stores one control event's exact bytes in TALOS_AUDIT and acks

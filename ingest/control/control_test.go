@@ -921,3 +921,37 @@ func TestControlClientRetriesUnrecorded(t *testing.T) {
 		t.Fatalf("a recorded CTL_INTERNAL was sent %d times, want once", len(seen))
 	}
 }
+
+// TestControlStopsWhenItsCopyCannotResume: the copier's consumer goes away
+// with TALOS_CONTROL itself and cannot be bound again (no stream): the
+// service stops with an error naming it, where it would otherwise answer
+// commands whose events no longer reach the audit trail.
+func TestControlStopsWhenItsCopyCannotResume(t *testing.T) {
+	e := newControlEnv(t)
+	nc, js := testenv.ConnectJS(t, e.url)
+	s, err := control.NewControlService(nc, js, control.ControlOptions{
+		Chain: receipts.NewChain("control-copy", e.signer), Source: "talos://control/copy", ResponderKeys: e.responders,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	testenv.WaitFor(t, 10*time.Second, func() bool {
+		_, err := e.js.Consumer(ctx, schemas.StreamControl, control.ControlAuditConsumer)
+		return err == nil
+	})
+	if err := e.js.DeleteStream(ctx, schemas.StreamControl); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "no longer copied") {
+			t.Fatalf("Run: %v, want the copier's error", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the control service still runs with its copier stopped for good")
+	}
+}
