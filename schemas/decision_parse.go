@@ -24,47 +24,47 @@ func ParseDecision(b []byte) (*Decision, error) {
 }
 
 func parseDecisionFast(b []byte) (*Decision, bool) {
-	p := decisionParser{b: b}
+	p := decisionParser{jsonkit.Reader{B: b}}
 	d := &Decision{}
-	if !p.byte('{') {
+	if !p.Byte('{') {
 		return nil, false
 	}
 	seen := 0
 	for first := true; ; first = false {
-		if p.peek() == '}' && first {
-			p.i++
+		if p.Peek() == '}' && first {
+			p.I++
 			break
 		}
-		key, ok := p.plainString()
-		if !ok || !p.byte(':') {
+		key, ok := p.PlainString()
+		if !ok || !p.Byte(':') {
 			return nil, false
 		}
 		var bit int
 		switch key {
 		case "tool_call_id":
 			bit = 1
-			d.ToolCallID, ok = p.plainString()
+			d.ToolCallID, ok = p.PlainString()
 		case "phase":
 			bit = 2
-			d.Phase, ok = p.plainString()
+			d.Phase, ok = p.PlainString()
 		case "decision":
 			bit = 4
-			d.Decision, ok = p.plainString()
+			d.Decision, ok = p.PlainString()
 		case "reason_codes":
 			bit = 8
 			d.ReasonCodes, ok = p.strings()
 		case "receipt_id":
 			bit = 16
-			d.ReceiptID, ok = p.plainString()
+			d.ReceiptID, ok = p.PlainString()
 		case "registry_digest":
 			bit = 32
-			d.RegistryDigest, ok = p.plainString()
+			d.RegistryDigest, ok = p.PlainString()
 		case "receipt":
 			bit = 64
-			start := p.i
+			start := p.I
 			if ok = p.skip(0); ok {
 				// As json.Unmarshal: a RawMessage keeps even "null".
-				d.Receipt = append(json.RawMessage(nil), b[start:p.i]...)
+				d.Receipt = append(json.RawMessage(nil), b[start:p.I]...)
 			}
 		case "details":
 			bit = 128
@@ -76,87 +76,50 @@ func parseDecisionFast(b []byte) (*Decision, bool) {
 			return nil, false
 		}
 		seen |= bit
-		if p.byte(',') {
+		if p.Byte(',') {
 			continue
 		}
-		if !p.byte('}') {
+		if !p.Byte('}') {
 			return nil, false
 		}
 		break
 	}
 	// Every string was checked for UTF-8 (jsonkit.ScanString); the rest
 	// of what was read is ASCII.
-	if p.i != len(b) {
+	if p.I != len(b) {
 		return nil, false
 	}
 	return d, true
 }
 
 // decisionParser reads the compact JSON workers write: no whitespace.
-type decisionParser struct {
-	b []byte
-	i int
-}
-
-func (p *decisionParser) peek() byte {
-	if p.i < len(p.b) {
-		return p.b[p.i]
-	}
-	return 0
-}
-
-func (p *decisionParser) byte(c byte) bool {
-	if p.peek() == c {
-		p.i++
-		return true
-	}
-	return false
-}
-
-// plainString reads a string without escapes.
-func (p *decisionParser) plainString() (string, bool) {
-	end, escaped, ok := jsonkit.ScanString(p.b, p.i)
-	if !ok || escaped {
-		return "", false
-	}
-	str := string(p.b[p.i+1 : end-1])
-	p.i = end
-	return str, true
-}
+type decisionParser struct{ jsonkit.Reader }
 
 // strings reads null or an array of plain strings.
 func (p *decisionParser) strings() ([]string, bool) {
-	if p.literal("null") {
+	if p.Literal("null") {
 		return nil, true
 	}
-	if !p.byte('[') {
+	if !p.Byte('[') {
 		return nil, false
 	}
 	out := []string{}
-	if p.byte(']') {
+	if p.Byte(']') {
 		return out, true
 	}
 	for {
-		s, ok := p.plainString()
+		s, ok := p.PlainString()
 		if !ok {
 			return nil, false
 		}
 		out = append(out, s)
-		if p.byte(']') {
+		if p.Byte(']') {
 			return out, true
 		}
-		if !p.byte(',') {
+		if !p.Byte(',') {
 			return nil, false
 		}
 	}
-}
-
-func (p *decisionParser) literal(s string) bool {
-	if len(p.b)-p.i >= len(s) && string(p.b[p.i:p.i+len(s)]) == s {
-		p.i += len(s)
-		return true
-	}
-	return false
 }
 
 // skip passes over one JSON value (objects, arrays, strings, numbers and
@@ -165,50 +128,50 @@ func (p *decisionParser) skip(depth int) bool {
 	if depth > DefaultMaxDepth {
 		return false
 	}
-	switch c := p.peek(); {
+	switch c := p.Peek(); {
 	case c == '{':
-		p.i++
-		if p.byte('}') {
+		p.I++
+		if p.Byte('}') {
 			return true
 		}
 		for {
-			if !p.skipString() || !p.byte(':') || !p.skip(depth+1) {
+			if !p.skipString() || !p.Byte(':') || !p.skip(depth+1) {
 				return false
 			}
-			if p.byte('}') {
+			if p.Byte('}') {
 				return true
 			}
-			if !p.byte(',') {
+			if !p.Byte(',') {
 				return false
 			}
 		}
 	case c == '[':
-		p.i++
-		if p.byte(']') {
+		p.I++
+		if p.Byte(']') {
 			return true
 		}
 		for {
 			if !p.skip(depth + 1) {
 				return false
 			}
-			if p.byte(']') {
+			if p.Byte(']') {
 				return true
 			}
-			if !p.byte(',') {
+			if !p.Byte(',') {
 				return false
 			}
 		}
 	case c == '"':
 		return p.skipString()
 	case c == 't':
-		return p.literal("true")
+		return p.Literal("true")
 	case c == 'f':
-		return p.literal("false")
+		return p.Literal("false")
 	case c == 'n':
-		return p.literal("null")
+		return p.Literal("null")
 	case c == '-' || c >= '0' && c <= '9':
-		end := jsonkit.NumberEnd(p.b, p.i)
-		p.i = end
+		end := jsonkit.NumberEnd(p.B, p.I)
+		p.I = end
 		return end >= 0
 	}
 	return false
@@ -216,7 +179,7 @@ func (p *decisionParser) skip(depth int) bool {
 
 // skipString passes over a string, escapes included.
 func (p *decisionParser) skipString() bool {
-	end, _, ok := jsonkit.ScanString(p.b, p.i)
-	p.i = end
+	end, _, ok := jsonkit.ScanString(p.B, p.I)
+	p.I = end
 	return ok
 }

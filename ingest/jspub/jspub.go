@@ -16,11 +16,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // New is jetstream.New(nc, opts...) with PublishMsg and Publish, when
@@ -41,21 +42,12 @@ func (j jetStream) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstr
 	if len(opts) > 0 {
 		return j.JetStream.PublishMsg(ctx, msg, opts...)
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, j.Options().DefaultTimeout)
-		defer cancel()
-	}
-	return Publish(ctx, j.Conn(), msg)
+	return publish(ctx, j.Conn(), msg, j.Options().DefaultTimeout)
 }
 
 func (j jetStream) Publish(ctx context.Context, subject string, data []byte, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
 	return j.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: data}, opts...)
 }
-
-// defaultTimeout is jetstream's default for a request whose context has
-// no deadline.
-const defaultTimeout = 5 * time.Second
 
 // Publish stores msg in the stream that takes its subject and returns the
 // stream's acknowledgement, as jetstream.JetStream.PublishMsg does without
@@ -65,9 +57,18 @@ const defaultTimeout = 5 * time.Second
 // apart and is then jetstream.ErrNoStreamResponse, and an error the stream
 // answers is a *jetstream.APIError.
 func Publish(ctx context.Context, nc *nats.Conn, msg *nats.Msg) (*jetstream.PubAck, error) {
+	return publish(ctx, nc, msg, defaultTimeout)
+}
+
+// defaultTimeout is jetstream's default for a request whose context has
+// no deadline.
+const defaultTimeout = 5 * time.Second
+
+// publish is Publish with timeout for a ctx without a deadline.
+func publish(ctx context.Context, nc *nats.Conn, msg *nats.Msg, timeout time.Duration) (*jetstream.PubAck, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, defaultTimeout)
+		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
 	resp, err := nc.RequestMsgWithContext(ctx, msg)
@@ -94,6 +95,12 @@ func ParseAck(b []byte) (*jetstream.PubAck, error) {
 	if ack, ok := parseAck(b); ok {
 		return ack, nil
 	}
+	return parseAckJSON(b)
+}
+
+// parseAckJSON is ParseAck with encoding/json, as nats.go decodes an
+// acknowledgement: what the one-pass reader must agree with.
+func parseAckJSON(b []byte) (*jetstream.PubAck, error) {
 	var resp struct {
 		Error *jetstream.APIError `json:"error,omitempty"`
 		*jetstream.PubAck
@@ -111,141 +118,55 @@ func ParseAck(b []byte) (*jetstream.PubAck, error) {
 }
 
 // parseAck reads an acknowledgement as nats-server writes it: one object
-// whose members are stream, seq, domain and duplicate, strings of
-// printable ASCII without escapes, with or without spaces between tokens. ok is false for
-// anything else (an error, another member, an escape), which ParseAck
-// leaves to encoding/json.
+// whose members are stream, seq, domain and duplicate, its strings
+// without escapes, with or without white space between tokens. ok is
+// false for anything else (an error, another member, an escape), which
+// ParseAck leaves to encoding/json.
 func parseAck(b []byte) (ack *jetstream.PubAck, ok bool) {
-	s := scanner{b: b}
-	if !s.byte('{') {
+	r := jsonkit.Reader{B: b}
+	token := func(c byte) bool { r.Space(); return r.Byte(c) }
+	if !token('{') {
 		return nil, false
 	}
 	ack = &jetstream.PubAck{}
 	var seen uint8
 	for {
-		key, ok := s.str()
-		if !ok || !s.byte(':') {
+		r.Space()
+		key, ok := r.PlainString()
+		if !ok || !token(':') {
 			return nil, false
 		}
+		r.Space()
 		var bit uint8
 		switch key {
 		case "stream":
 			bit = 1
-			if ack.Stream, ok = s.str(); !ok {
-				return nil, false
-			}
+			ack.Stream, ok = r.PlainString()
 		case "seq":
 			bit = 2
-			if ack.Sequence, ok = s.uint(); !ok {
-				return nil, false
-			}
+			ack.Sequence, ok = r.Uint()
 		case "domain":
 			bit = 4
-			if ack.Domain, ok = s.str(); !ok {
-				return nil, false
-			}
+			ack.Domain, ok = r.PlainString()
 		case "duplicate":
 			bit = 8
-			if ack.Duplicate, ok = s.bool(); !ok {
-				return nil, false
-			}
-		default:
-			return nil, false
+			ack.Duplicate = r.Literal("true")
+			ok = ack.Duplicate || r.Literal("false")
 		}
-		if seen&bit != 0 {
-			return nil, false // a member twice: encoding/json keeps the last
+		if !ok || bit == 0 || seen&bit != 0 {
+			return nil, false // also a member twice: encoding/json keeps the last
 		}
 		seen |= bit
-		if s.byte(',') {
+		if token(',') {
 			continue
 		}
-		if !s.byte('}') || !s.end() || ack.Stream == "" || seen&2 == 0 {
+		if !token('}') {
+			return nil, false
+		}
+		r.Space()
+		if r.I != len(b) || ack.Stream == "" || seen&2 == 0 {
 			return nil, false
 		}
 		return ack, true
 	}
-}
-
-// scanner reads JSON tokens from b, skipping the white space before each.
-type scanner struct {
-	b []byte
-	i int
-}
-
-func (s *scanner) skip() {
-	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case ' ', '\t', '\n', '\r':
-			s.i++
-		default:
-			return
-		}
-	}
-}
-
-// byte consumes c if it is the next token.
-func (s *scanner) byte(c byte) bool {
-	s.skip()
-	if s.i < len(s.b) && s.b[s.i] == c {
-		s.i++
-		return true
-	}
-	return false
-}
-
-// end reports whether only white space is left.
-func (s *scanner) end() bool {
-	s.skip()
-	return s.i == len(s.b)
-}
-
-// str reads a string of printable ASCII without escapes (encoding/json
-// would replace invalid UTF-8).
-func (s *scanner) str() (string, bool) {
-	if !s.byte('"') {
-		return "", false
-	}
-	for j := s.i; j < len(s.b); j++ {
-		switch c := s.b[j]; {
-		case c == '"':
-			v := string(s.b[s.i:j])
-			s.i = j + 1
-			return v, true
-		case c == '\\' || c < 0x20 || c >= 0x80:
-			return "", false
-		}
-	}
-	return "", false
-}
-
-// uint reads an unsigned integer without sign, fraction or exponent.
-func (s *scanner) uint() (uint64, bool) {
-	s.skip()
-	j := s.i
-	for j < len(s.b) && s.b[j] >= '0' && s.b[j] <= '9' {
-		j++
-	}
-	if j == s.i || (j-s.i > 1 && s.b[s.i] == '0') {
-		return 0, false
-	}
-	v, err := strconv.ParseUint(string(s.b[s.i:j]), 10, 64)
-	if err != nil {
-		return 0, false
-	}
-	s.i = j
-	return v, true
-}
-
-// bool reads true or false.
-func (s *scanner) bool() (bool, bool) {
-	s.skip()
-	switch {
-	case len(s.b)-s.i >= 4 && string(s.b[s.i:s.i+4]) == "true":
-		s.i += 4
-		return true, true
-	case len(s.b)-s.i >= 5 && string(s.b[s.i:s.i+5]) == "false":
-		s.i += 5
-		return false, true
-	}
-	return false, false
 }
