@@ -43,8 +43,7 @@ type Outbox struct {
 	unspooled int
 	// direct counts the posts Send is publishing itself (sendDirect).
 	direct  int
-	js      jetstream.JetStream // set by Start
-	started bool
+	js      jetstream.JetStream // set by Start: nil until started
 	stopped bool
 	stop    chan struct{} // closed by Drain: give up
 	done    chan struct{} // closed when the loop has returned
@@ -108,8 +107,7 @@ const DirectAttempt = 500 * time.Millisecond
 // With a spool, a started outbox with nothing waiting publishes the post
 // itself and waits up to DirectAttempt for its acknowledgement: JetStream,
 // where every record of the audit trail is kept, then has it, and the
-// spool's two fsyncs (about 2 ms of a call's latency on a busy disk) are
-// not needed. Otherwise, or if that publish fails, the post is spooled and
+// spool's two fsyncs are not needed. Otherwise, or if that publish fails, the post is spooled and
 // queued as before, with the same Nats-Msg-Id, so a publish that was
 // stored after all is not stored twice.
 func (o *Outbox) Send(post *schemas.ToolCall) {
@@ -184,7 +182,7 @@ func (o *Outbox) pending() int {
 // Start runs the delivery loop on js until Drain stops it.
 func (o *Outbox) Start(js jetstream.JetStream) {
 	o.mu.Lock()
-	o.started, o.js = true, js
+	o.js = js
 	o.mu.Unlock()
 	go func() {
 		defer close(o.done)
@@ -230,7 +228,7 @@ func (o *Outbox) Drain(wait time.Duration) int {
 	}
 	o.mu.Lock()
 	o.stopped = true
-	started := o.started
+	started := o.js != nil
 	o.mu.Unlock()
 	close(o.stop)
 	o.cond.Broadcast()
