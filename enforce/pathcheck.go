@@ -154,7 +154,7 @@ func syntaxProblem(p string) string {
 	if strings.IndexByte(p, '$') >= 0 {
 		return "shell variable expansion"
 	}
-	for _, seg := range strings.Split(p, "/") {
+	for seg := range strings.SplitSeq(p, "/") {
 		switch {
 		case seg == "..":
 			return "parent directory segment"
@@ -168,26 +168,26 @@ func syntaxProblem(p string) string {
 }
 
 // resolvedEscape reports whether p, resolved against root, lies outside
-// root or passes through a symlink farm below it.
+// root or passes through a symlink farm below it. p has passed
+// syntaxProblem: it has no ".." segment, so a relative p lies below root
+// as it is, and its segments other than "" and "." are those of root/p
+// cleaned.
 func resolvedEscape(root, p string) (bool, string) {
-	var full string
+	rel := p
 	if p[0] == '/' {
-		full = path.Clean(p)
-	} else {
-		full = path.Join(root, p)
+		full := path.Clean(p)
+		switch {
+		case root == "/":
+			rel = full
+		case full == root:
+			rel = ""
+		case strings.HasPrefix(full, root+"/"):
+			rel = full[len(root):]
+		default:
+			return true, "outside the workspace root"
+		}
 	}
-	var rel string
-	switch {
-	case root == "/":
-		rel = full
-	case full == root:
-		rel = ""
-	case strings.HasPrefix(full, root+"/"):
-		rel = full[len(root):]
-	default:
-		return true, "outside the workspace root"
-	}
-	if symlinkFarm(strings.Split(strings.Trim(rel, "/"), "/")) {
+	if symlinkFarm(rel) {
 		return true, "path through a symlink farm (/proc, /dev/fd)"
 	}
 	return false, ""
@@ -255,23 +255,28 @@ func lookalike(r rune) bool {
 	return n != s && strings.ContainsAny(n, "./\\:~%$")
 }
 
-// symlinkFarm reports whether the segments (below root) pass through a
-// directory of magic links: proc/self, proc/thread-self, proc/<pid>,
-// dev/fd and the dev/std* and dev/tcp|udp aliases.
-func symlinkFarm(segs []string) bool {
-	for i := 0; i+1 < len(segs); i++ {
-		next := segs[i+1]
-		switch segs[i] {
+// symlinkFarm reports whether rel (a path below root, its "" and "."
+// segments ignored) passes through a directory of magic links:
+// proc/self, proc/thread-self, proc/<pid>, dev/fd and the dev/std* and
+// dev/tcp|udp aliases.
+func symlinkFarm(rel string) bool {
+	var prev string
+	for seg := range strings.SplitSeq(rel, "/") {
+		if seg == "" || seg == "." {
+			continue
+		}
+		switch prev {
 		case "proc":
-			if next == "self" || next == "thread-self" || isDigits(next) {
+			if seg == "self" || seg == "thread-self" || isDigits(seg) {
 				return true
 			}
 		case "dev":
-			switch next {
+			switch seg {
 			case "fd", "stdin", "stdout", "stderr", "tcp", "udp":
 				return true
 			}
 		}
+		prev = seg
 	}
 	return false
 }

@@ -264,3 +264,18 @@ func TestPathEscapesASCIIFastPath(t *testing.T) {
 		t.Errorf("NUL then invalid UTF-8: %v %q", esc, why)
 	}
 }
+
+// BenchmarkPathEscapes: a short relative path, and one of 1.3 KB like
+// `talosctl bench`'s 2 KB envelopes carry.
+func BenchmarkPathEscapes(b *testing.B) {
+	for _, p := range []string{"notes/2024/a.txt", "bench/" + strings.Repeat("x", 1300)} {
+		b.Run(fmt.Sprintf("%dB", len(p)), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if esc, why := PathEscapes(testRoot, p); esc {
+					b.Fatal(why)
+				}
+			}
+		})
+	}
+}

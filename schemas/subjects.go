@@ -56,8 +56,23 @@ const (
 // IDPattern is what server_id and ep_id must match so they are safe subject tokens.
 var IDPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
 
-// ValidID reports whether s is a valid server_id or ep_id.
-func ValidID(s string) bool { return IDPattern.MatchString(s) }
+// ValidID reports whether s is a valid server_id or ep_id: whether it
+// matches IDPattern. It is checked several times per call, so it is the
+// pattern written out rather than run through the regexp engine.
+func ValidID(s string) bool {
+	if s == "" || len(s) > 64 || !idStart(s[0]) {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if c := s[i]; !idStart(c) && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// idStart reports whether c may begin an id: [a-z0-9].
+func idStart(c byte) bool { return c >= 'a' && c <= 'z' || c >= '0' && c <= '9' }
 
 // CallSubject is the subject enforcement point epID publishes a call on:
 // talos.call.<phase>.<ep_id>.<server_id>. NATS lets the enforcement role's

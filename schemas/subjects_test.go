@@ -74,3 +74,24 @@ func FuzzParseCallSubject(f *testing.F) {
 		}
 	})
 }
+
+// ValidID is IDPattern written out: the two agree on every string.
+func TestValidIDIsIDPattern(t *testing.T) {
+	for _, s := range []string{"", "a", "0", "_", "-", "a_", "a-b_c9", "A", "aB", "a.b", "a b", "a\n", "a\x00", "é",
+		strings.Repeat("a", 64), strings.Repeat("a", 65), "-a", "_a", "gw-1", "files"} {
+		if got, want := ValidID(s), IDPattern.MatchString(s); got != want {
+			t.Errorf("ValidID(%q) = %v, IDPattern says %v", s, got, want)
+		}
+	}
+}
+
+func FuzzValidID(f *testing.F) {
+	for _, s := range []string{"gw-1", "", "A", strings.Repeat("z", 64), "a\n"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := ValidID(s), IDPattern.MatchString(s); got != want {
+			t.Fatalf("ValidID(%q) = %v, IDPattern says %v", s, got, want)
+		}
+	})
+}
