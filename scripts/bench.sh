@@ -129,6 +129,7 @@ main | replay | flight | tail | verify | gateway | ab | profile | forward | log 
 esac
 ensure_go
 ensure_clickhouse
+ensure_bench_tools
 [ "$mode" != forward ] || ensure_rsyslog
 work=$(mktemp -d /tmp/talos-bench.XXXXXX)
 mkdir -p "$work/bin"

@@ -59,6 +59,20 @@ ensure_rsyslog() {
   apt_install rsyslog rsyslog rsyslog-openssl
 }
 
+# ensure_bench_tools installs what scripts/bench.sh runs beside Talos when
+# it is missing: /usr/bin/time (the verifier's peak RSS), procps (free,
+# pgrep) and curl (the profiles, the log's and the collectors' HTTP ends).
+# A minimal Debian/Ubuntu image has none of them.
+ensure_bench_tools() {
+  local missing=()
+  [ -x /usr/bin/time ] || missing+=(time)
+  { command -v free >/dev/null 2>&1 && command -v pgrep >/dev/null 2>&1; } || missing+=(procps)
+  command -v curl >/dev/null 2>&1 || missing+=(curl)
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "${missing[*]} not found: installing from the OS packages (apt-get install ${missing[*]}) for the benchmark harness…" >&2
+  apt_install - "${missing[@]}"
+}
+
 # ensure_zookeeper installs Debian/Ubuntu's zookeeper (and a Java runtime
 # with it) when its jar is missing: the replicated ClickHouse of the
 # cluster tests (testenv.ClickHouseClusterForTest) coordinates through a

@@ -5,6 +5,7 @@
 # forward role's tests) and ZooKeeper (for the replicated ClickHouse
 # tests) from the OS packages when missing, and Node.js plus
 # the npm MCP servers the MCP tests run (testenv/mcp); NATS is embedded.
+# Then two benchmark modes run at their smallest (below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -24,3 +25,10 @@ go test -count=1 -timeout 18m ./... "$@"
 # test checks the Rego policy decides as the engine does.
 echo "== go test (bench/opa)"
 (cd bench/opa && go test -count=1 ./...)
+# The benchmark harness, smallest sizes: its figures are not checked here
+# (they need a quiet machine), but each mode fails on a stack that does
+# not come up or evidence that does not add up, and a mode no one runs
+# breaks unseen.
+echo "== benchmark harness: bash scripts/bench.sh verify 2000; bash scripts/bench.sh gateway 20 stdio"
+bash scripts/bench.sh verify 2000
+bash scripts/bench.sh gateway 20 stdio
