@@ -95,3 +95,23 @@ func FuzzValidID(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkValidID: IDPattern through the regexp engine against ValidID,
+// on an ep_id as long as a gateway's.
+func BenchmarkValidID(b *testing.B) {
+	const id = "gw-payments-eu-1"
+	b.Run("IDPattern", func(b *testing.B) {
+		for b.Loop() {
+			if !IDPattern.MatchString(id) {
+				b.Fatal(id)
+			}
+		}
+	})
+	b.Run("ValidID", func(b *testing.B) {
+		for b.Loop() {
+			if !ValidID(id) {
+				b.Fatal(id)
+			}
+		}
+	})
+}
