@@ -33,21 +33,26 @@
 #                                 BENCH_NEW_DEV_FLAGS to its dev process (NATS +
 #                                 sink) only: with --insecure-nats-plaintext,
 #                                 what TLS costs
-#   bash scripts/bench.sh profile [SECONDS]  CPU profiles (SECONDS, default 20)
-#                                 of the enforce worker and the dev process (NATS
-#                                 + sink), both run with --pprof, and of the load
-#                                 generator, during a saturation load; a heap
-#                                 profile of the worker at its end; written to a
-#                                 directory it prints, for go tool pprof
+#   bash scripts/bench.sh profile [SECONDS] [RATE]  CPU profiles (SECONDS,
+#                                 default 20) of the enforce worker and the dev
+#                                 process (NATS + sink), both run with --pprof,
+#                                 and of the load generator, during a saturation
+#                                 load, or with RATE at that many calls/s offered
+#                                 (100 enforcement points); a heap profile of the
+#                                 worker at its end; written to a directory it
+#                                 prints, for go tool pprof
 #   bash scripts/bench.sh verify [N]  talosctl verify over N (default 1,000,000)
 #                                 signed, chained receipts with a checkpoint every
 #                                 1,000, written by `talosctl synth`: receipts/s
 #                                 and peak RSS of the verifier, signatures
 #                                 checked one by one, then in batches
 #                                 (--batch-signatures)
-#   bash scripts/bench.sh tail    the latency run in three arrangements: no sink,
-#                                 sink at equal CPU priority, sink and ClickHouse
-#                                 at nice 10 (where the p99 tail comes from)
+#   bash scripts/bench.sh tail [RATE]  the latency run at RATE calls/s
+#                                 (default 1,000: about half the saturation
+#                                 here) for 15 s in three arrangements: no
+#                                 sink, sink at equal CPU priority, sink and
+#                                 ClickHouse at nice 10 (where the p99 tail
+#                                 comes from)
 #   bash scripts/bench.sh gateway [CALLS]  what talos-mcp-gateway adds per
 #                                 tools/call: CALLS (default 2,000) calls of
 #                                 mcp-server-everything's echo, directly and
@@ -123,7 +128,7 @@ mode=${1:-main}
 case $mode in
 main | replay | flight | tail | verify | gateway | ab | profile | forward | log | cluster) ;;
 *)
-  echo "usage: bash scripts/bench.sh [replay|flight|tail|ab [BASE] [ROUNDS]|profile [SECONDS]|verify [N]|gateway [CALLS] [stdio]|forward [CALLS]|log [CALLS] [ROUNDS] [RATE]|cluster [ROUNDS]]" >&2
+  echo "usage: bash scripts/bench.sh [replay|flight|tail [RATE]|ab [BASE] [ROUNDS]|profile [SECONDS] [RATE]|verify [N]|gateway [CALLS] [stdio]|forward [CALLS]|log [CALLS] [ROUNDS] [RATE]|cluster [ROUNDS]]" >&2
   exit 2
   ;;
 esac
@@ -392,12 +397,18 @@ profile)
   addr() { grep 'msg=http ' "$1" | grep -o ' addr=[^ ]*' | head -1 | cut -d= -f2; }
   worker_http=$(addr "$work/worker.log") dev_http=$(addr "$work/dev.log")
   [ -n "$worker_http" ] && [ -n "$dev_http" ] || { echo "no pprof address in the talosd logs" >&2; exit 1; }
-  echo "== probing saturation (10,000 calls)"
-  bench --calls 10000 --concurrency 100 --rate 0 --inflight 4 --json-out "$work/probe.json" >/dev/null
-  sat=$(awk -v x="$(jf "$work/probe.json" decisions_per_sec)" 'BEGIN{printf "%.0f", x}')
-  calls=$(((secs + 5) * sat))
-  echo "== saturation load: $calls calls (about $((secs + 5)) s at $sat decisions/s), 100 enforcement points, 4 in flight each; CPU profiles over $secs s of it"
-  bench --calls "$calls" --concurrency 100 --rate 0 --inflight 4 --json-out "$out/bench.json" \
+  rate=${3:-0}
+  if [ "$rate" -gt 0 ]; then
+    calls=$(((secs + 5) * rate)) pace=(--rate "$rate")
+    echo "== paced load: $calls calls at $rate calls/s offered (about $((secs + 5)) s), 100 enforcement points; CPU profiles over $secs s of it"
+  else
+    echo "== probing saturation (10,000 calls)"
+    bench --calls 10000 --concurrency 100 --rate 0 --inflight 4 --json-out "$work/probe.json" >/dev/null
+    sat=$(awk -v x="$(jf "$work/probe.json" decisions_per_sec)" 'BEGIN{printf "%.0f", x}')
+    calls=$(((secs + 5) * sat)) pace=(--rate 0 --inflight 4)
+    echo "== saturation load: $calls calls (about $((secs + 5)) s at $sat decisions/s), 100 enforcement points, 4 in flight each; CPU profiles over $secs s of it"
+  fi
+  bench --calls "$calls" --concurrency 100 "${pace[@]}" --json-out "$out/bench.json" \
     --cpu-profile "$out/talosctl.pprof" --started-file "$work/started" >"$out/bench.txt" &
   load=$!
   for _ in $(seq 1 1200); do
@@ -426,17 +437,30 @@ profile)
   echo "   go tool pprof -http=127.0.0.1:0 $out/bin/talosd $out/dev.pprof"
   ;;
 tail)
-  echo "== latency at 2,000 calls/s with no sink and no ClickHouse load"
+  rate=${2:-1000}
+  calls=$((rate * 15))
+  # paced_run [bench flags…]: the run at $rate, then the CPU per call of
+  # the worker and of the dev process (NATS, and the sink when it runs
+  # there) over it, from its first publish until its last record is
+  # counted where it goes.
+  paced_run() {
+    local d0 w0 d1 w1
+    d0=$(cpu $dev); w0=$(cpu $worker)
+    bench --calls "$calls" --concurrency 100 --rate "$rate" "$@" | grep -E "p99|end to end"
+    d1=$(cpu $dev); w1=$(cpu $worker)
+    echo "   CPU per call: enforce worker $(per $((w1 - w0)) "$calls") µs, dev process $(per $((d1 - d0)) "$calls") µs"
+  }
+  echo "== latency at $rate calls/s (100 enforcement points, 15 s) with no sink and no ClickHouse load"
   start control
-  bench --no-clickhouse --calls 30000 --concurrency 100 --rate 2000 | grep p99
+  paced_run --no-clickhouse
   stop_all
   echo "== the same with the sink as its own process, equal CPU priority"
   start control "" sink
-  bench --calls 30000 --concurrency 100 --rate 2000 | grep -E "p99|end to end"
+  paced_run
   stop_all
   echo "== the same with the sink and ClickHouse at nice 10"
   start control 10
-  bench --calls 30000 --concurrency 100 --rate 2000 | grep -E "p99|end to end"
+  paced_run
   ;;
 verify)
   n=${2:-1000000}
