@@ -32,7 +32,7 @@ type EnforceRoleOptions struct {
 	Key    *receipts.PrivateKey
 	Engine *enforce.Engine
 	// Chains is the number of hash chains (signing goroutines); 0 means
-	// 4 x GOMAXPROCS.
+	// DefaultChainsPerCPU x GOMAXPROCS.
 	Chains int
 	// Checks are the decider's checks. NewEnforceRole fills in the shared
 	// state: Checks.Ledger (the call ledger of Ledger) and, when
@@ -76,13 +76,23 @@ type EnforceRole struct {
 	state                 func() *enforce.State
 }
 
+// DefaultChainsPerCPU is how many hash chains an enforce worker runs per
+// GOMAXPROCS unless told otherwise. A chain stores its receipts one at a
+// time, each acknowledged by JetStream before the next is sealed, so a
+// worker decides at most about chains / (acknowledgement time) calls a
+// second whatever its CPU. With 4 per CPU, the stack on two cores left
+// part of them idle at saturation, its chains waiting on
+// acknowledgements; 32 per CPU took 1.4 times the calls
+// (BENCHMARKS.md, "More chains").
+const DefaultChainsPerCPU = 32
+
 // NewEnforceRole prepares the enforce role: its hash chains
 // (NewWorkerChains), the call ledger and rate counters shared by every
 // worker, the decider over o.Engine, and the enforcer. An instance name
 // that makes no valid chain id is an error that names it.
 func NewEnforceRole(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, o EnforceRoleOptions) (*EnforceRole, error) {
 	if o.Chains <= 0 {
-		o.Chains = 4 * runtime.GOMAXPROCS(0)
+		o.Chains = DefaultChainsPerCPU * runtime.GOMAXPROCS(0)
 	}
 	id := InstanceToken(o.Instance)
 	chains, base, err := NewWorkerChains(id, o.Chains, o.Key)

@@ -159,8 +159,12 @@ func (w *Worker) Handled() uint64 { return w.handled.Load() }
 // finished are nak'ed so another worker takes them at once; calls the
 // client library still queued come again after AckWait (ordered.Consume).
 func (w *Worker) Run(ctx context.Context) error {
-	buffer := min(64*len(w.o.Chains), w.o.MaxAckPending)
 	// work holds as many calls as one pull brings; the chains take them.
+	// It holds enough to fill every chain's batch once, and at least 512,
+	// but not more: calls pulled into a worker that dies wait AckWait
+	// before another takes them, and MaxAckPending is shared by every
+	// worker of the consumer.
+	buffer := min(max(512, w.o.MaxBatch*len(w.o.Chains)), w.o.MaxAckPending)
 	// Owner: this function; it closes work once nothing can send on it,
 	// then waits for the chains, so no goroutine outlives Run.
 	work := make(chan jetstream.Msg, buffer)
