@@ -3,6 +3,7 @@ package query
 import (
 	"context"
 	"fmt"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 	"slices"
 	"strings"
 	"testing"
@@ -85,7 +86,7 @@ func mcpFixtures(t *testing.T) ([]ReceiptRow, []ToolCallRow) {
 	sampling.MCPMethod, sampling.ParentToolCallID = schemas.MethodSamplingCreateMessage, mcpParentCall
 	lookalike := toolCallEvent(t, mcpLookalike, tcAt)
 	args := canonical(t, `{"mcp_method":"prompts/get","parent_tool_call_id":"`+mcpParentCall+`"}`)
-	lookalike.ArgsHash, lookalike.ArgsRef, lookalike.Payloads.Args = sha256Hex(args), "sha256:"+sha256Hex(args), args
+	lookalike.ArgsHash, lookalike.ArgsRef, lookalike.Payloads.Args = sha256Hex(args), "sha256:"+sha256Hex(args), jsonkit.Canonical(args)
 	lookalike.Redactions = []schemas.Redaction{}
 	var calls []ToolCallRow
 	for _, ev := range []*schemas.ToolCallEvent{&sampling, &lookalike} {

@@ -2,6 +2,7 @@ package query
 
 import (
 	"fmt"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -74,7 +75,7 @@ func (m *sinkMaker) next(tb testing.TB, i int) sinkFixtures {
 	ev := toolCallEvent(tb, call, tcAt)
 	args := canonical(tb, fmt.Sprintf(`{"path":"notes/%d.md","mode":"append","token":"[REDACTED]","content":%q}`,
 		i, strings.Repeat("The quick brown fox jumps over the lazy dog. ", 40)))
-	ev.Payloads.Args, ev.ArgsHash = args, sha256Hex(args)
+	ev.Payloads.Args, ev.ArgsHash = jsonkit.Canonical(args), sha256Hex(args)
 	ev.ArgsRef = "sha256:" + ev.ArgsHash
 	ev.Redactions = ev.Redactions[1:]
 	ev.ReceiptID = id(2)

@@ -330,8 +330,8 @@ func toolCallRowValidated(raw []byte, ce string) (ToolCallRow, []Artifact, error
 			name, hash, ref string
 			content         json.RawMessage
 		}{
-			{"args", ev.ArgsHash, ev.ArgsRef, ev.Payloads.Args},
-			{"result", ev.ResultHash, ev.ResultRef, ev.Payloads.Result},
+			{"args", ev.ArgsHash, ev.ArgsRef, json.RawMessage(ev.Payloads.Args)},
+			{"result", ev.ResultHash, ev.ResultRef, json.RawMessage(ev.Payloads.Result)},
 		} {
 			if p.content == nil {
 				continue

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 	"io/fs"
 	"reflect"
 	"regexp"
@@ -76,7 +77,7 @@ func toolCallEvent(t testing.TB, callID string, at time.Time) schemas.ToolCallEv
 			{Pointer: "/args/headers/authorization", Rule: "bearer_header", Pseudonym: p},
 			{Pointer: "/args/token", Rule: "github_token", Pseudonym: p},
 		},
-		Payloads: &schemas.Payloads{Args: args, Result: result},
+		Payloads: &schemas.Payloads{Args: jsonkit.Canonical(args), Result: jsonkit.Canonical(result)},
 	}
 }
 

@@ -1,6 +1,6 @@
 package schemas
 
-import "encoding/json"
+import "github.com/talos-audit/talos/schemas/jsonkit"
 
 // ToolCallEvent is the data of a dev.talos.toolcall.v1 CloudEvent: the
 // UTS FR-EVT-007 flight-recorder record of one tool call
@@ -101,8 +101,8 @@ type Redaction struct {
 // Payloads are the redacted arguments and result, each the RFC 8785 bytes
 // whose sha256 is args_hash / result_hash.
 type Payloads struct {
-	Args   json.RawMessage `json:"args,omitempty"`
-	Result json.RawMessage `json:"result,omitempty"`
+	Args   jsonkit.Canonical `json:"args,omitempty"`
+	Result jsonkit.Canonical `json:"result,omitempty"`
 }
 
 // ToolCallEventMsgID is the TALOS_AUDIT Nats-Msg-Id of a call's

@@ -2,6 +2,7 @@ package schemas
 
 import (
 	"encoding/json"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 	"reflect"
 	"strings"
 	"testing"
@@ -28,7 +29,7 @@ func fullToolCallEvent() (map[string]any, ToolCallEvent) {
 		ReceiptID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d70", Flags: []string{FlagPostWithoutPre},
 		Redactions: []Redaction{{Pointer: "/args/token", Rule: "github_token",
 			Pseudonym: "hmac-sha256:rk1:" + strings.Repeat("d", 64)}},
-		Payloads:  &Payloads{Args: json.RawMessage(`{"token":"[REDACTED]"}`), Result: json.RawMessage(`[1,"x",null]`)},
+		Payloads:  &Payloads{Args: jsonkit.Canonical(`{"token":"[REDACTED]"}`), Result: jsonkit.Canonical(`[1,"x",null]`)},
 		Signature: &Signature{Alg: SignatureAlg, KID: "k1", Sig: strings.Repeat("A", 86)},
 	}
 	return map[string]any{

@@ -45,7 +45,7 @@ func plantToolCall(t *testing.T, ctx context.Context, w *query.SinkWriter, r *re
 		Timing:    schemas.EventTiming{StartedAt: at.Format(schemas.TimeFormat), EndedAt: at.Format(schemas.TimeFormat)},
 		SessionID: "sess-1", EPID: "gw-1", ServerID: "github", ToolName: "create_issue", Phase: schemas.PhasePost,
 		Decision: schemas.DecisionAllow, ReasonCodes: []string{}, ReceiptID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d70",
-		Redactions: findings, Payloads: &schemas.Payloads{Args: payload},
+		Redactions: findings, Payloads: &schemas.Payloads{Args: jsonkit.Canonical(payload)},
 	}
 	s, err := receipts.SignEvent(key, receipts.Meta{Type: schemas.TypeToolCall, Source: "talos://enforce/w1", Subject: callID, Time: at}, &ev)
 	if err != nil {

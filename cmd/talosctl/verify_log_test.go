@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 	"io"
 	"net"
 	"net/http"
@@ -527,7 +528,7 @@ func (s *logStack) publishRejected(t *testing.T) (ids [2]string) {
 			Decision: schemas.DecisionAllow, ReasonCodes: []string{}, ReceiptID: "0190f5b2-7c1e-7a3b-8d4e-1f2a3b4c5d70", Redactions: []schemas.Redaction{}}
 		if trace != "" {
 			ev.ArgsRef, ev.ArgsHash = "sha256:"+strings.Repeat("ab", 32), strings.Repeat("ab", 32)
-			ev.Payloads = &schemas.Payloads{Args: json.RawMessage(`{"token":"` + rawSecret + `"}`)}
+			ev.Payloads = &schemas.Payloads{Args: jsonkit.Canonical(`{"token":"` + rawSecret + `"}`)}
 		}
 		sealed, err := receipts.SignEvent(key, receipts.Meta{Type: schemas.TypeToolCall, Source: "talos://enforce/tlogv", Subject: callID, Time: at}, &ev)
 		if err != nil {

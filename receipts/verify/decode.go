@@ -110,10 +110,13 @@ var (
 
 func unsupported(*canonDecoder, reflect.Value) bool { return false }
 
-var rawMessageType = reflect.TypeFor[json.RawMessage]()
+var (
+	rawMessageType = reflect.TypeFor[json.RawMessage]()
+	canonicalType  = reflect.TypeFor[jsonkit.Canonical]()
+)
 
 // decodeRawMessage keeps a copy of the value's bytes, null included, as
-// json.RawMessage's UnmarshalJSON does.
+// json.RawMessage's (and jsonkit.Canonical's) UnmarshalJSON does.
 func decodeRawMessage(d *canonDecoder, v reflect.Value) bool {
 	end, err := jsonkit.SkipValue(d.b, d.i)
 	if err != nil {
@@ -125,7 +128,7 @@ func decodeRawMessage(d *canonDecoder, v reflect.Value) bool {
 }
 
 func newTypeDecoder(t reflect.Type) decodeFunc {
-	if t == rawMessageType {
+	if t == rawMessageType || t == canonicalType {
 		return decodeRawMessage
 	}
 	if t.Kind() != reflect.Pointer && (reflect.PointerTo(t).Implements(unmarshalerType) || reflect.PointerTo(t).Implements(textUnmarshalerType)) ||

@@ -123,7 +123,40 @@ func (e *canonEncoder) encode(b []byte, v any) ([]byte, error) {
 var (
 	marshalerType     = reflect.TypeFor[json.Marshaler]()
 	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
+	canonicalType     = reflect.TypeFor[Canonical]()
 )
+
+// Canonical is JSON text already in RFC 8785 form, as CanonicalTree and
+// AppendCanonicalObject write it. The canonical encoder appends it as it
+// is, where it parses and encodes a json.RawMessage again; encoding/json
+// marshals and unmarshals it as a json.RawMessage. Only bytes this
+// package wrote belong in one: other bytes would be signed as they are.
+type Canonical []byte
+
+// MarshalJSON returns c ("null" when nil), as json.RawMessage does.
+func (c Canonical) MarshalJSON() ([]byte, error) {
+	if c == nil {
+		return []byte("null"), nil
+	}
+	return c, nil
+}
+
+// UnmarshalJSON keeps a copy of data, as json.RawMessage does.
+func (c *Canonical) UnmarshalJSON(data []byte) error {
+	if c == nil {
+		return errors.New("jsonkit: Canonical: UnmarshalJSON on nil pointer")
+	}
+	*c = append((*c)[0:0], data...)
+	return nil
+}
+
+// canonicalEncoder appends a Canonical as it is.
+func canonicalEncoder(_ *canonEncoder, b []byte, v reflect.Value, _ int) ([]byte, error) {
+	if v.IsNil() {
+		return append(b, "null"...), nil
+	}
+	return append(b, v.Bytes()...), nil
+}
 
 // encoderFunc appends to b the canonical form of v, a value of the type it
 // was built for, at nesting depth.
@@ -164,6 +197,9 @@ func newTypeEncoder(t reflect.Type) encoderFunc {
 	k := t.Kind()
 	if k == reflect.Pointer || k == reflect.Interface {
 		return kindEncoder(t)
+	}
+	if t == canonicalType {
+		return canonicalEncoder
 	}
 	if t.Implements(marshalerType) {
 		return marshalerEncoder

@@ -262,3 +262,41 @@ func sampleReceipt(i, docs int) *schemas.Receipt {
 	}
 	return r
 }
+
+// A Canonical is appended as it is, where a json.RawMessage of the same
+// bytes is canonicalized; encoding/json treats it as a json.RawMessage.
+func TestCanonicalAppendedAsItIs(t *testing.T) {
+	type payloads struct {
+		Canon jsonkit.Canonical `json:"canon,omitempty"`
+		Raw   json.RawMessage   `json:"raw,omitempty"`
+		None  jsonkit.Canonical `json:"none,omitempty"`
+	}
+	in, err := jsonkit.CanonicalTree(map[string]any{"z": []any{json.Number("1"), "é"}, "a": nil})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Bytes no one canonicalized show which path each field took.
+	loose := ` { "b" : 1 } `
+	for _, tc := range []struct {
+		v    payloads
+		want string
+	}{
+		{payloads{Canon: in, Raw: json.RawMessage(in)}, `{"canon":` + string(in) + `,"raw":` + string(in) + `}`},
+		{payloads{Canon: jsonkit.Canonical(loose), Raw: json.RawMessage(loose)}, `{"canon":` + loose + `,"raw":{"b":1}}`},
+	} {
+		got, err := jsonkit.MarshalCanonical(tc.v)
+		if err != nil || string(got) != tc.want {
+			t.Errorf("MarshalCanonical = %s, %v; want %s", got, err, tc.want)
+		}
+	}
+	var back payloads
+	if err := json.Unmarshal([]byte(`{"canon":{"b":[1, 2]},"raw":3}`), &back); err != nil || string(back.Canon) != `{"b":[1, 2]}` || back.None != nil {
+		t.Fatalf("json.Unmarshal: %+v, %v", back, err)
+	}
+	if got, err := json.Marshal(payloads{Canon: in}); err != nil || string(got) != `{"canon":`+string(in)+`}` {
+		t.Fatalf("json.Marshal = %s, %v", got, err)
+	}
+	if got, err := jsonkit.MarshalCanonical(struct{ C jsonkit.Canonical }{}); err != nil || string(got) != `{"C":null}` {
+		t.Fatalf("nil Canonical = %s, %v", got, err)
+	}
+}
