@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -98,7 +97,15 @@ func (s *Sink) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ingest: %w", err)
 	}
-	in, stopPull := s.pull(ctx, cons)
+	// A puller keeps taking messages while a batch is being written, into
+	// a channel as large as one pull; a consumer that stops by itself is
+	// bound again (ordered.Pull: a callback, which never drops what a pull
+	// brought, where a channel iterator would and the record would wait
+	// AckWait). stopPull ends it and hands back what it left.
+	in, stopPull := ordered.StartPull(ctx, cons, s.consumer, ordered.PullOptions{
+		Batch: s.o.BatchRows, What: "sink", Log: s.o.Logger,
+		OnErr: func(err error) { s.o.Logger.Debug("sink fetch", "err", err) },
+	})
 	defer stopPull()
 	var (
 		msgs  = make([]jetstream.Msg, 0, s.o.BatchRows)
@@ -121,7 +128,10 @@ func (s *Sink) Run(ctx context.Context) error {
 		case m, ok := <-in:
 			if !ok {
 				// ctx ended, or the consumer could not be bound again.
-				return stopPull()
+				if err := stopPull(); err != nil {
+					return fmt.Errorf("ingest: %w", err)
+				}
+				return nil
 			}
 			if len(msgs) == 0 {
 				timer = time.NewTimer(s.o.BatchAge)
@@ -150,40 +160,6 @@ func (s *Sink) Run(ctx context.Context) error {
 		clear(recs)
 		msgs, recs, size, flush = msgs[:0], recs[:0], 0, nil
 	}
-}
-
-// pull starts a puller goroutine, which keeps taking cons's messages while
-// a batch is being written, into a channel as large as one pull; a
-// consumer that stops by itself is bound again (ordered.Pull: a callback,
-// which never drops what a pull brought, where a channel iterator would
-// and the record would wait AckWait). Owner: Run, through stop, which ends
-// the puller, waits for it, hands back (Nak) what it left in the channel
-// and returns its error: nil once ctx ended, or why the consumer could not
-// be bound again. stop may be called more than once.
-func (s *Sink) pull(ctx context.Context, cons jetstream.Consumer) (<-chan jetstream.Msg, func() error) {
-	in := make(chan jetstream.Msg, s.o.BatchRows)
-	ctx, cancel := context.WithCancel(ctx)
-	var pulled error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer close(in)
-		pulled = ordered.Pull(ctx, cons, s.consumer, in, ordered.PullOptions{
-			Batch: s.o.BatchRows, What: "sink", Log: s.o.Logger,
-			OnErr: func(err error) { s.o.Logger.Debug("sink fetch", "err", err) },
-		})
-	}()
-	return in, sync.OnceValue(func() error {
-		cancel()
-		<-done
-		for m := range in {
-			_ = m.Nak()
-		}
-		if pulled != nil {
-			return fmt.Errorf("ingest: %w", pulled)
-		}
-		return nil
-	})
 }
 
 // consumer creates or updates the sink's durable consumer of

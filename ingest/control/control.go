@@ -941,18 +941,13 @@ func (s *ControlService) copyConsumer(ctx context.Context) (cons jetstream.Consu
 // itself and cannot be bound again (that error). It consumes with a
 // callback (ordered.Pull), not a channel iterator, which would drop what
 // overflows its buffer after a reconnect and leave the event uncopied for
-// AckWait. Owner of the puller goroutine: copyEvents, which waits for it;
-// an event it handed over after ctx ended is handed back (Nak).
+// AckWait. Owner of the puller goroutine (ordered.StartPull): copyEvents,
+// which waits for it; an event it handed over after ctx ended is handed
+// back (Nak).
 func (s *ControlService) copyEvents(ctx context.Context, cons jetstream.Consumer) error {
-	events := make(chan jetstream.Msg, controlCopyBatch)
-	var pulled error
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		defer close(events)
-		pulled = ordered.Pull(ctx, cons, s.copyConsumer, events, ordered.PullOptions{
-			Batch: controlCopyBatch, What: "control copy", Log: s.log,
-			OnErr: func(err error) { s.log.Warn("control copy fetch", "err", err) },
-		})
+	events, stop := ordered.StartPull(ctx, cons, s.copyConsumer, ordered.PullOptions{
+		Batch: controlCopyBatch, What: "control copy", Log: s.log,
+		OnErr: func(err error) { s.log.Warn("control copy fetch", "err", err) },
 	})
 	for m := range events {
 		if ctx.Err() != nil {
@@ -961,9 +956,8 @@ func (s *ControlService) copyEvents(ctx context.Context, cons jetstream.Consumer
 		}
 		s.copyOne(ctx, m)
 	}
-	wg.Wait()
-	if pulled != nil {
-		return fmt.Errorf("ingest: control events are no longer copied to %s: %w", schemas.StreamAudit, pulled)
+	if err := stop(); err != nil {
+		return fmt.Errorf("ingest: control events are no longer copied to %s: %w", schemas.StreamAudit, err)
 	}
 	return nil
 }

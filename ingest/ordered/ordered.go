@@ -211,3 +211,30 @@ func (b *Backoff) Wait(ctx context.Context) bool {
 		return true
 	}
 }
+
+// StartPull runs Pull on a goroutine of its own, into a channel of
+// o.Batch messages that it closes once Pull has returned, for a caller
+// that works on what a pull brought while the next one comes. stop ends
+// Pull, waits for it, hands back (Nak) what is left in the channel and
+// returns Pull's error: nil once ctx ended, or why the consumer could not
+// be bound again. stop may be called more than once.
+func StartPull(ctx context.Context, cons jetstream.Consumer, bind func(context.Context) (jetstream.Consumer, error),
+	o PullOptions) (msgs <-chan jetstream.Msg, stop func() error) {
+	out := make(chan jetstream.Msg, o.Batch)
+	ctx, cancel := context.WithCancel(ctx)
+	var pulled error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(out)
+		pulled = Pull(ctx, cons, bind, out, o)
+	}()
+	return out, sync.OnceValue(func() error {
+		cancel()
+		<-done
+		for m := range out {
+			_ = m.Nak()
+		}
+		return pulled
+	})
+}
