@@ -26,67 +26,42 @@ func ParseDecision(b []byte) (*Decision, error) {
 func parseDecisionFast(b []byte) (*Decision, bool) {
 	p := decisionParser{jsonkit.Reader{B: b}}
 	d := &Decision{}
-	if !p.Byte('{') {
-		return nil, false
-	}
-	seen := 0
-	for first := true; ; first = false {
-		if p.Peek() == '}' && first {
-			p.I++
-			break
-		}
-		key, ok := p.PlainString()
-		if !ok || !p.Byte(':') {
-			return nil, false
-		}
-		var bit int
-		switch key {
+	_, ok := p.Object(false, func(name string) (bit uint, ok bool) {
+		switch name {
 		case "tool_call_id":
-			bit = 1
 			d.ToolCallID, ok = p.PlainString()
+			return 1, ok
 		case "phase":
-			bit = 2
 			d.Phase, ok = p.PlainString()
+			return 2, ok
 		case "decision":
-			bit = 4
 			d.Decision, ok = p.PlainString()
+			return 4, ok
 		case "reason_codes":
-			bit = 8
 			d.ReasonCodes, ok = p.strings()
+			return 8, ok
 		case "receipt_id":
-			bit = 16
 			d.ReceiptID, ok = p.PlainString()
+			return 16, ok
 		case "registry_digest":
-			bit = 32
 			d.RegistryDigest, ok = p.PlainString()
+			return 32, ok
 		case "receipt":
-			bit = 64
 			start := p.I
 			if ok = p.skip(0); ok {
 				// As json.Unmarshal: a RawMessage keeps even "null".
 				d.Receipt = append(json.RawMessage(nil), b[start:p.I]...)
 			}
+			return 64, ok
 		case "details":
-			bit = 128
 			d.Details, ok = p.strings()
-		default:
-			return nil, false
+			return 128, ok
 		}
-		if !ok || seen&bit != 0 {
-			return nil, false
-		}
-		seen |= bit
-		if p.Byte(',') {
-			continue
-		}
-		if !p.Byte('}') {
-			return nil, false
-		}
-		break
-	}
+		return 0, false
+	})
 	// Every string was checked for UTF-8 (jsonkit.ScanString); the rest
 	// of what was read is ASCII.
-	if p.I != len(b) {
+	if !ok || p.I != len(b) {
 		return nil, false
 	}
 	return d, true

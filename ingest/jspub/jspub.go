@@ -124,49 +124,27 @@ func parseAckJSON(b []byte) (*jetstream.PubAck, error) {
 // ParseAck leaves to encoding/json.
 func parseAck(b []byte) (ack *jetstream.PubAck, ok bool) {
 	r := jsonkit.Reader{B: b}
-	token := func(c byte) bool { r.Space(); return r.Byte(c) }
-	if !token('{') {
+	ack = &jetstream.PubAck{}
+	seen, ok := r.Object(true, func(name string) (bit uint, ok bool) {
+		switch name {
+		case "stream":
+			ack.Stream, ok = r.PlainString()
+			return 1, ok
+		case "seq":
+			ack.Sequence, ok = r.Uint()
+			return 2, ok
+		case "domain":
+			ack.Domain, ok = r.PlainString()
+			return 4, ok
+		case "duplicate":
+			ack.Duplicate = r.Literal("true")
+			return 8, ack.Duplicate || r.Literal("false")
+		}
+		return 0, false
+	})
+	r.Space()
+	if !ok || r.I != len(b) || ack.Stream == "" || seen&2 == 0 {
 		return nil, false
 	}
-	ack = &jetstream.PubAck{}
-	var seen uint8
-	for {
-		r.Space()
-		key, ok := r.PlainString()
-		if !ok || !token(':') {
-			return nil, false
-		}
-		r.Space()
-		var bit uint8
-		switch key {
-		case "stream":
-			bit = 1
-			ack.Stream, ok = r.PlainString()
-		case "seq":
-			bit = 2
-			ack.Sequence, ok = r.Uint()
-		case "domain":
-			bit = 4
-			ack.Domain, ok = r.PlainString()
-		case "duplicate":
-			bit = 8
-			ack.Duplicate = r.Literal("true")
-			ok = ack.Duplicate || r.Literal("false")
-		}
-		if !ok || bit == 0 || seen&bit != 0 {
-			return nil, false // also a member twice: encoding/json keeps the last
-		}
-		seen |= bit
-		if token(',') {
-			continue
-		}
-		if !token('}') {
-			return nil, false
-		}
-		r.Space()
-		if r.I != len(b) || ack.Stream == "" || seen&2 == 0 {
-			return nil, false
-		}
-		return ack, true
-	}
+	return ack, true
 }

@@ -76,3 +76,49 @@ func (r *Reader) Uint() (uint64, bool) {
 	r.I = end
 	return v, true
 }
+
+// Object reads an object whose member names are plain strings, calling
+// member at each value: member reads the value and returns the member's
+// bit (a power of two of its own per name it knows, 0 for a name it does
+// not) and whether the value was there. Object reports false for bad
+// syntax, a value member could not read, an unknown name or one given
+// twice (encoding/json would keep the last: a caller that falls back to it
+// stays in agreement); otherwise it returns the bits of the members read.
+// With space, white space is allowed around every token (Space); without
+// it, the object must be compact.
+func (r *Reader) Object(space bool, member func(name string) (bit uint, ok bool)) (seen uint, ok bool) {
+	sp := func() {
+		if space {
+			r.Space()
+		}
+	}
+	sp()
+	if !r.Byte('{') {
+		return 0, false
+	}
+	sp()
+	if r.Byte('}') {
+		return 0, true
+	}
+	for {
+		name, ok := r.PlainString()
+		sp()
+		if !ok || !r.Byte(':') {
+			return 0, false
+		}
+		sp()
+		bit, ok := member(name)
+		if !ok || bit == 0 || seen&bit != 0 {
+			return 0, false
+		}
+		seen |= bit
+		sp()
+		if r.Byte('}') {
+			return seen, true
+		}
+		if !r.Byte(',') {
+			return 0, false
+		}
+		sp()
+	}
+}
