@@ -33,14 +33,16 @@
 #                                 BENCH_NEW_DEV_FLAGS to its dev process (NATS +
 #                                 sink) only: with --insecure-nats-plaintext,
 #                                 what TLS costs
-#   bash scripts/bench.sh profile [SECONDS] [RATE]  CPU profiles (SECONDS,
-#                                 default 20) of the enforce worker and the dev
-#                                 process (NATS + sink), both run with --pprof,
-#                                 and of the load generator, during a saturation
-#                                 load, or with RATE at that many calls/s offered
-#                                 (100 enforcement points); a heap profile of the
-#                                 worker at its end; written to a directory it
-#                                 prints, for go tool pprof
+#   bash scripts/bench.sh profile [SECONDS] [RATE] [post]  CPU profiles
+#                                 (SECONDS, default 20) of the enforce worker
+#                                 and the dev process (NATS + sink), both run
+#                                 with --pprof, and of the load generator, during
+#                                 a saturation load, or with RATE (0:
+#                                 saturation) at that many calls/s offered (100
+#                                 enforcement points); with post, every call
+#                                 also sends its post event, as in flight; heap
+#                                 profiles of both at its end; written
+#                                 to a directory it prints, for go tool pprof
 #   bash scripts/bench.sh verify [N]  talosctl verify over N (default 1,000,000)
 #                                 signed, chained receipts with a checkpoint every
 #                                 1,000, written by `talosctl synth`: receipts/s
@@ -399,18 +401,19 @@ profile)
   addr() { grep 'msg=http ' "$1" | grep -o ' addr=[^ ]*' | head -1 | cut -d= -f2; }
   worker_http=$(addr "$work/worker.log") dev_http=$(addr "$work/dev.log")
   [ -n "$worker_http" ] && [ -n "$dev_http" ] || { echo "no pprof address in the talosd logs" >&2; exit 1; }
-  rate=${3:-0}
+  rate=${3:-0} post=()
+  [ "${4:-}" = post ] && post=(--post) && echo "== every call also sends its post event (flight)"
   if [ "$rate" -gt 0 ]; then
     calls=$(((secs + 5) * rate)) pace=(--rate "$rate")
     echo "== paced load: $calls calls at $rate calls/s offered (about $((secs + 5)) s), 100 enforcement points; CPU profiles over $secs s of it"
   else
     echo "== probing saturation (10,000 calls)"
-    bench --calls 10000 --concurrency 100 --rate 0 --inflight 4 --json-out "$work/probe.json" >/dev/null
+    bench --calls 10000 --concurrency 100 --rate 0 --inflight 4 ${post[@]+"${post[@]}"} --json-out "$work/probe.json" >/dev/null
     sat=$(awk -v x="$(jf "$work/probe.json" decisions_per_sec)" 'BEGIN{printf "%.0f", x}')
     calls=$(((secs + 5) * sat)) pace=(--rate 0 --inflight 4)
     echo "== saturation load: $calls calls (about $((secs + 5)) s at $sat decisions/s), 100 enforcement points, 4 in flight each; CPU profiles over $secs s of it"
   fi
-  bench --calls "$calls" --concurrency 100 "${pace[@]}" --json-out "$out/bench.json" \
+  bench --calls "$calls" --concurrency 100 "${pace[@]}" ${post[@]+"${post[@]}"} --json-out "$out/bench.json" \
     --cpu-profile "$out/talosctl.pprof" --started-file "$work/started" >"$out/bench.txt" &
   load=$!
   for _ in $(seq 1 1200); do
@@ -426,6 +429,7 @@ profile)
   wait $p1
   wait $p2
   curl -sf -o "$out/worker.heap.pprof" "http://$worker_http/debug/pprof/heap"
+  curl -sf -o "$out/dev.heap.pprof" "http://$dev_http/debug/pprof/heap"
   wait $load
   cat "$out/bench.txt"
   mkdir -p "$out/bin"
@@ -434,7 +438,7 @@ profile)
     echo "== $p: top functions by CPU ($out/$p.pprof)"
     go tool pprof -top -nodecount 15 "$out/$p.pprof" 2>/dev/null | sed -n '1,/^ *flat /d; p' | head -15 | sed 's/^/   /'
   done
-  echo "== profiles in $out: enforce worker (worker.pprof, worker.heap.pprof), NATS + sink (dev.pprof), load generator (talosctl.pprof; its timed part), with the binaries in bin/; e.g."
+  echo "== profiles in $out: enforce worker (worker.pprof, worker.heap.pprof), NATS + sink (dev.pprof, dev.heap.pprof), load generator (talosctl.pprof; its timed part), with the binaries in bin/; e.g."
   echo "   go tool pprof -top $out/bin/talosd $out/worker.pprof"
   echo "   go tool pprof -http=127.0.0.1:0 $out/bin/talosd $out/dev.pprof"
   ;;

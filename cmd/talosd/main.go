@@ -55,7 +55,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "run 'talosd --help' for usage")
 		os.Exit(2)
 	}
-	ingest.TuneGC(len(c.Flags.Roles) == 1 && c.Flags.Roles[0] == "enforce")
+	ingest.TuneGC(len(c.Flags.Roles) == 1 && c.Flags.Roles[0] == "enforce", c.Flags.NatsURL == "")
 	if err = k.Run(&c.Flags, c.Server(c.DataDir), tlog.KeyPlace{RoleFlags: c.RoleFlags, DataDir: c.DataDir, Instance: c.instance()}); err != nil {
 		fmt.Fprintln(os.Stderr, "talosd:", err)
 		if errors.As(err, new(usageError)) {
