@@ -503,10 +503,11 @@ gateway)
   fi
   # Another benchmark or test suite on the same 2 cores would show up as
   # gateway latency: wait until no `go test` runs (up to 30 minutes).
+  # busy: a `go test` runs, and BENCH_NO_IDLE=1 does not say to ignore it.
+  busy() { [ "${BENCH_NO_IDLE:-}" != 1 ] && pgrep -f 'go test' >/dev/null; }
   wait_idle() {
     local n=0
-    [ "${BENCH_NO_IDLE:-}" = 1 ] && return 0
-    while pgrep -f 'go test' >/dev/null; do
+    while busy; do
       [ $n -eq 0 ] && echo "== waiting for the running 'go test' to finish (the machine must be otherwise idle)"
       n=$((n + 1))
       [ $n -lt 360 ] || { echo "still busy after 30 minutes; giving up" >&2; exit 1; }
@@ -536,7 +537,7 @@ gateway)
     "$work/bin/talosctl" bench-mcp --calls "$calls" --warmup "$warmup" --stderr "$work/servers.log" \
       --direct "everything=$everything" "$@" >"$work/$name.out" || { cat "$work/$name.out"; tail -20 "$work/servers.log"; exit 1; }
     cat "$work/$name.out"
-    if [ "${BENCH_NO_IDLE:-}" != 1 ] && pgrep -f 'go test' >/dev/null; then
+    if busy; then
       echo "== a 'go test' started during the measurement: these figures are not of an idle machine; run again" >&2
       exit 1
     fi
