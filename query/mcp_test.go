@@ -3,7 +3,6 @@ package query
 import (
 	"context"
 	"fmt"
-	"github.com/talos-audit/talos/schemas/jsonkit"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 	"github.com/talos-audit/talos/testenv"
 )
 

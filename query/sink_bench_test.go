@@ -2,7 +2,6 @@ package query
 
 import (
 	"fmt"
-	"github.com/talos-audit/talos/schemas/jsonkit"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // sinkFixtures are one record of each kind the sink projects on the hot

@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/talos-audit/talos/schemas/jsonkit"
 	"io/fs"
 	"reflect"
 	"regexp"
@@ -22,6 +21,7 @@ import (
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 	"github.com/talos-audit/talos/testenv"
 )
 

@@ -2,10 +2,11 @@ package schemas
 
 import (
 	"encoding/json"
-	"github.com/talos-audit/talos/schemas/jsonkit"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/talos-audit/talos/schemas/jsonkit"
 )
 
 // fullToolCallEvent is a dev.talos.toolcall.v1 CloudEvent with every field

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/talos-audit/talos/schemas/jsonkit"
 	"io"
 	"net"
 	"net/http"
@@ -28,6 +27,7 @@ import (
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/logproof"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/schemas/jsonkit"
 	"github.com/talos-audit/talos/testenv"
 )
 
