@@ -39,6 +39,16 @@ type SinkOptions struct {
 	BatchRows  int
 	BatchBytes int
 	BatchAge   time.Duration
+	// BatchPause and BatchMinAge close a batch early when records stop
+	// coming: a batch at least BatchMinAge old is written once no record
+	// has arrived for BatchPause (defaults 100 ms and a quarter of
+	// BatchAge). The rows of a burst then reach ClickHouse as it ends, not
+	// up to BatchAge later, while a busy stream, whose records come closer
+	// together, still fills its batches by rows or age. A stream slower
+	// than one record per BatchPause is written every BatchMinAge, not
+	// every BatchAge: at most four INSERTs a second by default.
+	BatchPause  time.Duration
+	BatchMinAge time.Duration
 	// AckWait is the consumer's redelivery timer (default 30 s); the sink
 	// marks held messages in progress while a write is being retried.
 	AckWait time.Duration
@@ -60,6 +70,12 @@ func (o SinkOptions) withDefaults() SinkOptions {
 	}
 	if o.BatchAge <= 0 {
 		o.BatchAge = time.Second
+	}
+	if o.BatchPause <= 0 {
+		o.BatchPause = 100 * time.Millisecond
+	}
+	if o.BatchMinAge <= 0 {
+		o.BatchMinAge = o.BatchAge / 4
 	}
 	if o.AckWait <= 0 {
 		o.AckWait = 30 * time.Second
@@ -108,12 +124,19 @@ func (s *Sink) Run(ctx context.Context) error {
 	})
 	defer stopPull()
 	var (
-		msgs  = make([]jetstream.Msg, 0, s.o.BatchRows)
-		recs  = make([]schemas.AuditRecord, 0, s.o.BatchRows)
-		size  int
-		timer *time.Timer
-		flush <-chan time.Time // fires BatchAge after the open batch's first record
+		msgs    = make([]jetstream.Msg, 0, s.o.BatchRows)
+		recs    = make([]schemas.AuditRecord, 0, s.o.BatchRows)
+		size    int
+		started time.Time // the open batch's first record
+		timer   *time.Timer
+		flush   <-chan time.Time // fires BatchAge after the open batch's first record
+		// pause fires BatchPause after the last record that found no other
+		// waiting behind it (BatchMinAge after the batch's first, if later).
+		pause  = time.NewTimer(time.Hour)
+		paused <-chan time.Time
 	)
+	pause.Stop()
+	defer pause.Stop()
 	// On the way out, hand an unwritten batch back so the next sink takes
 	// it at once instead of after AckWait.
 	defer func() {
@@ -134,6 +157,7 @@ func (s *Sink) Run(ctx context.Context) error {
 				return nil
 			}
 			if len(msgs) == 0 {
+				started = time.Now()
 				timer = time.NewTimer(s.o.BatchAge)
 				flush = timer.C
 			}
@@ -145,11 +169,18 @@ func (s *Sink) Run(ctx context.Context) error {
 			recs = append(recs, schemas.AuditRecord{Subject: m.Subject(), Data: m.Data(), StreamSeq: seq})
 			size += len(m.Data())
 			if len(msgs) < s.o.BatchRows && size < s.o.BatchBytes {
+				if len(in) == 0 {
+					pause.Reset(max(s.o.BatchPause, s.o.BatchMinAge-time.Since(started)))
+					paused = pause.C
+				}
 				continue
 			}
 			timer.Stop()
 		case <-flush:
+		case <-paused:
+			timer.Stop()
 		}
+		pause.Stop()
 		if err := s.write(ctx, msgs, recs); err != nil {
 			return nil // stopping; the deferred Nak hands the batch back
 		}
@@ -158,7 +189,7 @@ func (s *Sink) Run(ctx context.Context) error {
 		// messages for the collector.
 		clear(msgs)
 		clear(recs)
-		msgs, recs, size, flush = msgs[:0], recs[:0], 0, nil
+		msgs, recs, size, flush, paused = msgs[:0], recs[:0], 0, nil, nil
 	}
 }
 

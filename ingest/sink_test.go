@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -170,5 +171,119 @@ func TestSinkBindsItsConsumerAgain(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("sink: %v", err)
+	}
+}
+
+// batchLog records each batch the sink writes: when, and its records.
+type batchLog struct {
+	mu      sync.Mutex
+	batches []loggedBatch
+}
+
+type loggedBatch struct {
+	at   time.Time
+	recs []string
+}
+
+func (w *batchLog) Write(_ context.Context, recs []schemas.AuditRecord) error {
+	b := loggedBatch{at: time.Now()}
+	for _, r := range recs {
+		b.recs = append(b.recs, string(r.Data))
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.batches = append(w.batches, b)
+	return nil
+}
+
+func (w *batchLog) snapshot() []loggedBatch {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.batches)
+}
+
+// runSink runs a sink with o on a fresh stream set until the test ends.
+func runSink(t *testing.T, o ingest.SinkOptions) (jetstream.JetStream, *batchLog) {
+	t.Helper()
+	ns := testenv.NATSForTest(t)
+	_, js := testenv.ConnectJS(t, ns.URL())
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w := &batchLog{}
+	sink, err := ingest.NewSink(js, w, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = sink.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return js, w
+}
+
+// TestSinkWritesABurstWhenItEnds: a burst is written as one batch once
+// records stop coming, long before its batch age (an hour here) ends.
+func TestSinkWritesABurstWhenItEnds(t *testing.T) {
+	js, w := runSink(t, ingest.SinkOptions{BatchAge: time.Hour, BatchMinAge: 200 * time.Millisecond})
+	const n = 30
+	var futs []jetstream.PubAckFuture
+	for i := range n {
+		fut, err := js.PublishAsync(schemas.ReceiptSubject("decision", "files"), fmt.Appendf(nil, `{"n":%d}`, i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		futs = append(futs, fut)
+	}
+	for _, f := range futs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatal(err)
+		}
+	}
+	testenv.WaitFor(t, 10*time.Second, func() bool { return len(w.snapshot()) > 0 })
+	time.Sleep(300 * time.Millisecond) // a second batch, if the burst was split, is written by now
+	if got := w.snapshot(); len(got) != 1 || len(got[0].recs) != n {
+		sizes := make([]int, len(got))
+		for i, b := range got {
+			sizes[i] = len(b.recs)
+		}
+		t.Fatalf("the burst of %d records was written as batches of %v, want one", n, sizes)
+	}
+}
+
+// TestSinkWritesNoBatchBeforeMinAge: records that come further apart than
+// BatchPause are not each written alone: no batch is written before it is
+// BatchMinAge old (counted from its first record's publish, which is
+// earlier than its arrival).
+func TestSinkWritesNoBatchBeforeMinAge(t *testing.T) {
+	const minAge = 150 * time.Millisecond
+	js, w := runSink(t, ingest.SinkOptions{BatchAge: time.Hour, BatchMinAge: minAge, BatchPause: 5 * time.Millisecond})
+	ctx := context.Background()
+	sent := map[string]time.Time{}
+	for i := range 20 {
+		rec := fmt.Sprintf(`{"n":%d}`, i)
+		sent[rec] = time.Now()
+		if _, err := js.Publish(ctx, schemas.ReceiptSubject("decision", "files"), []byte(rec)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	testenv.WaitFor(t, 10*time.Second, func() bool {
+		n := 0
+		for _, b := range w.snapshot() {
+			n += len(b.recs)
+		}
+		return n == len(sent)
+	})
+	batches := w.snapshot()
+	for _, b := range batches {
+		if age := b.at.Sub(sent[b.recs[0]]); age < minAge {
+			t.Errorf("a batch of %d records was written %v after its first was published, before BatchMinAge %v", len(b.recs), age, minAge)
+		}
+	}
+	if len(batches) < 2 {
+		t.Errorf("%d records over about 500 ms were written in %d batch, want one every BatchMinAge", len(sent), len(batches))
 	}
 }
