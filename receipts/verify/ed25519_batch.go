@@ -2,14 +2,17 @@ package verify
 
 import (
 	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha512"
+	"hash"
 
+	"github.com/oasisprotocol/curve25519-voi/curve"
+	"github.com/oasisprotocol/curve25519-voi/curve/scalar"
 	voi "github.com/oasisprotocol/curve25519-voi/primitives/ed25519"
 )
 
-// batchChunk is how many signatures one batch equation checks: below
-// curve25519-voi's limit (94) for using the precomputed keys, where the
-// cost per signature is lowest.
-const batchChunk = 64
+// batchChunk is how many signatures one batch equation checks.
+const batchChunk = 256
 
 // minBatch is the smallest chunk worth a batch equation.
 const minBatch = 4
@@ -32,19 +35,28 @@ var batchOptions = &voi.Options{Verify: voi.VerifyOptionsFIPS_186_5}
 // VerifyAll.
 func VerifyAllBatch(checks []SigCheck) []bool {
 	ok := make([]bool, len(checks))
-	var bv *voi.BatchVerifier
+	var (
+		eq batchEquation
+		bv *voi.BatchVerifier
+	)
 	for start := 0; start < len(checks); start += batchChunk {
 		chunk := checks[start:min(start+batchChunk, len(checks))]
-		if len(chunk) >= minBatch {
+		var holds bool
+		switch {
+		case len(chunk) < minBatch:
+		case fewKeys(chunk):
+			holds = eq.holds(chunk)
+		default:
 			if bv == nil {
 				bv = voi.NewBatchVerifierWithCapacity(batchChunk)
 			}
-			if batchHolds(bv.Reset(), chunk) {
-				for i := range chunk {
-					ok[start+i] = true
-				}
-				continue
+			holds = voiHolds(bv.Reset(), chunk)
+		}
+		if holds {
+			for i := range chunk {
+				ok[start+i] = true
 			}
+			continue
 		}
 		for i, c := range chunk {
 			ok[start+i] = Verify(c.Pub, c.Message, c.Sig)
@@ -53,8 +65,34 @@ func VerifyAllBatch(checks []SigCheck) []bool {
 	return ok
 }
 
-// batchHolds reports whether the batch equation of chunk holds.
-func batchHolds(bv *voi.BatchVerifier, chunk []SigCheck) bool {
+// fewKeys reports whether chunk's signatures are by at most a quarter as
+// many keys as there are signatures: then batchEquation, which sums the
+// terms of each key into one, is cheaper (on this project's machine, 8.8
+// against 13.5 µs a signature for 256 by one key, 10.5 against 14.9 for
+// 128 by four), and otherwise curve25519-voi's batch verifier, with its
+// precomputed tables for each key (17.2 against 13.5 µs for 256 by 256
+// keys): BenchmarkVerifyAll.
+func fewKeys(chunk []SigCheck) bool {
+	limit := len(chunk) / 4
+	var keys [][]byte
+next:
+	for _, c := range chunk {
+		for _, k := range keys {
+			if string(k) == string(c.Pub) {
+				continue next
+			}
+		}
+		if len(keys) == limit {
+			return false
+		}
+		keys = append(keys, c.Pub)
+	}
+	return true
+}
+
+// voiHolds reports whether the batch equation of chunk holds, by
+// curve25519-voi's batch verifier (bv, reset).
+func voiHolds(bv *voi.BatchVerifier, chunk []SigCheck) bool {
 	for _, c := range chunk {
 		if len(c.Pub) != ed25519.PublicKeySize || len(c.Sig) != ed25519.SignatureSize {
 			return false
@@ -66,4 +104,129 @@ func batchHolds(bv *voi.BatchVerifier, chunk []SigCheck) bool {
 		bv.AddExpandedWithOptions(x, c.Message, c.Sig, batchOptions)
 	}
 	return bv.VerifyBatchOnly(nil)
+}
+
+// batchEquation checks the cofactored batch equation of RFC 8032 (§5.1.7,
+// and FIPS 186-5's) for a chunk of signatures:
+//
+//	[8]( [-Σ z_i·s_i]B + Σ [z_i]R_i + Σ [z_i·k_i]A_i ) = 0
+//
+// with z_i random 128-bit scalars and k_i = SHA-512(R_i || A_i || M_i).
+// The terms of one key are summed into one, [Σ z_i·k_i]A: the records a
+// verifier checks are signed by a few keys, so the multiscalar
+// multiplication has about n+2 points where curve25519-voi's batch
+// verifier (which this follows, signature checks included) has 2n+1.
+// Its buffers are reused from chunk to chunk.
+type batchEquation struct {
+	rs      []curve.EdwardsPoint // R_i
+	as      []curve.EdwardsPoint // the distinct keys
+	keys    [][]byte             // their encodings, as as
+	zs      []scalar.Scalar      // z_i: R_i's coefficients
+	acoef   []scalar.Scalar      // the keys' coefficients
+	bcoef   scalar.Scalar
+	points  []*curve.EdwardsPoint
+	scalars []*scalar.Scalar
+	random  []byte
+	h       hash.Hash
+}
+
+// holds reports whether the batch equation of chunk holds; false also when
+// a signature or key cannot be decoded, or a signature's s is not below
+// the group order or its R is not canonically encoded.
+func (e *batchEquation) holds(chunk []SigCheck) bool {
+	n := len(chunk)
+	if cap(e.rs) < n {
+		e.rs = make([]curve.EdwardsPoint, n)
+		e.as = make([]curve.EdwardsPoint, n)
+		e.zs = make([]scalar.Scalar, n)
+		e.acoef = make([]scalar.Scalar, n)
+		e.points = make([]*curve.EdwardsPoint, 0, 2*n+1)
+		e.scalars = make([]*scalar.Scalar, 0, 2*n+1)
+		e.random = make([]byte, 16*n)
+	}
+	rs, as, zs, acoef := e.rs[:n], e.as[:n], e.zs[:n], e.acoef[:n]
+	_, _ = rand.Read(e.random[:16*n]) // never fails (crypto/rand)
+	e.keys = e.keys[:0]
+	e.bcoef.Zero()
+	var (
+		s, k, t scalar.Scalar
+		enc     curve.CompressedEdwardsY
+		wide    [64]byte
+		z       [32]byte
+	)
+	for i, c := range chunk {
+		if len(c.Pub) != ed25519.PublicKeySize || len(c.Sig) != ed25519.SignatureSize {
+			return false
+		}
+		// s in [0, L) (no malleable encodings); R canonical and on the curve.
+		if !scalar.ScMinimalVartime(c.Sig[32:]) {
+			return false
+		}
+		if _, err := s.SetBytesModOrder(c.Sig[32:]); err != nil {
+			return false
+		}
+		if _, err := enc.SetBytes(c.Sig[:32]); err != nil || !enc.IsCanonicalVartime() {
+			return false
+		}
+		if _, err := rs[i].SetCompressedY(&enc); err != nil {
+			return false
+		}
+		if e.h == nil {
+			e.h = sha512.New()
+		}
+		h := e.h
+		h.Reset()
+		h.Write(c.Sig[:32])
+		h.Write(c.Pub)
+		h.Write(c.Message)
+		if _, err := k.SetBytesModOrderWide(h.Sum(wide[:0])); err != nil {
+			return false
+		}
+		copy(z[:16], e.random[16*i:16*i+16]) // z[16:] stays zero: z < 2^128
+		if _, err := zs[i].SetBytesModOrder(z[:]); err != nil {
+			return false
+		}
+		e.bcoef.Add(&e.bcoef, t.Mul(&zs[i], &s))
+		j := e.key(c.Pub)
+		if j < 0 {
+			return false
+		}
+		acoef[j].Add(&acoef[j], t.Mul(&zs[i], &k))
+	}
+	e.bcoef.Neg(&e.bcoef)
+	e.points = append(e.points[:0], curve.ED25519_BASEPOINT_POINT)
+	e.scalars = append(e.scalars[:0], &e.bcoef)
+	for i := range rs {
+		e.points = append(e.points, &rs[i])
+		e.scalars = append(e.scalars, &zs[i])
+	}
+	for j := range e.keys {
+		e.points = append(e.points, &as[j])
+		e.scalars = append(e.scalars, &acoef[j])
+	}
+	var sum curve.EdwardsPoint
+	return sum.MultiscalarMulVartime(e.scalars, e.points).IsSmallOrder()
+}
+
+// key returns the index of pub among the chunk's distinct keys, adding it
+// (decoded, its coefficient zeroed) if new; -1 if pub is not a canonical
+// encoding of a curve point. A chunk has few keys, so they are searched
+// in turn.
+func (e *batchEquation) key(pub []byte) int {
+	for j, k := range e.keys {
+		if string(k) == string(pub) {
+			return j
+		}
+	}
+	j := len(e.keys)
+	var enc curve.CompressedEdwardsY
+	if _, err := enc.SetBytes(pub); err != nil || !enc.IsCanonicalVartime() {
+		return -1
+	}
+	if _, err := e.as[j].SetCompressedY(&enc); err != nil {
+		return -1
+	}
+	e.acoef[j].Zero()
+	e.keys = append(e.keys, pub)
+	return j
 }

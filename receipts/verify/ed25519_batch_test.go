@@ -7,6 +7,8 @@ import (
 	"crypto/sha512"
 	"encoding/hex"
 	"fmt"
+	"math/big"
+	"slices"
 	"testing"
 
 	"github.com/oasisprotocol/curve25519-voi/curve"
@@ -177,4 +179,121 @@ func flip(b []byte, i int) []byte {
 	c := append([]byte(nil), b...)
 	c[i] ^= 0x40
 	return c
+}
+
+// TestBatchEquationAgreesWithVoi: the equation with each key's terms
+// summed decides every chunk as curve25519-voi's batch verifier does,
+// including the encodings the cofactored rules reject: s not below the
+// group order (s+L, a malleated copy of a good signature), R or the key
+// not canonical, R not on the curve, and a small-order key, which they
+// accept.
+func TestBatchEquationAgreesWithVoi(t *testing.T) {
+	good := sigChecks(t, 16, 2)
+	identity := mustHex(t, "0100000000000000000000000000000000000000000000000000000000000000")
+	identityPlusP := mustHex(t, "eeffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f")
+	bad := map[string]func(c SigCheck) SigCheck{
+		"s+L": func(c SigCheck) SigCheck {
+			c.Sig = append(append([]byte(nil), c.Sig[:32]...), addOrder(t, c.Sig[32:])...)
+			return c
+		},
+		// The identity, its y (1) encoded as 1+p, as R and as the key: the
+		// equation holds (s = 0), only the encoding is wrong.
+		"R not canonical": func(SigCheck) SigCheck {
+			return SigCheck{Pub: identity, Message: []byte("m"), Sig: append(slices.Clone(identityPlusP), make([]byte, 32)...)}
+		},
+		"key not canonical": func(SigCheck) SigCheck {
+			return SigCheck{Pub: identityPlusP, Message: []byte("m"), Sig: append(slices.Clone(identity), make([]byte, 32)...)}
+		},
+		"R off the curve": func(c SigCheck) SigCheck {
+			for i := range 256 {
+				r := append([]byte(nil), c.Sig[:32]...)
+				r[0] ^= byte(i)
+				var enc curve.CompressedEdwardsY
+				var p curve.EdwardsPoint
+				if _, err := enc.SetBytes(r); err == nil {
+					if _, err := p.SetCompressedY(&enc); err != nil {
+						c.Sig = append(r, c.Sig[32:]...)
+						return c
+					}
+				}
+			}
+			t.Fatal("no R off the curve found")
+			return c
+		},
+		"message": func(c SigCheck) SigCheck {
+			c.Message = flip(c.Message, 1)
+			return c
+		},
+	}
+	// A small-order key (the identity): R = [s]B signs every message.
+	var s scalar.Scalar
+	if _, err := s.SetBytesModOrder(bytes32(7)); err != nil {
+		t.Fatal(err)
+	}
+	var R curve.EdwardsPoint
+	var rc curve.CompressedEdwardsY
+	rc.SetEdwardsPoint(R.MulBasepoint(curve.ED25519_BASEPOINT_TABLE, &s))
+	identityKey := SigCheck{Pub: identity,
+		Message: []byte("anything"), Sig: append(append([]byte(nil), rc[:]...), bytes32(7)...)}
+
+	cases := map[string][]SigCheck{"good": good, "small-order key": append(append([]SigCheck(nil), good...), identityKey)}
+	for name, mod := range bad {
+		c := append([]SigCheck(nil), good...)
+		c[5] = mod(c[5])
+		cases[name] = c
+	}
+	var eq batchEquation
+	for name, chunk := range cases {
+		bv := voi.NewBatchVerifier()
+		for _, c := range chunk {
+			bv.AddWithOptions(voi.PublicKey(c.Pub), c.Message, c.Sig, batchOptions)
+		}
+		want := bv.VerifyBatchOnly(nil)
+		if got := eq.holds(chunk); got != want {
+			t.Errorf("%s: the summed equation holds = %v, curve25519-voi's batch verifier %v", name, got, want)
+		}
+		if wantOK := name == "good" || name == "small-order key"; want != wantOK {
+			t.Errorf("%s: curve25519-voi's batch verifier says %v: the test case is wrong", name, want)
+		}
+	}
+}
+
+// TestVerifyAllBatchKeys: chunks by one key, by a few and by as many keys
+// as signatures (the two equations) report what crypto/ed25519 does.
+func TestVerifyAllBatchKeys(t *testing.T) {
+	for _, nkeys := range []int{1, 5, batchChunk} {
+		checks := sigChecks(t, batchChunk, nkeys)
+		checks[17].Sig = flip(checks[17].Sig, 40)
+		for i, got := range VerifyAllBatch(checks) {
+			if want := i != 17; got != want {
+				t.Fatalf("%d keys: check %d = %v, want %v", nkeys, i, got, want)
+			}
+		}
+		for i, got := range VerifyAllBatch(checks[18:]) {
+			if !got {
+				t.Fatalf("%d keys: good check %d rejected", nkeys, 18+i)
+			}
+		}
+	}
+}
+
+// addOrder returns the 32-byte little-endian s + L.
+func addOrder(t *testing.T, s []byte) []byte {
+	t.Helper()
+	le := func(b []byte) *big.Int {
+		r := slices.Clone(b)
+		slices.Reverse(r)
+		return new(big.Int).SetBytes(r)
+	}
+	l, _ := new(big.Int).SetString("7237005577332262213973186563042994240857116359379907606001950938285454250989", 10)
+	out := le(s).Add(le(s), l).FillBytes(make([]byte, 32))
+	slices.Reverse(out)
+	return out
+}
+
+// bytes32 is the 32-byte little-endian v.
+func bytes32(v byte) []byte {
+	b := make([]byte, 32)
+	b[0] = v
+	return b
 }
