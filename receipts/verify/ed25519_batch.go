@@ -67,11 +67,11 @@ func VerifyAllBatch(checks []SigCheck) []bool {
 
 // fewKeys reports whether chunk's signatures are by at most a quarter as
 // many keys as there are signatures: then batchEquation, which sums the
-// terms of each key into one, is cheaper (on this project's machine, 8.8
-// against 13.5 µs a signature for 256 by one key, 10.5 against 14.9 for
-// 128 by four), and otherwise curve25519-voi's batch verifier, with its
-// precomputed tables for each key (17.2 against 13.5 µs for 256 by 256
-// keys): BenchmarkVerifyAll.
+// terms of each key into one, is cheaper than curve25519-voi's batch
+// verifier with its precomputed table of each key, and otherwise dearer
+// (BenchmarkBatchEquation, 256 signatures: 8.8 against 13.6 µs a
+// signature by one key, 10.1 against 13.7 by four, 17.5 against 13.7 by
+// 256 keys).
 func fewKeys(chunk []SigCheck) bool {
 	limit := len(chunk) / 4
 	var keys [][]byte

@@ -297,3 +297,32 @@ func bytes32(v byte) []byte {
 	b[0] = v
 	return b
 }
+
+// BenchmarkBatchEquation compares the two batch equations VerifyAllBatch
+// chooses between (fewKeys), on chunks by one key, a few and as many keys
+// as signatures.
+func BenchmarkBatchEquation(b *testing.B) {
+	for _, n := range []int{16, 128, 256} {
+		for _, nkeys := range []int{1, 4, n} {
+			checks := sigChecks(b, n, nkeys)
+			b.Run(fmt.Sprintf("voi/%d/%dkeys", n, nkeys), func(b *testing.B) {
+				bv := voi.NewBatchVerifierWithCapacity(n)
+				for b.Loop() {
+					if !voiHolds(bv.Reset(), checks) {
+						b.Fatal("a good chunk failed")
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n)/1000, "µs/sig")
+			})
+			b.Run(fmt.Sprintf("summed/%d/%dkeys", n, nkeys), func(b *testing.B) {
+				var eq batchEquation
+				for b.Loop() {
+					if !eq.holds(checks) {
+						b.Fatal("a good chunk failed")
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n)/1000, "µs/sig")
+			})
+		}
+	}
+}
