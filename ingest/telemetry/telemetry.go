@@ -81,7 +81,8 @@ type Options struct {
 }
 
 // Handler serves /healthz, /metrics, the Routes and, with Pprof,
-// /debug/pprof.
+// /debug/pprof: CPU and heap profiles, and execution traces
+// (/debug/pprof/trace?seconds=N), which show where goroutines wait.
 func Handler(o Options) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(o.Metrics, promhttp.HandlerOpts{}))
@@ -91,6 +92,7 @@ func Handler(o Options) http.Handler {
 	if o.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if s := o.NATS.Status(); s != nats.CONNECTED {

@@ -52,8 +52,16 @@ func TestHandler(t *testing.T) {
 	if code, body := get(t, h, "/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "nats: CLOSED") {
 		t.Fatalf("/healthz closed: %d %q", code, body)
 	}
-	if code, _ := get(t, telemetry.Handler(telemetry.Options{Metrics: reg, NATS: nc, Pprof: true}), "/debug/pprof/"); code != http.StatusOK {
+	if code, _ := get(t, h, "/debug/pprof/trace"); code != http.StatusNotFound {
+		t.Fatalf("/debug/pprof/trace without Pprof: %d, want 404", code)
+	}
+	withPprof := telemetry.Handler(telemetry.Options{Metrics: reg, NATS: nc, Pprof: true})
+	if code, _ := get(t, withPprof, "/debug/pprof/"); code != http.StatusOK {
 		t.Fatalf("/debug/pprof/ with Pprof: %d", code)
+	}
+	// An execution trace, for where a call waits (go tool trace).
+	if code, body := get(t, withPprof, "/debug/pprof/trace?seconds=0.05"); code != http.StatusOK || !strings.HasPrefix(body, "go 1.") {
+		t.Fatalf("/debug/pprof/trace with Pprof: %d, %.20q", code, body)
 	}
 }
 
