@@ -248,8 +248,7 @@ func (f *receiptFeeder) flush(chainID string, below uint64) {
 // process feeds one row (or holds it back, if it is stored away from its
 // signed position) and compares its columns with its signed cloudevent.
 func (f *receiptFeeder) process(it *verifyItem) {
-	row, derived, derr := it.row, it.derived, it.derr
-	raw := []byte(row.CloudEvent)
+	row, derived, derr, raw := it.row, it.derived, it.derr, it.raw
 	if row.ChainID != f.curChain {
 		f.flush(f.curChain, everySeq)
 		f.curChain = row.ChainID
@@ -323,6 +322,7 @@ func (f *receiptFeeder) finish() {
 // check and the row that JSON yields.
 type verifyItem struct {
 	row     ReceiptRow
+	raw     []byte // row.CloudEvent's bytes, copied once for both checks
 	derived ReceiptRow
 	derr    error
 	ev      *verify.Event
@@ -381,6 +381,7 @@ func streamVerified(ctx context.Context, conn driver.Conn, database string, keys
 				evs, errs := verifyEvents(raws, keys)
 				for i := range b.items {
 					it := &b.items[i]
+					it.raw = raws[i]
 					it.ev, it.verr = evs[i], errs[i]
 					it.derived, it.derr = derivedRow(it.row.CloudEvent, raws[i], it.ev)
 				}
