@@ -120,7 +120,7 @@ func voiHolds(bv *voi.BatchVerifier, chunk []SigCheck) bool {
 type batchEquation struct {
 	rs      []curve.EdwardsPoint // R_i
 	as      []curve.EdwardsPoint // the distinct keys
-	keys    [][]byte             // their encodings, as as
+	keys    [][]byte             // their encodings, in the order of as
 	zs      []scalar.Scalar      // z_i: R_i's coefficients
 	acoef   []scalar.Scalar      // the keys' coefficients
 	bcoef   scalar.Scalar
