@@ -128,14 +128,16 @@ func (s *Sink) Run(ctx context.Context) error {
 		recs    = make([]schemas.AuditRecord, 0, s.o.BatchRows)
 		size    int
 		started time.Time // the open batch's first record
-		timer   *time.Timer
-		flush   <-chan time.Time // fires BatchAge after the open batch's first record
-		// pause fires BatchPause after the last record that found no other
-		// waiting behind it (BatchMinAge after the batch's first, if later).
-		pause  = time.NewTimer(time.Hour)
-		paused <-chan time.Time
+		// Armed only while a batch is open (a stopped timer does not fire):
+		// age fires BatchAge after the batch's first record, pause
+		// BatchPause after its last that found no other waiting behind it
+		// (BatchMinAge after its first, if later).
+		age   = time.NewTimer(time.Hour)
+		pause = time.NewTimer(time.Hour)
 	)
+	age.Stop()
 	pause.Stop()
+	defer age.Stop()
 	defer pause.Stop()
 	// On the way out, hand an unwritten batch back so the next sink takes
 	// it at once instead of after AckWait.
@@ -158,8 +160,7 @@ func (s *Sink) Run(ctx context.Context) error {
 			}
 			if len(msgs) == 0 {
 				started = time.Now()
-				timer = time.NewTimer(s.o.BatchAge)
-				flush = timer.C
+				age.Reset(s.o.BatchAge)
 			}
 			var seq uint64
 			if md, err := m.Metadata(); err == nil {
@@ -171,15 +172,13 @@ func (s *Sink) Run(ctx context.Context) error {
 			if len(msgs) < s.o.BatchRows && size < s.o.BatchBytes {
 				if len(in) == 0 {
 					pause.Reset(max(s.o.BatchPause, s.o.BatchMinAge-time.Since(started)))
-					paused = pause.C
 				}
 				continue
 			}
-			timer.Stop()
-		case <-flush:
-		case <-paused:
-			timer.Stop()
+		case <-age.C:
+		case <-pause.C:
 		}
+		age.Stop()
 		pause.Stop()
 		if err := s.write(ctx, msgs, recs); err != nil {
 			return nil // stopping; the deferred Nak hands the batch back
@@ -189,7 +188,7 @@ func (s *Sink) Run(ctx context.Context) error {
 		// messages for the collector.
 		clear(msgs)
 		clear(recs)
-		msgs, recs, size, flush, paused = msgs[:0], recs[:0], 0, nil, nil
+		msgs, recs, size = msgs[:0], recs[:0], 0
 	}
 }
 
