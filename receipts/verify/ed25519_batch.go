@@ -42,15 +42,14 @@ func VerifyAllBatch(checks []SigCheck) []bool {
 	for start := 0; start < len(checks); start += batchChunk {
 		chunk := checks[start:min(start+batchChunk, len(checks))]
 		var holds bool
-		switch {
-		case len(chunk) < minBatch:
-		case fewKeys(chunk):
-			holds = eq.holds(chunk)
-		default:
-			if bv == nil {
-				bv = voi.NewBatchVerifierWithCapacity(batchChunk)
+		if len(chunk) >= minBatch {
+			var summed bool
+			if holds, summed = eq.check(chunk, len(chunk)/4); !summed {
+				if bv == nil {
+					bv = voi.NewBatchVerifierWithCapacity(batchChunk)
+				}
+				holds = voiHolds(bv.Reset(), chunk)
 			}
-			holds = voiHolds(bv.Reset(), chunk)
 		}
 		if holds {
 			for i := range chunk {
@@ -63,31 +62,6 @@ func VerifyAllBatch(checks []SigCheck) []bool {
 		}
 	}
 	return ok
-}
-
-// fewKeys reports whether chunk's signatures are by at most a quarter as
-// many keys as there are signatures: then batchEquation, which sums the
-// terms of each key into one, is cheaper than curve25519-voi's batch
-// verifier with its precomputed table of each key, and otherwise dearer
-// (BenchmarkBatchEquation, 256 signatures: 8.8 against 13.6 µs a
-// signature by one key, 10.1 against 13.7 by four, 17.5 against 13.7 by
-// 256 keys).
-func fewKeys(chunk []SigCheck) bool {
-	limit := len(chunk) / 4
-	var keys [][]byte
-next:
-	for _, c := range chunk {
-		for _, k := range keys {
-			if string(k) == string(c.Pub) {
-				continue next
-			}
-		}
-		if len(keys) == limit {
-			return false
-		}
-		keys = append(keys, c.Pub)
-	}
-	return true
 }
 
 // voiHolds reports whether the batch equation of chunk holds, by
@@ -121,6 +95,7 @@ type batchEquation struct {
 	rs      []curve.EdwardsPoint // R_i
 	as      []curve.EdwardsPoint // the distinct keys
 	keys    [][]byte             // their encodings, in the order of as
+	keyOf   []int                // each signature's key, an index of keys
 	zs      []scalar.Scalar      // z_i: R_i's coefficients
 	acoef   []scalar.Scalar      // the keys' coefficients
 	bcoef   scalar.Scalar
@@ -130,67 +105,84 @@ type batchEquation struct {
 	h       hash.Hash
 }
 
-// holds reports whether the batch equation of chunk holds; false also when
-// a signature or key cannot be decoded, or a signature's s is not below
-// the group order or its R is not canonically encoded.
-func (e *batchEquation) holds(chunk []SigCheck) bool {
+// check decides the batch equation of chunk, each key's terms summed, if
+// its signatures are by at most maxKeys keys; otherwise it decides nothing
+// (summed false). VerifyAllBatch allows a quarter as many keys as
+// signatures: beyond that curve25519-voi's verifier, with its precomputed
+// table of each key, is cheaper (BenchmarkBatchEquation, 256 signatures:
+// 8.8 against 13.6 µs a signature by one key, 10.1 against 13.7 by four,
+// 17.5 against 13.7 by 256 keys). holds is false also when a signature or
+// key cannot be decoded, or a signature's s is not below the group order
+// or its R is not canonically encoded.
+func (e *batchEquation) check(chunk []SigCheck, maxKeys int) (holds, summed bool) {
 	n := len(chunk)
 	if cap(e.rs) < n {
 		e.rs = make([]curve.EdwardsPoint, n)
 		e.as = make([]curve.EdwardsPoint, n)
+		e.keyOf = make([]int, n)
 		e.zs = make([]scalar.Scalar, n)
 		e.acoef = make([]scalar.Scalar, n)
 		e.points = make([]*curve.EdwardsPoint, 0, 2*n+1)
 		e.scalars = make([]*scalar.Scalar, 0, 2*n+1)
 		e.random = make([]byte, 16*n)
+		e.h = sha512.New()
+	}
+	if !e.index(chunk, maxKeys) {
+		return false, false
 	}
 	rs, as, zs, acoef := e.rs[:n], e.as[:n], e.zs[:n], e.acoef[:n]
+	var enc curve.CompressedEdwardsY
+	// Each key canonical and on the curve (small-order keys are allowed,
+	// as in the cofactored equation).
+	for j, pub := range e.keys {
+		if len(pub) != ed25519.PublicKeySize {
+			return false, true
+		}
+		if _, err := enc.SetBytes(pub); err != nil || !enc.IsCanonicalVartime() {
+			return false, true
+		}
+		if _, err := as[j].SetCompressedY(&enc); err != nil {
+			return false, true
+		}
+		acoef[j].Zero()
+	}
 	_, _ = rand.Read(e.random[:16*n]) // never fails (crypto/rand)
-	e.keys = e.keys[:0]
 	e.bcoef.Zero()
 	var (
 		s, k, t scalar.Scalar
-		enc     curve.CompressedEdwardsY
 		wide    [64]byte
 		z       [32]byte
 	)
 	for i, c := range chunk {
-		if len(c.Pub) != ed25519.PublicKeySize || len(c.Sig) != ed25519.SignatureSize {
-			return false
+		if len(c.Sig) != ed25519.SignatureSize {
+			return false, true
 		}
 		// s in [0, L) (no malleable encodings); R canonical and on the curve.
 		if !scalar.ScMinimalVartime(c.Sig[32:]) {
-			return false
+			return false, true
 		}
 		if _, err := s.SetBytesModOrder(c.Sig[32:]); err != nil {
-			return false
+			return false, true
 		}
 		if _, err := enc.SetBytes(c.Sig[:32]); err != nil || !enc.IsCanonicalVartime() {
-			return false
+			return false, true
 		}
 		if _, err := rs[i].SetCompressedY(&enc); err != nil {
-			return false
+			return false, true
 		}
-		if e.h == nil {
-			e.h = sha512.New()
-		}
-		h := e.h
-		h.Reset()
-		h.Write(c.Sig[:32])
-		h.Write(c.Pub)
-		h.Write(c.Message)
-		if _, err := k.SetBytesModOrderWide(h.Sum(wide[:0])); err != nil {
-			return false
+		e.h.Reset()
+		e.h.Write(c.Sig[:32])
+		e.h.Write(c.Pub)
+		e.h.Write(c.Message)
+		if _, err := k.SetBytesModOrderWide(e.h.Sum(wide[:0])); err != nil {
+			return false, true
 		}
 		copy(z[:16], e.random[16*i:16*i+16]) // z[16:] stays zero: z < 2^128
 		if _, err := zs[i].SetBytesModOrder(z[:]); err != nil {
-			return false
+			return false, true
 		}
 		e.bcoef.Add(&e.bcoef, t.Mul(&zs[i], &s))
-		j := e.key(c.Pub)
-		if j < 0 {
-			return false
-		}
+		j := e.keyOf[i]
 		acoef[j].Add(&acoef[j], t.Mul(&zs[i], &k))
 	}
 	e.bcoef.Neg(&e.bcoef)
@@ -205,28 +197,27 @@ func (e *batchEquation) holds(chunk []SigCheck) bool {
 		e.scalars = append(e.scalars, &acoef[j])
 	}
 	var sum curve.EdwardsPoint
-	return sum.MultiscalarMulVartime(e.scalars, e.points).IsSmallOrder()
+	return sum.MultiscalarMulVartime(e.scalars, e.points).IsSmallOrder(), true
 }
 
-// key returns the index of pub among the chunk's distinct keys, adding it
-// (decoded, its coefficient zeroed) if new; -1 if pub is not a canonical
-// encoding of a curve point. A chunk has few keys, so they are searched
-// in turn.
-func (e *batchEquation) key(pub []byte) int {
-	for j, k := range e.keys {
-		if string(k) == string(pub) {
-			return j
+// index finds chunk's distinct keys (e.keys) and each signature's among
+// them (e.keyOf), searching them in turn; false if there are more than
+// maxKeys.
+func (e *batchEquation) index(chunk []SigCheck, maxKeys int) bool {
+	e.keys = e.keys[:0]
+next:
+	for i, c := range chunk {
+		for j, k := range e.keys {
+			if string(k) == string(c.Pub) {
+				e.keyOf[i] = j
+				continue next
+			}
 		}
+		if len(e.keys) == maxKeys {
+			return false
+		}
+		e.keyOf[i] = len(e.keys)
+		e.keys = append(e.keys, c.Pub)
 	}
-	j := len(e.keys)
-	var enc curve.CompressedEdwardsY
-	if _, err := enc.SetBytes(pub); err != nil || !enc.IsCanonicalVartime() {
-		return -1
-	}
-	if _, err := e.as[j].SetCompressedY(&enc); err != nil {
-		return -1
-	}
-	e.acoef[j].Zero()
-	e.keys = append(e.keys, pub)
-	return j
+	return true
 }

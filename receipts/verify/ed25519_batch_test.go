@@ -249,8 +249,8 @@ func TestBatchEquationAgreesWithVoi(t *testing.T) {
 			bv.AddWithOptions(voi.PublicKey(c.Pub), c.Message, c.Sig, batchOptions)
 		}
 		want := bv.VerifyBatchOnly(nil)
-		if got := eq.holds(chunk); got != want {
-			t.Errorf("%s: the summed equation holds = %v, curve25519-voi's batch verifier %v", name, got, want)
+		if got, summed := eq.check(chunk, len(chunk)); !summed || got != want {
+			t.Errorf("%s: the summed equation holds = %v (decided: %v), curve25519-voi's batch verifier %v", name, got, summed, want)
 		}
 		if wantOK := name == "good" || name == "small-order key"; want != wantOK {
 			t.Errorf("%s: curve25519-voi's batch verifier says %v: the test case is wrong", name, want)
@@ -259,8 +259,16 @@ func TestBatchEquationAgreesWithVoi(t *testing.T) {
 }
 
 // TestVerifyAllBatchKeys: chunks by one key, by a few and by as many keys
-// as signatures (the two equations) report what crypto/ed25519 does.
+// as signatures (the two equations) report what crypto/ed25519 does; the
+// summed equation decides a chunk only within its key limit.
 func TestVerifyAllBatchKeys(t *testing.T) {
+	var eq batchEquation
+	if holds, summed := eq.check(sigChecks(t, 16, 4), 4); !summed || !holds {
+		t.Errorf("4 keys, limit 4: holds %v, decided %v; want both", holds, summed)
+	}
+	if _, summed := eq.check(sigChecks(t, 16, 5), 4); summed {
+		t.Error("5 keys, limit 4: decided by the summed equation")
+	}
 	for _, nkeys := range []int{1, 5, batchChunk} {
 		checks := sigChecks(t, batchChunk, nkeys)
 		checks[17].Sig = flip(checks[17].Sig, 40)
@@ -299,8 +307,8 @@ func bytes32(v byte) []byte {
 }
 
 // BenchmarkBatchEquation compares the two batch equations VerifyAllBatch
-// chooses between (fewKeys), on chunks by one key, a few and as many keys
-// as signatures.
+// chooses between (by check's key limit), on chunks by one key, a few and
+// as many keys as signatures.
 func BenchmarkBatchEquation(b *testing.B) {
 	for _, n := range []int{16, 128, 256} {
 		for _, nkeys := range []int{1, 4, n} {
@@ -317,7 +325,7 @@ func BenchmarkBatchEquation(b *testing.B) {
 			b.Run(fmt.Sprintf("summed/%d/%dkeys", n, nkeys), func(b *testing.B) {
 				var eq batchEquation
 				for b.Loop() {
-					if !eq.holds(checks) {
+					if holds, _ := eq.check(checks, n); !holds {
 						b.Fatal("a good chunk failed")
 					}
 				}
