@@ -55,6 +55,15 @@
 #                                 sink, sink at equal CPU priority, sink and
 #                                 ClickHouse at nice 10 (where the p99 tail
 #                                 comes from)
+#   bash scripts/bench.sh sustained [RUNS] [LIMIT...]  RUNS (6) throughput
+#                                 runs of 40,000 calls on one stack:
+#                                 decisions/s, end-to-end events/s and CPU per
+#                                 call as the history grows, with the NATS
+#                                 process's RSS and its garbage collections
+#                                 per run; with LIMITs, one stack per LIMIT in
+#                                 turn, the NATS process's GOMEMLIMIT set to it
+#                                 (talosd: its own choice), e.g. `sustained 14
+#                                 1GiB talosd 1GiB talosd`
 #   bash scripts/bench.sh gateway [CALLS]  what talos-mcp-gateway adds per
 #                                 tools/call: CALLS (default 2,000) calls of
 #                                 mcp-server-everything's echo, directly and
@@ -130,9 +139,9 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 mode=${1:-main}
 case $mode in
-main | replay | flight | tail | verify | gateway | ab | profile | forward | log | cluster) ;;
+main | replay | flight | tail | sustained | verify | gateway | ab | profile | forward | log | cluster) ;;
 *)
-  echo "usage: bash scripts/bench.sh [replay|flight|tail [RATE]|ab [BASE] [ROUNDS]|profile [SECONDS] [RATE]|verify [N]|gateway [CALLS] [stdio]|forward [CALLS]|log [CALLS] [ROUNDS] [RATE]|cluster [ROUNDS]]" >&2
+  echo "usage: bash scripts/bench.sh [replay|flight|tail [RATE]|sustained [RUNS] [LIMIT...]|ab [BASE] [ROUNDS]|profile [SECONDS] [RATE]|verify [N]|gateway [CALLS] [stdio]|forward [CALLS]|log [CALLS] [ROUNDS] [RATE]|cluster [ROUNDS]]" >&2
   exit 2
   ;;
 esac
@@ -184,6 +193,7 @@ scope='tool:files:*'              # of the capability every call carries
 worker_flags=()                   # extra flags for the worker
 worker_env=()                     # extra environment variables for the worker (VAR=value)
 dev_flags=()                      # extra flags for the dev process
+dev_env=()                        # extra environment variables for the dev process (VAR=value)
 pprof=()                          # profile: --pprof on the worker and the dev process
 
 # start ROLES [sink-nice] [sink]: the dev process with ROLES ("control" runs
@@ -193,7 +203,7 @@ start() {
   local http=(--http-addr "")
   [ ${#pprof[@]} -eq 0 ] || http=(--http-addr 127.0.0.1:0 "${pprof[@]}")
   rm -rf "$work/dev"
-  "$talosd" dev --no-demo --roles "$roles" --data-dir "$work/dev" --clickhouse-port 0 \
+  env ${dev_env[@]+"${dev_env[@]}"} "$talosd" dev --no-demo --roles "$roles" --data-dir "$work/dev" --clickhouse-port 0 \
     --registry "$registry" --nats-eps "$eps" --nats-listen 127.0.0.1:14222 "${http[@]}" ${dev_flags[@]+"${dev_flags[@]}"} >"$work/dev.log" 2>&1 &
   dev=$!; pids+=($dev)
   for _ in $(seq 1 120); do grep -q "Talos dev stack is up" "$work/dev.log" && break; sleep 0.5; done
@@ -271,7 +281,10 @@ main)
   echo "== kill switch propagation, idle stack: 100 set/clear rounds (200 commands), each waited for on every live worker"
   bench --calls 0 --killswitch 100 "${ks[@]}"
   echo "== latency: 100 enforcement points, 2,000 calls/s offered, 2 KB envelopes; kill switch rounds meanwhile"
-  bench --calls 30000 --concurrency 100 --rate 2000 --killswitch 100 "${ks[@]}"
+  d0=$(cpu $dev) w0=$(cpu $worker) c0=$(cpu $chpid)
+  bench --calls 30000 --concurrency 100 --rate 2000 --killswitch 100 "${ks[@]}" --json-out "$work/lat.json"
+  d1=$(cpu $dev) w1=$(cpu $worker) c1=$(cpu $chpid)
+  echo "== CPU per call during the 2,000 calls/s run (kill-switch rounds included): enforce worker $(per $((w1 - w0)) 30000) µs, NATS + sink $(per $((d1 - d0)) 30000) µs, ClickHouse $(per $((c1 - c0)) 30000) µs, load generator $(jf "$work/lat.json" loadgen_cpu_us_per_call | awk '{printf "%.0f", $1}') µs (its own report)"
   echo "== enforce worker peak RSS at the 2,000 calls/s run: $(rss $worker) MiB"
   echo "== throughput: 100 enforcement points, 4 calls in flight each, 2 KB envelopes"
   saturate tp 40000
@@ -284,14 +297,22 @@ main)
   echo "== latency by offered rate: 100 enforcement points, 2 KB envelopes, no control traffic; 10 s of calls per rate"
   echo "   (at least 6,000; above saturation, 10 s of what the stack decides: there the queue, and p99, only grow with the run)"
   rates=$(printf '%s\n' 500 1000 2000 4000 "$at80" | sort -n | uniq)
-  printf '   %-26s %12s %9s %9s %9s   %s\n' "offered calls/s" "decisions/s" "p50 ms" "p90 ms" "p99 ms" "p99 < 50 ms?"
+  echo "   (stack µs: CPU per call of worker + NATS + sink + ClickHouse over the run, until the last record is in ClickHouse;"
+  echo "   load gen µs: its own report; cores: (stack µs + load gen µs) x decisions/s, the CPU the run kept busy, of $(nproc))"
+  printf '   %-26s %12s %9s %9s %9s %9s %12s %6s   %s\n' "offered calls/s" "decisions/s" "p50 ms" "p90 ms" "p99 ms" \
+    "stack µs" "load gen µs" "cores" "p99 < 50 ms?"
   verdict=yes
   for r in $rates; do
     [ "$r" -gt 0 ] || continue
     calls=$(((r < sat ? r : sat) * 10))
     calls=$((calls > 6000 ? calls : 6000))
+    d0=$(cpu $dev) w0=$(cpu $worker) c0=$(cpu $chpid)
     # A generous decision timeout: beyond saturation the queue shows as latency, not as missing decisions.
     bench --calls "$calls" --concurrency 100 --rate "$r" --timeout 60s --json >"$work/rate.json"
+    d1=$(cpu $dev) w1=$(cpu $worker) c1=$(cpu $chpid)
+    stack_us=$(per $((w1 - w0 + d1 - d0 + c1 - c0)) "$calls")
+    gen_us=$(jf "$work/rate.json" loadgen_cpu_us_per_call)
+    cores=$(awk -v s="$stack_us" -v g="$gen_us" -v r="$(jf "$work/rate.json" decisions_per_sec)" 'BEGIN{printf "%.2f", (s + g) * r / 1e6}')
     label=$r
     [ "$r" != "$at80" ] || label="$r (80 % of saturation)"
     if [ "$r" -le "$at80" ]; then
@@ -302,8 +323,9 @@ main)
     fi
     lost=$(jf "$work/rate.json" no_decision)
     [ "$lost" = 0 ] || ok+=" ($lost calls without a decision in 60 s)"
-    printf '   %-26s %12.0f %9.2f %9.2f %9.2f   %s\n' "$label" "$(jf "$work/rate.json" decisions_per_sec)" \
-      "$(jf "$work/rate.json" decision_p50_ms)" "$(jf "$work/rate.json" decision_p90_ms)" "$(jf "$work/rate.json" decision_p99_ms)" "$ok"
+    printf '   %-26s %12.0f %9.2f %9.2f %9.2f %9s %12.0f %6s   %s\n' "$label" "$(jf "$work/rate.json" decisions_per_sec)" \
+      "$(jf "$work/rate.json" decision_p50_ms)" "$(jf "$work/rate.json" decision_p90_ms)" "$(jf "$work/rate.json" decision_p99_ms)" \
+      "$stack_us" "$gen_us" "$cores" "$ok"
   done
   echo "== p99 under 50 ms at every rate up to 80 % of saturation ($at80 calls/s): $verdict"
   echo "== enforce worker peak RSS over the whole run: $(rss $worker) MiB"
@@ -467,6 +489,40 @@ tail)
   echo "== the same with the sink and ClickHouse at nice 10"
   start control 10
   paced_run
+  ;;
+sustained)
+  runs=${2:-6}
+  limits=("${@:3}")
+  [ ${#limits[@]} -gt 0 ] || limits=(talosd)
+  echo "== sustained throughput: $runs runs of 40,000 calls at saturation on one stack (100 enforcement points, 4 in flight each)"
+  echo "   every pre call leaves a TALOS_LEDGER key for --replay-window (24 h), and NATS keeps an index entry per key in memory"
+  summary=()
+  for limit in "${limits[@]}"; do
+    # gctrace: the dev process logs each garbage collection, counted per run.
+    dev_env=(GODEBUG=gctrace=1)
+    [ "$limit" = talosd ] || dev_env+=(GOMEMLIMIT="$limit")
+    start sink,control
+    echo "== the NATS process's soft memory limit: $limit ($([ "$limit" = talosd ] && echo "talosd's own: half the memory available, at least 1 GiB" || echo GOMEMLIMIT))"
+    printf '   %4s %12s %12s %10s %9s %13s %9s %14s %12s\n' run "calls so far" decisions/s "e2e ev/s" "worker µs" "NATS+sink µs" "CH µs" "NATS RSS MiB" "NATS GCs"
+    total=0
+    for i in $(seq 1 "$runs"); do
+      g0=$(grep -c '^gc ' "$work/dev.log" || true)
+      saturate sustained 40000
+      g1=$(grep -c '^gc ' "$work/dev.log" || true)
+      total=$((total + 40000))
+      printf '   %4d %12d %12.0f %10.0f %9d %13d %9d %14s %12d\n' "$i" "$total" "$(jf "$work/sustained.json" decisions_per_sec)" \
+        "$(jf "$work/sustained.json" e2e_events_per_sec)" "$cpu_worker" "$cpu_dev" "$cpu_ch" \
+        "$(awk '/VmRSS/{printf "%.0f", $2/1024}' "/proc/$dev/status")" $((g1 - g0))
+    done
+    summary+=("$(printf '   %-10s %12.0f %10.0f %9d %13d %14s' "$limit" "$(jf "$work/sustained.json" decisions_per_sec)" \
+      "$(jf "$work/sustained.json" e2e_events_per_sec)" "$cpu_worker" "$cpu_dev" "$(awk '/VmRSS/{printf "%.0f", $2/1024}' "/proc/$dev/status")")")
+    stop_all
+  done
+  if [ ${#limits[@]} -gt 1 ]; then
+    echo "== the last run of each stack (after $total calls), in the order run"
+    printf '   %-10s %12s %10s %9s %13s %14s\n' limit decisions/s "e2e ev/s" "worker µs" "NATS+sink µs" "NATS RSS MiB"
+    printf '%s\n' "${summary[@]}"
+  fi
   ;;
 verify)
   n=${2:-1000000}
