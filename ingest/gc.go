@@ -3,13 +3,17 @@ package ingest
 import (
 	"os"
 	"runtime/debug"
+
+	"github.com/KimMachineGun/automemlimit/memlimit"
 )
 
 // GC memory limits by what a process does (TuneGC).
 const (
-	gcLimitEnforce  = 100 << 20 // only enforces: a live heap of a few tens of MiB
-	gcLimitDefault  = 256 << 20 // sinks, serves control, forwards
-	gcLimitEmbedded = 1 << 30   // embeds nats-server: its stores' block caches
+	gcLimitEnforce = 100 << 20 // only enforces: a live heap of a few tens of MiB
+	gcLimitDefault = 256 << 20 // sinks, serves control, forwards
+	// gcLimitEmbeddedMin is the least a process that embeds nats-server
+	// gets; it gets half the memory available to it when that is more.
+	gcLimitEmbeddedMin = 1 << 30
 )
 
 // TuneGC trades memory a Talos daemon does not need for CPU it does: unless
@@ -17,22 +21,39 @@ const (
 // limit, so the heap stays bounded: 100 MiB for a process that only
 // enforces (its live heap is a few tens of MiB: the replay and capability
 // caches are bounded; its RSS then stays within the 128 MiB goal of
-// DESIGN.md §5), 1 GiB for one that embeds nats-server (JetStream keeps
-// each stream's newest message block in memory, 4 or 8 MiB apiece: about
-// 250 MiB live under load, which a lower limit would collect over and over),
-// 256 MiB otherwise.
-func TuneGC(enforceOnly, embedsNATS bool) {
+// DESIGN.md §5), 256 MiB for one that sinks, serves control or forwards,
+// and half the memory available to it (its cgroup's limit, else the
+// machine's), at least 1 GiB, for one that embeds nats-server. That one's
+// live heap is not bounded by Talos: JetStream keeps each stream's newest
+// message block in memory and an index entry for every subject, and
+// TALOS_LEDGER has a subject per call for --replay-window. A limit close
+// to the live heap would collect over and over: a fixed 1 GiB cost a third
+// of the throughput after 560,000 calls (bash scripts/bench.sh sustained).
+// It returns the limit it set, 0 when GOMEMLIMIT was set.
+func TuneGC(enforceOnly, embedsNATS bool) int64 {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(400)
 	}
-	if os.Getenv("GOMEMLIMIT") == "" {
-		limit := int64(gcLimitDefault)
-		switch {
-		case embedsNATS:
-			limit = gcLimitEmbedded
-		case enforceOnly:
-			limit = gcLimitEnforce
-		}
-		debug.SetMemoryLimit(limit)
+	if os.Getenv("GOMEMLIMIT") != "" {
+		return 0
 	}
+	limit := int64(gcLimitDefault)
+	switch {
+	case embedsNATS:
+		limit = embeddedLimit(memlimit.ApplyFallback(memlimit.FromCgroup, memlimit.FromSystem))
+	case enforceOnly:
+		limit = gcLimitEnforce
+	}
+	debug.SetMemoryLimit(limit)
+	return limit
+}
+
+// embeddedLimit is half of the memory available reports, at least
+// gcLimitEmbeddedMin (also when it reports none).
+func embeddedLimit(available memlimit.Provider) int64 {
+	n, err := available()
+	if err != nil || n/2 < gcLimitEmbeddedMin {
+		return gcLimitEmbeddedMin
+	}
+	return int64(min(n/2, 1<<62))
 }
