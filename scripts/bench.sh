@@ -497,11 +497,15 @@ sustained)
   echo "== sustained throughput: $runs runs of 40,000 calls at saturation on one stack (100 enforcement points, 4 in flight each)"
   echo "   every pre call leaves a TALOS_LEDGER key for --replay-window (24 h), and NATS keeps an index entry per key in memory"
   summary=()
+  pprof=(--pprof) # the dev process's heap after a collection (/debug/pprof/heap?gc=1&debug=1)
+  heap() { curl -sf "http://$dev_http/debug/pprof/heap?gc=1&debug=1" | sed -n 's/^# HeapAlloc = \([0-9]*\).*/\1/p'; }
   for limit in "${limits[@]}"; do
     # gctrace: the dev process logs each garbage collection, counted per run.
     dev_env=(GODEBUG=gctrace=1)
     [ "$limit" = talosd ] || dev_env+=(GOMEMLIMIT="$limit")
     start sink,control
+    dev_http=$(grep 'msg=http ' "$work/dev.log" | grep -o ' addr=[^ ]*' | head -1 | cut -d= -f2)
+    h0=$(heap)
     echo "== the NATS process's soft memory limit: $limit ($([ "$limit" = talosd ] && echo "talosd's own: half the memory available, at least 1 GiB" || echo GOMEMLIMIT))"
     printf '   %4s %12s %12s %10s %9s %13s %9s %14s %12s\n' run "calls so far" decisions/s "e2e ev/s" "worker µs" "NATS+sink µs" "CH µs" "NATS RSS MiB" "NATS GCs"
     total=0
@@ -516,6 +520,13 @@ sustained)
     done
     summary+=("$(printf '   %-10s %12.0f %10.0f %9d %13d %14s' "$limit" "$(jf "$work/sustained.json" decisions_per_sec)" \
       "$(jf "$work/sustained.json" e2e_events_per_sec)" "$cpu_worker" "$cpu_dev" "$(awk '/VmRSS/{printf "%.0f", $2/1024}' "/proc/$dev/status")")")
+    # What the NATS process holds per call: for the 2-minute windows (the
+    # duplicate windows, TALOS_DECISIONS), then past them (TALOS_LEDGER).
+    h1=$(heap)
+    sleep 130
+    h2=$(heap)
+    echo "== the NATS process's live heap: $((h0 >> 20)) MiB before the runs, $((h1 >> 20)) MiB after them, $((h2 >> 20)) MiB 130 s later:" \
+      "$(((h1 - h2) / total)) bytes per call for 2 minutes, $(((h2 - h0) / total)) bytes per call for --replay-window"
     stop_all
   done
   if [ ${#limits[@]} -gt 1 ]; then
