@@ -297,8 +297,9 @@ main)
   echo "== latency by offered rate: 100 enforcement points, 2 KB envelopes, no control traffic; 10 s of calls per rate"
   echo "   (at least 6,000; above saturation, 10 s of what the stack decides: there the queue, and p99, only grow with the run)"
   rates=$(printf '%s\n' 500 1000 2000 4000 "$at80" | sort -n | uniq)
-  echo "   (stack µs: CPU per call of worker + NATS + sink + ClickHouse over the run, until the last record is in ClickHouse;"
-  echo "   load gen µs: its own report; cores: (stack µs + load gen µs) x decisions/s, the CPU the run kept busy, of $(nproc))"
+  echo "   (stack µs: the CPU of worker + NATS + sink + ClickHouse over the run, until its last record is in ClickHouse, per call;"
+  echo "   load gen µs: its own report; cores: (stack µs + load gen µs) x decisions/s, of $(nproc): what those processes used"
+  echo "   over the run, background work included, such as ClickHouse merging the earlier runs' rows, which weighs most at low rates)"
   printf '   %-26s %12s %9s %9s %9s %9s %12s %6s   %s\n' "offered calls/s" "decisions/s" "p50 ms" "p90 ms" "p99 ms" \
     "stack µs" "load gen µs" "cores" "p99 < 50 ms?"
   verdict=yes
