@@ -55,5 +55,5 @@ func embeddedLimit(available memlimit.Provider) int64 {
 	if err != nil || n/2 < gcLimitEmbeddedMin {
 		return gcLimitEmbeddedMin
 	}
-	return int64(min(n/2, 1<<62))
+	return int64(n / 2) // at most 2^63 - 1
 }
