@@ -99,6 +99,18 @@ func callsStored(t *testing.T, js jetstream.JetStream, n uint64) {
 	})
 }
 
+// callsDrained waits until TALOS_CALLS holds no call: every call is
+// decided and acked.
+func callsDrained(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	testenv.WaitFor(t, 60*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		s, err := js.Stream(ctx, schemas.StreamCalls)
+		return err == nil && s.CachedInfo().State.Msgs == 0
+	})
+}
+
 // decisionSeq is TALOS_DECISIONS's last sequence number, asked for until
 // the stream answers (it may be electing a leader).
 func decisionSeq(t *testing.T, js jetstream.JetStream) (seq uint64) {
@@ -142,8 +154,8 @@ func (c *talosCluster) stopWorkers() {
 // streams' leaders were and on how fast the enforcement point reconnects
 // (on a fast machine none is). A fourth stop loses replies for certain: the
 // enforcement point knows only its node, and that node comes back only
-// once the other nodes' workers have stored decisions its enforcement
-// point could not receive; it must obtain those by asking again.
+// once the other nodes' workers have decided every call, at least 200 of
+// them after it went offline; it must obtain those by asking again.
 func TestClusterEveryDecisionReachesItsEnforcementPoint(t *testing.T) {
 	if testing.Short() {
 		t.Skip("stops a node of a NATS cluster four times under load")
@@ -161,7 +173,7 @@ func TestClusterEveryDecisionReachesItsEnforcementPoint(t *testing.T) {
 		epThere bool // the enforcement point is connected to the victim
 		// the enforcement point knows no other node: it is offline until
 		// the victim is back, which is once lostAtLeast decisions are
-		// stored without it
+		// stored without it and every call is decided
 		onlyItsNode bool
 		session     string
 	}{
@@ -203,9 +215,14 @@ func TestClusterEveryDecisionReachesItsEnforcementPoint(t *testing.T) {
 				received := uint64(res.decided.Load() - already)
 				return err == nil && seq-seqBefore >= received+lostAtLeast
 			})
-			t.Logf("%v: at least %d decisions stored that the enforcement point did not receive; node %s back",
-				time.Since(began).Round(time.Millisecond), lostAtLeast, c.nats.Name(victim))
+			// The node comes back once every call is decided and the
+			// workers are stopped, as in the other stops: the enforcement
+			// point then has every missed decision to ask for again.
+			callsDrained(t, js)
+			c.stopWorkers()
 			c.nats.Restart(t, victim)
+			t.Logf("%v: at least %d decisions stored that the enforcement point did not receive, every call decided; node %s back",
+				time.Since(began).Round(time.Millisecond), lostAtLeast, c.nats.Name(victim))
 		}
 		<-done
 		t.Logf("%v: every call of %s answered %v after the stop; %d decisions obtained by asking again",
