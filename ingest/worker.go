@@ -222,18 +222,34 @@ func (w *Worker) consumer(ctx context.Context) (cons jetstream.Consumer, err err
 // batch at a time: whatever is waiting when the chain is free, up to
 // MaxBatch. It cuts a checkpoint every Checkpoints.Every receipts or
 // Interval, and a final one when it stops (none when Checkpoints.Off).
+//
+// A batch being stored when ctx ends is finished on a context that ends
+// PublishTimeout later, so that the receipts it stored are committed
+// before the final checkpoint; a receipt whose store is still cut short
+// may be in the stream after all, and the chain then gets no final
+// checkpoint, as after a crash.
 func (w *Worker) runChain(ctx context.Context, ch *receipts.Chain, work <-chan jetstream.Msg) {
 	cpo := w.o.Checkpoints
 	tick := time.NewTicker(cpo.Tick())
 	defer tick.Stop()
+	bctx, stopDrain := drainContext(ctx, w.o.PublishTimeout)
+	defer stopDrain()
+	unsettled := false // a receipt's store was cut short
+	final := func() {
+		switch {
+		case cpo.Off:
+		case unsettled:
+			w.log.Warn("no final checkpoint: the stop cut a receipt's store short, so the chain's last receipt is not known; the verifier counts the receipts since the last checkpoint as uncovered", "chain_id", ch.ID())
+		default:
+			w.cp.Final(ch)
+		}
+	}
 	batch := make([]jetstream.Msg, 0, w.o.MaxBatch)
 	for {
 		select {
 		case m, ok := <-work:
 			if !ok {
-				if !cpo.Off {
-					w.cp.Final(ch)
-				}
+				final()
 				return
 			}
 			batch = append(batch[:0], m)
@@ -260,15 +276,15 @@ func (w *Worker) runChain(ctx context.Context, ch *receipts.Chain, work <-chan j
 					_ = m.NakWithDelay(notDecidingDelay)
 				}
 			} else {
-				w.handleBatch(ctx, ch, batch)
+				if w.handleBatch(bctx, ch, batch) {
+					unsettled = true
+				}
 				if cpo.Full(ch) {
-					_ = w.cp.Cut(ctx, ch, false)
+					_ = w.cp.Cut(bctx, ch, false)
 				}
 			}
 			if !open {
-				if !cpo.Off {
-					w.cp.Final(ch)
-				}
+				final()
 				return
 			}
 		case <-tick.C:
@@ -299,6 +315,31 @@ type call struct {
 	// none (DecisionSubject).
 	replyToken string
 	reply      *inflight // the decision reply on its way into TALOS_DECISIONS
+	// unsettled: the receipt's store ended with the worker's context, so
+	// whether the stream has it is not known.
+	unsettled bool
+}
+
+// drainContext returns a context that ends drain after ctx does (or when
+// stop is called).
+func drainContext(ctx context.Context, drain time.Duration) (_ context.Context, stop func()) {
+	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var timer *time.Timer
+	var mu sync.Mutex
+	stopAfter := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		timer = time.AfterFunc(drain, cancel)
+	})
+	return dctx, func() {
+		stopAfter()
+		mu.Lock()
+		defer mu.Unlock()
+		if timer != nil {
+			timer.Stop()
+		}
+		cancel()
+	}
 }
 
 // inflight is one asynchronous publish of a batch to a stream that a call's
@@ -318,8 +359,9 @@ type inflight struct {
 // acknowledged before the next is sealed, so a receipt the stream refuses
 // or drops as a duplicate never leaves a gap behind a later link. A call is
 // acked only after its receipt and event are in TALOS_AUDIT; anything that
-// fails before is retried.
-func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jetstream.Msg) {
+// fails before is retried. It reports whether a receipt's store ended with
+// ctx, leaving unknown whether the stream has it.
+func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jetstream.Msg) (unsettled bool) {
 	now, began := w.o.Now().UTC(), time.Now()
 	calls := make([]*call, 0, len(msgs))
 	for _, m := range msgs {
@@ -371,6 +413,7 @@ func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jet
 		}
 		w.handled.Add(1)
 	}
+	return slices.ContainsFunc(calls, func(c *call) bool { return c.unsettled })
 }
 
 // verifySenders verifies the batch's sender signatures together, in one
@@ -473,6 +516,7 @@ func (w *Worker) storeReceipt(ctx context.Context, ch *receipts.Chain, c *call, 
 	}
 	stored, sealedID, err := w.store(ctx, ch, c.m, meta, r, schemas.ReceiptSubject(kind, c.server), c.msgID)
 	if err != nil {
+		c.unsettled = ctx.Err() != nil
 		w.retryLater(ctx, c.m, "cannot sign receipt", c.msgID, err)
 		c.done = true
 		return false

@@ -1,9 +1,11 @@
 package ingest
 
 import (
+	"context"
 	"encoding/json"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/talos-audit/talos/schemas"
 )
@@ -45,5 +47,29 @@ func TestEncodeDecisionAsJSON(t *testing.T) {
 		if !reflect.DeepEqual(g, w) {
 			t.Errorf("encodeDecision %s\njson.Marshal   %s", got, want)
 		}
+	}
+}
+
+// TestDrainContext: the drain context outlives its parent by the drain
+// period, and stop ends it at once.
+func TestDrainContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	dctx, stop := drainContext(ctx, 200*time.Millisecond)
+	defer stop()
+	cancel()
+	time.Sleep(50 * time.Millisecond)
+	if dctx.Err() != nil {
+		t.Fatal("the drain context ended with its parent")
+	}
+	select {
+	case <-dctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the drain context did not end after the drain period")
+	}
+
+	dctx, stop = drainContext(context.Background(), time.Hour)
+	stop()
+	if dctx.Err() == nil {
+		t.Fatal("stop did not end the drain context")
 	}
 }
