@@ -225,21 +225,21 @@ func (w *Worker) consumer(ctx context.Context) (cons jetstream.Consumer, err err
 //
 // A batch being stored when ctx ends is finished on a context that ends
 // PublishTimeout later, so that the receipts it stored are committed
-// before the final checkpoint; a receipt whose store is still cut short
-// may be in the stream after all, and the chain then gets no final
-// checkpoint, as after a crash.
+// before the final checkpoint. If that context ends during a batch, a
+// receipt whose store it cut short may be in the stream after all, and the
+// chain gets no final checkpoint, as after a crash.
 func (w *Worker) runChain(ctx context.Context, ch *receipts.Chain, work <-chan jetstream.Msg) {
 	cpo := w.o.Checkpoints
 	tick := time.NewTicker(cpo.Tick())
 	defer tick.Stop()
 	bctx, stopDrain := drainContext(ctx, w.o.PublishTimeout)
 	defer stopDrain()
-	unsettled := false // a receipt's store was cut short
+	unsettled := false // the drain ended during a batch
 	final := func() {
 		switch {
 		case cpo.Off:
 		case unsettled:
-			w.log.Warn("no final checkpoint: the stop cut a receipt's store short, so the chain's last receipt is not known; the verifier counts the receipts since the last checkpoint as uncovered", "chain_id", ch.ID())
+			w.log.Warn("no final checkpoint: the stop may have cut a receipt's store short, so the chain's last receipt is not known; the verifier counts the receipts since the last checkpoint as uncovered", "chain_id", ch.ID())
 		default:
 			w.cp.Final(ch)
 		}
@@ -276,9 +276,10 @@ func (w *Worker) runChain(ctx context.Context, ch *receipts.Chain, work <-chan j
 					_ = m.NakWithDelay(notDecidingDelay)
 				}
 			} else {
-				if w.handleBatch(bctx, ch, batch) {
-					unsettled = true
-				}
+				w.handleBatch(bctx, ch, batch)
+				// A drain that ended during the batch may have cut a
+				// receipt's store short.
+				unsettled = unsettled || bctx.Err() != nil
 				if cpo.Full(ch) {
 					_ = w.cp.Cut(bctx, ch, false)
 				}
@@ -315,31 +316,14 @@ type call struct {
 	// none (DecisionSubject).
 	replyToken string
 	reply      *inflight // the decision reply on its way into TALOS_DECISIONS
-	// unsettled: the receipt's store ended with the worker's context, so
-	// whether the stream has it is not known.
-	unsettled bool
 }
 
-// drainContext returns a context that ends drain after ctx does (or when
-// stop is called).
+// drainContext returns a context that ends drain after ctx does, or when
+// stop is called (a drain timer still running then cancels nothing more).
 func drainContext(ctx context.Context, drain time.Duration) (_ context.Context, stop func()) {
 	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	var timer *time.Timer
-	var mu sync.Mutex
-	stopAfter := context.AfterFunc(ctx, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		timer = time.AfterFunc(drain, cancel)
-	})
-	return dctx, func() {
-		stopAfter()
-		mu.Lock()
-		defer mu.Unlock()
-		if timer != nil {
-			timer.Stop()
-		}
-		cancel()
-	}
+	stopAfter := context.AfterFunc(ctx, func() { time.AfterFunc(drain, cancel) })
+	return dctx, func() { stopAfter(); cancel() }
 }
 
 // inflight is one asynchronous publish of a batch to a stream that a call's
@@ -359,9 +343,8 @@ type inflight struct {
 // acknowledged before the next is sealed, so a receipt the stream refuses
 // or drops as a duplicate never leaves a gap behind a later link. A call is
 // acked only after its receipt and event are in TALOS_AUDIT; anything that
-// fails before is retried. It reports whether a receipt's store ended with
-// ctx, leaving unknown whether the stream has it.
-func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jetstream.Msg) (unsettled bool) {
+// fails before is retried.
+func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jetstream.Msg) {
 	now, began := w.o.Now().UTC(), time.Now()
 	calls := make([]*call, 0, len(msgs))
 	for _, m := range msgs {
@@ -413,7 +396,6 @@ func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jet
 		}
 		w.handled.Add(1)
 	}
-	return slices.ContainsFunc(calls, func(c *call) bool { return c.unsettled })
 }
 
 // verifySenders verifies the batch's sender signatures together, in one
@@ -516,7 +498,6 @@ func (w *Worker) storeReceipt(ctx context.Context, ch *receipts.Chain, c *call, 
 	}
 	stored, sealedID, err := w.store(ctx, ch, c.m, meta, r, schemas.ReceiptSubject(kind, c.server), c.msgID)
 	if err != nil {
-		c.unsettled = ctx.Err() != nil
 		w.retryLater(ctx, c.m, "cannot sign receipt", c.msgID, err)
 		c.done = true
 		return false
