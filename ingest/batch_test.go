@@ -25,13 +25,13 @@ import (
 // verifying clean.
 
 // faultyJS is the worker's JetStream with a hook on every receipt publish
-// (the n-th, counting from 1); the hook may publish (or not) and return an
-// error of its own.
+// (the n-th, counting from 1, with the publish's context); the hook may
+// publish (or not) and return an error of its own.
 type faultyJS struct {
 	jetstream.JetStream
 	mu   sync.Mutex
 	n    int
-	hook func(n int, publish func() (*jetstream.PubAck, error)) (*jetstream.PubAck, error)
+	hook func(ctx context.Context, n int, publish func() (*jetstream.PubAck, error)) (*jetstream.PubAck, error)
 }
 
 func (f *faultyJS) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
@@ -43,7 +43,7 @@ func (f *faultyJS) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstr
 	f.n++
 	n := f.n
 	f.mu.Unlock()
-	return f.hook(n, publish)
+	return f.hook(ctx, n, publish)
 }
 
 // gate holds the first receipt publish until opened, so that the calls a
@@ -114,7 +114,7 @@ func TestBatchPublishFailure(t *testing.T) {
 	var failed, lost sync.Once
 	fired := make(chan string, 2)
 	s := newStack(t, stackOptions{maxBatch: 16, workerJS: func(js jetstream.JetStream, _ *nats.Conn) jetstream.JetStream {
-		return &faultyJS{JetStream: js, hook: func(n int, publish func() (*jetstream.PubAck, error)) (*jetstream.PubAck, error) {
+		return &faultyJS{JetStream: js, hook: func(_ context.Context, n int, publish func() (*jetstream.PubAck, error)) (*jetstream.PubAck, error) {
 			g.wait(n)
 			switch n {
 			case 4:
@@ -167,7 +167,7 @@ func TestBatchDuplicateInside(t *testing.T) {
 	armed := make(chan struct{})
 	var once sync.Once
 	s := newStack(t, stackOptions{maxBatch: 16, workerJS: func(js jetstream.JetStream, _ *nats.Conn) jetstream.JetStream {
-		return &faultyJS{JetStream: js, hook: func(n int, publish func() (*jetstream.PubAck, error)) (*jetstream.PubAck, error) {
+		return &faultyJS{JetStream: js, hook: func(_ context.Context, n int, publish func() (*jetstream.PubAck, error)) (*jetstream.PubAck, error) {
 			select {
 			case <-armed:
 				// The gate applies from the first publish after arming.
@@ -227,7 +227,7 @@ func TestBatchWorkerDiesBetweenPublishAndAck(t *testing.T) {
 	var dead sync.Once
 	killed := make(chan struct{})
 	s.startWorker(t, o, func(js jetstream.JetStream, nc *nats.Conn) jetstream.JetStream {
-		return &faultyJS{JetStream: js, hook: func(k int, publish func() (*jetstream.PubAck, error)) (*jetstream.PubAck, error) {
+		return &faultyJS{JetStream: js, hook: func(_ context.Context, k int, publish func() (*jetstream.PubAck, error)) (*jetstream.PubAck, error) {
 			ack, err := publish()
 			if k == n {
 				dead.Do(func() { nc.Close(); close(killed) })
@@ -267,4 +267,52 @@ func TestBatchWorkerDiesBetweenPublishAndAck(t *testing.T) {
 		t.Fatalf("%d calls answered, want %d", len(got), n)
 	}
 	s.checkExactlyOnce(t, "batch-kill", n)
+}
+
+// TestWorkerStopCutsAReceiptShort: a worker is stopped while a receipt it
+// published is stored but never acknowledged, and the publish is still
+// unanswered when its drain ends. Its chain then gets no final checkpoint
+// (one would claim the chain ends before the receipt the stream holds);
+// another worker decides the rest, the stored receipt stands for its call,
+// and the database verifies.
+func TestWorkerStopCutsAReceiptShort(t *testing.T) {
+	s := newStack(t, stackOptions{noWorker: true})
+	o := s.workerOpts
+	o.Chains = []*receipts.Chain{receipts.NewChain("test-stop", s.key)}
+	o.PublishTimeout = 200 * time.Millisecond
+	stuck := make(chan struct{})
+	// The third receipt is stored but never acknowledged: that publish
+	// and every later one wait for their context to end, as a stream
+	// that stops answering in the middle of a stop would.
+	stop := s.startWorker(t, o, func(js jetstream.JetStream, _ *nats.Conn) jetstream.JetStream {
+		return &faultyJS{JetStream: js, hook: func(ctx context.Context, n int, publish func() (*jetstream.PubAck, error)) (*jetstream.PubAck, error) {
+			switch {
+			case n < 3:
+				return publish()
+			case n == 3:
+				if _, err := publish(); err != nil {
+					return nil, err
+				}
+				close(stuck)
+			}
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}}
+	})
+	const n = 10
+	s.publishCalls(t, "stop-cut", n)
+	select {
+	case <-stuck:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the third receipt was never published")
+	}
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker did not stop")
+	}
+	s.startWorker(t, s.workerOpts, nil)
+	s.checkExactlyOnce(t, "stop-cut", n)
 }

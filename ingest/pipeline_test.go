@@ -169,8 +169,8 @@ func newStack(t *testing.T, o stackOptions) *stack {
 
 // startWorker runs an enforce worker of the stack's decider with options
 // o, on a NATS connection of its own (wrapped by wrap, if set), until the
-// test ends. It returns the connection, so a test can cut it.
-func (s *stack) startWorker(t *testing.T, o ingest.WorkerOptions, wrap func(jetstream.JetStream, *nats.Conn) jetstream.JetStream) *nats.Conn {
+// test ends or stop is called; stop returns once the worker has stopped.
+func (s *stack) startWorker(t *testing.T, o ingest.WorkerOptions, wrap func(jetstream.JetStream, *nats.Conn) jetstream.JetStream) (stop func()) {
 	t.Helper()
 	nc, err := nats.Connect(s.natsURL, append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}, s.natsOpts...)...)
 	if err != nil {
@@ -191,8 +191,9 @@ func (s *stack) startWorker(t *testing.T, o ingest.WorkerOptions, wrap func(jets
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = w.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return nc
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return stop
 }
 
 func (s *stack) call(t *testing.T, c *schemas.ToolCall) *schemas.Decision {

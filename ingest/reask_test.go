@@ -88,50 +88,38 @@ func (r *epResults) sendWaiting(cl *ep.Client, session string, n int, wait time.
 	return done
 }
 
-// callsStored waits until TALOS_CALLS holds at least n calls.
-func callsStored(t *testing.T, js jetstream.JetStream, n uint64) {
+// streamState is stream's state as its leader reports it now.
+func streamState(js jetstream.JetStream, stream string) (jetstream.StreamState, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return jetstream.StreamState{}, err
+	}
+	return s.CachedInfo().State, nil
+}
+
+// waitStream waits until stream's state, once it answers, satisfies ok.
+func waitStream(t *testing.T, js jetstream.JetStream, stream string, ok func(jetstream.StreamState) bool) {
 	t.Helper()
 	testenv.WaitFor(t, 60*time.Second, func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		s, err := js.Stream(ctx, schemas.StreamCalls)
-		return err == nil && s.CachedInfo().State.Msgs >= n
+		st, err := streamState(js, stream)
+		return err == nil && ok(st)
 	})
 }
 
-// callsDrained waits until TALOS_CALLS holds no call: every call is
-// decided and acked.
-func callsDrained(t *testing.T, js jetstream.JetStream) {
+// callsStored waits until TALOS_CALLS holds at least n calls.
+func callsStored(t *testing.T, js jetstream.JetStream, n uint64) {
 	t.Helper()
-	testenv.WaitFor(t, 60*time.Second, func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		s, err := js.Stream(ctx, schemas.StreamCalls)
-		return err == nil && s.CachedInfo().State.Msgs == 0
-	})
+	waitStream(t, js, schemas.StreamCalls, func(st jetstream.StreamState) bool { return st.Msgs >= n })
 }
 
 // decisionSeq is TALOS_DECISIONS's last sequence number, asked for until
 // the stream answers (it may be electing a leader).
 func decisionSeq(t *testing.T, js jetstream.JetStream) (seq uint64) {
 	t.Helper()
-	testenv.WaitFor(t, 60*time.Second, func() bool {
-		var err error
-		seq, err = lastDecisionSeq(js)
-		return err == nil
-	})
+	waitStream(t, js, schemas.StreamDecisions, func(st jetstream.StreamState) bool { seq = st.LastSeq; return true })
 	return seq
-}
-
-// lastDecisionSeq is TALOS_DECISIONS's last sequence number.
-func lastDecisionSeq(js jetstream.JetStream) (uint64, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	s, err := js.Stream(ctx, schemas.StreamDecisions)
-	if err != nil {
-		return 0, err
-	}
-	return s.CachedInfo().State.LastSeq, nil
 }
 
 // stopWorkers stops every worker started so far and forgets them.
@@ -210,15 +198,13 @@ func TestClusterEveryDecisionReachesItsEnforcementPoint(t *testing.T) {
 			// Its node is down, so it receives no more decisions: wait
 			// until the cluster has stored lostAtLeast of this phase's
 			// decisions that it has not received.
-			testenv.WaitFor(t, 60*time.Second, func() bool {
-				seq, err := lastDecisionSeq(js)
-				received := uint64(res.decided.Load() - already)
-				return err == nil && seq-seqBefore >= received+lostAtLeast
+			waitStream(t, js, schemas.StreamDecisions, func(st jetstream.StreamState) bool {
+				return st.LastSeq-seqBefore >= uint64(res.decided.Load()-already)+lostAtLeast
 			})
 			// The node comes back once every call is decided and the
 			// workers are stopped, as in the other stops: the enforcement
 			// point then has every missed decision to ask for again.
-			callsDrained(t, js)
+			waitStream(t, js, schemas.StreamCalls, func(st jetstream.StreamState) bool { return st.Msgs == 0 })
 			c.stopWorkers()
 			c.nats.Restart(t, victim)
 			t.Logf("%v: at least %d decisions stored that the enforcement point did not receive, every call decided; node %s back",
