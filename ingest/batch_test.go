@@ -7,12 +7,16 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/talos-audit/talos/enforce"
+	"github.com/talos-audit/talos/enforce/redact"
+	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -32,6 +36,23 @@ type faultyJS struct {
 	mu   sync.Mutex
 	n    int
 	hook func(ctx context.Context, n int, publish func() (*jetstream.PubAck, error)) (*jetstream.PubAck, error)
+	// events, if set, is called after each ToolCallEvent publish (the
+	// n-th) with its future.
+	events func(n int, fut jetstream.PubAckFuture)
+	nev    int
+}
+
+func (f *faultyJS) PublishMsgAsync(msg *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	fut, err := f.JetStream.PublishMsgAsync(msg, opts...)
+	if err != nil || f.events == nil || !strings.HasPrefix(msg.Subject, schemas.SubjectToolCall) {
+		return fut, err
+	}
+	f.mu.Lock()
+	f.nev++
+	n := f.nev
+	f.mu.Unlock()
+	f.events(n, fut)
+	return fut, nil
 }
 
 func (f *faultyJS) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
@@ -212,52 +233,14 @@ func TestBatchDuplicateInside(t *testing.T) {
 // own for them.
 func TestBatchWorkerDiesBetweenPublishAndAck(t *testing.T) {
 	s := newStack(t, stackOptions{noWorker: true})
-	sub, err := s.nc.SubscribeSync(schemas.DecisionSubjects("test-ep"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	const n = 12
-	calls := s.publishCalls(t, "batch-kill", n)
-	// The first worker takes them all as one batch and stores every
-	// receipt; at the last publish its connection is cut before the
-	// stream's acknowledgement reaches it.
-	o := s.workerOpts
-	o.MaxBatch = n
-	o.Chains = []*receipts.Chain{receipts.NewChain("dying", s.key)}
-	var dead sync.Once
-	killed := make(chan struct{})
-	s.startWorker(t, o, func(js jetstream.JetStream, nc *nats.Conn) jetstream.JetStream {
-		return &faultyJS{JetStream: js, hook: func(_ context.Context, k int, publish func() (*jetstream.PubAck, error)) (*jetstream.PubAck, error) {
-			ack, err := publish()
-			if k == n {
-				dead.Do(func() { nc.Close(); close(killed) })
-				return nil, errors.New("injected: connection lost")
-			}
-			return ack, err
-		}}
-	})
-	select {
-	case <-killed:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the first worker never stored the batch")
+	var calls []*schemas.ToolCall
+	for i := range n {
+		c := newCall(t, "files", "list_directory", map[string]any{"path": fmt.Sprintf("dir-%d", i)})
+		c.SessionID = "batch-kill"
+		calls = append(calls, c)
 	}
-	audit, err := s.js.Stream(context.Background(), schemas.StreamAudit)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := audit.Info(context.Background(), jetstream.WithSubjectFilter("talos.audit.receipt.>"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// State.Msgs counts the whole stream (a checkpoint the worker cut
-	// meanwhile too); the filter fills State.Subjects.
-	var stored uint64
-	for _, k := range info.State.Subjects {
-		stored += k
-	}
-	if stored != n {
-		t.Fatalf("%d receipts stored before the cut, want %d", stored, n)
-	}
+	sub := s.dieBetweenPublishAndAck(t, calls, false)
 	// The second worker is another process: chains of its own.
 	o2 := s.workerOpts
 	o2.Chains = []*receipts.Chain{receipts.NewChain("second-a", s.key), receipts.NewChain("second-b", s.key)}
@@ -267,6 +250,211 @@ func TestBatchWorkerDiesBetweenPublishAndAck(t *testing.T) {
 		t.Fatalf("%d calls answered, want %d", len(got), n)
 	}
 	s.checkExactlyOnce(t, "batch-kill", n)
+}
+
+// TestRedeliveryAfterDuplicateWindow: the calls whose evidence a dead
+// worker stored are redelivered only after TALOS_AUDIT has forgotten
+// their Nats-Msg-Id (no worker ran for longer than the window, as after a
+// single-node talosd's crash and a slow restart). The stream's duplicate
+// check no longer stops a second receipt or ToolCallEvent, so the worker
+// finds the stored ones itself: each call still has exactly one receipt,
+// answered as stored, and one event, and every chain verifies. The worker
+// dies once its receipts are stored, or once its events are too; a lookup
+// that fails leaves its calls for a retry rather than store them blind.
+func TestRedeliveryAfterDuplicateWindow(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		afterEvent bool
+		lookupFail bool
+	}{{"receipts stored", false, false}, {"receipts and events stored", true, false}, {"lookup fails once", false, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const window = time.Second
+			red, err := redact.New(redact.Config{Key: []byte(strings.Repeat("k", 32)), KeyID: "test"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := newStack(t, stackOptions{noWorker: true, duplicateWindow: window,
+				configure: func(t *testing.T, js jetstream.JetStream, o *enforce.DeciderOptions) {
+					ledger, err := kv.NewLedger(context.Background(), js, kv.LedgerOptions{})
+					if err != nil {
+						t.Fatal(err)
+					}
+					o.Ledger, o.Redactor = ledger, red
+				}})
+			const n = 12
+			// Half the calls are denied, so their ToolCallEvents are
+			// stored with their receipts.
+			session := strings.ReplaceAll(tc.name, " ", "-")
+			var calls []*schemas.ToolCall
+			for i := range n {
+				tool := "list_directory"
+				if i%2 == 1 {
+					tool = "no_such_tool"
+				}
+				c := newCall(t, "files", tool, map[string]any{"path": fmt.Sprintf("dir-%d", i)})
+				c.SessionID = session
+				calls = append(calls, c)
+			}
+			sub := s.dieBetweenPublishAndAck(t, calls, tc.afterEvent)
+			stored := s.storedReceipts(t)
+			if tc.afterEvent {
+				if k := countEvents(t, s); k != n/2 {
+					t.Fatalf("%d ToolCallEvents stored before the cut, want %d", k, n/2)
+				}
+			}
+			time.Sleep(3 * window) // the stream purges ids a window old, checking every window
+			o2 := s.workerOpts
+			o2.Chains = []*receipts.Chain{receipts.NewChain("late-a", s.key), receipts.NewChain("late-b", s.key)}
+			var wrap func(jetstream.JetStream, *nats.Conn) jetstream.JetStream
+			failed := &lookupFails{}
+			if tc.lookupFail {
+				wrap = func(js jetstream.JetStream, _ *nats.Conn) jetstream.JetStream {
+					failed.JetStream = js
+					return failed
+				}
+			}
+			s.startWorker(t, o2, wrap)
+			got := collectDecisions(t, sub, calls)
+			for id, ds := range got {
+				if d := ds[len(ds)-1]; stored[d.ReceiptID] == 0 {
+					t.Errorf("call %s answered with receipt %s, not the one the dead worker stored", id, d.ReceiptID)
+				}
+			}
+			s.checkExactlyOnce(t, session, n)
+			for id, k := range s.storedReceipts(t) {
+				if k != 1 || stored[id] != 1 {
+					t.Errorf("receipt %s is in TALOS_AUDIT %d times, want once", id, k)
+				}
+			}
+			if k := countEvents(t, s); k != n/2 {
+				t.Errorf("%d ToolCallEvents in TALOS_AUDIT, want %d", k, n/2)
+			}
+			if tc.lookupFail && !failed.once.Load() {
+				t.Error("no lookup failed")
+			}
+		})
+	}
+}
+
+// lookupFails is a worker's JetStream whose first consumer of TALOS_AUDIT
+// cannot be created.
+type lookupFails struct {
+	jetstream.JetStream
+	once atomic.Bool
+}
+
+func (l *lookupFails) OrderedConsumer(ctx context.Context, stream string, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
+	if stream == schemas.StreamAudit && l.once.CompareAndSwap(false, true) {
+		return nil, errors.New("injected: no consumer")
+	}
+	return l.JetStream.OrderedConsumer(ctx, stream, cfg)
+}
+
+// dieBetweenPublishAndAck publishes calls, which one worker takes as one
+// batch: it stores every receipt, and at the last receipt publish (or,
+// with afterEvents, once the last ToolCallEvent is stored) its connection
+// is cut before it acks any call. It returns a subscription to the calls'
+// decisions.
+func (s *stack) dieBetweenPublishAndAck(t *testing.T, calls []*schemas.ToolCall, afterEvents bool) *nats.Subscription {
+	t.Helper()
+	sub, err := s.nc.SubscribeSync(schemas.DecisionSubjects("test-ep"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := len(calls)
+	for _, c := range calls {
+		raw, _ := json.Marshal(c)
+		if err := s.client.Publish(context.Background(), schemas.PhasePre, c.ServerID, c.ToolCallID, raw); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := s.workerOpts
+	o.MaxBatch = n
+	o.Chains = []*receipts.Chain{receipts.NewChain("dying", s.key)}
+	var dead sync.Once
+	killed := make(chan struct{})
+	s.startWorker(t, o, func(js jetstream.JetStream, nc *nats.Conn) jetstream.JetStream {
+		f := &faultyJS{JetStream: js, hook: func(_ context.Context, k int, publish func() (*jetstream.PubAck, error)) (*jetstream.PubAck, error) {
+			ack, err := publish()
+			if k == n && !afterEvents {
+				dead.Do(func() { nc.Close(); close(killed) })
+				return nil, errors.New("injected: connection lost")
+			}
+			return ack, err
+		}}
+		if afterEvents {
+			f.events = func(k int, fut jetstream.PubAckFuture) {
+				if k == n/2 {
+					<-fut.Ok()
+					dead.Do(func() { nc.Close(); close(killed) })
+				}
+			}
+		}
+		return f
+	})
+	select {
+	case <-killed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first worker never stored the batch")
+	}
+	total := 0
+	for _, k := range s.storedReceipts(t) {
+		total += k
+	}
+	if total != n {
+		t.Fatalf("%d receipts stored before the cut, want %d", total, n)
+	}
+	return sub
+}
+
+// countEvents is how many ToolCallEvents TALOS_AUDIT holds.
+func countEvents(t *testing.T, s *stack) uint64 {
+	t.Helper()
+	audit, err := s.js.Stream(context.Background(), schemas.StreamAudit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := audit.Info(context.Background(), jetstream.WithSubjectFilter(schemas.SubjectToolCall+">"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k uint64
+	for _, c := range info.State.Subjects {
+		k += c
+	}
+	return k
+}
+
+// storedReceipts returns how many times each receipt id is in TALOS_AUDIT
+// (which holds some).
+func (s *stack) storedReceipts(t *testing.T) map[string]int {
+	t.Helper()
+	ctx := context.Background()
+	cons, err := s.js.OrderedConsumer(ctx, schemas.StreamAudit, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"talos.audit.receipt.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]int{}
+	for {
+		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ev struct {
+			ID string `json:"id"`
+		}
+		if err := json.Unmarshal(m.Data(), &ev); err != nil {
+			t.Fatal(err)
+		}
+		ids[ev.ID]++
+		meta, err := m.Metadata()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if meta.NumPending == 0 {
+			return ids
+		}
+	}
 }
 
 // TestWorkerStopCutsAReceiptShort: a worker is stopped while a receipt it

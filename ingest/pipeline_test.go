@@ -78,6 +78,9 @@ type stackOptions struct {
 	// noWorker leaves the worker out (a test starts its own with
 	// startWorker).
 	noWorker bool
+	// duplicateWindow replaces the streams' Nats-Msg-Id window (default
+	// two minutes).
+	duplicateWindow time.Duration
 }
 
 func newStack(t *testing.T, o stackOptions) *stack {
@@ -111,7 +114,7 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{}); err != nil {
+	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{DuplicateWindow: o.duplicateWindow}); err != nil {
 		t.Fatal(err)
 	}
 	regPath := demoRegistry

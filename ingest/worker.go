@@ -311,6 +311,14 @@ type call struct {
 	server   string
 	msgID    string
 	after    []*enforce.LedgerOp
+	// arrived is when TALOS_CALLS stored the call; redelivered, whether
+	// an earlier delivery may have stored its evidence. prior is the
+	// receipt and storedEvent whether the ToolCallEvent such a delivery
+	// stored, when findStored looked (nil, false: none found).
+	arrived     time.Time
+	redelivered bool
+	prior       []byte
+	storedEvent bool
 	// replyToken is the last token of the decision's subject: the
 	// tool_call_id, or calls-seq-<n> when the envelope is malformed or has
 	// none (DecisionSubject).
@@ -354,7 +362,7 @@ func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jet
 			_ = m.Term()
 			continue
 		}
-		c := &call{m: m, seq: md.Sequence.Stream}
+		c := &call{m: m, seq: md.Sequence.Stream, arrived: md.Timestamp, redelivered: md.NumDelivered > 1}
 		if c.p, err = w.begin(m.Subject(), m.Data(), now); err != nil {
 			w.decideFailed(c, err)
 		}
@@ -362,6 +370,12 @@ func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jet
 	}
 	w.verifySenders(calls)
 	w.resumeAll(calls)
+	for _, c := range calls {
+		if !c.done {
+			c.identify()
+		}
+	}
+	w.findStored(ctx, calls)
 	var waiting []*call // stored, answered once their ledger operations ran
 	for _, c := range calls {
 		if c.done {
@@ -462,12 +476,10 @@ func (w *Worker) decideFailed(c *call, err error) {
 	c.done = true
 }
 
-// storeReceipt seals the call's receipt into ch and stores it, and
-// prepares its answer. It reports false (and leaves the call for a retry)
-// if the receipt could not be stored.
-func (w *Worker) storeReceipt(ctx context.Context, ch *receipts.Chain, c *call, now time.Time) bool {
+// identify sets the ids the call's evidence is stored and answered
+// under, from its decided receipt.
+func (c *call) identify() {
 	r := &c.out.Receipt
-	kind := r.EventType
 	seqID := "calls-seq-" + strconv.FormatUint(c.seq, 10)
 	// A call is its tool_call_id as its publisher (the subject's ep_id)
 	// names it: another enforcement point's call with the same id never
@@ -480,15 +492,25 @@ func (w *Worker) storeReceipt(ctx context.Context, ch *receipts.Chain, c *call, 
 	if c.dedupeID == seqID || !schemas.SafeToken(r.ToolCallID) {
 		c.replyToken = seqID
 	}
-	subjectID := r.ToolCallID
-	if subjectID == "" {
-		subjectID = seqID
-	}
 	c.server = r.ServerID
 	if !schemas.ValidID(c.server) {
 		c.server = "unknown"
 	}
-	c.msgID = schemas.AuditMsgID(c.dedupeID, r.Phase, kind)
+	c.msgID = schemas.AuditMsgID(c.dedupeID, r.Phase, r.EventType)
+}
+
+// storeReceipt seals the call's receipt into ch and stores it, and
+// prepares its answer; a call whose receipt an earlier delivery stored
+// (found by findStored) is answered with that one instead. It reports
+// false (and leaves the call for a retry) if the receipt could not be
+// stored.
+func (w *Worker) storeReceipt(ctx context.Context, ch *receipts.Chain, c *call, now time.Time) bool {
+	r := &c.out.Receipt
+	kind := r.EventType
+	subjectID := r.ToolCallID
+	if subjectID == "" {
+		subjectID = "calls-seq-" + strconv.FormatUint(c.seq, 10)
+	}
 	meta := receipts.Meta{
 		ID:      c.out.ReceiptID,
 		Type:    schemas.ReceiptType(kind),
@@ -496,11 +518,15 @@ func (w *Worker) storeReceipt(ctx context.Context, ch *receipts.Chain, c *call, 
 		Subject: subjectID,
 		Time:    now,
 	}
-	stored, sealedID, err := w.store(ctx, ch, c.m, meta, r, schemas.ReceiptSubject(kind, c.server), c.msgID)
-	if err != nil {
-		w.retryLater(ctx, c.m, "cannot sign receipt", c.msgID, err)
-		c.done = true
-		return false
+	var err error
+	stored, sealedID := c.prior, ""
+	if stored == nil {
+		stored, sealedID, err = w.store(ctx, ch, c.m, meta, r, schemas.ReceiptSubject(kind, c.server), c.msgID)
+		if err != nil {
+			w.retryLater(ctx, c.m, "cannot sign receipt", c.msgID, err)
+			c.done = true
+			return false
+		}
 	}
 	dec := &wireDecision{epID: r.EPID, Decision: schemas.Decision{
 		ToolCallID:     r.ToolCallID,
@@ -560,7 +586,7 @@ func (w *Worker) ledgerAfter(ctx context.Context, calls []*call) {
 func (w *Worker) storeEvents(ctx context.Context, ch *receipts.Chain, calls []*call, now time.Time) []inflight {
 	var sent []inflight
 	for _, c := range calls {
-		if c.done || c.out.ToolCall == nil {
+		if c.done || c.out.ToolCall == nil || c.storedEvent {
 			continue
 		}
 		ev := c.out.ToolCall
