@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
@@ -12,16 +11,6 @@ import (
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // checkExactlyOnce waits until session has want decisions in v_decisions,
 // then checks there is exactly one per call and the database verifies.
@@ -53,7 +42,7 @@ func TestClickHouseOutage(t *testing.T) {
 		t.Skip("restarts a ClickHouse server")
 	}
 	dir := t.TempDir()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	ctx := context.Background()
 	ch, err := testenv.StartClickHouse(ctx, testenv.ClickHouseOptions{Dir: dir, TCPPort: port})
 	if err != nil {
@@ -100,7 +89,7 @@ func TestNATSOutage(t *testing.T) {
 		t.Skip("restarts NATS")
 	}
 	dir := t.TempDir()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	ns, err := testenv.StartNATS(testenv.NATSOptions{Dir: dir, Port: port})
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"bufio"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -17,12 +16,7 @@ import (
 // listens, within 60 s.
 func StartEverythingHTTP(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-	l.Close()
+	port := strconv.Itoa(FreePort(t))
 	srv := exec.Command(MCPBin(t, MCPServerEverything), "streamableHttp")
 	srv.Env = append(os.Environ(), "PORT="+port)
 	stderr, err := srv.StderrPipe()

@@ -3,7 +3,7 @@ package testenv
 import (
 	"context"
 	"fmt"
-	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/talos-audit/talos/ingest/natsserver"
 	"github.com/talos-audit/talos/ingest/natstls"
+	"github.com/talos-audit/talos/query/chserver"
 )
 
 // NATSClusterOptions configure NATSClusterForTest. The zero value is a
@@ -92,25 +93,28 @@ func NATSClusterForTest(t testing.TB, o NATSClusterOptions) *NATSCluster {
 	return c
 }
 
-// freePorts returns n distinct loopback ports that were free a moment ago.
+// freePorts returns n distinct loopback ports that were free a moment ago
+// (chserver.FreePorts).
 func freePorts(t testing.TB, n int) []int {
 	t.Helper()
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			_ = ln.Close()
-		}
-	}()
-	ports := make([]int, n)
-	for i := range ports {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		ports[i] = ln.Addr().(*net.TCPAddr).Port
+	ports, err := chserver.FreePorts(n)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return ports
+}
+
+// FreePort returns a loopback port that was free a moment ago, for a
+// server a test starts (and may restart on it).
+func FreePort(t testing.TB) int {
+	t.Helper()
+	return freePorts(t, 1)[0]
+}
+
+// FreeAddr is FreePort as an address, 127.0.0.1:<port>.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	return "127.0.0.1:" + strconv.Itoa(FreePort(t))
 }
 
 func (c *NATSCluster) start(i int) error {

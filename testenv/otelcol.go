@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/talos-audit/talos/query/chserver"
 )
 
 // EnvToolsCache names the directory where the tests keep the tools they
@@ -206,16 +208,11 @@ func StartOTelCollector(t testing.TB) *OTelCollector {
 // twoFreeTCPPorts are two distinct loopback ports that were free a moment
 // ago.
 func twoFreeTCPPorts() (int, int, error) {
-	a, err := freeTCPPort()
+	ports, err := chserver.FreePorts(2)
 	if err != nil {
 		return 0, 0, err
 	}
-	for {
-		b, err := freeTCPPort()
-		if err != nil || b != a {
-			return a, b, err
-		}
-	}
+	return ports[0], ports[1], nil
 }
 
 // otelcolConfig is the generated configuration: one traces pipeline from

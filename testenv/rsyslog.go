@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/talos-audit/talos/query/chserver"
 )
 
 // ErrRsyslogNotFound is returned when no rsyslogd is installed; its
@@ -151,10 +153,9 @@ func (r *Rsyslog) Lines(t testing.TB) [][]byte {
 
 // freeTCPPort is a loopback port that was free a moment ago.
 func freeTCPPort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := chserver.FreePorts(1)
 	if err != nil {
 		return 0, err
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports[0], nil
 }

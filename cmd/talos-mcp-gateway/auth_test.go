@@ -169,7 +169,7 @@ func TestHTTPAuthTLSJWT(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "notes.txt"), []byte("hello over TLS\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	base := fmt.Sprintf("https://127.0.0.1:%d", port)
 	client := is.TLS.Client()
 	s.httpsGateway(t, client, base, []string{"SSL_CERT_FILE=" + is.TLS.CAFile},

@@ -62,7 +62,7 @@ func TestConformanceGatewayProbes(t *testing.T) {
 		t.Fatal(err)
 	}
 	root := t.TempDir()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	base := fmt.Sprintf("https://127.0.0.1:%d", port)
 	s.httpsGateway(t, is.TLS.Client(), base, []string{"SSL_CERT_FILE=" + is.TLS.CAFile},
 		"--ep-id", "gw-conformance", "--upstream", "fs="+testenv.MCPBin(t, "mcp-server-filesystem")+" "+root, "--workspace", "fs="+root,

@@ -219,7 +219,7 @@ func TestCredentialBoundary(t *testing.T) {
 	client := is.TLS.Client()
 	gw := func(ep, creds string, env ...string) (func(token string) *gatewaySession, *authProxy) {
 		up := newAuthProxy(t, everything)
-		port := freePort(t)
+		port := testenv.FreePort(t)
 		base := fmt.Sprintf("https://127.0.0.1:%d", port)
 		s.httpsGateway(t, client, base, append([]string{"SSL_CERT_FILE=" + is.TLS.CAFile}, env...),
 			"--ep-id", ep, "--upstream", "everything="+up.url, "--credentials", filepath.Join(s.dir, creds),

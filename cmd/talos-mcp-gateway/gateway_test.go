@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -64,15 +63,6 @@ type stack struct {
 	registry string // the manifests talosd and the gateways load
 }
 
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 func startStack(t *testing.T, extra ...string) *stack {
 	t.Helper()
 	return startStackRegistry(t, registryDir, extra...)
@@ -86,7 +76,7 @@ func startStackRegistry(t *testing.T, registry string, extra ...string) *stack {
 	s.gateway = testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talos-mcp-gateway")
 	talosd := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosd")
 	s.chAddr, s.db = testenv.NewDatabase(t)
-	s.natsPort, s.natsDir = freePort(t), filepath.Join(s.dir, "nats")
+	s.natsPort, s.natsDir = testenv.FreePort(t), filepath.Join(s.dir, "nats")
 	// NATS requires TLS: talosd, talosctl and the gateways verify it with
 	// the CA of TALOS_NATS_CA (--nats-ca), which they inherit.
 	var ca string

@@ -162,7 +162,7 @@ func TestMCPConformanceThroughGateway(t *testing.T) {
 	s := startStackRegistry(t, reg)
 	writeJSON(t, filepath.Join(s.dir, "principals.json"), map[string]any{"principals": []map[string]string{
 		{"name": "suite", "token_sha256": sha("suite-token"), "agent_id": "conformance-suite"}}})
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	s.httpGateway(t, base, "--ep-id", "gw-conf", "--upstream", "conf="+upstream, "--registry", reg, "--relay-ungoverned",
 		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--insecure-plain-http", "--principals", filepath.Join(s.dir, "principals.json"))

@@ -134,7 +134,7 @@ func TestToolDefinitionPinning(t *testing.T) {
 func driftOnNewClientSession(ctx context.Context, t *testing.T, s *stack, reg, server string) {
 	t.Helper()
 	flag := filepath.Join(t.TempDir(), "drifted")
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	s.httpGateway(t, base, "--ep-id", "gw-rug-new", "--upstream", server+" --drifted-if="+flag, "--registry", reg,
 		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--insecure-plain-http", "--principals", filepath.Join(s.dir, "principals.json"))
@@ -176,7 +176,7 @@ func driftOnNewClientSession(ctx context.Context, t *testing.T, s *stack, reg, s
 // is not trusted with that tool again.
 func driftOnClientSession(ctx context.Context, t *testing.T, s *stack, reg, server string) {
 	t.Helper()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	s.httpGateway(t, base, "--ep-id", "gw-rug-client", "--upstream", server, "--registry", reg,
 		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--insecure-plain-http", "--principals", filepath.Join(s.dir, "principals.json"))
@@ -220,7 +220,7 @@ func driftOverHTTP(ctx context.Context, t *testing.T, s *stack, reg, server stri
 	t.Helper()
 	writeJSON(t, filepath.Join(s.dir, "principals.json"), map[string]any{"principals": []map[string]string{
 		{"name": "ops", "token_sha256": sha("ops-token"), "agent_id": "ops"}}})
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	s.httpGateway(t, base, "--ep-id", "gw-rug-http", "--upstream", server+" --drifted", "--registry", reg,
 		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--insecure-plain-http", "--principals", filepath.Join(s.dir, "principals.json"))

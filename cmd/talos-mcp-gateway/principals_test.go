@@ -20,6 +20,7 @@ import (
 	"github.com/talos-audit/talos/ingest/mcpup"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/schemas"
+	"github.com/talos-audit/talos/testenv"
 )
 
 // bearer adds an Authorization header to every request.
@@ -62,7 +63,7 @@ func TestToolsListPerPrincipal(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(d, "principals.json"), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	gw := exec.Command(s.gateway, append(upstreams(t, t.TempDir()), "--ep-id", "gw-http", "--nats-url", s.natsURL(), "--nats-auth", "none",
 		"--registry", registryDir, "--listen", "127.0.0.1:"+strconv.Itoa(port), "--insecure-plain-http", "--principals", filepath.Join(d, "principals.json"))...)
 	logf, _ := os.Create(filepath.Join(d, "gateway-http.log"))

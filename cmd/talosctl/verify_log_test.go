@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -133,12 +132,7 @@ func startLogStack(t *testing.T) *logStack {
 	w[1].AddLog(t, logOrigin, s.vkey)
 	s.policy = writePolicy(t, s.dir, "witnesses.policy", "w1", w[0], "w2", w[1])
 	s.never = writePolicy(t, s.dir, "never.policy", "w3", w[2], "w4", w[3])
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	httpAddr := l.Addr().String()
-	l.Close()
+	httpAddr := testenv.FreeAddr(t)
 	s.url = "http://" + httpAddr
 	startTalosd(t, talosd, s.dir, "--capabilities", "optional", "--nats-url", s.natsURL, "--clickhouse-addr", addr, "--clickhouse-database", db,
 		"--registry", "../talosd/demo/registry", "--signing-key", s.signer+".key", "--roles", "enforce,sink,control,log",

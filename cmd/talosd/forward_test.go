@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -63,19 +62,9 @@ func startForwardStack(t *testing.T, alertAfter string) *fwdStack {
 	if err := os.WriteFile(filepath.Join(dir, "forward.json"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	httpAddr := l.Addr().String()
-	l.Close()
+	httpAddr := testenv.FreeAddr(t)
 	s.httpURL = "http://" + httpAddr
-	wl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	webAddr := wl.Addr().String()
-	wl.Close()
+	webAddr := testenv.FreeAddr(t)
 	s.webURL = "http://" + webAddr + "/incidents"
 	_, stop := startTalosdLog(t, bin, filepath.Join(dir, "talosd.log"), "--data-dir", filepath.Join(dir, "data"), "--nats-url", ns.URL(),
 		"--clickhouse-addr", addr, "--clickhouse-database", db, "--registry", "demo/registry", "--signing-key", filepath.Join(dir, "signer.key"),

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -297,12 +296,7 @@ func TestEmbeddedNATSAndHTTP(t *testing.T) {
 	if err := receipts.WriteKeyPair(key, filepath.Join(dir, "k")); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	httpAddr := ln.Addr().String()
-	ln.Close()
+	httpAddr := testenv.FreeAddr(t)
 	cmd := exec.Command(bin, "--roles", "enforce", "--registry", "demo/registry", "--signing-key", filepath.Join(dir, "k.key"),
 		"--data-dir", dir, "--nats-listen", "127.0.0.1:0", "--http-addr", httpAddr)
 	var out bytes.Buffer

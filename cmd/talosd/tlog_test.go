@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -52,12 +51,7 @@ func TestTransparencyLogChecksIndependently(t *testing.T) {
 	if err := receipts.WriteKeyPair(key, filepath.Join(dir, "signer")); err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	httpAddr := l.Addr().String()
-	l.Close()
+	httpAddr := testenv.FreeAddr(t)
 	data := filepath.Join(dir, "data")
 	_, stop := startTalosdLog(t, bin, filepath.Join(dir, "talosd.log"), "--data-dir", data, "--nats-url", ns.URL(),
 		"--clickhouse-addr", addr, "--clickhouse-database", db, "--registry", "demo/registry", "--signing-key", filepath.Join(dir, "signer.key"),

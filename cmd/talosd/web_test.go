@@ -7,7 +7,6 @@ import (
 	"html"
 	"image/png"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -208,12 +207,7 @@ func TestWebDashboardInChromium(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	webAddr := ln.Addr().String()
-	ln.Close()
+	webAddr := testenv.FreeAddr(t)
 	dataDir := filepath.Join(dir, "talos-data")
 	logPath := filepath.Join(dir, "talosd.log")
 	logf, err := os.Create(logPath)

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -115,12 +114,7 @@ func newApprovalEnv(t *testing.T) *approvalEnv {
 	if e.users, _, err = natsauth.Ensure(filepath.Join(e.dir, "nats-auth.json"), []string{"gw"}); err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.port = l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	e.port = testenv.FreePort(t)
 	e.start()
 	t.Cleanup(func() { e.ns.Shutdown() })
 	w, _ := e.users.Find(schemas.NATSRoleWorker, "")

@@ -10,6 +10,7 @@ import (
 	"encoding/xml"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -174,7 +175,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 var errExitedEarly = errors.New("clickhouse-server exited during start")
 
 func startOnce(ctx context.Context, argv []string, dir string, opts Options, startTO, stopTO time.Duration) (*Server, error) {
-	ports, err := freePorts(4)
+	ports, err := FreePorts(4)
 	if err != nil {
 		return nil, fmt.Errorf("chserver: pick ports: %w", err)
 	}
@@ -438,22 +439,44 @@ func xmlEscape(s string) string {
 	return b.String()
 }
 
-// freePorts returns n distinct loopback ports that were free a moment ago.
-func freePorts(n int) ([]int, error) {
-	ls := make([]net.Listener, 0, n)
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
+// FreePorts returns n distinct loopback ports that were free a moment ago,
+// for servers started next (this package's, and the test environment's).
+// They are picked at random below the kernel's ephemeral port range
+// (ip_local_port_range, 32768 if it cannot be read), which a port the
+// kernel hands out (an outgoing connection, a listen on port 0) never is:
+// such a port, free a moment ago, may be taken by the time the server
+// binds it, and a node restarted on its old port would find it in use.
+func FreePorts(n int) ([]int, error) {
+	low := ephemeralLow()
 	ports := make([]int, 0, n)
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
+	seen := map[int]bool{}
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 1000*n {
+			return nil, fmt.Errorf("no %d free loopback ports below %d", n, low)
 		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		p := low/2 + rand.IntN(low-low/2)
+		if seen[p] {
+			continue
+		}
+		seen[p] = true
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		ports = append(ports, p)
 	}
 	return ports, nil
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range.
+func ephemeralLow() int {
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if low, err := strconv.Atoi(f[0]); err == nil && low >= 2048 {
+				return low
+			}
+		}
+	}
+	return 32768
 }

@@ -6,9 +6,11 @@ import (
 	"crypto/x509"
 	"encoding/xml"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -137,5 +139,30 @@ func TestWriteTLS(t *testing.T) {
 	}
 	if st, err := os.Stat(f.ServerKey); err != nil || st.Mode().Perm() != 0o600 {
 		t.Errorf("server key mode: %v %v", st.Mode(), err)
+	}
+}
+
+// TestFreePorts: the ports are distinct, free, and outside the range the
+// kernel hands out, so no outgoing connection can take one meanwhile.
+func TestFreePorts(t *testing.T) {
+	ports, err := FreePorts(50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	low := ephemeralLow()
+	seen := map[int]bool{}
+	for _, p := range ports {
+		if p >= low || p < 1024 || seen[p] {
+			t.Fatalf("port %d: want distinct ports in [1024, %d)", p, low)
+		}
+		seen[p] = true
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			t.Fatalf("port %d not free: %v", p, err)
+		}
+		l.Close()
+	}
+	if len(ports) != 50 {
+		t.Fatalf("%d ports, want 50", len(ports))
 	}
 }
