@@ -533,7 +533,7 @@ func (p *Pending) firstOps() {
 	d, c := p.d, &p.pc.Call
 	pre := c.Phase == schemas.PhasePre
 	if pre && d.o.Ledger != nil && p.checked {
-		if owner, ok := d.cache.Lookup(c.SessionID, c.CorrelationID); ok && owner != p.call.ID() {
+		if known, same := d.cache.Lookup(c.SessionID, c.CorrelationID, p.call.ID()); known && !same {
 			p.replay = true
 		}
 		p.stale = d.staleAt(c.IssuedAt, p.now)

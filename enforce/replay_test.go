@@ -3,6 +3,8 @@ package enforce
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 )
@@ -12,47 +14,50 @@ func TestReplayCacheBounds(t *testing.T) {
 	for i := 1; i <= 4; i++ {
 		c.Add("s1", fmt.Sprintf("c%d", i), fmt.Sprintf("call-%d", i))
 	}
-	if _, ok := c.Lookup("s1", "c1"); ok {
+	if known, _ := c.Lookup("s1", "c1", ""); known {
 		t.Error("c1 survived past PerSession")
 	}
-	if o, ok := c.Lookup("s1", "c4"); !ok || o != "call-4" {
-		t.Errorf("c4: %q %v", o, ok)
+	if known, same := c.Lookup("s1", "c4", "call-4"); !known || !same {
+		t.Errorf("c4: known %v, owned by call-4 %v", known, same)
+	}
+	if _, same := c.Lookup("s1", "c4", "call-3"); same {
+		t.Error("c4 owned by call-3 too")
 	}
 	if c.Len() != 3 {
 		t.Errorf("Len %d, want 3", c.Len())
 	}
 	// A lookup makes c2 recent, so c3 is evicted next.
-	if _, ok := c.Lookup("s1", "c2"); !ok {
+	if known, _ := c.Lookup("s1", "c2", ""); !known {
 		t.Fatal("c2 missing")
 	}
 	c.Add("s1", "c5", "call-5")
-	if _, ok := c.Lookup("s1", "c3"); ok {
+	if known, _ := c.Lookup("s1", "c3", ""); known {
 		t.Error("c3 should have been the least recently used")
 	}
-	if _, ok := c.Lookup("s1", "c2"); !ok {
+	if known, _ := c.Lookup("s1", "c2", ""); !known {
 		t.Error("c2 was evicted although recently used")
 	}
 
 	// Sessions: s1 is touched last, so s2 is evicted by s3.
 	c.Add("s2", "c1", "x")
-	c.Lookup("s1", "c2")
+	c.Lookup("s1", "c2", "")
 	c.Add("s3", "c1", "y")
 	if c.Sessions() != 2 {
 		t.Errorf("Sessions %d, want 2", c.Sessions())
 	}
-	if _, ok := c.Lookup("s2", "c1"); ok {
+	if known, _ := c.Lookup("s2", "c1", ""); known {
 		t.Error("s2 survived past Sessions")
 	}
-	if _, ok := c.Lookup("s1", "c5"); !ok {
+	if known, _ := c.Lookup("s1", "c5", ""); !known {
 		t.Error("s1 evicted although recently used")
 	}
 	// The same correlation id in another session is another pair.
-	if o, _ := c.Lookup("s3", "c1"); o != "y" {
-		t.Errorf("s3/c1 owner %q", o)
+	if _, same := c.Lookup("s3", "c1", "y"); !same {
+		t.Error("s3/c1 not owned by y")
 	}
 
 	c.Flush("s3")
-	if _, ok := c.Lookup("s3", "c1"); ok || c.Len() != 3 {
+	if known, _ := c.Lookup("s3", "c1", ""); known || c.Len() != 3 {
 		t.Errorf("Flush(s3): Len %d", c.Len())
 	}
 	c.Flush("")
@@ -73,17 +78,17 @@ func TestReplayCachePairs(t *testing.T) {
 	if c.Len() != 6 || c.Sessions() != 3 {
 		t.Fatalf("Len %d Sessions %d, want 6 and 3", c.Len(), c.Sessions())
 	}
-	c.Lookup("s1", "c1")         // s1 recent: s2 is now the oldest
+	c.Lookup("s1", "c1", "")     // s1 recent: s2 is now the oldest
 	c.Add("s1", "c1", "another") // an update is not a new pair
 	c.Add("s3", "c3", "o")       // 7 pairs: s2 goes whole
-	if _, ok := c.Lookup("s2", "c1"); ok {
+	if known, _ := c.Lookup("s2", "c1", ""); known {
 		t.Error("s2 survived past Pairs")
 	}
 	if c.Len() != 5 || c.Sessions() != 2 {
 		t.Errorf("Len %d Sessions %d, want 5 and 2", c.Len(), c.Sessions())
 	}
-	if o, _ := c.Lookup("s1", "c1"); o != "another" {
-		t.Errorf("s1/c1 owner %q, want the update", o)
+	if _, same := c.Lookup("s1", "c1", "another"); !same {
+		t.Error("s1/c1 not owned by the update")
 	}
 	// One session over Pairs loses its oldest pairs, not itself.
 	c.Flush("")
@@ -91,10 +96,10 @@ func TestReplayCachePairs(t *testing.T) {
 	for i := 1; i <= 5; i++ {
 		d.Add("s", fmt.Sprintf("c%d", i), "o")
 	}
-	if _, ok := d.Lookup("s", "c2"); ok || d.Len() != 3 {
+	if known, _ := d.Lookup("s", "c2", ""); known || d.Len() != 3 {
 		t.Errorf("Len %d, want 3 with c2 gone", d.Len())
 	}
-	if _, ok := d.Lookup("s", "c5"); !ok {
+	if known, _ := d.Lookup("s", "c5", ""); !known {
 		t.Error("the newest pair was evicted")
 	}
 	if c.Len() != 0 {
@@ -111,7 +116,7 @@ func TestReplayCacheDefaults(t *testing.T) {
 	if c.Len() != DefaultReplayPerSession {
 		t.Errorf("Len %d, want %d", c.Len(), DefaultReplayPerSession)
 	}
-	if _, ok := c.Lookup("s", "0"); ok {
+	if known, _ := c.Lookup("s", "0", ""); known {
 		t.Error("oldest id kept past the default bound")
 	}
 	c.Flush("")
@@ -121,7 +126,7 @@ func TestReplayCacheDefaults(t *testing.T) {
 	if c.Sessions() != DefaultReplaySessions {
 		t.Errorf("Sessions %d, want %d", c.Sessions(), DefaultReplaySessions)
 	}
-	if _, ok := c.Lookup("0", "c"); ok {
+	if known, _ := c.Lookup("0", "c", ""); known {
 		t.Error("oldest session kept past the default bound")
 	}
 }
@@ -193,7 +198,7 @@ func TestReplayCacheConcurrent(t *testing.T) {
 			for i := range 500 {
 				s := fmt.Sprintf("s%d", (w+i)%12)
 				c.Add(s, fmt.Sprint(i), "o")
-				c.Lookup(s, fmt.Sprint(i-1))
+				c.Lookup(s, fmt.Sprint(i-1), "o")
 				if i%100 == 0 {
 					c.Flush(s)
 				}
@@ -203,5 +208,66 @@ func TestReplayCacheConcurrent(t *testing.T) {
 	wg.Wait()
 	if c.Sessions() > 8 || c.Len() > 8*50 {
 		t.Fatalf("bounds exceeded: %d sessions, %d ids", c.Sessions(), c.Len())
+	}
+}
+
+// TestPairLRUModel: a session's pointer-free LRU against a plain list in
+// order of use, over random adds, gets and removals of the oldest (which
+// move the last slot into the freed one).
+func TestPairLRUModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := range 50 {
+		max := 1 + rng.IntN(8)
+		l := newPairLRU(max)
+		var order []pairKey // most recently used first
+		owners := map[pairKey]uint64{}
+		touch := func(k pairKey) {
+			order = slices.DeleteFunc(order, func(x pairKey) bool { return x == k })
+			order = slices.Insert(order, 0, k)
+		}
+		for step := range 400 {
+			k := pairKey{uint64(rng.IntN(12)), 7}
+			switch op := rng.IntN(5); {
+			case op < 2:
+				o := rng.Uint64()
+				_, had := owners[k]
+				if added := l.add(k, o); added == had {
+					t.Fatalf("round %d step %d: add reported new %v, had %v", round, step, added, had)
+				}
+				if !had && len(order) == max {
+					oldest := order[len(order)-1]
+					order = order[:len(order)-1]
+					delete(owners, oldest)
+				}
+				owners[k] = o
+				touch(k)
+			case op < 4:
+				o, ok := l.get(k)
+				want, had := owners[k]
+				if ok != had || o != want {
+					t.Fatalf("round %d step %d: get %v = %d %v, want %d %v", round, step, k, o, ok, want, had)
+				}
+				if had {
+					touch(k)
+				}
+			default:
+				l.removeOldest()
+				if len(order) > 0 {
+					delete(owners, order[len(order)-1])
+					order = order[:len(order)-1]
+				}
+			}
+			if l.len() != len(order) || len(l.slots) != len(order) {
+				t.Fatalf("round %d step %d: %d pairs in %d slots, want %d", round, step, l.len(), len(l.slots), len(order))
+			}
+			// Walk head to tail: the order of use.
+			var got []pairKey
+			for i := l.head; i >= 0; i = l.slots[i].next {
+				got = append(got, l.slots[i].key)
+			}
+			if !slices.Equal(got, order) {
+				t.Fatalf("round %d step %d: order %v, want %v", round, step, got, order)
+			}
+		}
 	}
 }

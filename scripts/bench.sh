@@ -32,7 +32,9 @@
 #                                 flags to the new tree's worker only,
 #                                 BENCH_NEW_DEV_FLAGS to its dev process (NATS +
 #                                 sink) only: with --insecure-nats-plaintext,
-#                                 what TLS costs
+#                                 what TLS costs; BENCH_AB_WARM=N first runs
+#                                 N throughput runs of 40,000 calls on each
+#                                 stack (a stack with a history)
 #   bash scripts/bench.sh profile [SECONDS] [RATE] [post]  CPU profiles
 #                                 (SECONDS, default 20) of the enforce worker
 #                                 and the dev process (NATS + sink), both run
@@ -358,10 +360,12 @@ ab)
   (cd "$work/base/src" && go build -o "$work/base/bin/talosd" ./cmd/talosd && go build -o "$work/base/bin/talosctl" ./cmd/talosctl)
   read -r -a new_flags <<<"${BENCH_NEW_WORKER_FLAGS:-}"
   read -r -a new_dev_flags <<<"${BENCH_NEW_DEV_FLAGS:-}"
+  warm=${BENCH_AB_WARM:-0}
   echo "== A/B: base $(git rev-parse --short "$base_rev") ($(git log -1 --format=%s "$base_rev" | cut -c1-60)) against new $new_rev"
   echo "   $rounds round(s), alternating base and new, each on a fresh stack; load generator: each side's own talosctl"
   [ ${#new_flags[@]} -eq 0 ] || echo "   the new worker also gets: ${new_flags[*]}"
   [ ${#new_dev_flags[@]} -eq 0 ] || echo "   the new dev process also gets: ${new_dev_flags[*]}"
+  [ "$warm" -eq 0 ] || echo "   each stack first runs $warm throughput runs of 40,000 calls (BENCH_AB_WARM): the figures are of a stack that has handled $((warm * 40000)) calls"
   cols="tp_decisions_s e2e_events_s p50_ms p99_ms worker_rss_mib cpu_worker cpu_nats_sink cpu_clickhouse cpu_loadgen cpu_stack flight_calls_s flight_events_s other_cores"
   for side in base new; do echo "$cols" >"$work/ab.$side.tsv"; done
   fmt='function f(x) { return (x >= 100 || x <= -100) ? sprintf("%.0f", x) : sprintf("%.2f", x) } ' # awk: a figure, readably
@@ -377,6 +381,7 @@ ab)
     fi
     echo "== round $i, $s (load average $(cut -d' ' -f1-3 /proc/loadavg))"
     start sink,control
+    for _ in $(seq 1 "$warm"); do saturate warm 40000; done
     bench --calls 20000 --concurrency 100 --rate 2000 --json-out "$work/lat.json" >/dev/null
     rss_mib=$(rss $worker)
     saturate tp 40000
