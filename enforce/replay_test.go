@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 )
 
 func TestReplayCacheBounds(t *testing.T) {
@@ -270,4 +272,35 @@ func TestPairLRUModel(t *testing.T) {
 			}
 		}
 	}
+}
+
+// BenchmarkReplayCacheFull fills a default cache (65,536 pairs in 100
+// sessions, ids the length of real ones) and reports what it holds: heap
+// MiB and objects, and the time of a collection with it alive.
+func BenchmarkReplayCacheFull(b *testing.B) {
+	var heapMiB, objects, gcMs float64
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		c := NewReplayCache(ReplayCacheOptions{})
+		for i := range DefaultReplayPairs {
+			c.Add(fmt.Sprintf("sess-%03d-0195f0c2-7a1b-7c3d-9e8f", i%100), fmt.Sprintf("corr-%017d", i),
+				fmt.Sprintf("ep-%03d:0195f0c2-7a1b-7c3d-9e8f-%012d", i%100, i))
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		start := time.Now()
+		runtime.GC()
+		gcMs = float64(time.Since(start).Microseconds()) / 1000
+		heapMiB = float64(after.HeapAlloc-before.HeapAlloc) / (1 << 20)
+		objects = float64(after.HeapObjects - before.HeapObjects)
+		if c.Len() != DefaultReplayPairs {
+			b.Fatalf("%d pairs, want %d", c.Len(), DefaultReplayPairs)
+		}
+		runtime.KeepAlive(c)
+	}
+	b.ReportMetric(heapMiB, "heap-MiB")
+	b.ReportMetric(objects, "objects")
+	b.ReportMetric(gcMs, "gc-ms")
 }
