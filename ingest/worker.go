@@ -476,11 +476,15 @@ func (w *Worker) decideFailed(c *call, err error) {
 	c.done = true
 }
 
+// seqID names a call by its TALOS_CALLS sequence, calls-seq-<n>, where
+// its envelope names it by no tool_call_id it can be stored under.
+func (c *call) seqID() string { return "calls-seq-" + strconv.FormatUint(c.seq, 10) }
+
 // identify sets the ids the call's evidence is stored and answered
 // under, from its decided receipt.
 func (c *call) identify() {
 	r := &c.out.Receipt
-	seqID := "calls-seq-" + strconv.FormatUint(c.seq, 10)
+	seqID := c.seqID()
 	// A call is its tool_call_id as its publisher (the subject's ep_id)
 	// names it: another enforcement point's call with the same id never
 	// takes this one's receipt or event.
@@ -509,7 +513,7 @@ func (w *Worker) storeReceipt(ctx context.Context, ch *receipts.Chain, c *call, 
 	kind := r.EventType
 	subjectID := r.ToolCallID
 	if subjectID == "" {
-		subjectID = "calls-seq-" + strconv.FormatUint(c.seq, 10)
+		subjectID = c.seqID()
 	}
 	meta := receipts.Meta{
 		ID:      c.out.ReceiptID,
