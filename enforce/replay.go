@@ -45,12 +45,12 @@ const (
 // every cycle: the worker spent about 15 % more CPU per call once the
 // cache had filled. Two owners with one hash only make the cache ask the
 // ledger; two correlation ids of a session with one 128-bit hash are not
-// to be expected, and the seed is the process's secret.
+// to be expected, and the seeds are the process's secret.
 type ReplayCache struct {
 	perSession int
 	maxPairs   int
-	seed       maphash.Seed
-	mu         sync.Mutex // guards sessions, every session's LRU and pairs
+	seeds      [2]maphash.Seed // of the correlation ids' hash halves; seeds[0] also of owners'
+	mu         sync.Mutex      // guards sessions, every session's LRU and pairs
 	sessions   *simplelru.LRU[string, *pairLRU]
 	pairs      int // pairs held across sessions (kept by the LRUs' eviction callbacks)
 }
@@ -66,7 +66,7 @@ func NewReplayCache(o ReplayCacheOptions) *ReplayCache {
 	if o.Pairs <= 0 {
 		o.Pairs = DefaultReplayPairs
 	}
-	c := &ReplayCache{perSession: o.PerSession, maxPairs: o.Pairs, seed: maphash.MakeSeed()}
+	c := &ReplayCache{perSession: o.PerSession, maxPairs: o.Pairs, seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}}
 	s, err := simplelru.NewLRU(o.Sessions, func(_ string, ids *pairLRU) { c.pairs -= ids.len() })
 	if err != nil { // only for a size <= 0, excluded above
 		panic(err)
@@ -75,19 +75,15 @@ func NewReplayCache(o ReplayCacheOptions) *ReplayCache {
 	return c
 }
 
-// pairKey is a correlation id's 128-bit hash.
+// pairKey is a correlation id's 128-bit hash: two 64-bit keyed hashes of
+// it, with independent seeds.
 type pairKey [2]uint64
 
 func (c *ReplayCache) key(corr string) pairKey {
-	var h maphash.Hash
-	h.SetSeed(c.seed)
-	_, _ = h.WriteString(corr)
-	lo := h.Sum64()
-	_ = h.WriteByte(0)
-	return pairKey{lo, h.Sum64()}
+	return pairKey{maphash.String(c.seeds[0], corr), maphash.String(c.seeds[1], corr)}
 }
 
-func (c *ReplayCache) owner(owner string) uint64 { return maphash.String(c.seed, owner) }
+func (c *ReplayCache) owner(owner string) uint64 { return maphash.String(c.seeds[0], owner) }
 
 // Lookup reports whether the cache remembers the pair, and whether as
 // owned by owner; it marks the pair recently used.
