@@ -3,7 +3,6 @@ package testenv
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/talos-audit/talos/ingest/natsserver"
 	"github.com/talos-audit/talos/ingest/natstls"
-	"github.com/talos-audit/talos/query/chserver"
 )
 
 // NATSClusterOptions configure NATSClusterForTest. The zero value is a
@@ -91,30 +89,6 @@ func NATSClusterForTest(t testing.TB, o NATSClusterOptions) *NATSCluster {
 		c.WaitJetStream(t)
 	}
 	return c
-}
-
-// freePorts returns n distinct loopback ports that were free a moment ago
-// (chserver.FreePorts).
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
-	ports, err := chserver.FreePorts(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ports
-}
-
-// FreePort returns a loopback port that was free a moment ago, for a
-// server a test starts (and may restart on it).
-func FreePort(t testing.TB) int {
-	t.Helper()
-	return freePorts(t, 1)[0]
-}
-
-// FreeAddr is FreePort as an address, 127.0.0.1:<port>.
-func FreeAddr(t testing.TB) string {
-	t.Helper()
-	return "127.0.0.1:" + strconv.Itoa(FreePort(t))
 }
 
 func (c *NATSCluster) start(i int) error {

@@ -17,8 +17,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/talos-audit/talos/query/chserver"
 )
 
 // EnvToolsCache names the directory where the tests keep the tools they
@@ -189,10 +187,8 @@ func StartOTelCollector(t testing.TB) *OTelCollector {
 	if err != nil {
 		t.Fatal(err)
 	}
-	grpcPort, httpPort, err := twoFreeTCPPorts()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ports := freePorts(t, 2)
+	grpcPort, httpPort := ports[0], ports[1]
 	dir := t.TempDir()
 	c := &OTelCollector{dir: dir, conf: filepath.Join(dir, "otelcol.yaml"), out: filepath.Join(dir, "spans.json"),
 		grpcPort: grpcPort, httpPort: httpPort, proc: child{name: "the OpenTelemetry Collector", log: filepath.Join(dir, "otelcol.log")}}
@@ -203,16 +199,6 @@ func StartOTelCollector(t testing.TB) *OTelCollector {
 	c.proc.start(t, 30*time.Second, []string{net.JoinHostPort("127.0.0.1", strconv.Itoa(grpcPort)),
 		net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort))}, bin, "--config", c.conf)
 	return c
-}
-
-// twoFreeTCPPorts are two distinct loopback ports that were free a moment
-// ago.
-func twoFreeTCPPorts() (int, int, error) {
-	ports, err := chserver.FreePorts(2)
-	if err != nil {
-		return 0, 0, err
-	}
-	return ports[0], ports[1], nil
 }
 
 // otelcolConfig is the generated configuration: one traces pipeline from

@@ -15,8 +15,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/talos-audit/talos/query/chserver"
 )
 
 // ErrRsyslogNotFound is returned when no rsyslogd is installed; its
@@ -76,10 +74,7 @@ func StartRsyslog(t testing.TB, o RsyslogOptions) *Rsyslog {
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	port, err := freeTCPPort()
-	if err != nil {
-		t.Fatal(err)
-	}
+	port := FreePort(t)
 	r := &Rsyslog{bin: bin, dir: dir, conf: filepath.Join(dir, "rsyslog.conf"), out: filepath.Join(dir, "received.log"),
 		addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), proc: child{name: "rsyslogd", log: filepath.Join(dir, "rsyslogd.log")}}
 	if err := os.WriteFile(r.conf, []byte(rsyslogConfig(dir, port, r.out, o.TLS)), 0o600); err != nil {
@@ -149,13 +144,4 @@ func (r *Rsyslog) Lines(t testing.TB) [][]byte {
 		return nil
 	}
 	return bytes.Split(b, []byte("\n"))
-}
-
-// freeTCPPort is a loopback port that was free a moment ago.
-func freeTCPPort() (int, error) {
-	ports, err := chserver.FreePorts(1)
-	if err != nil {
-		return 0, err
-	}
-	return ports[0], nil
 }

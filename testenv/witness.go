@@ -55,10 +55,7 @@ func StartWitness(t testing.TB, name string) *Witness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port, err := freeTCPPort()
-	if err != nil {
-		t.Fatal(err)
-	}
+	port := FreePort(t)
 	dir := t.TempDir()
 	w := &Witness{Name: name, bin: bin, lite: lite, dir: dir, addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
 		proc: child{name: "litewitness " + name, log: filepath.Join(dir, "witness.log")}}

@@ -47,10 +47,7 @@ func StartZooKeeper(t testing.TB) *ZooKeeper {
 	if _, err := os.Stat(filepath.Join(zooKeeperJars, "zookeeper.jar")); err != nil {
 		t.Fatal(ErrZooKeeperNotFound)
 	}
-	port, err := freeTCPPort()
-	if err != nil {
-		t.Fatal(err)
-	}
+	port := FreePort(t)
 	dir := t.TempDir()
 	z := &ZooKeeper{java: java, dir: dir, addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
 		proc: child{name: "zookeeper", log: filepath.Join(dir, "zookeeper.log")}}
