@@ -111,14 +111,22 @@ type Decided struct {
 	// or without a Redactor. The worker sets its ReceiptID and signs it.
 	ToolCall *schemas.ToolCallEvent
 
-	call   CallKey
-	record *PreRecord // the ledger's record of this call, as Begin or the ledger left it; nil if none is kept
-	approv bool       // record the decision for approve/reject if it is require_approval
+	call          CallKey
+	record        *PreRecord // the ledger's record of this call, as Begin or the ledger left it; nil if none is kept
+	claimedBefore bool
+	approv        bool // record the decision for approve/reject if it is require_approval
 	// from is the decision's Pending, for EventFor to build the
 	// ToolCallEvent of another receipt of this envelope; nil without a
 	// Redactor or for a malformed envelope.
 	from *Pending
 }
+
+// ClaimedBefore reports whether ReceiptID is the one an earlier delivery
+// of this call claimed in the call ledger. Only then can a receipt with
+// this id be in the audit stream already: a call whose claim this
+// delivery won was never sealed before, and a call without a claim gets a
+// new id each delivery.
+func (o *Decided) ClaimedBefore() bool { return o.claimedBefore }
 
 // EventFor returns the ToolCallEvent that agrees with the receipt the audit
 // stream holds for this call, given that receipt's decision and reason
@@ -283,6 +291,9 @@ type Pending struct {
 	stage    int
 	call     CallKey
 	record   *PreRecord
+	// claimedBefore: an earlier delivery claimed the call's pair and named
+	// the receipt id this one seals with (claimed).
+	claimedBefore bool
 	// What a post event's ToolCallEvent says of its pre decision (finish).
 	prior *PreRecord
 	flags []string
@@ -612,7 +623,7 @@ func (p *Pending) claimed() error {
 		rec := op.Held
 		p.record = &rec
 		if rec.ReceiptID != "" {
-			p.receiptID = rec.ReceiptID
+			p.receiptID, p.claimedBefore = rec.ReceiptID, true
 		}
 		d.cache.Add(c.SessionID, c.CorrelationID, p.call.ID())
 	default:
@@ -663,7 +674,7 @@ func (p *Pending) idempotencyHeld() {
 func (d *Decider) finish(p *Pending) *Decided {
 	c := &p.pc.Call
 	pre := c.Phase == schemas.PhasePre
-	out := &Decided{Receipt: p.r, ReceiptID: p.receiptID, Details: p.o.Details, call: p.call, record: p.record,
+	out := &Decided{Receipt: p.r, ReceiptID: p.receiptID, Details: p.o.Details, call: p.call, record: p.record, claimedBefore: p.claimedBefore,
 		approv: pre && d.o.Ledger != nil && p.record != nil}
 	p.done = out
 	if d.o.Redactor == nil {

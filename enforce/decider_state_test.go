@@ -157,8 +157,12 @@ func TestDeciderReplay(t *testing.T) {
 	w1 := deciderWith(t, store)
 	w2 := deciderWith(t, store)
 
-	if r, _ := mustDecide(t, w1, withCall(listDir(), callA)); r.Decision != schemas.DecisionAllow {
-		t.Fatalf("first use: %s %v", r.Decision, r.ReasonCodes)
+	firstOut, err := w1.DecideCall("talos.call.pre.gw-1.files", mustJSON(t, withCall(listDir(), callA)), t0)
+	if err != nil || firstOut.Receipt.Decision != schemas.DecisionAllow {
+		t.Fatalf("first use: %v %+v", err, firstOut)
+	}
+	if firstOut.ClaimedBefore() {
+		t.Error("first use: its receipt id reported as claimed before")
 	}
 	r, details := mustDecide(t, w2, withCall(listDir(), callB))
 	if r.Decision != schemas.DecisionDeny || !slices.Equal(r.ReasonCodes, []string{schemas.CodeReplay}) || r.ResultCode != schemas.CodeReplay {
@@ -177,6 +181,9 @@ func TestDeciderReplay(t *testing.T) {
 	out, err := w2.DecideCall("talos.call.pre.gw-1.files", mustJSON(t, withCall(listDir(), callA)), t0)
 	if err != nil || out.Receipt.Decision != schemas.DecisionAllow {
 		t.Fatalf("redelivery of A on w2: %v %+v", err, out)
+	}
+	if !out.ClaimedBefore() {
+		t.Error("redelivery of A: its receipt id not reported as claimed before")
 	}
 	if first, _ := store.pairs[[2]string{"s1", "q3V2bH7pR9sT1uW4xY6zAb"}]; out.ReceiptID != first.ReceiptID || first.ReceiptID == "" {
 		t.Errorf("redelivery of A sealed as %q, the ledger names %q", out.ReceiptID, first.ReceiptID)

@@ -337,17 +337,80 @@ func TestRedeliveryAfterDuplicateWindow(t *testing.T) {
 }
 
 // lookupFails is a worker's JetStream whose first consumer of TALOS_AUDIT
-// cannot be created.
+// cannot be created; with count, it counts them instead.
 type lookupFails struct {
 	jetstream.JetStream
-	once atomic.Bool
+	count     bool
+	once      atomic.Bool
+	consumers atomic.Int64
 }
 
 func (l *lookupFails) OrderedConsumer(ctx context.Context, stream string, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
-	if stream == schemas.StreamAudit && l.once.CompareAndSwap(false, true) {
-		return nil, errors.New("injected: no consumer")
+	if stream == schemas.StreamAudit {
+		l.consumers.Add(1)
+		if !l.count && l.once.CompareAndSwap(false, true) {
+			return nil, errors.New("injected: no consumer")
+		}
 	}
 	return l.JetStream.OrderedConsumer(ctx, stream, cfg)
+}
+
+// TestLateFirstClaimIsNotLookedUp: calls the ledger refused to claim until
+// they were older than the duplicate window were delivered many times but
+// never sealed, so the worker does not look them up (a ledger outage
+// would otherwise make every batch after it scan TALOS_AUDIT): no consumer
+// of TALOS_AUDIT is created, and each call gets one receipt.
+func TestLateFirstClaimIsNotLookedUp(t *testing.T) {
+	const window = time.Second
+	var down atomic.Bool
+	down.Store(true)
+	s := newStack(t, stackOptions{noWorker: true, duplicateWindow: window,
+		configure: func(t *testing.T, js jetstream.JetStream, o *enforce.DeciderOptions) {
+			ledger, err := kv.NewLedger(context.Background(), js, kv.LedgerOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.Ledger = &refusingLedger{CallLedger: ledger, down: &down}
+		}})
+	sub, err := s.nc.SubscribeSync(schemas.DecisionSubjects("test-ep"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	counted := &lookupFails{count: true}
+	s.startWorker(t, s.workerOpts, func(js jetstream.JetStream, _ *nats.Conn) jetstream.JetStream {
+		counted.JetStream = js
+		return counted
+	})
+	const n = 8
+	calls := s.publishCalls(t, "late-first-claim", n)
+	time.Sleep(3 * window) // delivered and nak'ed meanwhile, each about once a second
+	down.Store(false)
+	collectDecisions(t, sub, calls)
+	s.checkExactlyOnce(t, "late-first-claim", n)
+	for id, k := range s.storedReceipts(t) {
+		if k != 1 {
+			t.Errorf("receipt %s is in TALOS_AUDIT %d times, want once", id, k)
+		}
+	}
+	if k := counted.consumers.Load(); k != 0 {
+		t.Errorf("%d lookups in TALOS_AUDIT for calls never sealed before", k)
+	}
+}
+
+// refusingLedger fails every operation while down is set.
+type refusingLedger struct {
+	enforce.CallLedger
+	down *atomic.Bool
+}
+
+func (l *refusingLedger) Do(ops []*enforce.LedgerOp) {
+	if !l.down.Load() {
+		l.CallLedger.Do(ops)
+		return
+	}
+	for _, op := range ops {
+		op.Err = errors.New("injected: ledger down")
+	}
 }
 
 // dieBetweenPublishAndAck publishes calls, which one worker takes as one

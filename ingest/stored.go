@@ -17,10 +17,16 @@ import (
 // another (store). But the stream remembers ids for its duplicate window
 // only (two minutes by default). A call redelivered later than that (no
 // worker ran meanwhile: a single-node talosd that crashed and came back
-// slowly, every worker stopped) would be sealed and stored again: a second
-// receipt, with the same receipt id when the call ledger names it, which
-// ClickHouse folds into one and so cuts a chain. So for a call older than
-// half the window the worker looks the earlier evidence up itself.
+// slowly, every worker stopped) would be sealed and stored again, with the
+// receipt id the call ledger names: ClickHouse folds two receipts with one
+// id into one, which cuts a chain. So for such a call older than half the
+// window the worker looks the earlier evidence up itself. Only a call an
+// earlier delivery claimed in the ledger (enforce.Decided.ClaimedBefore)
+// can have a receipt stored already; calls nak'ed before their claim (a
+// ledger outage, a worker not yet current) are not looked up, however
+// often they were delivered. A call without a claim (a post event, no
+// ledger) gets a new receipt id each delivery, so a late redelivery of one
+// stores a second receipt of its own but cuts no chain.
 
 // storedLookBack is how long before a call's arrival in TALOS_CALLS the
 // lookup starts: the clocks of the nodes that stamped TALOS_CALLS and
@@ -28,9 +34,9 @@ import (
 const storedLookBack = time.Minute
 
 // findStored looks up, in TALOS_AUDIT, the receipt and the ToolCallEvent
-// that an earlier delivery stored for each redelivered call of the batch
-// that arrived more than half the stream's duplicate window ago, and sets
-// the call's prior and storedEvent. One scan serves the batch: the
+// that an earlier delivery stored for each call of the batch that an
+// earlier delivery claimed and that arrived more than half the stream's
+// duplicate window ago, and sets the call's prior and storedEvent. One scan serves the batch: the
 // receipts and events of the calls' servers since the earliest arrival,
 // headers only. A call whose lookup fails is left for a retry: storing its
 // receipt blind could store a second one.
@@ -45,7 +51,7 @@ func (w *Worker) findStored(ctx context.Context, calls []*call) {
 		from               time.Time
 	)
 	for _, c := range calls {
-		if c.done || !c.redelivered || time.Since(c.arrived) < window/2 {
+		if c.done || !c.redelivered || !c.out.ClaimedBefore() || time.Since(c.arrived) < window/2 {
 			continue
 		}
 		if receiptOf == nil {
