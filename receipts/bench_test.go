@@ -238,3 +238,30 @@ func BenchmarkSignEventPayloads(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSealFlight is one chain's work for a call and its post event,
+// as under flight load: a pre receipt, a bigger post receipt and a
+// ToolCallEvent signed with the chain's key, in turn (sealed, not
+// committed). Its B/op shows whether the buffers fit the first time.
+func BenchmarkSealFlight(b *testing.B) {
+	c, m, _ := benchReceipt(b)
+	pre, post := sampleReceipt(1, 8), sampleReceipt(1, 24)
+	post.Phase, post.EventType = schemas.PhasePost, schemas.KindEffect
+	ev := map[string]any{"tool_call_id": pre.ToolCallID, "args": strings.Repeat("a", 4500)}
+	em := m
+	em.Type = schemas.TypeToolCall
+	b.ReportAllocs()
+	for b.Loop() {
+		m.Type = schemas.TypeReceiptDecision
+		if _, err := c.Seal(m, pre); err != nil {
+			b.Fatal(err)
+		}
+		m.Type = schemas.TypeReceiptEffect
+		if _, err := c.Seal(m, post); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := c.SignEvent(em, ev); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

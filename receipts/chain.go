@@ -39,9 +39,29 @@ type Chain struct {
 	hash string     // receipt hash of the head, GenesisHash before the first
 	cp   checkpointState
 
-	// sealedSize is the length of the last sealed receipt: the buffer
-	// size the next Seal starts with.
-	sealedSize atomic.Int64
+	// sizes are the lengths of the last event of each kind this chain
+	// signed (sizeDecision, sizeEffect, sizeOther): the buffer size the
+	// next one of that kind starts with. Under flight load a chain signs
+	// pre receipts, bigger post receipts and ToolCallEvents in turn; one
+	// hint for all made most of them outgrow their buffer.
+	sizes [3]atomic.Int64
+}
+
+// Size hints of a chain, by the type of event signed.
+const (
+	sizeDecision = iota
+	sizeEffect
+	sizeOther
+)
+
+func sizeKind(typ string) int {
+	switch typ {
+	case schemas.TypeReceiptDecision:
+		return sizeDecision
+	case schemas.TypeReceiptEffect:
+		return sizeEffect
+	}
+	return sizeOther
 }
 
 // NewChain starts a chain at genesis: its first receipt gets seq 1 and
@@ -72,7 +92,14 @@ func (c *Chain) ID() string { return c.id }
 
 // SignEvent signs an event outside the chain (a ToolCallEvent) with the
 // chain's signing key; see the package-level SignEvent.
-func (c *Chain) SignEvent(meta Meta, v any) (*Sealed, error) { return SignEvent(c.key, meta, v) }
+func (c *Chain) SignEvent(meta Meta, v any) (*Sealed, error) {
+	size := &c.sizes[sizeOther]
+	s, _, err := signEvent(c.key, meta, v, int(size.Load()))
+	if err == nil {
+		size.Store(int64(len(s.JSON)))
+	}
+	return s, err
+}
 
 // Head returns the seq and receipt hash of the last committed link (0 and
 // schemas.GenesisHash for an empty chain).
@@ -106,11 +133,12 @@ func (c *Chain) Seal(meta Meta, data *schemas.Receipt) (*Sealed, error) {
 		data.ContentHashAlg = schemas.ContentHashAlg
 	}
 	data.Signature = nil
-	s, sig, err := signEvent(c.key, meta, data, int(c.sealedSize.Load()))
+	size := &c.sizes[sizeKind(meta.Type)]
+	s, sig, err := signEvent(c.key, meta, data, int(size.Load()))
 	if err != nil {
 		return nil, err
 	}
-	c.sealedSize.Store(int64(len(s.JSON)))
+	size.Store(int64(len(s.JSON)))
 	data.Signature = sig
 	s.Seq, s.ChainID, s.PrevHash = seq+1, c.id, prev
 	return s, nil

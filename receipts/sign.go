@@ -171,13 +171,16 @@ func signEvent(key *PrivateKey, meta Meta, v any, sizeHint int) (*Sealed, *schem
 	if err != nil {
 		return nil, nil, err
 	}
-	if sizeHint <= 0 {
-		sizeHint = 4096 - 64
+	// sizeHint is the length of an earlier event like this one (0: none);
+	// the slack absorbs ids, codes and names of other lengths.
+	capacity := 4096
+	if sizeHint > 0 {
+		capacity = sizeHint + sizeHint/32 + 128
 	}
 
 	// Canonical event without data.signature; members in RFC 8785 order:
 	// data, datacontenttype, id, source, specversion, subject, time, type.
-	buf := append(make([]byte, 0, sizeHint+64), `{"data":`...)
+	buf := append(make([]byte, 0, capacity), `{"data":`...)
 	buf, at, found, err := jsonkit.AppendCanonicalObject(buf, v, signatureKey)
 	if err != nil {
 		return nil, nil, fmt.Errorf("receipts: sign: %w", err)
