@@ -122,11 +122,21 @@ type Decided struct {
 }
 
 // ClaimedBefore reports whether ReceiptID is the one an earlier delivery
-// of this call claimed in the call ledger. Only then can a receipt with
-// this id be in the audit stream already: a call whose claim this
-// delivery won was never sealed before, and a call without a claim gets a
-// new id each delivery.
-func (o *Decided) ClaimedBefore() bool { return o.claimedBefore }
+// of this call (a redelivery, or another copy of the call) claimed in the
+// call ledger, and when that delivery decided it (the ledger record's
+// decided_at; zero if unreadable). Only then can a receipt with this id
+// be in the audit stream already, stored no earlier than that: a call
+// whose claim this delivery won was never sealed before, and a call
+// without a claim gets a new id each delivery.
+func (o *Decided) ClaimedBefore() (decidedAt time.Time, ok bool) {
+	if !o.claimedBefore {
+		return time.Time{}, false
+	}
+	if o.record != nil {
+		decidedAt, _ = time.Parse(time.RFC3339Nano, o.record.DecidedAt)
+	}
+	return decidedAt, true
+}
 
 // EventFor returns the ToolCallEvent that agrees with the receipt the audit
 // stream holds for this call, given that receipt's decision and reason

@@ -161,7 +161,7 @@ func TestDeciderReplay(t *testing.T) {
 	if err != nil || firstOut.Receipt.Decision != schemas.DecisionAllow {
 		t.Fatalf("first use: %v %+v", err, firstOut)
 	}
-	if firstOut.ClaimedBefore() {
+	if _, ok := firstOut.ClaimedBefore(); ok {
 		t.Error("first use: its receipt id reported as claimed before")
 	}
 	r, details := mustDecide(t, w2, withCall(listDir(), callB))
@@ -182,8 +182,8 @@ func TestDeciderReplay(t *testing.T) {
 	if err != nil || out.Receipt.Decision != schemas.DecisionAllow {
 		t.Fatalf("redelivery of A on w2: %v %+v", err, out)
 	}
-	if !out.ClaimedBefore() {
-		t.Error("redelivery of A: its receipt id not reported as claimed before")
+	if at, ok := out.ClaimedBefore(); !ok || !at.Equal(t0.Truncate(time.Millisecond)) {
+		t.Errorf("redelivery of A: claimed before %v at %v, want at the first delivery's decision, %v", ok, at, t0)
 	}
 	if first, _ := store.pairs[[2]string{"s1", "q3V2bH7pR9sT1uW4xY6zAb"}]; out.ReceiptID != first.ReceiptID || first.ReceiptID == "" {
 		t.Errorf("redelivery of A sealed as %q, the ledger names %q", out.ReceiptID, first.ReceiptID)

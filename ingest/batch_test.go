@@ -260,7 +260,9 @@ func TestBatchWorkerDiesBetweenPublishAndAck(t *testing.T) {
 // finds the stored ones itself: each call still has exactly one receipt,
 // answered as stored, and one event, and every chain verifies. The worker
 // dies once its receipts are stored, or once its events are too; a lookup
-// that fails leaves its calls for a retry rather than store them blind.
+// that fails leaves its calls for a retry rather than store them blind;
+// and a call stored in TALOS_CALLS a second time, that late, is answered
+// as stored too.
 func TestRedeliveryAfterDuplicateWindow(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -331,6 +333,26 @@ func TestRedeliveryAfterDuplicateWindow(t *testing.T) {
 			}
 			if tc.lookupFail && !failed.once.Load() {
 				t.Error("no lookup failed")
+			}
+			// The same call stored in TALOS_CALLS again (another
+			// Nats-Msg-Id) is a first delivery, but its claim is old: it
+			// is looked up too.
+			raw, err := json.Marshal(calls[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			again := &nats.Msg{Subject: schemas.CallSubject(schemas.PhasePre, "test-ep", "files"), Data: raw, Header: nats.Header{}}
+			again.Header.Set(jetstream.MsgIDHeader, "again")
+			if _, err := s.js.PublishMsg(context.Background(), again); err != nil {
+				t.Fatal(err)
+			}
+			if d := collectDecisions(t, sub, calls[:1])[calls[0].ToolCallID]; stored[d[len(d)-1].ReceiptID] == 0 {
+				t.Errorf("the call stored again was answered with receipt %s, not the stored one", d[len(d)-1].ReceiptID)
+			}
+			for id, k := range s.storedReceipts(t) {
+				if k != 1 {
+					t.Errorf("after the call was stored again, receipt %s is in TALOS_AUDIT %d times", id, k)
+				}
 			}
 		})
 	}

@@ -311,12 +311,10 @@ type call struct {
 	server   string
 	msgID    string
 	after    []*enforce.LedgerOp
-	// arrived is when TALOS_CALLS stored the call; redelivered, whether
-	// an earlier delivery may have stored its evidence. prior is the
-	// receipt and storedEvent whether the ToolCallEvent such a delivery
+	// arrived is when TALOS_CALLS stored the call. prior is the receipt
+	// and storedEvent whether the ToolCallEvent an earlier delivery
 	// stored, when findStored looked (nil, false: none found).
 	arrived     time.Time
-	redelivered bool
 	prior       []byte
 	storedEvent bool
 	// replyToken is the last token of the decision's subject: the
@@ -362,7 +360,7 @@ func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jet
 			_ = m.Term()
 			continue
 		}
-		c := &call{m: m, seq: md.Sequence.Stream, arrived: md.Timestamp, redelivered: md.NumDelivered > 1}
+		c := &call{m: m, seq: md.Sequence.Stream, arrived: md.Timestamp}
 		if c.p, err = w.begin(m.Subject(), m.Data(), now); err != nil {
 			w.decideFailed(c, err)
 		}
