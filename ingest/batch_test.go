@@ -17,6 +17,7 @@ import (
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/enforce/redact"
 	"github.com/talos-audit/talos/ingest/kv"
+	"github.com/talos-audit/talos/ingest/ordered"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -514,32 +515,23 @@ func countEvents(t *testing.T, s *stack) uint64 {
 // (which holds some).
 func (s *stack) storedReceipts(t *testing.T) map[string]int {
 	t.Helper()
-	ctx := context.Background()
-	cons, err := s.js.OrderedConsumer(ctx, schemas.StreamAudit, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"talos.audit.receipt.>"}})
+	ids := map[string]int{}
+	_, err := ordered.Scan(context.Background(), s.js, schemas.StreamAudit,
+		jetstream.OrderedConsumerConfig{FilterSubjects: []string{"talos.audit.receipt.>"}}, 5*time.Second,
+		func(m jetstream.Msg, _ *jetstream.MsgMetadata) bool {
+			var ev struct {
+				ID string `json:"id"`
+			}
+			if err := json.Unmarshal(m.Data(), &ev); err != nil {
+				t.Error(err)
+			}
+			ids[ev.ID]++
+			return true
+		})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := map[string]int{}
-	for {
-		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var ev struct {
-			ID string `json:"id"`
-		}
-		if err := json.Unmarshal(m.Data(), &ev); err != nil {
-			t.Fatal(err)
-		}
-		ids[ev.ID]++
-		meta, err := m.Metadata()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if meta.NumPending == 0 {
-			return ids
-		}
-	}
+	return ids
 }
 
 // TestWorkerStopCutsAReceiptShort: a worker is stopped while a receipt it

@@ -2,12 +2,13 @@ package ingest
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/talos-audit/talos/ingest/ordered"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -50,7 +51,7 @@ func (w *Worker) findStored(ctx context.Context, calls []*call) {
 		// By Nats-Msg-Id: a batch may hold one call twice (stored twice
 		// in TALOS_CALLS).
 		receiptOf, eventOf map[string][]*call
-		subjects           map[string]bool
+		subjects           []string // to scan: the calls' servers' receipts and events
 		late               []*call
 		from               time.Time
 	)
@@ -71,14 +72,13 @@ func (w *Worker) findStored(ctx context.Context, calls []*call) {
 			continue
 		}
 		if receiptOf == nil {
-			receiptOf, eventOf, subjects = map[string][]*call{}, map[string][]*call{}, map[string]bool{}
+			receiptOf, eventOf = map[string][]*call{}, map[string][]*call{}
 		}
 		late = append(late, c)
 		receiptOf[c.msgID] = append(receiptOf[c.msgID], c)
 		eventID := schemas.ToolCallEventMsgID(c.dedupeID)
 		eventOf[eventID] = append(eventOf[eventID], c)
-		subjects[schemas.ReceiptSubject(c.out.Receipt.EventType, c.server)] = true
-		subjects[schemas.ToolCallEventSubject(c.server)] = true
+		subjects = append(subjects, schemas.ReceiptSubject(c.out.Receipt.EventType, c.server), schemas.ToolCallEventSubject(c.server))
 		if from.IsZero() || since.Before(from) {
 			from = since
 		}
@@ -95,9 +95,14 @@ func (w *Worker) findStored(ctx context.Context, calls []*call) {
 	began := time.Now()
 	found := map[string]uint64{} // receipt Nats-Msg-Id -> stream sequence
 	events := map[string]bool{}
-	scanned, err := scanAudit(ctx, w.js, subjects, from.Add(-storedLookBack), w.o.PublishTimeout, func(seq uint64, msgID string) bool {
+	slices.Sort(subjects)
+	start := from.Add(-storedLookBack)
+	scanned, err := ordered.Scan(ctx, w.js, schemas.StreamAudit, jetstream.OrderedConsumerConfig{
+		FilterSubjects: slices.Compact(subjects), DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start, HeadersOnly: true,
+	}, w.o.PublishTimeout, func(m jetstream.Msg, md *jetstream.MsgMetadata) bool {
+		msgID := m.Headers().Get(jetstream.MsgIDHeader)
 		if _, ok := receiptOf[msgID]; ok {
-			found[msgID] = seq
+			found[msgID] = md.Sequence.Stream
 		}
 		if _, ok := eventOf[msgID]; ok {
 			events[msgID] = true
@@ -126,54 +131,4 @@ func (w *Worker) findStored(ctx context.Context, calls []*call) {
 	}
 	w.log.Info("looked up the evidence of calls redelivered after the duplicate window",
 		"calls", len(late), "receipts_found", len(found), "scanned", scanned, "took", time.Since(began))
-}
-
-// scanAudit reads the headers of TALOS_AUDIT's messages on subjects from
-// time from to the stream's end, calling fn with each one's sequence and
-// Nats-Msg-Id until fn returns false. It returns how many it read.
-func scanAudit(ctx context.Context, js jetstream.JetStream, subjects map[string]bool, from time.Time, wait time.Duration, fn func(seq uint64, msgID string) bool) (int, error) {
-	filter := make([]string, 0, len(subjects))
-	for s := range subjects {
-		filter = append(filter, s)
-	}
-	cons, err := js.OrderedConsumer(ctx, schemas.StreamAudit, jetstream.OrderedConsumerConfig{
-		FilterSubjects: filter, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &from, HeadersOnly: true,
-	})
-	if err != nil {
-		return 0, fmt.Errorf("scan TALOS_AUDIT: %w", err)
-	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("scan TALOS_AUDIT: %w", err)
-	}
-	if info.NumPending == 0 {
-		return 0, nil
-	}
-	n := 0
-	for {
-		// A fetch ends when its batch is full or its wait is over; the
-		// scan ends at the message with nothing pending after it.
-		batch, err := cons.Fetch(1024, jetstream.FetchMaxWait(wait))
-		if err != nil {
-			return n, fmt.Errorf("scan TALOS_AUDIT: %w", err)
-		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			n++
-			md, err := m.Metadata()
-			if err != nil {
-				return n, fmt.Errorf("scan TALOS_AUDIT: %w", err)
-			}
-			if !fn(md.Sequence.Stream, m.Headers().Get(jetstream.MsgIDHeader)) || md.NumPending == 0 {
-				return n, nil
-			}
-		}
-		if err := batch.Error(); err != nil {
-			return n, fmt.Errorf("scan TALOS_AUDIT: %w", err)
-		}
-		if got == 0 {
-			return n, errors.New("scan TALOS_AUDIT: no messages within " + wait.String())
-		}
-	}
 }

@@ -1,5 +1,6 @@
 // Package ordered follows a JetStream stream with an ordered consumer
-// (Follow), re-created after a failure with Backoff, and hands a durable
+// (Follow), re-created after a failure with Backoff, or reads it to its
+// end (Scan), and hands a durable
 // pull consumer's messages to a channel (Pull, built on Consume): what the
 // control follower, the enforcement point's approval reader, the enforce
 // workers, the sink and the control service share; and Heartbeat, the idle
@@ -169,6 +170,56 @@ func Pull(ctx context.Context, cons jetstream.Consumer, bind func(context.Contex
 				return nil
 			}
 			return err
+		}
+	}
+}
+
+// Scan reads stream through an ordered consumer of cfg from where cfg
+// starts to the stream's end as of the last message read (no waiting for
+// more), handing each message and its metadata to fn until fn returns
+// false. A fetch that
+// brings nothing within wait (the stream's end moved back, the server
+// gone) is an error. It returns how many messages it read; the consumer's
+// server side is deleted when it returns. Follow is for reading on.
+func Scan(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.OrderedConsumerConfig,
+	wait time.Duration, fn func(jetstream.Msg, *jetstream.MsgMetadata) bool) (int, error) {
+	cons, err := js.OrderedConsumer(ctx, stream, cfg)
+	if err != nil {
+		return 0, fmt.Errorf("scan %s: %w", stream, err)
+	}
+	defer deleteConsumer(js, stream, cons)
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("scan %s: %w", stream, err)
+	}
+	if info.NumPending == 0 {
+		return 0, nil
+	}
+	n := 0
+	for {
+		// A fetch ends when its batch is full or its wait is over; the
+		// scan ends at the message with nothing pending after it.
+		batch, err := cons.Fetch(1024, jetstream.FetchMaxWait(wait))
+		if err != nil {
+			return n, fmt.Errorf("scan %s: %w", stream, err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			n++
+			md, err := m.Metadata()
+			if err != nil {
+				return n, fmt.Errorf("scan %s: %w", stream, err)
+			}
+			if !fn(m, md) || md.NumPending == 0 {
+				return n, nil
+			}
+		}
+		if err := batch.Error(); err != nil {
+			return n, fmt.Errorf("scan %s: %w", stream, err)
+		}
+		if got == 0 {
+			return n, fmt.Errorf("scan %s: no messages within %v", stream, wait)
 		}
 	}
 }
