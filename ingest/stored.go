@@ -43,7 +43,7 @@ const storedLookBack = time.Minute
 // claim (or arrival, if earlier), headers only. A call whose lookup fails is
 // left for a retry: storing its receipt blind could store a second one.
 func (w *Worker) findStored(ctx context.Context, calls []*call) {
-	window := 2 * time.Minute
+	window := DefaultDuplicateWindow
 	if info := w.audit.CachedInfo(); info != nil && info.Config.Duplicates > 0 {
 		window = info.Config.Duplicates
 	}

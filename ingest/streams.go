@@ -21,8 +21,9 @@ type StreamOptions struct {
 	// AuditMaxAge bounds TALOS_AUDIT retention (default 30 days).
 	AuditMaxAge time.Duration
 	// DuplicateWindow is how long JetStream remembers Nats-Msg-Id values on
-	// TALOS_CALLS and TALOS_AUDIT (default 2 minutes). It must exceed the
-	// consumers' AckWait so a redelivered call cannot store a second receipt.
+	// TALOS_CALLS and TALOS_AUDIT (default DefaultDuplicateWindow). It must
+	// exceed the consumers' AckWait so a redelivered call cannot store a
+	// second receipt.
 	DuplicateWindow time.Duration
 	// MaxMsgSize bounds one message (default 8 MiB).
 	MaxMsgSize int32
@@ -37,6 +38,10 @@ type StreamOptions struct {
 	Setup retry.SetupOptions
 }
 
+// DefaultDuplicateWindow is the streams' duplicate window unless
+// StreamOptions say otherwise.
+const DefaultDuplicateWindow = 2 * time.Minute
+
 func (o StreamOptions) withDefaults() StreamOptions {
 	if o.Replicas <= 0 {
 		o.Replicas = 1
@@ -45,7 +50,7 @@ func (o StreamOptions) withDefaults() StreamOptions {
 		o.AuditMaxAge = 30 * 24 * time.Hour
 	}
 	if o.DuplicateWindow <= 0 {
-		o.DuplicateWindow = 2 * time.Minute
+		o.DuplicateWindow = DefaultDuplicateWindow
 	}
 	if o.MaxMsgSize <= 0 {
 		o.MaxMsgSize = 8 << 20
