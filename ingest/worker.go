@@ -508,22 +508,21 @@ func (c *call) identify() {
 // stored.
 func (w *Worker) storeReceipt(ctx context.Context, ch *receipts.Chain, c *call, now time.Time) bool {
 	r := &c.out.Receipt
-	kind := r.EventType
-	subjectID := r.ToolCallID
-	if subjectID == "" {
-		subjectID = c.seqID()
-	}
-	meta := receipts.Meta{
-		ID:      c.out.ReceiptID,
-		Type:    schemas.ReceiptType(kind),
-		Source:  w.o.Source,
-		Subject: subjectID,
-		Time:    now,
-	}
 	var err error
 	stored, sealedID := c.prior, ""
 	if stored == nil {
-		stored, sealedID, err = w.store(ctx, ch, c.m, meta, r, schemas.ReceiptSubject(kind, c.server), c.msgID)
+		subjectID := r.ToolCallID
+		if subjectID == "" {
+			subjectID = c.seqID()
+		}
+		meta := receipts.Meta{
+			ID:      c.out.ReceiptID,
+			Type:    schemas.ReceiptType(r.EventType),
+			Source:  w.o.Source,
+			Subject: subjectID,
+			Time:    now,
+		}
+		stored, sealedID, err = w.store(ctx, ch, c.m, meta, r, schemas.ReceiptSubject(r.EventType, c.server), c.msgID)
 		if err != nil {
 			w.retryLater(ctx, c.m, "cannot sign receipt", c.msgID, err)
 			c.done = true
