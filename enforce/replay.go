@@ -109,12 +109,8 @@ func (c *ReplayCache) Add(session, corr, owner string) {
 		// the cache must not keep alive.
 		c.sessions.Add(strings.Clone(session), ids)
 	}
-	if ids.add(c.key(corr), c.owner(owner)) {
+	if added, evicted := ids.add(c.key(corr), c.owner(owner)); added && !evicted {
 		c.pairs++
-	}
-	if ids.evicted {
-		ids.evicted = false
-		c.pairs--
 	}
 	for c.pairs > c.maxPairs {
 		if c.sessions.Len() > 1 {
@@ -145,7 +141,6 @@ type pairLRU struct {
 	slots      []pairSlot
 	head, tail int32 // most and least recently used slot; -1 when empty
 	max        int
-	evicted    bool // the last add evicted the least recently used pair
 }
 
 type pairSlot struct {
@@ -172,14 +167,14 @@ func (l *pairLRU) get(k pairKey) (owner uint64, ok bool) {
 }
 
 // add sets k's owner and makes it the most recently used; it reports
-// whether k is new. A new key past max takes the least recently used
-// one's slot (and sets evicted).
-func (l *pairLRU) add(k pairKey, owner uint64) (added bool) {
+// whether k is new, and whether it took the slot of the least recently
+// used pair (a new key past max).
+func (l *pairLRU) add(k pairKey, owner uint64) (added, evicted bool) {
 	if i, ok := l.index[k]; ok {
 		l.slots[i].owner = owner
 		l.unlink(i)
 		l.pushFront(i)
-		return false
+		return false, false
 	}
 	var i int32
 	if len(l.slots) < l.max {
@@ -189,12 +184,12 @@ func (l *pairLRU) add(k pairKey, owner uint64) (added bool) {
 		i = l.tail
 		l.unlink(i)
 		delete(l.index, l.slots[i].key)
-		l.evicted = true
+		evicted = true
 	}
 	l.slots[i] = pairSlot{key: k, owner: owner, prev: -1, next: -1}
 	l.index[k] = i
 	l.pushFront(i)
-	return true
+	return true, evicted
 }
 
 // removeOldest forgets the least recently used pair; the last slot moves

@@ -233,10 +233,11 @@ func TestPairLRUModel(t *testing.T) {
 			case op < 2:
 				o := rng.Uint64()
 				_, had := owners[k]
-				if added := l.add(k, o); added == had {
-					t.Fatalf("round %d step %d: add reported new %v, had %v", round, step, added, had)
+				full := !had && len(order) == max
+				if added, evicted := l.add(k, o); added == had || evicted != full {
+					t.Fatalf("round %d step %d: add reported new %v, evicting %v; had %v, full %v", round, step, added, evicted, had, full)
 				}
-				if !had && len(order) == max {
+				if full {
 					oldest := order[len(order)-1]
 					order = order[:len(order)-1]
 					delete(owners, oldest)
