@@ -19,7 +19,6 @@ import (
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/ingest/ep"
-	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
@@ -72,10 +71,7 @@ func newApprovalPlane(t *testing.T) *approvalPlane {
 	key, keys := newSigner(t)
 	responder, responders := newSigner(t)
 
-	ledger, err := kv.NewLedger(ctx, js, kv.LedgerOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ledger := newLedger(t, js)
 	red, err := redact.New(redact.Config{Key: []byte(strings.Repeat("k", 32)), KeyID: "test"})
 	if err != nil {
 		t.Fatal(err)

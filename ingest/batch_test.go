@@ -16,7 +16,6 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/enforce/redact"
-	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/ingest/ordered"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
@@ -278,10 +277,7 @@ func TestRedeliveryAfterDuplicateWindow(t *testing.T) {
 			}
 			s := newStack(t, stackOptions{noWorker: true, duplicateWindow: window,
 				configure: func(t *testing.T, js jetstream.JetStream, o *enforce.DeciderOptions) {
-					ledger, err := kv.NewLedger(context.Background(), js, kv.LedgerOptions{})
-					if err != nil {
-						t.Fatal(err)
-					}
+					ledger := newLedger(t, js)
 					o.Ledger, o.Redactor = ledger, red
 				}})
 			const n = 12
@@ -389,10 +385,7 @@ func TestLateFirstClaimIsNotLookedUp(t *testing.T) {
 	down.Store(true)
 	s := newStack(t, stackOptions{noWorker: true, duplicateWindow: window,
 		configure: func(t *testing.T, js jetstream.JetStream, o *enforce.DeciderOptions) {
-			ledger, err := kv.NewLedger(context.Background(), js, kv.LedgerOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			ledger := newLedger(t, js)
 			o.Ledger = &refusingLedger{CallLedger: ledger, down: &down}
 		}})
 	sub, err := s.nc.SubscribeSync(schemas.DecisionSubjects("test-ep"))

@@ -16,7 +16,6 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest/ep"
-	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -77,12 +76,7 @@ func capStack(t *testing.T, f *capFixture) *stack {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx := context.Background()
-		ledger, err := kv.NewLedger(ctx, js, kv.LedgerOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		o.Capabilities, o.RequireCapability, o.Ledger = a, true, ledger
+		o.Capabilities, o.RequireCapability, o.Ledger = a, true, newLedger(t, js)
 	}})
 }
 

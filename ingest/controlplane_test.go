@@ -19,7 +19,6 @@ import (
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/ingest/ep"
-	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -80,10 +79,7 @@ func newPlane(t *testing.T) *plane {
 	// The control role (NewControlPlane without an enforce worker): its own
 	// state follower (list/show, precheck), the call ledger (replay
 	// administration), and the live-worker watcher.
-	store, err := kv.NewLedger(ctx, p.js, kv.LedgerOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := newLedger(t, p.js)
 	runControl, err := control.NewControlPlane(p.nc, p.js, control.ControlPlaneOptions{
 		Chain: receipts.NewChain("plane-control", p.key), Source: "talos://control/test", ResponderKeys: responders,
 		Ledger: store, Engine: mustEngine(t, p.reg), Signers: p.keys,
@@ -119,10 +115,7 @@ func (p *plane) startWorker(t *testing.T, id string) *enforce.Decider {
 	t.Helper()
 	nc, js := testenv.ConnectJS(t, p.url)
 	ctx, cancel := context.WithCancel(context.Background())
-	ledger, err := kv.NewLedger(ctx, js, kv.LedgerOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ledger := newLedger(t, js)
 	dec, err := enforce.NewDecider(mustEngine(t, p.reg), enforce.DeciderOptions{Ledger: ledger})
 	if err != nil {
 		t.Fatal(err)

@@ -51,10 +51,7 @@ func flightStack(t *testing.T) (*stack, *redact.Redactor) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ledger, err := kv.NewLedger(ctx, js, kv.LedgerOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		ledger := newLedger(t, js)
 		o.Policy, o.RateLimiter, o.Ledger, o.Redactor = p, enforce.NewRateLimiter(p, store), ledger, red
 	}})
 	return s, red

@@ -17,7 +17,6 @@ import (
 
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest/ep"
-	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/ingest/natsserver"
 	"github.com/talos-audit/talos/query"
@@ -94,10 +93,7 @@ func TestEnforcementPointIdentity(t *testing.T) {
 	worker, _ := users.Find(schemas.NATSRoleWorker, "")
 	s := newStack(t, stackOptions{natsURL: ns.URL(), natsOpts: worker.ConnectOptions(),
 		configure: func(t *testing.T, js jetstream.JetStream, o *enforce.DeciderOptions) {
-			ledger, err := kv.NewLedger(context.Background(), js, kv.LedgerOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			ledger := newLedger(t, js)
 			o.Ledger = ledger
 		}})
 	alpha, beta := dialEP(t, ns.URL(), users, "alpha"), dialEP(t, ns.URL(), users, "beta")

@@ -21,6 +21,7 @@ import (
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/ingest/checkpoint"
 	"github.com/talos-audit/talos/ingest/ep"
+	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -238,6 +239,16 @@ func (s *stack) waitRows(t *testing.T, view, where string, n uint64) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("%s WHERE %s: %d rows, want %d", view, where, got, n)
+}
+
+// newLedger returns the call ledger (TALOS_LEDGER, default options) on js.
+func newLedger(t testing.TB, js jetstream.JetStream) *kv.Ledger {
+	t.Helper()
+	ledger, err := kv.NewLedger(context.Background(), js, kv.LedgerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ledger
 }
 
 func newCall(t *testing.T, server, tool string, args any) *schemas.ToolCall {

@@ -13,7 +13,6 @@ import (
 	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/ingest/ep"
-	"github.com/talos-audit/talos/ingest/kv"
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
@@ -62,10 +61,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		ledger, err := kv.NewLedger(context.Background(), js, kv.LedgerOptions{})
-		if err != nil {
-			b.Fatal(err)
-		}
+		ledger := newLedger(b, js)
 		dec, err := enforce.NewDecider(engine, enforce.DeciderOptions{Ledger: ledger})
 		if err != nil {
 			b.Fatal(err)
