@@ -93,12 +93,20 @@ func (c *Chain) ID() string { return c.id }
 // SignEvent signs an event outside the chain (a ToolCallEvent) with the
 // chain's signing key; see the package-level SignEvent.
 func (c *Chain) SignEvent(meta Meta, v any) (*Sealed, error) {
-	size := &c.sizes[sizeOther]
-	s, _, err := signEvent(c.key, meta, v, int(size.Load()))
-	if err == nil {
-		size.Store(int64(len(s.JSON)))
-	}
+	s, _, err := c.sign(meta, v)
 	return s, err
+}
+
+// sign signs an event with the chain's key, its buffer sized by the last
+// event of its kind.
+func (c *Chain) sign(meta Meta, v any) (*Sealed, *schemas.Signature, error) {
+	size := &c.sizes[sizeKind(meta.Type)]
+	s, sig, err := signEvent(c.key, meta, v, int(size.Load()))
+	if err != nil {
+		return nil, nil, err
+	}
+	size.Store(int64(len(s.JSON)))
+	return s, sig, nil
 }
 
 // Head returns the seq and receipt hash of the last committed link (0 and
@@ -133,12 +141,10 @@ func (c *Chain) Seal(meta Meta, data *schemas.Receipt) (*Sealed, error) {
 		data.ContentHashAlg = schemas.ContentHashAlg
 	}
 	data.Signature = nil
-	size := &c.sizes[sizeKind(meta.Type)]
-	s, sig, err := signEvent(c.key, meta, data, int(size.Load()))
+	s, sig, err := c.sign(meta, data)
 	if err != nil {
 		return nil, err
 	}
-	size.Store(int64(len(s.JSON)))
 	data.Signature = sig
 	s.Seq, s.ChainID, s.PrevHash = seq+1, c.id, prev
 	return s, nil
