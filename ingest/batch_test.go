@@ -305,11 +305,11 @@ func TestRedeliveryAfterDuplicateWindow(t *testing.T) {
 			o2 := s.workerOpts
 			o2.Chains = []*receipts.Chain{receipts.NewChain("late-a", s.key), receipts.NewChain("late-b", s.key)}
 			var wrap func(jetstream.JetStream, *nats.Conn) jetstream.JetStream
-			failed := &lookupFails{}
+			lookups := &auditLookups{failFirst: true}
 			if tc.lookupFail {
 				wrap = func(js jetstream.JetStream, _ *nats.Conn) jetstream.JetStream {
-					failed.JetStream = js
-					return failed
+					lookups.JetStream = js
+					return lookups
 				}
 			}
 			s.startWorker(t, o2, wrap)
@@ -328,7 +328,7 @@ func TestRedeliveryAfterDuplicateWindow(t *testing.T) {
 			if k := countEvents(t, s); k != n/2 {
 				t.Errorf("%d ToolCallEvents in TALOS_AUDIT, want %d", k, n/2)
 			}
-			if tc.lookupFail && !failed.once.Load() {
+			if tc.lookupFail && lookups.consumers.Load() == 0 {
 				t.Error("no lookup failed")
 			}
 			// The same call stored in TALOS_CALLS again (another
@@ -355,21 +355,17 @@ func TestRedeliveryAfterDuplicateWindow(t *testing.T) {
 	}
 }
 
-// lookupFails is a worker's JetStream whose first consumer of TALOS_AUDIT
-// cannot be created; with count, it counts them instead.
-type lookupFails struct {
+// auditLookups is a worker's JetStream that counts the consumers of
+// TALOS_AUDIT it creates; with failFirst, the first cannot be created.
+type auditLookups struct {
 	jetstream.JetStream
-	count     bool
-	once      atomic.Bool
+	failFirst bool
 	consumers atomic.Int64
 }
 
-func (l *lookupFails) OrderedConsumer(ctx context.Context, stream string, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
-	if stream == schemas.StreamAudit {
-		l.consumers.Add(1)
-		if !l.count && l.once.CompareAndSwap(false, true) {
-			return nil, errors.New("injected: no consumer")
-		}
+func (l *auditLookups) OrderedConsumer(ctx context.Context, stream string, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
+	if stream == schemas.StreamAudit && l.consumers.Add(1) == 1 && l.failFirst {
+		return nil, errors.New("injected: no consumer")
 	}
 	return l.JetStream.OrderedConsumer(ctx, stream, cfg)
 }
@@ -392,7 +388,7 @@ func TestLateFirstClaimIsNotLookedUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	counted := &lookupFails{count: true}
+	counted := &auditLookups{}
 	s.startWorker(t, s.workerOpts, func(js jetstream.JetStream, _ *nats.Conn) jetstream.JetStream {
 		counted.JetStream = js
 		return counted
