@@ -142,10 +142,27 @@ type sender struct {
 // possible with no interval), at most inflight at a time, and returns
 // their latencies.
 func (s sender) run(q <-chan *envelope, first time.Time, interval time.Duration, inflight int) []time.Duration {
-	sem := make(chan struct{}, inflight)
+	type job struct {
+		env   *envelope
+		sched time.Time
+	}
+	// inflight goroutines take the calls in turn: one started per call
+	// would grow a fresh stack for each (about a tenth of this process's
+	// CPU at 2,000 calls/s).
+	jobs := make(chan job)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	var lat []time.Duration
+	for range inflight {
+		wg.Go(func() {
+			for j := range jobs {
+				l := s.call(j.env, j.sched)
+				mu.Lock()
+				lat = append(lat, l)
+				mu.Unlock()
+			}
+		})
+	}
 	k := 0
 	for env := range q {
 		sched := time.Now()
@@ -154,15 +171,9 @@ func (s sender) run(q <-chan *envelope, first time.Time, interval time.Duration,
 			time.Sleep(time.Until(sched))
 		}
 		k++
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			l := s.call(env, sched)
-			mu.Lock()
-			lat = append(lat, l)
-			mu.Unlock()
-		})
+		jobs <- job{env, sched} // waits for a free goroutine: at most inflight in flight
 	}
+	close(jobs)
 	wg.Wait()
 	return lat
 }
