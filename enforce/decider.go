@@ -1,6 +1,7 @@
 package enforce
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -51,6 +52,10 @@ type DeciderOptions struct {
 	// tell whether its correlation_id was used, so a captured envelope
 	// cannot be played again once its pair is forgotten.
 	ReplayWindow time.Duration
+	// Records is how many final ledger records of pre calls the worker
+	// keeps for their post events (RecordCache), which then need no
+	// ledger read: 0 means DefaultRecordSlots, a negative number none.
+	Records int
 	// Redactor, if set, makes the Decider build a ToolCallEvent
 	// (UTS FR-EVT-007) for every call, with redacted, hashed payloads.
 	Redactor Redactor
@@ -88,7 +93,10 @@ type Decider struct {
 	lim   schemas.Limits
 	o     DeciderOptions
 	cache *ReplayCache // pair owners this worker has seen; nil without a ledger
-	pf    atomic.Pointer[preflightFor]
+	// records are the final records of pre calls this worker answered,
+	// for their post events; nil without a ledger or with Records < 0.
+	records *RecordCache
+	pf      atomic.Pointer[preflightFor]
 }
 
 // preflightFor is the Preflight compiled for one registry.
@@ -192,6 +200,9 @@ func NewDecider(e *Engine, o DeciderOptions) (*Decider, error) {
 	d := &Decider{lim: schemas.Limits{MaxBytes: o.MaxEnvelopeBytes, MaxDepth: o.MaxDepth}, o: o}
 	if o.Ledger != nil {
 		d.cache = NewReplayCache(o.ReplayCache)
+		if o.Records >= 0 {
+			d.records = NewRecordCache(cmp.Or(o.Records, DefaultRecordSlots))
+		}
 	}
 	d.state.Store(stateFor(e))
 	return d, nil
@@ -213,7 +224,8 @@ func (d *Decider) SetState(s *State) {
 // after Apply returns see it. It returns State.Apply's error, after
 // swapping in the State it returned (an invalid command still consumes its
 // seq). On an applied replay.flush it also forgets the local replay
-// cache's pairs of cmd.SessionID ("" = every session).
+// cache's pairs of cmd.SessionID ("" = every session) and every record of
+// the RecordCache.
 //
 // Apply MUST NOT be called from more than one goroutine at a time (the
 // control consumer owns it); Decide may run concurrently with it.
@@ -223,6 +235,9 @@ func (d *Decider) Apply(seq uint64, rec *schemas.ControlRecord, at time.Time) er
 		// Flush before the swap: a call that sees this seq cannot see a
 		// pair the flush removed from the local cache.
 		d.cache.Flush(rec.Command.SessionID)
+		if d.records != nil {
+			d.records.Clear()
+		}
 	}
 	d.state.Store(next)
 	return err
@@ -538,11 +553,37 @@ func (d *Decider) staleAt(issuedAt string, now time.Time) bool {
 	if err != nil {
 		return false
 	}
-	window := d.o.ReplayWindow
-	if window <= 0 {
-		window = DefaultReplayWindow
+	return now.Sub(t) > d.window()
+}
+
+// window is how long the ledger remembers a call.
+func (d *Decider) window() time.Duration {
+	if d.o.ReplayWindow <= 0 {
+		return DefaultReplayWindow
 	}
-	return now.Sub(t) > window
+	return d.o.ReplayWindow
+}
+
+// Recorded tells the Decider that call o's receipt is stored, naming
+// receiptID and decision, and that the ledger holds o's record as
+// Decided.Stored left it (its operations, if any, ran): the record is
+// final, and its post event may take it from the RecordCache. Calls
+// without a record of their own (no ledger, a replay, a post) are
+// ignored.
+func (d *Decider) Recorded(o *Decided, receiptID, decision string) {
+	if d.records == nil || o == nil || o.record == nil {
+		return
+	}
+	decided, err := time.Parse(time.RFC3339Nano, o.record.DecidedAt)
+	if err != nil {
+		return // not kept: its post asks the ledger
+	}
+	rec := *o.record
+	rec.EPID, rec.ToolCallID = o.call.EPID, o.call.ToolCallID
+	rec.ReceiptID, rec.Decision = receiptID, decision
+	// The ledger keeps a record for the window from its last write, which
+	// came after its decision.
+	d.records.Put(o.call, rec, decided.Add(d.window()))
 }
 
 // firstOps decides as far as it can without the ledger and sets the first
@@ -569,6 +610,12 @@ func (p *Pending) firstOps() {
 			Decision: p.r.Decision, ReceiptID: p.receiptID, CapabilityIDs: p.r.CapabilityIDs, DecidedAt: p.r.Timestamp}}
 	case !pre && d.o.Redactor != nil:
 		p.claim = &LedgerOp{Kind: OpLookupCall, Call: p.call}
+		if d.records != nil {
+			if rec, ok := d.records.Get(p.call, p.now); ok {
+				p.claim.Held, p.claim.Found = rec, true
+				return // answered here: no ledger read
+			}
+		}
 	}
 	if p.claim != nil {
 		p.ops = []*LedgerOp{p.claim}

@@ -134,18 +134,21 @@ const (
 	callB = "0190f5b2-7c1e-7a3b-8d4e-00000000000b"
 )
 
-// countingLedger is a MemLedger that counts pair claims.
+// countingLedger is a MemLedger that counts pair claims and call lookups.
 type countingLedger struct {
 	*MemLedger
-	claims atomic.Int64
+	claims, lookups atomic.Int64
 }
 
 func newCountingLedger() *countingLedger { return &countingLedger{MemLedger: NewMemLedger()} }
 
 func (l *countingLedger) Do(ops []*LedgerOp) {
 	for _, op := range ops {
-		if op.Kind == OpClaimCall {
+		switch op.Kind {
+		case OpClaimCall:
 			l.claims.Add(1)
+		case OpLookupCall:
+			l.lookups.Add(1)
 		}
 	}
 	l.MemLedger.Do(ops)

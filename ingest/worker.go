@@ -42,6 +42,9 @@ type Decider interface {
 	// Ledger runs the ledger operations the decider asks for (the call
 	// ledger its DeciderOptions name); nil if it asks for none.
 	Ledger() enforce.CallLedger
+	// Recorded is told of each call answered once its receipt is stored
+	// and its ledger record final (enforce.Decider.Recorded).
+	Recorded(o *enforce.Decided, receiptID, decision string)
 }
 
 // WorkerOptions configures a Worker. The zero value of every field but
@@ -383,7 +386,7 @@ func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jet
 			continue
 		}
 		if len(c.after) == 0 {
-			w.reply(c)
+			w.answer(c)
 		} else {
 			waiting = append(waiting, c)
 		}
@@ -576,7 +579,7 @@ func (w *Worker) ledgerAfter(ctx context.Context, calls []*call) {
 			c.done = true
 			continue
 		}
-		w.reply(c)
+		w.answer(c)
 	}
 }
 
@@ -764,6 +767,16 @@ func (w *Worker) retry(m jetstream.Msg) retry.Policy {
 // awaits it before the call is acked, so an acked call's decision can
 // always be asked for again. A nil decision (a stored receipt that could
 // not be read back) and an invalid ep_id are not answered.
+// answer prepares the call's decision reply once its receipt is stored
+// and the ledger holds its final record (Decided.Stored's operations ran),
+// which the decider then keeps for the call's post event.
+func (w *Worker) answer(c *call) {
+	if c.dec != nil {
+		w.d.Recorded(c.out, c.dec.ReceiptID, c.dec.Decision.Decision)
+	}
+	w.reply(c)
+}
+
 func (w *Worker) reply(c *call) {
 	d := c.dec
 	if d == nil || !schemas.ValidID(d.epID) || (d.Phase != schemas.PhasePre && d.Phase != schemas.PhasePost) {
