@@ -122,7 +122,8 @@ type Decided struct {
 	call          CallKey
 	record        *PreRecord // the ledger's record of this call, as Begin or the ledger left it; nil if none is kept
 	claimedBefore bool
-	approv        bool // record the decision for approve/reject if it is require_approval
+	approv        bool   // record the decision for approve/reject if it is require_approval
+	recordsGen    uint64 // the RecordCache's generation when the call began (Recorded)
 	// from is the decision's Pending, for EventFor to build the
 	// ToolCallEvent of another receipt of this envelope; nil without a
 	// Redactor or for a malformed envelope.
@@ -319,6 +320,7 @@ type Pending struct {
 	// claimedBefore: an earlier delivery claimed the call's pair and named
 	// the receipt id this one seals with (claimed).
 	claimedBefore bool
+	recordsGen    uint64
 	// What a post event's ToolCallEvent says of its pre decision (finish).
 	prior *PreRecord
 	flags []string
@@ -582,8 +584,9 @@ func (d *Decider) Recorded(o *Decided, receiptID, decision string) {
 	rec.EPID, rec.ToolCallID = o.call.EPID, o.call.ToolCallID
 	rec.ReceiptID, rec.Decision = receiptID, decision
 	// The ledger keeps a record for the window from its last write, which
-	// came after its decision.
-	d.records.Put(o.call, rec, decided.Add(d.window()))
+	// came after its decision. A flush applied since the call began may
+	// have purged the record: Put then keeps nothing.
+	d.records.Put(o.call, rec, decided.Add(d.window()), o.recordsGen)
 }
 
 // firstOps decides as far as it can without the ledger and sets the first
@@ -603,6 +606,9 @@ func (p *Pending) firstOps() {
 	p.outcome()
 	if d.o.Ledger == nil || !p.checked {
 		return
+	}
+	if d.records != nil {
+		p.recordsGen = d.records.Gen()
 	}
 	switch {
 	case pre && !p.replay && !p.stale:
@@ -731,7 +737,7 @@ func (p *Pending) idempotencyHeld() {
 func (d *Decider) finish(p *Pending) *Decided {
 	c := &p.pc.Call
 	pre := c.Phase == schemas.PhasePre
-	out := &Decided{Receipt: p.r, ReceiptID: p.receiptID, Details: p.o.Details, call: p.call, record: p.record, claimedBefore: p.claimedBefore,
+	out := &Decided{Receipt: p.r, ReceiptID: p.receiptID, Details: p.o.Details, call: p.call, record: p.record, claimedBefore: p.claimedBefore, recordsGen: p.recordsGen,
 		approv: pre && d.o.Ledger != nil && p.record != nil}
 	p.done = out
 	if d.o.Redactor == nil {

@@ -36,6 +36,7 @@ type RecordCache struct {
 	index map[[2]uint64]uint32 // key -> slot
 	slots []recordSlot
 	next  uint32 // the slot the next Put overwrites
+	gen   uint64 // Clears so far
 }
 
 type recordSlot struct {
@@ -71,9 +72,19 @@ func (c *RecordCache) key(k CallKey) [2]uint64 {
 	return out
 }
 
+// Gen is the number of Clears so far: Put keeps a record only for the
+// generation its call began in, so that a record the ledger may have
+// purged meanwhile (replay.flush) is never kept past the flush.
+func (c *RecordCache) Gen() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gen
+}
+
 // Put keeps rec as call k's record until expires, replacing the oldest
-// record if the cache is full. A record too long for a slot is not kept.
-func (c *RecordCache) Put(k CallKey, rec PreRecord, expires time.Time) {
+// record if the cache is full, unless the cache was cleared since
+// generation gen (Gen). A record too long for a slot is not kept.
+func (c *RecordCache) Put(k CallKey, rec PreRecord, expires time.Time, gen uint64) {
 	var buf [recordSlotBytes]byte
 	b := buf[:0]
 	for _, s := range [...]string{k.EPID, k.ToolCallID, rec.Decision, rec.ReceiptID, rec.DecidedAt} {
@@ -91,6 +102,9 @@ func (c *RecordCache) Put(k CallKey, rec PreRecord, expires time.Time) {
 	key := c.key(k)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if gen != c.gen {
+		return
+	}
 	i, ok := c.index[key]
 	if !ok {
 		i = c.next
@@ -133,10 +147,11 @@ func (c *RecordCache) Get(k CallKey, now time.Time) (PreRecord, bool) {
 	return rec, true
 }
 
-// Clear forgets every record.
+// Clear forgets every record and starts a new generation.
 func (c *RecordCache) Clear() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.gen++
 	clear(c.index)
 	clear(c.slots)
 	c.next = 0

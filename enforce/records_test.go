@@ -29,7 +29,7 @@ func TestRecordCache(t *testing.T) {
 
 	c := NewRecordCache(2)
 	a, b, cc, d := recordKey("a"), recordKey("b"), recordKey("c"), recordKey("d")
-	c.Put(a, recordOf(a, "cap-1", "cap-2"), exp)
+	c.Put(a, recordOf(a, "cap-1", "cap-2"), exp, 0)
 	if got, ok := get(c, a); !ok || !reflect.DeepEqual(got, recordOf(a, "cap-1", "cap-2")) {
 		t.Fatalf("get a: %+v %v", got, ok)
 	}
@@ -43,8 +43,8 @@ func TestRecordCache(t *testing.T) {
 	}
 
 	// The ring: b fills the second slot, c overwrites a's, d b's.
-	c.Put(b, recordOf(b), exp)
-	c.Put(cc, recordOf(cc), exp)
+	c.Put(b, recordOf(b), exp, 0)
+	c.Put(cc, recordOf(cc), exp, 0)
 	if _, ok := get(c, a); ok {
 		t.Fatal("a kept past the ring")
 	}
@@ -54,11 +54,11 @@ func TestRecordCache(t *testing.T) {
 	// Put again in place: b's new record, still in its slot.
 	nb := recordOf(b)
 	nb.Decision = schemas.DecisionDeny
-	c.Put(b, nb, exp)
+	c.Put(b, nb, exp, 0)
 	if got, _ := get(c, b); got.Decision != schemas.DecisionDeny {
 		t.Fatalf("b after its update: %+v", got)
 	}
-	c.Put(d, recordOf(d), exp)
+	c.Put(d, recordOf(d), exp, 0)
 	if _, ok := get(c, b); ok {
 		t.Fatal("b kept past the ring")
 	}
@@ -69,7 +69,7 @@ func TestRecordCache(t *testing.T) {
 	}
 
 	long := recordKey("long")
-	c.Put(long, recordOf(long, strings.Repeat("x", recordSlotBytes)), exp)
+	c.Put(long, recordOf(long, strings.Repeat("x", recordSlotBytes)), exp, 0)
 	if _, ok := get(c, long); ok {
 		t.Fatal("a record longer than a slot was kept")
 	}
@@ -89,13 +89,23 @@ func TestRecordCache(t *testing.T) {
 	if _, ok := get(c, cc); ok {
 		t.Fatal("a record kept past Clear")
 	}
+	// A record of a call that began before the Clear is not kept.
+	c.Put(a, recordOf(a), exp, 0)
+	if _, ok := get(c, a); ok {
+		t.Fatal("a record of the generation before a Clear was kept")
+	}
+	c.Put(a, recordOf(a), exp, c.Gen())
+	if _, ok := get(c, a); !ok {
+		t.Fatal("a record of the current generation was not kept")
+	}
 }
 
 // TestPostTakesRecordedPre: a post event whose pre call this worker
 // answered (Recorded) takes the pre's record from the RecordCache, with
 // no ledger read, and its ToolCallEvent is the one the ledger's record
-// gives; a pre not Recorded, a flush, or Records < 0 leave the post to the
-// ledger.
+// gives (that of a decider without the cache, Records < 0); a pre not
+// Recorded, a flush since, or a flush between the pre's start and its
+// Recorded leave the post to the ledger.
 func TestPostTakesRecordedPre(t *testing.T) {
 	l := newCountingLedger()
 	newDecider := func(records int) *Decider {
@@ -123,16 +133,15 @@ func TestPostTakesRecordedPre(t *testing.T) {
 		}
 		return out
 	}
-	pre := func(id string, recorded bool) {
+	// pre decides and stores id's pre call; record tells d it is final.
+	pre := func(id string) (record func()) {
 		t.Helper()
 		out := decide(d, id, schemas.PhasePre)
 		if out.Receipt.Decision != schemas.DecisionAllow {
 			t.Fatalf("pre %s: %s %v", id, out.Receipt.Decision, out.Receipt.ReasonCodes)
 		}
 		l.Do(out.Stored(out.ReceiptID, out.Receipt.Decision))
-		if recorded {
-			d.Recorded(out, out.ReceiptID, out.Receipt.Decision)
-		}
+		return func() { d.Recorded(out, out.ReceiptID, out.Receipt.Decision) }
 	}
 	// post decides id's post event with d and returns its event and how
 	// many ledger lookups it took; the same post decided by plain (no
@@ -152,9 +161,13 @@ func TestPostTakesRecordedPre(t *testing.T) {
 		return n
 	}
 
-	const recorded, unrecorded = "0190f5b2-7c1e-7a3b-8d4e-00000000d001", "0190f5b2-7c1e-7a3b-8d4e-00000000d002"
-	pre(recorded, true)
-	pre(unrecorded, false)
+	const (
+		recorded    = "0190f5b2-7c1e-7a3b-8d4e-00000000d001"
+		unrecorded  = "0190f5b2-7c1e-7a3b-8d4e-00000000d002"
+		acrossFlush = "0190f5b2-7c1e-7a3b-8d4e-00000000d003"
+	)
+	pre(recorded)()
+	pre(unrecorded)
 	if n := post(recorded); n != 0 {
 		t.Fatalf("a recorded pre's post read the ledger %d times", n)
 	}
@@ -166,5 +179,15 @@ func TestPostTakesRecordedPre(t *testing.T) {
 	}
 	if n := post(recorded); n != 1 {
 		t.Fatalf("after a flush, the post read the ledger %d times, want 1", n)
+	}
+	// A pre call answered after a flush it began before: the flush may
+	// have purged its record, so it is not kept.
+	record := pre(acrossFlush)
+	if err := d.Apply(2, ctl(schemas.VerbReplayFlush, nil), t0); err != nil {
+		t.Fatal(err)
+	}
+	record()
+	if n := post(acrossFlush); n != 1 {
+		t.Fatalf("a pre answered across a flush: its post read the ledger %d times, want 1", n)
 	}
 }
