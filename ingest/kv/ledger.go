@@ -182,6 +182,10 @@ func (l *Ledger) Do(ops []*enforce.LedgerOp) {
 		case <-ctx.Done():
 			err = ctx.Err()
 		}
+		if err == nil {
+			l.settle(ctx, w.op, nil) // no I/O: the write won
+			continue
+		}
 		wg.Add(1)
 		go func(op *enforce.LedgerOp, err error) {
 			defer wg.Done()
