@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -35,8 +36,8 @@ type RecordCache struct {
 	seeds [2]maphash.Seed
 	index map[[2]uint64]uint32 // key -> slot
 	slots []recordSlot
-	next  uint32 // the slot the next Put overwrites
-	gen   uint64 // Clears so far
+	next  uint32        // the slot the next Put overwrites
+	gen   atomic.Uint64 // Clears so far; written with mu held
 }
 
 type recordSlot struct {
@@ -75,11 +76,7 @@ func (c *RecordCache) key(k CallKey) [2]uint64 {
 // Gen is the number of Clears so far: Put keeps a record only for the
 // generation its call began in, so that a record the ledger may have
 // purged meanwhile (replay.flush) is never kept past the flush.
-func (c *RecordCache) Gen() uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.gen
-}
+func (c *RecordCache) Gen() uint64 { return c.gen.Load() }
 
 // Put keeps rec as call k's record until expires, replacing the oldest
 // record if the cache is full, unless the cache was cleared since
@@ -102,7 +99,7 @@ func (c *RecordCache) Put(k CallKey, rec PreRecord, expires time.Time, gen uint6
 	key := c.key(k)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if gen != c.gen {
+	if gen != c.gen.Load() {
 		return
 	}
 	i, ok := c.index[key]
@@ -151,7 +148,7 @@ func (c *RecordCache) Get(k CallKey, now time.Time) (PreRecord, bool) {
 func (c *RecordCache) Clear() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.gen++
+	c.gen.Add(1)
 	clear(c.index)
 	clear(c.slots)
 	c.next = 0
