@@ -242,6 +242,18 @@ cpu() { awk '{print $14+$15}' "/proc/$1/stat"; } # user+system, in clock ticks (
 busy() { awk '/^cpu /{print $2+$3+$4}' /proc/stat; } # the whole machine's user+nice+system, likewise
 rss() { awk '/VmHWM/{printf "%.0f", $2/1024}' "/proc/$1/status"; } # peak RSS so far, MiB
 bench() {
+  local args=() json=
+  while [ $# -gt 0 ]; do # a talosctl from before --json-out (an ab base) prints its JSON with --json
+    if [ "$1" = --json-out ] && [ -n "${legacy_bench:-}" ]; then json=$2; shift 2; continue; fi
+    args+=("$1"); shift
+  done
+  if [ -n "$json" ]; then
+    bench_cmd ${args[@]+"${args[@]}"} --json >"$json"
+  else
+    bench_cmd ${args[@]+"${args[@]}"}
+  fi
+}
+bench_cmd() {
   "$talosctl" --nats-url "$nats" --nats-auth "$work/dev/nats-auth.json" --clickhouse-addr "$ch" bench \
     --capability "$work/cap.json" --agent-key "$work/dev/keys/demo-agent.key" "$@"
 }
@@ -379,6 +391,8 @@ ab)
       talosd=$work/bin/talosd talosctl=$work/bin/talosctl registry=cmd/talosd/demo/registry worker_flags=(${new_flags[@]+"${new_flags[@]}"})
       dev_flags=(${new_dev_flags[@]+"${new_dev_flags[@]}"})
     fi
+    legacy_bench=
+    "$talosctl" bench --help 2>&1 | grep -q -- --json-out || legacy_bench=1
     echo "== round $i, $s (load average $(cut -d' ' -f1-3 /proc/loadavg))"
     start sink,control
     for _ in $(seq 1 "$warm"); do saturate warm 40000; done
