@@ -122,8 +122,9 @@ type Decided struct {
 	call          CallKey
 	record        *PreRecord // the ledger's record of this call, as Begin or the ledger left it; nil if none is kept
 	claimedBefore bool
-	approv        bool   // record the decision for approve/reject if it is require_approval
-	recordsGen    uint64 // the RecordCache's generation when the call began (Recorded)
+	approv        bool       // record the decision for approve/reject if it is require_approval
+	recordsGen    uint64     // the RecordCache's generation when the call began (Recorded)
+	final         *PreRecord // the record once Stored's operations ran; nil before Stored
 	// from is the decision's Pending, for EventFor to build the
 	// ToolCallEvent of another receipt of this envelope; nil without a
 	// Redactor or for a malformed envelope.
@@ -174,7 +175,8 @@ func (o *Decided) EventFor(decision string, codes []string) *schemas.ToolCallEve
 // earlier delivery's the stream kept instead). They bring the ledger in
 // line with the audit trail: the call's record is rewritten if it names
 // another receipt or decision, and a call parked for approval is recorded
-// for approve and reject. Usually there are none.
+// for approve and reject. Usually there are none. Once they ran, the
+// record is final (Decider.Recorded).
 func (o *Decided) Stored(receiptID, decision string) []*LedgerOp {
 	if o == nil || o.record == nil {
 		return nil
@@ -185,9 +187,11 @@ func (o *Decided) Stored(receiptID, decision string) []*LedgerOp {
 		rec.ReceiptID, rec.Decision = receiptID, decision
 		ops = append(ops, &LedgerOp{Kind: OpUpdateCall, Call: o.call, Pre: rec})
 	}
+	o.final = &rec
 	if o.approv && decision == schemas.DecisionRequireApproval {
-		rec.EPID, rec.ToolCallID = "", ""
-		ops = append(ops, &LedgerOp{Kind: OpRecordApproval, Call: o.call, Pre: rec})
+		appr := rec
+		appr.EPID, appr.ToolCallID = "", ""
+		ops = append(ops, &LedgerOp{Kind: OpRecordApproval, Call: o.call, Pre: appr})
 	}
 	return ops
 }
@@ -566,27 +570,22 @@ func (d *Decider) window() time.Duration {
 	return d.o.ReplayWindow
 }
 
-// Recorded tells the Decider that call o's receipt is stored, naming
-// receiptID and decision, and that the ledger holds o's record as
-// Decided.Stored left it (its operations, if any, ran): the record is
-// final, and its post event may take it from the RecordCache. Calls
-// without a record of their own (no ledger, a replay, a post) are
-// ignored.
-func (d *Decider) Recorded(o *Decided, receiptID, decision string) {
-	if d.records == nil || o == nil || o.record == nil {
+// Recorded tells the Decider that the ledger operations of o.Stored ran:
+// the call's record is final, and its post event may take it from the
+// RecordCache. Calls without a record of their own (no ledger, a replay,
+// a post) and calls whose Stored was not asked are ignored.
+func (d *Decider) Recorded(o *Decided) {
+	if d.records == nil || o == nil || o.final == nil {
 		return
 	}
-	decided, err := time.Parse(time.RFC3339Nano, o.record.DecidedAt)
+	decided, err := time.Parse(time.RFC3339Nano, o.final.DecidedAt)
 	if err != nil {
 		return // not kept: its post asks the ledger
 	}
-	rec := *o.record
-	rec.EPID, rec.ToolCallID = o.call.EPID, o.call.ToolCallID
-	rec.ReceiptID, rec.Decision = receiptID, decision
 	// The ledger keeps a record for the window from its last write, which
 	// came after its decision. A flush applied since the call began may
 	// have purged the record: Put then keeps nothing.
-	d.records.Put(o.call, rec, decided.Add(d.window()), o.recordsGen)
+	d.records.Put(o.call, *o.final, decided.Add(d.window()), o.recordsGen)
 }
 
 // firstOps decides as far as it can without the ledger and sets the first

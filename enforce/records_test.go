@@ -141,7 +141,7 @@ func TestPostTakesRecordedPre(t *testing.T) {
 			t.Fatalf("pre %s: %s %v", id, out.Receipt.Decision, out.Receipt.ReasonCodes)
 		}
 		l.Do(out.Stored(out.ReceiptID, out.Receipt.Decision))
-		return func() { d.Recorded(out, out.ReceiptID, out.Receipt.Decision) }
+		return func() { d.Recorded(out) }
 	}
 	// post decides id's post event with d and returns its event and how
 	// many ledger lookups it took; the same post decided by plain (no

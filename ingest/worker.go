@@ -44,7 +44,7 @@ type Decider interface {
 	Ledger() enforce.CallLedger
 	// Recorded is told of each call answered once its receipt is stored
 	// and its ledger record final (enforce.Decider.Recorded).
-	Recorded(o *enforce.Decided, receiptID, decision string)
+	Recorded(o *enforce.Decided)
 }
 
 // WorkerOptions configures a Worker. The zero value of every field but
@@ -771,9 +771,7 @@ func (w *Worker) retry(m jetstream.Msg) retry.Policy {
 // and the ledger holds its final record (Decided.Stored's operations ran),
 // which the decider then keeps for the call's post event.
 func (w *Worker) answer(c *call) {
-	if c.dec != nil {
-		w.d.Recorded(c.out, c.dec.ReceiptID, c.dec.Decision.Decision)
-	}
+	w.d.Recorded(c.out)
 	w.reply(c)
 }
 
