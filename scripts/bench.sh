@@ -37,7 +37,12 @@
 #                                 stack (a stack with a history). A base
 #                                 talosctl that reports no CPU of its own
 #                                 (ab02373) shows "-" for it and for the
-#                                 other processes' cores
+#                                 other processes' cores. Before each
+#                                 round's stack starts, the machine's speed:
+#                                 this tree's BenchmarkSeal (receipts), the
+#                                 same code every time, so a round whose
+#                                 figure is well above the others' ran on a
+#                                 slower machine (a warning says so)
 #   bash scripts/bench.sh profile [SECONDS] [RATE] [post]  CPU profiles
 #                                 (SECONDS, default 20) of the enforce worker
 #                                 and the dev process (NATS + sink), both run
@@ -376,6 +381,14 @@ ab)
   mkdir -p "$work/base/src" "$work/base/bin"
   git archive "$base_rev" | tar -x -C "$work/base/src"
   (cd "$work/base/src" && go build -o "$work/base/bin/talosd" ./cmd/talosd && go build -o "$work/base/bin/talosctl" ./cmd/talosctl)
+  # The machine's speed before each round: one fixed workload (sealing a
+  # receipt: canonical JSON, SHA-256, Ed25519), this tree's code for both
+  # sides, on an otherwise idle machine (the last stack has stopped).
+  go test -c -o "$work/bin/speed.test" ./receipts
+  machine_speed() {
+    "$work/bin/speed.test" -test.run '^$' -test.bench '^BenchmarkSeal$' -test.benchtime 20000x -test.count 1 |
+      awk '$1 ~ /^BenchmarkSeal/ {printf "%.1f", $3 / 1000}'
+  }
   read -r -a new_flags <<<"${BENCH_NEW_WORKER_FLAGS:-}"
   read -r -a new_dev_flags <<<"${BENCH_NEW_DEV_FLAGS:-}"
   warm=${BENCH_AB_WARM:-0}
@@ -384,13 +397,13 @@ ab)
   [ ${#new_flags[@]} -eq 0 ] || echo "   the new worker also gets: ${new_flags[*]}"
   [ ${#new_dev_flags[@]} -eq 0 ] || echo "   the new dev process also gets: ${new_dev_flags[*]}"
   [ "$warm" -eq 0 ] || echo "   each stack first runs $warm throughput runs of 40,000 calls (BENCH_AB_WARM): the figures are of a stack that has handled $((warm * 40000)) calls"
-  cols="tp_decisions_s e2e_events_s p50_ms p99_ms worker_rss_mib cpu_worker cpu_nats_sink cpu_clickhouse cpu_loadgen cpu_stack flight_calls_s flight_events_s other_cores"
+  cols="tp_decisions_s e2e_events_s p50_ms p99_ms worker_rss_mib cpu_worker cpu_nats_sink cpu_clickhouse cpu_loadgen cpu_stack flight_calls_s flight_events_s seal_us other_cores"
   for side in base new; do echo "$cols" >"$work/ab.$side.tsv"; done
   fmt='function f(x) { return x == "-" ? x : (x >= 100 || x <= -100) ? sprintf("%.0f", x) : sprintf("%.2f", x) } ' # awk: a figure, readably
   # side SIDE ROUND: one fresh stack of SIDE's talosd and its measurements,
   # one row of $work/ab.SIDE.tsv.
   side() {
-    local s=$1 i=$2 tp lat fl rss_mib
+    local s=$1 i=$2 tp lat fl rss_mib speed
     if [ "$s" = base ]; then
       talosd=$work/base/bin/talosd talosctl=$work/base/bin/talosctl registry=$work/base/src/cmd/talosd/demo/registry worker_flags=() dev_flags=()
     else
@@ -399,7 +412,8 @@ ab)
     fi
     legacy_bench=
     "$talosctl" bench --help 2>&1 | grep -q -- --json-out || legacy_bench=1
-    echo "== round $i, $s (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+    speed=$(machine_speed)
+    echo "== round $i, $s (load average $(cut -d' ' -f1-3 /proc/loadavg); BenchmarkSeal $speed µs)"
     start sink,control
     for _ in $(seq 1 "$warm"); do saturate warm 40000; done
     bench --calls 20000 --concurrency 100 --rate 2000 --json-out "$work/lat.json" >/dev/null
@@ -409,7 +423,7 @@ ab)
     stop_all
     lat=$work/lat.json tp=$work/tp.json fl=$work/fl.json
     echo "$(jf $tp decisions_per_sec) $(jf $tp e2e_events_per_sec) $(jf $lat decision_p50_ms) $(jf $lat decision_p99_ms) $rss_mib" \
-      "$cpu_worker $cpu_dev $cpu_ch $cpu_gen $cpu_stack $(jf $fl decisions_per_sec) $(jf $fl e2e_events_per_sec) $other_cores" >>"$work/ab.$s.tsv"
+      "$cpu_worker $cpu_dev $cpu_ch $cpu_gen $cpu_stack $(jf $fl decisions_per_sec) $(jf $fl e2e_events_per_sec) $speed $other_cores" >>"$work/ab.$s.tsv"
     awk -v s="$s" "$fmt"'NR==1{for(i=1;i<=NF;i++)h[i]=$i} END{printf "   %s:", s; for(i=1;i<=NF;i++) printf " %s %s", h[i], f($i); print ""}' "$work/ab.$s.tsv"
   }
   for i in $(seq 1 "$rounds"); do
@@ -425,7 +439,8 @@ ab)
     "decision p50 at 2,000 calls/s (ms)" "decision p99 at 2,000 calls/s (ms)" "worker peak RSS at 2,000 calls/s (MiB)" \
     "CPU per call, enforce worker (µs)" "CPU per call, NATS + sink (µs)" "CPU per call, ClickHouse (µs)" \
     "CPU per call, load generator (µs, its own report)" "CPU per call, stack: worker + NATS + sink + ClickHouse (µs)" \
-    "flight: calls/s at saturation (pre + post)" "flight: end-to-end events/s"; do
+    "flight: calls/s at saturation (pre + post)" "flight: end-to-end events/s" \
+    "machine: BenchmarkSeal before the round (µs; same code)"; do
     i=$((i + 1))
     b=$(median "$work/ab.base.tsv" $i) n=$(median "$work/ab.new.tsv" $i)
     awk -v l="$label" -v b="$b" -v n="$n" "$fmt"'BEGIN{printf "   %-58s %10s %10s %9s\n", l, f(b), f(n), (b > 0 ? sprintf("%.2f", n/b) : "-")}'
@@ -439,6 +454,12 @@ ab)
   busiest=$(awk 'FNR>1 && $NF != "-" && $NF+0 > m+0 {m = $NF} END{printf "%.2f", m}' "$work/ab.base.tsv" "$work/ab.new.tsv")
   if awk -v m="$busiest" 'BEGIN{exit !(m > 0.2)}'; then
     echo "== other processes used up to $busiest cores during a throughput run: the machine was not quiet, so these ratios are noise as much as code; run again when it is" >&2
+  fi
+  # The machine's speed: the slowest round's BenchmarkSeal against the
+  # fastest's (the same code in every round).
+  spread=$(awk -v c=13 'FNR>1 && $c != "-" {if (lo == "" || $c < lo) lo = $c; if ($c > hi) hi = $c} END{if (lo > 0) printf "%.2f", hi / lo; else print 1}' "$work/ab.base.tsv" "$work/ab.new.tsv")
+  if awk -v r="$spread" 'BEGIN{exit !(r > 1.15)}'; then
+    echo "== the machine's speed moved between rounds (BenchmarkSeal: the slowest round $spread times the fastest's): compare rounds of similar speed, or run again" >&2
   fi
   ;;
 profile)
