@@ -228,8 +228,29 @@ func (c *Client) Send(ctx context.Context, phase, serverID, toolCallID string, r
 // not decided yet (in the stream, or being decided) is asked for until
 // the deadline; only then is it ErrNoDecision.
 func (c *Client) SendHashed(ctx context.Context, phase, serverID, toolCallID, requestHash string, raw []byte) (*schemas.Decision, error) {
+	return c.SendPrepared(ctx, &Prepared{Phase: phase, ServerID: serverID, ToolCallID: toolCallID, RequestHash: requestHash, Raw: raw})
+}
+
+// Prepared is an envelope ready to send with what the client would
+// otherwise derive from its bytes on the way: a caller that builds its
+// envelopes ahead (a load generator, which signs them before its clock
+// starts) derives these then too.
+type Prepared struct {
+	Phase, ServerID, ToolCallID string
+	// RequestHash is the hash of Raw's request (RequestHashOf, or as
+	// HashRequest sets it); "" when Raw has none to hash.
+	RequestHash string
+	// MsgID is the call's Nats-Msg-Id, schemas.CallMsgID of this client's
+	// ep_id, ToolCallID, Phase and Raw; "" to have the client compute it.
+	MsgID string
+	Raw   []byte
+}
+
+// SendPrepared is SendHashed for a Prepared envelope.
+func (c *Client) SendPrepared(ctx context.Context, p *Prepared) (*schemas.Decision, error) {
+	phase, toolCallID := p.Phase, p.ToolCallID
 	key := toolCallID + ":" + phase
-	w := &waiter{ch: make(chan *schemas.Decision, 1), requestHash: requestHash, keys: c.o.Keys}
+	w := &waiter{ch: make(chan *schemas.Decision, 1), requestHash: p.RequestHash, keys: c.o.Keys}
 	c.mu.Lock()
 	c.waiters[key] = w
 	c.mu.Unlock()
@@ -243,7 +264,7 @@ func (c *Client) SendHashed(ctx context.Context, phase, serverID, toolCallID, re
 		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 	}
-	if err := c.Publish(ctx, phase, serverID, toolCallID, raw); err != nil {
+	if err := c.publish(ctx, p); err != nil {
 		if ctx.Err() != nil {
 			// Perhaps stored all the same: its decision may be recorded.
 			return nil, fmt.Errorf("%w (%w)", ErrNoDecision, err)
@@ -307,10 +328,16 @@ func (c *Client) reask(ctx context.Context, w *waiter, phase, toolCallID string)
 // (a retry of its own publish, among the last 4,096 it made, or an
 // earlier attempt of this one whose acknowledgement was lost).
 func (c *Client) Publish(ctx context.Context, phase, serverID, toolCallID string, raw []byte) error {
-	msg := &nats.Msg{Subject: schemas.CallSubject(phase, c.epID, serverID), Data: raw, Header: nats.Header{}}
+	return c.publish(ctx, &Prepared{Phase: phase, ServerID: serverID, ToolCallID: toolCallID, Raw: raw})
+}
+
+func (c *Client) publish(ctx context.Context, p *Prepared) error {
+	msg := &nats.Msg{Subject: schemas.CallSubject(p.Phase, c.epID, p.ServerID), Data: p.Raw, Header: nats.Header{}}
 	id, first := "", false
-	if toolCallID != "" {
-		id = schemas.CallMsgID(c.epID, toolCallID, phase, raw)
+	if p.ToolCallID != "" {
+		if id = p.MsgID; id == "" {
+			id = schemas.CallMsgID(c.epID, p.ToolCallID, p.Phase, p.Raw)
+		}
 		msg.Header.Set(jetstream.MsgIDHeader, id)
 		c.mu.Lock()
 		first = c.sent.add(id)

@@ -142,6 +142,22 @@ func TestClientPublishesOnItsOwnSubject(t *testing.T) {
 	if got, want := m.Header.Get(jetstream.MsgIDHeader), schemas.CallMsgID("gw-1", call.ToolCallID, schemas.PhasePre, m.Data); got != want || !strings.HasPrefix(got, "gw-1:"+call.ToolCallID+":pre:") {
 		t.Fatalf("Nats-Msg-Id %q, want %q", got, want)
 	}
+
+	// A Prepared envelope goes out with the Nats-Msg-Id its caller
+	// derived, as given (no worker answers here: no decision).
+	next, _ := ep.NewCall("gw-1", "files", "read_file", map[string]any{"path": "b"})
+	pctx, pcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer pcancel()
+	id := "gw-1:" + next.ToolCallID + ":pre:prepared"
+	if _, err := e.client.SendPrepared(pctx, &ep.Prepared{Phase: next.Phase, ServerID: "files", ToolCallID: next.ToolCallID, MsgID: id, Raw: mustMarshal(t, next)}); !errors.Is(err, ep.ErrNoDecision) {
+		t.Fatalf("send prepared without a worker: %v, want %v", err, ep.ErrNoDecision)
+	}
+	if m, err = s.GetLastMsgForSubject(ctx, "talos.call.pre.gw-1.files"); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Header.Get(jetstream.MsgIDHeader); got != id {
+		t.Fatalf("prepared call stored with Nats-Msg-Id %q, want %q", got, id)
+	}
 }
 
 // TestClientDuplicateOfACallItNeverSent: a call whose Nats-Msg-Id the

@@ -23,6 +23,9 @@ type envelope struct {
 	requestHash string // of the call's request, which its post event repeats
 	pre         []byte
 	post        []byte // the call's post event; nil unless --post
+	// The Nats-Msg-Ids of pre and post (schemas.CallMsgID), derived from
+	// their bytes as they are built, as the signatures are.
+	preID, postID string
 }
 
 // Maker builds the envelopes of one run. It is safe for concurrent
@@ -71,6 +74,7 @@ func (m *Maker) make(epID string) (*envelope, error) {
 		return nil, err
 	}
 	env.requestHash = ep.RequestHashOf(env.pre)
+	env.preID = schemas.CallMsgID(epID, call.ToolCallID, schemas.PhasePre, env.pre)
 	if !m.Post {
 		return env, nil
 	}
@@ -87,6 +91,7 @@ func (m *Maker) make(epID string) (*envelope, error) {
 	if env.post, err = json.Marshal(post); err != nil {
 		return nil, err
 	}
+	env.postID = schemas.CallMsgID(epID, post.ToolCallID, schemas.PhasePost, env.post)
 	return env, nil
 }
 
@@ -200,8 +205,12 @@ func splitCalls(calls, n int) []int {
 
 // send sends a prepared envelope in phase and waits for its decision (the
 // one whose receipt names the call's request hash), at most timeout.
-func send(client *ep.Client, phase, server string, env *envelope, raw []byte, timeout time.Duration) (*schemas.Decision, error) {
+func send(client *ep.Client, phase, server string, env *envelope, timeout time.Duration) (*schemas.Decision, error) {
+	p := ep.Prepared{Phase: phase, ServerID: server, ToolCallID: env.toolCallID, RequestHash: env.requestHash, Raw: env.pre, MsgID: env.preID}
+	if phase == schemas.PhasePost {
+		p.Raw, p.MsgID = env.post, env.postID
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	return client.SendHashed(ctx, phase, server, env.toolCallID, env.requestHash, raw)
+	return client.SendPrepared(ctx, &p)
 }

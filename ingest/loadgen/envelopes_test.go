@@ -50,6 +50,14 @@ func TestBenchEnvelopes(t *testing.T) {
 		if p.Phase != schemas.PhasePost || p.ToolCallID != c.ToolCallID || p.CorrelationID != c.CorrelationID || p.Timing == nil || p.OK == nil || !*p.OK {
 			t.Fatalf("post %d does not answer its pre call: %+v", i, p)
 		}
+		// The Nats-Msg-Ids built with them are the ones the client would
+		// derive from the bytes it sends.
+		if want := schemas.CallMsgID("bench-test-ep", c.ToolCallID, schemas.PhasePre, env.pre); env.preID != want {
+			t.Fatalf("pre %d: Nats-Msg-Id %q, want %q", i, env.preID, want)
+		}
+		if want := schemas.CallMsgID("bench-test-ep", p.ToolCallID, schemas.PhasePost, env.post); env.postID != want {
+			t.Fatalf("post %d: Nats-Msg-Id %q, want %q", i, env.postID, want)
+		}
 	}
 
 	// Traced: each call names a parent span of its own trace, which the

@@ -181,7 +181,7 @@ func (s sender) run(q <-chan *envelope, first time.Time, interval time.Duration,
 // call sends one envelope (and its post event after an allow) and returns
 // the decision's latency from the scheduled send time.
 func (s sender) call(env *envelope, sched time.Time) time.Duration {
-	d, err := send(s.client, schemas.PhasePre, s.pace.Server, env, env.pre, s.pace.Timeout)
+	d, err := send(s.client, schemas.PhasePre, s.pace.Server, env, s.pace.Timeout)
 	// Latency counts from the scheduled send time, so a stalled sender
 	// cannot hide queueing (no coordinated omission).
 	l := time.Since(sched)
@@ -191,7 +191,7 @@ func (s sender) call(env *envelope, sched time.Time) time.Duration {
 	case d.Decision == schemas.DecisionAllow:
 		s.c.allowed.Add(1)
 		if env.post != nil {
-			if _, err := send(s.client, schemas.PhasePost, s.pace.Server, env, env.post, s.pace.Timeout); err == nil {
+			if _, err := send(s.client, schemas.PhasePost, s.pace.Server, env, s.pace.Timeout); err == nil {
 				s.c.posted.Add(1)
 			}
 		}
