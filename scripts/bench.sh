@@ -38,11 +38,14 @@
 #                                 talosctl that reports no CPU of its own
 #                                 (ab02373) shows "-" for it and for the
 #                                 other processes' cores. Before each
-#                                 round's stack starts, the machine's speed:
-#                                 this tree's BenchmarkSeal (receipts), the
-#                                 same code every time, so a round whose
-#                                 figure is well above the others' ran on a
-#                                 slower machine (a warning says so)
+#                                 round's stack starts and after it stops,
+#                                 the machine's speed: this tree's
+#                                 BenchmarkSeal (receipts), the same code
+#                                 every time (the slower of the two), so a
+#                                 round whose figure is well above the
+#                                 others' ran on a slower machine (a warning
+#                                 says so); a slow stretch that began and
+#                                 ended within a round goes unseen
 #   bash scripts/bench.sh profile [SECONDS] [RATE] [post]  CPU profiles
 #                                 (SECONDS, default 20) of the enforce worker
 #                                 and the dev process (NATS + sink), both run
@@ -421,6 +424,8 @@ ab)
     saturate tp 40000
     bench --calls 20000 --concurrency 100 --rate 0 --inflight 4 --post --json-out "$work/fl.json" >/dev/null
     stop_all
+    # Again once the stack has stopped: the slower of the two stands.
+    speed=$(awk -v a="$speed" -v b="$(machine_speed)" 'BEGIN{print (b > a ? b : a)}')
     lat=$work/lat.json tp=$work/tp.json fl=$work/fl.json
     echo "$(jf $tp decisions_per_sec) $(jf $tp e2e_events_per_sec) $(jf $lat decision_p50_ms) $(jf $lat decision_p99_ms) $rss_mib" \
       "$cpu_worker $cpu_dev $cpu_ch $cpu_gen $cpu_stack $(jf $fl decisions_per_sec) $(jf $fl e2e_events_per_sec) $speed $other_cores" >>"$work/ab.$s.tsv"
@@ -440,7 +445,7 @@ ab)
     "CPU per call, enforce worker (µs)" "CPU per call, NATS + sink (µs)" "CPU per call, ClickHouse (µs)" \
     "CPU per call, load generator (µs, its own report)" "CPU per call, stack: worker + NATS + sink + ClickHouse (µs)" \
     "flight: calls/s at saturation (pre + post)" "flight: end-to-end events/s" \
-    "machine: BenchmarkSeal before the round (µs; same code)"; do
+    "machine: BenchmarkSeal around the round (µs; same code)"; do
     i=$((i + 1))
     b=$(median "$work/ab.base.tsv" $i) n=$(median "$work/ab.new.tsv" $i)
     awk -v l="$label" -v b="$b" -v n="$n" "$fmt"'BEGIN{printf "   %-58s %10s %10s %9s\n", l, f(b), f(n), (b > 0 ? sprintf("%.2f", n/b) : "-")}'
