@@ -170,18 +170,13 @@ func (w *waiter) accepts(d *schemas.Decision) bool {
 // receiptRequestHash reads data.request_hash of a receipt CloudEvent (""
 // when it has none); ok is false when the receipt is not a JSON object
 // with an object data. A receipt as the worker stores it is canonical
-// JSON, whose two members are found without decoding the rest.
+// JSON, whose member is found in one walk without decoding the rest; any
+// other receipt, and one without the member, are decoded.
 func receiptRequestHash(receipt []byte) (hash string, ok bool) {
-	if data, found, _, err := jsonkit.FindMember(receipt, 0, "data"); err == nil && found {
-		m, found, _, err := jsonkit.FindMember(receipt, data.ValStart, "request_hash")
-		if err == nil && !found {
-			return "", true
-		}
-		if err == nil {
-			v := receipt[m.ValStart:m.End]
-			if end, _, ok := jsonkit.ScanString(v, 0); ok && end == len(v) {
-				return jsonkit.Unescape(v[1 : end-1]), true
-			}
+	if m, found, err := jsonkit.FindPath(receipt, 0, "data", "request_hash"); err == nil && found {
+		v := receipt[m.ValStart:m.End]
+		if end, _, ok := jsonkit.ScanString(v, 0); ok && end == len(v) {
+			return jsonkit.Unescape(v[1 : end-1]), true
 		}
 	}
 	var r struct {

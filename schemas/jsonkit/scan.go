@@ -136,6 +136,72 @@ func FindMember(b []byte, i int, key string) (m Member, found bool, objEnd int, 
 	}
 }
 
+// FindPath looks for the member at the end of path in the object starting
+// at b[i]: path[0] among its members, path[1] among the members of that
+// member's value, and so on. It walks each object on the way once, where
+// FindMember level by level would walk every nested one twice (skipped as a
+// value, then searched), and, as FindMember, it walks every member of each
+// of them, so a duplicate key on the way is an error. found is false when a
+// key is missing or a value on the way is not an object.
+func FindPath(b []byte, i int, path ...string) (m Member, found bool, err error) {
+	if len(path) == 0 {
+		return Member{}, false, errors.New("jsonkit: FindPath without a key")
+	}
+	m, found, _, err = findPath(b, i, path)
+	return m, found, err
+}
+
+// findPath is FindPath that also returns the index just past the object.
+func findPath(b []byte, i int, path []string) (m Member, found bool, objEnd int, err error) {
+	if i >= len(b) || b[i] != '{' {
+		return Member{}, false, 0, ErrNotCanonical
+	}
+	seen := false
+	for i++; ; {
+		if i >= len(b) {
+			return Member{}, false, 0, ErrNotCanonical
+		}
+		if b[i] == '}' {
+			return m, found, i + 1, nil
+		}
+		keyEnd, err := SkipString(b, i)
+		if err != nil {
+			return Member{}, false, 0, err
+		}
+		c, err := compareKey(b[i:keyEnd], path[0])
+		if err != nil {
+			return Member{}, false, 0, err
+		}
+		if keyEnd >= len(b) || b[keyEnd] != ':' {
+			return Member{}, false, 0, ErrNotCanonical
+		}
+		val := keyEnd + 1
+		var valEnd int
+		switch {
+		case c == 0 && seen:
+			return Member{}, false, 0, errors.New("jsonkit: duplicate key " + strconv.Quote(path[0]))
+		case c == 0 && len(path) == 1:
+			seen = true
+			if valEnd, err = SkipValue(b, val); err == nil {
+				m, found = Member{Start: i, ValStart: val, End: valEnd}, true
+			}
+		case c == 0 && val < len(b) && b[val] == '{':
+			seen = true
+			m, found, valEnd, err = findPath(b, val, path[1:])
+		default:
+			seen = seen || c == 0
+			valEnd, err = SkipValue(b, val)
+		}
+		if err != nil {
+			return Member{}, false, 0, err
+		}
+		i = valEnd
+		if i < len(b) && b[i] == ',' {
+			i++
+		}
+	}
+}
+
 // compareKey compares the member name token tok (quotes included) with
 // key in RFC 8785 order.
 func compareKey(tok []byte, key string) (int, error) {
