@@ -342,7 +342,15 @@ type inflight struct {
 	msg  *nats.Msg
 	fut  jetstream.PubAckFuture // nil: the publish could not even be sent
 	what string
+	// buf, if set, holds msg.Data and goes back to replyBufs once the
+	// stream acknowledged fut: the client library then holds the message
+	// no longer (until then it may send it again by itself).
+	buf *[]byte
 }
+
+// replyBufs recycles the buffers of decision replies (a reply embeds its
+// receipt: a tenth of what a worker allocates).
+var replyBufs = sync.Pool{New: func() any { return new([]byte) }}
 
 // handleBatch decides a batch of calls, stores one receipt per call (and
 // its ToolCallEvent), answers each enforcement point and acks. The work
@@ -611,7 +619,7 @@ func (w *Worker) storeEvents(ctx context.Context, ch *receipts.Chain, calls []*c
 		if err != nil {
 			fut = nil
 		}
-		sent = append(sent, inflight{c, msg, fut, "ToolCallEvent"})
+		sent = append(sent, inflight{c: c, msg: msg, fut: fut, what: "ToolCallEvent"})
 	}
 	return sent
 }
@@ -630,6 +638,9 @@ func (w *Worker) settle(ctx context.Context, sent []inflight) {
 		err := errors.New("not sent")
 		if s.fut != nil {
 			if err = awaitAck(wctx, s.fut); err == nil {
+				if s.buf != nil {
+					replyBufs.Put(s.buf)
+				}
 				continue
 			}
 		}
@@ -780,13 +791,15 @@ func (w *Worker) reply(c *call) {
 	if d == nil || !schemas.ValidID(d.epID) || (d.Phase != schemas.PhasePre && d.Phase != schemas.PhasePost) {
 		return
 	}
-	msg := &nats.Msg{Subject: schemas.DecisionSubject(d.epID, d.Phase, c.replyToken), Data: encodeDecision(&d.Decision)}
+	buf := replyBufs.Get().(*[]byte)
+	*buf = appendDecision((*buf)[:0], &d.Decision)
+	msg := &nats.Msg{Subject: schemas.DecisionSubject(d.epID, d.Phase, c.replyToken), Data: *buf}
 	fut, err := w.js.PublishMsgAsync(msg)
 	if err != nil {
 		w.log.Warn("publish decision", "ep_id", d.epID, "err", err)
 		fut = nil
 	}
-	c.reply = &inflight{c, msg, fut, "decision reply"}
+	c.reply = &inflight{c: c, msg: msg, fut: fut, what: "decision reply", buf: buf}
 }
 
 // wireDecision is a decision reply and the enforcement point it goes to.
@@ -816,13 +829,13 @@ func decisionFromReceipt(raw []byte) (*wireDecision, error) {
 	}}, nil
 }
 
-// encodeDecision writes d as JSON (decision.schema.json), field by field,
-// with its receipt spliced in as stored: json.Marshal would re-validate and
-// re-compact the receipt's bytes, and reflect over the rest. The receipt is
-// JSON by construction: this worker sealed it, or read it back from
-// TALOS_AUDIT, where only workers write.
-func encodeDecision(d *schemas.Decision) []byte {
-	b := make([]byte, 0, 256+len(d.Receipt)+64*len(d.Details))
+// appendDecision appends d to b as JSON (decision.schema.json), field by
+// field, with its receipt spliced in as stored: json.Marshal would
+// re-validate and re-compact the receipt's bytes, and reflect over the
+// rest. The receipt is JSON by construction: this worker sealed it, or read
+// it back from TALOS_AUDIT, where only workers write.
+func appendDecision(b []byte, d *schemas.Decision) []byte {
+	b = slices.Grow(b, 256+len(d.Receipt)+64*len(d.Details))
 	b = append(b, `{"tool_call_id":`...)
 	b = jsonkit.AppendString(b, d.ToolCallID)
 	b = append(b, `,"phase":`...)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,7 +14,7 @@ import (
 func TestEncodeDecisionSplicesReceipt(t *testing.T) {
 	d := &schemas.Decision{ToolCallID: "t", Phase: "pre", Decision: "deny", ReasonCodes: []string{"X"},
 		ReceiptID: "r", Receipt: json.RawMessage(`{"id":"r","data":{"receipt":null}}`), Details: []string{`say "receipt":null`}}
-	b := encodeDecision(d)
+	b := appendDecision(nil, d)
 	var back schemas.Decision
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatalf("%v: %s", err, b)
@@ -32,7 +33,12 @@ func TestEncodeDecisionAsJSON(t *testing.T) {
 		{ToolCallID: "t", Phase: "post", Decision: "deny", ReasonCodes: nil, Details: []string{"a\nb", "\u2028", "\x00", "é"}},
 		{Decision: "require_approval", ReasonCodes: []string{"APPROVAL_REQUIRED", "\xff"}},
 	} {
-		got := encodeDecision(d)
+		got := appendDecision(nil, d)
+		// Into a recycled buffer that held a longer reply: the same bytes.
+		used := appendDecision(nil, &schemas.Decision{Receipt: json.RawMessage(`"` + strings.Repeat("x", 4000) + `"`)})
+		if again := appendDecision(used[:0], d); string(again) != string(got) {
+			t.Errorf("into a used buffer %s\nfresh %s", again, got)
+		}
 		want, err := json.Marshal(d)
 		if err != nil {
 			t.Fatal(err)
@@ -45,7 +51,7 @@ func TestEncodeDecisionAsJSON(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !reflect.DeepEqual(g, w) {
-			t.Errorf("encodeDecision %s\njson.Marshal   %s", got, want)
+			t.Errorf("appendDecision %s\njson.Marshal   %s", got, want)
 		}
 	}
 }
