@@ -19,8 +19,8 @@
 #   bash scripts/bench.sh ab [BASE] [ROUNDS]  the commit BASE (default ab02373)
 #                                 against this working tree: both talosd and
 #                                 talosctl built side by side, measured
-#                                 alternately (base, new, base, new, …; ROUNDS
-#                                 each, default 2), each on a fresh stack, each
+#                                 alternately (base, new, new, base, base, …;
+#                                 ROUNDS each, default 2), each on a fresh stack, each
 #                                 side's talosctl its load generator (the wire
 #                                 between an enforcement point and Talos may
 #                                 differ between the two): throughput at
@@ -396,7 +396,7 @@ ab)
   read -r -a new_dev_flags <<<"${BENCH_NEW_DEV_FLAGS:-}"
   warm=${BENCH_AB_WARM:-0}
   echo "== A/B: base $(git rev-parse --short "$base_rev") ($(git log -1 --format=%s "$base_rev" | cut -c1-60)) against new $new_rev"
-  echo "   $rounds round(s), alternating base and new, each on a fresh stack; load generator: each side's own talosctl"
+  echo "   $rounds round(s), alternating base and new (base first in odd rounds, new first in even ones), each on a fresh stack; load generator: each side's own talosctl"
   [ ${#new_flags[@]} -eq 0 ] || echo "   the new worker also gets: ${new_flags[*]}"
   [ ${#new_dev_flags[@]} -eq 0 ] || echo "   the new dev process also gets: ${new_dev_flags[*]}"
   [ "$warm" -eq 0 ] || echo "   each stack first runs $warm throughput runs of 40,000 calls (BENCH_AB_WARM): the figures are of a stack that has handled $((warm * 40000)) calls"
@@ -431,9 +431,18 @@ ab)
       "$cpu_worker $cpu_dev $cpu_ch $cpu_gen $cpu_stack $(jf $fl decisions_per_sec) $(jf $fl e2e_events_per_sec) $speed $other_cores" >>"$work/ab.$s.tsv"
     awk -v s="$s" "$fmt"'NR==1{for(i=1;i<=NF;i++)h[i]=$i} END{printf "   %s:", s; for(i=1;i<=NF;i++) printf " %s %s", h[i], f($i); print ""}' "$work/ab.$s.tsv"
   }
+  # ABBA: base first in odd rounds, new first in even ones, so that a
+  # machine slowing down under sustained load (BenchmarkSeal after a
+  # stack runs slower than before it, here) does not always fall on the
+  # side that runs second.
   for i in $(seq 1 "$rounds"); do
-    side base "$i"
-    side new "$i"
+    if [ $((i % 2)) -eq 1 ]; then
+      side base "$i"
+      side new "$i"
+    else
+      side new "$i"
+      side base "$i"
+    fi
   done
   # Medians per figure (the mean of the middle two for an even count).
   median() { awk -v c="$2" 'NR>1 && $c != "-" {print $c}' "$1" | sort -g | awk '{v[NR]=$1} END{if (NR == 0) printf "-"; else printf "%.6g", NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
