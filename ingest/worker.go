@@ -349,7 +349,7 @@ type inflight struct {
 }
 
 // replyBufs recycles the buffers of decision replies (a reply embeds its
-// receipt: a tenth of what a worker allocates).
+// receipt: about an eighth of the bytes a worker allocates).
 var replyBufs = sync.Pool{New: func() any { return new([]byte) }}
 
 // handleBatch decides a batch of calls, stores one receipt per call (and
@@ -771,13 +771,6 @@ func (w *Worker) retry(m jetstream.Msg) retry.Policy {
 		InProgress: func() { _ = m.InProgress() }}
 }
 
-// reply answers the enforcement point c's decision names, on the call's
-// own subject talos.decision.<ep_id>.<phase>.<call>: the enforcement
-// point receives it as it is published, and TALOS_DECISIONS stores it for
-// the enforcement point to ask again. The publish is asynchronous; settle
-// awaits it before the call is acked, so an acked call's decision can
-// always be asked for again. A nil decision (a stored receipt that could
-// not be read back) and an invalid ep_id are not answered.
 // answer prepares the call's decision reply once its receipt is stored
 // and the ledger holds its final record (Decided.Stored's operations ran),
 // which the decider then keeps for the call's post event.
@@ -786,6 +779,13 @@ func (w *Worker) answer(c *call) {
 	w.reply(c)
 }
 
+// reply answers the enforcement point c's decision names, on the call's
+// own subject talos.decision.<ep_id>.<phase>.<call>: the enforcement
+// point receives it as it is published, and TALOS_DECISIONS stores it for
+// the enforcement point to ask again. The publish is asynchronous; settle
+// awaits it before the call is acked, so an acked call's decision can
+// always be asked for again. A nil decision (a stored receipt that could
+// not be read back) and an invalid ep_id are not answered.
 func (w *Worker) reply(c *call) {
 	d := c.dec
 	if d == nil || !schemas.ValidID(d.epID) || (d.Phase != schemas.PhasePre && d.Phase != schemas.PhasePost) {

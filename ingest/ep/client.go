@@ -326,6 +326,7 @@ func (c *Client) Publish(ctx context.Context, phase, serverID, toolCallID string
 	return c.publish(ctx, &Prepared{Phase: phase, ServerID: serverID, ToolCallID: toolCallID, Raw: raw})
 }
 
+// publish is Publish for a Prepared envelope.
 func (c *Client) publish(ctx context.Context, p *Prepared) error {
 	msg := &nats.Msg{Subject: schemas.CallSubject(p.Phase, c.epID, p.ServerID), Data: p.Raw, Header: nats.Header{}}
 	id, first := "", false
