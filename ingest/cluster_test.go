@@ -190,15 +190,23 @@ func (c *talosCluster) verify(t *testing.T, session string, want uint64) {
 	c.verifyOn(t, c.conn, session, want)
 }
 
+// waitDecisions waits up to 120 s until conn's v_decisions holds want
+// decisions of session.
+func (c *talosCluster) waitDecisions(t *testing.T, conn driver.Conn, session string, want uint64) {
+	t.Helper()
+	testenv.WaitFor(t, 120*time.Second, func() bool {
+		var n uint64
+		err := conn.QueryRow(context.Background(), fmt.Sprintf("SELECT count() FROM %s.v_decisions WHERE session_id = ?", c.db), session).Scan(&n)
+		return err == nil && n >= want
+	})
+}
+
 // verifyOn is verify reading through conn.
 func (c *talosCluster) verifyOn(t *testing.T, conn driver.Conn, session string, want uint64) {
 	t.Helper()
 	ctx := context.Background()
+	c.waitDecisions(t, conn, session, want)
 	var n, distinct, ids uint64
-	testenv.WaitFor(t, 120*time.Second, func() bool {
-		err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count() FROM %s.v_decisions WHERE session_id = ?", c.db), session).Scan(&n)
-		return err == nil && n >= want
-	})
 	if err := conn.QueryRow(ctx, fmt.Sprintf(
 		"SELECT count(), uniqExact(tool_call_id) FROM %s.v_decisions WHERE session_id = ?", c.db), session).Scan(&n, &distinct); err != nil {
 		t.Fatal(err)
