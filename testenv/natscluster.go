@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -62,14 +63,39 @@ func NATSClusterForTest(t testing.TB, o NATSClusterOptions) *NATSCluster {
 	if n <= 0 {
 		n = 3
 	}
-	ports := freePorts(t, 2*n)
 	c := &NATSCluster{t: t, name: "talos-test"}
+	t.Cleanup(c.shutdown)
+	// The ports are free when picked and taken when a node listens: a
+	// server another test starts in between may take one. The cluster then
+	// starts over on other ports (every node names every route).
+	for attempt := 1; ; attempt++ {
+		err := c.startOn(t, n, o)
+		if err == nil {
+			break
+		}
+		c.shutdown()
+		if !errors.Is(err, natsserver.ErrAddrInUse) || attempt == 3 {
+			t.Fatal(err)
+		}
+		t.Logf("%v; starting the cluster again on other ports", err)
+	}
+	if !o.Cold {
+		c.WaitJetStream(t)
+	}
+	return c
+}
+
+// startOn configures n nodes on fresh ports and store directories and
+// starts them.
+func (c *NATSCluster) startOn(t testing.TB, n int, o NATSClusterOptions) error {
+	ports := freePorts(t, 2*n)
 	var routes []string
 	for i := range n {
 		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", ports[n+i]))
 	}
+	nodes := make([]*clusterNode, 0, n)
 	for i := range n {
-		c.nodes = append(c.nodes, &clusterNode{opts: natsserver.Options{
+		nodes = append(nodes, &clusterNode{opts: natsserver.Options{
 			Dir:        t.TempDir(),
 			Port:       ports[i],
 			ServerName: fmt.Sprintf("n%d", i),
@@ -79,16 +105,15 @@ func NATSClusterForTest(t testing.TB, o NATSClusterOptions) *NATSCluster {
 			Cluster:    &natsserver.ClusterOptions{Name: c.name, Port: ports[n+i], Routes: routes},
 		}})
 	}
-	t.Cleanup(c.shutdown)
-	for i := range c.nodes {
+	c.mu.Lock()
+	c.nodes = nodes
+	c.mu.Unlock()
+	for i := range nodes {
 		if err := c.start(i); err != nil {
-			t.Fatal(err)
+			return err
 		}
 	}
-	if !o.Cold {
-		c.WaitJetStream(t)
-	}
-	return c
+	return nil
 }
 
 func (c *NATSCluster) start(i int) error {

@@ -106,6 +106,24 @@ func addrFree(addr string) bool {
 	return true
 }
 
+// takenPorts names the fixed ports of opts that srv does not listen on
+// and that something else holds.
+func takenPorts(srv *server.Server, opts Options) []string {
+	host := cmp.Or(opts.Host, "127.0.0.1")
+	var taken []string
+	check := func(port int, listening bool) {
+		addr := net.JoinHostPort(host, strconv.Itoa(port))
+		if port > 0 && !listening && !addrFree(addr) {
+			taken = append(taken, addr)
+		}
+	}
+	check(opts.Port, srv.Addr() != nil)
+	if opts.Cluster != nil {
+		check(opts.Cluster.Port, srv.ClusterAddr() != nil)
+	}
+	return taken
+}
+
 // Server is a running embedded nats-server with JetStream.
 type Server struct {
 	srv     *server.Server
@@ -155,8 +173,14 @@ func Start(opts Options) (*Server, error) {
 	n.srv = srv
 	srv.Start()
 	if !srv.ReadyForConnections(ready) {
+		err := fmt.Errorf("natsserver: nats server not ready after %s", ready)
+		// A port that was free a moment before Start may have been taken
+		// since, before the server could listen there: say so.
+		if taken := takenPorts(srv, opts); len(taken) > 0 {
+			err = fmt.Errorf("natsserver: listen on %s: %w", strings.Join(taken, ", "), ErrAddrInUse)
+		}
 		n.Shutdown()
-		return nil, fmt.Errorf("natsserver: nats server not ready after %s", ready)
+		return nil, err
 	}
 	if !srv.JetStreamEnabled() {
 		n.Shutdown()

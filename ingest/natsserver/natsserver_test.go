@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -59,6 +60,32 @@ func TestStartAddrInUse(t *testing.T) {
 		if _, _, err := ParseAddr(bad); err == nil {
 			t.Errorf("ParseAddr(%q): no error", bad)
 		}
+	}
+}
+
+// TestTakenPorts: when a server is not ready, the fixed ports it does not
+// listen on and something else holds are named (a port taken between
+// Start's check and the server's listen); the ports it listens on are not.
+func TestTakenPorts(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	_, held, _ := ParseAddr(busy.Addr().String())
+	n, err := Start(Options{Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Shutdown()
+	_, own, _ := ParseAddr(n.srv.Addr().String())
+	got := takenPorts(n.srv, Options{Port: own, Cluster: &ClusterOptions{Name: "c", Port: held}})
+	if want := []string{busy.Addr().String()}; !slices.Equal(got, want) {
+		t.Fatalf("taken ports %v, want %v", got, want)
+	}
+	busy.Close()
+	if got := takenPorts(n.srv, Options{Port: own, Cluster: &ClusterOptions{Name: "c", Port: held}}); len(got) != 0 {
+		t.Fatalf("taken ports %v once the other listener closed, want none", got)
 	}
 }
 
