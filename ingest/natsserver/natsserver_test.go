@@ -8,8 +8,8 @@ import (
 	"io"
 	"net"
 	"os"
-	"slices"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,12 +39,20 @@ func TestStartTempDirRemoved(t *testing.T) {
 	}
 }
 
-func TestStartAddrInUse(t *testing.T) {
+// busyPort listens on a loopback port until the test ends (or it is
+// closed), as another process holding it would.
+func busyPort(t *testing.T) net.Listener {
+	t.Helper()
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer busy.Close()
+	t.Cleanup(func() { busy.Close() })
+	return busy
+}
+
+func TestStartAddrInUse(t *testing.T) {
+	busy := busyPort(t)
 	host, port, err := ParseAddr(busy.Addr().String())
 	if err != nil || host != "127.0.0.1" || port == 0 {
 		t.Fatalf("ParseAddr(%s) = %q, %d, %v", busy.Addr(), host, port, err)
@@ -67,11 +75,7 @@ func TestStartAddrInUse(t *testing.T) {
 // listen on and something else holds are named (a port taken between
 // Start's check and the server's listen); the ports it listens on are not.
 func TestTakenPorts(t *testing.T) {
-	busy, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer busy.Close()
+	busy := busyPort(t)
 	_, held, _ := ParseAddr(busy.Addr().String())
 	n, err := Start(Options{Port: -1})
 	if err != nil {
