@@ -64,7 +64,6 @@ func NATSClusterForTest(t testing.TB, o NATSClusterOptions) *NATSCluster {
 		n = 3
 	}
 	c := &NATSCluster{t: t, name: "talos-test"}
-	t.Cleanup(c.shutdown)
 	// The ports are free when picked and taken when a node listens: a
 	// server another test starts in between may take one. The cluster then
 	// starts over on other ports (every node names every route).
@@ -79,6 +78,9 @@ func NATSClusterForTest(t testing.TB, o NATSClusterOptions) *NATSCluster {
 		}
 		t.Logf("%v; starting the cluster again on other ports", err)
 	}
+	// Registered after the nodes' store directories (t.TempDir), so that
+	// it runs before they are removed: a running node still writes there.
+	t.Cleanup(c.shutdown)
 	if !o.Cold {
 		c.WaitJetStream(t)
 	}
