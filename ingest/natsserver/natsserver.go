@@ -132,7 +132,9 @@ type Server struct {
 
 // Start starts an embedded nats-server with JetStream on 127.0.0.1 and
 // returns once it accepts clients and JetStream is enabled. A fixed Port
-// (or cluster Port) that is taken fails at once with ErrAddrInUse.
+// (or cluster Port) that is taken fails at once with ErrAddrInUse, and so
+// does, once the server is found not ready, one taken between that check
+// and the server's listen.
 func Start(opts Options) (*Server, error) {
 	ports := []int{opts.Port}
 	if opts.Cluster != nil {
