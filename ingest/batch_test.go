@@ -21,15 +21,17 @@ import (
 	"github.com/talos-audit/talos/schemas"
 )
 
-// Batches: a chain takes whatever calls are waiting and decides them
-// together. These tests pin what that must not break: a receipt publish
+// Batches: a lane takes whatever calls are waiting, decides them together
+// and publishes their receipts together, each into a chain of its own.
+// These tests pin what that must not break: a receipt publish
 // that fails inside a batch, a duplicate inside a batch, and a worker that
 // dies between storing a batch's receipts and acking its calls each leave
 // exactly one receipt per call, every chain without a gap, and the database
 // verifying clean.
 
-// faultyJS is the worker's JetStream with a hook on every receipt publish
-// (the n-th, counting from 1, with the publish's context); the hook may
+// faultyJS is the worker's JetStream with a hook on every receipt publish,
+// with or without waiting (the n-th, counting from 1, with the publish's
+// context); the hook may
 // publish (or not) and return an error of its own.
 type faultyJS struct {
 	jetstream.JetStream
@@ -43,6 +45,14 @@ type faultyJS struct {
 }
 
 func (f *faultyJS) PublishMsgAsync(msg *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	if strings.HasPrefix(msg.Subject, "talos.audit.receipt.") {
+		// A batch's receipts are published without waiting: the hook runs
+		// here, in order, and its outcome is the future's.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		ack, err := f.PublishMsg(ctx, msg, opts...)
+		return doneFuture(msg, ack, err), nil
+	}
 	fut, err := f.JetStream.PublishMsgAsync(msg, opts...)
 	if err != nil || f.events == nil || !strings.HasPrefix(msg.Subject, schemas.SubjectToolCall) {
 		return fut, err
@@ -66,6 +76,27 @@ func (f *faultyJS) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstr
 	f.mu.Unlock()
 	return f.hook(ctx, n, publish)
 }
+
+// doneFuture is a future already settled with ack or err.
+func doneFuture(msg *nats.Msg, ack *jetstream.PubAck, err error) jetstream.PubAckFuture {
+	f := &settled{msg: msg, ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
+	if err != nil {
+		f.err <- err
+	} else {
+		f.ok <- ack
+	}
+	return f
+}
+
+type settled struct {
+	msg *nats.Msg
+	ok  chan *jetstream.PubAck
+	err chan error
+}
+
+func (f *settled) Ok() <-chan *jetstream.PubAck { return f.ok }
+func (f *settled) Err() <-chan error            { return f.err }
+func (f *settled) Msg() *nats.Msg               { return f.msg }
 
 // gate holds the first receipt publish until opened, so that the calls a
 // test sends meanwhile wait in the worker and form batches.
@@ -177,6 +208,33 @@ func TestBatchPublishFailure(t *testing.T) {
 		t.Fatalf("%d of 2 faults were injected", len(fired))
 	}
 	s.checkExactlyOnce(t, "batch-fail", n)
+	// The calls that waited behind the gate were taken as batches, each
+	// receipt of a batch into a chain of its own.
+	if chains := s.receiptChains(t); len(chains) <= 2 {
+		t.Fatalf("%d receipts in %d chains: no batch spread its receipts over its lane", n, len(chains))
+	}
+}
+
+// receiptChains returns how many receipts each chain has in TALOS_AUDIT.
+func (s *stack) receiptChains(t *testing.T) map[string]int {
+	t.Helper()
+	chains := map[string]int{}
+	_, err := ordered.Scan(context.Background(), s.js, schemas.StreamAudit,
+		jetstream.OrderedConsumerConfig{FilterSubjects: []string{"talos.audit.receipt.>"}}, 5*time.Second,
+		func(m jetstream.Msg, _ *jetstream.MsgMetadata) bool {
+			var ev struct {
+				Data schemas.Receipt `json:"data"`
+			}
+			if err := json.Unmarshal(m.Data(), &ev); err != nil {
+				t.Error(err)
+			}
+			chains[ev.Data.Chain.ChainID]++
+			return true
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return chains
 }
 
 // TestBatchDuplicateInside: a call whose receipt is already stored comes
@@ -445,7 +503,10 @@ func (s *stack) dieBetweenPublishAndAck(t *testing.T, calls []*schemas.ToolCall,
 	}
 	o := s.workerOpts
 	o.MaxBatch = n
-	o.Chains = []*receipts.Chain{receipts.NewChain("dying", s.key)}
+	o.Chains = nil
+	for i := range n {
+		o.Chains = append(o.Chains, receipts.NewChain(fmt.Sprintf("dying-%d", i), s.key))
+	}
 	var dead sync.Once
 	killed := make(chan struct{})
 	s.startWorker(t, o, func(js jetstream.JetStream, nc *nats.Conn) jetstream.JetStream {

@@ -71,7 +71,8 @@ type stackOptions struct {
 	// checkpoints replaces the worker's checkpoint settings (default: a
 	// checkpoint every 7 receipts of a chain).
 	checkpoints *checkpoint.Options
-	// maxBatch is the worker's MaxBatch (0: its default).
+	// maxBatch is the worker's MaxBatch (0: its default), and the worker
+	// then has two lanes of that many chains.
 	maxBatch int
 	// workerJS, if set, wraps the JetStream handle of the worker (which has
 	// a connection of its own, nc), to inject faults.
@@ -139,7 +140,15 @@ func newStack(t *testing.T, o stackOptions) *stack {
 		t.Fatal(err)
 	}
 	key, keys := newSigner(t)
+	// Two lanes of maxBatch chains (one lane of two by default): a lane
+	// puts each receipt of a batch into a chain of its own.
 	chains := []*receipts.Chain{receipts.NewChain("test-a", key), receipts.NewChain("test-b", key)}
+	if o.maxBatch > 0 {
+		chains = nil
+		for i := range 2 * o.maxBatch {
+			chains = append(chains, receipts.NewChain(fmt.Sprintf("test-%d", i), key))
+		}
+	}
 	// A short AckWait: a redelivery (after an outage) shows up within the
 	// tests' waits instead of after the 30 s default.
 	// Checkpoints every 7 receipts per chain: every test exercises them,
@@ -451,12 +460,16 @@ func TestPipelineReasonCodes(t *testing.T) {
 		t.Fatalf("edited cloudevent of %s not named: %v", victim, rep.Problems)
 	}
 
-	// Tamper 2: delete one row in the middle of its chain.
+	// Tamper 2: delete one row in the middle of its chain, away from the
+	// edited one (a link next to it would be reported with it).
 	var gone string
 	var chain string
 	var seq uint64
 	if err := s.conn.QueryRow(context.Background(), fmt.Sprintf(
-		"SELECT receipt_id, chain_id, chain_seq FROM %s.receipts WHERE chain_seq = 2 AND receipt_id != '%s' AND chain_id IN (SELECT chain_id FROM %s.receipts WHERE chain_seq = 3) LIMIT 1", s.db, victim, s.db)).Scan(&gone, &chain, &seq); err != nil {
+		`SELECT receipt_id, chain_id, chain_seq FROM %[1]s.receipts WHERE chain_seq >= 2 AND receipt_id != '%[2]s'
+		 AND (chain_id, toUInt64(chain_seq + 1)) IN (SELECT chain_id, chain_seq FROM %[1]s.receipts WHERE receipt_id != '%[2]s')
+		 AND (chain_id, toUInt64(chain_seq - 1)) IN (SELECT chain_id, chain_seq FROM %[1]s.receipts WHERE receipt_id != '%[2]s')
+		 ORDER BY chain_id, chain_seq LIMIT 1`, s.db, victim)).Scan(&gone, &chain, &seq); err != nil {
 		t.Fatal(err)
 	}
 	if err := query.MutateAndWait(context.Background(), s.conn, s.db, query.TableReceipts, fmt.Sprintf("DELETE WHERE receipt_id = '%s'", gone)); err != nil {
@@ -468,12 +481,12 @@ func TestPipelineReasonCodes(t *testing.T) {
 	}
 	found := false
 	for _, p := range rep.Problems {
-		if p.Kind == verify.ProblemChainGap && p.ChainID == chain && strings.HasPrefix(p.Detail, "seq 2 missing") && p.Seq == 3 {
+		if p.Kind == verify.ProblemChainGap && p.ChainID == chain && strings.HasPrefix(p.Detail, fmt.Sprintf("seq %d missing", seq)) && p.Seq == seq+1 {
 			found = true
 		}
 	}
 	if !found {
-		t.Fatalf("deleted %s (chain %s seq 2) not reported as a gap: %v", gone, chain, rep.Problems)
+		t.Fatalf("deleted %s (chain %s seq %d) not reported as a gap: %v", gone, chain, seq, rep.Problems)
 	}
 }
 

@@ -31,8 +31,8 @@ type EnforceRoleOptions struct {
 	// Key signs the receipts; Engine holds the bootstrap registry.
 	Key    *receipts.PrivateKey
 	Engine *enforce.Engine
-	// Chains is the number of hash chains (signing goroutines); 0 means
-	// DefaultChainsPerCPU x GOMAXPROCS.
+	// Chains is the number of hash chains (dealt into lanes of 16, one
+	// signing goroutine each); 0 means DefaultChainsPerCPU x GOMAXPROCS.
 	Chains int
 	// Checks are the decider's checks. NewEnforceRole fills in the shared
 	// state: Checks.Ledger (the call ledger of Ledger) and, when
@@ -77,14 +77,12 @@ type EnforceRole struct {
 }
 
 // DefaultChainsPerCPU is how many hash chains an enforce worker runs per
-// GOMAXPROCS unless told otherwise. A chain stores its receipts one at a
-// time, each acknowledged by JetStream before the next is sealed, so a
-// worker decides at most about chains / (acknowledgement time) calls a
-// second whatever its CPU. With 4 per CPU, the stack on two cores left
-// part of them idle at saturation, its chains waiting on
-// acknowledgements; 32 per CPU took 1.4 times the calls
-// (BENCHMARKS.md, "More chains").
-const DefaultChainsPerCPU = 32
+// GOMAXPROCS unless told otherwise: 8 lanes of 16 (Worker). A lane's batch
+// puts one receipt into each of its chains and waits on JetStream once for
+// them all, so the lanes, not the CPU, bound a worker with too few; 8 per
+// CPU keep the stack on two cores busy at saturation (BENCHMARKS.md,
+// "Receipts of a batch published together").
+const DefaultChainsPerCPU = 128
 
 // NewEnforceRole prepares the enforce role: its hash chains
 // (NewWorkerChains), the call ledger and rate counters shared by every

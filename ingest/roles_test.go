@@ -13,7 +13,7 @@ import (
 	"github.com/talos-audit/talos/testenv"
 )
 
-// TestRoles: NewEnforceRole defaults to 32 x GOMAXPROCS chains named after
+// TestRoles: NewEnforceRole defaults to 128 x GOMAXPROCS chains named after
 // the instance and shares its ledger with the control role of the same
 // process; both run until their context ends; a control role alone opens
 // the ledger itself.
@@ -37,7 +37,7 @@ func TestRoles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if en.WorkerID != "roles-test" || !strings.HasPrefix(en.ChainPrefix, "roles-test-") || en.Chains != 32*runtime.GOMAXPROCS(0) {
+	if en.WorkerID != "roles-test" || !strings.HasPrefix(en.ChainPrefix, "roles-test-") || en.Chains != 128*runtime.GOMAXPROCS(0) {
 		t.Fatalf("worker %q, chain prefix %q, %d chains", en.WorkerID, en.ChainPrefix, en.Chains)
 	}
 	shared, err := ingest.NewControlRole(ctx, nc, js, ingest.ControlRoleOptions{Instance: "roles-test", Key: key, Engine: engine, Signers: signers, Ledger: ledger, Enforce: en})

@@ -53,15 +53,17 @@ type WorkerOptions struct {
 	// Consumer is the durable pull consumer on TALOS_CALLS shared by all
 	// workers (default "talos-enforce").
 	Consumer string
-	// Chains are the hash chains this worker signs into, one goroutine
-	// each; a chain is written by exactly one goroutine.
+	// Chains are the hash chains this worker signs into. They are dealt
+	// into lanes of MaxBatch chains (the last lane may have fewer), one
+	// goroutine each: a chain is written by exactly one goroutine, and a
+	// batch puts at most one receipt into each chain of its lane.
 	Chains []*receipts.Chain
 	// Source is the CloudEvent source, talos://enforce/<instance>.
 	Source string
-	// MaxBatch bounds the calls a chain takes at once (default 16): their
-	// signatures are verified together and their ledger operations share
-	// one round trip, while their receipts go into the chain one after
-	// another, so the last of a batch waits for the others' receipts.
+	// MaxBatch bounds the calls a lane takes at once, and so the chains of
+	// a lane (default 16): the batch's signatures are verified together,
+	// its ledger operations share one round trip, and its receipts, one per
+	// chain, are published together and acknowledged once.
 	MaxBatch int
 	// MaxAckPending bounds calls in flight across all workers (default 4096).
 	MaxAckPending int
@@ -158,22 +160,22 @@ func NewWorker(nc *nats.Conn, js jetstream.JetStream, d Decider, o WorkerOptions
 // Handled is how many calls this worker has acked.
 func (w *Worker) Handled() uint64 { return w.handled.Load() }
 
-// Run consumes until ctx is cancelled. Calls handed to a chain but not
+// Run consumes until ctx is cancelled. Calls handed to a lane but not
 // finished are nak'ed so another worker takes them at once; calls the
 // client library still queued come again after AckWait (ordered.Consume).
 func (w *Worker) Run(ctx context.Context) error {
-	// work holds as many calls as one pull brings; the chains take them.
-	// It holds enough to fill every chain's batch once, and at least 512,
+	// work holds as many calls as one pull brings; the lanes take them.
+	// It holds enough to fill every lane's batch once, and at least 512,
 	// but not more: calls pulled into a worker that dies wait AckWait
 	// before another takes them, and MaxAckPending is shared by every
 	// worker of the consumer.
-	buffer := min(max(512, w.o.MaxBatch*len(w.o.Chains)), w.o.MaxAckPending)
+	buffer := min(max(512, len(w.o.Chains)), w.o.MaxAckPending)
 	// Owner: this function; it closes work once nothing can send on it,
-	// then waits for the chains, so no goroutine outlives Run.
+	// then waits for the lanes, so no goroutine outlives Run.
 	work := make(chan jetstream.Msg, buffer)
 	var wg sync.WaitGroup
-	for _, ch := range w.o.Chains {
-		wg.Go(func() { w.runChain(ctx, ch, work) })
+	for _, lane := range lanes(w.o.Chains, w.o.MaxBatch) {
+		wg.Go(func() { w.runLane(ctx, lane, work) })
 	}
 	defer func() {
 		close(work)
@@ -221,33 +223,47 @@ func (w *Worker) consumer(ctx context.Context) (cons jetstream.Consumer, err err
 	return cons, err
 }
 
-// runChain handles calls from work with one chain until work is closed, a
-// batch at a time: whatever is waiting when the chain is free, up to
-// MaxBatch. It cuts a checkpoint every Checkpoints.Every receipts or
-// Interval, and a final one when it stops (none when Checkpoints.Off).
+// lanes deals chains into lanes of at most size chains each.
+func lanes(chains []*receipts.Chain, size int) [][]*receipts.Chain {
+	var out [][]*receipts.Chain
+	for len(chains) > 0 {
+		n := min(len(chains), size)
+		out = append(out, chains[:n:n])
+		chains = chains[n:]
+	}
+	return out
+}
+
+// runLane handles calls from work with one lane of chains until work is
+// closed, a batch at a time: whatever is waiting when the lane is free, up
+// to one call per chain. Each of its chains cuts a checkpoint every
+// Checkpoints.Every receipts or Interval, and a final one when it stops
+// (none when Checkpoints.Off).
 //
 // A batch being stored when ctx ends is finished on a context that ends
 // PublishTimeout later, so that the receipts it stored are committed
-// before the final checkpoint. If that context ends during a batch, a
-// receipt whose store it cut short may be in the stream after all, and the
-// chain gets no final checkpoint, as after a crash.
-func (w *Worker) runChain(ctx context.Context, ch *receipts.Chain, work <-chan jetstream.Msg) {
+// before the final checkpoints. If that context ends during a batch, a
+// receipt whose store it cut short may be in the stream after all, and
+// the chains of that batch get no final checkpoint, as after a crash.
+func (w *Worker) runLane(ctx context.Context, chains []*receipts.Chain, work <-chan jetstream.Msg) {
 	cpo := w.o.Checkpoints
 	tick := time.NewTicker(cpo.Tick())
 	defer tick.Stop()
 	bctx, stopDrain := drainContext(ctx, w.o.PublishTimeout)
 	defer stopDrain()
-	unsettled := false // the drain ended during a batch
+	unsettled := make([]bool, len(chains)) // the drain ended during a batch with a receipt in this chain
 	final := func() {
-		switch {
-		case cpo.Off:
-		case unsettled:
-			w.log.Warn("no final checkpoint: the stop may have cut a receipt's store short, so the chain's last receipt is not known; the verifier counts the receipts since the last checkpoint as uncovered", "chain_id", ch.ID())
-		default:
-			w.cp.Final(ch)
+		for i, ch := range chains {
+			switch {
+			case cpo.Off:
+			case unsettled[i]:
+				w.log.Warn("no final checkpoint: the stop may have cut a receipt's store short, so the chain's last receipt is not known; the verifier counts the receipts since the last checkpoint as uncovered", "chain_id", ch.ID())
+			default:
+				w.cp.Final(ch)
+			}
 		}
 	}
-	batch := make([]jetstream.Msg, 0, w.o.MaxBatch)
+	batch := make([]jetstream.Msg, 0, len(chains))
 	for {
 		select {
 		case m, ok := <-work:
@@ -258,7 +274,7 @@ func (w *Worker) runChain(ctx context.Context, ch *receipts.Chain, work <-chan j
 			batch = append(batch[:0], m)
 			open := true
 		fill:
-			for len(batch) < w.o.MaxBatch {
+			for len(batch) < len(chains) {
 				select {
 				case m, ok := <-work:
 					if !ok {
@@ -279,12 +295,14 @@ func (w *Worker) runChain(ctx context.Context, ch *receipts.Chain, work <-chan j
 					_ = m.NakWithDelay(notDecidingDelay)
 				}
 			} else {
-				w.handleBatch(bctx, ch, batch)
+				used := w.handleBatch(bctx, chains, batch)
 				// A drain that ended during the batch may have cut a
 				// receipt's store short.
-				unsettled = unsettled || bctx.Err() != nil
-				if cpo.Full(ch) {
-					_ = w.cp.Cut(bctx, ch, false)
+				for i := range used {
+					unsettled[i] = unsettled[i] || bctx.Err() != nil
+					if cpo.Full(chains[i]) {
+						_ = w.cp.Cut(bctx, chains[i], false)
+					}
 				}
 			}
 			if !open {
@@ -292,8 +310,11 @@ func (w *Worker) runChain(ctx context.Context, ch *receipts.Chain, work <-chan j
 				return
 			}
 		case <-tick.C:
-			if cpo.Due(ch, time.Now()) {
-				_ = w.cp.Cut(ctx, ch, false)
+			now := time.Now()
+			for _, ch := range chains {
+				if cpo.Due(ch, now) {
+					_ = w.cp.Cut(ctx, ch, false)
+				}
 			}
 		}
 	}
@@ -325,6 +346,9 @@ type call struct {
 	// none (DecisionSubject).
 	replyToken string
 	reply      *inflight // the decision reply on its way into TALOS_DECISIONS
+	// chain signs the call's evidence: the chain its receipt is sealed
+	// into, or the lane's first for a call answered with a stored receipt.
+	chain *receipts.Chain
 }
 
 // drainContext returns a context that ends drain after ctx does, or when
@@ -354,14 +378,16 @@ var replyBufs = sync.Pool{New: func() any { return new([]byte) }}
 
 // handleBatch decides a batch of calls, stores one receipt per call (and
 // its ToolCallEvent), answers each enforcement point and acks. The work
-// that can be shared is: the sender signatures are verified together and
-// each round of ledger operations is one round trip for the batch. The
-// receipts go into the chain one at a time, each published and
-// acknowledged before the next is sealed, so a receipt the stream refuses
-// or drops as a duplicate never leaves a gap behind a later link. A call is
-// acked only after its receipt and event are in TALOS_AUDIT; anything that
-// fails before is retried.
-func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jetstream.Msg) {
+// that can be shared is: the sender signatures are verified together, each
+// round of ledger operations is one round trip for the batch, and the
+// receipts, each sealed into a chain of its own, are published together
+// and acknowledged once (storeReceipts). A chain thus never has more than
+// one receipt in flight, so a receipt the stream refuses or drops as a
+// duplicate never leaves a gap behind a later link. A call is acked only
+// after its receipt and event are in TALOS_AUDIT; anything that fails
+// before is retried. It returns how many of chains (the first ones) took
+// a receipt.
+func (w *Worker) handleBatch(ctx context.Context, chains []*receipts.Chain, msgs []jetstream.Msg) (used int) {
 	now, began := w.o.Now().UTC(), time.Now()
 	calls := make([]*call, 0, len(msgs))
 	for _, m := range msgs {
@@ -385,12 +411,10 @@ func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jet
 		}
 	}
 	w.findStored(ctx, calls)
+	used = w.storeReceipts(ctx, chains, calls, now)
 	var waiting []*call // stored, answered once their ledger operations ran
 	for _, c := range calls {
 		if c.done {
-			continue
-		}
-		if !w.storeReceipt(ctx, ch, c, now) {
 			continue
 		}
 		if len(c.after) == 0 {
@@ -402,8 +426,8 @@ func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jet
 	if len(waiting) > 0 {
 		w.ledgerAfter(ctx, waiting)
 	}
-	w.traceDecisions(calls, ch.ID(), began)
-	sent := w.storeEvents(ctx, ch, calls, now)
+	w.traceDecisions(calls, began)
+	sent := w.storeEvents(ctx, calls, now)
 	for _, c := range calls {
 		if c.reply != nil {
 			sent = append(sent, *c.reply)
@@ -419,6 +443,7 @@ func (w *Worker) handleBatch(ctx context.Context, ch *receipts.Chain, msgs []jet
 		}
 		w.handled.Add(1)
 	}
+	return used
 }
 
 // verifySenders verifies the batch's sender signatures together, in one
@@ -512,34 +537,118 @@ func (c *call) identify() {
 	c.msgID = schemas.AuditMsgID(c.dedupeID, r.Phase, r.EventType)
 }
 
-// storeReceipt seals the call's receipt into ch and stores it, and
-// prepares its answer; a call whose receipt an earlier delivery stored
-// (found by findStored) is answered with that one instead. It reports
-// false (and leaves the call for a retry) if the receipt could not be
-// stored.
-func (w *Worker) storeReceipt(ctx context.Context, ch *receipts.Chain, c *call, now time.Time) bool {
-	r := &c.out.Receipt
-	var err error
-	stored, sealedID := c.prior, ""
-	if stored == nil {
+// storeReceipts stores the batch's receipts: each call's is sealed into
+// the next chain of the lane (the i-th new receipt into chains[i]) and
+// published at once, and the acknowledgements are awaited together, until
+// one deadline. A receipt the stream acknowledged is committed to its
+// chain; one it dropped as a duplicate is our own earlier attempt
+// (committed) or another delivery's receipt (not committed: its chain
+// does not advance); one not acknowledged is stored again alone, same
+// bytes, until the stream has it (store). A call whose receipt an earlier
+// delivery stored (found by findStored) takes no chain and is answered
+// with that receipt. A call whose receipt could not be stored is left for
+// a retry. It returns how many chains took a receipt.
+func (w *Worker) storeReceipts(ctx context.Context, chains []*receipts.Chain, calls []*call, now time.Time) (used int) {
+	type link struct {
+		c       *call
+		meta    receipts.Meta
+		subject string
+		sealed  *receipts.Sealed
+		fut     jetstream.PubAckFuture // nil: the publish could not even be sent
+	}
+	links := make([]link, 0, len(calls))
+	for _, c := range calls {
+		if c.done {
+			continue
+		}
+		if c.prior != nil {
+			c.chain = chains[0]
+			w.decided(c, c.prior, "")
+			continue
+		}
+		c.chain = chains[used]
+		used++
+		r := &c.out.Receipt
 		subjectID := r.ToolCallID
 		if subjectID == "" {
 			subjectID = c.seqID()
 		}
-		meta := receipts.Meta{
+		l := link{c: c, subject: schemas.ReceiptSubject(r.EventType, c.server), meta: receipts.Meta{
 			ID:      c.out.ReceiptID,
 			Type:    schemas.ReceiptType(r.EventType),
 			Source:  w.o.Source,
 			Subject: subjectID,
 			Time:    now,
-		}
-		stored, sealedID, err = w.store(ctx, ch, c.m, meta, r, schemas.ReceiptSubject(r.EventType, c.server), c.msgID)
-		if err != nil {
+		}}
+		var err error
+		if l.sealed, err = c.chain.Seal(l.meta, r); err != nil {
 			w.retryLater(ctx, c.m, "cannot sign receipt", c.msgID, err)
 			c.done = true
-			return false
+			continue
+		}
+		msg := &nats.Msg{Subject: l.subject, Data: l.sealed.JSON, Header: nats.Header{}}
+		msg.Header.Set(jetstream.MsgIDHeader, c.msgID)
+		if l.fut, err = w.js.PublishMsgAsync(msg); err != nil {
+			l.fut = nil
+		}
+		links = append(links, l)
+	}
+	wctx, cancel := context.WithTimeout(ctx, w.o.PublishTimeout)
+	defer cancel()
+	for _, l := range links {
+		c := l.c
+		stored, sealedID, err := w.settleReceipt(wctx, c.chain, l.sealed, l.fut)
+		if err != nil {
+			// Not acknowledged (or its duplicate not read back): store
+			// it alone, sealing the same bytes again, until the stream
+			// has it.
+			stored, sealedID, err = w.store(ctx, c.chain, c.m, l.meta, &c.out.Receipt, l.subject, c.msgID)
+		}
+		if err != nil {
+			w.retryLater(ctx, c.m, "cannot store receipt", c.msgID, err)
+			c.done = true
+			continue
+		}
+		w.decided(c, stored, sealedID)
+	}
+	return used
+}
+
+// settleReceipt awaits the acknowledgement of a receipt published without
+// waiting, sealed into ch, and commits it as store does. It returns the
+// stored bytes and, when they are this receipt, its id; an error when the
+// stream did not acknowledge it by ctx's end or its duplicate could not be
+// read back.
+func (w *Worker) settleReceipt(ctx context.Context, ch *receipts.Chain, sealed *receipts.Sealed, fut jetstream.PubAckFuture) (stored []byte, sealedID string, _ error) {
+	if fut == nil {
+		return nil, "", errors.New("not sent")
+	}
+	ack, err := awaitPubAck(ctx, fut)
+	if err != nil {
+		return nil, "", err
+	}
+	if ack.Duplicate {
+		orig, err := w.audit.GetMsg(ctx, ack.Sequence)
+		if err != nil {
+			return nil, "", fmt.Errorf("read duplicate seq %d: %w", ack.Sequence, err)
+		}
+		if !bytes.Equal(orig.Data, sealed.JSON) {
+			// Another delivery's receipt was stored; the chain does not
+			// advance, so the dropped duplicate leaves no gap.
+			return orig.Data, "", nil
 		}
 	}
+	if err := ch.Commit(sealed); err != nil {
+		return nil, "", err
+	}
+	return sealed.JSON, sealed.ID, nil
+}
+
+// decided prepares the answer of a call whose receipt is stored: stored
+// are its bytes, and sealedID its id when it is this delivery's own new
+// link ("" when an earlier delivery's receipt stands for the call).
+func (w *Worker) decided(c *call, stored []byte, sealedID string) {
+	r := &c.out.Receipt
 	dec := &wireDecision{epID: r.EPID, Decision: schemas.Decision{
 		ToolCallID:     r.ToolCallID,
 		Phase:          r.Phase,
@@ -553,6 +662,7 @@ func (w *Worker) storeReceipt(ctx context.Context, ch *receipts.Chain, c *call, 
 	if sealedID == "" {
 		// A redelivery: answer with the receipt the stream already holds,
 		// and record the call as that receipt decided it.
+		var err error
 		if dec, err = decisionFromReceipt(stored); err != nil {
 			w.log.Error("stored receipt unreadable", "msg_id", c.msgID, "err", err)
 			dec = nil
@@ -565,7 +675,6 @@ func (w *Worker) storeReceipt(ctx context.Context, ch *receipts.Chain, c *call, 
 		c.receipt = dec.ReceiptID
 		c.after = c.out.Stored(dec.ReceiptID, dec.Decision.Decision)
 	}
-	return true
 }
 
 // ledgerAfter runs the ledger operations of stored calls (one round trip)
@@ -595,7 +704,7 @@ func (w *Worker) ledgerAfter(ctx context.Context, calls []*call) {
 // publishes them together (one per call: Nats-Msg-Id
 // <ep_id>:<tool_call_id>:toolcall, or calls-seq-<n>:toolcall), for settle
 // to await; a call whose event cannot be signed is left for a retry.
-func (w *Worker) storeEvents(ctx context.Context, ch *receipts.Chain, calls []*call, now time.Time) []inflight {
+func (w *Worker) storeEvents(ctx context.Context, calls []*call, now time.Time) []inflight {
 	var sent []inflight
 	for _, c := range calls {
 		if c.done || c.out.ToolCall == nil || c.storedEvent {
@@ -607,7 +716,7 @@ func (w *Worker) storeEvents(ctx context.Context, ch *receipts.Chain, calls []*c
 		if subject == "" {
 			subject = c.dedupeID
 		}
-		sealed, err := ch.SignEvent(receipts.Meta{Type: schemas.TypeToolCall, Source: w.o.Source, Subject: subject, Time: now}, ev)
+		sealed, err := c.chain.SignEvent(receipts.Meta{Type: schemas.TypeToolCall, Source: w.o.Source, Subject: subject, Time: now}, ev)
 		if err != nil {
 			w.retryLater(ctx, c.m, "cannot sign the ToolCallEvent", c.msgID, err)
 			c.done = true
@@ -739,20 +848,26 @@ func (w *Worker) store(ctx context.Context, ch *receipts.Chain, m jetstream.Msg,
 // awaitAck waits for fut's acknowledgement until ctx ends; an
 // acknowledgement already there counts even if ctx has ended.
 func awaitAck(ctx context.Context, fut jetstream.PubAckFuture) error {
+	_, err := awaitPubAck(ctx, fut)
+	return err
+}
+
+// awaitPubAck is awaitAck returning the acknowledgement.
+func awaitPubAck(ctx context.Context, fut jetstream.PubAckFuture) (*jetstream.PubAck, error) {
 	select {
-	case <-fut.Ok():
-		return nil
+	case ack := <-fut.Ok():
+		return ack, nil
 	case err := <-fut.Err():
-		return err
+		return nil, err
 	default:
 	}
 	select {
-	case <-fut.Ok():
-		return nil
+	case ack := <-fut.Ok():
+		return ack, nil
 	case err := <-fut.Err():
-		return err
+		return nil, err
 	case <-ctx.Done():
-		return fmt.Errorf("no acknowledgement: %w", ctx.Err())
+		return nil, fmt.Errorf("no acknowledgement: %w", ctx.Err())
 	}
 }
 

@@ -3,11 +3,13 @@ package ingest
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 )
 
@@ -77,5 +79,31 @@ func TestDrainContext(t *testing.T) {
 	stop()
 	if dctx.Err() == nil {
 		t.Fatal("stop did not end the drain context")
+	}
+}
+
+// TestLanes: chains are dealt into lanes of size, in order, the last one
+// short; each lane is its own slice (appending to one cannot write into
+// the next).
+func TestLanes(t *testing.T) {
+	var chains []*receipts.Chain
+	for i := range 35 {
+		chains = append(chains, receipts.NewChain(fmt.Sprintf("c-%d", i), nil))
+	}
+	got := lanes(chains, 16)
+	if len(got) != 3 || len(got[0]) != 16 || len(got[1]) != 16 || len(got[2]) != 3 {
+		t.Fatalf("lanes of %d, %d, %d (%d lanes), want 16, 16, 3", len(got[0]), len(got[1]), len(got[len(got)-1]), len(got))
+	}
+	if got[1][0] != chains[16] || got[2][2] != chains[34] {
+		t.Fatal("chains out of order")
+	}
+	if cap(got[0]) != 16 {
+		t.Fatalf("a lane of 16 has capacity %d", cap(got[0]))
+	}
+	if one := lanes(chains[:1], 16); len(one) != 1 || len(one[0]) != 1 {
+		t.Fatalf("one chain: %d lanes", len(one))
+	}
+	if none := lanes(nil, 16); len(none) != 0 {
+		t.Fatalf("no chains: %d lanes", len(none))
 	}
 }

@@ -15,7 +15,7 @@ import (
 // from when the batch was taken to when its answer was sent. Calls whose
 // envelope names no sampled parent, and every call without a tracer, cost
 // nothing here.
-func (w *Worker) traceDecisions(calls []*call, chainID string, start time.Time) {
+func (w *Worker) traceDecisions(calls []*call, start time.Time) {
 	if w.o.Tracer == nil {
 		return
 	}
@@ -41,7 +41,7 @@ func (w *Worker) traceDecisions(calls []*call, chainID string, start time.Time) 
 				attribute.String("talos.decision", d.Decision),
 				attribute.StringSlice("talos.reason_codes", d.ReasonCodes),
 				attribute.String("talos.receipt_id", d.ReceiptID),
-				attribute.String("talos.chain_id", chainID),
+				attribute.String("talos.chain_id", c.chain.ID()),
 				attribute.String("talos.ep_id", r.EPID),
 				attribute.String("talos.server_id", r.ServerID),
 			))

@@ -45,7 +45,7 @@ type Flags struct {
 	WebTokenFile       string        `name:"web-token-file" type:"path" help:"File holding the dashboard token (default <data-dir>/web.token; created with a random token, mode 0600, when missing)."`
 	HTTPAddr           string        `name:"http-addr" default:"127.0.0.1:9464" help:"Address for /healthz and /metrics. Empty disables it."`
 	Pprof              bool          `name:"pprof" help:"Also serve /debug/pprof on --http-addr (profiling; keep that address private)."`
-	Chains             int           `name:"chains" help:"Hash chains (signing goroutines) per enforce worker (default 32 x GOMAXPROCS)."`
+	Chains             int           `name:"chains" help:"Hash chains per enforce worker, dealt into lanes of 16, one signing goroutine each (default 128 x GOMAXPROCS)."`
 	CheckpointEvery    int           `name:"checkpoint-every" default:"1000" help:"Each chain (enforce and control) signs a checkpoint, an RFC 6962 Merkle root over its receipts since the last one, after this many receipts..."`
 	CheckpointInterval time.Duration `name:"checkpoint-interval" default:"10s" help:"...or once its oldest receipt not yet checkpointed is this old (and a final one when it stops)."`
 	ChainCheckpoints   bool          `name:"chain-checkpoints" default:"true" negatable:"" help:"Cut the chain checkpoints above. A deployment that runs the transparency log (role log) turns them off on every talosd (--no-chain-checkpoints): the log's witnessed checkpoints cover every receipt."`
