@@ -81,7 +81,7 @@ type EnforceRole struct {
 // puts one receipt into each of its chains and waits on JetStream once for
 // them all, so the lanes, not the CPU, bound a worker with too few; 8 per
 // CPU keep the stack on two cores busy at saturation (BENCHMARKS.md,
-// "Receipts of a batch published together").
+// "A batch's receipts published together").
 const DefaultChainsPerCPU = 128
 
 // NewEnforceRole prepares the enforce role: its hash chains

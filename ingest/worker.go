@@ -615,11 +615,10 @@ func (w *Worker) storeReceipts(ctx context.Context, chains []*receipts.Chain, ca
 }
 
 // settleReceipt awaits the acknowledgement of a receipt published without
-// waiting, sealed into ch, and commits it as store does. It returns the
-// stored bytes and, when they are this receipt, its id; an error when the
-// stream did not acknowledge it by ctx's end or its duplicate could not be
-// read back.
-func (w *Worker) settleReceipt(ctx context.Context, ch *receipts.Chain, sealed *receipts.Sealed, fut jetstream.PubAckFuture) (stored []byte, sealedID string, _ error) {
+// waiting, sealed into ch, and settles it as store does (acknowledged). It
+// returns an error when the stream did not acknowledge it by ctx's end or
+// acknowledged's.
+func (w *Worker) settleReceipt(ctx context.Context, ch *receipts.Chain, sealed *receipts.Sealed, fut jetstream.PubAckFuture) (stored []byte, sealedID string, err error) {
 	if fut == nil {
 		return nil, "", errors.New("not sent")
 	}
@@ -627,19 +626,29 @@ func (w *Worker) settleReceipt(ctx context.Context, ch *receipts.Chain, sealed *
 	if err != nil {
 		return nil, "", err
 	}
+	return w.acknowledged(ctx, ch, sealed, ack)
+}
+
+// acknowledged settles a receipt sealed into ch that the stream
+// acknowledged with ack. The receipt itself, stored now or by an earlier
+// attempt (a duplicate of the same bytes), is committed and returned with
+// its id. Another delivery's receipt (a duplicate of other bytes) is
+// returned without an id and the chain does not advance, so the dropped
+// duplicate leaves no gap. A duplicate that cannot be read back is an
+// error worth retrying; a link that cannot be committed is one wrapped by
+// retry.Stop.
+func (w *Worker) acknowledged(ctx context.Context, ch *receipts.Chain, sealed *receipts.Sealed, ack *jetstream.PubAck) (stored []byte, sealedID string, err error) {
 	if ack.Duplicate {
 		orig, err := w.audit.GetMsg(ctx, ack.Sequence)
 		if err != nil {
 			return nil, "", fmt.Errorf("read duplicate seq %d: %w", ack.Sequence, err)
 		}
 		if !bytes.Equal(orig.Data, sealed.JSON) {
-			// Another delivery's receipt was stored; the chain does not
-			// advance, so the dropped duplicate leaves no gap.
 			return orig.Data, "", nil
 		}
 	}
 	if err := ch.Commit(sealed); err != nil {
-		return nil, "", err
+		return nil, "", retry.Stop(err)
 	}
 	return sealed.JSON, sealed.ID, nil
 }
@@ -821,23 +830,8 @@ func (w *Worker) store(ctx context.Context, ch *receipts.Chain, m jetstream.Msg,
 		if err != nil {
 			return err
 		}
-		if !ack.Duplicate {
-			stored, sealedID = sealed.JSON, sealed.ID
-			return retry.Stop(ch.Commit(sealed))
-		}
-		orig, err := w.audit.GetMsg(ctx, ack.Sequence)
-		if err != nil {
-			return fmt.Errorf("read duplicate seq %d: %w", ack.Sequence, err)
-		}
-		if bytes.Equal(orig.Data, sealed.JSON) {
-			// Our own earlier attempt was stored after all.
-			stored, sealedID = sealed.JSON, sealed.ID
-			return retry.Stop(ch.Commit(sealed))
-		}
-		// Another delivery's receipt was stored; our chain does not
-		// advance, so the dropped duplicate leaves no gap.
-		stored = orig.Data
-		return nil
+		stored, sealedID, err = w.acknowledged(ctx, ch, sealed, ack)
+		return err
 	}, "msg_id", msgID)
 	if err != nil {
 		return nil, "", err
