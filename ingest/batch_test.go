@@ -215,28 +215,6 @@ func TestBatchPublishFailure(t *testing.T) {
 	}
 }
 
-// receiptChains returns how many receipts each chain has in TALOS_AUDIT.
-func (s *stack) receiptChains(t *testing.T) map[string]int {
-	t.Helper()
-	chains := map[string]int{}
-	_, err := ordered.Scan(context.Background(), s.js, schemas.StreamAudit,
-		jetstream.OrderedConsumerConfig{FilterSubjects: []string{"talos.audit.receipt.>"}}, 5*time.Second,
-		func(m jetstream.Msg, _ *jetstream.MsgMetadata) bool {
-			var ev struct {
-				Data schemas.Receipt `json:"data"`
-			}
-			if err := json.Unmarshal(m.Data(), &ev); err != nil {
-				t.Error(err)
-			}
-			chains[ev.Data.Chain.ChainID]++
-			return true
-		})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return chains
-}
-
 // TestBatchDuplicateInside: a call whose receipt is already stored comes
 // back inside a batch of new calls (the same envelope published again). It
 // is answered with the stored receipt and takes no link; the calls after it
@@ -566,22 +544,40 @@ func countEvents(t *testing.T, s *stack) uint64 {
 func (s *stack) storedReceipts(t *testing.T) map[string]int {
 	t.Helper()
 	ids := map[string]int{}
+	s.scanReceipts(t, func(id, _ string) { ids[id]++ })
+	return ids
+}
+
+// receiptChains returns how many receipts each chain has in TALOS_AUDIT.
+func (s *stack) receiptChains(t *testing.T) map[string]int {
+	t.Helper()
+	chains := map[string]int{}
+	s.scanReceipts(t, func(_, chainID string) { chains[chainID]++ })
+	return chains
+}
+
+// scanReceipts calls each with the id and chain id of every receipt in
+// TALOS_AUDIT.
+func (s *stack) scanReceipts(t *testing.T, each func(id, chainID string)) {
+	t.Helper()
 	_, err := ordered.Scan(context.Background(), s.js, schemas.StreamAudit,
 		jetstream.OrderedConsumerConfig{FilterSubjects: []string{"talos.audit.receipt.>"}}, 5*time.Second,
 		func(m jetstream.Msg, _ *jetstream.MsgMetadata) bool {
 			var ev struct {
-				ID string `json:"id"`
+				ID   string `json:"id"`
+				Data struct {
+					Chain schemas.Chain `json:"chain"`
+				} `json:"data"`
 			}
 			if err := json.Unmarshal(m.Data(), &ev); err != nil {
 				t.Error(err)
 			}
-			ids[ev.ID]++
+			each(ev.ID, ev.Data.Chain.ChainID)
 			return true
 		})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ids
 }
 
 // TestWorkerStopCutsAReceiptShort: a worker is stopped while a receipt it
