@@ -1,5 +1,7 @@
 package jspub
 
+import "time"
+
 // ParseAckJSON is the encoding/json decoding the one-pass reader must
 // agree with.
 var ParseAckJSON = parseAckJSON
@@ -8,4 +10,12 @@ var ParseAckJSON = parseAckJSON
 func ReadsInOnePass(b []byte) bool {
 	_, ok := parseAck(b)
 	return ok
+}
+
+// SetStaleAfter sets how long an unanswered asynchronous publish is waited
+// for, until the test ends.
+func SetStaleAfter(t interface{ Cleanup(func()) }, d time.Duration) {
+	old := staleAfter
+	staleAfter = d
+	t.Cleanup(func() { staleAfter = old })
 }

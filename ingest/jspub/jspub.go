@@ -8,7 +8,7 @@
 // PublishMsg does without options and returns the same values and errors;
 // ParseAck reads the acknowledgements nats-server writes and leaves
 // anything else to encoding/json. New gives a jetstream.JetStream whose
-// PublishMsg and Publish without options use them.
+// PublishMsg, Publish and PublishMsgAsync without options use them.
 package jspub
 
 import (
@@ -25,18 +25,30 @@ import (
 )
 
 // New is jetstream.New(nc, opts...) with PublishMsg and Publish, when
-// given no publish options, sent by Publish and read by ParseAck.
+// given no publish options, sent by Publish and read by ParseAck, and
+// PublishMsgAsync without options sent likewise without waiting (its
+// acknowledgements read by ParseAck too).
 func New(nc *nats.Conn, opts ...jetstream.JetStreamOpt) (jetstream.JetStream, error) {
 	js, err := jetstream.New(nc, opts...)
 	if err != nil {
 		return nil, err
 	}
-	return jetStream{js}, nil
+	return jetStream{js, &asyncPublisher{nc: nc}}, nil
 }
 
 // jetStream is a jetstream.JetStream whose publishes without options
 // read their acknowledgements in one pass.
-type jetStream struct{ jetstream.JetStream }
+type jetStream struct {
+	jetstream.JetStream
+	async *asyncPublisher
+}
+
+func (j jetStream) PublishMsgAsync(msg *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	if len(opts) > 0 {
+		return j.JetStream.PublishMsgAsync(msg, opts...)
+	}
+	return j.async.publish(msg)
+}
 
 func (j jetStream) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
 	if len(opts) > 0 {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -151,5 +153,188 @@ func BenchmarkAck(b *testing.B) {
 				<-done
 			}
 		})
+	}
+}
+
+// outcome is what an asynchronous publish came to, in a form two
+// implementations can be compared by.
+type outcome struct {
+	Ack *jetstream.PubAck
+	Err string
+	// APICode is the error code of an API error, delivered unwrapped.
+	APICode jetstream.ErrorCode
+}
+
+func await(t *testing.T, fut jetstream.PubAckFuture, err error) outcome {
+	t.Helper()
+	if err != nil {
+		return outcome{Err: err.Error()}
+	}
+	select {
+	case ack := <-fut.Ok():
+		return outcome{Ack: ack}
+	case err := <-fut.Err():
+		o := outcome{Err: err.Error()}
+		if apiErr, ok := err.(*jetstream.APIError); ok {
+			o.APICode = apiErr.ErrorCode
+		}
+		return o
+	case <-time.After(10 * time.Second):
+		t.Fatal("no answer to an asynchronous publish in 10 s")
+		return outcome{}
+	}
+}
+
+// TestPublishMsgAsyncAsNATSGo: New's PublishMsgAsync without options comes
+// to what nats.go's does, publish for publish, on two streams alike: an
+// acknowledgement, a duplicate, the stream's API error (unwrapped), no
+// stream after the retries, a message that already has a reply subject.
+func TestPublishMsgAsyncAsNATSGo(t *testing.T) {
+	ns := testenv.NATSForTest(t)
+	nc, _ := testenv.ConnectJS(t, ns.URL())
+	js, err := jspub.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, name := range []string{"OURS", "REF"} {
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msg := func(stream, id string, hdr ...string) *nats.Msg {
+		m := &nats.Msg{Subject: stream + ".a", Data: []byte("x"), Header: nats.Header{}}
+		m.Header.Set(jetstream.MsgIDHeader, id)
+		for i := 0; i+1 < len(hdr); i += 2 {
+			m.Header.Set(hdr[i], hdr[i+1])
+		}
+		return m
+	}
+	for _, c := range []struct {
+		name string
+		msg  func(stream string) *nats.Msg
+	}{
+		{"first", func(s string) *nats.Msg { return msg(s, "one") }},
+		{"same Msg-Id", func(s string) *nats.Msg { return msg(s, "one") }},
+		{"second", func(s string) *nats.Msg { return msg(s, "two") }},
+		{"wrong last sequence", func(s string) *nats.Msg { return msg(s, "three", jetstream.ExpectedLastSeqHeader, "9") }},
+		{"no stream", func(s string) *nats.Msg { return &nats.Msg{Subject: "none." + s, Data: []byte("x")} }},
+		{"reply set", func(s string) *nats.Msg { return &nats.Msg{Subject: s + ".a", Reply: "r", Data: []byte("x")} }},
+	} {
+		fut, err := js.PublishMsgAsync(c.msg("OURS"))
+		got := await(t, fut, err)
+		fut, err = ref.PublishMsgAsync(c.msg("REF"))
+		want := await(t, fut, err)
+		if want.Ack != nil {
+			want.Ack.Stream = "OURS"
+		}
+		want.Err = strings.ReplaceAll(want.Err, "REF", "OURS")
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: %+v (ack %+v); nats.go: %+v (ack %+v)", c.name, got, got.Ack, want, want.Ack)
+		}
+	}
+}
+
+// TestPublishMsgAsyncMany: publishes from several goroutines at once each
+// get their own acknowledgement.
+func TestPublishMsgAsyncMany(t *testing.T) {
+	ns := testenv.NATSForTest(t)
+	nc, _ := testenv.ConnectJS(t, ns.URL())
+	js, err := jspub.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	const goroutines, each = 4, 250
+	seqs := make(chan uint64, goroutines*each)
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			var futs []jetstream.PubAckFuture
+			for i := range each {
+				m := &nats.Msg{Subject: "s.a", Data: []byte("x"), Header: nats.Header{}}
+				m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%d-%d", g, i))
+				fut, err := js.PublishMsgAsync(m)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				futs = append(futs, fut)
+			}
+			for _, fut := range futs {
+				select {
+				case ack := <-fut.Ok():
+					if ack.Duplicate {
+						t.Errorf("%s: duplicate", fut.Msg().Header.Get(jetstream.MsgIDHeader))
+					}
+					seqs <- ack.Sequence
+				case err := <-fut.Err():
+					t.Error(err)
+				case <-ctx.Done():
+					t.Error("acknowledgement not received")
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(seqs)
+	seen := map[uint64]bool{}
+	for s := range seqs {
+		if seen[s] || s < 1 || s > goroutines*each {
+			t.Fatalf("sequence %d twice or out of range", s)
+		}
+		seen[s] = true
+	}
+	if len(seen) != goroutines*each {
+		t.Fatalf("%d acknowledgements, want %d", len(seen), goroutines*each)
+	}
+}
+
+// TestPublishMsgAsyncGivesUp: a publish that is never answered (here a
+// subscriber that does not reply) is given up once it is stale, at the
+// next publish.
+func TestPublishMsgAsyncGivesUp(t *testing.T) {
+	jspub.SetStaleAfter(t, 100*time.Millisecond)
+	ns := testenv.NATSForTest(t)
+	nc, _ := testenv.ConnectJS(t, ns.URL())
+	js, err := jspub.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := nc.SubscribeSync("silent.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	first, err := js.PublishMsgAsync(&nats.Msg{Subject: "silent.a", Data: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-first.Ok():
+		t.Fatal("acknowledged with no stream")
+	case err := <-first.Err():
+		t.Fatalf("answered before it was stale: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if _, err := js.PublishMsgAsync(&nats.Msg{Subject: "silent.b", Data: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-first.Err():
+		if !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+			t.Fatalf("stale publish: %v; want ErrAsyncPublishTimeout", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("stale publish not given up")
 	}
 }
