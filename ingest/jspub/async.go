@@ -32,7 +32,7 @@ type asyncPublisher struct {
 	nc *nats.Conn
 
 	mu      sync.Mutex
-	prefix  string // the reply subjects' prefix, ending in "."; "" until the first publish
+	prefix  string // the reply subjects' prefix, ending in "."; set once, by the first publish
 	sub     *nats.Subscription
 	pending map[string]*pubFuture // by reply token
 	next    uint64
@@ -65,13 +65,15 @@ func (p *asyncPublisher) publish(m *nats.Msg) (jetstream.PubAckFuture, error) {
 	now := time.Now()
 	p.mu.Lock()
 	if p.sub == nil {
-		prefix := p.nc.NewInbox() + "."
-		sub, err := p.nc.Subscribe(prefix+"*", p.answered)
+		// Set before the subscription's goroutine starts, which reads
+		// prefix without the lock.
+		p.prefix, p.pending = p.nc.NewInbox()+".", map[string]*pubFuture{}
+		sub, err := p.nc.Subscribe(p.prefix+"*", p.answered)
 		if err != nil {
 			p.mu.Unlock()
 			return nil, err
 		}
-		p.prefix, p.sub, p.pending = prefix, sub, map[string]*pubFuture{}
+		p.sub = sub
 	}
 	if now.Sub(p.swept) > staleAfter/4 {
 		p.sweepLocked(now)
