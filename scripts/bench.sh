@@ -28,7 +28,10 @@
 #                                 p50/p99 at 2,000 calls/s, end-to-end events/s,
 #                                 the worker's peak RSS at 2,000 calls/s, flight
 #                                 throughput; prints base and new medians and
-#                                 new/base ratios. BENCH_NEW_WORKER_FLAGS adds
+#                                 new/base ratios, then the ratio within each
+#                                 round and its median (a round's two sides run
+#                                 back to back, so a machine whose speed drifts
+#                                 moves it less). BENCH_NEW_WORKER_FLAGS adds
 #                                 flags to the new tree's worker only,
 #                                 BENCH_NEW_DEV_FLAGS to its dev process (NATS +
 #                                 sink) only: with --insecure-nats-plaintext,
@@ -461,6 +464,25 @@ ab)
   done
   b=$(median "$work/ab.base.tsv" 10) n=$(median "$work/ab.new.tsv" 10)
   echo "== stack CPU per call (worker + NATS + sink + ClickHouse): base $b µs, new $n µs; base/new $(awk -v b="$b" -v n="$n" 'BEGIN{if (n > 0) printf "%.2f", b/n; else print "-"}') (the target: at least 3)"
+  # The two sides of a round run minutes apart, the rounds further apart:
+  # on a machine whose speed drifts, the ratio within each round moves
+  # less than the ratio of the two sides' medians.
+  echo "== new/base within each round (the two sides ran back to back), and their median:"
+  paste "$work/ab.base.tsv" "$work/ab.new.tsv" | awk -v n=$(($(head -1 "$work/ab.base.tsv" | wc -w))) '
+    function r(c) { return ($c == "-" || $(c + n) == "-" || $c == 0) ? "-" : $(c + n) / $c }
+    function med(a, k,   i, j, t) {
+      for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+      return k == 0 ? "-" : sprintf("%.2f", k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2)
+    }
+    NR == 1 { next }
+    { k++; line = sprintf("   round %d:", k)
+      split("1 3 4 10 11", cs, " ")
+      for (x = 1; x <= 5; x++) { v = r(cs[x]); line = line sprintf(" %s %s", name[x], v == "-" ? v : sprintf("%.2f", v)); if (v != "-") vals[x, ++cnt[x]] = v }
+      print line }
+    BEGIN { split("saturation p50 p99 stack_cpu flight", name, " ") }
+    END { line = "   median: "
+      for (x = 1; x <= 5; x++) { delete a; for (i = 1; i <= cnt[x]; i++) a[i] = vals[x, i]; line = line sprintf(" %s %s", name[x], med(a, cnt[x])) }
+      print line }'
   echo "== every run, in order of the figures above; last, the cores other processes used during its throughput run:"
   for s in base new; do
     awk -v s="$s" "$fmt"'NR>1{printf "   %-4s", s; for(i=1;i<=NF;i++) printf " %9s", f($i); print ""}' "$work/ab.$s.tsv"
