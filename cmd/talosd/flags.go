@@ -52,7 +52,7 @@ type Flags struct {
 	Replicas           int           `name:"replicas" default:"1" help:"Stream replicas: 1 on one node, 3 in a NATS cluster."`
 	MaxEnvelopeBytes   int           `name:"max-envelope-bytes" default:"4194304" help:"Largest call envelope accepted; larger ones are denied VAL-HTC-001."`
 	AckWait            time.Duration `name:"ack-wait" default:"30s" help:"How long a fetched call or audit record may stay un-acked before JetStream redelivers it (after a crash)."`
-	BatchRows          int           `name:"batch-rows" default:"5000" help:"Sink batch: rows."`
+	BatchRows          int           `name:"batch-rows" default:"10000" help:"Sink batch: rows (a batch is also closed at 16 MiB)."`
 	BatchAge           time.Duration `name:"batch-age" default:"1s" help:"Sink batch: age (a batch is also closed at --batch-rows). Larger batches cost ClickHouse much less per row (BENCHMARKS.md); rows appear up to this much later, or a quarter of it once records pause for 100 ms."`
 	LogFormat          string        `name:"log-format" enum:"text,json" default:"text" help:"Log format."`
 	LogLevel           string        `name:"log-level" enum:"debug,info,warn,error" default:"info" help:"Log level."`
