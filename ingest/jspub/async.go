@@ -13,9 +13,10 @@ import (
 
 // asyncPublisher sends publishes without waiting, as
 // jetstream.JetStream.PublishMsgAsync does without options, and reads
-// their acknowledgements with ParseAck. nats.go decodes each with
-// encoding/json: in a busy enforce worker, which has three acknowledged
-// publishes per call, that was 3 to 4 % of its CPU (BENCHMARKS.md).
+// their acknowledgements with ParseAck, outside its lock. nats.go decodes
+// each with encoding/json while holding the lock every publish takes: in
+// an enforce worker, whose lanes wait for three such acknowledgements per
+// call, its handler was 4 to 6 % of the CPU (BENCHMARKS.md).
 //
 // Each publish gets a reply subject of its own under one wildcard
 // subscription on the connection's inbox prefix. A "no responders"

@@ -1,6 +1,9 @@
 package jspub
 
-import "time"
+import (
+	"testing"
+	"time"
+)
 
 // ParseAckJSON is the encoding/json decoding the one-pass reader must
 // agree with.
@@ -14,7 +17,7 @@ func ReadsInOnePass(b []byte) bool {
 
 // SetStaleAfter sets how long an unanswered asynchronous publish is waited
 // for, until the test ends.
-func SetStaleAfter(t interface{ Cleanup(func()) }, d time.Duration) {
+func SetStaleAfter(t testing.TB, d time.Duration) {
 	old := staleAfter
 	staleAfter = d
 	t.Cleanup(func() { staleAfter = old })
