@@ -22,3 +22,9 @@ func SetStaleAfter(t testing.TB, d time.Duration) {
 	staleAfter = d
 	t.Cleanup(func() { staleAfter = old })
 }
+
+// IsNew reports whether js is New's.
+func IsNew(js any) bool {
+	_, ok := js.(jetStream)
+	return ok
+}

@@ -156,6 +156,18 @@ func BenchmarkAck(b *testing.B) {
 	}
 }
 
+// connectOurs connects to a new server with testenv.ConnectJS, whose
+// JetStream is New's, and fails t if it is not (the asynchronous tests
+// would then be testing nats.go).
+func connectOurs(t *testing.T) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, js := testenv.ConnectJS(t, testenv.NATSForTest(t).URL())
+	if !jspub.IsNew(js) {
+		t.Fatalf("testenv.ConnectJS gave a %T, not jspub.New's", js)
+	}
+	return nc, js
+}
+
 // outcome is what an asynchronous publish came to, in a form two
 // implementations can be compared by.
 type outcome struct {
@@ -190,12 +202,7 @@ func await(t *testing.T, fut jetstream.PubAckFuture, err error) outcome {
 // acknowledgement, a duplicate, the stream's API error (unwrapped), no
 // stream after the retries, a message that already has a reply subject.
 func TestPublishMsgAsyncAsNATSGo(t *testing.T) {
-	ns := testenv.NATSForTest(t)
-	nc, _ := testenv.ConnectJS(t, ns.URL())
-	js, err := jspub.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := connectOurs(t)
 	ref, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
@@ -243,12 +250,7 @@ func TestPublishMsgAsyncAsNATSGo(t *testing.T) {
 // TestPublishMsgAsyncMany: publishes from several goroutines at once each
 // get their own acknowledgement.
 func TestPublishMsgAsyncMany(t *testing.T) {
-	ns := testenv.NATSForTest(t)
-	nc, _ := testenv.ConnectJS(t, ns.URL())
-	js, err := jspub.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := connectOurs(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
@@ -304,12 +306,7 @@ func TestPublishMsgAsyncMany(t *testing.T) {
 // next publish.
 func TestPublishMsgAsyncGivesUp(t *testing.T) {
 	jspub.SetStaleAfter(t, 100*time.Millisecond)
-	ns := testenv.NATSForTest(t)
-	nc, _ := testenv.ConnectJS(t, ns.URL())
-	js, err := jspub.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := connectOurs(t)
 	sub, err := nc.SubscribeSync("silent.>")
 	if err != nil {
 		t.Fatal(err)
