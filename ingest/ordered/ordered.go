@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -104,9 +105,27 @@ func Follow(ctx context.Context, js jetstream.JetStream, stream string, cfg jets
 // has returned for good. Messages still queued in the client come again
 // after AckWait.
 func Consume(ctx context.Context, cons jetstream.Consumer, out chan<- jetstream.Msg, onErr func(error), opts ...jetstream.PullConsumeOpt) error {
+	return consume(ctx, cons, out, onErr, false, opts...)
+}
+
+// consume is Consume; with watch, it also ends (nil) once the consumer is
+// found gone after a pull nobody answered (see Pull).
+func consume(ctx context.Context, cons jetstream.Consumer, out chan<- jetstream.Msg, onErr func(error), watch bool,
+	opts ...jetstream.PullConsumeOpt) error {
 	opts = append(opts, jetstream.PullHeartbeat(Heartbeat))
-	if onErr != nil {
-		opts = append(opts, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) { onErr(err) }))
+	unanswered := make(chan struct{}, 1)
+	if onErr != nil || watch {
+		opts = append(opts, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if watch && (errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoHeartbeat)) {
+				select {
+				case unanswered <- struct{}{}:
+				default:
+				}
+			}
+			if onErr != nil {
+				onErr(err)
+			}
+		}))
 	}
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		select {
@@ -119,13 +138,32 @@ func Consume(ctx context.Context, cons jetstream.Consumer, out chan<- jetstream.
 		return err
 	}
 	closed := cc.Closed()
-	select {
-	case <-ctx.Done():
-		cc.Stop()
-		<-closed
-	case <-closed:
+	for {
+		select {
+		case <-ctx.Done():
+			cc.Stop()
+			<-closed
+			return nil
+		case <-closed:
+			return nil
+		case <-unanswered:
+			if consumerGone(ctx, cons) {
+				cc.Stop()
+				<-closed
+				return nil
+			}
+		}
 	}
-	return nil
+}
+
+// consumerGone reports whether the server says cons, or its stream, does
+// not exist. Any other answer, or none within two heartbeats (a cluster
+// electing a leader), is not taken for gone.
+func consumerGone(ctx context.Context, cons jetstream.Consumer) bool {
+	ctx, cancel := context.WithTimeout(ctx, 2*Heartbeat)
+	defer cancel()
+	_, err := cons.Info(ctx)
+	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
 }
 
 // PullOptions says how Pull pulls and logs.
@@ -144,13 +182,20 @@ type PullOptions struct {
 // its stream recreated), Pull waits a second and takes the consumer bind
 // returns, which creates or binds it again; bind's error, with ctx still
 // live, is Pull's. The messages not yet acked wait in the stream meanwhile.
+// The server tells a pull waiting on a consumer that the consumer was
+// deleted; a consumer deleted while no pull waits on it (before the first
+// one, or while the connection was down) is answered by nobody, and the
+// client library would pull for ever. So when a pull goes unanswered
+// (no responders, missed heartbeats) Pull asks for the consumer's info,
+// and if the server says the consumer or its stream does not exist, it
+// takes that for the consumption stopping by itself.
 func Pull(ctx context.Context, cons jetstream.Consumer, bind func(context.Context) (jetstream.Consumer, error),
 	out chan<- jetstream.Msg, o PullOptions) error {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
 	for {
-		if err := Consume(ctx, cons, out, o.OnErr, jetstream.PullMaxMessages(o.Batch)); err != nil {
+		if err := consume(ctx, cons, out, o.OnErr, true, jetstream.PullMaxMessages(o.Batch)); err != nil {
 			return fmt.Errorf("%s fetch: %w", o.What, err)
 		}
 		if ctx.Err() != nil {
