@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -147,16 +148,32 @@ func hashHex(b []byte) string {
 	return hex.EncodeToString(s[:])
 }
 
+// canonBufs are the buffers memberHash canonicalizes into: the bytes are
+// hashed and dropped, so a call reuses one instead of growing its own
+// (a third of what parsing and deciding a 2 KB pre call allocated).
+var canonBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+// maxPooledCanon is the largest buffer canonBufs keeps; a larger member's
+// buffer is left to the collector.
+const maxPooledCanon = 64 << 10
+
 // memberHash is hex sha256(JCS(member)) of a top-level envelope member
 // (request, result, capability), computed from the tree the parser already
 // built; a ParsedCall built by hand, without a tree, is hashed from bytes.
 func memberHash(pc *schemas.ParsedCall, key string) (string, error) {
 	if v, ok := pc.Doc[key]; ok {
-		b, err := jsonkit.CanonicalTree(v)
+		bp := canonBufs.Get().(*[]byte)
+		b, err := jsonkit.AppendCanonicalTree((*bp)[:0], v)
 		if err != nil {
+			canonBufs.Put(bp)
 			return "", err
 		}
-		return hashHex(b), nil
+		h := hashHex(b)
+		if cap(b) <= maxPooledCanon {
+			*bp = b[:0]
+			canonBufs.Put(bp)
+		}
+		return h, nil
 	}
 	var raw []byte
 	switch key {

@@ -19,6 +19,12 @@ func CanonicalTree(v any) ([]byte, error) {
 	return appendTree(make([]byte, 0, 512), v, 0)
 }
 
+// AppendCanonicalTree appends CanonicalTree(v) to dst: a caller that only
+// hashes the bytes can reuse one buffer. On error it returns nil.
+func AppendCanonicalTree(dst []byte, v any) ([]byte, error) {
+	return appendTree(dst, v, 0)
+}
+
 func appendTree(dst []byte, v any, depth int) ([]byte, error) {
 	if depth > maxCanonDepth {
 		return nil, fmt.Errorf("jsonkit: canonical: value nested too deeply")

@@ -40,6 +40,12 @@ func TestCanonicalTreeVectors(t *testing.T) {
 		if !bytes.Equal(got, bytes.TrimRight(want, "\n")) {
 			t.Errorf("%s:\n got %s\nwant %s", filepath.Base(in), got, want)
 		}
+		// Appended to a buffer in use, the same bytes follow what was there.
+		prefix := []byte("kept:")
+		app, err := jsonkit.AppendCanonicalTree(append(make([]byte, 0, 8), prefix...), decodeTree(t, raw))
+		if err != nil || !bytes.Equal(app, append(prefix, got...)) {
+			t.Errorf("%s: AppendCanonicalTree = %s, %v; want %s%s", filepath.Base(in), app, err, prefix, got)
+		}
 	}
 }
 
