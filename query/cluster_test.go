@@ -11,6 +11,8 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/talos-audit/talos/receipts/verify"
+	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
 
@@ -167,5 +169,92 @@ func TestMigrateOnCluster(t *testing.T) {
 	t.Logf("with a replica down, quorum 2: refused after %v: %v", time.Since(began).Round(time.Millisecond), err)
 	if err := NewSinkWriter(writer, db).Write(ctx, sinkBatch(t, 1)); err != nil {
 		t.Fatalf("without a quorum, with a replica down: %v", err)
+	}
+}
+
+// TestVerifyNamesAReplicaBehind: verifying through a replica that has not
+// fetched what was inserted through another names its backlog (text and
+// JSON), so that a gap it shows comes with why; through the replica that
+// took the inserts, and through the first one once it has caught up, the
+// outcome names none. The reader, talosctl verify's user, can tell.
+func TestVerifyNamesAReplicaBehind(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts ZooKeeper and two clickhouse-servers")
+	}
+	ch := testenv.ClickHouseClusterForTest(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const db = "talos_lag"
+	l := Logins{Admin: Endpoint{Addr: ch.Addr(0), User: AdminUser}, Writer: Endpoint{Addr: ch.Addr(0), User: WriterUser}}
+	writer, err := OpenMigrated(ctx, l, db, Cluster{Name: ch.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Close()
+	reader := func(i int) driver.Conn {
+		conn, err := Endpoint{Addr: ch.Addr(i), User: ReaderUser}.Open(ctx, db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	r0, r1 := reader(0), reader(1)
+	m := newSinkMaker(t)
+	keys := verify.KeySet{m.key.KID: m.key.Public()}
+	var recs []schemas.AuditRecord
+	for i := range 4 {
+		fx := m.next(t, i)
+		recs = append(recs, fx.decision, fx.effect, fx.toolCall)
+	}
+	outcome := func(conn driver.Conn) *VerifyOutcome {
+		t.Helper()
+		out, err := VerifyDatabaseOutcome(ctx, conn, "replica", db, keys, VerifyOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+
+	if err := ch.Open(t, 1).Exec(ctx, "SYSTEM STOP FETCHES"); err != nil {
+		t.Fatal(err)
+	}
+	if err := NewSinkWriter(writer, db).Write(ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, func() bool {
+		b, err := ReadReplicaBacklog(ctx, r1, db)
+		return err == nil && b != nil
+	})
+	behind := outcome(r1)
+	if b := behind.Replica; b == nil || b.Inserts == 0 || !slices.Contains(b.Tables, TableReceipts) {
+		t.Fatalf("through the replica without the rows: backlog %+v, want the receipts table's inserts", b)
+	}
+	var text, js strings.Builder
+	if err := behind.WriteText(&text); err != nil || !strings.HasPrefix(text.String(), "WARNING ") ||
+		!strings.Contains(text.String(), "through another replica") {
+		t.Fatalf("text: %q (%v), want the warning first", text.String(), err)
+	}
+	if err := behind.WriteJSON(&js); err != nil || !strings.Contains(js.String(), `"replica_backlog":{"inserts":`) {
+		t.Fatalf("JSON: %s (%v), want replica_backlog", js.String(), err)
+	}
+	ahead := outcome(r0)
+	if ahead.Replica != nil || ahead.Report.Checked != 8 || behind.Report.Checked == 8 {
+		t.Fatalf("through the replica that took the inserts: backlog %+v, %d receipts checked (%d through the other); want none, 8 (fewer)",
+			ahead.Replica, ahead.Report.Checked, behind.Report.Checked)
+	}
+
+	if err := ch.Open(t, 1).Exec(ctx, "SYSTEM START FETCHES"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, func() bool {
+		b, err := ReadReplicaBacklog(ctx, r1, db)
+		return err == nil && b == nil
+	})
+	// Caught up, it reads as the other does (the fixture's tool call
+	// events name decision receipts it leaves out: the same problems).
+	if caught := outcome(r1); caught.Replica != nil || caught.Report.Checked != 8 || len(caught.Report.Problems) != len(ahead.Report.Problems) {
+		t.Fatalf("through the replica caught up: backlog %+v, %d receipts checked, %d problems; want none, 8, %d",
+			caught.Replica, caught.Report.Checked, len(caught.Report.Problems), len(ahead.Report.Problems))
 	}
 }

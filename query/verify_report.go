@@ -21,6 +21,9 @@ type VerifyOutcome struct {
 	// Rejected is what an export's rejected ToolCallEvents showed
 	// (VerifyExport), nil when it has none.
 	Rejected *RejectedSummary
+	// Replica is what the ClickHouse replica read still had to fetch
+	// (VerifyDatabaseOutcome), nil when nothing.
+	Replica *ReplicaBacklog
 }
 
 // AddLog adds the transparency log's check: its problems join the
@@ -64,6 +67,11 @@ func (o *VerifyOutcome) Err() error {
 // could not be (receipts past the last checkpoint, unchecked checkpoints).
 func (o *VerifyOutcome) WriteText(w io.Writer) error {
 	r := &o.Report
+	if o.Replica != nil {
+		if _, err := fmt.Fprintln(w, o.Replica.warning()); err != nil {
+			return err
+		}
+	}
 	for _, p := range r.Problems {
 		if _, err := fmt.Fprintf(w, "%-10s %s\n", strings.ToUpper(Category(p.Kind)), p.String()); err != nil {
 			return err
@@ -111,6 +119,9 @@ func (o *VerifyOutcome) WriteJSON(w io.Writer) error {
 	}
 	if o.Rejected != nil {
 		out["rejected"] = o.Rejected
+	}
+	if o.Replica != nil {
+		out["replica_backlog"] = o.Replica
 	}
 	return json.NewEncoder(w).Encode(out)
 }

@@ -73,13 +73,12 @@ func (c *verifyCmd) verifyDatabase(g *Globals, keys verify.KeySet) (*query.Verif
 	if !g.JSON {
 		bar = query.NewProgressBar(os.Stderr, "verifying", "receipts")
 	}
-	rep, err := query.VerifyDatabaseWith(ctx, conn, g.ClickhouseDatabase, keys,
-		query.VerifyOptions{Partial: c.Partial, Progress: bar.Update, BatchSignatures: c.BatchSignatures})
+	out, err := query.VerifyDatabaseOutcome(ctx, conn, fmt.Sprintf("ClickHouse %s database %s", g.ClickhouseAddr, g.ClickhouseDatabase),
+		g.ClickhouseDatabase, keys, query.VerifyOptions{Partial: c.Partial, Progress: bar.Update, BatchSignatures: c.BatchSignatures})
 	bar.Done()
 	if err != nil {
 		return nil, failed("%v", err)
 	}
-	out := query.NewVerifyOutcome(fmt.Sprintf("ClickHouse %s database %s", g.ClickhouseAddr, g.ClickhouseDatabase), rep)
 	return out, c.Log.Check(ctx, conn, g.ClickhouseDatabase, out)
 }
 
