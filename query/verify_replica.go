@@ -76,7 +76,8 @@ func (b *ReplicaBacklog) add(o *ReplicaBacklog) *ReplicaBacklog {
 // warning is the line talosctl verify prints before its findings.
 func (b *ReplicaBacklog) warning() string {
 	return fmt.Sprintf("WARNING    the replica read had %d inserted parts still to fetch (%s; up to %d s behind): "+
-		"a gap reported here may be rows it did not hold yet. Verify again once its replication queue is empty "+
+		"records it did not hold yet were not verified, and a gap reported here may be one of them. "+
+		"Verify again once its replication queue is empty "+
 		"(SELECT table, queue_size, absolute_delay FROM system.replicas), or through another replica",
 		b.Inserts, strings.Join(b.Tables, ", "), b.DelaySeconds)
 }
