@@ -61,10 +61,10 @@ func ReadReplicaBacklog(ctx context.Context, conn driver.Conn, database string) 
 
 // add is what b and o waited for together (either may be nil).
 func (b *ReplicaBacklog) add(o *ReplicaBacklog) *ReplicaBacklog {
-	if b == nil || o == nil {
-		if b == nil {
-			return o
-		}
+	switch {
+	case b == nil:
+		return o
+	case o == nil:
 		return b
 	}
 	tables := slices.Concat(b.Tables, o.Tables)
