@@ -81,6 +81,19 @@ func TestClusterStatements(t *testing.T) {
 	}
 }
 
+// clusterForTest starts ZooKeeper and two clickhouse-servers (not with
+// -short) and gives the test three minutes from then.
+func clusterForTest(t *testing.T) (*testenv.ClickHouseCluster, context.Context) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts ZooKeeper and two clickhouse-servers")
+	}
+	ch := testenv.ClickHouseClusterForTest(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return ch, ctx
+}
+
 // TestMigrateOnCluster: on two replicas of a real cluster (ZooKeeper and
 // two clickhouse-servers), the sink's start migrates ON CLUSTER through
 // either address: both replicas get the same replicated tables, views and
@@ -89,12 +102,7 @@ func TestClusterStatements(t *testing.T) {
 // replica down); and with --clickhouse-insert-quorum 2 an insert fails
 // while a replica is down instead of being held by one replica only.
 func TestMigrateOnCluster(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts ZooKeeper and two clickhouse-servers")
-	}
-	ch := testenv.ClickHouseClusterForTest(t, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	ch, ctx := clusterForTest(t)
 	const db = "talos_cluster"
 	at := func(user string) Endpoint { return Endpoint{Addr: ch.Addrs(), User: user} }
 	l := Logins{Admin: at(AdminUser), Writer: at(WriterUser), Reader: at(ReaderUser)}
@@ -178,12 +186,7 @@ func TestMigrateOnCluster(t *testing.T) {
 // took the inserts, and through the first one once it has caught up, the
 // outcome names none. The reader, talosctl verify's user, can tell.
 func TestVerifyNamesAReplicaBehind(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts ZooKeeper and two clickhouse-servers")
-	}
-	ch := testenv.ClickHouseClusterForTest(t, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	ch, ctx := clusterForTest(t)
 	const db = "talos_lag"
 	l := Logins{Admin: Endpoint{Addr: ch.Addr(0), User: AdminUser}, Writer: Endpoint{Addr: ch.Addr(0), User: WriterUser}}
 	writer, err := OpenMigrated(ctx, l, db, Cluster{Name: ch.Name()})
