@@ -71,6 +71,15 @@
 #                                 sink, sink at equal CPU priority, sink and
 #                                 ClickHouse at nice 10 (where the p99 tail
 #                                 comes from)
+#   bash scripts/bench.sh tls [RATE] [ROUNDS]  what TLS on NATS costs at RATE
+#                                 calls/s (default 500: calls mostly alone):
+#                                 the same stack with TLS and with
+#                                 --insecure-nats-plaintext, alternately,
+#                                 ROUNDS each (default 2), 15 s of calls
+#                                 per run: decision p50/p99, and per call
+#                                 the CPU and the write and read system
+#                                 calls (/proc/PID/io) of the NATS process
+#                                 (with the sink) and of the worker
 #   bash scripts/bench.sh sustained [RUNS] [LIMIT...]  RUNS (6) throughput
 #                                 runs of 40,000 calls on one stack:
 #                                 decisions/s, end-to-end events/s and CPU per
@@ -155,9 +164,9 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 mode=${1:-main}
 case $mode in
-main | replay | flight | tail | sustained | verify | gateway | ab | profile | forward | log | cluster) ;;
+main | replay | flight | tail | tls | sustained | verify | gateway | ab | profile | forward | log | cluster) ;;
 *)
-  echo "usage: bash scripts/bench.sh [replay|flight|tail [RATE]|sustained [RUNS] [LIMIT...]|ab [BASE] [ROUNDS]|profile [SECONDS] [RATE]|verify [N]|gateway [CALLS] [stdio]|forward [CALLS]|log [CALLS] [ROUNDS] [RATE]|cluster [ROUNDS]]" >&2
+  echo "usage: bash scripts/bench.sh [replay|flight|tail [RATE]|tls [RATE] [ROUNDS]|sustained [RUNS] [LIMIT...]|ab [BASE] [ROUNDS]|profile [SECONDS] [RATE]|verify [N]|gateway [CALLS] [stdio]|forward [CALLS]|log [CALLS] [ROUNDS] [RATE]|cluster [ROUNDS]]" >&2
   exit 2
   ;;
 esac
@@ -255,6 +264,14 @@ port_from() { # port_from FIRST: a loopback port from FIRST on that nothing list
 cpu() { awk '{print $14+$15}' "/proc/$1/stat"; } # user+system, in clock ticks (1/100 s)
 busy() { awk '/^cpu /{print $2+$3+$4}' /proc/stat; } # the whole machine's user+nice+system, likewise
 rss() { awk '/VmHWM/{printf "%.0f", $2/1024}' "/proc/$1/status"; } # peak RSS so far, MiB
+# rss_anon PID: resident anonymous memory now, MiB (the heap, stacks and
+# the runtime's own). The rest of a talosd's RSS is file pages: the
+# binary's code and data it touched, which the other talosd processes
+# of the machine share and the kernel may drop and read again.
+rss_anon() { awk '/RssAnon/{printf "%.0f", $2/1024}' "/proc/$1/status"; }
+rss_file() { awk '/RssFile/{printf "%.0f", $2/1024}' "/proc/$1/status"; }
+# sysc PID: write and read system calls the process made so far.
+sysc() { awk '/^syscw/{w=$2} /^syscr/{r=$2} END{print w, r}' "/proc/$1/io"; }
 bench() {
   local args=() json=
   while [ $# -gt 0 ]; do # a talosctl from before --json-out (an ab base) prints its JSON with --json
@@ -316,7 +333,7 @@ main)
   bench --calls 30000 --concurrency 100 --rate 2000 --killswitch 100 "${ks[@]}" --json-out "$work/lat.json"
   d1=$(cpu $dev) w1=$(cpu $worker) c1=$(cpu $chpid)
   echo "== CPU per call during the 2,000 calls/s run (kill-switch rounds included): enforce worker $(per $((w1 - w0)) 30000) µs, NATS + sink $(per $((d1 - d0)) 30000) µs, ClickHouse $(per $((c1 - c0)) 30000) µs, load generator $(jf "$work/lat.json" loadgen_cpu_us_per_call | awk '{printf "%.0f", $1}') µs (its own report)"
-  echo "== enforce worker peak RSS at the 2,000 calls/s run: $(rss $worker) MiB"
+  echo "== enforce worker peak RSS at the 2,000 calls/s run: $(rss $worker) MiB (resident now: $(rss_anon $worker) MiB anonymous, $(rss_file $worker) MiB file pages, mostly talosd's code)"
   echo "== throughput: 100 enforcement points, 4 calls in flight each, 2 KB envelopes"
   saturate tp 40000
   cat "$work/tp.out"
@@ -403,13 +420,13 @@ ab)
   [ ${#new_flags[@]} -eq 0 ] || echo "   the new worker also gets: ${new_flags[*]}"
   [ ${#new_dev_flags[@]} -eq 0 ] || echo "   the new dev process also gets: ${new_dev_flags[*]}"
   [ "$warm" -eq 0 ] || echo "   each stack first runs $warm throughput runs of 40,000 calls (BENCH_AB_WARM): the figures are of a stack that has handled $((warm * 40000)) calls"
-  cols="tp_decisions_s e2e_events_s p50_ms p99_ms worker_rss_mib cpu_worker cpu_nats_sink cpu_clickhouse cpu_loadgen cpu_stack flight_calls_s flight_events_s seal_us other_cores"
+  cols="tp_decisions_s e2e_events_s p50_ms p99_ms worker_rss_mib cpu_worker cpu_nats_sink cpu_clickhouse cpu_loadgen cpu_stack flight_calls_s flight_events_s worker_anon_mib seal_us other_cores"
   for side in base new; do echo "$cols" >"$work/ab.$side.tsv"; done
   fmt='function f(x) { return x == "-" ? x : (x >= 100 || x <= -100) ? sprintf("%.0f", x) : sprintf("%.2f", x) } ' # awk: a figure, readably
   # side SIDE ROUND: one fresh stack of SIDE's talosd and its measurements,
   # one row of $work/ab.SIDE.tsv.
   side() {
-    local s=$1 i=$2 tp lat fl rss_mib speed
+    local s=$1 i=$2 tp lat fl rss_mib anon_mib speed
     if [ "$s" = base ]; then
       talosd=$work/base/bin/talosd talosctl=$work/base/bin/talosctl registry=$work/base/src/cmd/talosd/demo/registry worker_flags=() dev_flags=()
     else
@@ -423,7 +440,7 @@ ab)
     start sink,control
     for _ in $(seq 1 "$warm"); do saturate warm 40000; done
     bench --calls 20000 --concurrency 100 --rate 2000 --json-out "$work/lat.json" >/dev/null
-    rss_mib=$(rss $worker)
+    rss_mib=$(rss $worker) anon_mib=$(rss_anon $worker)
     saturate tp 40000
     bench --calls 20000 --concurrency 100 --rate 0 --inflight 4 --post --json-out "$work/fl.json" >/dev/null
     stop_all
@@ -431,7 +448,7 @@ ab)
     speed=$(awk -v a="$speed" -v b="$(machine_speed)" 'BEGIN{print (b > a ? b : a)}')
     lat=$work/lat.json tp=$work/tp.json fl=$work/fl.json
     echo "$(jf $tp decisions_per_sec) $(jf $tp e2e_events_per_sec) $(jf $lat decision_p50_ms) $(jf $lat decision_p99_ms) $rss_mib" \
-      "$cpu_worker $cpu_dev $cpu_ch $cpu_gen $cpu_stack $(jf $fl decisions_per_sec) $(jf $fl e2e_events_per_sec) $speed $other_cores" >>"$work/ab.$s.tsv"
+      "$cpu_worker $cpu_dev $cpu_ch $cpu_gen $cpu_stack $(jf $fl decisions_per_sec) $(jf $fl e2e_events_per_sec) $anon_mib $speed $other_cores" >>"$work/ab.$s.tsv"
     awk -v s="$s" "$fmt"'NR==1{for(i=1;i<=NF;i++)h[i]=$i} END{printf "   %s:", s; for(i=1;i<=NF;i++) printf " %s %s", h[i], f($i); print ""}' "$work/ab.$s.tsv"
   }
   # ABBA: base first in odd rounds, new first in even ones, so that a
@@ -457,6 +474,7 @@ ab)
     "CPU per call, enforce worker (µs)" "CPU per call, NATS + sink (µs)" "CPU per call, ClickHouse (µs)" \
     "CPU per call, load generator (µs, its own report)" "CPU per call, stack: worker + NATS + sink + ClickHouse (µs)" \
     "flight: calls/s at saturation (pre + post)" "flight: end-to-end events/s" \
+    "worker's anonymous resident memory after the 2,000 calls/s run (MiB)" \
     "machine: BenchmarkSeal around the round (µs; same code)"; do
     i=$((i + 1))
     b=$(median "$work/ab.base.tsv" $i) n=$(median "$work/ab.new.tsv" $i)
@@ -572,6 +590,46 @@ tail)
   echo "== the same with the sink and ClickHouse at nice 10"
   start control 10
   paced_run
+  ;;
+tls)
+  rate=${2:-500} rounds=${3:-2}
+  calls=$((rate * 15))
+  echo "== what TLS on NATS costs: $calls calls at $rate calls/s (100 enforcement points) on a fresh stack per run,"
+  echo "   with TLS (every process outside the NATS process connects over it) and with --insecure-nats-plaintext, alternately, $rounds round(s)"
+  echo "   per call, over the whole run (its last records' way into ClickHouse included): CPU (µs) and write / read system calls"
+  echo "   (/proc/PID/io) of the NATS process (NATS, sink, control) and of the worker"
+  printf '   %-6s %5s %8s %8s %9s %8s %8s %9s %8s %8s\n' arm round "p50 ms" "p99 ms" "NATS µs" writes reads "worker µs" writes reads
+  echo "arm p50 p99 dev_us dev_w dev_r worker_us worker_w worker_r" >"$work/tls.tsv"
+  # tls_run ARM ROUND: one run, one row.
+  tls_run() {
+    local arm=$1 d0 w0 d1 w1 ds0 ws0 ds1 ws1 row
+    dev_flags=()
+    [ "$arm" = tls ] || dev_flags=(--insecure-nats-plaintext)
+    start sink,control
+    d0=$(cpu $dev) w0=$(cpu $worker) ds0=$(sysc $dev) ws0=$(sysc $worker)
+    bench --calls "$calls" --concurrency 100 --rate "$rate" --json-out "$work/tls.json" >/dev/null
+    d1=$(cpu $dev) w1=$(cpu $worker) ds1=$(sysc $dev) ws1=$(sysc $worker)
+    stop_all
+    row=$(awk -v arm="$arm" -v n="$calls" -v p50="$(jf "$work/tls.json" decision_p50_ms)" -v p99="$(jf "$work/tls.json" decision_p99_ms)" \
+      -v dc=$((d1 - d0)) -v wc=$((w1 - w0)) -v ds0="$ds0" -v ds1="$ds1" -v ws0="$ws0" -v ws1="$ws1" 'BEGIN{
+        split(ds0, a, " "); split(ds1, b, " "); split(ws0, c, " "); split(ws1, d, " ")
+        printf "%s %.2f %.2f %.0f %.1f %.1f %.0f %.1f %.1f", arm, p50, p99, dc * 10000 / n, (b[1] - a[1]) / n, (b[2] - a[2]) / n, wc * 10000 / n, (d[1] - c[1]) / n, (d[2] - c[2]) / n }')
+    echo "$row" >>"$work/tls.tsv"
+    echo "$row" | awk -v i="$2" '{printf "   %-6s %5s %8s %8s %9s %8s %8s %9s %8s %8s\n", $1, i, $2, $3, $4, $5, $6, $7, $8, $9}'
+  }
+  for i in $(seq 1 "$rounds"); do
+    if [ $((i % 2)) -eq 1 ]; then tls_run tls "$i"; tls_run plain "$i"; else tls_run plain "$i"; tls_run tls "$i"; fi
+  done
+  echo "== medians, TLS / plaintext:"
+  awk 'NR > 1 {n[$1]++; for (c = 2; c <= NF; c++) v[$1, c, n[$1]] = $c}
+    function med(arm, c,   k, i, j, t, a) {
+      k = n[arm]; for (i = 1; i <= k; i++) a[i] = v[arm, c, i]
+      for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+      return k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2
+    }
+    END { split("p50_ms p99_ms NATS_µs NATS_writes NATS_reads worker_µs worker_writes worker_reads", name, " ")
+      for (c = 2; c <= 9; c++) { t = med("tls", c); p = med("plain", c)
+        printf "   %-14s %9.2f %9.2f %6s\n", name[c - 1], t, p, (p > 0 ? sprintf("%.2f", t / p) : "-") } }' "$work/tls.tsv"
   ;;
 sustained)
   runs=${2:-6}
