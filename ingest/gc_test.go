@@ -2,8 +2,10 @@ package ingest
 
 import (
 	"errors"
+	"runtime"
 	"runtime/debug"
 	"testing"
+	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 )
@@ -11,6 +13,7 @@ import (
 // TestTuneGCLimits pins the soft memory limit TuneGC picks for each kind
 // of process, and that GOMEMLIMIT, when set, wins.
 func TestTuneGCLimits(t *testing.T) {
+	defer heapFloor.Store(0)
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
 	t.Setenv("GOGC", "")
@@ -66,5 +69,56 @@ func TestEmbeddedLimit(t *testing.T) {
 		if got := embeddedLimit(c.available); got != c.want {
 			t.Errorf("%s: %d MiB, want %d MiB", c.name, got>>20, c.want>>20)
 		}
+	}
+}
+
+// TestFloorPercent: a small live heap collects at the floor, a large one
+// at 400%, and a tiny one at no more than gcPercentMax.
+func TestFloorPercent(t *testing.T) {
+	const floor = 1 << 30
+	for _, c := range []struct {
+		live uint64
+		want int
+	}{
+		{0, gcPercent},          // no collection yet
+		{floor / 8, 700},        // goal at the floor: 8 × live
+		{floor / 10, 900},       // 10 × live
+		{floor / 5, gcPercent},  // 400% reaches the floor
+		{floor, gcPercent},      // past it
+		{1 << 20, gcPercentMax}, // 1 MiB live: the floor would ask 102,300%
+		{floor / 100, 9900},     // 100 × live
+	} {
+		if got := floorPercent(c.live, floor); got != c.want {
+			t.Errorf("floorPercent(%d MiB, 1 GiB) = %d, want %d", c.live>>20, got, c.want)
+		}
+		if c.live > 0 && c.want != gcPercentMax {
+			if goal := c.live * uint64(100+floorPercent(c.live, floor)) / 100; goal < floor-c.live/100 {
+				t.Errorf("live %d MiB: heap goal %d MiB, below the floor", c.live>>20, goal>>20)
+			}
+		}
+	}
+}
+
+// TestTuneGCHoldsAFloor: a process that embeds nats-server, with a live
+// heap far below the floor, gets a GOGC above 400 within seconds.
+func TestTuneGCHoldsAFloor(t *testing.T) {
+	defer heapFloor.Store(0) // before GOGC is put back: the floor's goroutine lets it be
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	t.Setenv("GOGC", "")
+	t.Setenv("GOMEMLIMIT", "")
+	TuneGC(false, true)
+	runtime.GC() // a live heap to go by: this test binary's few MiB
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p := debug.SetGCPercent(-1)
+		debug.SetGCPercent(p)
+		if p > gcPercent {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GOGC still %d after 10 s; want the floor's, above %d", p, gcPercent)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
