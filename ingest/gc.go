@@ -93,22 +93,21 @@ var (
 // the next collection's heap goal is at least heapFloor (floorPercent of
 // the live heap the last collection found).
 func holdFloor() {
-	live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-	set := gcPercent
+	m := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/gc/gogc:percent"}}
 	for range time.Tick(time.Second) {
 		floor := heapFloor.Load()
 		if floor == 0 {
 			continue
 		}
-		metrics.Read(live)
-		if live[0].Value.Kind() != metrics.KindUint64 {
+		metrics.Read(m)
+		if m[0].Value.Kind() != metrics.KindUint64 || m[1].Value.Kind() != metrics.KindUint64 {
 			return
 		}
 		// Only a change of a tenth or more: each call recomputes the
 		// collector's goal.
-		if p := floorPercent(live[0].Value.Uint64(), floor); p*10 < set*9 || p*10 > set*11 {
+		p, cur := floorPercent(m[0].Value.Uint64(), floor), int(m[1].Value.Uint64())
+		if p*10 < cur*9 || p*10 > cur*11 {
 			debug.SetGCPercent(p)
-			set = p
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"testing"
 	"time"
 
@@ -13,9 +14,9 @@ import (
 // TestTuneGCLimits pins the soft memory limit TuneGC picks for each kind
 // of process, and that GOMEMLIMIT, when set, wins.
 func TestTuneGCLimits(t *testing.T) {
-	defer heapFloor.Store(0)
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	defer heapFloor.Store(0) // first: the floor's goroutine then leaves GOGC alone
 	t.Setenv("GOGC", "")
 	for _, c := range []struct {
 		name                    string
@@ -102,22 +103,22 @@ func TestFloorPercent(t *testing.T) {
 // TestTuneGCHoldsAFloor: a process that embeds nats-server, with a live
 // heap far below the floor, gets a GOGC above 400 within seconds.
 func TestTuneGCHoldsAFloor(t *testing.T) {
-	defer heapFloor.Store(0) // before GOGC is put back: the floor's goroutine lets it be
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	defer heapFloor.Store(0) // first: the floor's goroutine then leaves GOGC alone
 	t.Setenv("GOGC", "")
 	t.Setenv("GOMEMLIMIT", "")
 	TuneGC(false, true)
 	runtime.GC() // a live heap to go by: this test binary's few MiB
 	deadline := time.Now().Add(10 * time.Second)
+	gogc := []metrics.Sample{{Name: "/gc/gogc:percent"}} // read without setting it
 	for {
-		p := debug.SetGCPercent(-1)
-		debug.SetGCPercent(p)
-		if p > gcPercent {
+		metrics.Read(gogc)
+		if p := gogc[0].Value.Uint64(); p > gcPercent {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("GOGC still %d after 10 s; want the floor's, above %d", p, gcPercent)
+			t.Fatalf("GOGC still %d after 10 s; want the floor's, above %d", gogc[0].Value.Uint64(), gcPercent)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
