@@ -123,3 +123,17 @@ func TestTuneGCHoldsAFloor(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestTuneGCNoFloorWithGOGC: a GOGC set by the operator is theirs: no floor.
+func TestTuneGCNoFloorWithGOGC(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	defer heapFloor.Store(0)
+	heapFloor.Store(0)
+	t.Setenv("GOGC", "200")
+	t.Setenv("GOMEMLIMIT", "")
+	TuneGC(false, true)
+	if f := heapFloor.Load(); f != 0 {
+		t.Errorf("heap floor %d MiB with GOGC set, want none", f>>20)
+	}
+}
