@@ -292,6 +292,10 @@ bench_cmd() {
 }
 # jf FILE KEY: a number from talosctl bench's --json-out (a flat JSON object).
 jf() { sed -n "s/.*\"$2\":\([-0-9.e+]*\).*/\1/p" "$1" | head -1; }
+# median FILE COLUMN: the median of a column of FILE's rows after its
+# header line ("-" rows left out; the mean of the middle two for an even
+# count).
+median() { awk -v c="$2" 'NR>1 && $c != "-" {print $c}' "$1" | sort -g | awk '{v[NR]=$1} END{if (NR == 0) printf "-"; else printf "%.6g", NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 # per TICKS CALLS: clock ticks → µs per call.
 per() { awk -v t="$1" -v n="$2" 'BEGIN{printf "%.0f", t*10000/n}'; }
 
@@ -467,8 +471,6 @@ ab)
       side base "$i"
     fi
   done
-  # Medians per figure (the mean of the middle two for an even count).
-  median() { awk -v c="$2" 'NR>1 && $c != "-" {print $c}' "$1" | sort -g | awk '{v[NR]=$1} END{if (NR == 0) printf "-"; else printf "%.6g", NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
   echo "== A/B medians of $rounds round(s): base $(git rev-parse --short "$base_rev"), new $new_rev"
   printf '   %-58s %10s %10s %9s\n' figure base new new/base
   i=0
@@ -602,7 +604,7 @@ tls)
   echo "   per call, over the whole run (its last records' way into ClickHouse included): CPU (µs) and write / read system calls"
   echo "   (/proc/PID/io) of the NATS process (NATS, sink, control) and of the worker"
   printf '   %-6s %5s %8s %8s %9s %8s %8s %9s %8s %8s\n' arm round "p50 ms" "p99 ms" "NATS µs" writes reads "worker µs" writes reads
-  echo "arm p50 p99 dev_us dev_w dev_r worker_us worker_w worker_r" >"$work/tls.tsv"
+  for arm in tls plain; do echo "arm p50 p99 dev_us dev_w dev_r worker_us worker_w worker_r" >"$work/tls.$arm.tsv"; done
   # tls_run ARM ROUND: one run, one row.
   tls_run() {
     local arm=$1 d0 w0 d1 w1 ds0 ws0 ds1 ws1 row
@@ -617,22 +619,19 @@ tls)
       -v dc=$((d1 - d0)) -v wc=$((w1 - w0)) -v ds0="$ds0" -v ds1="$ds1" -v ws0="$ws0" -v ws1="$ws1" 'BEGIN{
         split(ds0, a, " "); split(ds1, b, " "); split(ws0, c, " "); split(ws1, d, " ")
         printf "%s %.2f %.2f %.0f %.1f %.1f %.0f %.1f %.1f", arm, p50, p99, dc * 10000 / n, (b[1] - a[1]) / n, (b[2] - a[2]) / n, wc * 10000 / n, (d[1] - c[1]) / n, (d[2] - c[2]) / n }')
-    echo "$row" >>"$work/tls.tsv"
+    echo "$row" >>"$work/tls.$arm.tsv"
     echo "$row" | awk -v i="$2" '{printf "   %-6s %5s %8s %8s %9s %8s %8s %9s %8s %8s\n", $1, i, $2, $3, $4, $5, $6, $7, $8, $9}'
   }
   for i in $(seq 1 "$rounds"); do
     if [ $((i % 2)) -eq 1 ]; then tls_run tls "$i"; tls_run plain "$i"; else tls_run plain "$i"; tls_run tls "$i"; fi
   done
   echo "== medians, TLS / plaintext:"
-  awk 'NR > 1 {n[$1]++; for (c = 2; c <= NF; c++) v[$1, c, n[$1]] = $c}
-    function med(arm, c,   k, i, j, t, a) {
-      k = n[arm]; for (i = 1; i <= k; i++) a[i] = v[arm, c, i]
-      for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
-      return k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2
-    }
-    END { split("p50_ms p99_ms NATS_µs NATS_writes NATS_reads worker_µs worker_writes worker_reads", name, " ")
-      for (c = 2; c <= 9; c++) { t = med("tls", c); p = med("plain", c)
-        printf "   %-14s %9.2f %9.2f %6s\n", name[c - 1], t, p, (p > 0 ? sprintf("%.2f", t / p) : "-") } }' "$work/tls.tsv"
+  c=1
+  for name in p50_ms p99_ms NATS_µs NATS_writes NATS_reads worker_µs worker_writes worker_reads; do
+    c=$((c + 1))
+    awk -v l="$name" -v t="$(median "$work/tls.tls.tsv" $c)" -v p="$(median "$work/tls.plain.tsv" $c)" \
+      'BEGIN{printf "   %-14s %9.2f %9.2f %6s\n", l, t, p, (p > 0 ? sprintf("%.2f", t / p) : "-")}'
+  done
   ;;
 sustained)
   runs=${2:-6}
