@@ -100,9 +100,11 @@
 #                                 HTTP on loopback (--insecure-plain-http)
 #                                 with a static token; over HTTPS with a JWT
 #                                 (a CA, certificate, JWKS and token from
-#                                 scripts/benchcreds); then the added latency
-#                                 of the three side by side (`gateway CALLS
-#                                 stdio`: the stdio tools/call one only).
+#                                 scripts/benchcreds), each HTTP gateway's own
+#                                 mean time per stage from its /metrics
+#                                 (decision, upstream, post); then the added
+#                                 latency of the three side by side (`gateway
+#                                 CALLS stdio`: the stdio tools/call one only).
 #                                 Waits until no `go test` runs, so the
 #                                 machine is otherwise idle; BENCH_NO_IDLE=1
 #                                 skips that wait (the test command sets it:
@@ -784,6 +786,26 @@ gateway)
     echo "the gateway ($ep) did not become healthy:" >&2; tail -20 "$work/servers.log" >&2; exit 1
   }
   stop_gateway() { kill -INT "$gwpid"; wait "$gwpid" || true; } # it drains its post events first
+  # stages NAME URL [curl flags]: the gateway's own timing of the requests
+  # it had decided (talos_gateway_stage_seconds on its /metrics, warm-up
+  # included): the mean of each stage in ms, shown and kept in
+  # $work/NAME.stages (decision, upstream, post). Decision and post are
+  # what Talos adds inside the gateway; the rest of the added latency is
+  # the second hop (client → gateway → server).
+  stages() {
+    local name=$1 url=$2
+    shift 2
+    curl -fsS "$@" "${url%/mcp}/metrics" | awk -v name="$name" -v out="$work/$name.stages" '
+      /^talos_gateway_stage_seconds_(sum|count)\{/ {
+        match($0, /stage="[a-z]+"/); s = substr($0, RSTART + 7, RLENGTH - 8)
+        if ($1 ~ /_sum/) sum[s] = $2; else n[s] = $2
+      }
+      END {
+        for (s in n) mean[s] = n[s] > 0 ? 1000 * sum[s] / n[s] : 0
+        printf "%.3f %.3f %.3f\n", mean["decision"], mean["upstream"], mean["post"] > out
+        printf "== %s: the gateway'"'"'s own timing over the %d requests it decided, mean ms: decision %.3f, upstream %.3f, post %.3f\n", name, n["decision"], mean["decision"], mean["upstream"], mean["post"]
+      }'
+  }
   echo "== node $(node --version), mcp-server-everything $(sed -n 's/.*"version": *"\([^"]*\)".*/\1/p' "$(dirname "$everything")/../@modelcontextprotocol/server-everything/package.json" 2>/dev/null | head -1)"
   echo "== gateway added latency: $calls calls of everything/echo per side, directly and through talos-mcp-gateway, interleaved"
   echo "   the gateway signs each call with a capability chain; the worker runs every default check; the sink"
@@ -799,6 +821,7 @@ gateway)
   echo "== 2/3 streamable HTTP, plain (--insecure-plain-http on loopback), a static bearer token: $url"
   http_gateway gw-http "$url" --insecure-plain-http
   TALOS_TOKEN=$(cat "$creds/static.token") bench_mcp http --url "$url" # the token in the environment, not in ps
+  stages http "$url"
   stop_gateway
   evidence gw-http
   url=https://127.0.0.1:$(port_from 18930)/mcp
@@ -806,6 +829,7 @@ gateway)
   http_gateway gw-https "$url" --tls-cert "$creds/server.pem" --tls-key "$creds/server.key" \
     --jwt-issuer "$issuer" --jwt-audience "$audience" --jwks-file "$creds/jwks.json"
   TALOS_TOKEN=$(cat "$creds/token.jwt") bench_mcp https --url "$url" --ca "$creds/ca.pem"
+  stages https "$url" --cacert "$creds/ca.pem"
   stop_gateway
   evidence gw-https
   # The three side by side, from the reports above (milliseconds).
@@ -817,6 +841,12 @@ gateway)
       /^added \(via/ { p50 = $5; p99 = $7 }
       /^added per round/ { gsub(",", ""); r50 = $(NF - 4); r99 = $(NF - 1) }
       END { printf "%-32s %13s %13s %9s %9s %13s %13s\n", name, d, v, p50, p99, r50, r99 }' "$work/${t%%:*}.out"
+  done
+  echo "== inside the HTTP gateways (their talos_gateway_stage_seconds), mean ms per decided request"
+  printf '%-32s %9s %9s %9s\n' transport decision upstream post
+  for t in "http:HTTP plain + static token" "https:HTTPS + JWT"; do
+    read -r dm um pm <"$work/${t%%:*}.stages"
+    printf '%-32s %9s %9s %9s\n' "${t#*:}" "$dm" "$um" "$pm"
   done
   ;;
 forward)

@@ -277,6 +277,7 @@ func TestHTTPAuthTLSJWT(t *testing.T) {
 		t.Fatalf("%d of 60 flood refusals reported: the limits did not hold", reported)
 	}
 	checkRefusalMetric(t, client, base, 60-reported)
+	checkStageMetric(t, client, base)
 	checkCertRenewal(t, is.TLS, base)
 
 	checkRefusalReceipts(t, ctx, s, refused, allowedID, []string{forged, expired})
@@ -334,6 +335,40 @@ func checkRefusalMetric(t *testing.T, client *http.Client, base string, want int
 	}
 	if n, _ := strconv.Atoi(string(m[1])); n != want {
 		t.Fatalf("/metrics counts %d unreported refusals, want %d", n, want)
+	}
+}
+
+var stageMetric = regexp.MustCompile(`talos_gateway_stage_seconds_(sum|count)\{stage="(\w+)"\} (\S+)`)
+
+// checkStageMetric: /metrics times the decided requests' stages. Each one
+// forwarded (here every one decided: alice's call, and whatever its server
+// asked of the client) has a decision, an upstream call and a post event,
+// each of some time.
+func checkStageMetric(t *testing.T, client *http.Client, base string) {
+	t.Helper()
+	resp, err := client.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	count, sum := map[string]float64{}, map[string]float64{}
+	for _, m := range stageMetric.FindAllSubmatch(b, -1) {
+		v, err := strconv.ParseFloat(string(m[3]), 64)
+		if err != nil {
+			t.Fatalf("/metrics: %s", m[0])
+		}
+		if string(m[1]) == "count" {
+			count[string(m[2])] = v
+		} else {
+			sum[string(m[2])] = v
+		}
+	}
+	n := count[gateway.StageDecision]
+	for _, stage := range []string{gateway.StageDecision, gateway.StageUpstream, gateway.StagePost} {
+		if count[stage] < 1 || count[stage] != n || sum[stage] <= 0 {
+			t.Fatalf("/metrics times stage %s %v times in %v s, want as many as decisions (%v), at least one, in some time:\n%s", stage, count[stage], sum[stage], n, b)
+		}
 	}
 }
 

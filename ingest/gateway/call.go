@@ -224,8 +224,12 @@ func (g *Gateway) admit(c *pending) (*ep.Client, error) {
 func (g *Gateway) decide(ctx context.Context, client *ep.Client, c *pending) (*schemas.Decision, error) {
 	pre := c.pre
 	dctx, cancel := context.WithTimeout(ctx, g.o.DecisionTimeout)
+	start := time.Now()
 	d, err := client.SendHashed(dctx, schemas.PhasePre, pre.ServerID, pre.ToolCallID, pre.RequestHash, c.raw)
 	cancel()
+	if err == nil {
+		g.timed(StageDecision, start, time.Now())
+	}
 	switch {
 	case errors.Is(err, ep.ErrNoDecision):
 		g.fail(c.p, pre, schemas.CodeDecisionTimeout, "no decision within "+g.o.DecisionTimeout.String(), false)
@@ -302,6 +306,8 @@ func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (mc
 	started := time.Now()
 	res, ok, err := c.upstream(withCall(ctx, c.pre), g.relayOf(c.p, c.ss))
 	ended := time.Now()
+	g.timed(StageUpstream, started, ended)
+	defer func() { g.timed(StagePost, ended, time.Now()) }()
 	if err != nil {
 		post, perr := ep.SignedPost(c.pre, nil, false, started, ended, c.p.Signer)
 		if perr == nil {
@@ -395,9 +401,6 @@ func (g *Gateway) envelope(ctx context.Context, p *Principal, session string, pc
 	c.Actor = schemas.Actor{Kind: "agent", AgentID: p.AgentID}
 	c.RegistryDigest = g.o.Registry.Digest()
 	c.WorkspaceRoot = g.o.Workspaces[server]
-	if us, ok := g.o.UpstreamSandboxes[server]; ok {
-		c.UpstreamSandbox = &us
-	}
 	if us, ok := g.o.UpstreamSandboxes[server]; ok {
 		c.UpstreamSandbox = &us
 	}

@@ -131,6 +131,9 @@ type Gateway struct {
 	driftRef *prometheus.CounterVec
 	drifted  map[string]bool
 	driftOut reportOutbox // g.refused
+	// stages times each decided request's way through the gateway
+	// (talos_gateway_stage_seconds; stage.go).
+	stages *prometheus.HistogramVec
 
 	ups   []*Upstream
 	creds *credential.Broker
@@ -214,7 +217,8 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 	g.driftRef = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "talos_gateway_tool_drift_total",
 		Help: "Tool definitions seen drifted from their registry pin, once per tool and live definition hash."},
 		[]string{"server_id", "tool"})
-	g.metrics.MustRegister(g.authRef, g.driftRef)
+	g.stages = newStages()
+	g.metrics.MustRegister(g.authRef, g.driftRef, g.stages)
 	o.Tracing.Register(g.metrics)
 	g.drifted, g.driftOut, g.sessionDrift = map[string]bool{}, g.refused, map[string]upstreamTool{}
 	g.byName = route(o.Registry, ups, o.Logger)

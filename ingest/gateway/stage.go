@@ -1,0 +1,40 @@
+package gateway
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The stages of a decided request (tools/call, prompts/get,
+// resources/read) that talos_gateway_stage_seconds times. Decision and
+// post are what Talos adds to a call; upstream is the call itself.
+const (
+	// StageDecision runs from the pre envelope's publish until its
+	// decision is accepted (stored in TALOS_CALLS, decided, its receipt
+	// stored, the answer checked). A wait for a human approval that
+	// follows is not in it.
+	StageDecision = "decision"
+	// StageUpstream is the forwarded call on its upstream server.
+	StageUpstream = "upstream"
+	// StagePost runs from the upstream's answer until the post event is
+	// built, signed and durable (stored by JetStream, or spooled): the
+	// result is returned after it.
+	StagePost = "post"
+)
+
+// newStages is the histogram of talos_gateway_stage_seconds, by stage:
+// buckets from 250 µs, doubling, to about 2 s.
+func newStages() *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "talos_gateway_stage_seconds",
+		Help: "Time a decided request spent in each stage: decision (pre envelope published until its decision was accepted), " +
+			"upstream (the forwarded call), post (the post event built, signed and made durable before the result is returned).",
+		Buckets: prometheus.ExponentialBuckets(250e-6, 2, 14),
+	}, []string{"stage"})
+}
+
+// timed records in stage the time from start to end.
+func (g *Gateway) timed(stage string, start, end time.Time) {
+	g.stages.WithLabelValues(stage).Observe(end.Sub(start).Seconds())
+}
