@@ -8,7 +8,9 @@ import (
 
 // The stages of a decided request (tools/call, prompts/get,
 // resources/read) that talos_gateway_stage_seconds times. Decision and
-// post are what Talos adds to a call; upstream is the call itself.
+// post are most of what Talos adds to a call (building and signing its
+// envelope, and an upstream credential, are not timed); upstream is the
+// call itself.
 const (
 	// StageDecision runs from the pre envelope's publish until its
 	// decision is accepted (stored in TALOS_CALLS, decided, its receipt
