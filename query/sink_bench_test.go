@@ -78,7 +78,9 @@ func (m *sinkMaker) next(tb testing.TB, i int) sinkFixtures {
 	ev.Payloads.Args, ev.ArgsHash = jsonkit.Canonical(args), sha256Hex(args)
 	ev.ArgsRef = "sha256:" + ev.ArgsHash
 	ev.Redactions = ev.Redactions[1:]
-	ev.ReceiptID = id(2)
+	// The post event's effect receipt completed the record, and the call
+	// had its pre decision.
+	ev.ReceiptID, ev.Flags = id(1), nil
 	s, err := receipts.SignEvent(m.key, receipts.Meta{ID: id(3), Type: schemas.TypeToolCall, Source: "talos://enforce/w1",
 		Subject: call, Time: tcAt}, &ev)
 	if err != nil {

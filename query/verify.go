@@ -474,7 +474,7 @@ func missingReceipts(ctx context.Context, conn driver.Conn, database string) ([]
 			return nil, err
 		}
 		out = append(out, verify.Problem{Kind: ProblemMissingReceipt, ReceiptID: rid,
-			Detail: fmt.Sprintf("not stored, but tool call event %s (tool_call_id %s) names it as its decision receipt", eid, tcid)})
+			Detail: fmt.Sprintf("not stored, but tool call event %s (tool_call_id %s) names it as the receipt that completed its record", eid, tcid)})
 	}
 	return out, rows.Err()
 }
