@@ -346,6 +346,7 @@ func TestGatewayEndToEnd(t *testing.T) {
 	if got := text(res); got != "Echo: hi "+secret {
 		t.Fatalf("echo: %q", got)
 	}
+	checkForwardedLog(t, gw.log, res.Meta[gateway.MetaToolCallID].(string))
 	res = gw.call(ctx, "get-sum", map[string]any{"a": 2, "b": 40}).mustAllow(t, "get-sum")
 	if !strings.Contains(text(res), "42") {
 		t.Fatalf("get-sum: %q", text(res))
@@ -526,4 +527,23 @@ func tail(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+var forwardedTimes = regexp.MustCompile(` decision=[0-9.]+[µm]?s post=[0-9.]+[µm]?s`)
+
+// checkForwardedLog: the gateway logged the forwarded call id with the
+// time its decision and its post event took (a stdio gateway has no
+// /metrics).
+func checkForwardedLog(t *testing.T, log, id string) {
+	t.Helper()
+	b, _ := os.ReadFile(log)
+	for line := range strings.Lines(string(b)) {
+		if strings.Contains(line, `msg="call forwarded" tool_call_id=`+id) {
+			if !forwardedTimes.MatchString(line) {
+				t.Fatalf("the forwarded call's log line has no decision and post times: %s", line)
+			}
+			return
+		}
+	}
+	t.Fatalf("no log line for the forwarded call %s:\n%s", id, tail(string(b), 3000))
 }

@@ -98,6 +98,8 @@ type pending struct {
 	// records of a result instead of the result itself.
 	parent callInfo
 	record func(mcp.Result) any
+	// decided is how long the decision took (StageDecision).
+	decided time.Duration
 }
 
 // call runs one tools/call through Talos: pre → decision (→ approval) →
@@ -228,7 +230,8 @@ func (g *Gateway) decide(ctx context.Context, client *ep.Client, c *pending) (*s
 	d, err := client.SendHashed(dctx, schemas.PhasePre, pre.ServerID, pre.ToolCallID, pre.RequestHash, c.raw)
 	cancel()
 	if err == nil {
-		g.timed(StageDecision, start, time.Now())
+		c.decided = time.Since(start)
+		g.stages.WithLabelValues(StageDecision).Observe(c.decided.Seconds())
 	}
 	switch {
 	case errors.Is(err, ep.ErrNoDecision):
@@ -307,7 +310,6 @@ func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (mc
 	res, ok, err := c.upstream(withCall(ctx, c.pre), g.relayOf(c.p, c.ss))
 	ended := time.Now()
 	g.timed(StageUpstream, started, ended)
-	defer func() { g.timed(StagePost, ended, time.Now()) }()
 	if err != nil {
 		post, perr := ep.SignedPost(c.pre, nil, false, started, ended, c.p.Signer)
 		if perr == nil {
@@ -317,6 +319,7 @@ func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (mc
 			}
 			g.out.Send(post)
 		}
+		g.timed(StagePost, ended, time.Now())
 		c.log.Warn("upstream call failed", "err", err)
 		return nil, err
 	}
@@ -330,7 +333,10 @@ func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (mc
 	} else {
 		g.out.Send(post)
 	}
-	c.log.Info("call forwarded", "ok", ok, "ms", ended.Sub(started).Milliseconds())
+	posted := time.Now()
+	g.timed(StagePost, ended, posted)
+	c.log.Info("call forwarded", "ok", ok, "ms", ended.Sub(started).Milliseconds(),
+		"decision", c.decided.Round(time.Microsecond), "post", posted.Sub(ended).Round(time.Microsecond))
 	// Tell the client which audit record this is (after the post event
 	// was built from the upstream's own result).
 	return stamped(res, c.pre.ToolCallID, receiptID), nil
