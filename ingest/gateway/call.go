@@ -231,7 +231,7 @@ func (g *Gateway) decide(ctx context.Context, client *ep.Client, c *pending) (*s
 	cancel()
 	if err == nil {
 		c.decided = time.Since(start)
-		g.stages.WithLabelValues(StageDecision).Observe(c.decided.Seconds())
+		observe(g.stages.decision, c.decided)
 	}
 	switch {
 	case errors.Is(err, ep.ErrNoDecision):
@@ -309,7 +309,7 @@ func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (mc
 	started := time.Now()
 	res, ok, err := c.upstream(withCall(ctx, c.pre), g.relayOf(c.p, c.ss))
 	ended := time.Now()
-	g.timed(StageUpstream, started, ended)
+	observe(g.stages.upstream, ended.Sub(started))
 	if err != nil {
 		post, perr := ep.SignedPost(c.pre, nil, false, started, ended, c.p.Signer)
 		if perr == nil {
@@ -319,7 +319,7 @@ func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (mc
 			}
 			g.out.Send(post)
 		}
-		g.timed(StagePost, ended, time.Now())
+		observe(g.stages.post, time.Since(ended))
 		c.log.Warn("upstream call failed", "err", err)
 		return nil, err
 	}
@@ -334,7 +334,7 @@ func (g *Gateway) forward(ctx context.Context, c *pending, receiptID string) (mc
 		g.out.Send(post)
 	}
 	posted := time.Now()
-	g.timed(StagePost, ended, posted)
+	observe(g.stages.post, posted.Sub(ended))
 	c.log.Info("call forwarded", "ok", ok, "ms", ended.Sub(started).Milliseconds(),
 		"decision", c.decided.Round(time.Microsecond), "post", posted.Sub(ended).Round(time.Microsecond))
 	// Tell the client which audit record this is (after the post event

@@ -133,7 +133,7 @@ type Gateway struct {
 	driftOut reportOutbox // g.refused
 	// stages times each decided request's way through the gateway
 	// (talos_gateway_stage_seconds; stage.go).
-	stages *prometheus.HistogramVec
+	stages stages
 
 	ups   []*Upstream
 	creds *credential.Broker
@@ -218,7 +218,7 @@ func New(o Options, nc *nats.Conn, ups []*Upstream) (*Gateway, error) {
 		Help: "Tool definitions seen drifted from their registry pin, once per tool and live definition hash."},
 		[]string{"server_id", "tool"})
 	g.stages = newStages()
-	g.metrics.MustRegister(g.authRef, g.driftRef, g.stages)
+	g.metrics.MustRegister(g.authRef, g.driftRef, g.stages.vec)
 	o.Tracing.Register(g.metrics)
 	g.drifted, g.driftOut, g.sessionDrift = map[string]bool{}, g.refused, map[string]upstreamTool{}
 	g.byName = route(o.Registry, ups, o.Logger)

@@ -25,18 +25,25 @@ const (
 	StagePost = "post"
 )
 
+// stages is talos_gateway_stage_seconds, with each stage's series
+// resolved once rather than looked up by label on every call.
+type stages struct {
+	vec                      *prometheus.HistogramVec
+	decision, upstream, post prometheus.Observer
+}
+
 // newStages is the histogram of talos_gateway_stage_seconds, by stage:
 // buckets from 250 µs, doubling, to about 2 s.
-func newStages() *prometheus.HistogramVec {
-	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+func newStages() stages {
+	vec := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "talos_gateway_stage_seconds",
 		Help: "Time a decided request spent in each stage: decision (pre envelope published until its decision was accepted), " +
 			"upstream (the forwarded call), post (the post event built, signed and made durable before the result is returned).",
 		Buckets: prometheus.ExponentialBuckets(250e-6, 2, 14),
 	}, []string{"stage"})
+	return stages{vec: vec, decision: vec.WithLabelValues(StageDecision),
+		upstream: vec.WithLabelValues(StageUpstream), post: vec.WithLabelValues(StagePost)}
 }
 
-// timed records in stage the time from start to end.
-func (g *Gateway) timed(stage string, start, end time.Time) {
-	g.stages.WithLabelValues(stage).Observe(end.Sub(start).Seconds())
-}
+// observe records d in stage o.
+func observe(o prometheus.Observer, d time.Duration) { o.Observe(d.Seconds()) }
