@@ -318,17 +318,27 @@ func checkCertRenewal(t *testing.T, old *testenv.TLSFiles, base string) {
 	}
 }
 
-var unreportedMetric = regexp.MustCompile(`talos_gateway_auth_refusals_total\{reason="malformed_token",receipted="false"\} (\d+)`)
-
-// checkRefusalMetric: /metrics counts the unreported refusals.
-func checkRefusalMetric(t *testing.T, client *http.Client, base string, want int) {
+// readMetrics is the body of the gateway's /metrics at base.
+func readMetrics(t *testing.T, client *http.Client, base string) []byte {
 	t.Helper()
 	resp, err := client.Get(base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+var unreportedMetric = regexp.MustCompile(`talos_gateway_auth_refusals_total\{reason="malformed_token",receipted="false"\} (\d+)`)
+
+// checkRefusalMetric: /metrics counts the unreported refusals.
+func checkRefusalMetric(t *testing.T, client *http.Client, base string, want int) {
+	t.Helper()
+	b := readMetrics(t, client, base)
 	m := unreportedMetric.FindSubmatch(b)
 	if m == nil {
 		t.Fatalf("/metrics has no unreported refusals:\n%s", b)
@@ -346,12 +356,7 @@ var stageMetric = regexp.MustCompile(`talos_gateway_stage_seconds_(sum|count)\{s
 // each of some time.
 func checkStageMetric(t *testing.T, client *http.Client, base string) {
 	t.Helper()
-	resp, err := client.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	b := readMetrics(t, client, base)
 	count, sum := map[string]float64{}, map[string]float64{}
 	for _, m := range stageMetric.FindAllSubmatch(b, -1) {
 		v, err := strconv.ParseFloat(string(m[3]), 64)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -226,13 +225,7 @@ func driftOverHTTP(ctx context.Context, t *testing.T, s *stack, reg, server stri
 		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--insecure-plain-http", "--principals", filepath.Join(s.dir, "principals.json"))
 	drifts := func() int {
 		t.Helper()
-		resp, err := http.Get(base + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		m := driftMetric.FindSubmatch(b)
+		m := driftMetric.FindSubmatch(readMetrics(t, http.DefaultClient, base))
 		if m == nil {
 			return 0 // a counter with no drift yet has no series
 		}
