@@ -42,8 +42,8 @@ const (
 //
 // That process also keeps a heap floor (holdFloor): while its live heap is
 // small, it collects only once its heap reaches half its limit, at most
-// 1 GiB. Its collections are what the slowest calls wait for (a mark takes
-// a quarter of its cores for tens of milliseconds), and at 400% a
+// 1 GiB. Each collection slows the calls it overlaps (a mark takes a
+// quarter of its cores for tens of milliseconds), and at 400% a
 // young server's small heap collects every few seconds; once the live heap
 // is a fifth of the floor or more, 400% collects later than the floor
 // would, and the floor changes nothing.

@@ -790,8 +790,9 @@ gateway)
   # it had decided (talos_gateway_stage_seconds on its /metrics, warm-up
   # included): the mean of each stage in ms, shown and kept in
   # $work/NAME.stages (decision, upstream, post). Decision and post are
-  # what Talos adds inside the gateway; the rest of the added latency is
-  # the second hop (client → gateway → server).
+  # most of what Talos adds inside the gateway; the rest of the added
+  # latency is the second hop (client → gateway → server) and the
+  # gateway's work outside the stages (the envelope, signed).
   stages() {
     local name=$1 url=$2
     shift 2
