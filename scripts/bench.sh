@@ -81,7 +81,10 @@
 #                                 per run: decision p50/p99, and per call
 #                                 the CPU and the write and read system
 #                                 calls (/proc/PID/io) of the NATS process
-#                                 (with the sink) and of the worker
+#                                 (with the sink) and of the worker, the
+#                                 CPU of ClickHouse and of the load
+#                                 generator, their sum, and the cores the
+#                                 whole machine kept busy over the run
 #   bash scripts/bench.sh sustained [RUNS] [LIMIT...]  RUNS (6) throughput
 #                                 runs of 40,000 calls on one stack:
 #                                 decisions/s, end-to-end events/s and CPU per
@@ -604,32 +607,37 @@ tls)
   echo "== what TLS on NATS costs: $calls calls at $rate calls/s (100 enforcement points) on a fresh stack per run,"
   echo "   with TLS (every process outside the NATS process connects over it) and with --insecure-nats-plaintext, alternately, $rounds round(s)"
   echo "   per call, over the whole run (its last records' way into ClickHouse included): CPU (µs) and write / read system calls"
-  echo "   (/proc/PID/io) of the NATS process (NATS, sink, control) and of the worker"
-  printf '   %-6s %5s %8s %8s %9s %8s %8s %9s %8s %8s\n' arm round "p50 ms" "p99 ms" "NATS µs" writes reads "worker µs" writes reads
-  for arm in tls plain; do echo "arm p50 p99 dev_us dev_w dev_r worker_us worker_w worker_r" >"$work/tls.$arm.tsv"; done
+  echo "   (/proc/PID/io) of the NATS process (NATS, sink, control) and of the worker; the CPU of ClickHouse and of the load"
+  echo "   generator (its timed part), all four together, and how many of the machine's $(nproc) cores were busy over the run"
+  printf '   %-6s %5s %7s %7s %8s %6s %6s %9s %6s %6s %6s %8s %8s %6s
+' arm round "p50 ms" "p99 ms" "NATS µs" writes reads "worker µs" writes reads "CH µs" "load µs" "all µs" cores
+  for arm in tls plain; do echo "arm p50 p99 dev_us dev_w dev_r worker_us worker_w worker_r ch_us gen_us all_us cores" >"$work/tls.$arm.tsv"; done
   # tls_run ARM ROUND: one run, one row.
   tls_run() {
-    local arm=$1 d0 w0 d1 w1 ds0 ws0 ds1 ws1 row
+    local arm=$1 d0 w0 c0 m0 t0 d1 w1 c1 m1 t1 ds0 ws0 ds1 ws1 row
     dev_flags=()
     [ "$arm" = tls ] || dev_flags=(--insecure-nats-plaintext)
     start sink,control
-    d0=$(cpu $dev) w0=$(cpu $worker) ds0=$(sysc $dev) ws0=$(sysc $worker)
+    d0=$(cpu $dev) w0=$(cpu $worker) c0=$(cpu $chpid) m0=$(busy) t0=$(date +%s%N) ds0=$(sysc $dev) ws0=$(sysc $worker)
     bench --calls "$calls" --concurrency 100 --rate "$rate" --json-out "$work/tls.json" >/dev/null
-    d1=$(cpu $dev) w1=$(cpu $worker) ds1=$(sysc $dev) ws1=$(sysc $worker)
+    d1=$(cpu $dev) w1=$(cpu $worker) c1=$(cpu $chpid) m1=$(busy) t1=$(date +%s%N) ds1=$(sysc $dev) ws1=$(sysc $worker)
     stop_all
     row=$(awk -v arm="$arm" -v n="$calls" -v p50="$(jf "$work/tls.json" decision_p50_ms)" -v p99="$(jf "$work/tls.json" decision_p99_ms)" \
-      -v dc=$((d1 - d0)) -v wc=$((w1 - w0)) -v ds0="$ds0" -v ds1="$ds1" -v ws0="$ws0" -v ws1="$ws1" 'BEGIN{
+      -v gen="$(jf "$work/tls.json" loadgen_cpu_us_per_call)" -v dc=$((d1 - d0)) -v wc=$((w1 - w0)) -v cc=$((c1 - c0)) \
+      -v m=$((m1 - m0)) -v ns=$((t1 - t0)) -v ds0="$ds0" -v ds1="$ds1" -v ws0="$ws0" -v ws1="$ws1" 'BEGIN{
         split(ds0, a, " "); split(ds1, b, " "); split(ws0, c, " "); split(ws1, d, " ")
-        printf "%s %.2f %.2f %.0f %.1f %.1f %.0f %.1f %.1f", arm, p50, p99, dc * 10000 / n, (b[1] - a[1]) / n, (b[2] - a[2]) / n, wc * 10000 / n, (d[1] - c[1]) / n, (d[2] - c[2]) / n }')
+        du = dc * 10000 / n; wu = wc * 10000 / n; cu = cc * 10000 / n
+        printf "%s %.2f %.2f %.0f %.1f %.1f %.0f %.1f %.1f %.0f %.0f %.0f %.2f", arm, p50, p99, du, (b[1] - a[1]) / n, (b[2] - a[2]) / n,
+          wu, (d[1] - c[1]) / n, (d[2] - c[2]) / n, cu, gen, du + wu + cu + gen, m / 100 / (ns / 1e9) }')
     echo "$row" >>"$work/tls.$arm.tsv"
-    echo "$row" | awk -v i="$2" '{printf "   %-6s %5s %8s %8s %9s %8s %8s %9s %8s %8s\n", $1, i, $2, $3, $4, $5, $6, $7, $8, $9}'
+    echo "$row" | awk -v i="$2" '{printf "   %-6s %5s %7s %7s %8s %6s %6s %9s %6s %6s %6s %8s %8s %6s\n", $1, i, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13}'
   }
   for i in $(seq 1 "$rounds"); do
     if [ $((i % 2)) -eq 1 ]; then tls_run tls "$i"; tls_run plain "$i"; else tls_run plain "$i"; tls_run tls "$i"; fi
   done
   echo "== medians, TLS / plaintext:"
   c=1
-  for name in p50_ms p99_ms NATS_µs NATS_writes NATS_reads worker_µs worker_writes worker_reads; do
+  for name in p50_ms p99_ms NATS_µs NATS_writes NATS_reads worker_µs worker_writes worker_reads CH_µs load_gen_µs all_µs cores_busy; do
     c=$((c + 1))
     awk -v l="$name" -v t="$(median "$work/tls.tls.tsv" $c)" -v p="$(median "$work/tls.plain.tsv" $c)" \
       'BEGIN{printf "   %-14s %9.2f %9.2f %6s\n", l, t, p, (p > 0 ? sprintf("%.2f", t / p) : "-")}'
