@@ -57,7 +57,14 @@ type SinkOptions struct {
 	// RetryBackoff is the first wait after a failed write; it doubles up to
 	// 10 s (default 100 ms). A batch is retried until it is written.
 	RetryBackoff time.Duration
-	Logger       *slog.Logger
+	// Poll is how often the sink takes what TALOS_AUDIT stored meanwhile
+	// (ordered.PullOptions.Poll; default 50 ms, negative: a pull kept
+	// open). Its records are written a batch at a time anyway; taken as
+	// they are stored, each would cost the NATS server and this process a
+	// wake-up of its own while the worker that stored it waits for its
+	// acknowledgement (BENCHMARKS.md).
+	Poll   time.Duration
+	Logger *slog.Logger
 }
 
 func (o SinkOptions) withDefaults() SinkOptions {
@@ -84,6 +91,9 @@ func (o SinkOptions) withDefaults() SinkOptions {
 	}
 	if o.RetryBackoff <= 0 {
 		o.RetryBackoff = 100 * time.Millisecond
+	}
+	if o.Poll == 0 {
+		o.Poll = 50 * time.Millisecond
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -121,7 +131,7 @@ func (s *Sink) Run(ctx context.Context) error {
 	// brought, where a channel iterator would and the record would wait
 	// AckWait). stopPull ends it and hands back what it left.
 	in, stopPull := ordered.StartPull(ctx, cons, s.consumer, ordered.PullOptions{
-		Batch: s.o.BatchRows, What: "sink", Log: s.o.Logger,
+		Batch: s.o.BatchRows, What: "sink", Log: s.o.Logger, Poll: max(s.o.Poll, 0),
 		OnErr: func(err error) { s.o.Logger.Debug("sink fetch", "err", err) },
 	})
 	defer stopPull()

@@ -1,7 +1,8 @@
 // Package ordered follows a JetStream stream with an ordered consumer
 // (Follow), re-created after a failure with Backoff, or reads it to its
 // end (Scan), and hands a durable
-// pull consumer's messages to a channel (Pull, built on Consume): what the
+// pull consumer's messages to a channel (Pull, built on Consume, or
+// polling with pulls that do not wait): what the
 // control follower, the enforcement point's approval reader, the enforce
 // workers, the sink and the control service share; and Heartbeat, the idle
 // heartbeat of every consumer Talos pulls from. It imports no other project
@@ -175,10 +176,18 @@ type PullOptions struct {
 	// OnErr is told each error the client library recovers from by itself.
 	OnErr func(error)
 	Log   *slog.Logger
+	// Poll, when positive, takes the messages every Poll with a pull that
+	// does not wait (poll) instead of keeping one open (Consume). A
+	// consumer that need not have a message the moment it is stored (the
+	// sink) then gets what was stored meanwhile in one delivery, where an
+	// open pull has the server deliver each message as it is stored: a
+	// wake-up of its own in the server and in the consumer's process, at
+	// the moment the writer of that message waits for its acknowledgement.
+	Poll time.Duration
 }
 
-// Pull hands cons's messages to out (Consume) until ctx ends, then returns
-// nil. When the consumption stops by itself (the durable consumer deleted,
+// Pull hands cons's messages to out (Consume, or poll with o.Poll) until
+// ctx ends, then returns nil. When the consumption stops by itself (the durable consumer deleted,
 // its stream recreated), Pull waits a second and takes the consumer bind
 // returns, which creates or binds it again; bind's error, with ctx still
 // live, is Pull's. The messages not yet acked wait in the stream meanwhile.
@@ -195,7 +204,13 @@ func Pull(ctx context.Context, cons jetstream.Consumer, bind func(context.Contex
 		o.Log = slog.Default()
 	}
 	for {
-		if err := consume(ctx, cons, out, o.OnErr, true, jetstream.PullMaxMessages(o.Batch)); err != nil {
+		var err error
+		if o.Poll > 0 {
+			poll(ctx, cons, out, o)
+		} else {
+			err = consume(ctx, cons, out, o.OnErr, true, jetstream.PullMaxMessages(o.Batch))
+		}
+		if err != nil {
 			return fmt.Errorf("%s fetch: %w", o.What, err)
 		}
 		if ctx.Err() != nil {
@@ -209,12 +224,48 @@ func Pull(ctx context.Context, cons jetstream.Consumer, bind func(context.Contex
 			return nil
 		case <-t.C:
 		}
-		var err error
 		if cons, err = bind(ctx); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
+		}
+	}
+}
+
+// poll hands cons's messages to out, pulling every o.Poll at most o.Batch
+// of those stored meanwhile without waiting for more, until ctx ends or a
+// pull fails and the server says the consumer or its stream does not
+// exist (Pull then binds it again). Any other failed pull is told to
+// o.OnErr and made again at the next tick. A message being handed over
+// when ctx ends is handed back (Nak), as Consume does.
+func poll(ctx context.Context, cons jetstream.Consumer, out chan<- jetstream.Msg, o PullOptions) {
+	tick := time.NewTicker(o.Poll)
+	defer tick.Stop()
+	for {
+		b, err := cons.FetchNoWait(o.Batch)
+		if err == nil {
+			for m := range b.Messages() {
+				select {
+				case out <- m:
+				case <-ctx.Done():
+					_ = m.Nak()
+				}
+			}
+			err = b.Error()
+		}
+		if err != nil && ctx.Err() == nil {
+			if consumerGone(ctx, cons) {
+				return
+			}
+			if o.OnErr != nil {
+				o.OnErr(err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
 		}
 	}
 }
