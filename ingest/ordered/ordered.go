@@ -187,15 +187,16 @@ type PullOptions struct {
 }
 
 // Pull hands cons's messages to out (Consume, or poll with o.Poll) until
-// ctx ends, then returns nil. When the consumption stops by itself (the durable consumer deleted,
-// its stream recreated), Pull waits a second and takes the consumer bind
-// returns, which creates or binds it again; bind's error, with ctx still
-// live, is Pull's. The messages not yet acked wait in the stream meanwhile.
-// The server tells a pull waiting on a consumer that the consumer was
-// deleted; a consumer deleted while no pull waits on it (before the first
-// one, or while the connection was down) is answered by nobody, and the
-// client library would pull for ever. So when a pull goes unanswered
-// (no responders, missed heartbeats) Pull asks for the consumer's info,
+// ctx ends, then returns nil. When the consumption stops by itself (the
+// durable consumer deleted, its stream recreated), Pull waits a second
+// and takes the consumer bind returns, which creates or binds it again;
+// bind's error, with ctx still live, is Pull's. The messages not yet
+// acked wait in the stream meanwhile. The server tells a pull waiting on
+// a consumer that the consumer was deleted; a consumer deleted while no
+// pull waits on it (before the first one, or while the connection was
+// down) is answered by nobody, and the client library would pull for
+// ever. So when a pull goes unanswered (no responders, missed
+// heartbeats), or a poll's pull fails, Pull asks for the consumer's info,
 // and if the server says the consumer or its stream does not exist, it
 // takes that for the consumption stopping by itself.
 func Pull(ctx context.Context, cons jetstream.Consumer, bind func(context.Context) (jetstream.Consumer, error),
