@@ -131,7 +131,7 @@ func (s *Sink) Run(ctx context.Context) error {
 	// brought, where a channel iterator would and the record would wait
 	// AckWait). stopPull ends it and hands back what it left.
 	in, stopPull := ordered.StartPull(ctx, cons, s.consumer, ordered.PullOptions{
-		Batch: s.o.BatchRows, What: "sink", Log: s.o.Logger, Poll: max(s.o.Poll, 0),
+		Batch: s.o.BatchRows, What: "sink", Log: s.o.Logger, Poll: s.o.Poll,
 		OnErr: func(err error) { s.o.Logger.Debug("sink fetch", "err", err) },
 	})
 	defer stopPull()

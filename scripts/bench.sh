@@ -609,8 +609,7 @@ tls)
   echo "   per call, over the whole run (its last records' way into ClickHouse included): CPU (µs) and write / read system calls"
   echo "   (/proc/PID/io) of the NATS process (NATS, sink, control) and of the worker; the CPU of ClickHouse and of the load"
   echo "   generator (its timed part), all four together, and how many of the machine's $(nproc) cores were busy over the run"
-  printf '   %-6s %5s %7s %7s %8s %6s %6s %9s %6s %6s %6s %8s %8s %6s
-' arm round "p50 ms" "p99 ms" "NATS µs" writes reads "worker µs" writes reads "CH µs" "load µs" "all µs" cores
+  printf '   %-6s %5s %7s %7s %8s %6s %6s %9s %6s %6s %6s %8s %8s %6s\n' arm round "p50 ms" "p99 ms" "NATS µs" writes reads "worker µs" writes reads "CH µs" "load µs" "all µs" cores
   for arm in tls plain; do echo "arm p50 p99 dev_us dev_w dev_r worker_us worker_w worker_r ch_us gen_us all_us cores" >"$work/tls.$arm.tsv"; done
   # tls_run ARM ROUND: one run, one row.
   tls_run() {

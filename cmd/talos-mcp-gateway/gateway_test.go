@@ -536,7 +536,10 @@ var forwardedTimes = regexp.MustCompile(` decision=[0-9.]+[Âµm]?s post=[0-9.]+[Â
 // /metrics).
 func checkForwardedLog(t *testing.T, log, id string) {
 	t.Helper()
-	b, _ := os.ReadFile(log)
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for line := range strings.Lines(string(b)) {
 		if strings.Contains(line, `msg="call forwarded" tool_call_id=`+id) {
 			if !forwardedTimes.MatchString(line) {

@@ -22,9 +22,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Heartbeat is how often the server of a consumer Talos pulls from says it
-// is there while no message comes: Follow's ordered consumers, and the
-// enforce workers', the sink's and the control service's durable ones. In a
+// Heartbeat is how often the server of a consumer Talos keeps a pull open
+// on says it is there while no message comes: Follow's ordered consumers,
+// and the enforce workers' and the control service's durable ones (the
+// sink polls, and a pull that does not wait needs none). In a
 // NATS cluster a pull request waits on the node that leads the consumer;
 // when that node stops (or a new consumer has no leader yet), the request is
 // lost without a word, and the client notices only after two missed
