@@ -196,6 +196,7 @@ stop_all() {
 trap 'stop_all; rm -rf "$work"' EXIT
 go build -o "$work/bin/talosd" ./cmd/talosd
 go build -o "$work/bin/talosctl" ./cmd/talosctl
+go build -o "$work/bin/machinecost" ./scripts/machinecost
 if [ "$mode" = gateway ]; then
   go build -o "$work/bin/talos-mcp-gateway" ./cmd/talos-mcp-gateway
 fi
@@ -333,6 +334,9 @@ saturate() {
 }
 
 echo "== machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(go version | cut -d' ' -f3), ClickHouse $(clickhouse-client --version 2>&1 | grep -o '[0-9][0-9.]*[0-9]' | head -1)"
+# What a hop through NATS costs besides arithmetic (go run ./scripts/machinecost):
+# a virtual machine may charge many times bare metal's for each.
+echo "== machine: $("$work/bin/machinecost")"
 case $mode in
 main)
   start sink,control
