@@ -25,7 +25,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/talos-audit/talos/ingest/gateway"
-	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -383,10 +382,7 @@ func checkStageMetric(t *testing.T, client *http.Client, base string) {
 // ClickHouse.
 func checkRefusalReceipts(t *testing.T, ctx context.Context, s *stack, refused []string, allowedID string, tokens []string) {
 	t.Helper()
-	conn, err := query.Open(ctx, s.chAddr, s.db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := s.clickhouse(t, ctx)
 	defer conn.Close()
 	count := func(q string, args ...any) uint64 {
 		var n uint64

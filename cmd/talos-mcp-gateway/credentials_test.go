@@ -26,7 +26,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/talos-audit/talos/ingest/gateway"
-	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -357,10 +356,7 @@ func TestCredentialBoundary(t *testing.T) {
 	}
 
 	// CRED-03: the receipts say how each call's credential was handled.
-	conn, err := query.Open(ctx, s.chAddr, s.db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := s.clickhouse(t, ctx)
 	defer conn.Close()
 	want := map[string]schemas.TokenHandling{
 		allowed[0]:         {Mode: schemas.TokenModeTokenExchange, Audience: "everything-api"},

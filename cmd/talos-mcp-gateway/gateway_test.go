@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -113,6 +114,31 @@ func startStackRegistry(t *testing.T, registry string, extra ...string) *stack {
 		}
 	})
 	return s
+}
+
+// clickhouse opens the stack's database once talosd's sink has brought it
+// to the current schema. talosd answers calls before its sink has run
+// every migration, and a migration may drop a view to create it again:
+// a test that queried then would find no such view.
+func (s *stack) clickhouse(t *testing.T, ctx context.Context) driver.Conn {
+	t.Helper()
+	conn, err := query.Open(ctx, s.chAddr, s.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var version uint32
+		err := conn.QueryRow(ctx, "SELECT max(version) FROM schema_migrations").Scan(&version)
+		if err == nil && version >= query.SchemaVersion() {
+			return conn
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			conn.Close()
+			t.Fatalf("database %s not migrated to schema version %d: at %d (%v)", s.db, query.SchemaVersion(), version, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func (s *stack) natsURL() string { return "nats://127.0.0.1:" + strconv.Itoa(s.natsPort) }
@@ -436,10 +462,7 @@ func TestGatewayEndToEnd(t *testing.T) {
 	// ClickHouse: every call of this session has its receipts and a
 	// ToolCallEvent; the call denied with NATS down too (its post event
 	// waited in the gateway's outbox).
-	conn, err := query.Open(ctx, s.chAddr, s.db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := s.clickhouse(t, ctx)
 	defer conn.Close()
 	count := func(q string, args ...any) uint64 {
 		var n uint64

@@ -16,7 +16,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/talos-audit/talos/ingest/gateway"
-	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -137,10 +136,7 @@ func TestGovernPromptsAndResources(t *testing.T) {
 		}
 	}
 
-	conn, err := query.Open(ctx, s.chAddr, s.db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := s.clickhouse(t, ctx)
 	defer conn.Close()
 	count := func(q string, args ...any) uint64 {
 		var n uint64
@@ -239,10 +235,7 @@ func TestServerRequestsRecorded(t *testing.T) {
 		t.Fatalf("roots/list did not reach the client: %s", text(rooted))
 	}
 
-	conn, err := query.Open(ctx, s.chAddr, s.db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := s.clickhouse(t, ctx)
 	defer conn.Close()
 	parents := map[string]*mcp.CallToolResult{schemas.MethodSamplingCreateMessage: sampled, schemas.MethodElicitationCreate: elicited,
 		schemas.MethodRootsList: rooted}
@@ -253,7 +246,7 @@ func TestServerRequestsRecorded(t *testing.T) {
 		var id, traceID, resultRef, event, parentTrace string
 		deadline := time.Now().Add(60 * time.Second)
 		for {
-			err = conn.QueryRow(ctx, "SELECT tool_call_id, trace_id, result_ref, cloudevent FROM v_tool_calls WHERE tool_name = ? AND mcp_method = ? AND parent_tool_call_id = ? AND ok = 1",
+			err := conn.QueryRow(ctx, "SELECT tool_call_id, trace_id, result_ref, cloudevent FROM v_tool_calls WHERE tool_name = ? AND mcp_method = ? AND parent_tool_call_id = ? AND ok = 1",
 				method, method, parent).Scan(&id, &traceID, &resultRef, &event)
 			if err == nil && conn.QueryRow(ctx, "SELECT trace_id FROM v_tool_calls WHERE tool_call_id = ?", parent).Scan(&parentTrace) == nil {
 				break
