@@ -2,39 +2,41 @@ package ingest
 
 import (
 	"errors"
+	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"testing"
+	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 )
 
-// TestTuneGCLimits pins the soft memory limit and GOGC TuneGC picks for
-// each kind of process, and that GOMEMLIMIT and GOGC, when set, win.
+// TestTuneGCLimits pins the soft memory limit TuneGC picks for each kind
+// of process, and that GOMEMLIMIT, when set, wins.
 func TestTuneGCLimits(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	defer heapFloor.Store(0) // first: the floor's goroutine then leaves GOGC alone
 	t.Setenv("GOGC", "")
 	for _, c := range []struct {
 		name                    string
 		enforceOnly, embedsNATS bool
 		want                    int64
-		gogc                    int
 	}{
-		{"enforce only", true, false, 100 << 20, 400},
-		{"sink and control", false, false, 256 << 20, 400},
-		{"embeds nats-server", false, true, embeddedLimit(memlimit.ApplyFallback(memlimit.FromCgroup, memlimit.FromSystem)), 100},
+		{"enforce only", true, false, 100 << 20},
+		{"sink and control", false, false, 256 << 20},
+		{"embeds nats-server", false, true, embeddedLimit(memlimit.ApplyFallback(memlimit.FromCgroup, memlimit.FromSystem))},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Setenv("GOMEMLIMIT", "")
-			debug.SetGCPercent(100) // Go's default, as at a process's start
 			if set := TuneGC(c.enforceOnly, c.embedsNATS); set != c.want {
 				t.Errorf("TuneGC says it set %d MiB, want %d MiB", set>>20, c.want>>20)
 			}
 			if got := debug.SetMemoryLimit(-1); got != c.want {
 				t.Errorf("memory limit %d MiB, want %d MiB", got>>20, c.want>>20)
 			}
-			if got := debug.SetGCPercent(100); got != c.gogc {
-				t.Errorf("GOGC %d, want %d", got, c.gogc)
+			if got := debug.SetGCPercent(400); got != 400 {
+				t.Errorf("GOGC %d, want 400", got)
 			}
 		})
 	}
@@ -46,15 +48,6 @@ func TestTuneGCLimits(t *testing.T) {
 		}
 		if got := debug.SetMemoryLimit(-1); got != 123<<20 {
 			t.Errorf("memory limit %d MiB, want GOMEMLIMIT's 123 MiB", got>>20)
-		}
-	})
-	t.Run("GOGC set", func(t *testing.T) {
-		t.Setenv("GOMEMLIMIT", "")
-		t.Setenv("GOGC", "200")
-		debug.SetGCPercent(200) // what the runtime read from GOGC at start
-		TuneGC(true, false)
-		if got := debug.SetGCPercent(100); got != 200 {
-			t.Errorf("GOGC %d with GOGC=200 set, want 200", got)
 		}
 	})
 }
@@ -77,5 +70,70 @@ func TestEmbeddedLimit(t *testing.T) {
 		if got := embeddedLimit(c.available); got != c.want {
 			t.Errorf("%s: %d MiB, want %d MiB", c.name, got>>20, c.want>>20)
 		}
+	}
+}
+
+// TestFloorPercent: a small live heap collects at the floor, a large one
+// at 400%, and a tiny one at no more than gcPercentMax.
+func TestFloorPercent(t *testing.T) {
+	const floor = 1 << 30
+	for _, c := range []struct {
+		live uint64
+		want int
+	}{
+		{0, gcPercent},          // no collection yet
+		{floor / 8, 700},        // goal at the floor: 8 × live
+		{floor / 10, 900},       // 10 × live
+		{floor / 5, gcPercent},  // 400% reaches the floor
+		{floor, gcPercent},      // past it
+		{1 << 20, gcPercentMax}, // 1 MiB live: the floor would ask 102,300%
+		{floor / 100, 9900},     // 100 × live
+	} {
+		if got := floorPercent(c.live, floor); got != c.want {
+			t.Errorf("floorPercent(%d MiB, 1 GiB) = %d, want %d", c.live>>20, got, c.want)
+		}
+		if c.live > 0 && c.want != gcPercentMax {
+			if goal := c.live * uint64(100+floorPercent(c.live, floor)) / 100; goal < floor-c.live/100 {
+				t.Errorf("live %d MiB: heap goal %d MiB, below the floor", c.live>>20, goal>>20)
+			}
+		}
+	}
+}
+
+// TestTuneGCHoldsAFloor: a process that embeds nats-server, with a live
+// heap far below the floor, gets a GOGC above 400 within seconds.
+func TestTuneGCHoldsAFloor(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	defer heapFloor.Store(0) // first: the floor's goroutine then leaves GOGC alone
+	t.Setenv("GOGC", "")
+	t.Setenv("GOMEMLIMIT", "")
+	TuneGC(false, true)
+	runtime.GC() // a live heap to go by: this test binary's few MiB
+	deadline := time.Now().Add(10 * time.Second)
+	gogc := []metrics.Sample{{Name: "/gc/gogc:percent"}} // read without setting it
+	for {
+		metrics.Read(gogc)
+		if p := gogc[0].Value.Uint64(); p > gcPercent {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GOGC still %d after 10 s; want the floor's, above %d", gogc[0].Value.Uint64(), gcPercent)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestTuneGCNoFloorWithGOGC: a GOGC set by the operator is theirs: no floor.
+func TestTuneGCNoFloorWithGOGC(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	defer heapFloor.Store(0)
+	heapFloor.Store(0)
+	t.Setenv("GOGC", "200")
+	t.Setenv("GOMEMLIMIT", "")
+	TuneGC(false, true)
+	if f := heapFloor.Load(); f != 0 {
+		t.Errorf("heap floor %d MiB with GOGC set, want none", f>>20)
 	}
 }
