@@ -128,8 +128,7 @@ func (s *stack) clickhouse(t *testing.T, ctx context.Context) driver.Conn {
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		var version uint32
-		err := conn.QueryRow(ctx, "SELECT max(version) FROM schema_migrations").Scan(&version)
+		version, err := query.AppliedVersion(ctx, conn, s.db)
 		if err == nil && version >= query.SchemaVersion() {
 			return conn
 		}

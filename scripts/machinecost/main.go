@@ -39,7 +39,9 @@ type sizes struct {
 	wakes    int
 }
 
-var defaults = sizes{rounds: 5, syscalls: 100_000, pages: 16 << 10, wakes: 10_000}
+// defaults take about a second here (a wake-up at 40 µs is most of it):
+// bench.sh runs them in every mode.
+var defaults = sizes{rounds: 5, syscalls: 20_000, pages: 4 << 10, wakes: 2_000}
 
 func main() {
 	asJSON := flag.Bool("json", false, "print the costs as a JSON object")
