@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 )
 
@@ -100,6 +101,46 @@ func StreamReceipts(ctx context.Context, conn driver.Conn, database string, fn f
 	}
 	if len(conflicts) > 0 {
 		return &ConflictError{ReceiptIDs: conflicts}
+	}
+	return nil
+}
+
+// streamReceiptsStored calls fn for every row of database.receipts in the
+// order ClickHouse stores them, read by one thread: part after part, in
+// the order parts were inserted, each part in receipt_id order. Receipt
+// ids are UUIDv7 (time-ordered) and a chain's receipts are sealed in seq
+// order, so this is each chain's seq order unless rows were inserted late
+// or copies were stored twice; nothing here relies on it (see
+// verifyStoredOrder). ClickHouse sorts nothing, so the first row comes at
+// once. Rows are not deduplicated. An error from fn stops the stream and is
+// returned as is.
+func streamReceiptsStored(ctx context.Context, conn driver.Conn, database string, fn func(ReceiptRow) error) error {
+	tbl, err := table(database, TableReceipts)
+	if err != nil {
+		return err
+	}
+	ctx = clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{
+		"max_block_size": streamBlockRows,
+		"max_threads":    1,
+	}))
+	rows, err := conn.Query(ctx, "SELECT "+strings.Join(receiptInsertColumns, ", ")+", inserted_at FROM "+tbl)
+	if err != nil {
+		return fmt.Errorf("query: stream receipts: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var r ReceiptRow
+		if err := rows.Scan(r.scanTargets()...); err != nil {
+			return fmt.Errorf("query: stream receipts: %w", err)
+		}
+		r.Time = r.Time.UTC()
+		r.InsertedAt = r.InsertedAt.UTC()
+		if err := fn(r); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("query: stream receipts: %w", err)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"sort"
 	"strings"
 	"testing"
@@ -73,11 +74,21 @@ func (f *auditFixture) mutate(t *testing.T, tbl, tail string) {
 	}
 }
 
+// verify is VerifyDatabase's report on the fixture's database, which must
+// be the chain-order pass's: the stored-order pass stands only for a
+// database it would find clean.
 func (f *auditFixture) verify(t *testing.T) verify.Report {
 	t.Helper()
 	rep, err := VerifyDatabase(f.ctx, f.conn, f.db, f.keys, false, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	chainOrder, err := VerifyDatabaseWith(f.ctx, f.conn, f.db, f.keys, VerifyOptions{ChainOrder: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(rep, chainOrder) {
+		t.Fatalf("VerifyDatabase:\n%+v\nin chain order only:\n%+v", rep, chainOrder)
 	}
 	return rep
 }

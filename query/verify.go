@@ -122,10 +122,48 @@ type VerifyOptions struct {
 	// only the cofactored Ed25519 equation (which only the signer can
 	// make). By default every signature is held to crypto/ed25519's rules.
 	BatchSignatures bool
+	// ChainOrder skips the pass in stored order: the receipts are read
+	// sorted into chain order by ClickHouse from the start.
+	ChainOrder bool
+	// Again, if set, is called when the pass in stored order gives way,
+	// before the receipts are read again in chain order (Progress starts
+	// over).
+	Again func()
 }
 
 // VerifyDatabaseWith is VerifyDatabase with options.
+//
+// It reads the receipts twice at most. The first pass reads them in the
+// order ClickHouse stores them, which needs no sort and is each chain's
+// seq order in a database the sink filled (verifyStoredOrder); it stands
+// only if every row verifies and links without a problem. Otherwise, and
+// with Partial or ChainOrder, the receipts are read sorted into chain
+// order, and that pass's report is returned, whatever the first found.
+// A database both passes would find clean gets the same report from each.
 func VerifyDatabaseWith(ctx context.Context, conn driver.Conn, database string, keys verify.KeySet, opts VerifyOptions) (verify.Report, error) {
+	if !opts.Partial && !opts.ChainOrder {
+		rep, ok, err := verifyStoredOrder(ctx, conn, database, keys, opts, storedOrderHold)
+		if err != nil || ok {
+			return rep, err
+		}
+		if opts.Again != nil {
+			opts.Again()
+		}
+	}
+	return verifyChainOrder(ctx, conn, database, keys, opts)
+}
+
+// verifyEventsFunc is the signature check opts asks for.
+func verifyEventsFunc(opts VerifyOptions) func([][]byte, verify.KeySet) ([]*verify.Event, []error) {
+	if opts.BatchSignatures {
+		return verify.VerifyEventsBatch
+	}
+	return verify.VerifyEvents
+}
+
+// verifyChainOrder is VerifyDatabaseWith reading the receipts in chain
+// order (chain_id, chain_seq, receipt_id), as ClickHouse sorts them.
+func verifyChainOrder(ctx context.Context, conn driver.Conn, database string, keys verify.KeySet, opts VerifyOptions) (verify.Report, error) {
 	v := verify.NewVerifier(keys)
 	v.AllowPartial = opts.Partial
 	extra, err := verifyCheckpoints(ctx, conn, database, v)
@@ -136,11 +174,12 @@ func VerifyDatabaseWith(ctx context.Context, conn driver.Conn, database string, 
 	if feed.progress != nil {
 		feed.total = countReceipts(ctx, conn, database)
 	}
-	verifyEvents := verify.VerifyEvents
-	if opts.BatchSignatures {
-		verifyEvents = verify.VerifyEventsBatch
-	}
-	err = streamVerified(ctx, conn, database, keys, verifyEvents, feed.process)
+	err = streamVerified(ctx, func(ctx context.Context, fn func(ReceiptRow) error) error {
+		return StreamReceipts(ctx, conn, database, fn)
+	}, keys, verifyEventsFunc(opts), func(it *verifyItem) error {
+		feed.process(it)
+		return nil
+	})
 	var conflict *ConflictError
 	if errors.As(err, &conflict) {
 		for _, id := range conflict.ReceiptIDs {
@@ -153,6 +192,13 @@ func VerifyDatabaseWith(ctx context.Context, conn driver.Conn, database string, 
 		return verify.Report{}, fmt.Errorf("verify: %w", err)
 	}
 	feed.finish()
+	return finishReport(ctx, conn, database, keys, v.Finish(), feed.extra)
+}
+
+// finishReport adds to rep, the receipts verifier's report, the problems
+// found beside it (extra), and those of the tool calls and the receipts
+// they name.
+func finishReport(ctx context.Context, conn driver.Conn, database string, keys verify.KeySet, rep verify.Report, extra []verify.Problem) (verify.Report, error) {
 	calls, err := verifyToolCalls(ctx, conn, database, keys)
 	if err != nil {
 		return verify.Report{}, fmt.Errorf("verify: %w", err)
@@ -161,9 +207,128 @@ func VerifyDatabaseWith(ctx context.Context, conn driver.Conn, database string, 
 	if err != nil {
 		return verify.Report{}, fmt.Errorf("verify: %w", err)
 	}
-	rep := v.Finish()
-	rep.Problems = append(append(append(rep.Problems, feed.extra...), calls...), missing...)
+	rep.Problems = append(append(append(rep.Problems, extra...), calls...), missing...)
 	return rep, nil
+}
+
+// errNotChainOrder stops the stored-order pass: a row could not be
+// verified there as the chain-order pass would (see verifyStoredOrder).
+var errNotChainOrder = errors.New("stored order is not chain order")
+
+// storedOrderHold bounds the rows the stored-order pass holds back until
+// the rows before them in their chains come: more, and it gives up.
+const storedOrderHold = 4096
+
+// verifyStoredOrder verifies the receipts in the order ClickHouse stores
+// them, which it streams without sorting (streamReceiptsStored), feeding
+// each chain to the verifier in seq order: a row that comes before the
+// rows ahead of it in its chain is held back (at most storedOrderHold).
+// ok is false, and the report empty, when this pass cannot stand for the
+// chain-order one: a row that does not verify, whose columns are not its
+// signed cloudevent's, that repeats a seq of its chain (a second copy
+// stored before a merge) or leaves a gap; too many rows held back; or a
+// problem the verifier or the checkpoints report. Then the chain-order
+// pass, which names every such problem, has the last word. Rows are fed
+// to the same verifier, each chain in the same order, with the same
+// checks, so a clean database gets the report that pass would give.
+func verifyStoredOrder(ctx context.Context, conn driver.Conn, database string, keys verify.KeySet, opts VerifyOptions, maxHeld int) (rep verify.Report, ok bool, err error) {
+	v := verify.NewVerifier(keys)
+	extra, err := verifyCheckpoints(ctx, conn, database, v)
+	if err != nil {
+		return verify.Report{}, false, fmt.Errorf("verify: %w", err)
+	}
+	if len(extra) > 0 {
+		return verify.Report{}, false, nil
+	}
+	feed := &seqFeeder{v: v, next: map[string]uint64{}, held: map[string]map[uint64]verifyItem{}, maxHeld: maxHeld, progress: opts.Progress}
+	if feed.progress != nil {
+		feed.total = countReceipts(ctx, conn, database)
+	}
+	err = streamVerified(ctx, func(ctx context.Context, fn func(ReceiptRow) error) error {
+		return streamReceiptsStored(ctx, conn, database, fn)
+	}, keys, verifyEventsFunc(opts), feed.process)
+	if errors.Is(err, errNotChainOrder) {
+		return verify.Report{}, false, nil
+	}
+	if err != nil {
+		return verify.Report{}, false, fmt.Errorf("verify: %w", err)
+	}
+	if rep = v.Finish(); feed.nHeld > 0 || !rep.OK() {
+		return verify.Report{}, false, nil
+	}
+	rep, err = finishReport(ctx, conn, database, keys, rep, nil)
+	return rep, err == nil, err
+}
+
+// seqFeeder feeds rows streamed in stored order (streamVerified's
+// process) to the receipts verifier, each chain in seq order from 1; it
+// stops the stream with errNotChainOrder at the first row the chain-order
+// pass could report a problem at.
+type seqFeeder struct {
+	v        *verify.Verifier
+	next     map[string]uint64                // by chain: the seq to feed next
+	held     map[string]map[uint64]verifyItem // by chain and seq: rows ahead of their turn
+	nHeld    int
+	maxHeld  int                   // more held, and the pass gives up
+	n        int                   // rows fed
+	total    int                   // stored receipt rows, 0 if not counted
+	progress func(done, total int) // nil for none
+}
+
+func (f *seqFeeder) process(it *verifyItem) error {
+	row, d := &it.row, &it.derived
+	if it.derr != nil || it.verr != nil || d.ChainID != row.ChainID || d.ChainSeq != row.ChainSeq || !sameColumns(row, d) {
+		return errNotChainOrder
+	}
+	chain, seq := row.ChainID, row.ChainSeq
+	next := f.next[chain]
+	if next == 0 {
+		next = 1
+	}
+	if seq != next {
+		held := f.held[chain]
+		if held == nil {
+			held = map[uint64]verifyItem{}
+			f.held[chain] = held
+		}
+		if _, twice := held[seq]; twice || seq < next || f.nHeld >= f.maxHeld {
+			return errNotChainOrder
+		}
+		held[seq] = *it
+		f.nHeld++
+		return nil
+	}
+	if err := f.feed(it); err != nil {
+		return err
+	}
+	for next++; len(f.held[chain]) > 0; next++ {
+		h, ok := f.held[chain][next]
+		if !ok {
+			break
+		}
+		delete(f.held[chain], next)
+		f.nHeld--
+		if err := f.feed(&h); err != nil {
+			return err
+		}
+	}
+	if len(f.held[chain]) == 0 {
+		delete(f.held, chain)
+	}
+	f.next[chain] = next
+	return nil
+}
+
+// feed links one row, verified and in its turn, in the verifier.
+func (f *seqFeeder) feed(it *verifyItem) error {
+	if _, probs := f.v.AddVerified(it.raw, it.ev, it.verr); len(probs) > 0 {
+		return errNotChainOrder
+	}
+	f.n++
+	if f.progress != nil && f.n%10000 == 0 {
+		f.progress(f.n, max(f.total, f.n))
+	}
+	return nil
 }
 
 // verifyCheckpoints feeds every stored checkpoint to v and returns an
@@ -337,12 +502,15 @@ type verifyBatch struct {
 // verifyBatchRows is how many rows travel together between goroutines.
 const verifyBatchRows = 256
 
-// streamVerified streams database.receipts (StreamReceipts) and calls
-// process for every row, in stream order, after its signature check (by
-// verifyEvents, a batch at a time) and derivation ran on one of
-// GOMAXPROCS goroutines. Memory: a few batches in flight.
-func streamVerified(ctx context.Context, conn driver.Conn, database string, keys verify.KeySet,
-	verifyEvents func([][]byte, verify.KeySet) ([]*verify.Event, []error), process func(*verifyItem)) error {
+// streamVerified streams receipt rows (stream) and calls process for
+// every row, in stream order, after its signature check (by verifyEvents,
+// a batch at a time) and derivation ran on one of GOMAXPROCS goroutines.
+// Memory: a few batches in flight. An error from process stops the stream
+// and is returned.
+func streamVerified(ctx context.Context, stream func(context.Context, func(ReceiptRow) error) error, keys verify.KeySet,
+	verifyEvents func([][]byte, verify.KeySet) ([]*verify.Event, []error), process func(*verifyItem) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	workers := runtime.GOMAXPROCS(0)
 	work := make(chan *verifyBatch, 2*workers)
 	ordered := make(chan *verifyBatch, 4*workers)
@@ -356,7 +524,7 @@ func streamVerified(ctx context.Context, conn driver.Conn, database string, keys
 			ordered <- cur
 			cur = nil
 		}
-		streamErr = StreamReceipts(ctx, conn, database, func(row ReceiptRow) error {
+		streamErr = stream(ctx, func(row ReceiptRow) error {
 			if cur == nil {
 				cur = &verifyBatch{items: make([]verifyItem, 0, verifyBatchRows), done: make(chan struct{})}
 			}
@@ -389,11 +557,17 @@ func streamVerified(ctx context.Context, conn driver.Conn, database string, keys
 			}
 		}()
 	}
+	var processErr error
 	for b := range ordered {
 		<-b.done
-		for i := range b.items {
-			process(&b.items[i])
+		for i := 0; i < len(b.items) && processErr == nil; i++ {
+			if processErr = process(&b.items[i]); processErr != nil {
+				cancel() // the stream ends; the batches in flight are drained
+			}
 		}
+	}
+	if processErr != nil {
+		return processErr
 	}
 	return streamErr // written before ordered was closed
 }

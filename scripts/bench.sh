@@ -66,7 +66,14 @@
 #                                 1,000, written by `talosctl synth`: receipts/s
 #                                 and peak RSS of the verifier, signatures
 #                                 checked one by one, then in batches
-#                                 (--batch-signatures)
+#                                 (--batch-signatures); `verify N profile`
+#                                 also writes a CPU profile of each (talosctl
+#                                 --cpuprofile) to a directory it prints;
+#                                 `verify N ab BASE [ROUNDS]` runs BASE's
+#                                 talosctl (built beside this tree's) and this
+#                                 tree's on the same database, alternately,
+#                                 ROUNDS (3) each, and prints the medians and
+#                                 new/base
 #   bash scripts/bench.sh tail [RATE]  the latency run at RATE calls/s
 #                                 (default 1,000: about half the saturation
 #                                 here) for 15 s in three arrangements: no
@@ -173,7 +180,7 @@ mode=${1:-main}
 case $mode in
 main | replay | flight | tail | tls | sustained | verify | gateway | ab | profile | forward | log | cluster) ;;
 *)
-  echo "usage: bash scripts/bench.sh [replay|flight|tail [RATE]|tls [RATE] [ROUNDS]|sustained [RUNS] [LIMIT...]|ab [BASE] [ROUNDS]|profile [SECONDS] [RATE]|verify [N]|gateway [CALLS] [stdio]|forward [CALLS]|log [CALLS] [ROUNDS] [RATE]|cluster [ROUNDS]]" >&2
+  echo "usage: bash scripts/bench.sh [replay|flight|tail [RATE]|tls [RATE] [ROUNDS]|sustained [RUNS] [LIMIT...]|ab [BASE] [ROUNDS]|profile [SECONDS] [RATE]|verify [N] [profile|ab BASE [ROUNDS]]|gateway [CALLS] [stdio]|forward [CALLS]|log [CALLS] [ROUNDS] [RATE]|cluster [ROUNDS]]" >&2
   exit 2
   ;;
 esac
@@ -693,28 +700,69 @@ sustained)
   ;;
 verify)
   n=${2:-1000000}
+  profdir= base_rev= rounds=1
+  case "${3:-}" in
+  profile) profdir=$(mktemp -d /tmp/talos-verify-profile.XXXXXX) ;;
+  ab)
+    base_rev=$(git rev-parse --verify --quiet "${4:-HEAD}^{commit}") || { echo "no such commit: ${4:-}" >&2; exit 2; }
+    rounds=${5:-3}
+    mkdir -p "$work/base/src" "$work/base/bin"
+    git archive "$base_rev" | tar -x -C "$work/base/src"
+    (cd "$work/base/src" && go build -o "$work/base/bin/talosctl" ./cmd/talosctl)
+    ;;
+  "") ;;
+  *) echo "verify [N] [profile | ab BASE [ROUNDS]]: unknown $3" >&2; exit 2 ;;
+  esac
   start control
   echo "== writing $n signed receipts in 4 chains, a checkpoint every 1,000 (talosctl synth)"
   # Database synth is not talosd dev's: its writer and reader see only
   # talos, so synth (which creates the database) and verify log in as the admin.
   "$work/bin/talosctl" --clickhouse-addr "$ch" --clickhouse-user default --clickhouse-database synth synth --receipts "$n" --chains 4 \
     --checkpoint-every 1000 --key-out "$work/synth" 2>/dev/null
-  # Twice: signatures checked one by one with crypto/ed25519's rules (the
-  # default), then in batches (--batch-signatures: RFC 8032's cofactored
-  # equation, a failing batch rechecked one by one).
-  for mode in default batch; do
-    flags=()
+  # verify_run SIDE MODE: one talosctl verify over the synth database by
+  # SIDE's talosctl (new: this tree's, base: BASE's), signatures checked
+  # one by one with crypto/ed25519's rules (MODE default) or in batches
+  # (batch: --batch-signatures, RFC 8032's cofactored equation, a failing
+  # batch rechecked one by one); prints and records receipts/s.
+  verify_run() {
+    local side=$1 mode=$2 bin=$work/bin/talosctl flags=()
+    [ "$side" = base ] && bin=$work/base/bin/talosctl
     [ "$mode" = batch ] && flags=(--batch-signatures)
-    echo "== talosctl verify ${flags[*]} over ClickHouse: every signature, link, Merkle root and stored column"
+    [ -n "$profdir" ] && flags+=(--cpuprofile "$profdir/verify-$mode.pprof")
+    echo "== ${base_rev:+$side: }talosctl verify ${flags[*]} over ClickHouse: every signature, link, Merkle root and stored column"
     if ! /usr/bin/time -f "%e s wall, %M KiB peak RSS, %P CPU" -o "$work/verify.time" \
-      "$work/bin/talosctl" --clickhouse-addr "$ch" --clickhouse-user default --clickhouse-database synth verify --trusted-keys "$work/synth.pub" "${flags[@]}" \
+      "$bin" --clickhouse-addr "$ch" --clickhouse-user default --clickhouse-database synth verify --trusted-keys "$work/synth.pub" "${flags[@]}" \
       >"$work/verify.out" 2>"$work/verify.err"; then
       tail -20 "$work/verify.out"; tr '\r' '\n' <"$work/verify.err" | tail -5; exit 1
     fi
     tail -1 "$work/verify.out"
     cat "$work/verify.time"
     awk -v n="$n" -v m="$mode" '{printf "== verification (%s signatures): %.0f receipts/s, peak RSS %.0f MiB\n", m, n/$1, $4/1024}' "$work/verify.time"
-  done
+    awk -v n="$n" -v s="$side" -v m="$mode" '{printf "%s %s %.0f %.0f\n", s, m, n/$1, $4/1024}' "$work/verify.time" >>"$work/verify.all"
+  }
+  if [ -z "$base_rev" ]; then
+    verify_run new default
+    verify_run new batch
+  else
+    echo "== A/B: base $(git rev-parse --short "$base_rev") ($(git log -1 --format=%s "$base_rev" | cut -c1-60)) against this tree, $rounds round(s) on one database, alternating (base first in odd rounds)"
+    for r in $(seq 1 "$rounds"); do
+      order="base new"
+      [ $((r % 2)) -eq 0 ] && order="new base"
+      for mode in default batch; do
+        for side in $order; do verify_run "$side" "$mode"; done
+      done
+    done
+    echo "== receipts/s, median of $rounds round(s) (new/base)"
+    for mode in default batch; do
+      b=$(awk -v m="$mode" '$1 == "base" && $2 == m {print $3}' "$work/verify.all" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+      nw=$(awk -v m="$mode" '$1 == "new" && $2 == m {print $3}' "$work/verify.all" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+      awk -v m="$mode" -v b="$b" -v n="$nw" 'BEGIN {printf "   %-8s base %7d  new %7d  ratio %.2f\n", m, b, n, n / b}'
+    done
+  fi
+  if [ -n "$profdir" ]; then
+    cp "$work/bin/talosctl" "$profdir/"
+    echo "== CPU profiles: go tool pprof -top $profdir/talosctl $profdir/verify-batch.pprof (and verify-default.pprof)"
+  fi
   ;;
 gateway)
   calls=${2:-2000} warmup=100

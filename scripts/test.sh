@@ -30,6 +30,6 @@ echo "== go test (bench/opa)"
 # not come up or evidence that does not add up, and a mode no one runs
 # breaks unseen. The gateway mode does not wait for an idle machine here
 # (another suite may run on a shared one): its figures are not the point.
-echo "== benchmark harness: bash scripts/bench.sh verify 2000; BENCH_NO_IDLE=1 bash scripts/bench.sh gateway 20 stdio"
-bash scripts/bench.sh verify 2000
+echo "== benchmark harness: bash scripts/bench.sh verify 2000 ab HEAD 1; BENCH_NO_IDLE=1 bash scripts/bench.sh gateway 20 stdio"
+bash scripts/bench.sh verify 2000 ab HEAD 1
 BENCH_NO_IDLE=1 bash scripts/bench.sh gateway 20 stdio

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -27,6 +28,7 @@ type Globals struct {
 	NatsCA            string `name:"nats-ca" type:"path" help:"CA certificate (PEM) the NATS server's certificate must chain to; with it, a server without TLS is refused. Default: nats-tls/ca.pem beside --nats-auth (talosd's data dir, where it keeps its embedded server's CA) when it exists, else the system's roots."`
 	query.ClientFlags        // --clickhouse-*: address, database, user (a reader), TLS
 	JSON              bool   `name:"json" help:"Print JSON instead of human-readable output."`
+	CPUProfile        string `name:"cpuprofile" type:"path" help:"Write a CPU profile of the command to this file (for go tool pprof)."`
 }
 
 type cli struct {
@@ -85,7 +87,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "run 'talosctl --help' for usage")
 		os.Exit(2)
 	}
-	if err = k.Run(&c.Globals, &c.ClientFlags); err != nil {
+	stop, err := startCPUProfile(c.CPUProfile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "talosctl:", err)
+		os.Exit(2)
+	}
+	err = k.Run(&c.Globals, &c.ClientFlags)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "talosctl:", err)
 		var ee exitError
 		if errors.As(err, &ee) {
@@ -93,6 +102,28 @@ func main() {
 		}
 		os.Exit(1)
 	}
+}
+
+// startCPUProfile starts a CPU profile written to path (none if path is
+// empty) and returns what stops it.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpuprofile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "talosctl: cpuprofile:", err)
+		}
+	}, nil
 }
 
 // defaultNATSAuth is where `talosd dev` (scripts/dev.sh) keeps its auth

@@ -73,8 +73,23 @@ func (c *verifyCmd) verifyDatabase(g *Globals, keys verify.KeySet) (*query.Verif
 	if !g.JSON {
 		bar = query.NewProgressBar(os.Stderr, "verifying", "receipts")
 	}
+	// The first pass reads the receipts as stored; if they are not in
+	// chain order, or something is wrong, the second reads them sorted
+	// and its bar starts over (said when the first had drawn one).
+	drawn := false
+	progress := func(done, total int) {
+		drawn = bar != nil
+		bar.Update(done, total)
+	}
+	again := func() {
+		if drawn {
+			bar.Done()
+			fmt.Fprintln(os.Stderr, "talosctl: verifying again, the receipts sorted into chain order (stored out of it, stored twice, or a problem found)")
+			bar = query.NewProgressBar(os.Stderr, "verifying", "receipts")
+		}
+	}
 	out, err := query.VerifyDatabaseOutcome(ctx, conn, fmt.Sprintf("ClickHouse %s database %s", g.ClickhouseAddr, g.ClickhouseDatabase),
-		g.ClickhouseDatabase, keys, query.VerifyOptions{Partial: c.Partial, Progress: bar.Update, BatchSignatures: c.BatchSignatures})
+		g.ClickhouseDatabase, keys, query.VerifyOptions{Partial: c.Partial, Progress: progress, Again: again, BatchSignatures: c.BatchSignatures})
 	bar.Done()
 	if err != nil {
 		return nil, failed("%v", err)
