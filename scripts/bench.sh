@@ -28,7 +28,7 @@
 #                                 p50/p99 at 2,000 calls/s, end-to-end events/s,
 #                                 the worker's peak RSS at 2,000 calls/s (and
 #                                 its anonymous part after that run), flight
-#                                 throughput, the NATS process's peak RSS;
+#                                 throughput, the NATS process's and ClickHouse's peak RSS;
 #                                 prints base and new medians and
 #                                 new/base ratios, then the ratio within each
 #                                 round and its median (a round's two sides run
@@ -442,13 +442,13 @@ ab)
   [ ${#new_flags[@]} -eq 0 ] || echo "   the new worker also gets: ${new_flags[*]}"
   [ ${#new_dev_flags[@]} -eq 0 ] || echo "   the new dev process also gets: ${new_dev_flags[*]}"
   [ "$warm" -eq 0 ] || echo "   each stack first runs $warm throughput runs of 40,000 calls (BENCH_AB_WARM): the figures are of a stack that has handled $((warm * 40000)) calls"
-  cols="tp_decisions_s e2e_events_s p50_ms p99_ms worker_rss_mib cpu_worker cpu_nats_sink cpu_clickhouse cpu_loadgen cpu_stack flight_calls_s flight_events_s worker_anon_mib nats_rss_mib seal_us other_cores"
+  cols="tp_decisions_s e2e_events_s p50_ms p99_ms worker_rss_mib cpu_worker cpu_nats_sink cpu_clickhouse cpu_loadgen cpu_stack flight_calls_s flight_events_s worker_anon_mib nats_rss_mib ch_rss_mib seal_us other_cores"
   for side in base new; do echo "$cols" >"$work/ab.$side.tsv"; done
   fmt='function f(x) { return x == "-" ? x : (x >= 100 || x <= -100) ? sprintf("%.0f", x) : sprintf("%.2f", x) } ' # awk: a figure, readably
   # side SIDE ROUND: one fresh stack of SIDE's talosd and its measurements,
   # one row of $work/ab.SIDE.tsv.
   side() {
-    local s=$1 i=$2 tp lat fl rss_mib anon_mib nats_rss speed
+    local s=$1 i=$2 tp lat fl rss_mib anon_mib nats_rss ch_rss speed
     if [ "$s" = base ]; then
       talosd=$work/base/bin/talosd talosctl=$work/base/bin/talosctl registry=$work/base/src/cmd/talosd/demo/registry worker_flags=() dev_flags=()
     else
@@ -465,13 +465,13 @@ ab)
     rss_mib=$(rss $worker) anon_mib=$(rss_anon $worker)
     saturate tp 40000
     bench --calls 20000 --concurrency 100 --rate 0 --inflight 4 --post --json-out "$work/fl.json" >/dev/null
-    nats_rss=$(rss $dev)
+    nats_rss=$(rss $dev) ch_rss=$(rss $chpid)
     stop_all
     # Again once the stack has stopped: the slower of the two stands.
     speed=$(awk -v a="$speed" -v b="$(machine_speed)" 'BEGIN{print (b > a ? b : a)}')
     lat=$work/lat.json tp=$work/tp.json fl=$work/fl.json
     echo "$(jf $tp decisions_per_sec) $(jf $tp e2e_events_per_sec) $(jf $lat decision_p50_ms) $(jf $lat decision_p99_ms) $rss_mib" \
-      "$cpu_worker $cpu_dev $cpu_ch $cpu_gen $cpu_stack $(jf $fl decisions_per_sec) $(jf $fl e2e_events_per_sec) $anon_mib $nats_rss $speed $other_cores" >>"$work/ab.$s.tsv"
+      "$cpu_worker $cpu_dev $cpu_ch $cpu_gen $cpu_stack $(jf $fl decisions_per_sec) $(jf $fl e2e_events_per_sec) $anon_mib $nats_rss $ch_rss $speed $other_cores" >>"$work/ab.$s.tsv"
     awk -v s="$s" "$fmt"'NR==1{for(i=1;i<=NF;i++)h[i]=$i} END{printf "   %s:", s; for(i=1;i<=NF;i++) printf " %s %s", h[i], f($i); print ""}' "$work/ab.$s.tsv"
   }
   # ABBA: base first in odd rounds, new first in even ones, so that a
@@ -496,6 +496,7 @@ ab)
     "CPU per call, load generator (µs, its own report)" "CPU per call, stack: worker + NATS + sink + ClickHouse (µs)" \
     "flight: calls/s at saturation (pre + post)" "flight: end-to-end events/s" \
     "worker anonymous RSS after the 2,000 calls/s run (MiB)" "NATS process peak RSS, all runs (MiB)" \
+    "ClickHouse peak RSS, all runs (MiB)" \
     "machine: BenchmarkSeal around the round (µs; same code)"; do
     i=$((i + 1))
     b=$(median "$work/ab.base.tsv" $i) n=$(median "$work/ab.new.tsv" $i)

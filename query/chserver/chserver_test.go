@@ -166,3 +166,16 @@ func TestFreePorts(t *testing.T) {
 		t.Fatalf("%d ports, want 50", len(ports))
 	}
 }
+
+// The server's environment keeps freed memory in jemalloc (MALLOC_CONF),
+// unless the caller's environment already says what jemalloc does.
+func TestServerEnv(t *testing.T) {
+	got := serverEnv([]string{"PATH=/usr/bin", "HOME=/root"})
+	if !slices.Equal(got, []string{"PATH=/usr/bin", "HOME=/root", "MALLOC_CONF=" + allocatorConf}) {
+		t.Fatalf("without MALLOC_CONF: %q", got)
+	}
+	own := []string{"MALLOC_CONF=dirty_decay_ms:1000", "PATH=/usr/bin"}
+	if got := serverEnv(own); !slices.Equal(got, own) {
+		t.Fatalf("with the operator's MALLOC_CONF: %q", got)
+	}
+}
