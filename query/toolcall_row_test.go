@@ -615,6 +615,14 @@ func TestVerifyDatabaseToolCalls(t *testing.T) {
 		!strings.HasPrefix(got[eventID(t, alien)], verify.ProblemUnknownKey+":") {
 		t.Fatalf("problems = %v", rep.Problems)
 	}
+	// With batch signatures, the same report.
+	batch, err := VerifyDatabaseWith(ctx, conn, db, keys, VerifyOptions{BatchSignatures: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(batch, rep) {
+		t.Fatalf("with batch signatures:\n%+v\nwithout:\n%+v", batch, rep)
+	}
 }
 
 // decisionReceipt seals the next decision receipt of ch with the given

@@ -192,14 +192,14 @@ func verifyChainOrder(ctx context.Context, conn driver.Conn, database string, ke
 		return verify.Report{}, fmt.Errorf("verify: %w", err)
 	}
 	feed.finish()
-	return finishReport(ctx, conn, database, keys, v.Finish(), feed.extra)
+	return finishReport(ctx, conn, database, keys, opts, v.Finish(), feed.extra)
 }
 
 // finishReport adds to rep, the receipts verifier's report, the problems
 // found beside it (extra), and those of the tool calls and the receipts
 // they name.
-func finishReport(ctx context.Context, conn driver.Conn, database string, keys verify.KeySet, rep verify.Report, extra []verify.Problem) (verify.Report, error) {
-	calls, err := verifyToolCalls(ctx, conn, database, keys)
+func finishReport(ctx context.Context, conn driver.Conn, database string, keys verify.KeySet, opts VerifyOptions, rep verify.Report, extra []verify.Problem) (verify.Report, error) {
+	calls, err := verifyToolCalls(ctx, conn, database, keys, verifyEventsFunc(opts))
 	if err != nil {
 		return verify.Report{}, fmt.Errorf("verify: %w", err)
 	}
@@ -256,7 +256,7 @@ func verifyStoredOrder(ctx context.Context, conn driver.Conn, database string, k
 	if rep = v.Finish(); feed.nHeld > 0 || !rep.OK() {
 		return verify.Report{}, false, nil
 	}
-	rep, err = finishReport(ctx, conn, database, keys, rep, nil)
+	rep, err = finishReport(ctx, conn, database, keys, opts, rep, nil)
 	return rep, err == nil, err
 }
 
@@ -494,45 +494,72 @@ type verifyItem struct {
 	verr    error
 }
 
-type verifyBatch struct {
-	items []verifyItem
-	done  chan struct{} // closed once every item is checked
-}
-
-// verifyBatchRows is how many rows travel together between goroutines.
-const verifyBatchRows = 256
-
 // streamVerified streams receipt rows (stream) and calls process for
 // every row, in stream order, after its signature check (by verifyEvents,
-// a batch at a time) and derivation ran on one of GOMAXPROCS goroutines.
-// Memory: a few batches in flight. An error from process stops the stream
-// and is returned.
+// a batch at a time) and derivation ran on one of GOMAXPROCS goroutines
+// (inOrder). An error from process stops the stream and is returned.
 func streamVerified(ctx context.Context, stream func(context.Context, func(ReceiptRow) error) error, keys verify.KeySet,
 	verifyEvents func([][]byte, verify.KeySet) ([]*verify.Event, []error), process func(*verifyItem) error) error {
+	return inOrder(ctx, func(ctx context.Context, add func(verifyItem)) error {
+		return stream(ctx, func(row ReceiptRow) error {
+			add(verifyItem{row: row})
+			return nil
+		})
+	}, func(items []verifyItem) {
+		raws := make([][]byte, len(items))
+		for i := range items {
+			raws[i] = []byte(items[i].row.CloudEvent)
+		}
+		evs, errs := verifyEvents(raws, keys)
+		for i := range items {
+			it := &items[i]
+			it.raw = raws[i]
+			it.ev, it.verr = evs[i], errs[i]
+			it.derived, it.derr = derivedRow(it.row.CloudEvent, raws[i], it.ev)
+		}
+	}, process)
+}
+
+// inOrderBatch is how many items travel together between inOrder's
+// goroutines.
+const inOrderBatch = 256
+
+// batchOf is a batch of inOrder's items.
+type batchOf[T any] struct {
+	items []T
+	done  chan struct{} // closed once work has run on items
+}
+
+// inOrder runs stream, which adds items one by one, runs work on batches
+// of them on GOMAXPROCS goroutines, and calls process for every item in
+// the order stream added it, once its batch's work is done. Memory: a few
+// batches in flight. An error from process cancels stream's context (the
+// batches in flight are drained) and is returned; otherwise stream's
+// error is. When inOrder returns, stream has returned.
+func inOrder[T any](ctx context.Context, stream func(context.Context, func(T)) error, work func([]T), process func(*T) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	workers := runtime.GOMAXPROCS(0)
-	work := make(chan *verifyBatch, 2*workers)
-	ordered := make(chan *verifyBatch, 4*workers)
+	pending := make(chan *batchOf[T], 2*workers)
+	ordered := make(chan *batchOf[T], 4*workers)
 	var streamErr error
 	go func() {
 		defer close(ordered)
-		defer close(work)
-		var cur *verifyBatch
+		defer close(pending)
+		var cur *batchOf[T]
 		send := func() {
-			work <- cur
+			pending <- cur
 			ordered <- cur
 			cur = nil
 		}
-		streamErr = stream(ctx, func(row ReceiptRow) error {
+		streamErr = stream(ctx, func(item T) {
 			if cur == nil {
-				cur = &verifyBatch{items: make([]verifyItem, 0, verifyBatchRows), done: make(chan struct{})}
+				cur = &batchOf[T]{items: make([]T, 0, inOrderBatch), done: make(chan struct{})}
 			}
-			cur.items = append(cur.items, verifyItem{row: row})
-			if len(cur.items) == verifyBatchRows {
+			cur.items = append(cur.items, item)
+			if len(cur.items) == inOrderBatch {
 				send()
 			}
-			return nil
 		})
 		if cur != nil {
 			send()
@@ -540,19 +567,8 @@ func streamVerified(ctx context.Context, stream func(context.Context, func(Recei
 	}()
 	for range workers {
 		go func() {
-			raws := make([][]byte, 0, verifyBatchRows)
-			for b := range work {
-				raws = raws[:0]
-				for i := range b.items {
-					raws = append(raws, []byte(b.items[i].row.CloudEvent))
-				}
-				evs, errs := verifyEvents(raws, keys)
-				for i := range b.items {
-					it := &b.items[i]
-					it.raw = raws[i]
-					it.ev, it.verr = evs[i], errs[i]
-					it.derived, it.derr = derivedRow(it.row.CloudEvent, raws[i], it.ev)
-				}
+			for b := range pending {
+				work(b.items)
 				close(b.done)
 			}
 		}()
@@ -562,7 +578,7 @@ func streamVerified(ctx context.Context, stream func(context.Context, func(Recei
 		<-b.done
 		for i := 0; i < len(b.items) && processErr == nil; i++ {
 			if processErr = process(&b.items[i]); processErr != nil {
-				cancel() // the stream ends; the batches in flight are drained
+				cancel()
 			}
 		}
 	}
@@ -654,30 +670,38 @@ func missingReceipts(ctx context.Context, conn driver.Conn, database string) ([]
 }
 
 // verifyToolCalls checks each stored tool_calls row: its cloudevent's
-// signature against keys, that it is an acceptable ToolCallEvent, and that
-// its columns agree with it.
-func verifyToolCalls(ctx context.Context, conn driver.Conn, database string, keys verify.KeySet) ([]verify.Problem, error) {
-	var problems []verify.Problem
-	conflicts, err := streamToolCalls(ctx, conn, database, func(row ToolCallRow) error {
-		if _, err := verify.VerifyEvent([]byte(row.CloudEvent), keys); err != nil {
-			kind := verify.ProblemMalformed
-			var ve *verify.VerifyError
-			if errors.As(err, &ve) {
-				kind = ve.Kind
-			}
-			problems = append(problems, verify.Problem{Kind: kind, ReceiptID: row.EventID, Record: RecordToolCall,
-				Detail: "tool call event: " + err.Error()})
+// signature against keys (by verifyEvents, a batch at a time on every
+// core), that it is an acceptable ToolCallEvent, and that its columns
+// agree with it. Problems are in stream order (event_id).
+func verifyToolCalls(ctx context.Context, conn driver.Conn, database string, keys verify.KeySet,
+	verifyEvents func([][]byte, verify.KeySet) ([]*verify.Event, []error)) ([]verify.Problem, error) {
+	type item struct {
+		row     ToolCallRow
+		problem *verify.Problem
+	}
+	var (
+		problems  []verify.Problem
+		conflicts []string
+	)
+	err := inOrder(ctx, func(ctx context.Context, add func(item)) error {
+		var err error
+		conflicts, err = streamToolCalls(ctx, conn, database, func(row ToolCallRow) error {
+			add(item{row: row})
 			return nil
+		})
+		return err
+	}, func(items []item) {
+		raws := make([][]byte, len(items))
+		for i := range items {
+			raws[i] = []byte(items[i].row.CloudEvent)
 		}
-		derived, _, err := ToolCallRowFromEvent([]byte(row.CloudEvent))
-		if err != nil {
-			problems = append(problems, verify.Problem{Kind: ProblemInvalidToolCall, ReceiptID: row.EventID, Record: RecordToolCall,
-				Detail: "signed tool call event is not acceptable: " + err.Error()})
-			return nil
+		_, errs := verifyEvents(raws, keys)
+		for i := range items {
+			items[i].problem = toolCallProblem(items[i].row, raws[i], errs[i])
 		}
-		if cols := CompareToolCallColumns(row, derived); len(cols) > 0 {
-			problems = append(problems, verify.Problem{Kind: ProblemAlteredColumn, ReceiptID: derived.EventID, Record: RecordToolCall,
-				Detail: "tool call event " + derived.ToolCallID + ": stored columns differ from the signed cloudevent: " + strings.Join(cols, ", ")})
+	}, func(it *item) error {
+		if it.problem != nil {
+			problems = append(problems, *it.problem)
 		}
 		return nil
 	})
@@ -689,4 +713,28 @@ func verifyToolCalls(ctx context.Context, conn driver.Conn, database string, key
 			Detail: "the same tool call event_id is stored as rows that differ"})
 	}
 	return problems, nil
+}
+
+// toolCallProblem is what is wrong with a stored tool_calls row whose
+// cloudevent (raw) verified with verr (nil: good), if anything.
+func toolCallProblem(row ToolCallRow, raw []byte, verr error) *verify.Problem {
+	if verr != nil {
+		kind := verify.ProblemMalformed
+		var ve *verify.VerifyError
+		if errors.As(verr, &ve) {
+			kind = ve.Kind
+		}
+		return &verify.Problem{Kind: kind, ReceiptID: row.EventID, Record: RecordToolCall,
+			Detail: "tool call event: " + verr.Error()}
+	}
+	derived, _, err := ToolCallRowFromEvent(raw)
+	if err != nil {
+		return &verify.Problem{Kind: ProblemInvalidToolCall, ReceiptID: row.EventID, Record: RecordToolCall,
+			Detail: "signed tool call event is not acceptable: " + err.Error()}
+	}
+	if cols := CompareToolCallColumns(row, derived); len(cols) > 0 {
+		return &verify.Problem{Kind: ProblemAlteredColumn, ReceiptID: derived.EventID, Record: RecordToolCall,
+			Detail: "tool call event " + derived.ToolCallID + ": stored columns differ from the signed cloudevent: " + strings.Join(cols, ", ")}
+	}
+	return nil
 }
