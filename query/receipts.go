@@ -53,51 +53,27 @@ func (e *ConflictError) Is(target error) bool { return target == ErrConflictingR
 // separate rows and the chain check (a repeated receipt or seq) must catch
 // them. An error from fn stops the stream and is returned as is.
 func StreamReceipts(ctx context.Context, conn driver.Conn, database string, fn func(ReceiptRow) error) error {
-	tbl, err := table(database, TableReceipts)
-	if err != nil {
-		return err
-	}
-	rows, err := conn.Query(streamContext(ctx), "SELECT "+strings.Join(receiptInsertColumns, ", ")+", inserted_at FROM "+tbl+
-		" ORDER BY chain_id, chain_seq, receipt_id")
-	if err != nil {
-		return fmt.Errorf("query: stream receipts: %w", err)
-	}
-	defer rows.Close()
-
 	var (
 		group     []ReceiptRow // distinct variants of the current receipt_id
 		conflicts []string
 	)
-	for rows.Next() {
-		var r ReceiptRow
-		if err := rows.Scan(r.scanTargets()...); err != nil {
-			return fmt.Errorf("query: stream receipts: %w", err)
-		}
-		r.Time = r.Time.UTC()
-		r.InsertedAt = r.InsertedAt.UTC()
+	err := scanReceipts(streamContext(ctx), conn, database, " ORDER BY chain_id, chain_seq, receipt_id", func(r ReceiptRow) error {
 		if len(group) > 0 && group[0].ReceiptID != r.ReceiptID {
 			group = group[:0]
 		}
-		dup := false
 		for i := range group {
 			if sameStored(&group[i], &r) {
-				dup = true
-				break
+				return nil
 			}
-		}
-		if dup {
-			continue
 		}
 		group = append(group, r)
 		if len(group) == 2 {
 			conflicts = append(conflicts, r.ReceiptID)
 		}
-		if err := fn(r); err != nil {
-			return err
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("query: stream receipts: %w", err)
+		return fn(r)
+	})
+	if err != nil {
+		return err
 	}
 	if len(conflicts) > 0 {
 		return &ConflictError{ReceiptIDs: conflicts}
@@ -115,15 +91,22 @@ func StreamReceipts(ctx context.Context, conn driver.Conn, database string, fn f
 // once. Rows are not deduplicated. An error from fn stops the stream and is
 // returned as is.
 func streamReceiptsStored(ctx context.Context, conn driver.Conn, database string, fn func(ReceiptRow) error) error {
-	tbl, err := table(database, TableReceipts)
-	if err != nil {
-		return err
-	}
 	ctx = clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{
 		"max_block_size": streamBlockRows,
 		"max_threads":    1,
 	}))
-	rows, err := conn.Query(ctx, "SELECT "+strings.Join(receiptInsertColumns, ", ")+", inserted_at FROM "+tbl)
+	return scanReceipts(ctx, conn, database, "", fn)
+}
+
+// scanReceipts streams `SELECT <every column> FROM database.receipts<tail>`
+// (ctx carries the query's settings) and calls fn for every row, its times
+// in UTC. An error from fn stops the stream and is returned as is.
+func scanReceipts(ctx context.Context, conn driver.Conn, database, tail string, fn func(ReceiptRow) error) error {
+	tbl, err := table(database, TableReceipts)
+	if err != nil {
+		return err
+	}
+	rows, err := conn.Query(ctx, "SELECT "+strings.Join(receiptInsertColumns, ", ")+", inserted_at FROM "+tbl+tail)
 	if err != nil {
 		return fmt.Errorf("query: stream receipts: %w", err)
 	}

@@ -170,10 +170,7 @@ func verifyChainOrder(ctx context.Context, conn driver.Conn, database string, ke
 	if err != nil {
 		return verify.Report{}, fmt.Errorf("verify: %w", err)
 	}
-	feed := &receiptFeeder{v: v, held: map[string][]heldRow{}, progress: opts.Progress, extra: extra}
-	if feed.progress != nil {
-		feed.total = countReceipts(ctx, conn, database)
-	}
+	feed := &receiptFeeder{v: v, held: map[string][]heldRow{}, count: newProgressCounter(ctx, conn, database, opts.Progress), extra: extra}
 	err = streamVerified(ctx, func(ctx context.Context, fn func(ReceiptRow) error) error {
 		return StreamReceipts(ctx, conn, database, fn)
 	}, keys, verifyEventsFunc(opts), func(it *verifyItem) error {
@@ -240,10 +237,8 @@ func verifyStoredOrder(ctx context.Context, conn driver.Conn, database string, k
 	if len(extra) > 0 {
 		return verify.Report{}, false, nil
 	}
-	feed := &seqFeeder{v: v, next: map[string]uint64{}, held: map[string]map[uint64]verifyItem{}, maxHeld: maxHeld, progress: opts.Progress}
-	if feed.progress != nil {
-		feed.total = countReceipts(ctx, conn, database)
-	}
+	feed := &seqFeeder{v: v, next: map[string]uint64{}, held: map[string]map[uint64]verifyItem{}, maxHeld: maxHeld,
+		count: newProgressCounter(ctx, conn, database, opts.Progress)}
 	err = streamVerified(ctx, func(ctx context.Context, fn func(ReceiptRow) error) error {
 		return streamReceiptsStored(ctx, conn, database, fn)
 	}, keys, verifyEventsFunc(opts), feed.process)
@@ -256,6 +251,7 @@ func verifyStoredOrder(ctx context.Context, conn driver.Conn, database string, k
 	if rep = v.Finish(); feed.nHeld > 0 || !rep.OK() {
 		return verify.Report{}, false, nil
 	}
+	feed.count.done()
 	rep, err = finishReport(ctx, conn, database, keys, opts, rep, nil)
 	return rep, err == nil, err
 }
@@ -265,19 +261,17 @@ func verifyStoredOrder(ctx context.Context, conn driver.Conn, database string, k
 // stops the stream with errNotChainOrder at the first row the chain-order
 // pass could report a problem at.
 type seqFeeder struct {
-	v        *verify.Verifier
-	next     map[string]uint64                // by chain: the seq to feed next
-	held     map[string]map[uint64]verifyItem // by chain and seq: rows ahead of their turn
-	nHeld    int
-	maxHeld  int                   // more held, and the pass gives up
-	n        int                   // rows fed
-	total    int                   // stored receipt rows, 0 if not counted
-	progress func(done, total int) // nil for none
+	v       *verify.Verifier
+	next    map[string]uint64                // by chain: the seq to feed next
+	held    map[string]map[uint64]verifyItem // by chain and seq: rows ahead of their turn
+	nHeld   int
+	maxHeld int             // more held, and the pass gives up
+	count   progressCounter // rows fed
 }
 
 func (f *seqFeeder) process(it *verifyItem) error {
 	row, d := &it.row, &it.derived
-	if it.derr != nil || it.verr != nil || d.ChainID != row.ChainID || d.ChainSeq != row.ChainSeq || !sameColumns(row, d) {
+	if it.derr != nil || it.verr != nil || !sameColumns(row, d) { // sameColumns compares chain_id and chain_seq too
 		return errNotChainOrder
 	}
 	chain, seq := row.ChainID, row.ChainSeq
@@ -324,11 +318,40 @@ func (f *seqFeeder) feed(it *verifyItem) error {
 	if _, probs := f.v.AddVerified(it.raw, it.ev, it.verr); len(probs) > 0 {
 		return errNotChainOrder
 	}
-	f.n++
-	if f.progress != nil && f.n%10000 == 0 {
-		f.progress(f.n, max(f.total, f.n))
-	}
+	f.count.add()
 	return nil
+}
+
+// progressCounter counts the receipts a pass has verified for
+// VerifyOptions.Progress: it reports every 10,000, and at the end.
+type progressCounter struct {
+	n      int                   // receipts counted
+	total  int                   // stored receipt rows, 0 if not counted
+	report func(done, total int) // nil for none
+}
+
+// newProgressCounter reports to report (nil: nowhere), counting the stored
+// receipt rows first if it does.
+func newProgressCounter(ctx context.Context, conn driver.Conn, database string, report func(done, total int)) progressCounter {
+	p := progressCounter{report: report}
+	if report != nil {
+		p.total = countReceipts(ctx, conn, database)
+	}
+	return p
+}
+
+func (p *progressCounter) add() {
+	p.n++
+	if p.report != nil && p.n%10000 == 0 {
+		p.report(p.n, max(p.total, p.n))
+	}
+}
+
+// done reports the final count (if the pass was long enough to report).
+func (p *progressCounter) done() {
+	if p.report != nil && p.n >= 10000 {
+		p.report(p.n, max(p.total, p.n))
+	}
 }
 
 // verifyCheckpoints feeds every stored checkpoint to v and returns an
@@ -383,9 +406,7 @@ type receiptFeeder struct {
 	held     map[string][]heldRow // displaced rows by signed chain
 	nHeld    int
 	curChain string
-	n        int                   // rows processed
-	total    int                   // stored receipt rows, 0 if not counted
-	progress func(done, total int) // nil for none
+	count    progressCounter // rows processed
 	extra    []verify.Problem
 }
 
@@ -460,10 +481,7 @@ func (f *receiptFeeder) process(it *verifyItem) {
 				Detail: "stored columns differ from the signed cloudevent: " + strings.Join(cols, ", ")})
 		}
 	}
-	f.n++
-	if f.progress != nil && f.n%10000 == 0 {
-		f.progress(f.n, max(f.total, f.n))
-	}
+	f.count.add()
 }
 
 // finish feeds every row still held, chain by chain in chain_id order,
@@ -477,9 +495,7 @@ func (f *receiptFeeder) finish() {
 	for _, c := range chains {
 		f.flush(c, everySeq)
 	}
-	if f.progress != nil && f.n >= 10000 {
-		f.progress(f.n, max(f.total, f.n))
-	}
+	f.count.done()
 }
 
 // verifyItem is one streamed receipt row with the work done on it off the
