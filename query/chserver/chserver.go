@@ -235,8 +235,9 @@ func startOnce(ctx context.Context, argv []string, dir string, opts Options, sta
 // clickhouse-server links) frees instead of returning it to the kernel
 // after a few seconds: every insert block is allocated and freed again,
 // and where a page fault is dear (a virtual machine isolating page tables)
-// faulting returned pages back in was about half the server's CPU per
-// call under flight load. The price is the server's peak RSS, kept.
+// the pages handed back are faulted in again; keeping them halved the
+// server's CPU per call in `bash scripts/bench.sh ab` (BENCHMARKS.md).
+// The price is the server's peak RSS, kept.
 const allocatorConf = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
 
 // serverEnv is env with MALLOC_CONF set to allocatorConf, unless env
