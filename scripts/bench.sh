@@ -28,7 +28,8 @@
 #                                 p50/p99 at 2,000 calls/s, end-to-end events/s,
 #                                 the worker's peak RSS at 2,000 calls/s (and
 #                                 its anonymous part after that run), flight
-#                                 throughput, the NATS process's and ClickHouse's peak RSS;
+#                                 throughput, the NATS process's and ClickHouse's peak RSS,
+#                                 each process's page faults per call at saturation;
 #                                 prints base and new medians and
 #                                 new/base ratios, then the ratio within each
 #                                 round and its median (a round's two sides run
@@ -278,6 +279,7 @@ port_from() { # port_from FIRST: a loopback port from FIRST on that nothing list
 }
 cpu() { awk '{print $14+$15}' "/proc/$1/stat"; } # user+system, in clock ticks (1/100 s)
 busy() { awk '/^cpu /{print $2+$3+$4}' /proc/stat; } # the whole machine's user+nice+system, likewise
+flt() { awk '{print $10}' "/proc/$1/stat"; } # minor page faults so far
 rss() { awk '/VmHWM/{printf "%.0f", $2/1024}' "/proc/$1/status"; } # peak RSS so far, MiB
 # rss_anon PID: resident anonymous memory now, MiB (the heap, stacks and
 # the runtime's own). The rest of a talosd's RSS is file pages: the
@@ -317,21 +319,28 @@ per() { awk -v t="$1" -v n="$2" 'BEGIN{printf "%.0f", t*10000/n}'; }
 # $work/NAME.json and the human output to $work/NAME.out. Sets the CPU per
 # call of each process over the run: cpu_worker, cpu_dev (NATS + sink),
 # cpu_ch (ClickHouse), cpu_gen (the load generator's own report, timed part)
-# and cpu_stack (worker + NATS + sink + ClickHouse); and other_cores, the
+# and cpu_stack (worker + NATS + sink + ClickHouse); flt_worker, flt_dev and
+# flt_ch, each process's minor page faults per call; and other_cores, the
 # CPU the rest of the machine used meanwhile (cores; what none of these
 # processes used), which says whether the figures are of a quiet machine.
 saturate() {
-  local name=$1 calls=$2 d0 w0 c0 d1 w1 c1 m0 m1 t0 t1 n gen
+  local name=$1 calls=$2 d0 w0 c0 d1 w1 c1 m0 m1 t0 t1 n gen fd0 fw0 fc0
   shift 2
   m0=$(busy); t0=$(date +%s%N)
   d0=$(cpu $dev); w0=$(cpu $worker); c0=$(cpu $chpid)
+  fd0=$(flt $dev); fw0=$(flt $worker); fc0=$(flt $chpid)
   bench --calls "$calls" --concurrency 100 --rate 0 --inflight 4 --json-out "$work/$name.json" "$@" >"$work/$name.out"
   d1=$(cpu $dev); w1=$(cpu $worker); c1=$(cpu $chpid)
+  flt_dev=$(flt $dev) flt_worker=$(flt $worker) flt_ch=$(flt $chpid)
   m1=$(busy); t1=$(date +%s%N)
   n=$(jf "$work/$name.json" calls)
   cpu_worker=$(per $((w1 - w0)) "$n") cpu_dev=$(per $((d1 - d0)) "$n") cpu_ch=$(per $((c1 - c0)) "$n")
   cpu_gen=$(awk -v x="$(jf "$work/$name.json" loadgen_cpu_us_per_call)" 'BEGIN{printf "%.0f", x}')
   cpu_stack=$((cpu_worker + cpu_dev + cpu_ch))
+  n=${n:-1}
+  flt_dev=$(awk -v a="$fd0" -v b="$flt_dev" -v n="$n" 'BEGIN{printf "%.2f", (b - a) / n}')
+  flt_worker=$(awk -v a="$fw0" -v b="$flt_worker" -v n="$n" 'BEGIN{printf "%.2f", (b - a) / n}')
+  flt_ch=$(awk -v a="$fc0" -v b="$flt_ch" -v n="$n" 'BEGIN{printf "%.2f", (b - a) / n}')
   gen=$(awk -v a="$(jf "$work/$name.json" prepare_cpu_seconds)" -v b="$(jf "$work/$name.json" loadgen_cpu_seconds)" 'BEGIN{printf "%.0f", (a+b)*100}')
   other_cores=$(awk -v m=$((m1 - m0)) -v ours=$((w1 - w0 + d1 - d0 + c1 - c0 + gen)) -v ns=$((t1 - t0)) \
     'BEGIN{o = (m - ours) / 100 / (ns / 1e9); printf "%.2f", (o > 0 ? o : 0)}')
@@ -360,6 +369,7 @@ main)
   saturate tp 40000
   cat "$work/tp.out"
   echo "== CPU per call during the throughput run: enforce worker $cpu_worker µs, NATS + sink $cpu_dev µs, ClickHouse $cpu_ch µs, load generator $cpu_gen µs (its own report, timed part); stack (worker + NATS + sink + ClickHouse) $cpu_stack µs"
+  echo "== page faults per call during the throughput run: enforce worker $flt_worker, NATS + sink $flt_dev, ClickHouse $flt_ch"
   echo "== other processes on this machine used $other_cores cores meanwhile (near 0 on a quiet machine)"
   sat=$(awk -v x="$(jf "$work/tp.json" decisions_per_sec)" 'BEGIN{printf "%.0f", x}')
   at80=$(awk -v s="$sat" 'BEGIN{printf "%.0f", int(s*0.8/10+0.5)*10}')
@@ -442,7 +452,7 @@ ab)
   [ ${#new_flags[@]} -eq 0 ] || echo "   the new worker also gets: ${new_flags[*]}"
   [ ${#new_dev_flags[@]} -eq 0 ] || echo "   the new dev process also gets: ${new_dev_flags[*]}"
   [ "$warm" -eq 0 ] || echo "   each stack first runs $warm throughput runs of 40,000 calls (BENCH_AB_WARM): the figures are of a stack that has handled $((warm * 40000)) calls"
-  cols="tp_decisions_s e2e_events_s p50_ms p99_ms worker_rss_mib cpu_worker cpu_nats_sink cpu_clickhouse cpu_loadgen cpu_stack flight_calls_s flight_events_s worker_anon_mib nats_rss_mib ch_rss_mib seal_us other_cores"
+  cols="tp_decisions_s e2e_events_s p50_ms p99_ms worker_rss_mib cpu_worker cpu_nats_sink cpu_clickhouse cpu_loadgen cpu_stack flight_calls_s flight_events_s worker_anon_mib nats_rss_mib ch_rss_mib flt_nats_sink flt_worker flt_clickhouse seal_us other_cores"
   for side in base new; do echo "$cols" >"$work/ab.$side.tsv"; done
   fmt='function f(x) { return x == "-" ? x : (x >= 100 || x <= -100) ? sprintf("%.0f", x) : sprintf("%.2f", x) } ' # awk: a figure, readably
   # side SIDE ROUND: one fresh stack of SIDE's talosd and its measurements,
@@ -471,7 +481,7 @@ ab)
     speed=$(awk -v a="$speed" -v b="$(machine_speed)" 'BEGIN{print (b > a ? b : a)}')
     lat=$work/lat.json tp=$work/tp.json fl=$work/fl.json
     echo "$(jf $tp decisions_per_sec) $(jf $tp e2e_events_per_sec) $(jf $lat decision_p50_ms) $(jf $lat decision_p99_ms) $rss_mib" \
-      "$cpu_worker $cpu_dev $cpu_ch $cpu_gen $cpu_stack $(jf $fl decisions_per_sec) $(jf $fl e2e_events_per_sec) $anon_mib $nats_rss $ch_rss $speed $other_cores" >>"$work/ab.$s.tsv"
+      "$cpu_worker $cpu_dev $cpu_ch $cpu_gen $cpu_stack $(jf $fl decisions_per_sec) $(jf $fl e2e_events_per_sec) $anon_mib $nats_rss $ch_rss $flt_dev $flt_worker $flt_ch $speed $other_cores" >>"$work/ab.$s.tsv"
     awk -v s="$s" "$fmt"'NR==1{for(i=1;i<=NF;i++)h[i]=$i} END{printf "   %s:", s; for(i=1;i<=NF;i++) printf " %s %s", h[i], f($i); print ""}' "$work/ab.$s.tsv"
   }
   # ABBA: base first in odd rounds, new first in even ones, so that a
@@ -497,6 +507,7 @@ ab)
     "flight: calls/s at saturation (pre + post)" "flight: end-to-end events/s" \
     "worker anonymous RSS after the 2,000 calls/s run (MiB)" "NATS process peak RSS, all runs (MiB)" \
     "ClickHouse peak RSS, all runs (MiB)" \
+    "page faults per call, NATS + sink (throughput run)" "page faults per call, enforce worker" "page faults per call, ClickHouse" \
     "machine: BenchmarkSeal around the round (µs; same code)"; do
     i=$((i + 1))
     b=$(median "$work/ab.base.tsv" $i) n=$(median "$work/ab.new.tsv" $i)

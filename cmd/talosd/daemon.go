@@ -208,6 +208,12 @@ func startNATS(f *Flags, log *slog.Logger) (url string, creds []nats.Option, shu
 	if err != nil {
 		return "", nil, nil, usagef("--nats-listen: %v", err)
 	}
+	if f.HeapPretouch {
+		began := time.Now()
+		if n := ingest.PretouchHeap(); n > 0 {
+			log.Info("heap pretouched", "mib", n>>20, "took", time.Since(began).Round(time.Millisecond))
+		}
+	}
 	ns, err := natsserver.Start(natsserver.Options{Dir: filepath.Join(f.DataDir, "nats"), Host: host, Port: port, ServerName: "talosd-" + workerID(f), Users: natsserver.Users(a), TLS: f.Server(f.DataDir)})
 	if errors.Is(err, natsserver.ErrAddrInUse) {
 		return "", nil, nil, fmt.Errorf("cannot listen on %s for the embedded nats-server: the address is in use "+

@@ -49,6 +49,7 @@ type Flags struct {
 	CheckpointEvery    int           `name:"checkpoint-every" default:"1000" help:"Each chain (enforce and control) signs a checkpoint, an RFC 6962 Merkle root over its receipts since the last one, after this many receipts..."`
 	CheckpointInterval time.Duration `name:"checkpoint-interval" default:"10s" help:"...or once its oldest receipt not yet checkpointed is this old (and a final one when it stops)."`
 	ChainCheckpoints   bool          `name:"chain-checkpoints" default:"true" negatable:"" help:"Cut the chain checkpoints above. A deployment that runs the transparency log (role log) turns them off on every talosd (--no-chain-checkpoints): the log's witnessed checkpoints cover every receipt."`
+	HeapPretouch       bool          `name:"heap-pretouch" default:"true" negatable:"" help:"With the embedded nats-server (and GOGC and GOMEMLIMIT unset), fault in its heap floor (up to 1 GiB) at start, before it serves, rather than a page at a time under the first load (README 'Memory')."`
 	Replicas           int           `name:"replicas" default:"1" help:"Stream replicas: 1 on one node, 3 in a NATS cluster."`
 	MaxEnvelopeBytes   int           `name:"max-envelope-bytes" default:"4194304" help:"Largest call envelope accepted; larger ones are denied VAL-HTC-001."`
 	AckWait            time.Duration `name:"ack-wait" default:"30s" help:"How long a fetched call or audit record may stay un-acked before JetStream redelivers it (after a crash)."`
