@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -189,6 +190,15 @@ func loadCore(f *Flags, log *slog.Logger) (*core, error) {
 	return c, nil
 }
 
+// pretouchHeap is ingest.PretouchHeap, once per process: talosd dev starts
+// it while ClickHouse starts, and startNATS waits for it. It returns the
+// bytes touched and how long that took.
+var pretouchHeap = sync.OnceValues(func() (uint64, time.Duration) {
+	began := time.Now()
+	n := ingest.PretouchHeap()
+	return n, time.Since(began)
+})
+
 // startNATS prepares the NATS users file and, without --nats-url, starts
 // the embedded nats-server admitting its users. It returns the URL to
 // connect to, talosd's own credentials, and the server's shutdown (a no-op
@@ -209,9 +219,8 @@ func startNATS(f *Flags, log *slog.Logger) (url string, creds []nats.Option, shu
 		return "", nil, nil, usagef("--nats-listen: %v", err)
 	}
 	if f.HeapPretouch {
-		began := time.Now()
-		if n := ingest.PretouchHeap(); n > 0 {
-			log.Info("heap pretouched", "mib", n>>20, "took", time.Since(began).Round(time.Millisecond))
+		if n, took := pretouchHeap(); n > 0 {
+			log.Info("heap pretouched", "mib", n>>20, "took", took.Round(time.Millisecond))
 		}
 	}
 	ns, err := natsserver.Start(natsserver.Options{Dir: filepath.Join(f.DataDir, "nats"), Host: host, Port: port, ServerName: "talosd-" + workerID(f), Users: natsserver.Users(a), TLS: f.Server(f.DataDir)})

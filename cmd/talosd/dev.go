@@ -51,6 +51,9 @@ func (d *devCmd) Run(f *Flags) error {
 	// NATS: a busy default port falls back to a free one (the banner says which).
 	if f.NatsURL == "" {
 		f.NatsListen = demo.FreeOr(os.Stderr, f.NatsListen, "the embedded nats-server")
+		if f.HeapPretouch {
+			go pretouchHeap() // meanwhile ClickHouse starts; startNATS waits for it
+		}
 	}
 	// ClickHouse: a private server under the data dir.
 	if f.ClickhouseAddr == "" {
