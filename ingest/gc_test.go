@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"errors"
+	"os"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
@@ -158,17 +159,17 @@ func TestPretouchHeap(t *testing.T) {
 		t.Fatalf("touched %d MiB for a floor of %d MiB", n>>20, floor>>20)
 	}
 	time.Sleep(2 * time.Second) // the background scavenger's turn
-	// Garbage up to the floor's goal: pages it takes are resident already.
+	// Garbage up to the floor's goal, in blocks too large for the stack:
+	// the pages it takes are resident already.
+	page := os.Getpagesize()
 	before := minorFaults(t)
-	var keep []byte
-	for got := uint64(0); got < n*3/4; got += 64 << 10 {
-		keep = make([]byte, 64<<10)
-		for i := 0; i < len(keep); i += 4096 {
-			keep[i] = 1
+	for got := uint64(0); got < n*3/4; got += 1 << 20 {
+		b := make([]byte, 1<<20)
+		for i := 0; i < len(b); i += page {
+			b[i] = 1
 		}
 	}
-	_ = keep
-	pages := n * 3 / 4 / 4096
+	pages := n * 3 / 4 / uint64(page)
 	faults := minorFaults(t) - before
 	t.Logf("touched %d MiB; 2 s later, %d page faults allocating %d pages", n>>20, faults, pages)
 	if faults > pages/10 {

@@ -313,6 +313,8 @@ jf() { sed -n "s/.*\"$2\":\([-0-9.e+]*\).*/\1/p" "$1" | head -1; }
 median() { awk -v c="$2" 'NR>1 && $c != "-" {print $c}' "$1" | sort -g | awk '{v[NR]=$1} END{if (NR == 0) printf "-"; else printf "%.6g", NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 # per TICKS CALLS: clock ticks → µs per call.
 per() { awk -v t="$1" -v n="$2" 'BEGIN{printf "%.0f", t*10000/n}'; }
+# per_call COUNT CALLS: a count per call, two decimals.
+per_call() { awk -v c="$1" -v n="$2" 'BEGIN{printf "%.2f", c/n}'; }
 
 # saturate NAME CALLS [bench flags…]: 100 enforcement points, 4 calls in
 # flight each, as fast as decisions come back; the JSON result goes to
@@ -324,23 +326,20 @@ per() { awk -v t="$1" -v n="$2" 'BEGIN{printf "%.0f", t*10000/n}'; }
 # CPU the rest of the machine used meanwhile (cores; what none of these
 # processes used), which says whether the figures are of a quiet machine.
 saturate() {
-  local name=$1 calls=$2 d0 w0 c0 d1 w1 c1 m0 m1 t0 t1 n gen fd0 fw0 fc0
+  local name=$1 calls=$2 d0 w0 c0 d1 w1 c1 m0 m1 t0 t1 n gen fd0 fw0 fc0 fd1 fw1 fc1
   shift 2
   m0=$(busy); t0=$(date +%s%N)
   d0=$(cpu $dev); w0=$(cpu $worker); c0=$(cpu $chpid)
   fd0=$(flt $dev); fw0=$(flt $worker); fc0=$(flt $chpid)
   bench --calls "$calls" --concurrency 100 --rate 0 --inflight 4 --json-out "$work/$name.json" "$@" >"$work/$name.out"
   d1=$(cpu $dev); w1=$(cpu $worker); c1=$(cpu $chpid)
-  flt_dev=$(flt $dev) flt_worker=$(flt $worker) flt_ch=$(flt $chpid)
+  fd1=$(flt $dev); fw1=$(flt $worker); fc1=$(flt $chpid)
   m1=$(busy); t1=$(date +%s%N)
   n=$(jf "$work/$name.json" calls)
   cpu_worker=$(per $((w1 - w0)) "$n") cpu_dev=$(per $((d1 - d0)) "$n") cpu_ch=$(per $((c1 - c0)) "$n")
   cpu_gen=$(awk -v x="$(jf "$work/$name.json" loadgen_cpu_us_per_call)" 'BEGIN{printf "%.0f", x}')
   cpu_stack=$((cpu_worker + cpu_dev + cpu_ch))
-  n=${n:-1}
-  flt_dev=$(awk -v a="$fd0" -v b="$flt_dev" -v n="$n" 'BEGIN{printf "%.2f", (b - a) / n}')
-  flt_worker=$(awk -v a="$fw0" -v b="$flt_worker" -v n="$n" 'BEGIN{printf "%.2f", (b - a) / n}')
-  flt_ch=$(awk -v a="$fc0" -v b="$flt_ch" -v n="$n" 'BEGIN{printf "%.2f", (b - a) / n}')
+  flt_dev=$(per_call $((fd1 - fd0)) "$n") flt_worker=$(per_call $((fw1 - fw0)) "$n") flt_ch=$(per_call $((fc1 - fc0)) "$n")
   gen=$(awk -v a="$(jf "$work/$name.json" prepare_cpu_seconds)" -v b="$(jf "$work/$name.json" loadgen_cpu_seconds)" 'BEGIN{printf "%.0f", (a+b)*100}')
   other_cores=$(awk -v m=$((m1 - m0)) -v ours=$((w1 - w0 + d1 - d0 + c1 - c0 + gen)) -v ns=$((t1 - t0)) \
     'BEGIN{o = (m - ours) / 100 / (ns / 1e9); printf "%.2f", (o > 0 ? o : 0)}')
