@@ -81,6 +81,16 @@
 #                                 sink, sink at equal CPU priority, sink and
 #                                 ClickHouse at nice 10 (where the p99 tail
 #                                 comes from)
+#   bash scripts/bench.sh procs [ROUNDS]  one P per Go process (GOMAXPROCS=1
+#                                 for the worker and the NATS process)
+#                                 against Go's default (one per CPU),
+#                                 alternately, ROUNDS each (default 2), a
+#                                 fresh stack per arm:
+#                                 at 500 and 2,000 calls/s and at
+#                                 saturation, the latency and, per call,
+#                                 each process's CPU and the worker's and
+#                                 NATS process's context switches; medians
+#                                 and ratios by rate
 #   bash scripts/bench.sh tls [RATE] [ROUNDS]  what TLS on NATS costs at RATE
 #                                 calls/s (default 500: calls mostly alone):
 #                                 the same stack with TLS and with
@@ -174,14 +184,18 @@
 #     before the clock starts and reports its own CPU over the timed part, so
 #     the CPU per call of the other processes is read from /proc around each
 #     run and the load generator's from its own report.
+#
+# BENCH_WORKER_FLAGS adds flags to the worker in every mode but ab and
+# procs (e.g. "--chains 64"), BENCH_GATEWAY_FLAGS to every gateway of the
+# gateway mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 mode=${1:-main}
 case $mode in
-main | replay | flight | tail | tls | sustained | verify | gateway | ab | profile | forward | log | cluster) ;;
+main | replay | flight | tail | tls | procs | sustained | verify | gateway | ab | profile | forward | log | cluster) ;;
 *)
-  echo "usage: bash scripts/bench.sh [replay|flight|tail [RATE]|tls [RATE] [ROUNDS]|sustained [RUNS] [LIMIT...]|ab [BASE] [ROUNDS]|profile [SECONDS] [RATE]|verify [N] [profile|ab BASE [ROUNDS]]|gateway [CALLS] [stdio]|forward [CALLS]|log [CALLS] [ROUNDS] [RATE]|cluster [ROUNDS]]" >&2
+  echo "usage: bash scripts/bench.sh [replay|flight|tail [RATE]|tls [RATE] [ROUNDS]|procs [ROUNDS]|sustained [RUNS] [LIMIT...]|ab [BASE] [ROUNDS]|profile [SECONDS] [RATE]|verify [N] [profile|ab BASE [ROUNDS]]|gateway [CALLS] [stdio]|forward [CALLS]|log [CALLS] [ROUNDS] [RATE]|cluster [ROUNDS]]" >&2
   exit 2
   ;;
 esac
@@ -231,7 +245,7 @@ talosctl=$work/bin/talosctl       # the talosctl that start and bench run (ab sw
 registry=cmd/talosd/demo/registry # the worker's (and the control role's) registry
 eps=talosctl,demo-ep              # enforcement points with a NATS user
 scope='tool:files:*'              # of the capability every call carries
-worker_flags=()                   # extra flags for the worker
+worker_flags=(${BENCH_WORKER_FLAGS:-}) # extra flags for the worker
 worker_env=()                     # extra environment variables for the worker (VAR=value)
 dev_flags=()                      # extra flags for the dev process
 dev_env=()                        # extra environment variables for the dev process (VAR=value)
@@ -287,6 +301,9 @@ rss() { awk '/VmHWM/{printf "%.0f", $2/1024}' "/proc/$1/status"; } # peak RSS so
 # of the machine share and the kernel may drop and read again.
 rss_anon() { awk '/RssAnon/{printf "%.0f", $2/1024}' "/proc/$1/status"; }
 rss_file() { awk '/RssFile/{printf "%.0f", $2/1024}' "/proc/$1/status"; }
+# csw PID: context switches of the process's threads so far (voluntary and
+# not; threads that exited are not counted).
+csw() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/{n+=$2} END{print n+0}'; }
 # sysc PID: write and read system calls the process made so far.
 sysc() { awk '/^syscw/{w=$2} /^syscr/{r=$2} END{print w, r}' "/proc/$1/io"; }
 bench() {
@@ -664,6 +681,59 @@ tls)
       'BEGIN{printf "   %-14s %9.2f %9.2f %6s\n", l, t, p, (p > 0 ? sprintf("%.2f", t / p) : "-")}'
   done
   ;;
+procs)
+  rounds=${2:-2}
+  echo "== one P (GOMAXPROCS=1) against Go's default ($(nproc), one per CPU), both for the worker and for the NATS process;"
+  echo "   alternately, $rounds round(s), each arm on a fresh stack (the load generator keeps Go's default); at 500 and"
+  echo "   2,000 calls/s offered (10 s each) and at saturation (40,000 calls, 4 in flight per point), 100 enforcement points."
+  echo "   Per call over each run (its last records' way into ClickHouse included): CPU (µs) of the worker, of the NATS"
+  echo "   process (NATS, sink, control), of ClickHouse and of the load generator (its own report), and the context switches"
+  echo "   of the worker's and of the NATS process's threads"
+  printf '   %-6s %5s %6s %10s %7s %7s %9s %8s %6s %6s %9s %8s
+' arm round rate "decided/s" "p50 ms" "p99 ms" "worker µs" "NATS µs" "CH µs" "gen µs" "worker cs" "NATS cs"
+  for arm in one default; do echo "arm rate decided p50 p99 worker_us dev_us ch_us gen_us worker_cs dev_cs" >"$work/procs.$arm.tsv"; done
+  # procs_run ARM ROUND: one stack, a row per rate.
+  procs_run() {
+    local arm=$1 r n d0 w0 c0 wc0 dc0 d1 w1 c1 wc1 dc1 row pace
+    worker_env=() dev_env=()
+    [ "$arm" = default ] || worker_env=(GOMAXPROCS=1) dev_env=(GOMAXPROCS=1)
+    start sink,control
+    for r in 500 2000 0; do
+      if [ "$r" = 0 ]; then n=40000 pace=(--rate 0 --inflight 4); else n=$((r * 10)) pace=(--rate "$r"); fi
+      d0=$(cpu $dev) w0=$(cpu $worker) c0=$(cpu $chpid) wc0=$(csw $worker) dc0=$(csw $dev)
+      bench --calls "$n" --concurrency 100 "${pace[@]}" --json-out "$work/procs.json" >/dev/null
+      d1=$(cpu $dev) w1=$(cpu $worker) c1=$(cpu $chpid) wc1=$(csw $worker) dc1=$(csw $dev)
+      row=$(awk -v arm="$arm" -v r="${r/#0/sat}" -v n="$n" -v dec="$(jf "$work/procs.json" decisions_per_sec)" \
+        -v p50="$(jf "$work/procs.json" decision_p50_ms)" -v p99="$(jf "$work/procs.json" decision_p99_ms)" \
+        -v gen="$(jf "$work/procs.json" loadgen_cpu_us_per_call)" -v dc=$((d1 - d0)) -v wc=$((w1 - w0)) -v cc=$((c1 - c0)) \
+        -v wcs=$((wc1 - wc0)) -v dcs=$((dc1 - dc0)) 'BEGIN{
+          printf "%s %s %.0f %.2f %.2f %.0f %.0f %.0f %.0f %.1f %.1f", arm, r, dec, p50, p99, wc * 10000 / n, dc * 10000 / n,
+            cc * 10000 / n, gen, wcs / n, dcs / n }')
+      echo "$row" >>"$work/procs.$arm.tsv"
+      echo "$row" | awk -v i="$2" '{printf "   %-7s %5s %6s %10s %7s %7s %9s %8s %6s %6s %9s %8s\n", $1, i, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11}'
+    done
+    stop_all
+    worker_env=() dev_env=()
+  }
+  for i in $(seq 1 "$rounds"); do
+    if [ $((i % 2)) -eq 1 ]; then procs_run one "$i"; procs_run default "$i"; else procs_run default "$i"; procs_run one "$i"; fi
+  done
+  echo "== medians, one P / default, by rate; then the median of the ratios within rounds (the rounds' ratios, sorted)"
+  printf '   %-6s %-10s %9s %9s %6s   %s\n' rate figure "one P" default ratio "within rounds"
+  for r in 500 2000 sat; do
+    c=2
+    for name in decided/s p50_ms p99_ms worker_µs NATS_µs CH_µs gen_µs worker_cs NATS_cs; do
+      c=$((c + 1))
+      a=$(awk -v r="$r" 'NR == 1 || $2 == r' "$work/procs.one.tsv" >"$work/procs.m" && median "$work/procs.m" $c)
+      f=$(awk -v r="$r" 'NR == 1 || $2 == r' "$work/procs.default.tsv" >"$work/procs.m" && median "$work/procs.m" $c)
+      # The ratio within each round (its two arms ran back to back), and their median.
+      w=$(paste -d' ' <(tail -n +2 "$work/procs.one.tsv") <(tail -n +2 "$work/procs.default.tsv") |
+        awk -v r="$r" -v c="$c" -v k=11 '$2 == r && $(c + k) > 0 {printf "%.2f\n", $c / $(c + k)}' | sort -g |
+        awk '{v[NR] = $1; s = s (NR > 1 ? " " : "") $1} END {if (NR) printf "%.2f (%s)", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2, s}')
+      awk -v r="$r" -v l="$name" -v a="$a" -v f="$f" -v w="$w" 'BEGIN{printf "   %-6s %-10s %9.2f %9.2f %6s   %s\n", r, l, a, f, (f > 0 ? sprintf("%.2f", a / f) : "-"), w}'
+    done
+  done
+  ;;
 sustained)
   runs=${2:-6}
   limits=("${@:3}")
@@ -802,7 +872,7 @@ gateway)
   start sink,control
   gw="$work/bin/talos-mcp-gateway --ep-id gw-bench --registry $registry --nats-url $nats"
   gw+=" --nats-auth $work/dev/nats-auth.json --capability $work/cap.json --agent-key $work/dev/keys/demo-agent.key"
-  gw+=" --session-id gw-bench --log-level warn --upstream 'everything=$everything' --spool-dir $work/spool/gw-bench"
+  gw+=" --session-id gw-bench --log-level warn --upstream 'everything=$everything' --spool-dir $work/spool/gw-bench ${BENCH_GATEWAY_FLAGS:-}"
   # HTTP mode: a CA and server certificate for 127.0.0.1, an issuer's JWKS
   # and a JWT it signed, a static token, and one principal that either
   # token reaches, calling with the same capability and key as stdio.
@@ -850,7 +920,7 @@ gateway)
     hostport=${url#*://}; hostport=${hostport%%/*}
     "$work/bin/talos-mcp-gateway" --ep-id "$ep" --registry "$registry" --nats-url "$nats" \
       --nats-auth "$work/dev/nats-auth.json" --log-level warn --upstream "everything=$everything" \
-      --listen "$hostport" --principals "$creds/principals.json" --spool-dir "$work/spool/$ep" "$@" >>"$work/servers.log" 2>&1 &
+      --listen "$hostport" --principals "$creds/principals.json" --spool-dir "$work/spool/$ep" ${BENCH_GATEWAY_FLAGS:-} "$@" >>"$work/servers.log" 2>&1 &
     gwpid=$!; pids+=($gwpid)
     for _ in $(seq 1 60); do curl -fsS --cacert "$creds/ca.pem" "${url%/mcp}/healthz" >/dev/null 2>&1 && return; sleep 0.5; done
     echo "the gateway ($ep) did not become healthy:" >&2; tail -20 "$work/servers.log" >&2; exit 1
