@@ -302,7 +302,8 @@ rss() { awk '/VmHWM/{printf "%.0f", $2/1024}' "/proc/$1/status"; } # peak RSS so
 rss_anon() { awk '/RssAnon/{printf "%.0f", $2/1024}' "/proc/$1/status"; }
 rss_file() { awk '/RssFile/{printf "%.0f", $2/1024}' "/proc/$1/status"; }
 # csw PID: context switches of the process's threads so far (voluntary and
-# not; threads that exited are not counted).
+# not; threads that exited are not counted). Read through cat: mawk gives
+# up on a file that vanishes, a thread that exits meanwhile.
 csw() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/{n+=$2} END{print n+0}'; }
 # sysc PID: write and read system calls the process made so far.
 sysc() { awk '/^syscw/{w=$2} /^syscr/{r=$2} END{print w, r}' "/proc/$1/io"; }
@@ -689,8 +690,10 @@ procs)
   echo "   Per call over each run (its last records' way into ClickHouse included): CPU (µs) of the worker, of the NATS"
   echo "   process (NATS, sink, control), of ClickHouse and of the load generator (its own report), and the context switches"
   echo "   of the worker's and of the NATS process's threads"
-  printf '   %-6s %5s %6s %10s %7s %7s %9s %8s %6s %6s %9s %8s
-' arm round rate "decided/s" "p50 ms" "p99 ms" "worker µs" "NATS µs" "CH µs" "gen µs" "worker cs" "NATS cs"
+  # One row per run: arm, round, then the columns of procs.ARM.tsv after arm.
+  row_fmt='   %-7s %5s %6s %10s %7s %7s %9s %8s %6s %6s %9s %8s\n'
+  # shellcheck disable=SC2059 # the format is row_fmt
+  printf "$row_fmt" arm round rate "decided/s" "p50 ms" "p99 ms" "worker µs" "NATS µs" "CH µs" "gen µs" "worker cs" "NATS cs"
   for arm in one default; do echo "arm rate decided p50 p99 worker_us dev_us ch_us gen_us worker_cs dev_cs" >"$work/procs.$arm.tsv"; done
   # procs_run ARM ROUND: one stack, a row per rate.
   procs_run() {
@@ -710,10 +713,9 @@ procs)
           printf "%s %s %.0f %.2f %.2f %.0f %.0f %.0f %.0f %.1f %.1f", arm, r, dec, p50, p99, wc * 10000 / n, dc * 10000 / n,
             cc * 10000 / n, gen, wcs / n, dcs / n }')
       echo "$row" >>"$work/procs.$arm.tsv"
-      echo "$row" | awk -v i="$2" '{printf "   %-7s %5s %6s %10s %7s %7s %9s %8s %6s %6s %9s %8s\n", $1, i, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11}'
+      echo "$row" | awk -v i="$2" -v f="$row_fmt" '{printf f, $1, i, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11}'
     done
     stop_all
-    worker_env=() dev_env=()
   }
   for i in $(seq 1 "$rounds"); do
     if [ $((i % 2)) -eq 1 ]; then procs_run one "$i"; procs_run default "$i"; else procs_run default "$i"; procs_run one "$i"; fi
@@ -724,11 +726,12 @@ procs)
     c=2
     for name in decided/s p50_ms p99_ms worker_µs NATS_µs CH_µs gen_µs worker_cs NATS_cs; do
       c=$((c + 1))
-      a=$(awk -v r="$r" 'NR == 1 || $2 == r' "$work/procs.one.tsv" >"$work/procs.m" && median "$work/procs.m" $c)
-      f=$(awk -v r="$r" 'NR == 1 || $2 == r' "$work/procs.default.tsv" >"$work/procs.m" && median "$work/procs.m" $c)
-      # The ratio within each round (its two arms ran back to back), and their median.
+      a=$(median <(awk -v r="$r" 'NR == 1 || $2 == r' "$work/procs.one.tsv") $c)
+      f=$(median <(awk -v r="$r" 'NR == 1 || $2 == r' "$work/procs.default.tsv") $c)
+      # The ratio within each round (its two arms ran back to back; the
+      # two files' rows pair up, k columns each), and their median.
       w=$(paste -d' ' <(tail -n +2 "$work/procs.one.tsv") <(tail -n +2 "$work/procs.default.tsv") |
-        awk -v r="$r" -v c="$c" -v k=11 '$2 == r && $(c + k) > 0 {printf "%.2f\n", $c / $(c + k)}' | sort -g |
+        awk -v r="$r" -v c="$c" -v k="$(head -1 "$work/procs.one.tsv" | wc -w)" '$2 == r && $(c + k) > 0 {printf "%.2f\n", $c / $(c + k)}' | sort -g |
         awk '{v[NR] = $1; s = s (NR > 1 ? " " : "") $1} END {if (NR) printf "%.2f (%s)", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2, s}')
       awk -v r="$r" -v l="$name" -v a="$a" -v f="$f" -v w="$w" 'BEGIN{printf "   %-6s %-10s %9.2f %9.2f %6s   %s\n", r, l, a, f, (f > 0 ? sprintf("%.2f", a / f) : "-"), w}'
     done
