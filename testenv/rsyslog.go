@@ -55,11 +55,16 @@ type RsyslogOptions struct {
 //	PRI TIMESTAMP HOSTNAME APP-NAME PROCID MSGID STRUCTURED-DATA MSG
 //
 // Its main queue is direct, so a message it has read is in the file
-// before it reads the next: a crash loses only what it had not read. It
-// can be killed and started again on the same port and file.
+// before it reads the next: a crash loses only what it had not read, and
+// the message it was writing. It can be killed and started again on the
+// same port and file.
 type Rsyslog struct {
 	bin, dir, conf, out, addr string
 	proc                      child
+	// tears are the file's sizes where a crash left it mid-line: a
+	// SIGKILL can cut a write to a file short at a page boundary, and
+	// rsyslog started again appends its next line to the torn one.
+	tears []int
 }
 
 // StartRsyslog starts rsyslogd and waits until it accepts connections; it
@@ -108,9 +113,14 @@ func rsyslogConfig(dir string, port int, out string, tls *TLSFiles) string {
 }
 
 // Start starts rsyslogd (again, after Kill or Stop) on the same port,
-// config and file, and waits until it accepts connections.
+// config and file, and waits until it accepts connections. A file that
+// does not end with a newline was torn by a crash: Lines and Torn keep
+// what follows apart from the torn line.
 func (r *Rsyslog) Start(t testing.TB) {
 	t.Helper()
+	if b, err := os.ReadFile(r.out); err == nil && len(b) > 0 && b[len(b)-1] != '\n' {
+		r.tears = append(r.tears, len(b))
+	}
 	r.proc.start(t, 20*time.Second, []string{r.addr}, r.bin, "-n", "-f", r.conf, "-i", filepath.Join(r.dir, "rsyslogd.pid"))
 }
 
@@ -127,21 +137,42 @@ func (r *Rsyslog) Kill() { r.proc.signal(syscall.SIGKILL, 0) }
 // It does nothing when it is not running.
 func (r *Rsyslog) Stop() { r.proc.signal(syscall.SIGTERM, 10*time.Second) }
 
-// Lines returns the received file's complete lines (a line being written
-// is left out).
+// Lines returns the received file's complete lines: a line being written
+// and the lines a crash tore (Torn) are left out.
 func (r *Rsyslog) Lines(t testing.TB) [][]byte {
+	t.Helper()
+	lines, _ := r.read(t)
+	return lines
+}
+
+// Torn returns the partial lines that crashes left in the file, in order.
+func (r *Rsyslog) Torn(t testing.TB) [][]byte {
+	t.Helper()
+	_, torn := r.read(t)
+	return torn
+}
+
+// read splits the file at its tears into complete lines and torn ones.
+func (r *Rsyslog) read(t testing.TB) (lines, torn [][]byte) {
 	t.Helper()
 	b, err := os.ReadFile(r.out)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return nil, nil
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
-		b = b[:i]
-	} else {
-		return nil
+	from := 0
+	for _, end := range append(r.tears, len(b)) {
+		part := b[from:end]
+		i := bytes.LastIndexByte(part, '\n')
+		if i >= 0 {
+			lines = append(lines, bytes.Split(part[:i], []byte("\n"))...)
+		}
+		if end != len(b) {
+			torn = append(torn, part[i+1:])
+		}
+		from = end
 	}
-	return bytes.Split(b, []byte("\n"))
+	return lines, torn
 }

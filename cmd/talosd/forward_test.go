@@ -141,10 +141,14 @@ func (s *fwdStack) stored(t *testing.T) stored {
 	return out
 }
 
-// received reads rsyslog's file: each message's CloudEvents by the id of
-// its structured data, checking the header rsyslog parsed.
+// lineRe is a line of rsyslog's file: PRI, kind, id and the CloudEvent.
 var lineRe = regexp.MustCompile(`^(\d+) \S+ fwd-e2e talos - (\S+) \[talos@32473 id="([^"]+)"[^\n]*?"\] (\{.*\})$`)
 
+// tornIDRe finds the event id on a line a crash tore.
+var tornIDRe = regexp.MustCompile(`\[talos@32473 id="([^"]+)"`)
+
+// received reads rsyslog's file: each message's CloudEvents by the id of
+// its structured data, checking the header rsyslog parsed.
 func (s *fwdStack) received(t *testing.T) (byID map[string][][]byte, kinds map[string]string, lines int) {
 	t.Helper()
 	byID, kinds = map[string][][]byte{}, map[string]string{}
@@ -227,6 +231,13 @@ func (s *fwdStack) waitEveryEvent(t *testing.T, receiptCount, toolCalls int) (du
 	}
 	if receiptIDs != len(st["receipts"]) {
 		t.Fatalf("rsyslog holds %d receipt ids, ClickHouse %d", receiptIDs, len(st["receipts"]))
+	}
+	// A line rsyslog was writing when it was killed is torn; the event
+	// on it must have arrived whole as well.
+	for _, torn := range s.rs.Torn(t) {
+		if m := tornIDRe.FindSubmatch(torn); m != nil && byID[string(m[1])] == nil {
+			t.Fatalf("event %s reached rsyslog only on the line its crash tore: %.300q", m[1], torn)
+		}
 	}
 	if rep := verify.VerifyFile(raws, s.keys, false, true); !rep.OK() {
 		t.Fatalf("what rsyslog received does not verify: %d problems, first %+v", len(rep.Problems), rep.Problems[0])
@@ -337,7 +348,7 @@ func TestForwardSurvivesRsyslogCrash(t *testing.T) {
 		t.FailNow()
 	}
 	dups := s.waitEveryEvent(t, int(calls+tally.Posted+1), calls)
-	t.Logf("down alert after %d ms (%d failures); %d duplicate messages after the restart", down.DownMS, down.Failures, dups)
+	t.Logf("down alert after %d ms (%d failures); %d duplicate messages after the restart, %d lines torn by the crash", down.DownMS, down.Failures, dups, len(s.rs.Torn(t)))
 	for resolved := false; !resolved; {
 		select {
 		case m := <-alerts:
