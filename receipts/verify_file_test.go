@@ -7,7 +7,8 @@ import (
 	"github.com/talos-audit/talos/receipts/verify"
 )
 
-// verify.ReadEvents takes JSON lines (blank lines skipped) or one JSON array.
+// verify.ReadEvents takes JSON lines (blank lines skipped) or one JSON array
+// with nothing after it.
 func TestReadEvents(t *testing.T) {
 	for _, tc := range []struct{ name, in string }{
 		{"lines", "{\"id\":\"a\"}\n\n  {\"id\":\"b\"}  \n"},
@@ -20,7 +21,14 @@ func TestReadEvents(t *testing.T) {
 			}
 		})
 	}
-	if _, err := verify.ReadEvents(strings.NewReader("[{"), "f.json"); err == nil || !strings.HasPrefix(err.Error(), "f.json: ") {
-		t.Fatalf("broken array: %v", err)
+	for _, in := range []string{"[{", `[{"id":"a"}] {"id":"b"}`, `[{"id":"a"} {"id":"b"}]`} {
+		if _, err := verify.ReadEvents(strings.NewReader(in), "f.json"); err == nil || !strings.HasPrefix(err.Error(), "f.json: ") {
+			t.Errorf("broken array %q: %v", in, err)
+		}
+	}
+	for _, in := range []string{"", " \n", "[]", " [ ]\n"} {
+		if evs, err := verify.ReadEvents(strings.NewReader(in), "f"); err != nil || len(evs) != 0 {
+			t.Errorf("%q: %v %q", in, err, evs)
+		}
 	}
 }

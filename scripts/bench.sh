@@ -67,7 +67,10 @@
 #                                 1,000, written by `talosctl synth`: receipts/s
 #                                 and peak RSS of the verifier, signatures
 #                                 checked one by one, then in batches
-#                                 (--batch-signatures); `verify N profile`
+#                                 (--batch-signatures), then of the same
+#                                 records exported (talosctl export --kind
+#                                 all) and verified from the file (--file);
+#                                 `verify N profile`
 #                                 also writes a CPU profile of each (talosctl
 #                                 --cpuprofile) to a directory it prints;
 #                                 `verify N ab BASE [ROUNDS]` runs BASE's
@@ -803,17 +806,23 @@ verify)
   # talos, so synth (which creates the database) and verify log in as the admin.
   "$work/bin/talosctl" --clickhouse-addr "$ch" --clickhouse-user default --clickhouse-database synth synth --receipts "$n" --chains 4 \
     --checkpoint-every 1000 --key-out "$work/synth" 2>/dev/null
+  echo "== exporting them: talosctl export --kind all (receipts in chain order, then the checkpoints)"
+  "$work/bin/talosctl" --clickhouse-addr "$ch" --clickhouse-user default --clickhouse-database synth export --kind all \
+    --out "$work/export.jsonl" 2>/dev/null
+  echo "   $(wc -l <"$work/export.jsonl") records, $(($(stat -c %s "$work/export.jsonl") >> 20)) MiB"
   # verify_run SIDE MODE: one talosctl verify over the synth database by
   # SIDE's talosctl (new: this tree's, base: BASE's), signatures checked
   # one by one with crypto/ed25519's rules (MODE default) or in batches
   # (batch: --batch-signatures, RFC 8032's cofactored equation, a failing
-  # batch rechecked one by one); prints and records receipts/s.
+  # batch rechecked one by one), or over its export (file: --file, one
+  # by one); prints and records receipts/s.
   verify_run() {
-    local side=$1 mode=$2 bin=$work/bin/talosctl flags=()
+    local side=$1 mode=$2 bin=$work/bin/talosctl flags=() what="over ClickHouse: every signature, link, Merkle root and stored column"
     [ "$side" = base ] && bin=$work/base/bin/talosctl
     [ "$mode" = batch ] && flags=(--batch-signatures)
+    [ "$mode" = file ] && flags=(--file "$work/export.jsonl") what="over the export: every signature, link and Merkle root"
     [ -n "$profdir" ] && flags+=(--cpuprofile "$profdir/verify-$mode.pprof")
-    echo "== ${base_rev:+$side: }talosctl verify ${flags[*]} over ClickHouse: every signature, link, Merkle root and stored column"
+    echo "== ${base_rev:+$side: }talosctl verify ${flags[*]} $what"
     if ! /usr/bin/time -f "%e s wall, %M KiB peak RSS, %P CPU" -o "$work/verify.time" \
       "$bin" --clickhouse-addr "$ch" --clickhouse-user default --clickhouse-database synth verify --trusted-keys "$work/synth.pub" "${flags[@]}" \
       >"$work/verify.out" 2>"$work/verify.err"; then
@@ -827,20 +836,24 @@ verify)
   if [ -z "$base_rev" ]; then
     verify_run new default
     verify_run new batch
+    verify_run new file
   else
     echo "== A/B: base $(git rev-parse --short "$base_rev") ($(git log -1 --format=%s "$base_rev" | cut -c1-60)) against this tree, $rounds round(s) on one database, alternating (base first in odd rounds)"
     for r in $(seq 1 "$rounds"); do
       order="base new"
       [ $((r % 2)) -eq 0 ] && order="new base"
-      for mode in default batch; do
+      for mode in default batch file; do
         for side in $order; do verify_run "$side" "$mode"; done
       done
     done
-    echo "== receipts/s, median of $rounds round(s) (new/base)"
-    for mode in default batch; do
-      b=$(awk -v m="$mode" '$1 == "base" && $2 == m {print $3}' "$work/verify.all" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-      nw=$(awk -v m="$mode" '$1 == "new" && $2 == m {print $3}' "$work/verify.all" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-      awk -v m="$mode" -v b="$b" -v n="$nw" 'BEGIN {printf "   %-8s base %7d  new %7d  ratio %.2f\n", m, b, n, n / b}'
+    echo "== receipts/s and peak RSS (MiB), medians of $rounds round(s) (new/base)"
+    # vmedian SIDE MODE COLUMN: the median of a column of verify.all.
+    vmedian() {
+      awk -v s="$1" -v m="$2" -v c="$3" '$1 == s && $2 == m {print $c}' "$work/verify.all" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
+    }
+    for mode in default batch file; do
+      awk -v m="$mode" -v b="$(vmedian base "$mode" 3)" -v n="$(vmedian new "$mode" 3)" -v br="$(vmedian base "$mode" 4)" -v nr="$(vmedian new "$mode" 4)" \
+        'BEGIN {printf "   %-8s base %7d  new %7d  ratio %.2f   RSS base %5d  new %5d  ratio %.2f\n", m, b, n, n / b, br, nr, nr / br}'
     done
   fi
   if [ -n "$profdir" ]; then

@@ -604,12 +604,43 @@ func SortForVerify(events [][]byte) {
 	copy(events, sorted)
 }
 
-// sortKey is what SortForVerify orders an event by.
+// sortKey is what SortForVerify orders an event by (and PlaceOf reads).
 type sortKey struct {
 	ID   string `json:"id"`
+	Type string `json:"type"`
 	Data struct {
 		Chain schemas.Chain `json:"chain"`
 	} `json:"data"`
+}
+
+// Place is where SortForVerify puts an event: a chained one (a receipt)
+// by ChainID, Seq and ID; any other (a checkpoint, a ToolCallEvent, one
+// it cannot read) first, in its order.
+type Place struct {
+	Read       bool // its id, type and chain read as JSON
+	Chained    bool
+	Checkpoint bool // read, not chained, and typed as a checkpoint
+	ChainID    string
+	Seq        uint64
+	ID         string
+}
+
+// PlaceOf reads raw's Place.
+func PlaceOf(raw []byte) Place {
+	w, ok := sortKeyOf(raw)
+	switch {
+	case !ok:
+		return Place{}
+	case w.Data.Chain.ChainID == "":
+		return Place{Read: true, Checkpoint: w.Type == schemas.TypeCheckpoint}
+	}
+	return Place{Read: true, Chained: true, ChainID: w.Data.Chain.ChainID, Seq: w.Data.Chain.Seq, ID: w.ID}
+}
+
+// Follows reports whether an event at p may come after one at prev, of
+// the same chain, in the order SortForVerify gives them.
+func (p Place) Follows(prev Place) bool {
+	return p.Seq > prev.Seq || p.Seq == prev.Seq && p.ID >= prev.ID
 }
 
 // sortKeyOf reads raw's sort key as json.Unmarshal does (ok is whether it

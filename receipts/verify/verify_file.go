@@ -14,33 +14,76 @@ import (
 // ReadEvents reads CloudEvents as JSON lines or as one JSON array (what
 // talosctl export writes). name is used in errors.
 func ReadEvents(r io.Reader, name string) ([][]byte, error) {
-	data, err := io.ReadAll(r)
-	if err != nil {
-		return nil, err
-	}
-	trimmed := bytes.TrimSpace(data)
-	if len(trimmed) > 0 && trimmed[0] == '[' {
-		var arr []json.RawMessage
-		if err := json.Unmarshal(trimmed, &arr); err != nil {
-			return nil, fmt.Errorf("%s: %w", name, err)
-		}
-		out := make([][]byte, len(arr))
-		for i, a := range arr {
-			out[i] = a
-		}
-		return out, nil
-	}
 	var out [][]byte
-	sc := bufio.NewScanner(bytes.NewReader(data))
+	err := ScanEvents(r, name, func(raw []byte) error {
+		out = append(out, raw)
+		return nil
+	})
+	return out, err
+}
+
+// ScanEvents calls fn with each CloudEvent of r, JSON lines or one JSON
+// array, in order, holding only the one it reads: each raw is a copy of
+// its own. An error from fn stops the scan and is returned. name is used
+// in errors.
+func ScanEvents(r io.Reader, name string, fn func(raw []byte) error) error {
+	br := bufio.NewReaderSize(r, 1<<20)
+	for {
+		c, err := br.ReadByte()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if c == ' ' || c == '\t' || c == '\r' || c == '\n' {
+			continue
+		}
+		if err := br.UnreadByte(); err != nil {
+			return err
+		}
+		if c == '[' {
+			return scanArray(br, name, fn)
+		}
+		break
+	}
+	sc := bufio.NewScanner(br)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
 		line := bytes.TrimSpace(sc.Bytes())
 		if len(line) == 0 {
 			continue
 		}
-		out = append(out, append([]byte(nil), line...))
+		if err := fn(bytes.Clone(line)); err != nil {
+			return err
+		}
 	}
-	return out, sc.Err()
+	return sc.Err()
+}
+
+// scanArray is ScanEvents of one JSON array: nothing but white space may
+// follow it.
+func scanArray(r io.Reader, name string, fn func(raw []byte) error) error {
+	dec := json.NewDecoder(r)
+	if _, err := dec.Token(); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	for dec.More() {
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		if err := fn(raw); err != nil {
+			return err
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%s: invalid character after the array", name)
+	}
+	return nil
 }
 
 // ReadEventsFile is ReadEvents of the file at path, or of stdin when path
@@ -70,27 +113,35 @@ func VerifyFile(events [][]byte, keys KeySet, partial, batch bool) Report {
 	SortForVerify(events)
 	v := NewVerifier(keys)
 	v.AllowPartial = partial
+	window := FileWindow()
+	for start := 0; start < len(events); start += window {
+		v.AddAll(events[start:min(start+window, len(events))], batch)
+	}
+	return v.Finish()
+}
+
+// FileWindow is how many events AddAll takes best at a time: fileBatch
+// per core.
+func FileWindow() int { return fileBatch * runtime.GOMAXPROCS(0) }
+
+// AddAll adds events, in their order, with their signatures verified
+// fileBatch at a time on every core (with batch verification if batch).
+func (v *Verifier) AddAll(events [][]byte, batch bool) {
 	verify := VerifyEvents
 	if batch {
 		verify = VerifyEventsBatch
 	}
-	workers := runtime.GOMAXPROCS(0)
-	window := fileBatch * workers
-	evs, errs := make([]*Event, window), make([]error, window)
-	for start := 0; start < len(events); start += window {
-		part := events[start:min(start+window, len(events))]
-		var wg sync.WaitGroup
-		for b := 0; b < len(part); b += fileBatch {
-			wg.Go(func() {
-				e, r := verify(part[b:min(b+fileBatch, len(part))], keys)
-				copy(evs[b:], e)
-				copy(errs[b:], r)
-			})
-		}
-		wg.Wait()
-		for i, raw := range part {
-			v.AddVerified(raw, evs[i], errs[i])
-		}
+	evs, errs := make([]*Event, len(events)), make([]error, len(events))
+	var wg sync.WaitGroup
+	for b := 0; b < len(events); b += fileBatch {
+		wg.Go(func() {
+			e, r := verify(events[b:min(b+fileBatch, len(events))], v.keys)
+			copy(evs[b:], e)
+			copy(errs[b:], r)
+		})
 	}
-	return v.Finish()
+	wg.Wait()
+	for i, raw := range events {
+		v.AddVerified(raw, evs[i], errs[i])
+	}
 }

@@ -1,0 +1,118 @@
+package query
+
+import (
+	"errors"
+	"os"
+
+	"github.com/talos-audit/talos/receipts/verify"
+)
+
+// errOutOfChainOrder stops VerifyExportFile's first pass: the file must
+// be sorted in memory.
+var errOutOfChainOrder = errors.New("the file's receipts are not in chain order")
+
+// errFileChanged: VerifyExportFile's two passes read different files.
+var errFileChanged = errors.New("the file changed while it was verified")
+
+// VerifyExportFile is VerifyExport over the file at path, without holding
+// the file in memory when its receipts come in chain order (each chain's
+// by seq, then id; chains may interleave), as talosctl export writes
+// them. Such a file is read twice: first for the order, the rejected
+// ToolCallEvents and the checkpoints (a Verifier takes the checkpoints
+// before the receipts they cover, and events it cannot read first, as
+// SortForVerify places them), then for everything else, a window at a
+// time. Memory then holds the chains' last links, the checkpoints, the
+// lines it cannot read and the problems, whatever the file's size. A
+// file in any other order is read into memory and sorted (VerifyExport).
+// The report is the same either way, but for the order of problems no
+// chain sorts (SortProblems).
+func VerifyExportFile(path string, keys verify.KeySet, partial, batch bool) (*VerifyOutcome, error) {
+	out, _, err := verifyExportFile(path, keys, partial, batch)
+	return out, err
+}
+
+// verifyExportFile is VerifyExportFile; streamed is whether it read the
+// file twice rather than into memory.
+func verifyExportFile(path string, keys verify.KeySet, partial, batch bool) (out *VerifyOutcome, streamed bool, err error) {
+	scan := func(fn func(raw []byte) error) error {
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return verify.ScanEvents(f, path, fn)
+	}
+	var (
+		sum   RejectedSummary
+		probs []verify.Problem
+		first [][]byte
+		last  = map[string]verify.Place{}
+		rest  int // events for the second pass
+	)
+	err = scan(func(raw []byte) error {
+		if x, ok := ReadExportedRejection(raw); ok {
+			sum.Total++
+			if p := checkRejection(&x, keys, &sum); p != nil {
+				probs = append(probs, *p)
+			}
+			return nil
+		}
+		p := verify.PlaceOf(raw)
+		if !p.Read || p.Checkpoint {
+			first = append(first, raw)
+			return nil
+		}
+		if p.Chained {
+			if prev, ok := last[p.ChainID]; ok && !p.Follows(prev) {
+				return errOutOfChainOrder
+			}
+			last[p.ChainID] = p
+		}
+		rest++
+		return nil
+	})
+	if errors.Is(err, errOutOfChainOrder) {
+		events, err := verify.ReadEventsFile(path, nil)
+		if err != nil {
+			return nil, false, err
+		}
+		return VerifyExport(path, events, keys, partial, batch), false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	v := verify.NewVerifier(keys)
+	v.AllowPartial = partial
+	v.AddAll(first, batch)
+	window := make([][]byte, 0, verify.FileWindow())
+	err = scan(func(raw []byte) error {
+		if _, ok := ReadExportedRejection(raw); ok {
+			return nil
+		}
+		if p := verify.PlaceOf(raw); !p.Read || p.Checkpoint {
+			return nil
+		}
+		if rest--; rest < 0 {
+			return errFileChanged
+		}
+		if window = append(window, raw); len(window) == cap(window) {
+			v.AddAll(window, batch)
+			window = window[:0]
+		}
+		return nil
+	})
+	if err == nil && rest != 0 {
+		err = errFileChanged
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	v.AddAll(window, batch)
+	rep := v.Finish()
+	rep.Problems = append(rep.Problems, probs...)
+	out = NewVerifyOutcome(path, rep)
+	if sum.Total > 0 {
+		out.Rejected = &sum
+	}
+	return out, true, nil
+}

@@ -1,0 +1,173 @@
+package query
+
+import (
+	"bytes"
+	"cmp"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/verify"
+	"github.com/talos-audit/talos/schemas"
+)
+
+// exportLike is an export as talosctl export writes one (kind all), but
+// with its three chains' receipts interleaved: the receipts of chains
+// fa, fb and fc (25 each, a checkpoint every 10) taken in turn, then two
+// ToolCallEvents (one with a bad signature), two rejected ToolCallEvents
+// and a line that is not JSON, then the checkpoints (two a chain, in
+// chain order).
+func exportLike(t *testing.T) (keys verify.KeySet, receiptsByChain [][][]byte, tail, checkpoints [][]byte) {
+	t.Helper()
+	key := testKey(t)
+	keys = verify.KeySet{key.KID: key.Public()}
+	for c, name := range []string{"fa", "fb", "fc"} {
+		ch := receipts.NewChain(name, key)
+		var links [][]byte
+		for i := 1; i <= 25; i++ {
+			links = append(links, sealDecision(t, ch, tcAt.Add(time.Duration(i)*time.Second), fmt.Sprintf("0190f5b2-7c1e-7a3b-8d4e-%02d%010d", c, i), "agent-7"))
+			if i%10 == 0 {
+				cp, err := ch.Checkpoint(receipts.Meta{Source: "talos://enforce/" + name, Time: tcAt}, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkpoints = append(checkpoints, cp.JSON)
+			}
+		}
+		receiptsByChain = append(receiptsByChain, links)
+	}
+	good := signed(t, key, "call-1", tcAt, toolCallEvent(t, "0190f5b2-7c1e-7a3b-8d4e-000000000901", tcAt))
+	bad := bytes.Replace(signed(t, key, "call-2", tcAt, toolCallEvent(t, "0190f5b2-7c1e-7a3b-8d4e-000000000902", tcAt)),
+		[]byte(`"tool_version":"1.2.3"`), []byte(`"tool_version":"1.2.4"`), 1)
+	f := newRejectedFixture(t)
+	tail = [][]byte{good, bad,
+		rejectionLine(t, schemas.AuditRecord{Subject: schemas.ToolCallEventSubject("files"), Data: f.a, StreamSeq: 1}),
+		rejectionLine(t, schemas.AuditRecord{Subject: schemas.ToolCallEventSubject("files"), Data: f.d, StreamSeq: 2}),
+		[]byte(`not json`)}
+	return keys, receiptsByChain, tail, checkpoints
+}
+
+// interleave takes each chain's next receipt in turn.
+func interleave(chains [][][]byte) [][]byte {
+	var out [][]byte
+	for i := 0; ; i++ {
+		n := len(out)
+		for _, c := range chains {
+			if i < len(c) {
+				out = append(out, c[i])
+			}
+		}
+		if len(out) == n {
+			return out
+		}
+	}
+}
+
+// TestVerifyExportFileStreams: talosctl verify --file reads an export
+// whose receipts are in chain order twice instead of into memory, and
+// reports what verifying it in memory reports (VerifyExport, what it did
+// before): clean, with a receipt tampered, one missing, one twice, a
+// checkpoint altered, as a range (--partial), as a JSON array, with
+// batch verification. A file out of chain order is sorted in memory,
+// with the same report.
+func TestVerifyExportFileStreams(t *testing.T) {
+	keys, chains, tail, cps := exportLike(t)
+	dir := t.TempDir()
+	tampered := func() [][][]byte {
+		c := [][][]byte{slices.Clone(chains[0]), slices.Clone(chains[1]), slices.Clone(chains[2])}
+		c[0][6] = bytes.Replace(c[0][6], []byte(`"agent-7"`), []byte(`"agent-8"`), 1)
+		c[1] = slices.Delete(c[1], 12, 13)
+		c[2] = slices.Insert(c[2], 4, c[2][3])
+		return c
+	}()
+	alteredCPs := slices.Clone(cps)
+	alteredCPs[2] = bytes.Replace(alteredCPs[2], []byte(`"to_seq":10`), []byte(`"to_seq":11`), 1)
+	if bytes.Equal(alteredCPs[2], cps[2]) {
+		t.Fatal("the checkpoint was not altered")
+	}
+	shuffled := slices.Concat(interleave(chains), tail, cps)
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+	for _, c := range []struct {
+		name           string
+		events         [][]byte
+		array, partial bool
+		batch          bool
+		streamed, ok   bool
+	}{
+		{name: "clean", events: slices.Concat(interleave(chains), tail[:1], cps), streamed: true, ok: true},
+		{name: "clean, batch", events: slices.Concat(interleave(chains), tail[:1], cps), batch: true, streamed: true, ok: true},
+		{name: "with rejections and a bad line", events: slices.Concat(interleave(chains), tail, cps), streamed: true},
+		{name: "tampered", events: slices.Concat(interleave(tampered), tail[:1], alteredCPs), streamed: true},
+		{name: "tampered, batch", events: slices.Concat(interleave(tampered), tail[:1], alteredCPs), batch: true, streamed: true},
+		{name: "tampered, array", events: slices.Concat(interleave(tampered), tail[:4], cps), array: true, streamed: true},
+		{name: "checkpoints first", events: slices.Concat(cps, interleave(chains), tail[:1]), streamed: true, ok: true},
+		{name: "a range", events: slices.Concat(interleave([][][]byte{chains[0][5:], chains[1]}), cps[2:4]), partial: true, streamed: true, ok: true},
+		{name: "a range without --partial", events: interleave([][][]byte{chains[0][5:], chains[1]}), streamed: true},
+		{name: "out of chain order", events: shuffled},
+		{name: "one link out of order", events: slices.Concat(interleave(chains)[:40], interleave(chains)[41:], interleave(chains)[40:41]), ok: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(dir, c.name+".jsonl")
+			content := append(bytes.Join(c.events, []byte("\n")), '\n')
+			if c.array {
+				content = slices.Concat([]byte("[\n"), bytes.Join(c.events, []byte(",\n")), []byte("\n]\n"))
+			}
+			if err := os.WriteFile(path, content, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			got, streamed, err := verifyExportFile(path, keys, c.partial, c.batch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			events, err := verify.ReadEventsFile(path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := VerifyExport(path, events, keys, c.partial, c.batch)
+			if streamed != c.streamed {
+				t.Errorf("read twice: %v, want %v", streamed, c.streamed)
+			}
+			if (got.Err() == nil) != c.ok {
+				t.Errorf("verdict %v, want OK %v", got.Err(), c.ok)
+			}
+			sortAll(got.Report.Problems)
+			sortAll(want.Report.Problems)
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("read twice:\n%+v\nin memory:\n%+v", got, want)
+			}
+		})
+	}
+	// What each faulty file must show, so that agreeing is not agreeing on
+	// nothing.
+	out, _, err := verifyExportFile(filepath.Join(dir, "tampered.jsonl"), keys, false, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]int{}
+	for _, p := range out.Report.Problems {
+		kinds[p.Kind]++
+	}
+	for _, k := range []string{verify.ProblemBadSignature, verify.ProblemChainGap, verify.ProblemDuplicateSeq} {
+		if kinds[k] == 0 {
+			t.Errorf("the tampered file shows no %s: %v", k, kinds)
+		}
+	}
+	if out.Report.CheckpointsSeen != len(cps) || out.Report.Checked != 75+1 {
+		t.Errorf("the tampered file: %d checkpoints, %d events checked", out.Report.CheckpointsSeen, out.Report.Checked)
+	}
+}
+
+// sortAll orders problems by every field, so that two reports that name
+// the same problems compare equal.
+func sortAll(probs []verify.Problem) {
+	slices.SortStableFunc(probs, func(a, b verify.Problem) int {
+		return cmp.Or(cmp.Compare(a.ChainID, b.ChainID), cmp.Compare(a.Seq, b.Seq), cmp.Compare(a.Record, b.Record),
+			cmp.Compare(a.ReceiptID, b.ReceiptID), cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Detail, b.Detail))
+	})
+}
