@@ -92,6 +92,7 @@ func VerifyExport(source string, events [][]byte, keys verify.KeySet, partial, b
 	rep := verify.VerifyFile(signed, keys, partial, batch)
 	rep.Problems = append(rep.Problems, probs...)
 	out := NewVerifyOutcome(source, rep)
+	out.File = true
 	if sum.Total > 0 {
 		out.Rejected = &sum
 	}

@@ -111,6 +111,7 @@ func verifyExportFile(path string, keys verify.KeySet, partial, batch bool) (out
 	rep := v.Finish()
 	rep.Problems = append(rep.Problems, probs...)
 	out = NewVerifyOutcome(path, rep)
+	out.File = true
 	if sum.Total > 0 {
 		out.Rejected = &sum
 	}

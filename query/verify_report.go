@@ -24,6 +24,9 @@ type VerifyOutcome struct {
 	// Replica is what the ClickHouse replica read still had to fetch
 	// (VerifyDatabaseOutcome), nil when nothing.
 	Replica *ReplicaBacklog
+	// File: the records came from a file (VerifyExport), which has no
+	// stored columns to check.
+	File bool
 }
 
 // AddLog adds the transparency log's check: its problems join the
@@ -93,8 +96,12 @@ func (o *VerifyOutcome) WriteText(w io.Writer) error {
 	if o.Log != nil {
 		tail += "; " + o.Log.Summary()
 	}
-	_, err := fmt.Fprintf(w, "OK: %s verified (signatures, chain links, %d Merkle roots, stored columns) from %s%s\n",
-		o.scope(), r.Checkpoints, o.Source, tail)
+	columns := ", stored columns"
+	if o.File {
+		columns = ""
+	}
+	_, err := fmt.Fprintf(w, "OK: %s verified (signatures, chain links, %d Merkle roots%s) from %s%s\n",
+		o.scope(), r.Checkpoints, columns, o.Source, tail)
 	return err
 }
 

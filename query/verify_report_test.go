@@ -22,6 +22,12 @@ func TestVerifyOutcome(t *testing.T) {
 		"; 3 receipts follow the last checkpoint of their chain (hash-chained, not yet checkpointed)\n"; buf.String() != want {
 		t.Fatalf("text %q", buf.String())
 	}
+	// A file has no stored columns to check.
+	ok.File = true
+	buf.Reset()
+	if err := ok.WriteText(&buf); err != nil || !strings.HasPrefix(buf.String(), "OK: 29 receipts in 2 chains, 4 checkpoints verified (signatures, chain links, 4 Merkle roots) from export.jsonl;") {
+		t.Fatalf("text of a file's %q (%v)", buf.String(), err)
+	}
 
 	bad := NewVerifyOutcome("ClickHouse db", verify.Report{Checked: 5, Chains: map[string]verify.ChainSummary{"w1": {}},
 		Problems: []verify.Problem{
