@@ -3,12 +3,14 @@ package query
 import (
 	"bytes"
 	"cmp"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -170,4 +172,49 @@ func sortAll(probs []verify.Problem) {
 		return cmp.Or(cmp.Compare(a.ChainID, b.ChainID), cmp.Compare(a.Seq, b.Seq), cmp.Compare(a.Record, b.Record),
 			cmp.Compare(a.ReceiptID, b.ReceiptID), cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Detail, b.Detail))
 	})
+}
+
+// TestProveFromEventsFile: verify --receipt --file proves a receipt from
+// an export it reads twice, as from the events in memory: the first
+// checkpoint of its chain that covers it, with its range's hashes; it
+// names a receipt no checkpoint covers yet, a range with a receipt
+// missing, and an id the file lacks.
+func TestProveFromEventsFile(t *testing.T) {
+	keys, chains, tail, cps := exportLike(t)
+	dir := t.TempDir()
+	write := func(name string, events [][]byte) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, append(bytes.Join(events, []byte("\n")), '\n'), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	whole := slices.Concat(interleave(chains), tail, cps)
+	path := write("whole.jsonl", whole)
+	id := eventID(t, chains[1][13]) // chain fb, seq 14
+	proof, res, err := ProveFromEventsFile(path, nil, id, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ChainID != "fb" || res.Seq != 14 || res.FromSeq != 11 || res.ToSeq != 20 || proof.LeafIndex != 3 || proof.TreeSize != 10 {
+		t.Fatalf("proof of fb seq 14: %+v, leaf %d of %d", res, proof.LeafIndex, proof.TreeSize)
+	}
+	if again, err := verify.VerifyProof(proof, keys); err != nil || *again != *res {
+		t.Fatalf("the proof does not verify: %v", err)
+	}
+	inMemory, resMem, err := ProveFromEvents(whole, id, keys)
+	if err != nil || !reflect.DeepEqual(inMemory, proof) || *resMem != *res {
+		t.Fatalf("in memory: %v\n%+v\n%+v", err, inMemory, proof)
+	}
+
+	if _, _, err := ProveFromEventsFile(path, nil, eventID(t, chains[1][23]), keys); !errors.Is(err, ErrNoCheckpoint) {
+		t.Errorf("fb seq 24, past the last checkpoint: %v", err)
+	}
+	gap := write("gap.jsonl", slices.Concat(interleave([][][]byte{chains[0], slices.Delete(slices.Clone(chains[1]), 14, 15)}), cps))
+	if _, _, err := ProveFromEventsFile(gap, nil, id, keys); err == nil || !strings.Contains(err.Error(), "chain fb seq 15 is not in the file") {
+		t.Errorf("fb seq 15 missing: %v", err)
+	}
+	if _, _, err := ProveFromEventsFile(path, nil, "0190f5b2-7c1e-7a3b-8d4e-999999999999", keys); err == nil || !strings.Contains(err.Error(), "no receipt with id") {
+		t.Errorf("an id the file lacks: %v", err)
+	}
 }

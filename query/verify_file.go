@@ -3,6 +3,8 @@ package query
 import (
 	"fmt"
 	"io"
+	"os"
+	"slices"
 	"sort"
 
 	"github.com/talos-audit/talos/receipts/verify"
@@ -32,13 +34,23 @@ func SortProblems(probs []verify.Problem) map[string]int {
 }
 
 // ProveFromEventsFile is ProveFromEvents over the events of the file at
-// path ("-": stdin).
+// path ("-": stdin), read twice rather than held in memory (stdin is).
 func ProveFromEventsFile(path string, stdin io.Reader, id string, keys verify.KeySet) (*verify.Proof, *verify.ProofResult, error) {
-	events, err := verify.ReadEventsFile(path, stdin)
-	if err != nil {
-		return nil, nil, err
+	if path == "-" {
+		events, err := verify.ReadEventsFile(path, stdin)
+		if err != nil {
+			return nil, nil, err
+		}
+		return ProveFromEvents(events, id, keys)
 	}
-	return ProveFromEvents(events, id, keys)
+	return proveFrom(func(fn func(raw []byte) error) error {
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return verify.ScanEvents(f, path, fn)
+	}, id, keys)
 }
 
 // ProveFromEvents is ProveReceipt over a file of events (an export)
@@ -46,6 +58,22 @@ func ProveFromEventsFile(path string, stdin io.Reader, id string, keys verify.Ke
 // trusted key, and the receipt hashes of its range, all taken from events.
 // It fails with ErrNoCheckpoint when no checkpoint in events covers it.
 func ProveFromEvents(events [][]byte, id string, keys verify.KeySet) (*verify.Proof, *verify.ProofResult, error) {
+	return proveFrom(func(fn func(raw []byte) error) error {
+		for _, raw := range events {
+			if err := fn(raw); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, id, keys)
+}
+
+// proveFrom is ProveFromEvents over the events scan gives, in two passes:
+// the receipt and the checkpoints signed by a trusted key, then the
+// receipts of the first checkpoint's range that covers it. Only those
+// events' signatures are checked; when an id or a seq occurs more than
+// once, the last trusted one counts.
+func proveFrom(scan func(fn func(raw []byte) error) error, id string, keys verify.KeySet) (*verify.Proof, *verify.ProofResult, error) {
 	type signedCheckpoint struct {
 		raw []byte
 		cp  *verify.VerifiedCheckpoint
@@ -54,49 +82,57 @@ func ProveFromEvents(events [][]byte, id string, keys verify.KeySet) (*verify.Pr
 		target    *verify.Event
 		targetRaw []byte
 		cps       []signedCheckpoint
-		bySeq     = map[string]map[uint64]string{} // chain -> seq -> receipt hash
 	)
-	for _, raw := range events {
-		ev, err := verify.VerifyEvent(raw, keys)
-		if err != nil {
-			continue // not trusted: not part of a proof
-		}
-		if ev.Type == schemas.TypeCheckpoint {
-			if cp, err := verify.CheckpointOf(ev); err == nil {
-				cps = append(cps, signedCheckpoint{raw, cp})
+	err := scan(func(raw []byte) error {
+		switch p := verify.PlaceOf(raw); {
+		case p.Checkpoint:
+			if ev, err := verify.VerifyEvent(raw, keys); err == nil && ev.Type == schemas.TypeCheckpoint {
+				if cp, err := verify.CheckpointOf(ev); err == nil {
+					cps = append(cps, signedCheckpoint{raw, cp})
+				}
 			}
-			continue
+		case p.Chained && p.ID == id:
+			if ev, err := verify.VerifyEvent(raw, keys); err == nil && ev.ID == id && ev.Type != schemas.TypeCheckpoint && ev.Data.Chain.ChainID != "" {
+				target, targetRaw = ev, raw
+			}
 		}
-		if ev.Data.Chain.ChainID == "" {
-			continue
-		}
-		m := bySeq[ev.Data.Chain.ChainID]
-		if m == nil {
-			m = map[uint64]string{}
-			bySeq[ev.Data.Chain.ChainID] = m
-		}
-		m[ev.Data.Chain.Seq] = ev.Hash
-		if ev.ID == id {
-			target, targetRaw = ev, raw
-		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
 	}
 	if target == nil {
 		return nil, nil, fmt.Errorf("no receipt with id %s signed by a trusted key in the file", id)
 	}
 	c := target.Data.Chain
-	for _, x := range cps {
-		if x.cp.ChainID != c.ChainID || c.Seq < x.cp.FromSeq || c.Seq > x.cp.ToSeq {
-			continue
-		}
-		hashes := make([]string, 0, x.cp.TreeSize)
-		for s := x.cp.FromSeq; s <= x.cp.ToSeq; s++ {
-			h, ok := bySeq[c.ChainID][s]
-			if !ok {
-				return nil, nil, fmt.Errorf("chain %s seq %d is not in the file: the range of checkpoint %d cannot be proven", c.ChainID, s, x.cp.CheckpointSeq)
-			}
-			hashes = append(hashes, h)
-		}
-		return verify.BuildProof(targetRaw, x.raw, hashes, keys)
+	i := slices.IndexFunc(cps, func(x signedCheckpoint) bool {
+		return x.cp.ChainID == c.ChainID && c.Seq >= x.cp.FromSeq && c.Seq <= x.cp.ToSeq
+	})
+	if i < 0 {
+		return nil, nil, fmt.Errorf("receipt %s (chain %s seq %d): %w", id, c.ChainID, c.Seq, ErrNoCheckpoint)
 	}
-	return nil, nil, fmt.Errorf("receipt %s (chain %s seq %d): %w", id, c.ChainID, c.Seq, ErrNoCheckpoint)
+	cp := cps[i]
+	bySeq := make(map[uint64]string, cp.cp.TreeSize) // seq -> receipt hash
+	err = scan(func(raw []byte) error {
+		p := verify.PlaceOf(raw)
+		if !p.Chained || p.ChainID != c.ChainID || p.Seq < cp.cp.FromSeq || p.Seq > cp.cp.ToSeq {
+			return nil
+		}
+		if ev, err := verify.VerifyEvent(raw, keys); err == nil && ev.Type != schemas.TypeCheckpoint && ev.Data.Chain.ChainID == c.ChainID {
+			bySeq[ev.Data.Chain.Seq] = ev.Hash
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	hashes := make([]string, 0, cp.cp.TreeSize)
+	for s := cp.cp.FromSeq; s <= cp.cp.ToSeq; s++ {
+		h, ok := bySeq[s]
+		if !ok {
+			return nil, nil, fmt.Errorf("chain %s seq %d is not in the file: the range of checkpoint %d cannot be proven", c.ChainID, s, cp.cp.CheckpointSeq)
+		}
+		hashes = append(hashes, h)
+	}
+	return verify.BuildProof(targetRaw, cp.raw, hashes, keys)
 }

@@ -69,7 +69,9 @@
 #                                 checked one by one, then in batches
 #                                 (--batch-signatures), then of the same
 #                                 records exported (talosctl export --kind
-#                                 all) and verified from the file (--file);
+#                                 all) and verified from the file (--file),
+#                                 and the inclusion proof of one receipt
+#                                 from that file (--file --receipt);
 #                                 `verify N profile`
 #                                 also writes a CPU profile of each (talosctl
 #                                 --cpuprofile) to a directory it prints;
@@ -810,6 +812,9 @@ verify)
   "$work/bin/talosctl" --clickhouse-addr "$ch" --clickhouse-user default --clickhouse-database synth export --kind all \
     --out "$work/export.jsonl" 2>/dev/null
   echo "   $(wc -l <"$work/export.jsonl") records, $(($(stat -c %s "$work/export.jsonl") >> 20)) MiB"
+  # The id of the export's middle receipt: the last "id" member of its
+  # line (a CloudEvent's members are sorted: data, then id).
+  proof_id=$(sed -n "$((n / 2))p" "$work/export.jsonl" | grep -o '"id":"[^"]*"' | tail -1 | cut -d'"' -f4)
   # verify_run SIDE MODE: one talosctl verify over the synth database by
   # SIDE's talosctl (new: this tree's, base: BASE's), signatures checked
   # one by one with crypto/ed25519's rules (MODE default) or in batches
@@ -821,6 +826,8 @@ verify)
     [ "$side" = base ] && bin=$work/base/bin/talosctl
     [ "$mode" = batch ] && flags=(--batch-signatures)
     [ "$mode" = file ] && flags=(--file "$work/export.jsonl") what="over the export: every signature, link and Merkle root"
+    [ "$mode" = proof ] && flags=(--file "$work/export.jsonl" --receipt "$proof_id" --out "$work/proof.json") \
+      what="the inclusion proof of the file's middle receipt (its receipts/s: the file's receipts over the wall time)"
     [ -n "$profdir" ] && flags+=(--cpuprofile "$profdir/verify-$mode.pprof")
     echo "== ${base_rev:+$side: }talosctl verify ${flags[*]} $what"
     if ! /usr/bin/time -f "%e s wall, %M KiB peak RSS, %P CPU" -o "$work/verify.time" \
@@ -828,21 +835,22 @@ verify)
       >"$work/verify.out" 2>"$work/verify.err"; then
       tail -20 "$work/verify.out"; tr '\r' '\n' <"$work/verify.err" | tail -5; exit 1
     fi
-    tail -1 "$work/verify.out"
+    if [ "$mode" = proof ]; then head -1 "$work/verify.err"; else tail -1 "$work/verify.out"; fi
     cat "$work/verify.time"
-    awk -v n="$n" -v m="$mode" '{printf "== verification (%s signatures): %.0f receipts/s, peak RSS %.0f MiB\n", m, n/$1, $4/1024}' "$work/verify.time"
+    awk -v n="$n" -v m="$mode" '{printf "== verification (%s): %.0f receipts/s, peak RSS %.0f MiB\n", m, n/$1, $4/1024}' "$work/verify.time"
     awk -v n="$n" -v s="$side" -v m="$mode" '{printf "%s %s %.0f %.0f\n", s, m, n/$1, $4/1024}' "$work/verify.time" >>"$work/verify.all"
   }
   if [ -z "$base_rev" ]; then
     verify_run new default
     verify_run new batch
     verify_run new file
+    verify_run new proof
   else
     echo "== A/B: base $(git rev-parse --short "$base_rev") ($(git log -1 --format=%s "$base_rev" | cut -c1-60)) against this tree, $rounds round(s) on one database, alternating (base first in odd rounds)"
     for r in $(seq 1 "$rounds"); do
       order="base new"
       [ $((r % 2)) -eq 0 ] && order="new base"
-      for mode in default batch file; do
+      for mode in default batch file proof; do
         for side in $order; do verify_run "$side" "$mode"; done
       done
     done
@@ -851,7 +859,7 @@ verify)
     vmedian() {
       awk -v s="$1" -v m="$2" -v c="$3" '$1 == s && $2 == m {print $c}' "$work/verify.all" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
     }
-    for mode in default batch file; do
+    for mode in default batch file proof; do
       awk -v m="$mode" -v b="$(vmedian base "$mode" 3)" -v n="$(vmedian new "$mode" 3)" -v br="$(vmedian base "$mode" 4)" -v nr="$(vmedian new "$mode" 4)" \
         'BEGIN {printf "   %-8s base %7d  new %7d  ratio %.2f   RSS base %5d  new %5d  ratio %.2f\n", m, b, n, n / b, br, nr, nr / br}'
     done
