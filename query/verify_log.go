@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -184,6 +185,26 @@ func VerifyLogEvents(ctx context.Context, events [][]byte, partial bool, o LogOp
 			}
 		}
 		return nil
+	})
+}
+
+// VerifyLogFile is VerifyLogEvents over the records of the file at path,
+// read as they come instead of held in memory: what it keeps of each is
+// its id and hashes.
+func VerifyLogFile(ctx context.Context, path string, partial bool, o LogOptions) (*LogReport, error) {
+	o.partial = partial
+	return verifyLog(ctx, o, func(fn func(*storedRecord)) error {
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return verify.ScanEvents(f, path, func(raw []byte) error {
+			if r, ok := eventRecord(raw); ok {
+				fn(r)
+			}
+			return nil
+		})
 	})
 }
 

@@ -105,6 +105,12 @@ func (f *LogFlags) CheckEvents(ctx context.Context, events [][]byte, partial boo
 	return f.check(out, func(o LogOptions) (*LogReport, error) { return VerifyLogEvents(ctx, events, partial, o) })
 }
 
+// CheckFile is CheckEvents over the file at path, read as it goes
+// (VerifyLogFile).
+func (f *LogFlags) CheckFile(ctx context.Context, path string, partial bool, out *VerifyOutcome) error {
+	return f.check(out, func(o LogOptions) (*LogReport, error) { return VerifyLogFile(ctx, path, partial, o) })
+}
+
 // LogProofCmd is `talosctl log-proof`: the proof bundle of one record.
 type LogProofCmd struct {
 	LogSource

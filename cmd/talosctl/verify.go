@@ -12,7 +12,7 @@ import (
 
 type verifyCmd struct {
 	TrustedKeys []string `name:"trusted-keys" required:"" type:"path" help:"Public keys (.pub files or directories of them) whose signatures are trusted: every key that ever signed, including rotated-out ones."`
-	File        string   `name:"file" type:"path" help:"Verify the CloudEvents in this file (JSON lines, or one JSON array; e.g. from talosctl export) instead of ClickHouse; '-' reads standard input. A file whose receipts are in chain order (as talosctl export writes them) is read twice rather than held in memory. With --log-url, held to the log (with --partial, only the file's records)."`
+	File        string   `name:"file" type:"path" help:"Verify the CloudEvents in this file (JSON lines, or one JSON array; e.g. from talosctl export) instead of ClickHouse; '-' reads standard input. A file whose receipts are in chain order (as talosctl export writes them) is read as it goes rather than held in memory. With --log-url, held to the log (with --partial, only the file's records)."`
 	Partial     bool     `name:"partial" help:"Accept chains whose first receipt is not seq 1 (a range, e.g. after retention)."`
 	Receipt     string   `name:"receipt" placeholder:"ID" help:"Instead of verifying everything, print the inclusion proof of this receipt (JSON, on stdout or --out) against the checkpoint that covers it; check it anywhere with talosctl verify-proof."`
 	Out         string   `name:"out" type:"path" help:"With --receipt: write the proof to this file instead of standard output."`
@@ -35,10 +35,13 @@ func (c *verifyCmd) Run(g *Globals) error {
 		return c.prove(g, keys)
 	}
 	var out *query.VerifyOutcome
-	if c.File != "" && c.File != "-" && c.Log.LogURL == "" {
-		// A file talosctl export wrote is read twice, not held in memory.
+	if c.File != "" && c.File != "-" {
+		// A file talosctl export wrote is read as it goes, not held in memory.
 		if out, err = query.VerifyExportFile(c.File, keys, c.Partial, c.BatchSignatures); err != nil {
 			return usage("%v", err)
+		}
+		if err := c.Log.CheckFile(context.Background(), c.File, c.Partial, out); err != nil {
+			return failed("%v", err)
 		}
 	} else if c.File != "" {
 		events, err := verify.ReadEventsFile(c.File, os.Stdin)
