@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -354,8 +355,17 @@ func TestGatewayEndToEnd(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "notes.txt"), []byte("hello from the filesystem server\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	metrics := "http://" + testenv.FreeAddr(t)
 	gw := s.gatewaySession(ctx, append(upstreams(t, root), "--ep-id", "gw-e2e", "--approval-timeout", "60s",
-		"--decision-timeout", "3s")...)
+		"--decision-timeout", "3s", "--metrics-addr", strings.TrimPrefix(metrics, "http://"))...)
+	healthz := func() int {
+		resp, err := http.Get(metrics + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
 
 	names := gw.toolNames(ctx, t)
 	for _, want := range []string{"echo", "get-sum", "read_text_file", "write_file", "get-resource-links"} {
@@ -383,6 +393,12 @@ func TestGatewayEndToEnd(t *testing.T) {
 	gw.call(ctx, "write_file", map[string]any{"path": filepath.Join(root, "out.txt"), "content": "written via talos"}).mustAllow(t, "write_file")
 	if b, err := os.ReadFile(filepath.Join(root, "out.txt")); err != nil || string(b) != "written via talos" {
 		t.Fatalf("write_file did not write: %q %v", b, err)
+	}
+	// --metrics-addr: the stdio gateway's /metrics times the four calls'
+	// stages, and /healthz says it is connected.
+	checkStageMetric(t, http.DefaultClient, metrics)
+	if code := healthz(); code != http.StatusOK {
+		t.Fatalf("/healthz while connected: %d", code)
 	}
 
 	// Denied: a tool no upstream offers, and a path outside the server's
@@ -424,8 +440,10 @@ func TestGatewayEndToEnd(t *testing.T) {
 	r.mustDeny(t, "rejected call", schemas.CodeApprovalRejected)
 	ids.Store(id, "rejected")
 
-	// NATS stopped mid-session: denied, not passed through.
+	// NATS stopped mid-session: denied, not passed through, and /healthz
+	// says so.
 	s.stopNATS()
+	testenv.WaitFor(t, 20*time.Second, func() bool { return healthz() == http.StatusServiceUnavailable })
 	r = gw.call(ctx, "get-sum", map[string]any{"a": 3, "b": 4})
 	d = r.mustDeny(t, "call with NATS down")
 	if !slices.Contains(d.ReasonCodes, schemas.CodeEnforcementUnavailable) && !slices.Contains(d.ReasonCodes, schemas.CodeDecisionTimeout) {
@@ -446,6 +464,9 @@ func TestGatewayEndToEnd(t *testing.T) {
 	}
 	if !strings.Contains(text(r.res), "11") {
 		t.Fatalf("get-sum after NATS returned: %q", text(r.res))
+	}
+	if code := healthz(); code != http.StatusOK {
+		t.Fatalf("/healthz after NATS returned: %d", code)
 	}
 
 	// The inspector CLI, a second real MCP client. It starts the gateway

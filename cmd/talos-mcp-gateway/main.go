@@ -49,10 +49,11 @@ type cli struct {
 
 	Credentials string `name:"credentials" type:"existingfile" help:"The credential each upstream is sent (the client's own token never is): JSON {\"servers\":{\"<server_id>\":{\"mode\":\"none|secret|token_exchange\", ...}}}; secret: secret_file or secret_env (the gateway's environment), and stdio_env for a stdio upstream; token_exchange (RFC 8693, HTTP upstreams): token_endpoint, client_id, client_secret_file|client_secret_env, audience (default the server_id), resource (default its URL), scope, timeout, session (what its session requests carry: client_credentials, the gateway's own token, by default, or none). A server not listed is sent nothing. See the README."`
 
-	Capability string `name:"capability" type:"existingfile" help:"The agent's capability chain (JSON, from talosctl cap issue|delegate); attached to every call."`
-	AgentKey   string `name:"agent-key" type:"existingfile" help:"The chain holder's key (.key): every call carries a sender signature."`
-	AgentID    string `name:"agent-id" help:"actor.agent_id of calls (default: the chain's holder, else the ep id)."`
-	SessionID  string `name:"session-id" help:"session_id of the stdio session (default: stdio-<uuid>, new each start)."`
+	Capability  string `name:"capability" type:"existingfile" help:"The agent's capability chain (JSON, from talosctl cap issue|delegate); attached to every call."`
+	AgentKey    string `name:"agent-key" type:"existingfile" help:"The chain holder's key (.key): every call carries a sender signature."`
+	AgentID     string `name:"agent-id" help:"actor.agent_id of calls (default: the chain's holder, else the ep id)."`
+	SessionID   string `name:"session-id" help:"session_id of the stdio session (default: stdio-<uuid>, new each start)."`
+	MetricsAddr string `name:"metrics-addr" placeholder:"HOST:PORT" help:"Stdio mode: serve /metrics (Prometheus: stage times, refusals, drifts) and /healthz (200 while connected to Talos) on this address, e.g. 127.0.0.1:9466. The HTTP mode serves them beside /mcp."`
 
 	Listen     string `name:"listen" help:"Serve streamable HTTP on this address (e.g. 0.0.0.0:8931) instead of stdio; needs --principals and --tls-cert/--tls-key (or, on a loopback address only, --insecure-plain-http)."`
 	Principals string `name:"principals" type:"existingfile" help:"HTTP callers: JSON {\"principals\":[{\"name\",\"token_sha256\",\"jwt_subject\",\"jwt_principal\",\"agent_id\",\"capability\",\"agent_key\"}]}; each sees its own tools. A static token (token_sha256) is tried first; otherwise a JWT selects the principal whose jwt_principal is its talos_principal claim, or, without that claim, whose jwt_subject is its sub."`
@@ -148,7 +149,7 @@ func (c *cli) config(log *slog.Logger) gateway.Config {
 			Env: c.SandboxEnv, Bwrap: c.SandboxBwrap},
 		BlockNetworkOutbound: c.BlockNetworkOutbound, AllowNetworkTool: c.AllowNetworkTool, RelayUngoverned: c.RelayUngoverned,
 		DecisionTimeout: c.DecisionTimeout, ApprovalTimeout: c.ApprovalTimeout, MaxEnvelopeBytes: c.MaxEnvelopeBytes,
-		SpoolDir: c.SpoolDir, Logger: log, Version: version,
+		SpoolDir: c.SpoolDir, MetricsAddr: c.MetricsAddr, Logger: log, Version: version,
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -68,6 +69,10 @@ type Config struct {
 	// SpoolDir is --spool-dir, where post events and reports wait for
 	// NATS on disk (Options.SpoolDir); "": DefaultSpoolDir.
 	SpoolDir string
+	// MetricsAddr is --metrics-addr: in the stdio mode, where /metrics
+	// and /healthz are served (HOST:PORT); "": nowhere. The HTTP mode
+	// serves them beside /mcp.
+	MetricsAddr string
 
 	Logger  *slog.Logger // default slog.Default()
 	Version string       // the gateway's MCP implementation version
@@ -160,6 +165,14 @@ func (s *Setup) configure() error {
 	}
 	if s.HTTP, err = NewHTTPOptions(c.HTTP, s.Principals, c.Logger); err != nil {
 		return err
+	}
+	if c.MetricsAddr != "" {
+		if c.HTTP.Listen != "" {
+			return errors.New("--metrics-addr is for the stdio mode: with --listen, /metrics and /healthz are served beside /mcp")
+		}
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			return fmt.Errorf("--metrics-addr %q: %w", c.MetricsAddr, err)
+		}
 	}
 	if s.Upstreams, err = mcpup.ParseSpecs(c.Upstreams); err != nil {
 		return fmt.Errorf("--upstream: %w", err)
@@ -324,6 +337,13 @@ func (s *Setup) Serve(ctx context.Context, g *Gateway) error {
 		return g.ListenHTTP(ctx, *s.HTTP)
 	}
 	g.stdio = true
+	if s.cfg.MetricsAddr != "" {
+		stop, err := g.serveOps(s.cfg.MetricsAddr)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	err := g.Server(s.Principals[0]).Run(ctx, g.serverTransport(&mcp.StdioTransport{}))
 	if ctx.Err() != nil || errors.Is(err, context.Canceled) {
 		return nil

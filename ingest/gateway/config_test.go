@@ -186,6 +186,12 @@ func TestPrepare(t *testing.T) {
 		{"principals in stdio", func(c *Config) { c.Principals = reg }, true, "--principals is for --listen"},
 		{"listen without principals", func(c *Config) { c.HTTP.Listen = "127.0.0.1:0" }, true, "--listen needs --principals"},
 		{"TLS in stdio", func(c *Config) { c.HTTP.TLSKey = reg }, true, "are for --listen"},
+		{"metrics address with --listen", func(c *Config) {
+			c.HTTP = HTTPConfig{Listen: "127.0.0.1:0", InsecurePlainHTTP: true}
+			c.Principals = writeFile(t, dir, `{"principals":[{"name":"a","token_sha256":"`+strings.Repeat("a", 64)+`","agent_id":"a"}]}`)
+			c.MetricsAddr = "127.0.0.1:0"
+		}, true, "--metrics-addr is for the stdio mode"},
+		{"metrics address without a port", func(c *Config) { c.MetricsAddr = "127.0.0.1" }, true, `--metrics-addr "127.0.0.1": `},
 		{"bad upstream", func(c *Config) { c.Upstreams = []string{"fs"} }, true, "--upstream: "},
 		{"upstream twice", func(c *Config) { c.Upstreams = []string{"fs=/bin/true", "fs=/bin/false"} }, true, `--upstream: server_id "fs" given twice`},
 		{"credentials for an unknown server", func(c *Config) { c.Credentials = writeFile(t, dir, `{"servers":{"x":{"mode":"none"}}}`) }, true, "not an upstream"},

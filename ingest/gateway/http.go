@@ -176,15 +176,7 @@ func (g *Gateway) ListenHTTP(ctx context.Context, o HTTPOptions) error {
 		handlers[p.Name] = g.serverHandler(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
 	}
 	auth := &authenticator{ix: ix, jwt: o.JWT, handlers: handlers, refusals: newRefusals(g, o.Refusals, g.authRef), log: g.log}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if !g.Connected() {
-			http.Error(w, "no connection to Talos: calls are denied", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	mux.Handle("/metrics", promhttp.HandlerFor(g.metrics, promhttp.HandlerOpts{}))
+	mux := g.opsMux()
 	mux.Handle("/mcp", auth)
 	srv := &http.Server{Addr: o.Addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second, TLSConfig: o.TLS}
 	ln, err := net.Listen("tcp", o.Addr)
@@ -216,4 +208,36 @@ func (g *Gateway) ListenHTTP(ctx context.Context, o HTTPOptions) error {
 		}
 		return nil
 	}
+}
+
+// opsMux serves /healthz (200 while connected to Talos, else 503) and
+// /metrics.
+func (g *Gateway) opsMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if !g.Connected() {
+			http.Error(w, "no connection to Talos: calls are denied", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(g.metrics, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// serveOps serves opsMux on addr (the stdio mode's --metrics-addr) until
+// stop is called.
+func (g *Gateway) serveOps(addr string) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	srv := &http.Server{Handler: g.opsMux(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	g.log.Info("serving /metrics and /healthz", "url", "http://"+ln.Addr().String()+"/metrics")
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
 }
