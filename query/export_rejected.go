@@ -89,8 +89,13 @@ func VerifyExport(source string, events [][]byte, keys verify.KeySet, partial, b
 			probs = append(probs, *p)
 		}
 	}
-	rep := verify.VerifyFile(signed, keys, partial, batch)
-	rep.Problems = append(rep.Problems, probs...)
+	return exportOutcome(source, verify.VerifyFile(signed, keys, partial, batch), probs, sum)
+}
+
+// exportOutcome is the outcome of an export's verification: rep, the
+// rejections' problems and their summary.
+func exportOutcome(source string, rep verify.Report, rejectionProbs []verify.Problem, sum RejectedSummary) *VerifyOutcome {
+	rep.Problems = append(rep.Problems, rejectionProbs...)
 	out := NewVerifyOutcome(source, rep)
 	out.File = true
 	if sum.Total > 0 {

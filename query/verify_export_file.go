@@ -2,7 +2,6 @@ package query
 
 import (
 	"errors"
-	"os"
 
 	"github.com/talos-audit/talos/receipts/verify"
 )
@@ -22,7 +21,7 @@ var errFileChanged = errors.New("the file changed while it was verified")
 // before the receipts they cover, and events it cannot read first, as
 // SortForVerify places them), then for everything else, a window at a
 // time. Memory then holds the chains' last links, the checkpoints, the
-// lines it cannot read and the problems, whatever the file's size. A
+// lines it cannot read, the rejections' positions and the problems. A
 // file in any other order is read into memory and sorted (VerifyExport).
 // The report is the same either way, but for the order of problems no
 // chain sorts (SortProblems).
@@ -34,23 +33,19 @@ func VerifyExportFile(path string, keys verify.KeySet, partial, batch bool) (*Ve
 // verifyExportFile is VerifyExportFile; streamed is whether it read the
 // file twice rather than into memory.
 func verifyExportFile(path string, keys verify.KeySet, partial, batch bool) (out *VerifyOutcome, streamed bool, err error) {
-	scan := func(fn func(raw []byte) error) error {
-		f, err := os.Open(path)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		return verify.ScanEvents(f, path, fn)
-	}
+	scan := fileEvents(path)
 	var (
 		sum   RejectedSummary
 		probs []verify.Problem
 		first [][]byte
+		skip  []int // positions the second pass leaves out: first's and the rejections'
 		last  = map[string]verify.Place{}
-		rest  int // events for the second pass
+		n     int // events read
 	)
 	err = scan(func(raw []byte) error {
+		n++
 		if x, ok := ReadExportedRejection(raw); ok {
+			skip = append(skip, n-1)
 			sum.Total++
 			if p := checkRejection(&x, keys, &sum); p != nil {
 				probs = append(probs, *p)
@@ -59,16 +54,16 @@ func verifyExportFile(path string, keys verify.KeySet, partial, batch bool) (out
 		}
 		p := verify.PlaceOf(raw)
 		if !p.Read || p.Checkpoint {
+			skip = append(skip, n-1)
 			first = append(first, raw)
 			return nil
 		}
-		if p.Chained {
+		if p.ChainID != "" {
 			if prev, ok := last[p.ChainID]; ok && !p.Follows(prev) {
 				return errOutOfChainOrder
 			}
 			last[p.ChainID] = p
 		}
-		rest++
 		return nil
 	})
 	if errors.Is(err, errOutOfChainOrder) {
@@ -85,15 +80,11 @@ func verifyExportFile(path string, keys verify.KeySet, partial, batch bool) (out
 	v.AllowPartial = partial
 	v.AddAll(first, batch)
 	window := make([][]byte, 0, verify.FileWindow())
+	i := 0 // the event's position
 	err = scan(func(raw []byte) error {
-		if _, ok := ReadExportedRejection(raw); ok {
+		if i++; len(skip) > 0 && skip[0] == i-1 {
+			skip = skip[1:]
 			return nil
-		}
-		if p := verify.PlaceOf(raw); !p.Read || p.Checkpoint {
-			return nil
-		}
-		if rest--; rest < 0 {
-			return errFileChanged
 		}
 		if window = append(window, raw); len(window) == cap(window) {
 			v.AddAll(window, batch)
@@ -101,19 +92,12 @@ func verifyExportFile(path string, keys verify.KeySet, partial, batch bool) (out
 		}
 		return nil
 	})
-	if err == nil && rest != 0 {
+	if err == nil && i != n {
 		err = errFileChanged
 	}
 	if err != nil {
 		return nil, false, err
 	}
 	v.AddAll(window, batch)
-	rep := v.Finish()
-	rep.Problems = append(rep.Problems, probs...)
-	out = NewVerifyOutcome(path, rep)
-	out.File = true
-	if sum.Total > 0 {
-		out.Rejected = &sum
-	}
-	return out, true, nil
+	return exportOutcome(path, v.Finish(), probs, sum), true, nil
 }

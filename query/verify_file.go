@@ -3,7 +3,6 @@ package query
 import (
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"sort"
 
@@ -33,6 +32,27 @@ func SortProblems(probs []verify.Problem) map[string]int {
 	return counts
 }
 
+// eventSource calls fn with each event of a file or a slice, in order; a
+// file's source can be read more than once.
+type eventSource func(fn func(raw []byte) error) error
+
+// fileEvents is the events of the file at path (verify.ScanEventsFile).
+func fileEvents(path string) eventSource {
+	return func(fn func(raw []byte) error) error { return verify.ScanEventsFile(path, fn) }
+}
+
+// sliceEvents is the events of a slice.
+func sliceEvents(events [][]byte) eventSource {
+	return func(fn func(raw []byte) error) error {
+		for _, raw := range events {
+			if err := fn(raw); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
 // ProveFromEventsFile is ProveFromEvents over the events of the file at
 // path ("-": stdin), read twice rather than held in memory (stdin is).
 func ProveFromEventsFile(path string, stdin io.Reader, id string, keys verify.KeySet) (*verify.Proof, *verify.ProofResult, error) {
@@ -43,14 +63,7 @@ func ProveFromEventsFile(path string, stdin io.Reader, id string, keys verify.Ke
 		}
 		return ProveFromEvents(events, id, keys)
 	}
-	return proveFrom(func(fn func(raw []byte) error) error {
-		f, err := os.Open(path)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		return verify.ScanEvents(f, path, fn)
-	}, id, keys)
+	return proveFrom(fileEvents(path), id, keys)
 }
 
 // ProveFromEvents is ProveReceipt over a file of events (an export)
@@ -58,14 +71,7 @@ func ProveFromEventsFile(path string, stdin io.Reader, id string, keys verify.Ke
 // trusted key, and the receipt hashes of its range, all taken from events.
 // It fails with ErrNoCheckpoint when no checkpoint in events covers it.
 func ProveFromEvents(events [][]byte, id string, keys verify.KeySet) (*verify.Proof, *verify.ProofResult, error) {
-	return proveFrom(func(fn func(raw []byte) error) error {
-		for _, raw := range events {
-			if err := fn(raw); err != nil {
-				return err
-			}
-		}
-		return nil
-	}, id, keys)
+	return proveFrom(sliceEvents(events), id, keys)
 }
 
 // proveFrom is ProveFromEvents over the events scan gives, in two passes:
@@ -73,7 +79,7 @@ func ProveFromEvents(events [][]byte, id string, keys verify.KeySet) (*verify.Pr
 // receipts of the first checkpoint's range that covers it. Only those
 // events' signatures are checked; when an id or a seq occurs more than
 // once, the last trusted one counts.
-func proveFrom(scan func(fn func(raw []byte) error) error, id string, keys verify.KeySet) (*verify.Proof, *verify.ProofResult, error) {
+func proveFrom(scan eventSource, id string, keys verify.KeySet) (*verify.Proof, *verify.ProofResult, error) {
 	type signedCheckpoint struct {
 		raw []byte
 		cp  *verify.VerifiedCheckpoint
@@ -91,7 +97,7 @@ func proveFrom(scan func(fn func(raw []byte) error) error, id string, keys verif
 					cps = append(cps, signedCheckpoint{raw, cp})
 				}
 			}
-		case p.Chained && p.ID == id:
+		case p.ChainID != "" && p.ID == id:
 			if ev, err := verify.VerifyEvent(raw, keys); err == nil && ev.ID == id && ev.Type != schemas.TypeCheckpoint && ev.Data.Chain.ChainID != "" {
 				target, targetRaw = ev, raw
 			}
@@ -115,7 +121,7 @@ func proveFrom(scan func(fn func(raw []byte) error) error, id string, keys verif
 	bySeq := make(map[uint64]string, cp.cp.TreeSize) // seq -> receipt hash
 	err = scan(func(raw []byte) error {
 		p := verify.PlaceOf(raw)
-		if !p.Chained || p.ChainID != c.ChainID || p.Seq < cp.cp.FromSeq || p.Seq > cp.cp.ToSeq {
+		if p.ChainID != c.ChainID || p.Seq < cp.cp.FromSeq || p.Seq > cp.cp.ToSeq {
 			return nil
 		}
 		if ev, err := verify.VerifyEvent(raw, keys); err == nil && ev.Type != schemas.TypeCheckpoint && ev.Data.Chain.ChainID == c.ChainID {

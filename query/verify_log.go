@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
@@ -177,29 +176,21 @@ func VerifyLog(ctx context.Context, conn driver.Conn, database string, o LogOpti
 // export of a time window), log entries without a record in the file are
 // not reported.
 func VerifyLogEvents(ctx context.Context, events [][]byte, partial bool, o LogOptions) (*LogReport, error) {
-	o.partial = partial
-	return verifyLog(ctx, o, func(fn func(*storedRecord)) error {
-		for _, raw := range events {
-			if r, ok := eventRecord(raw); ok {
-				fn(r)
-			}
-		}
-		return nil
-	})
+	return verifyLogRecords(ctx, sliceEvents(events), partial, o)
 }
 
 // VerifyLogFile is VerifyLogEvents over the records of the file at path,
 // read as they come instead of held in memory: what it keeps of each is
 // its id and hashes.
 func VerifyLogFile(ctx context.Context, path string, partial bool, o LogOptions) (*LogReport, error) {
+	return verifyLogRecords(ctx, fileEvents(path), partial, o)
+}
+
+// verifyLogRecords is VerifyLogEvents over the records events gives.
+func verifyLogRecords(ctx context.Context, events eventSource, partial bool, o LogOptions) (*LogReport, error) {
 	o.partial = partial
 	return verifyLog(ctx, o, func(fn func(*storedRecord)) error {
-		f, err := os.Open(path)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		return verify.ScanEvents(f, path, func(raw []byte) error {
+		return events(func(raw []byte) error {
 			if r, ok := eventRecord(raw); ok {
 				fn(r)
 			}

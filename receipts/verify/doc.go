@@ -9,8 +9,9 @@
 // a time or batched (Verify, VerifyAll, VerifyAllBatch); the signed-event
 // reader (VerifyEvent, VerifyEvents); chain-link and checkpoint checks over
 // a stream of events (Verifier, Verifier.AddAll, SortForVerify, PlaceOf,
-// ReadEvents, ScanEvents, VerifyFile, Report); and RFC 6962 Merkle trees, inclusion proofs and checkpoints
-// (Tree, VerifyInclusion, VerifyCheckpoint, Proof, VerifyProof).
+// ReadEvents, ScanEvents, VerifyFile, Report); and RFC 6962 Merkle trees,
+// inclusion proofs and checkpoints (Tree, VerifyInclusion,
+// VerifyCheckpoint, Proof, VerifyProof).
 //
 // Package receipts, the producer side, imports it for the pieces both
 // share; it never imports receipts.

@@ -617,15 +617,14 @@ type sortKey struct {
 // by ChainID, Seq and ID; any other (a checkpoint, a ToolCallEvent, one
 // it cannot read) first, in its order.
 type Place struct {
-	Read       bool // its id, type and chain read as JSON
-	Chained    bool
-	Checkpoint bool // read, not chained, and typed as a checkpoint
-	ChainID    string
+	Read       bool   // its id, type and chain read as JSON
+	Checkpoint bool   // read, not chained, and typed as a checkpoint
+	ChainID    string // "": not chained
 	Seq        uint64
 	ID         string
 }
 
-// PlaceOf reads raw's Place.
+// PlaceOf reads raw's Place: only a chained one has an ID.
 func PlaceOf(raw []byte) Place {
 	w, ok := sortKeyOf(raw)
 	switch {
@@ -634,7 +633,7 @@ func PlaceOf(raw []byte) Place {
 	case w.Data.Chain.ChainID == "":
 		return Place{Read: true, Checkpoint: w.Type == schemas.TypeCheckpoint}
 	}
-	return Place{Read: true, Chained: true, ChainID: w.Data.Chain.ChainID, Seq: w.Data.Chain.Seq, ID: w.ID}
+	return Place{Read: true, ChainID: w.Data.Chain.ChainID, Seq: w.Data.Chain.Seq, ID: w.ID}
 }
 
 // Follows reports whether an event at p may come after one at prev, of

@@ -86,6 +86,16 @@ func scanArray(r io.Reader, name string, fn func(raw []byte) error) error {
 	return nil
 }
 
+// ScanEventsFile is ScanEvents of the file at path.
+func ScanEventsFile(path string, fn func(raw []byte) error) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return ScanEvents(f, path, fn)
+}
+
 // ReadEventsFile is ReadEvents of the file at path, or of stdin when path
 // is "-".
 func ReadEventsFile(path string, stdin io.Reader) ([][]byte, error) {
