@@ -820,7 +820,9 @@ verify)
   # one by one with crypto/ed25519's rules (MODE default) or in batches
   # (batch: --batch-signatures, RFC 8032's cofactored equation, a failing
   # batch rechecked one by one), or over its export (file: --file, one
-  # by one); prints and records receipts/s.
+  # by one), or the proof of one receipt from it (proof: its receipts/s
+  # are the file's receipts over the wall time); prints and records
+  # receipts/s and peak RSS, with the round ($r, 1 without rounds).
   verify_run() {
     local side=$1 mode=$2 bin=$work/bin/talosctl flags=() what="over ClickHouse: every signature, link, Merkle root and stored column"
     [ "$side" = base ] && bin=$work/base/bin/talosctl
@@ -838,35 +840,33 @@ verify)
     if [ "$mode" = proof ]; then head -1 "$work/verify.err"; else tail -1 "$work/verify.out"; fi
     cat "$work/verify.time"
     awk -v n="$n" -v m="$mode" '{printf "== verification (%s): %.0f receipts/s, peak RSS %.0f MiB\n", m, n/$1, $4/1024}' "$work/verify.time"
-    awk -v n="$n" -v s="$side" -v m="$mode" '{printf "%s %s %.0f %.0f\n", s, m, n/$1, $4/1024}' "$work/verify.time" >>"$work/verify.all"
+    awk -v n="$n" -v s="$side" -v m="$mode" -v r="${r:-1}" '{printf "%s %s %.0f %.0f %d\n", s, m, n/$1, $4/1024, r}' "$work/verify.time" >>"$work/verify.all"
   }
+  modes="default batch file proof"
+  echo "side mode receipts_per_s peak_rss_mib round" >"$work/verify.all"
   if [ -z "$base_rev" ]; then
-    verify_run new default
-    verify_run new batch
-    verify_run new file
-    verify_run new proof
+    for mode in $modes; do verify_run new "$mode"; done
   else
     echo "== A/B: base $(git rev-parse --short "$base_rev") ($(git log -1 --format=%s "$base_rev" | cut -c1-60)) against this tree, $rounds round(s) on one database, alternating (base first in odd rounds)"
     for r in $(seq 1 "$rounds"); do
       order="base new"
       [ $((r % 2)) -eq 0 ] && order="new base"
-      for mode in default batch file proof; do
+      for mode in $modes; do
         for side in $order; do verify_run "$side" "$mode"; done
       done
     done
-    echo "== receipts/s and peak RSS (MiB), medians of $rounds round(s) (new/base)"
-    # vmedian SIDE MODE COLUMN: the median of a column of verify.all.
-    vmedian() {
-      awk -v s="$1" -v m="$2" -v c="$3" '$1 == s && $2 == m {print $c}' "$work/verify.all" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
-    }
-    for mode in default batch file proof; do
-      awk -v m="$mode" -v b="$(vmedian base "$mode" 3)" -v n="$(vmedian new "$mode" 3)" -v br="$(vmedian base "$mode" 4)" -v nr="$(vmedian new "$mode" 4)" \
-        'BEGIN {printf "   %-8s base %7d  new %7d  ratio %.2f   RSS base %5d  new %5d  ratio %.2f\n", m, b, n, n / b, br, nr, nr / br}'
+    echo "== receipts/s and peak RSS (MiB), medians of $rounds round(s) (new/base), and receipts/s new/base within each round"
+    for mode in $modes; do
+      # of SIDE COLUMN: the median of a column of SIDE's runs of this mode.
+      of() { median <(awk -v s="$1" -v m="$mode" 'NR == 1 || ($1 == s && $2 == m)' "$work/verify.all") "$2"; }
+      within=$(awk -v m="$mode" '$2 == m {v[$1 "," $5] = $3} END {for (i = 1; ("new," i) in v; i++) printf " %.2f", v["new," i] / v["base," i]}' "$work/verify.all")
+      awk -v m="$mode" -v b="$(of base 3)" -v n="$(of new 3)" -v br="$(of base 4)" -v nr="$(of new 4)" -v w="$within" \
+        'BEGIN {printf "   %-8s base %7d  new %7d  ratio %.2f (rounds:%s)   RSS base %5d  new %5d  ratio %.2f\n", m, b, n, n / b, w, br, nr, nr / br}'
     done
   fi
   if [ -n "$profdir" ]; then
     cp "$work/bin/talosctl" "$profdir/"
-    echo "== CPU profiles: go tool pprof -top $profdir/talosctl $profdir/verify-batch.pprof (and verify-default.pprof)"
+    echo "== CPU profiles: go tool pprof -top $profdir/talosctl $profdir/verify-batch.pprof (and verify-default, -file, -proof.pprof)"
   fi
   ;;
 gateway)
