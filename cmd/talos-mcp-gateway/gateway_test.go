@@ -355,9 +355,10 @@ func TestGatewayEndToEnd(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "notes.txt"), []byte("hello from the filesystem server\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	metrics := "http://" + testenv.FreeAddr(t)
+	metricsAddr := testenv.FreeAddr(t)
+	metrics := "http://" + metricsAddr
 	gw := s.gatewaySession(ctx, append(upstreams(t, root), "--ep-id", "gw-e2e", "--approval-timeout", "60s",
-		"--decision-timeout", "3s", "--metrics-addr", strings.TrimPrefix(metrics, "http://"))...)
+		"--decision-timeout", "3s", "--metrics-addr", metricsAddr)...)
 	healthz := func() int {
 		resp, err := http.Get(metrics + "/healthz")
 		if err != nil {
