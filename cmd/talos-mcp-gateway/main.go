@@ -53,7 +53,7 @@ type cli struct {
 	AgentKey    string `name:"agent-key" type:"existingfile" help:"The chain holder's key (.key): every call carries a sender signature."`
 	AgentID     string `name:"agent-id" help:"actor.agent_id of calls (default: the chain's holder, else the ep id)."`
 	SessionID   string `name:"session-id" help:"session_id of the stdio session (default: stdio-<uuid>, new each start)."`
-	MetricsAddr string `name:"metrics-addr" placeholder:"HOST:PORT" help:"Stdio mode: serve /metrics (Prometheus: stage times, refusals, drifts) and /healthz (200 while connected to Talos) on this address, e.g. 127.0.0.1:9466. The HTTP mode serves them beside /mcp."`
+	MetricsAddr string `name:"metrics-addr" placeholder:"HOST:PORT" help:"Stdio mode: serve /metrics (Prometheus: stage times, tool drifts) and /healthz (200 while connected to Talos) on this address, e.g. 127.0.0.1:9466. The HTTP mode serves them beside /mcp."`
 
 	Listen     string `name:"listen" help:"Serve streamable HTTP on this address (e.g. 0.0.0.0:8931) instead of stdio; needs --principals and --tls-cert/--tls-key (or, on a loopback address only, --insecure-plain-http)."`
 	Principals string `name:"principals" type:"existingfile" help:"HTTP callers: JSON {\"principals\":[{\"name\",\"token_sha256\",\"jwt_subject\",\"jwt_principal\",\"agent_id\",\"capability\",\"agent_key\"}]}; each sees its own tools. A static token (token_sha256) is tried first; otherwise a JWT selects the principal whose jwt_principal is its talos_principal claim, or, without that claim, whose jwt_subject is its sub."`
