@@ -67,7 +67,7 @@ func verifyExportFile(path string, keys verify.KeySet, partial, batch bool) (out
 		return nil
 	})
 	if errors.Is(err, errOutOfChainOrder) {
-		events, err := verify.ReadEventsFile(path, nil)
+		events, err := verify.ReadEventsFile(path)
 		if err != nil {
 			return nil, false, err
 		}

@@ -127,7 +127,7 @@ func TestVerifyExportFileStreams(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			events, err := verify.ReadEventsFile(path, nil)
+			events, err := verify.ReadEventsFile(path)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -192,7 +192,7 @@ func TestProveFromEventsFile(t *testing.T) {
 	whole := slices.Concat(interleave(chains), tail, cps)
 	path := write("whole.jsonl", whole)
 	id := eventID(t, chains[1][13]) // chain fb, seq 14
-	proof, res, err := ProveFromEventsFile(path, nil, id, keys)
+	proof, res, err := ProveFromEventsFile(path, id, keys)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,14 +207,14 @@ func TestProveFromEventsFile(t *testing.T) {
 		t.Fatalf("in memory: %v\n%+v\n%+v", err, inMemory, proof)
 	}
 
-	if _, _, err := ProveFromEventsFile(path, nil, eventID(t, chains[1][23]), keys); !errors.Is(err, ErrNoCheckpoint) {
+	if _, _, err := ProveFromEventsFile(path, eventID(t, chains[1][23]), keys); !errors.Is(err, ErrNoCheckpoint) {
 		t.Errorf("fb seq 24, past the last checkpoint: %v", err)
 	}
 	gap := write("gap.jsonl", slices.Concat(interleave([][][]byte{chains[0], slices.Delete(slices.Clone(chains[1]), 14, 15)}), cps))
-	if _, _, err := ProveFromEventsFile(gap, nil, id, keys); err == nil || !strings.Contains(err.Error(), "chain fb seq 15 is not in the file") {
+	if _, _, err := ProveFromEventsFile(gap, id, keys); err == nil || !strings.Contains(err.Error(), "chain fb seq 15 is not in the file") {
 		t.Errorf("fb seq 15 missing: %v", err)
 	}
-	if _, _, err := ProveFromEventsFile(path, nil, "0190f5b2-7c1e-7a3b-8d4e-999999999999", keys); err == nil || !strings.Contains(err.Error(), "no receipt with id") {
+	if _, _, err := ProveFromEventsFile(path, "0190f5b2-7c1e-7a3b-8d4e-999999999999", keys); err == nil || !strings.Contains(err.Error(), "no receipt with id") {
 		t.Errorf("an id the file lacks: %v", err)
 	}
 }

@@ -2,7 +2,6 @@ package query
 
 import (
 	"fmt"
-	"io"
 	"slices"
 	"sort"
 
@@ -54,15 +53,8 @@ func sliceEvents(events [][]byte) eventSource {
 }
 
 // ProveFromEventsFile is ProveFromEvents over the events of the file at
-// path ("-": stdin), read twice rather than held in memory (stdin is).
-func ProveFromEventsFile(path string, stdin io.Reader, id string, keys verify.KeySet) (*verify.Proof, *verify.ProofResult, error) {
-	if path == "-" {
-		events, err := verify.ReadEventsFile(path, stdin)
-		if err != nil {
-			return nil, nil, err
-		}
-		return ProveFromEvents(events, id, keys)
-	}
+// path, read twice rather than held in memory.
+func ProveFromEventsFile(path string, id string, keys verify.KeySet) (*verify.Proof, *verify.ProofResult, error) {
 	return proveFrom(fileEvents(path), id, keys)
 }
 

@@ -77,7 +77,7 @@ type LogOptions struct {
 	Now    func() time.Time
 	Client *http.Client
 
-	partial bool // VerifyLogEvents: the records are a range of the log's
+	partial bool // VerifyLogFile: the records are a range of the log's
 }
 
 // LogReport is the outcome of VerifyLog.
@@ -169,28 +169,17 @@ func VerifyLog(ctx context.Context, conn driver.Conn, database string, o LogOpti
 	return verifyLog(ctx, o, func(fn func(*storedRecord)) error { return streamStoredRecords(ctx, conn, database, fn) })
 }
 
-// VerifyLogEvents is VerifyLog over a file of records (an export, as
-// talosctl export wrote it: each record's exact bytes) instead of the
-// database. Records carry no log index there: each is found in the log by
-// its id. With partial (the file holds a range of the records, e.g. one
-// export of a time window), log entries without a record in the file are
-// not reported.
-func VerifyLogEvents(ctx context.Context, events [][]byte, partial bool, o LogOptions) (*LogReport, error) {
-	return verifyLogRecords(ctx, sliceEvents(events), partial, o)
-}
-
-// VerifyLogFile is VerifyLogEvents over the records of the file at path,
-// read as they come instead of held in memory: what it keeps of each is
-// its id and hashes.
+// VerifyLogFile is VerifyLog over the records of the file at path (an
+// export, as talosctl export wrote it: each record's exact bytes) instead
+// of the database, read as they come instead of held in memory: what it
+// keeps of each is its id and hashes. Records carry no log index there:
+// each is found in the log by its id. With partial (the file holds a range
+// of the records, e.g. one export of a time window), log entries without a
+// record in the file are not reported.
 func VerifyLogFile(ctx context.Context, path string, partial bool, o LogOptions) (*LogReport, error) {
-	return verifyLogRecords(ctx, fileEvents(path), partial, o)
-}
-
-// verifyLogRecords is VerifyLogEvents over the records events gives.
-func verifyLogRecords(ctx context.Context, events eventSource, partial bool, o LogOptions) (*LogReport, error) {
 	o.partial = partial
 	return verifyLog(ctx, o, func(fn func(*storedRecord)) error {
-		return events(func(raw []byte) error {
+		return verify.ScanEventsFile(path, func(raw []byte) error {
 			if r, ok := eventRecord(raw); ok {
 				fn(r)
 			}

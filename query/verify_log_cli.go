@@ -99,14 +99,8 @@ func (f *LogFlags) check(out *VerifyOutcome, verifyLog func(LogOptions) (*LogRep
 	return nil
 }
 
-// CheckEvents holds the records of a file (verify --file) to the log
-// (VerifyLogEvents) when --log-url is set, like Check.
-func (f *LogFlags) CheckEvents(ctx context.Context, events [][]byte, partial bool, out *VerifyOutcome) error {
-	return f.check(out, func(o LogOptions) (*LogReport, error) { return VerifyLogEvents(ctx, events, partial, o) })
-}
-
-// CheckFile is CheckEvents over the file at path, read as it goes
-// (VerifyLogFile).
+// CheckFile holds the records of the file at path (verify --file), read
+// as it goes, to the log (VerifyLogFile) when --log-url is set, like Check.
 func (f *LogFlags) CheckFile(ctx context.Context, path string, partial bool, out *VerifyOutcome) error {
 	return f.check(out, func(o LogOptions) (*LogReport, error) { return VerifyLogFile(ctx, path, partial, o) })
 }

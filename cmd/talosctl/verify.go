@@ -3,8 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
+	"strings"
 
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts/verify"
@@ -12,7 +15,7 @@ import (
 
 type verifyCmd struct {
 	TrustedKeys []string `name:"trusted-keys" required:"" type:"path" help:"Public keys (.pub files or directories of them) whose signatures are trusted: every key that ever signed, including rotated-out ones."`
-	File        string   `name:"file" type:"path" help:"Verify the CloudEvents in this file (JSON lines, or one JSON array; e.g. from talosctl export) instead of ClickHouse; '-' reads standard input. A file whose receipts are in chain order (as talosctl export writes them) is read as it goes rather than held in memory. With --log-url, held to the log (with --partial, only the file's records)."`
+	File        string   `name:"file" type:"path" help:"Verify the CloudEvents in this file (JSON lines, or one JSON array; e.g. from talosctl export) instead of ClickHouse; '-' reads standard input (copied to a temporary file in $TMPDIR first). A file whose receipts are in chain order (as talosctl export writes them) is read as it goes rather than held in memory. With --log-url, held to the log (with --partial, only the file's records)."`
 	Partial     bool     `name:"partial" help:"Accept chains whose first receipt is not seq 1 (a range, e.g. after retention)."`
 	Receipt     string   `name:"receipt" placeholder:"ID" help:"Instead of verifying everything, print the inclusion proof of this receipt (JSON, on stdout or --out) against the checkpoint that covers it; check it anywhere with talosctl verify-proof."`
 	Out         string   `name:"out" type:"path" help:"With --receipt: write the proof to this file instead of standard output."`
@@ -35,22 +38,20 @@ func (c *verifyCmd) Run(g *Globals) error {
 		return c.prove(g, keys)
 	}
 	var out *query.VerifyOutcome
-	if c.File != "" && c.File != "-" {
-		// A file talosctl export wrote is read as it goes, not held in memory.
-		if out, err = query.VerifyExportFile(c.File, keys, c.Partial, c.BatchSignatures); err != nil {
-			return usage("%v", err)
-		}
-		if err := c.Log.CheckFile(context.Background(), c.File, c.Partial, out); err != nil {
-			return failed("%v", err)
-		}
-	} else if c.File != "" {
-		events, err := verify.ReadEventsFile(c.File, os.Stdin)
+	if c.File != "" {
+		// A file talosctl export wrote is read as it goes, not held in
+		// memory; standard input is spooled to a file first.
+		path, done, err := c.input()
 		if err != nil {
-			return usage("%v", err)
+			return err
 		}
-		out = query.VerifyExport(c.File, events, keys, c.Partial, c.BatchSignatures)
-		if err := c.Log.CheckEvents(context.Background(), events, c.Partial, out); err != nil {
-			return failed("%v", err)
+		defer done()
+		if out, err = query.VerifyExportFile(path, keys, c.Partial, c.BatchSignatures); err != nil {
+			return usage("%v", c.named(err, path))
+		}
+		out.Source = c.source()
+		if err := c.Log.CheckFile(context.Background(), path, c.Partial, out); err != nil {
+			return failed("%v", c.named(err, path))
 		}
 	} else if out, err = c.verifyDatabase(g, keys); err != nil {
 		return err
@@ -113,7 +114,13 @@ func (c *verifyCmd) prove(g *Globals, keys verify.KeySet) error {
 		err   error
 	)
 	if c.File != "" {
-		proof, res, err = query.ProveFromEventsFile(c.File, os.Stdin, c.Receipt, keys)
+		path, done, ierr := c.input()
+		if ierr != nil {
+			return ierr
+		}
+		defer done()
+		proof, res, err = query.ProveFromEventsFile(path, c.Receipt, keys)
+		err = c.named(err, path)
 	} else {
 		ctx := context.Background()
 		conn, cerr := g.clickhouse(ctx)
@@ -181,4 +188,46 @@ func writeOut(path string, b []byte) error {
 		return failed("%v", err)
 	}
 	return nil
+}
+
+// input is the path of the file to read for --file, and what to call when
+// done with it: --file itself, or for "-" a temporary file standard input
+// was copied to (removed when done), so that it too is read twice as it
+// goes rather than held in memory.
+func (c *verifyCmd) input() (path string, done func(), err error) {
+	if c.File != "-" {
+		return c.File, func() {}, nil
+	}
+	f, err := os.CreateTemp("", "talosctl-stdin-*.jsonl")
+	if err != nil {
+		return "", nil, failed("spooling standard input: %v", err)
+	}
+	done = func() { os.Remove(f.Name()) }
+	if _, err = io.Copy(f, os.Stdin); err == nil {
+		err = f.Close()
+	} else {
+		f.Close()
+	}
+	if err != nil {
+		done()
+		return "", nil, failed("spooling standard input to %s: %v", f.Name(), err)
+	}
+	return f.Name(), done, nil
+}
+
+// source is what --file names, for reports and errors.
+func (c *verifyCmd) source() string {
+	if c.File == "-" {
+		return "standard input"
+	}
+	return c.File
+}
+
+// named is err with the spooled file's path (input) replaced by what the
+// user gave (source).
+func (c *verifyCmd) named(err error, path string) error {
+	if err == nil || path == c.File {
+		return err
+	}
+	return errors.New(strings.ReplaceAll(err.Error(), path, c.source()))
 }

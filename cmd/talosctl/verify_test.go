@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -162,6 +163,37 @@ func TestVerifyCLI(t *testing.T) {
 	if out, code := run(t, talosctl, "verify", "--trusted-keys", trusted, "--file", export, "--receipt", ids[22]); code != 1 || !strings.Contains(out, "no checkpoint covers this receipt yet") {
 		t.Fatalf("verify --file --receipt after the last checkpoint: exit %d\n%s", code, out)
 	}
+	// The same export on standard input: spooled to a file, read as one,
+	// and named as what it is; the temporary file is gone afterwards.
+	exported, err := os.ReadFile(export)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := t.TempDir()
+	stdin := func(input string, args ...string) (string, int) {
+		t.Helper()
+		cmd := exec.Command(talosctl, append([]string{"verify", "--trusted-keys", trusted, "--file", "-"}, args...)...)
+		cmd.Stdin = strings.NewReader(input)
+		cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+		out, _ := cmd.CombinedOutput()
+		if left, _ := os.ReadDir(tmp); len(left) != 0 {
+			t.Errorf("verify --file - %v left %d files in TMPDIR", args, len(left))
+		}
+		return string(out), cmd.ProcessState.ExitCode()
+	}
+	if out, code := stdin(string(exported)); code != 0 || !strings.Contains(out, "OK: 29 receipts in 2 chains, 4 checkpoints verified (signatures, chain links, 4 Merkle roots) from standard input") {
+		t.Fatalf("verify --file -: exit %d\n%s", code, out)
+	}
+	stdinProof := filepath.Join(offline, "from-stdin.json")
+	if out, code := stdin(string(exported), "--receipt", ids[6], "--out", stdinProof); code != 0 || !strings.Contains(out, "is leaf 6 of 10 under checkpoint") {
+		t.Fatalf("verify --file - --receipt: exit %d\n%s", code, out)
+	}
+	if a, b := mustRead(t, fileProof), mustRead(t, stdinProof); a != b {
+		t.Errorf("the proof from standard input differs from the file's:\n%s\n%s", b, a)
+	}
+	if out, code := stdin(`[{"id":"c"} x`); code != 2 || !strings.Contains(out, "talosctl: standard input: ") || strings.Contains(out, tmp) {
+		t.Fatalf("verify --file - of a broken array: exit %d (want 2, naming standard input, not the spooled file)\n%s", code, out)
+	}
 	// Seq 23 follows the last checkpoint: no proof yet, said plainly.
 	if out, code := run(t, talosctl, append(g, "verify", "--trusted-keys", trusted, "--receipt", ids[22])...); code != 1 || !strings.Contains(out, "no checkpoint covers this receipt yet") {
 		t.Fatalf("receipt after the last checkpoint: exit %d\n%s", code, out)
@@ -220,6 +252,15 @@ func TestVerifyCLI(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 1 || rep.OK || rep.Categories["reordered"] != 2 || len(rep.Problems) != 6 {
 		t.Fatalf("--json: exit %d %v\n%s", code, err, out)
 	}
+}
+
+func mustRead(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // --batch-signatures gives the same verdicts, from ClickHouse and from an

@@ -96,12 +96,8 @@ func ScanEventsFile(path string, fn func(raw []byte) error) error {
 	return ScanEvents(f, path, fn)
 }
 
-// ReadEventsFile is ReadEvents of the file at path, or of stdin when path
-// is "-".
-func ReadEventsFile(path string, stdin io.Reader) ([][]byte, error) {
-	if path == "-" {
-		return ReadEvents(stdin, path)
-	}
+// ReadEventsFile is ReadEvents of the file at path.
+func ReadEventsFile(path string) ([][]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
