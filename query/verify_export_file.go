@@ -23,8 +23,7 @@ var errFileChanged = errors.New("the file changed while it was verified")
 // time. Memory then holds the chains' last links, the checkpoints, the
 // lines it cannot read, the rejections' positions and the problems. A
 // file in any other order is read into memory and sorted (VerifyExport).
-// The report is the same either way, but for the order of problems no
-// chain sorts (SortProblems).
+// The report is the same either way, problems in the same order.
 func VerifyExportFile(path string, keys verify.KeySet, partial, batch bool) (*VerifyOutcome, error) {
 	out, _, err := verifyExportFile(path, keys, partial, batch)
 	return out, err

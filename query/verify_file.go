@@ -14,15 +14,19 @@ import (
 var Categories = []string{verify.CategoryMissing, verify.CategoryAltered, verify.CategoryReordered,
 	verify.CategoryDuplicated, verify.CategoryForeign, verify.CategoryMalformed, CategoryUnwitnessed, CategoryUnlogged}
 
-// SortProblems orders problems by chain, then seq (stable otherwise), and
-// counts them per Category.
+// SortProblems orders problems by chain, seq, then record id (a record's
+// own problems stay in the order found), so that a report's order does not
+// depend on its input's, and counts them per Category.
 func SortProblems(probs []verify.Problem) map[string]int {
 	sort.SliceStable(probs, func(i, j int) bool {
 		a, b := probs[i], probs[j]
 		if a.ChainID != b.ChainID {
 			return a.ChainID < b.ChainID
 		}
-		return a.Seq < b.Seq
+		if a.Seq != b.Seq {
+			return a.Seq < b.Seq
+		}
+		return a.ReceiptID < b.ReceiptID
 	})
 	counts := map[string]int{}
 	for _, p := range probs {
