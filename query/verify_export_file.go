@@ -2,6 +2,7 @@ package query
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/talos-audit/talos/receipts/verify"
 )
@@ -10,7 +11,8 @@ import (
 // be sorted in memory.
 var errOutOfChainOrder = errors.New("the file's receipts are not in chain order")
 
-// errFileChanged: VerifyExportFile's two passes read different files.
+// errFileChanged: a file read more than once (VerifyExportFile,
+// ProveFromEventsFile) changed between the reads.
 var errFileChanged = errors.New("the file changed while it was verified")
 
 // VerifyExportFile is VerifyExport over the file at path, without holding
@@ -92,7 +94,7 @@ func verifyExportFile(path string, keys verify.KeySet, partial, batch bool) (out
 		return nil
 	})
 	if err == nil && i != n {
-		err = errFileChanged
+		err = fmt.Errorf("%s: %w", path, errFileChanged)
 	}
 	if err != nil {
 		return nil, false, err

@@ -207,3 +207,58 @@ func TestProveFromEventsFile(t *testing.T) {
 		t.Errorf("an id the file lacks: %v", err)
 	}
 }
+
+// TestFileEventsNoticesChange: a file read twice (verify --file, a proof
+// from a file) must be the same file both times: one appended to, one
+// rewritten with the same size, one replaced by another with the same
+// bytes and time each fail the next read with errFileChanged.
+func TestFileEventsNoticesChange(t *testing.T) {
+	dir := t.TempDir()
+	content := []byte("{\"id\":\"a\"}\n{\"id\":\"b\"}\n")
+	at := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	write := func(path string, b []byte) {
+		t.Helper()
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(path, at, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func(src eventSource) (int, error) {
+		n := 0
+		err := src(func([]byte) error { n++; return nil })
+		return n, err
+	}
+	for name, change := range map[string]func(path string){
+		"appended": func(path string) { write(path, append(slices.Clone(content), "{\"id\":\"c\"}\n"...)) },
+		"rewritten, same size": func(path string) {
+			write(path, bytes.Replace(content, []byte("b"), []byte("x"), 1))
+			if err := os.Chtimes(path, at, at.Add(time.Second)); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"replaced, same bytes and time": func(path string) {
+			other := path + ".new"
+			write(other, content)
+			if err := os.Rename(other, path); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".jsonl")
+			write(path, content)
+			src := fileEvents(path)
+			for range 2 {
+				if n, err := count(src); n != 2 || err != nil {
+					t.Fatalf("unchanged: %d events, %v", n, err)
+				}
+			}
+			change(path)
+			if _, err := count(src); !errors.Is(err, errFileChanged) {
+				t.Fatalf("after the change: %v, want errFileChanged", err)
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package query
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"sort"
 
@@ -40,8 +41,32 @@ func SortProblems(probs []verify.Problem) map[string]int {
 type eventSource func(fn func(raw []byte) error) error
 
 // fileEvents is the events of the file at path (verify.ScanEventsFile).
+// Every read fails with errFileChanged if the file is not the one the
+// first read began with: another file at path, or another size or time of
+// last modification, before or after it.
 func fileEvents(path string) eventSource {
-	return func(fn func(raw []byte) error) error { return verify.ScanEventsFile(path, fn) }
+	var first os.FileInfo
+	same := func() error {
+		fi, err := os.Stat(path)
+		switch {
+		case err != nil:
+			return err
+		case first == nil:
+			first = fi
+		case !os.SameFile(first, fi) || fi.Size() != first.Size() || !fi.ModTime().Equal(first.ModTime()):
+			return fmt.Errorf("%s: %w", path, errFileChanged)
+		}
+		return nil
+	}
+	return func(fn func(raw []byte) error) error {
+		if err := same(); err != nil {
+			return err
+		}
+		if err := verify.ScanEventsFile(path, fn); err != nil {
+			return err
+		}
+		return same()
+	}
 }
 
 // sliceEvents is the events of a slice.
