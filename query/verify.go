@@ -340,16 +340,20 @@ func newProgressCounter(ctx context.Context, conn driver.Conn, database string, 
 	return p
 }
 
+// progressEvery is how many records a verification reports progress
+// after; one shorter than that reports none.
+const progressEvery = 10000
+
 func (p *progressCounter) add() {
 	p.n++
-	if p.report != nil && p.n%10000 == 0 {
+	if p.report != nil && p.n%progressEvery == 0 {
 		p.report(p.n, max(p.total, p.n))
 	}
 }
 
 // done reports the final count (if the pass was long enough to report).
 func (p *progressCounter) done() {
-	if p.report != nil && p.n >= 10000 {
+	if p.report != nil && p.n >= progressEvery {
 		p.report(p.n, max(p.total, p.n))
 	}
 }

@@ -26,14 +26,24 @@ var errFileChanged = errors.New("the file changed while it was verified")
 // lines it cannot read, the rejections' positions and the problems. A
 // file in any other order is read into memory and sorted (VerifyExport).
 // The report is the same either way, problems in the same order.
-func VerifyExportFile(path string, keys verify.KeySet, partial, batch bool) (*VerifyOutcome, error) {
-	out, _, err := verifyExportFile(path, keys, partial, batch)
+//
+// Of o it takes Partial, BatchSignatures and Progress, which the second
+// read calls every progressEvery records it verifies, and at its end if
+// it called it before, with the number of records the first found to
+// verify (a file sorted in memory shows no progress).
+func VerifyExportFile(path string, keys verify.KeySet, o VerifyOptions) (*VerifyOutcome, error) {
+	out, _, err := verifyExportFile(path, keys, o)
 	return out, err
 }
 
 // verifyExportFile is VerifyExportFile; streamed is whether it read the
 // file twice rather than into memory.
-func verifyExportFile(path string, keys verify.KeySet, partial, batch bool) (out *VerifyOutcome, streamed bool, err error) {
+func verifyExportFile(path string, keys verify.KeySet, o VerifyOptions) (out *VerifyOutcome, streamed bool, err error) {
+	partial, batch := o.Partial, o.BatchSignatures
+	progress := o.Progress
+	if progress == nil {
+		progress = func(int, int) {}
+	}
 	scan := fileEvents(path)
 	var (
 		sum   RejectedSummary
@@ -81,6 +91,15 @@ func verifyExportFile(path string, keys verify.KeySet, partial, batch bool) (out
 	v.AllowPartial = partial
 	v.AddAll(first, batch)
 	window := make([][]byte, 0, verify.FileWindow())
+	total, done, shown := n-len(skip), 0, 0
+	add := func() {
+		v.AddAll(window, batch)
+		if done += len(window); done-shown >= progressEvery || done == total && shown > 0 {
+			progress(done, total)
+			shown = done
+		}
+		window = window[:0]
+	}
 	i := 0 // the event's position
 	err = scan(func(raw []byte) error {
 		if i++; len(skip) > 0 && skip[0] == i-1 {
@@ -88,8 +107,7 @@ func verifyExportFile(path string, keys verify.KeySet, partial, batch bool) (out
 			return nil
 		}
 		if window = append(window, raw); len(window) == cap(window) {
-			v.AddAll(window, batch)
-			window = window[:0]
+			add()
 		}
 		return nil
 	})
@@ -99,6 +117,6 @@ func verifyExportFile(path string, keys verify.KeySet, partial, batch bool) (out
 	if err != nil {
 		return nil, false, err
 	}
-	v.AddAll(window, batch)
+	add()
 	return exportOutcome(path, v.Finish(), probs, sum), true, nil
 }

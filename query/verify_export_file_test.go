@@ -123,7 +123,7 @@ func TestVerifyExportFileStreams(t *testing.T) {
 			if err := os.WriteFile(path, content, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			got, streamed, err := verifyExportFile(path, keys, c.partial, c.batch)
+			got, streamed, err := verifyExportFile(path, keys, VerifyOptions{Partial: c.partial, BatchSignatures: c.batch})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -145,7 +145,7 @@ func TestVerifyExportFileStreams(t *testing.T) {
 	}
 	// What each faulty file must show, so that agreeing is not agreeing on
 	// nothing.
-	out, _, err := verifyExportFile(filepath.Join(dir, "tampered.jsonl"), keys, false, false)
+	out, _, err := verifyExportFile(filepath.Join(dir, "tampered.jsonl"), keys, VerifyOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,5 +260,42 @@ func TestFileEventsNoticesChange(t *testing.T) {
 				t.Fatalf("after the change: %v, want errFileChanged", err)
 			}
 		})
+	}
+}
+
+// TestVerifyExportFileProgress: the second read of verify --file reports
+// its progress every progressEvery records and at its end, against the
+// number of records the first read found; a short file reports none.
+func TestVerifyExportFileProgress(t *testing.T) {
+	key := testKey(t)
+	keys := verify.KeySet{key.KID: key.Public()}
+	ch := receipts.NewChain("fp", key)
+	const n = progressEvery + 2000
+	var b bytes.Buffer
+	for i := 1; i <= n; i++ {
+		b.Write(sealDecision(t, ch, tcAt.Add(time.Duration(i)*time.Millisecond), fmt.Sprintf("0190f5b2-7c1e-7a3b-8d4e-%012d", i), "agent-7"))
+		b.WriteByte('\n')
+	}
+	path := filepath.Join(t.TempDir(), "long.jsonl")
+	if err := os.WriteFile(path, b.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var calls [][2]int
+	progress := func(done, total int) { calls = append(calls, [2]int{done, total}) }
+	out, streamed, err := verifyExportFile(path, keys, VerifyOptions{Progress: progress})
+	if err != nil || !streamed || out.Err() != nil || out.Report.Checked != n {
+		t.Fatalf("streamed %v, %v, %v, %d checked", streamed, err, out.Err(), out.Report.Checked)
+	}
+	if len(calls) != 2 || calls[0][0] < progressEvery || calls[0][0] >= progressEvery+verify.FileWindow() || calls[1] != [2]int{n, n} || calls[0][1] != n {
+		t.Errorf("progress %v; want one report at %d–%d of %d, then %d of %d", calls, progressEvery, progressEvery+verify.FileWindow(), n, n, n)
+	}
+	keys, chains, _, _ := exportLike(t)
+	short := filepath.Join(t.TempDir(), "short.jsonl")
+	if err := os.WriteFile(short, append(bytes.Join(interleave(chains), []byte("\n")), '\n'), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	calls = nil
+	if _, _, err := verifyExportFile(short, keys, VerifyOptions{Progress: progress, Partial: true}); err != nil || len(calls) != 0 {
+		t.Errorf("a short file: %v, progress %v; want none", err, calls)
 	}
 }

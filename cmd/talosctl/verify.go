@@ -46,7 +46,13 @@ func (c *verifyCmd) Run(g *Globals) error {
 			return err
 		}
 		defer done()
-		if out, err = query.VerifyExportFile(path, keys, c.Partial, c.BatchSignatures); err != nil {
+		var bar *query.ProgressBar
+		if !g.JSON {
+			bar = query.NewProgressBar(os.Stderr, "verifying", "records")
+		}
+		out, err = query.VerifyExportFile(path, keys, query.VerifyOptions{Partial: c.Partial, BatchSignatures: c.BatchSignatures, Progress: bar.Update})
+		bar.Done()
+		if err != nil {
 			return usage("%v", c.named(err, path))
 		}
 		out.Source = c.source()
