@@ -140,7 +140,7 @@ func TestCLIAgainstRunningStack(t *testing.T) {
 	// README's clickhouse-client command.
 	host, port, _ := net.SplitHostPort(addr)
 	export := exec.Command("clickhouse-client", "--host", host, "--port", port,
-		"--query", fmt.Sprintf("SELECT cloudevent FROM %s.v_receipts FORMAT TSVRaw", db))
+		"--query", fmt.Sprintf("SELECT cloudevent FROM %s.v_receipts ORDER BY chain_id, chain_seq, receipt_id FORMAT TSVRaw", db))
 	exported, err := export.Output()
 	if err != nil {
 		t.Fatalf("clickhouse-client export: %v", err)
