@@ -83,7 +83,7 @@ func sliceEvents(events [][]byte) eventSource {
 
 // ProveFromEventsFile is ProveFromEvents over the events of the file at
 // path, read twice rather than held in memory.
-func ProveFromEventsFile(path string, id string, keys verify.KeySet) (*verify.Proof, *verify.ProofResult, error) {
+func ProveFromEventsFile(path, id string, keys verify.KeySet) (*verify.Proof, *verify.ProofResult, error) {
 	return proveFrom(fileEvents(path), id, keys)
 }
 
