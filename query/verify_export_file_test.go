@@ -191,9 +191,19 @@ func TestProveFromEventsFile(t *testing.T) {
 	if again, err := verify.VerifyProof(proof, keys); err != nil || *again != *res {
 		t.Fatalf("the proof does not verify: %v", err)
 	}
-	inMemory, resMem, err := ProveFromEvents(whole, id, keys)
-	if err != nil || !reflect.DeepEqual(inMemory, proof) || *resMem != *res {
-		t.Fatalf("in memory: %v\n%+v\n%+v", err, inMemory, proof)
+	// The same proof built straight from what the file holds: fb's second
+	// checkpoint (seq 11 to 20) and the hashes of those ten receipts.
+	var hashes []string
+	for _, raw := range chains[1][10:20] {
+		ev, err := verify.VerifyEvent(raw, keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hashes = append(hashes, ev.Hash)
+	}
+	direct, resDirect, err := verify.BuildProof(chains[1][13], cps[3], hashes, keys)
+	if err != nil || !reflect.DeepEqual(direct, proof) || *resDirect != *res {
+		t.Fatalf("built from the range: %v\n%+v\n%+v", err, direct, proof)
 	}
 
 	if _, _, err := ProveFromEventsFile(path, eventID(t, chains[1][23]), keys); !errors.Is(err, ErrNoCheckpoint) {

@@ -36,8 +36,8 @@ func SortProblems(probs []verify.Problem) map[string]int {
 	return counts
 }
 
-// eventSource calls fn with each event of a file or a slice, in order; a
-// file's source can be read more than once.
+// eventSource calls fn with each event of a file, in order; it can be
+// called more than once, to read the file again.
 type eventSource func(fn func(raw []byte) error) error
 
 // fileEvents is the events of the file at path (verify.ScanEventsFile).
@@ -69,38 +69,17 @@ func fileEvents(path string) eventSource {
 	}
 }
 
-// sliceEvents is the events of a slice.
-func sliceEvents(events [][]byte) eventSource {
-	return func(fn func(raw []byte) error) error {
-		for _, raw := range events {
-			if err := fn(raw); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-}
-
-// ProveFromEventsFile is ProveFromEvents over the events of the file at
-// path, read twice rather than held in memory.
-func ProveFromEventsFile(path, id string, keys verify.KeySet) (*verify.Proof, *verify.ProofResult, error) {
-	return proveFrom(fileEvents(path), id, keys)
-}
-
-// ProveFromEvents is ProveReceipt over a file of events (an export)
-// instead of the database: the checkpoint covering receipt id, signed by a
-// trusted key, and the receipt hashes of its range, all taken from events.
-// It fails with ErrNoCheckpoint when no checkpoint in events covers it.
-func ProveFromEvents(events [][]byte, id string, keys verify.KeySet) (*verify.Proof, *verify.ProofResult, error) {
-	return proveFrom(sliceEvents(events), id, keys)
-}
-
-// proveFrom is ProveFromEvents over the events scan gives, in two passes:
-// the receipt and the checkpoints signed by a trusted key, then the
+// ProveFromEventsFile is ProveReceipt over the events of the file at path
+// (an export) instead of the database: the checkpoint covering receipt id,
+// signed by a trusted key, and the receipt hashes of its range, all taken
+// from the file. It fails with ErrNoCheckpoint when no checkpoint in the
+// file covers it. The file is read twice rather than held in memory: for
+// the receipt and the checkpoints signed by a trusted key, then for the
 // receipts of the first checkpoint's range that covers it. Only those
 // events' signatures are checked; when an id or a seq occurs more than
 // once, the last trusted one counts.
-func proveFrom(scan eventSource, id string, keys verify.KeySet) (*verify.Proof, *verify.ProofResult, error) {
+func ProveFromEventsFile(path, id string, keys verify.KeySet) (*verify.Proof, *verify.ProofResult, error) {
+	scan := fileEvents(path)
 	type signedCheckpoint struct {
 		raw []byte
 		cp  *verify.VerifiedCheckpoint
