@@ -164,8 +164,9 @@ func TestVerifyExportFileStreams(t *testing.T) {
 }
 
 // TestProveFromEventsFile: verify --receipt --file proves a receipt from
-// an export it reads twice, as from the events in memory: the first
-// checkpoint of its chain that covers it, with its range's hashes; it
+// an export it reads twice, the proof one built straight from the range
+// would be: the first checkpoint of its chain that covers it, with its
+// range's hashes; it
 // names a receipt no checkpoint covers yet, a range with a receipt
 // missing, and an id the file lacks.
 func TestProveFromEventsFile(t *testing.T) {
