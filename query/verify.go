@@ -322,11 +322,12 @@ func (f *seqFeeder) feed(it *verifyItem) error {
 	return nil
 }
 
-// progressCounter counts the receipts a pass has verified for
-// VerifyOptions.Progress: it reports every 10,000, and at the end.
+// progressCounter counts the records a pass has verified for
+// VerifyOptions.Progress: it reports every progressEvery, and at the end
+// if there were that many.
 type progressCounter struct {
-	n      int                   // receipts counted
-	total  int                   // stored receipt rows, 0 if not counted
+	n      int                   // records counted
+	total  int                   // records to count (stored receipt rows), 0 if not counted
 	report func(done, total int) // nil for none
 }
 

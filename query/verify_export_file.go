@@ -28,9 +28,9 @@ var errFileChanged = errors.New("the file changed while it was verified")
 // The report is the same either way, problems in the same order.
 //
 // Of o it takes Partial, BatchSignatures and Progress, which the second
-// read calls every progressEvery records it verifies, and at its end if
-// it called it before, with the number of records the first found to
-// verify (a file sorted in memory shows no progress).
+// read calls as the database's passes do (progressCounter), against the
+// number of records the first found to verify (a file sorted in memory
+// shows no progress).
 func VerifyExportFile(path string, keys verify.KeySet, o VerifyOptions) (*VerifyOutcome, error) {
 	out, _, err := verifyExportFile(path, keys, o)
 	return out, err
@@ -40,10 +40,6 @@ func VerifyExportFile(path string, keys verify.KeySet, o VerifyOptions) (*Verify
 // file twice rather than into memory.
 func verifyExportFile(path string, keys verify.KeySet, o VerifyOptions) (out *VerifyOutcome, streamed bool, err error) {
 	partial, batch := o.Partial, o.BatchSignatures
-	progress := o.Progress
-	if progress == nil {
-		progress = func(int, int) {}
-	}
 	scan := fileEvents(path)
 	var (
 		sum   RejectedSummary
@@ -91,15 +87,7 @@ func verifyExportFile(path string, keys verify.KeySet, o VerifyOptions) (out *Ve
 	v.AllowPartial = partial
 	v.AddAll(first, batch)
 	window := make([][]byte, 0, verify.FileWindow())
-	total, done, shown := n-len(skip), 0, 0
-	add := func() {
-		v.AddAll(window, batch)
-		if done += len(window); done-shown >= progressEvery || done == total && shown > 0 {
-			progress(done, total)
-			shown = done
-		}
-		window = window[:0]
-	}
+	progress := progressCounter{report: o.Progress, total: n - len(skip)}
 	i := 0 // the event's position
 	err = scan(func(raw []byte) error {
 		if i++; len(skip) > 0 && skip[0] == i-1 {
@@ -107,8 +95,10 @@ func verifyExportFile(path string, keys verify.KeySet, o VerifyOptions) (out *Ve
 			return nil
 		}
 		if window = append(window, raw); len(window) == cap(window) {
-			add()
+			v.AddAll(window, batch)
+			window = window[:0]
 		}
+		progress.add()
 		return nil
 	})
 	if err == nil && i != n {
@@ -117,6 +107,7 @@ func verifyExportFile(path string, keys verify.KeySet, o VerifyOptions) (out *Ve
 	if err != nil {
 		return nil, false, err
 	}
-	add()
+	v.AddAll(window, batch)
+	progress.done()
 	return exportOutcome(path, v.Finish(), probs, sum), true, nil
 }
