@@ -80,6 +80,15 @@
 #                                 tree's on the same database, alternately,
 #                                 ROUNDS (3) each, and prints the medians and
 #                                 new/base
+#   bash scripts/bench.sh killswitch [ROUNDS] [RATE]  what kill-switch rounds
+#                                 alongside cost the latency at RATE calls/s
+#                                 (default 2,000): ROUNDS (4) fresh stacks,
+#                                 each running 30,000 calls with 100
+#                                 set/clear rounds alongside and without, in
+#                                 turn (odd rounds with them first, even
+#                                 rounds without): p50/p90/p99, the rounds'
+#                                 propagation p99, medians and the ratio
+#                                 with/without within each round
 #   bash scripts/bench.sh tail [RATE]  the latency run at RATE calls/s
 #                                 (default 1,000: about half the saturation
 #                                 here) for 15 s in three arrangements: no
@@ -198,9 +207,9 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 mode=${1:-main}
 case $mode in
-main | replay | flight | tail | tls | procs | sustained | verify | gateway | ab | profile | forward | log | cluster) ;;
+main | replay | flight | killswitch | tail | tls | procs | sustained | verify | gateway | ab | profile | forward | log | cluster) ;;
 *)
-  echo "usage: bash scripts/bench.sh [replay|flight|tail [RATE]|tls [RATE] [ROUNDS]|procs [ROUNDS]|sustained [RUNS] [LIMIT...]|ab [BASE] [ROUNDS]|profile [SECONDS] [RATE]|verify [N] [profile|ab BASE [ROUNDS]]|gateway [CALLS] [stdio]|forward [CALLS]|log [CALLS] [ROUNDS] [RATE]|cluster [ROUNDS]]" >&2
+  echo "usage: bash scripts/bench.sh [replay|flight|killswitch [ROUNDS] [RATE]|tail [RATE]|tls [RATE] [ROUNDS]|procs [ROUNDS]|sustained [RUNS] [LIMIT...]|ab [BASE] [ROUNDS]|profile [SECONDS] [RATE]|verify [N] [profile|ab BASE [ROUNDS]]|gateway [CALLS] [stdio]|forward [CALLS]|log [CALLS] [ROUNDS] [RATE]|cluster [ROUNDS]]" >&2
   exit 2
   ;;
 esac
@@ -619,6 +628,49 @@ profile)
   echo "== profiles in $out: enforce worker (worker.pprof, worker.heap.pprof), NATS + sink (dev.pprof, dev.heap.pprof), load generator (talosctl.pprof; its timed part), with the binaries in bin/; e.g."
   echo "   go tool pprof -top $out/bin/talosd $out/worker.pprof"
   echo "   go tool pprof -http=127.0.0.1:0 $out/bin/talosd $out/dev.pprof"
+  ;;
+killswitch)
+  rounds=${2:-4} rate=${3:-2000}
+  echo "== latency at $rate calls/s (100 enforcement points, 2 KB envelopes, 30,000 calls) with 100 kill-switch rounds alongside and without:"
+  echo "   each round a fresh stack runs both, the first run of odd rounds with control traffic, of even rounds without"
+  for i in $(seq 1 "$rounds"); do
+    start sink,control
+    ks=(--responder-key "$work/dev/keys/responder.key")
+    if [ "$i" = 1 ]; then
+      # What the rounds cost by themselves: back to back, as during the runs.
+      d0=$(cpu $dev) w0=$(cpu $worker) c0=$(cpu $chpid) t0=$(date +%s%N)
+      bench --calls 0 --killswitch 100 "${ks[@]}" >/dev/null
+      d1=$(cpu $dev) w1=$(cpu $worker) c1=$(cpu $chpid) t1=$(date +%s%N)
+      echo "   the 100 rounds alone on round 1's idle stack: $(awk -v ns=$((t1 - t0)) 'BEGIN{printf "%.2f", ns / 1e9}') s; CPU per command: enforce worker $(per $((w1 - w0)) 200) µs, NATS + sink + control service $(per $((d1 - d0)) 200) µs, ClickHouse $(per $((c1 - c0)) 200) µs"
+      printf '   %-6s %-10s %-24s %12s %9s %9s %9s %10s %14s\n' round "stack run" "control traffic" "decisions/s" "p50 ms" "p90 ms" "p99 ms" "max ms" "ks after ack p99"
+    fi
+    order="with without"
+    [ $((i % 2)) -eq 1 ] || order="without with"
+    n=0
+    for o in $order; do
+      n=$((n + 1))
+      if [ "$o" = with ]; then
+        bench --calls 30000 --concurrency 100 --rate "$rate" --killswitch 100 "${ks[@]}" --json-out "$work/ks.json" >/dev/null
+        label="100 kill-switch rounds" ksp="$(jf "$work/ks.json" after_ack_p99_ms) ms"
+      else
+        bench --calls 30000 --concurrency 100 --rate "$rate" --json-out "$work/ks.json" >/dev/null
+        label=none ksp=-
+      fi
+      printf '   %-6s %-10s %-24s %12.0f %9.2f %9.2f %9.2f %10.2f %14s\n' "$i" "$n" "$label" "$(jf "$work/ks.json" decisions_per_sec)" \
+        "$(jf "$work/ks.json" decision_p50_ms)" "$(jf "$work/ks.json" decision_p90_ms)" "$(jf "$work/ks.json" decision_p99_ms)" \
+        "$(jf "$work/ks.json" decision_max_ms)" "$ksp"
+      echo "$i $o $(jf "$work/ks.json" decision_p50_ms) $(jf "$work/ks.json" decision_p99_ms)" >>"$work/ks.rows"
+    done
+    stop_all
+  done
+  # Medians of each arm, and of the ratio with/without within each round
+  # (its two runs back to back on one stack).
+  for o in with without; do
+    awk -v o="$o" 'BEGIN{print "p50 p99"} $2 == o {print $3, $4}' "$work/ks.rows" >"$work/ks.$o"
+  done
+  awk '{v[$1" "$2]=$4; n=$1} END{print "ratio"; for (i=1; i<=n; i++) if ((i" with") in v && (i" without") in v && v[i" without"] > 0) print v[i" with"] / v[i" without"]}' "$work/ks.rows" >"$work/ks.ratio"
+  echo "== medians: p50 / p99 $(median "$work/ks.with" 1) / $(median "$work/ks.with" 2) ms with kill-switch rounds, $(median "$work/ks.without" 1) / $(median "$work/ks.without" 2) ms without;"
+  echo "   p99 with / without within each round: $(awk 'NR>1{printf "%s%.2f", (NR>2 ? " / " : ""), $1}' "$work/ks.ratio"), median $(median "$work/ks.ratio" 1)"
   ;;
 tail)
   rate=${2:-1000}
