@@ -650,16 +650,12 @@ func (s *ControlService) mutate(ctx context.Context, req *request) *schemas.Cont
 	if e, ok := s.appended[cmd.CommandID]; ok {
 		return s.repeatedLocked(ctx, req, e)
 	}
-	if pre := s.o.Hooks.Precheck; pre != nil {
+	if s.o.Hooks.Precheck != nil {
 		if err := s.catchUpLocked(ctx); err != nil {
 			return s.refuseLocked(ctx, req, schemas.CtlInternal, "cannot read TALOS_CONTROL: "+err.Error())
 		}
-		v := pre(ctx, cmd, s.lastSeq)
-		if v.Code != "" {
-			return s.refuseLocked(ctx, req, v.Code, v.Detail)
-		}
-		if v.Target != "" {
-			req.rec.Target = v.Target
+		if reply := s.precheckLocked(ctx, req); reply != nil {
+			return reply
 		}
 	}
 	if req.verb == schemas.VerbReplayFlush && s.o.Hooks.Replay == nil {
@@ -667,10 +663,10 @@ func (s *ControlService) mutate(ctx context.Context, req *request) *schemas.Cont
 	}
 	req.workers = s.liveWorkers()
 
-	data := req.receiptData(true)
 	meta := s.meta(req)
 	backoff := 50 * time.Millisecond
 	for {
+		data := req.receiptData(true)
 		// The event names the sequence it must be stored at; the expected
 		// last sequence check makes that true or fails the publish.
 		data.Control.Seq = s.lastSeq + 1
@@ -714,6 +710,12 @@ func (s *ControlService) mutate(ctx context.Context, req *request) *schemas.Cont
 				}
 				return s.repeatedLocked(ctx, req, e)
 			}
+			// The command now follows events its precheck did not see
+			// (another instance resolved the same call first, say):
+			// judge it again against them.
+			if reply := s.precheckLocked(ctx, req); reply != nil {
+				return reply
+			}
 			backoff = 50 * time.Millisecond
 			continue
 		}
@@ -721,6 +723,24 @@ func (s *ControlService) mutate(ctx context.Context, req *request) *schemas.Cont
 			return &schemas.ControlReply{Code: schemas.CtlInternal, Error: "the control service is stopping; retry"}
 		}
 	}
+}
+
+// precheckLocked judges req with Hooks.Precheck (none: accepted) against
+// every event up to lastSeq, the one it is to be stored after: nil to
+// accept it, else the refusal, recorded.
+func (s *ControlService) precheckLocked(ctx context.Context, req *request) *schemas.ControlReply {
+	pre := s.o.Hooks.Precheck
+	if pre == nil {
+		return nil
+	}
+	v := pre(ctx, req.cmd, s.lastSeq)
+	if v.Code != "" {
+		return s.refuseLocked(ctx, req, v.Code, v.Detail)
+	}
+	if v.Target != "" {
+		req.rec.Target = v.Target
+	}
+	return nil
 }
 
 // retryAfter logs a failed append and waits out backoff (doubled for the

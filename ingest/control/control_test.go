@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -503,6 +504,59 @@ func TestControlTwoServicesAppendConcurrently(t *testing.T) {
 	}
 	if accepted != clients*each {
 		t.Fatalf("TALOS_AUDIT has %d accepted receipts, want %d", accepted, clients*each)
+	}
+}
+
+// TestControlPrecheckSeesEveryEventBefore: a command is judged against
+// every event it is stored after, also when another instance appends
+// between its precheck and its append (here, an event stored behind the
+// service's back while its precheck runs). The precheck refuses as one
+// of approve and reject would once the other has resolved the call: the
+// command is refused, not stored behind the event it was not judged
+// against.
+func TestControlPrecheckSeesEveryEventBefore(t *testing.T) {
+	e := newControlEnv(t)
+	var mu sync.Mutex
+	var seen []uint64 // lastSeq of each precheck, in order
+	prechecks := func() []uint64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(seen)
+	}
+	e.startControl(t, "control-a", func(o *control.ControlOptions) {
+		o.Hooks.Precheck = func(ctx context.Context, cmd *schemas.ControlCommand, lastSeq uint64) control.Verdict {
+			mu.Lock()
+			seen = append(seen, lastSeq)
+			first := len(seen) == 1
+			mu.Unlock()
+			if cmd.Scope != "agent:raced" {
+				return control.Verdict{}
+			}
+			if first {
+				if _, err := e.js.Publish(ctx, schemas.ControlSubject(schemas.VerbKillSwitchSet), []byte(`{"from":"another instance"}`)); err != nil {
+					t.Error(err)
+				}
+			}
+			if lastSeq > 0 {
+				return control.Verdict{Code: schemas.CtlConflict, Detail: "resolved at control seq " + strconv.FormatUint(lastSeq, 10)}
+			}
+			return control.Verdict{}
+		}
+	})
+	c := e.client()
+	r := do(t, c, killSwitch(c, "agent:raced"))
+	if r.OK || r.Code != schemas.CtlConflict || r.Error != "resolved at control seq 1" {
+		t.Fatalf("reply %+v; want %s against the event stored meanwhile (prechecks saw %v)", r, schemas.CtlConflict, prechecks())
+	}
+	if got := prechecks(); !slices.Equal(got, []uint64{0, 1}) {
+		t.Fatalf("prechecks saw last seqs %v, want [0 1]", got)
+	}
+	if ctl := testenv.StreamMsgs(t, e.js, schemas.StreamControl); len(ctl) != 1 {
+		t.Fatalf("TALOS_CONTROL has %d events, want only the one stored meanwhile", len(ctl))
+	}
+	// A command no one raced is judged once and stored after it.
+	if r := do(t, c, killSwitch(c, "agent:calm")); !r.OK || r.Seq != 2 || !slices.Equal(prechecks(), []uint64{0, 1, 1}) {
+		t.Fatalf("reply %+v after prechecks of %v; want seq 2 after one more precheck, at 1", r, prechecks())
 	}
 }
 
