@@ -7,4 +7,8 @@
 // data in a directory the caller gives (or a temporary one), so several
 // environments can run side by side in one test binary. Programs use
 // natsserver and chserver directly: no binary links this package.
+//
+// Every process a test starts (Command, and the servers started here) is
+// killed by the kernel if the test binary dies first, as when go test's
+// -timeout ends it, so none outlives its test holding ports and files.
 package testenv

@@ -89,7 +89,7 @@ func (r rpcRefusal) mustRefuse(t *testing.T, what, id, reason string, reported b
 // until its /healthz answers over client.
 func (s *stack) httpsGateway(t *testing.T, client *http.Client, base string, env []string, args ...string) {
 	t.Helper()
-	cmd := exec.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none", "--registry", registryDir,
+	cmd := testenv.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none", "--registry", registryDir,
 		"--log-level", "debug"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
 	logPath := filepath.Join(s.dir, fmt.Sprintf("gateway-https-%d.log", time.Now().UnixNano()))
@@ -454,7 +454,7 @@ func TestHTTPModeRefusesPlainHTTP(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			out, err := exec.Command(bin, append(slices.Clone(base), tc.args...)...).CombinedOutput()
+			out, err := testenv.Command(bin, append(slices.Clone(base), tc.args...)...).CombinedOutput()
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), tc.want) {
 				t.Fatalf("%v, want exit 2 naming %q:\n%s", err, tc.want, out)

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -71,7 +70,7 @@ func TestConformanceGatewayProbes(t *testing.T) {
 		"--jwt-issuer", is.Name, "--jwt-audience", audience, "--jwks-url", is.JWKSURL)
 
 	// The other rows run against talosd too; only the gateway's matter here.
-	cmd := exec.Command(s.talosctl, "--nats-url", s.natsURL(), "--nats-auth", "none", "--clickhouse-addr", s.chAddr,
+	cmd := testenv.Command(s.talosctl, "--nats-url", s.natsURL(), "--nats-auth", "none", "--clickhouse-addr", s.chAddr,
 		"--clickhouse-database", s.db, "--json", "conformance", "--gateway-url", base+"/mcp", "--gateway-ca", is.TLS.CAFile,
 		"--gateway-token-file", tokenFile, "--gateway-capability", aliceCap, "--gateway-server", "fs", "--registry", registryDir,
 		"--timeout", "3s", "--event-wait", "1s")

@@ -298,7 +298,7 @@ func TestCredentialBoundary(t *testing.T) {
 	// cannot be connected, nothing is sent to it, and the gateway does not
 	// start, saying which server and what the endpoint answered.
 	rUp := newAuthProxy(t, everything)
-	rCmd := exec.CommandContext(ctx, s.gateway, "--nats-url", s.natsURL(), "--nats-auth", "none", "--registry", registryDir,
+	rCmd := testenv.CommandContext(ctx, s.gateway, "--nats-url", s.natsURL(), "--nats-auth", "none", "--registry", registryDir,
 		"--ep-id", "gw-cred-r", "--spool-dir", t.TempDir(), "--upstream", "everything="+rUp.url,
 		"--credentials", filepath.Join(s.dir, "exchange.json"))
 	rCmd.Env = append(os.Environ(), "GW_STS_SECRET=not-the-client-secret")

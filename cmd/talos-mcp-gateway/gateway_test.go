@@ -98,7 +98,7 @@ func startStackRegistry(t *testing.T, registry string, extra ...string) *stack {
 		"--signing-key", filepath.Join(s.dir, "worker.key"), "--responder-keys", filepath.Join(s.dir, "responder.pub"),
 		"--capability-issuers", filepath.Join(s.dir, "issuer.pub"), "--capabilities", "optional",
 		"--http-addr", "", "--chains", "1", "--checkpoint-interval", "1s"}, extra...)
-	d := exec.Command(talosd, args...)
+	d := testenv.Command(talosd, args...)
 	logf, err := os.Create(filepath.Join(s.dir, "talosd.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +172,7 @@ func (s *stack) ctlCode(args ...string) (string, int) {
 	if len(args) > 0 && (args[0] == "keys" || args[0] == "cap") {
 		g = nil
 	}
-	cmd := exec.Command(s.talosctl, append(g, args...)...)
+	cmd := testenv.Command(s.talosctl, append(g, args...)...)
 	cmd.Env = append(os.Environ(), "TALOS_RESPONDER_KEY="+filepath.Join(s.dir, "responder.key"))
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
@@ -214,7 +214,7 @@ func (s *stack) gatewaySession(ctx context.Context, args ...string) *gatewaySess
 // gatewayClient is gatewaySession with client (nil: a plain one).
 func (s *stack) gatewayClient(ctx context.Context, client *mcp.Client, args ...string) *gatewaySession {
 	s.t.Helper()
-	return s.connectGatewayWith(ctx, exec.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none",
+	return s.connectGatewayWith(ctx, testenv.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none",
 		"--registry", s.registry, "--trusted-keys", filepath.Join(s.dir, "worker.pub"), "--log-level", "debug"}, args...)...), client)
 }
 
@@ -472,7 +472,7 @@ func TestGatewayEndToEnd(t *testing.T) {
 
 	// The inspector CLI, a second real MCP client. It starts the gateway
 	// with an environment of its own: the CA goes as a flag.
-	insp := exec.CommandContext(ctx, testenv.MCPBin(t, "mcp-inspector"), "--cli", s.gateway,
+	insp := testenv.CommandContext(ctx, testenv.MCPBin(t, "mcp-inspector"), "--cli", s.gateway,
 		"--nats-url", s.natsURL(), "--nats-auth", "none", "--nats-ca", s.natsTLS.CA(), "--registry", registryDir, "--ep-id", "gw-inspector",
 		"--upstream", "everything="+testenv.MCPBin(t, "mcp-server-everything"),
 		"--method", "tools/call", "--tool-name", "echo", "--tool-arg", "message=from the inspector")

@@ -10,7 +10,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -52,7 +51,7 @@ type scenarioResult struct {
 func runConformance(ctx context.Context, t *testing.T, url string) map[string]scenarioResult {
 	t.Helper()
 	dir := t.TempDir()
-	cmd := exec.CommandContext(ctx, testenv.MCPBin(t, testenv.MCPConformance), "server", "--url", url, "--output-dir", dir)
+	cmd := testenv.CommandContext(ctx, testenv.MCPBin(t, testenv.MCPConformance), "server", "--url", url, "--output-dir", dir)
 	out, err := cmd.CombinedOutput()
 	got := map[string]scenarioResult{}
 	sc := bufio.NewScanner(strings.NewReader(string(out)))
@@ -231,7 +230,7 @@ func TestMCPConformanceThroughGateway(t *testing.T) {
 // base/healthz to answer 200.
 func (s *stack) httpGateway(t *testing.T, base string, args ...string) {
 	t.Helper()
-	gw := exec.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none",
+	gw := testenv.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none",
 		"--trusted-keys", filepath.Join(s.dir, "worker.pub")}, args...)...)
 	logf, err := os.CreateTemp(s.dir, "gateway-http-*.log")
 	if err != nil {

@@ -52,7 +52,7 @@ func TestToolDefinitionPinning(t *testing.T) {
 	talosctl := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosctl")
 	lint := func(args ...string) (string, int) {
 		t.Helper()
-		out, err := exec.Command(talosctl, append([]string{"registry", "lint"}, args...)...).CombinedOutput()
+		out, err := testenv.Command(talosctl, append([]string{"registry", "lint"}, args...)...).CombinedOutput()
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
 			return string(out), ee.ExitCode()

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -64,7 +63,7 @@ func TestToolsListPerPrincipal(t *testing.T) {
 		t.Fatal(err)
 	}
 	port := testenv.FreePort(t)
-	gw := exec.Command(s.gateway, append(upstreams(t, t.TempDir()), "--ep-id", "gw-http", "--nats-url", s.natsURL(), "--nats-auth", "none",
+	gw := testenv.Command(s.gateway, append(upstreams(t, t.TempDir()), "--ep-id", "gw-http", "--nats-url", s.natsURL(), "--nats-auth", "none",
 		"--registry", registryDir, "--listen", "127.0.0.1:"+strconv.Itoa(port), "--insecure-plain-http", "--principals", filepath.Join(d, "principals.json"))...)
 	logf, _ := os.Create(filepath.Join(d, "gateway-http.log"))
 	gw.Stdout, gw.Stderr = logf, logf

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -73,7 +72,7 @@ func readmeInstall(t *testing.T, abs, gateway string) {
 		}
 	}
 	talosd := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosd")
-	if out, err := exec.Command(talosd, "nats-auth", "--data-dir", filepath.Join(abs, "talos-data"),
+	if out, err := testenv.Command(talosd, "nats-auth", "--data-dir", filepath.Join(abs, "talos-data"),
 		"--nats-eps", "talosctl,demo-ep,claude").CombinedOutput(); err != nil {
 		t.Fatalf("talosd nats-auth: %v\n%s", err, out)
 	}
@@ -120,12 +119,12 @@ func TestREADMEFilesystemSetup(t *testing.T) {
 	for i := range args {
 		args[i] = fill.Replace(args[i])
 	}
-	if err := exec.Command("test", "-x", fill.Replace(command)).Run(); err != nil {
+	if err := testenv.Command("test", "-x", fill.Replace(command)).Run(); err != nil {
 		t.Fatalf("README: the command %s is not the gateway the steps build", command)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.Command(fill.Replace(command), args...)
+	cmd := testenv.Command(fill.Replace(command), args...)
 	cmd.Env = append(os.Environ(), "TALOS_NATS_URL="+s.natsURL())
 	gw := s.connectGateway(ctx, cmd)
 

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -30,7 +29,7 @@ func TestNoAnswerBeforeTalos(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(s.gateway, "--nats-url", s.natsURL(), "--nats-auth", "none", "--registry", s.registry,
+	cmd := testenv.Command(s.gateway, "--nats-url", s.natsURL(), "--nats-auth", "none", "--registry", s.registry,
 		"--trusted-keys", filepath.Join(s.dir, "worker.pub"), "--ep-id", "gw-ready",
 		"--upstream", "everything="+testenv.MCPBin(t, "mcp-server-everything"))
 	cmd.Stderr = logf

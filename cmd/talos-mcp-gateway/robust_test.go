@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -52,7 +51,7 @@ func TestUpstreamDefinitionsRobust(t *testing.T) {
 	}
 	server := "bad=node " + script
 	talosctl := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosctl")
-	out, err := exec.Command(talosctl, "registry", "lint", "--server", server, "--registry", manifest).CombinedOutput()
+	out, err := testenv.Command(talosctl, "registry", "lint", "--server", server, "--registry", manifest).CombinedOutput()
 	if err != nil {
 		t.Fatalf("registry lint: %v\n%s", err, out)
 	}

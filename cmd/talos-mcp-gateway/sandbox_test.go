@@ -356,7 +356,7 @@ func TestSandboxEgressFetch(t *testing.T) {
 	}
 	hostEnv := []string{"HTTP_PROXY=" + proxyURL, "HTTPS_PROXY=" + proxyURL, "NODE_OPTIONS=--require " + preload}
 
-	cmd := exec.Command(s.gateway, "--nats-url", s.natsURL(), "--nats-auth", "none", "--registry", s.registry,
+	cmd := testenv.Command(s.gateway, "--nats-url", s.natsURL(), "--nats-auth", "none", "--registry", s.registry,
 		"--log-level", "debug", "--ep-id", "gw-fetch-plain", "--upstream", "fetchnone="+bin)
 	cmd.Env = append(os.Environ(), hostEnv...)
 	plain := s.connectGateway(ctx, cmd)
@@ -374,7 +374,7 @@ func TestSandboxEgressFetch(t *testing.T) {
 
 	ws := t.TempDir()
 	sb := append([]string{"--sandbox", "--sandbox-ro", preloadDir}, mcpReadOnly(t, bin)...)
-	cmd = exec.Command(s.gateway, append(sb, "--nats-url", s.natsURL(), "--nats-auth", "none", "--registry", s.registry,
+	cmd = testenv.Command(s.gateway, append(sb, "--nats-url", s.natsURL(), "--nats-auth", "none", "--registry", s.registry,
 		"--log-level", "debug", "--ep-id", "gw-fetch-none", "--upstream", "fetchnone="+bin, "--workspace", "fetchnone="+ws,
 		"--sandbox-env", "fetchnone=HTTP_PROXY", "--sandbox-env", "fetchnone=HTTPS_PROXY", "--sandbox-env", "fetchnone=NODE_OPTIONS")...)
 	cmd.Env = append(os.Environ(), hostEnv...)
@@ -464,7 +464,7 @@ func TestSandboxSetupErrors(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			cmd := exec.Command(gw, append(append([]string{}, base...), c.args...)...)
+			cmd := testenv.Command(gw, append(append([]string{}, base...), c.args...)...)
 			out, err := cmd.CombinedOutput()
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.ExitCode() != c.code {

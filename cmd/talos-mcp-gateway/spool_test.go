@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -33,7 +32,7 @@ func TestGatewaySpoolSurvivesKill(t *testing.T) {
 	spool := filepath.Join(t.TempDir(), "spool")
 	args := []string{"--nats-url", s.natsURL(), "--nats-auth", "none", "--registry", s.registry, "--log-level", "debug",
 		"--ep-id", ep, "--spool-dir", spool, "--upstream", "everything=" + testenv.MCPBin(t, testenv.MCPServerEverything)}
-	first := exec.Command(s.gateway, args...)
+	first := testenv.Command(s.gateway, args...)
 	gw := s.connectGateway(ctx, first)
 	gw.call(ctx, "echo", map[string]any{"message": "before the outage"}).mustAllow(t, "echo before the outage")
 
@@ -90,7 +89,7 @@ func TestGatewaySpoolSurvivesKill(t *testing.T) {
 	}
 
 	s.startNATS()
-	again := s.connectGateway(ctx, exec.Command(s.gateway, args...))
+	again := s.connectGateway(ctx, testenv.Command(s.gateway, args...))
 	conn, err := query.Open(ctx, s.chAddr, s.db)
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -33,7 +32,7 @@ func run(t *testing.T, bin string, args ...string) (string, int) {
 func startTalosd(t *testing.T, bin, dir string, args ...string) {
 	t.Helper()
 	// Keys talosd creates (the redaction key) go under the test's dir.
-	d := exec.Command(bin, append([]string{"--data-dir", filepath.Join(dir, "talos-data")}, args...)...)
+	d := testenv.Command(bin, append([]string{"--data-dir", filepath.Join(dir, "talos-data")}, args...)...)
 	logf, err := os.Create(filepath.Join(dir, "talosd.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -139,7 +138,7 @@ func TestCLIAgainstRunningStack(t *testing.T) {
 	// The same receipts as a file verify offline, exported with the
 	// README's clickhouse-client command.
 	host, port, _ := net.SplitHostPort(addr)
-	export := exec.Command("clickhouse-client", "--host", host, "--port", port,
+	export := testenv.Command("clickhouse-client", "--host", host, "--port", port,
 		"--query", fmt.Sprintf("SELECT cloudevent FROM %s.v_receipts ORDER BY chain_id, chain_seq, receipt_id FORMAT TSVRaw", db))
 	exported, err := export.Output()
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -66,7 +65,7 @@ func TestCallWithNATSAuth(t *testing.T) {
 		t.Fatalf("call with --nats-auth: exit %d\n%s", code, out)
 	}
 	// The same from the environment.
-	cmd := exec.Command(talosctl, call...)
+	cmd := testenv.Command(talosctl, call...)
 	cmd.Env = append(os.Environ(), "TALOS_NATS_URL="+natsURL, "TALOS_NATS_AUTH="+auth)
 	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "ALLOW") {
 		t.Fatalf("call with TALOS_NATS_AUTH: %v\n%s", err, out)
@@ -74,7 +73,7 @@ func TestCallWithNATSAuth(t *testing.T) {
 	// The server requires TLS: a CA that did not sign its certificate is
 	// refused, and so is no CA when none is beside the users file.
 	otherCA := filepath.Join(t.TempDir(), "other")
-	if err := exec.Command(talosd, "nats-tls", "--data-dir", otherCA).Run(); err != nil {
+	if err := testenv.Command(talosd, "nats-tls", "--data-dir", otherCA).Run(); err != nil {
 		t.Fatal(err)
 	}
 	otherCA = filepath.Join(otherCA, natsauth.TLSDir, natsauth.CAFile)

@@ -62,7 +62,7 @@ func plantToolCall(t *testing.T, ctx context.Context, w *query.SinkWriter, r *re
 // runWithStdin runs bin with stdin and returns stdout+stderr and the exit code.
 func runWithStdin(t *testing.T, stdin, bin string, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	cmd := testenv.Command(bin, args...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

@@ -310,7 +310,7 @@ func runStdout(t *testing.T, bin string, args ...string) (string, int) {
 // exit code.
 func runSplit(t *testing.T, bin string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	cmd := testenv.Command(bin, args...)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
 	err := cmd.Run()

@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -121,7 +120,7 @@ func startLogStack(t *testing.T) *logStack {
 		t.Fatal(err)
 	}
 	s.pub = s.signer + ".pub"
-	out, err := exec.Command(talosd, "log-key", "--data-dir", s.data, "--log-origin", logOrigin).Output()
+	out, err := testenv.Command(talosd, "log-key", "--data-dir", s.data, "--log-origin", logOrigin).Output()
 	if err != nil {
 		t.Fatalf("talosd log-key: %v", err)
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -172,7 +171,7 @@ func TestVerifyCLI(t *testing.T) {
 	tmp := t.TempDir()
 	stdin := func(input string, args ...string) (string, int) {
 		t.Helper()
-		cmd := exec.Command(talosctl, append([]string{"verify", "--trusted-keys", trusted, "--file", "-"}, args...)...)
+		cmd := testenv.Command(talosctl, append([]string{"verify", "--trusted-keys", trusted, "--file", "-"}, args...)...)
 		cmd.Stdin = strings.NewReader(input)
 		cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 		out, _ := cmd.CombinedOutput()

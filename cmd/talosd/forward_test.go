@@ -415,7 +415,7 @@ func TestForwardUsageErrors(t *testing.T) {
 		{[]string{"--forward-config", bad}, `destination siem: address "siem.example"`},
 	} {
 		args := append([]string{"--roles", "forward", "--data-dir", filepath.Join(dir, "data"), "--nats-listen", "127.0.0.1:0", "--http-addr", ""}, c.args...)
-		out, err := exec.Command(bin, args...).CombinedOutput()
+		out, err := testenv.Command(bin, args...).CombinedOutput()
 		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), c.want) {
 			t.Errorf("talosd %v: %v, want exit 2 naming %q\n%s", args, err, c.want, out)
 		}

@@ -42,7 +42,7 @@ func TestDevExitAfterDemo(t *testing.T) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "dev", "--exit-after-demo", "--data-dir", dir,
+	cmd := testenv.CommandContext(ctx, bin, "dev", "--exit-after-demo", "--data-dir", dir,
 		"--clickhouse-port", "0", "--nats-listen", "127.0.0.1:0")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -83,7 +83,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--mode", "staging"}, "--mode"},
 	}
 	for _, c := range cases {
-		cmd := exec.Command(bin, c.args...)
+		cmd := testenv.Command(bin, c.args...)
 		out, err := cmd.CombinedOutput()
 		ee, ok := err.(*exec.ExitError)
 		if !ok || ee.ExitCode() != 2 {
@@ -137,7 +137,7 @@ func stopMidTraffic(t *testing.T, sig syscall.Signal) {
 		"--registry", "demo/registry", "--signing-key", filepath.Join(dir, "signer.key"),
 		"--http-addr", "", "--ack-wait", "2s", "--chains", "4", "--batch-rows", "200", "--batch-age", "50ms", "--log-format", "json"}
 	start := func(name string, extra ...string) *exec.Cmd {
-		cmd := exec.Command(bin, append(slices.Clone(args), extra...)...)
+		cmd := testenv.Command(bin, append(slices.Clone(args), extra...)...)
 		logf, err := os.Create(filepath.Join(dir, name+".log"))
 		if err != nil {
 			t.Fatal(err)
@@ -298,7 +298,7 @@ func TestEmbeddedNATSAndHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	httpAddr := testenv.FreeAddr(t)
-	cmd := exec.Command(bin, "--roles", "enforce", "--registry", "demo/registry", "--signing-key", filepath.Join(dir, "k.key"),
+	cmd := testenv.Command(bin, "--roles", "enforce", "--registry", "demo/registry", "--signing-key", filepath.Join(dir, "k.key"),
 		"--data-dir", dir, "--nats-listen", "127.0.0.1:0", "--http-addr", httpAddr)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

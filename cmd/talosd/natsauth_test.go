@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -129,7 +128,7 @@ func TestDaemonNATSAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer logf.Close()
-	refused := exec.Command(bin, append(join, "--nats-user", worker.User, "--nats-password", "wrong")...)
+	refused := testenv.Command(bin, append(join, "--nats-user", worker.User, "--nats-password", "wrong")...)
 	refused.Stdout, refused.Stderr = logf, logf
 	if err := refused.Start(); err != nil {
 		t.Fatal(err)
@@ -192,7 +191,7 @@ func startTalosdLog(t *testing.T, bin, logPath string, args ...string) (url stri
 	}
 	// These tests send unsigned calls: capabilities are optional here
 	// (ingest and talosctl test them).
-	cmd := exec.Command(bin, append([]string{"--capabilities", "optional"}, args...)...)
+	cmd := testenv.Command(bin, append([]string{"--capabilities", "optional"}, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -243,7 +242,7 @@ func TestNATSAuthCommand(t *testing.T) {
 	path, conf := filepath.Join(dir, "nats-auth.json"), filepath.Join(dir, "auth.conf")
 	run := func(eps string) string {
 		t.Helper()
-		out, err := exec.Command(bin, "nats-auth", "--nats-auth", path, "--nats-eps", eps, "--conf", conf).CombinedOutput()
+		out, err := testenv.Command(bin, "nats-auth", "--nats-auth", path, "--nats-eps", eps, "--conf", conf).CombinedOutput()
 		if err != nil {
 			t.Fatalf("talosd nats-auth: %v\n%s", err, out)
 		}
@@ -271,7 +270,7 @@ func TestNATSAuthCommand(t *testing.T) {
 	if err != nil || len(opts.Users) != len(second.Users) {
 		t.Fatalf("nats-server reads %s: %v", conf, err)
 	}
-	if out, err := exec.Command(bin, "nats-auth", "--nats-auth", "none").CombinedOutput(); err == nil {
+	if out, err := testenv.Command(bin, "nats-auth", "--nats-auth", "none").CombinedOutput(); err == nil {
 		t.Fatalf("nats-auth --nats-auth none succeeded:\n%s", out)
 	}
 }

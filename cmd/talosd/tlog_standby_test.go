@@ -45,7 +45,7 @@ func TestLogStandbyTakesOver(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer logf.Close()
-		cmd := exec.Command(bin, "--roles", "log", "--data-dir", data, "--nats-url", ns.URL(), "--http-addr", "", "--instance", name,
+		cmd := testenv.Command(bin, "--roles", "log", "--data-dir", data, "--nats-url", ns.URL(), "--http-addr", "", "--instance", name,
 			"--log-origin", "audit.example.com/talos", "--log-lease-ttl", "1s", "--log-checkpoint-interval", "200ms")
 		cmd.Stdout, cmd.Stderr = logf, logf
 		if err := cmd.Start(); err != nil {

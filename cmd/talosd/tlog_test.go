@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -64,7 +63,7 @@ func TestTransparencyLogChecksIndependently(t *testing.T) {
 		}
 		return ""
 	})
-	out, err := exec.Command(bin, "log-key", "--data-dir", data, "--log-origin", "audit.example.com/talos").Output()
+	out, err := testenv.Command(bin, "log-key", "--data-dir", data, "--log-origin", "audit.example.com/talos").Output()
 	if err != nil {
 		t.Fatalf("talosd log-key: %v", err)
 	}

@@ -81,7 +81,7 @@ func browse(t *testing.T, chromium, dir, name, url string) string {
 	_ = os.Remove(shot)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+	cmd := testenv.CommandContext(ctx, chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
 		"--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
 		"--user-data-dir="+profile, "--window-size=1280,1000", "--screenshot="+shot, "--dump-dom", url)
 	var stdout, stderr bytes.Buffer
@@ -214,7 +214,7 @@ func TestWebDashboardInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := exec.Command(talosd, "--data-dir", dataDir, "--nats-url", ns.URL(), "--clickhouse-addr", addr, "--clickhouse-database", db,
+	d := testenv.Command(talosd, "--data-dir", dataDir, "--nats-url", ns.URL(), "--clickhouse-addr", addr, "--clickhouse-database", db,
 		"--registry", "demo/registry", "--signing-key", filepath.Join(dir, "worker.key"),
 		"--responder-keys", filepath.Join(dir, "responder.pub"), "--roles", "enforce,sink,control,web",
 		"--web-addr", webAddr, "--http-addr", "", "--chains", "1", "--instance", "web-worker",
@@ -606,7 +606,7 @@ func TestWebUsageErrors(t *testing.T) {
 		{[]string{"--roles", "web", "--clickhouse-addr", "127.0.0.1:1", "--web-token", "tooShort"}, "--web-token"},
 	} {
 		args := append([]string{"--data-dir", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-addr", ""}, c.args...)
-		out, err := exec.Command(bin, args...).CombinedOutput()
+		out, err := testenv.Command(bin, args...).CombinedOutput()
 		ee, ok := err.(*exec.ExitError)
 		if !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), c.want) {
 			t.Errorf("talosd %v: %v, want exit 2 naming %s\n%s", c.args, err, c.want, out)
