@@ -74,22 +74,13 @@ type RejectedSummary struct {
 // not match bytes stored as received (bad_signature).
 func VerifyExport(source string, events [][]byte, keys verify.KeySet, partial, batch bool) *VerifyOutcome {
 	signed := make([][]byte, 0, len(events))
-	var (
-		sum   RejectedSummary
-		probs []verify.Problem
-	)
+	rej := rejections{keys: keys}
 	for _, raw := range events {
-		x, ok := ReadExportedRejection(raw)
-		if !ok {
+		if !rej.take(raw) {
 			signed = append(signed, raw)
-			continue
-		}
-		sum.Total++
-		if p := checkRejection(&x, keys, &sum); p != nil {
-			probs = append(probs, *p)
 		}
 	}
-	return exportOutcome(source, verify.VerifyFile(signed, keys, partial, batch), probs, sum)
+	return exportOutcome(source, verify.VerifyFile(signed, keys, partial, batch), rej.probs, rej.sum)
 }
 
 // exportOutcome is the outcome of an export's verification: rep, the

@@ -1,14 +1,17 @@
 package query
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/talos-audit/talos/receipts/verify"
 )
 
-// errOutOfChainOrder stops VerifyExportFile's first pass: the file must
-// be sorted in memory.
+// errOutOfChainOrder stops VerifyExportFile's first read: the file must
+// be verified through an index instead.
 var errOutOfChainOrder = errors.New("the file's receipts are not in chain order")
 
 // errFileChanged: a file read more than once (VerifyExportFile,
@@ -16,47 +19,61 @@ var errOutOfChainOrder = errors.New("the file's receipts are not in chain order"
 var errFileChanged = errors.New("the file changed while it was verified")
 
 // VerifyExportFile is VerifyExport over the file at path, without holding
-// the file in memory when its receipts come in chain order (each chain's
-// by seq, then id; chains may interleave), as talosctl export writes
-// them. Such a file is read twice: first for the order, the rejected
+// the file in memory. A file whose receipts come in chain order (each
+// chain's by seq, then id; chains may interleave), as talosctl export
+// writes them, is read twice: first for the order, the rejected
 // ToolCallEvents and the checkpoints (a Verifier takes the checkpoints
 // before the receipts they cover, and events it cannot read first, as
 // SortForVerify places them), then for everything else, a window at a
 // time. Memory then holds the chains' last links, the checkpoints, the
 // lines it cannot read, the rejections' positions and the problems. A
-// file in any other order is read into memory and sorted (VerifyExport).
-// The report is the same either way, problems in the same order.
+// file in any other order is read once for where each event is, then
+// each event where it is, in chain order (memory holds that index too,
+// about a hundred bytes a receipt). The report is the same either way,
+// problems in the same order.
 //
-// Of o it takes Partial, BatchSignatures and Progress, which the second
+// Of o it takes Partial, BatchSignatures and Progress, which the last
 // read calls as the database's passes do (progressCounter), against the
-// number of records the first found to verify (a file sorted in memory
-// shows no progress).
+// number of records the reads before it found to verify.
 func VerifyExportFile(path string, keys verify.KeySet, o VerifyOptions) (*VerifyOutcome, error) {
 	out, _, err := verifyExportFile(path, keys, o)
 	return out, err
 }
 
-// verifyExportFile is VerifyExportFile; streamed is whether it read the
-// file twice rather than into memory.
-func verifyExportFile(path string, keys verify.KeySet, o VerifyOptions) (out *VerifyOutcome, streamed bool, err error) {
-	partial, batch := o.Partial, o.BatchSignatures
-	scan := fileEvents(path)
+// fileRead is how VerifyExportFile read a file.
+type fileRead int
+
+const (
+	readInOrder fileRead = iota // twice, in the file's order
+	readIndexed                 // once for an index, then event by event in chain order
+)
+
+// verifyExportFile is VerifyExportFile, and how it read the file.
+func verifyExportFile(path string, keys verify.KeySet, o VerifyOptions) (*VerifyOutcome, fileRead, error) {
+	f := &exportFile{path: path}
+	out, err := verifyInOrder(f, keys, o)
+	if errors.Is(err, errOutOfChainOrder) {
+		out, err = verifyIndexed(f, keys, o)
+		return out, readIndexed, err
+	}
+	return out, readInOrder, err
+}
+
+// verifyInOrder reads f twice (VerifyExportFile); it fails with
+// errOutOfChainOrder as soon as a receipt comes before one of its chain
+// that it follows.
+func verifyInOrder(f *exportFile, keys verify.KeySet, o VerifyOptions) (*VerifyOutcome, error) {
+	rej := rejections{keys: keys}
 	var (
-		sum   RejectedSummary
-		probs []verify.Problem
 		first [][]byte
-		skip  []int // positions the second pass leaves out: first's and the rejections'
+		skip  []int // positions the second read leaves out: first's and the rejections'
 		last  = map[string]verify.Place{}
 		n     int // events read
 	)
-	err = scan(func(raw []byte) error {
+	err := f.scan(func(raw []byte, _ int64) error {
 		n++
-		if x, ok := ReadExportedRejection(raw); ok {
+		if rej.take(raw) {
 			skip = append(skip, n-1)
-			sum.Total++
-			if p := checkRejection(&x, keys, &sum); p != nil {
-				probs = append(probs, *p)
-			}
 			return nil
 		}
 		p := verify.PlaceOf(raw)
@@ -73,41 +90,140 @@ func verifyExportFile(path string, keys verify.KeySet, o VerifyOptions) (out *Ve
 		}
 		return nil
 	})
-	if errors.Is(err, errOutOfChainOrder) {
-		events, err := verify.ReadEventsFile(path)
-		if err != nil {
-			return nil, false, err
-		}
-		return VerifyExport(path, events, keys, partial, batch), false, nil
-	}
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	v := verify.NewVerifier(keys)
-	v.AllowPartial = partial
-	v.AddAll(first, batch)
-	window := make([][]byte, 0, verify.FileWindow())
-	progress := progressCounter{report: o.Progress, total: n - len(skip)}
+	feed := newWindowFeed(keys, o, n-len(skip))
+	feed.v.AddAll(first, o.BatchSignatures)
 	i := 0 // the event's position
-	err = scan(func(raw []byte) error {
+	err = f.scan(func(raw []byte, _ int64) error {
 		if i++; len(skip) > 0 && skip[0] == i-1 {
 			skip = skip[1:]
 			return nil
 		}
-		if window = append(window, raw); len(window) == cap(window) {
-			v.AddAll(window, batch)
-			window = window[:0]
-		}
-		progress.add()
+		feed.add(raw)
 		return nil
 	})
 	if err == nil && i != n {
-		err = fmt.Errorf("%s: %w", path, errFileChanged)
+		err = fmt.Errorf("%s: %w", f.path, errFileChanged)
 	}
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	v.AddAll(window, batch)
-	progress.done()
-	return exportOutcome(path, v.Finish(), probs, sum), true, nil
+	return exportOutcome(f.path, feed.finish(), rej.probs, rej.sum), nil
+}
+
+// verifyIndexed verifies f, whose receipts are not in chain order,
+// without holding it in memory either: one read notes where each event
+// is and, of each receipt, its chain, seq and id; then every event is read
+// again where it is, in the order SortForVerify gives them (the events of
+// no chain in the file's order, then the receipts by chain, seq and id),
+// and verified as VerifyExport would.
+func verifyIndexed(f *exportFile, keys verify.KeySet, o VerifyOptions) (*VerifyOutcome, error) {
+	type placed struct {
+		chain, id string
+		seq       uint64
+		at        span
+	}
+	rej := rejections{keys: keys}
+	var (
+		loose   []span // the events of no chain
+		chained []placed
+		chains  = map[string]string{} // each chain id once
+	)
+	err := f.scan(func(raw []byte, off int64) error {
+		if rej.take(raw) {
+			return nil
+		}
+		at := span{off: off, n: int32(len(raw))}
+		p := verify.PlaceOf(raw)
+		if p.ChainID == "" {
+			loose = append(loose, at)
+			return nil
+		}
+		chain, ok := chains[p.ChainID]
+		if !ok {
+			chain = p.ChainID
+			chains[chain] = chain
+		}
+		chained = append(chained, placed{chain: chain, id: p.ID, seq: p.Seq, at: at})
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.SortStableFunc(chained, func(a, b placed) int {
+		return cmp.Or(strings.Compare(a.chain, b.chain), cmp.Compare(a.seq, b.seq), strings.Compare(a.id, b.id))
+	})
+	feed := newWindowFeed(keys, o, len(loose)+len(chained))
+	inOrder := func(yield func(span) bool) {
+		for _, s := range loose {
+			if !yield(s) {
+				return
+			}
+		}
+		for _, p := range chained {
+			if !yield(p.at) {
+				return
+			}
+		}
+	}
+	if err := f.readAt(inOrder, feed.add); err != nil {
+		return nil, err
+	}
+	return exportOutcome(f.path, feed.finish(), rej.probs, rej.sum), nil
+}
+
+// rejections checks and counts the rejected ToolCallEvents of an export.
+type rejections struct {
+	keys  verify.KeySet
+	sum   RejectedSummary
+	probs []verify.Problem
+}
+
+// take checks raw if it is a rejected ToolCallEvent (an
+// ExportedRejection line) and reports whether it was.
+func (r *rejections) take(raw []byte) bool {
+	x, ok := ReadExportedRejection(raw)
+	if !ok {
+		return false
+	}
+	r.sum.Total++
+	if p := checkRejection(&x, r.keys, &r.sum); p != nil {
+		r.probs = append(r.probs, *p)
+	}
+	return true
+}
+
+// windowFeed adds events to a Verifier a window at a time
+// (verify.FileWindow), counting them for progress.
+type windowFeed struct {
+	v        *verify.Verifier
+	batch    bool
+	window   [][]byte
+	progress progressCounter
+}
+
+// newWindowFeed feeds a Verifier of keys (o.Partial, o.BatchSignatures)
+// and reports to o.Progress against total.
+func newWindowFeed(keys verify.KeySet, o VerifyOptions, total int) *windowFeed {
+	v := verify.NewVerifier(keys)
+	v.AllowPartial = o.Partial
+	return &windowFeed{v: v, batch: o.BatchSignatures, window: make([][]byte, 0, verify.FileWindow()),
+		progress: progressCounter{report: o.Progress, total: total}}
+}
+
+func (w *windowFeed) add(raw []byte) {
+	if w.window = append(w.window, raw); len(w.window) == cap(w.window) {
+		w.v.AddAll(w.window, w.batch)
+		w.window = w.window[:0]
+	}
+	w.progress.add()
+}
+
+// finish adds what the last window holds and returns the report.
+func (w *windowFeed) finish() verify.Report {
+	w.v.AddAll(w.window, w.batch)
+	w.progress.done()
+	return w.v.Finish()
 }

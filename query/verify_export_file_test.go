@@ -2,6 +2,7 @@ package query
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -95,24 +96,32 @@ func TestVerifyExportFileStreams(t *testing.T) {
 	}
 	shuffled := slices.Concat(interleave(chains), tail, cps)
 	rand.New(rand.NewPCG(1, 2)).Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+	shuffledTampered := slices.Concat(interleave(tampered), tail[:1], alteredCPs)
+	rand.New(rand.NewPCG(3, 4)).Shuffle(len(shuffledTampered), func(i, j int) {
+		shuffledTampered[i], shuffledTampered[j] = shuffledTampered[j], shuffledTampered[i]
+	})
 	for _, c := range []struct {
 		name           string
 		events         [][]byte
 		array, partial bool
 		batch          bool
-		streamed, ok   bool
+		read           fileRead
+		ok             bool
 	}{
-		{name: "clean", events: slices.Concat(interleave(chains), tail[:1], cps), streamed: true, ok: true},
-		{name: "clean, batch", events: slices.Concat(interleave(chains), tail[:1], cps), batch: true, streamed: true, ok: true},
-		{name: "with rejections and a bad line", events: slices.Concat(interleave(chains), tail, cps), streamed: true},
-		{name: "tampered", events: slices.Concat(interleave(tampered), tail[:1], alteredCPs), streamed: true},
-		{name: "tampered, batch", events: slices.Concat(interleave(tampered), tail[:1], alteredCPs), batch: true, streamed: true},
-		{name: "tampered, array", events: slices.Concat(interleave(tampered), tail[:4], cps), array: true, streamed: true},
-		{name: "checkpoints first", events: slices.Concat(cps, interleave(chains), tail[:1]), streamed: true, ok: true},
-		{name: "a range", events: slices.Concat(interleave([][][]byte{chains[0][5:], chains[1]}), cps[2:4]), partial: true, streamed: true, ok: true},
-		{name: "a range without --partial", events: interleave([][][]byte{chains[0][5:], chains[1]}), streamed: true},
-		{name: "out of chain order", events: shuffled},
-		{name: "one link out of order", events: slices.Concat(interleave(chains)[:40], interleave(chains)[41:], interleave(chains)[40:41]), ok: true},
+		{name: "clean", events: slices.Concat(interleave(chains), tail[:1], cps), ok: true},
+		{name: "clean, batch", events: slices.Concat(interleave(chains), tail[:1], cps), batch: true, ok: true},
+		{name: "with rejections and a bad line", events: slices.Concat(interleave(chains), tail, cps)},
+		{name: "tampered", events: slices.Concat(interleave(tampered), tail[:1], alteredCPs)},
+		{name: "tampered, batch", events: slices.Concat(interleave(tampered), tail[:1], alteredCPs), batch: true},
+		{name: "tampered, array", events: slices.Concat(interleave(tampered), tail[:4], cps), array: true},
+		{name: "checkpoints first", events: slices.Concat(cps, interleave(chains), tail[:1]), ok: true},
+		{name: "a range", events: slices.Concat(interleave([][][]byte{chains[0][5:], chains[1]}), cps[2:4]), partial: true, ok: true},
+		{name: "a range without --partial", events: interleave([][][]byte{chains[0][5:], chains[1]})},
+		{name: "out of chain order", events: shuffled, read: readIndexed},
+		{name: "out of chain order, array", events: slices.DeleteFunc(slices.Clone(shuffled), func(raw []byte) bool { return !json.Valid(raw) }), array: true, read: readIndexed},
+		{name: "tampered, out of chain order", events: shuffledTampered, read: readIndexed},
+		{name: "tampered, out of chain order, batch", events: shuffledTampered, batch: true, read: readIndexed},
+		{name: "one link out of order", events: slices.Concat(interleave(chains)[:40], interleave(chains)[41:], interleave(chains)[40:41]), read: readIndexed, ok: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			path := filepath.Join(dir, c.name+".jsonl")
@@ -123,7 +132,7 @@ func TestVerifyExportFileStreams(t *testing.T) {
 			if err := os.WriteFile(path, content, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			got, streamed, err := verifyExportFile(path, keys, VerifyOptions{Partial: c.partial, BatchSignatures: c.batch})
+			got, read, err := verifyExportFile(path, keys, VerifyOptions{Partial: c.partial, BatchSignatures: c.batch})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -132,8 +141,8 @@ func TestVerifyExportFileStreams(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := VerifyExport(path, events, keys, c.partial, c.batch)
-			if streamed != c.streamed {
-				t.Errorf("read twice: %v, want %v", streamed, c.streamed)
+			if read != c.read {
+				t.Errorf("read %v, want %v", read, c.read)
 			}
 			if (got.Err() == nil) != c.ok {
 				t.Errorf("verdict %v, want OK %v", got.Err(), c.ok)
@@ -282,23 +291,30 @@ func TestVerifyExportFileProgress(t *testing.T) {
 	keys := verify.KeySet{key.KID: key.Public()}
 	ch := receipts.NewChain("fp", key)
 	const n = progressEvery + 2000
-	var b bytes.Buffer
-	for i := 1; i <= n; i++ {
-		b.Write(sealDecision(t, ch, tcAt.Add(time.Duration(i)*time.Millisecond), fmt.Sprintf("0190f5b2-7c1e-7a3b-8d4e-%012d", i), "agent-7"))
-		b.WriteByte('\n')
-	}
-	path := filepath.Join(t.TempDir(), "long.jsonl")
-	if err := os.WriteFile(path, b.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
+	lines := make([][]byte, n)
+	for i := range lines {
+		lines[i] = sealDecision(t, ch, tcAt.Add(time.Duration(i+1)*time.Millisecond), fmt.Sprintf("0190f5b2-7c1e-7a3b-8d4e-%012d", i+1), "agent-7")
 	}
 	var calls [][2]int
 	progress := func(done, total int) { calls = append(calls, [2]int{done, total}) }
-	out, streamed, err := verifyExportFile(path, keys, VerifyOptions{Progress: progress})
-	if err != nil || !streamed || out.Err() != nil || out.Report.Checked != n {
-		t.Fatalf("streamed %v, %v, %v, %d checked", streamed, err, out.Err(), out.Report.Checked)
-	}
-	if len(calls) != 2 || calls[0][0] < progressEvery || calls[0][0] >= progressEvery+verify.FileWindow() || calls[1] != [2]int{n, n} || calls[0][1] != n {
-		t.Errorf("progress %v; want one report at %d–%d of %d, then %d of %d", calls, progressEvery, progressEvery+verify.FileWindow(), n, n, n)
+	// In chain order it is read twice; backwards, through an index.
+	for _, c := range []struct {
+		name string
+		read fileRead
+	}{{"long.jsonl", readInOrder}, {"backwards.jsonl", readIndexed}} {
+		path := filepath.Join(t.TempDir(), c.name)
+		if err := os.WriteFile(path, append(bytes.Join(lines, []byte("\n")), '\n'), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		calls = nil
+		out, read, err := verifyExportFile(path, keys, VerifyOptions{Progress: progress})
+		if err != nil || read != c.read || out.Err() != nil || out.Report.Checked != n {
+			t.Fatalf("%s: read %v (want %v), %v, %v, %d checked", c.name, read, c.read, err, out.Err(), out.Report.Checked)
+		}
+		if len(calls) != 2 || calls[0][0] < progressEvery || calls[0][0] >= progressEvery+verify.FileWindow() || calls[1] != [2]int{n, n} || calls[0][1] != n {
+			t.Errorf("%s: progress %v; want one report at %d–%d of %d, then %d of %d", c.name, calls, progressEvery, progressEvery+verify.FileWindow(), n, n, n)
+		}
+		slices.Reverse(lines)
 	}
 	keys, chains, _, _ := exportLike(t)
 	short := filepath.Join(t.TempDir(), "short.jsonl")

@@ -1,7 +1,10 @@
 package query
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"iter"
 	"os"
 	"slices"
 	"sort"
@@ -40,33 +43,81 @@ func SortProblems(probs []verify.Problem) map[string]int {
 // called more than once, to read the file again.
 type eventSource func(fn func(raw []byte) error) error
 
-// fileEvents is the events of the file at path (verify.ScanEventsFile).
-// Every read fails with errFileChanged if the file is not the one the
-// first read began with: another file at path, or another size or time of
-// last modification, before or after it.
+// fileEvents is the events of the file at path (exportFile.scan).
 func fileEvents(path string) eventSource {
-	var first os.FileInfo
-	same := func() error {
-		fi, err := os.Stat(path)
-		switch {
-		case err != nil:
-			return err
-		case first == nil:
-			first = fi
-		case !os.SameFile(first, fi) || fi.Size() != first.Size() || !fi.ModTime().Equal(first.ModTime()):
-			return fmt.Errorf("%s: %w", path, errFileChanged)
-		}
-		return nil
-	}
+	f := &exportFile{path: path}
 	return func(fn func(raw []byte) error) error {
-		if err := same(); err != nil {
-			return err
-		}
-		if err := verify.ScanEventsFile(path, fn); err != nil {
-			return err
-		}
-		return same()
+		return f.scan(func(raw []byte, _ int64) error { return fn(raw) })
 	}
+}
+
+// exportFile is a file of events read more than once. Every read fails
+// with errFileChanged if the file is not the one the first read began
+// with: another file at path, or another size or time of last
+// modification, before or after it.
+type exportFile struct {
+	path  string
+	first os.FileInfo
+}
+
+// span is where an event is in an exportFile.
+type span struct {
+	off int64
+	n   int32 // an event is at most 16 MiB (verify.ScanEvents)
+}
+
+func (f *exportFile) same() error {
+	fi, err := os.Stat(f.path)
+	switch {
+	case err != nil:
+		return err
+	case f.first == nil:
+		f.first = fi
+	case !os.SameFile(f.first, fi) || fi.Size() != f.first.Size() || !fi.ModTime().Equal(f.first.ModTime()):
+		return fmt.Errorf("%s: %w", f.path, errFileChanged)
+	}
+	return nil
+}
+
+// scan calls fn with each event of the file, in order, and where it is
+// (verify.ScanEventsAt).
+func (f *exportFile) scan(fn func(raw []byte, off int64) error) error {
+	if err := f.same(); err != nil {
+		return err
+	}
+	r, err := os.Open(f.path)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	if err := verify.ScanEventsAt(r, f.path, fn); err != nil {
+		return err
+	}
+	return f.same()
+}
+
+// readAt calls fn with the event at each of spans, in their order; each
+// raw is a copy of its own.
+func (f *exportFile) readAt(spans iter.Seq[span], fn func(raw []byte)) error {
+	if err := f.same(); err != nil {
+		return err
+	}
+	r, err := os.Open(f.path)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	for s := range spans {
+		raw := make([]byte, s.n)
+		if _, err := r.ReadAt(raw, s.off); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = errFileChanged // shorter than when it was read
+			}
+			return fmt.Errorf("%s: %w", f.path, err)
+		}
+		fn(raw)
+	}
+	return f.same()
 }
 
 // ProveFromEventsFile is ProveReceipt over the events of the file at path

@@ -70,7 +70,8 @@
 #                                 (--batch-signatures), then of the same
 #                                 records exported (talosctl export --kind
 #                                 all) and verified from the file (--file),
-#                                 and the inclusion proof of one receipt
+#                                 and from its lines shuffled (out of chain
+#                                 order), and the inclusion proof of one receipt
 #                                 from that file (--file --receipt);
 #                                 `verify N profile`
 #                                 also writes a CPU profile of each (talosctl
@@ -864,6 +865,9 @@ verify)
   "$work/bin/talosctl" --clickhouse-addr "$ch" --clickhouse-user default --clickhouse-database synth export --kind all \
     --out "$work/export.jsonl" 2>/dev/null
   echo "   $(wc -l <"$work/export.jsonl") records, $(($(stat -c %s "$work/export.jsonl") >> 20)) MiB"
+  # The same lines in another order, the same for every run (shuf with a
+  # fixed random source): verify --file reads it through an index.
+  shuf --random-source=<(yes) "$work/export.jsonl" >"$work/shuffled.jsonl"
   # The id of the export's middle receipt: the last "id" member of its
   # line (a CloudEvent's members are sorted: data, then id).
   proof_id=$(sed -n "$((n / 2))p" "$work/export.jsonl" | grep -o '"id":"[^"]*"' | tail -1 | cut -d'"' -f4)
@@ -872,7 +876,8 @@ verify)
   # one by one with crypto/ed25519's rules (MODE default) or in batches
   # (batch: --batch-signatures, RFC 8032's cofactored equation, a failing
   # batch rechecked one by one), or over its export (file: --file, one
-  # by one), or the proof of one receipt from it (proof: its receipts/s
+  # by one; shuffled: the same over its lines in another order), or the
+  # proof of one receipt from it (proof: its receipts/s
   # are the file's receipts over the wall time); prints and records
   # receipts/s and peak RSS, with the round ($r, 1 without rounds).
   verify_run() {
@@ -880,6 +885,7 @@ verify)
     [ "$side" = base ] && bin=$work/base/bin/talosctl
     [ "$mode" = batch ] && flags=(--batch-signatures)
     [ "$mode" = file ] && flags=(--file "$work/export.jsonl") what="over the export: every signature, link and Merkle root"
+    [ "$mode" = shuffled ] && flags=(--file "$work/shuffled.jsonl") what="over the export's lines shuffled (out of chain order): the same checks"
     [ "$mode" = proof ] && flags=(--file "$work/export.jsonl" --receipt "$proof_id" --out "$work/proof.json") \
       what="the inclusion proof of the file's middle receipt (its receipts/s: the file's receipts over the wall time)"
     [ -n "$profdir" ] && flags+=(--cpuprofile "$profdir/verify-$mode.pprof")
@@ -894,7 +900,7 @@ verify)
     awk -v n="$n" -v m="$mode" '{printf "== verification (%s): %.0f receipts/s, peak RSS %.0f MiB\n", m, n/$1, $4/1024}' "$work/verify.time"
     awk -v n="$n" -v s="$side" -v m="$mode" -v r="${r:-1}" '{printf "%s %s %.0f %.0f %d\n", s, m, n/$1, $4/1024, r}' "$work/verify.time" >>"$work/verify.all"
   }
-  modes="default batch file proof"
+  modes="default batch file shuffled proof"
   echo "side mode receipts_per_s peak_rss_mib round" >"$work/verify.all"
   if [ -z "$base_rev" ]; then
     for mode in $modes; do verify_run new "$mode"; done
@@ -918,7 +924,7 @@ verify)
   fi
   if [ -n "$profdir" ]; then
     cp "$work/bin/talosctl" "$profdir/"
-    echo "== CPU profiles: go tool pprof -top $profdir/talosctl $profdir/verify-batch.pprof (and verify-default, -file, -proof.pprof)"
+    echo "== CPU profiles: go tool pprof -top $profdir/talosctl $profdir/verify-batch.pprof (and verify-default, -file, -shuffled, -proof.pprof)"
   fi
   ;;
 gateway)

@@ -15,7 +15,7 @@ import (
 
 type verifyCmd struct {
 	TrustedKeys []string `name:"trusted-keys" required:"" type:"path" help:"Public keys (.pub files or directories of them) whose signatures are trusted: every key that ever signed, including rotated-out ones."`
-	File        string   `name:"file" type:"path" help:"Verify the CloudEvents in this file (JSON lines, or one JSON array; e.g. from talosctl export) instead of ClickHouse; '-' reads standard input (copied to a temporary file in $TMPDIR first). A file whose receipts are in chain order (as talosctl export writes them) is read as it goes rather than held in memory. With --log-url, held to the log (with --partial, only the file's records)."`
+	File        string   `name:"file" type:"path" help:"Verify the CloudEvents in this file (JSON lines, or one JSON array; e.g. from talosctl export) instead of ClickHouse; '-' reads standard input (copied to a temporary file in $TMPDIR first). The file is not held in memory: one whose receipts are in chain order (as talosctl export writes them) is read twice as it goes, any other through an index of its records (about 100 bytes a receipt). With --log-url, held to the log (with --partial, only the file's records)."`
 	Partial     bool     `name:"partial" help:"Accept chains whose first receipt is not seq 1 (a range, e.g. after retention)."`
 	Receipt     string   `name:"receipt" placeholder:"ID" help:"Instead of verifying everything, print the inclusion proof of this receipt (JSON, on stdout or --out) against the checkpoint that covers it; check it anywhere with talosctl verify-proof."`
 	Out         string   `name:"out" type:"path" help:"With --receipt: write the proof to this file instead of standard output."`
@@ -39,8 +39,8 @@ func (c *verifyCmd) Run(g *Globals) error {
 	}
 	var out *query.VerifyOutcome
 	if c.File != "" {
-		// A file talosctl export wrote is read as it goes, not held in
-		// memory; standard input is spooled to a file first.
+		// The file is read as it goes, or through an index, never held
+		// in memory; standard input is spooled to a file first.
 		path, done, err := c.input()
 		if err != nil {
 			return err
@@ -198,8 +198,8 @@ func writeOut(path string, b []byte) error {
 
 // input is the path of the file to read for --file, and what to call when
 // done with it: --file itself, or for "-" a temporary file standard input
-// was copied to (removed when done), so that it too is read twice as it
-// goes rather than held in memory.
+// was copied to (removed when done), so that it too is read as a file
+// rather than held in memory.
 func (c *verifyCmd) input() (path string, done func(), err error) {
 	if c.File != "-" {
 		return c.File, func() {}, nil

@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"unicode"
 )
 
 // ReadEvents reads CloudEvents as JSON lines or as one JSON array (what
@@ -27,7 +28,15 @@ func ReadEvents(r io.Reader, name string) ([][]byte, error) {
 // its own. An error from fn stops the scan and is returned. name is used
 // in errors.
 func ScanEvents(r io.Reader, name string, fn func(raw []byte) error) error {
+	return ScanEventsAt(r, name, func(raw []byte, _ int64) error { return fn(raw) })
+}
+
+// ScanEventsAt is ScanEvents that also says where each event is: raw is
+// r's bytes from off to off+len(raw), so a file's events can be read
+// again one by one (ReadAt).
+func ScanEventsAt(r io.Reader, name string, fn func(raw []byte, off int64) error) error {
 	br := bufio.NewReaderSize(r, 1<<20)
+	var skipped int64 // white space before the first event
 	for {
 		c, err := br.ReadByte()
 		if err == io.EOF {
@@ -37,33 +46,45 @@ func ScanEvents(r io.Reader, name string, fn func(raw []byte) error) error {
 			return err
 		}
 		if c == ' ' || c == '\t' || c == '\r' || c == '\n' {
+			skipped++
 			continue
 		}
 		if err := br.UnreadByte(); err != nil {
 			return err
 		}
 		if c == '[' {
-			return scanArray(br, name, fn)
+			return scanArray(br, name, skipped, fn)
 		}
 		break
 	}
 	sc := bufio.NewScanner(br)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	pos, start := skipped, int64(0) // where the scanner is, and where its last line began
+	sc.Split(func(data []byte, atEOF bool) (int, []byte, error) {
+		advance, line, err := bufio.ScanLines(data, atEOF)
+		if line != nil {
+			start = pos
+		}
+		pos += int64(advance)
+		return advance, line, err
+	})
 	for sc.Scan() {
-		line := bytes.TrimSpace(sc.Bytes())
-		if len(line) == 0 {
+		line := sc.Bytes()
+		ev := bytes.TrimLeftFunc(line, unicode.IsSpace)
+		off := start + int64(len(line)-len(ev))
+		if ev = bytes.TrimRightFunc(ev, unicode.IsSpace); len(ev) == 0 {
 			continue
 		}
-		if err := fn(bytes.Clone(line)); err != nil {
+		if err := fn(bytes.Clone(ev), off); err != nil {
 			return err
 		}
 	}
 	return sc.Err()
 }
 
-// scanArray is ScanEvents of one JSON array: nothing but white space may
-// follow it.
-func scanArray(r io.Reader, name string, fn func(raw []byte) error) error {
+// scanArray is ScanEventsAt of one JSON array, which begins at offset
+// base of the stream: nothing but white space may follow it.
+func scanArray(r io.Reader, name string, base int64, fn func(raw []byte, off int64) error) error {
 	dec := json.NewDecoder(r)
 	if _, err := dec.Token(); err != nil {
 		return fmt.Errorf("%s: %w", name, err)
@@ -73,7 +94,8 @@ func scanArray(r io.Reader, name string, fn func(raw []byte) error) error {
 		if err := dec.Decode(&raw); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
-		if err := fn(raw); err != nil {
+		// The decoder stands right after the value it returned.
+		if err := fn(raw, base+dec.InputOffset()-int64(len(raw))); err != nil {
 			return err
 		}
 	}
