@@ -66,6 +66,8 @@ type span struct {
 	n   int32 // an event is at most 16 MiB (verify.ScanEvents)
 }
 
+// same notes the file's identity on its first call and fails with
+// errFileChanged when a later call finds another.
 func (f *exportFile) same() error {
 	fi, err := os.Stat(f.path)
 	switch {
