@@ -129,6 +129,13 @@ type VerifyOptions struct {
 	// before the receipts are read again in chain order (Progress starts
 	// over).
 	Again func()
+	// Reading, if set, follows VerifyExportFile's reads of a file before
+	// the last one (which Progress follows), if the file is at least
+	// readingEvery long: the bytes read so far of the file's size, at the
+	// start of a read, every readingEvery and at its end. index is false
+	// for the read for the order and the checkpoints, true for the one
+	// that indexes a file out of chain order.
+	Reading func(index bool, done, total int64)
 }
 
 // VerifyDatabaseWith is VerifyDatabase with options.

@@ -32,9 +32,10 @@ var errFileChanged = errors.New("the file changed while it was verified")
 // about a hundred bytes a receipt). The report is the same either way,
 // problems in the same order.
 //
-// Of o it takes Partial, BatchSignatures and Progress, which the last
-// read calls as the database's passes do (progressCounter), against the
-// number of records the reads before it found to verify.
+// Of o it takes Partial, BatchSignatures, Reading, which the reads
+// before the last follow, and Progress, which the last read calls as the
+// database's passes do (progressCounter), against the number of records
+// the reads before it found to verify.
 func VerifyExportFile(path string, keys verify.KeySet, o VerifyOptions) (*VerifyOutcome, error) {
 	out, _, err := verifyExportFile(path, keys, o)
 	return out, err
@@ -70,7 +71,7 @@ func verifyInOrder(f *exportFile, keys verify.KeySet, o VerifyOptions) (*VerifyO
 		last  = map[string]verify.Place{}
 		n     int // events read
 	)
-	err := f.scan(func(raw []byte, _ int64) error {
+	err := f.scanReporting(o.reading(false), func(raw []byte, _ int64) error {
 		n++
 		if rej.take(raw) {
 			skip = append(skip, n-1)
@@ -131,7 +132,7 @@ func verifyIndexed(f *exportFile, keys verify.KeySet, o VerifyOptions) (*VerifyO
 		chained []placed
 		chains  = map[string]string{} // each chain id once
 	)
-	err := f.scan(func(raw []byte, off int64) error {
+	err := f.scanReporting(o.reading(true), func(raw []byte, off int64) error {
 		if rej.take(raw) {
 			return nil
 		}
@@ -172,6 +173,15 @@ func verifyIndexed(f *exportFile, keys verify.KeySet, o VerifyOptions) (*VerifyO
 		return nil, err
 	}
 	return exportOutcome(f.path, feed.finish(), rej.probs, rej.sum), nil
+}
+
+// reading is o.Reading for the read that indexes a file (index) or the
+// one before it; nil without it.
+func (o VerifyOptions) reading(index bool) func(done, total int64) {
+	if o.Reading == nil {
+		return nil
+	}
+	return func(done, total int64) { o.Reading(index, done, total) }
 }
 
 // rejections checks and counts the rejected ToolCallEvents of an export.

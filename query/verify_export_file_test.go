@@ -297,22 +297,50 @@ func TestVerifyExportFileProgress(t *testing.T) {
 	}
 	var calls [][2]int
 	progress := func(done, total int) { calls = append(calls, [2]int{done, total}) }
+	// The reads before the last report every readingEvery bytes, and at
+	// their end.
+	defer func(every int64) { readingEvery = every }(readingEvery)
+	readingEvery = 1 << 20
+	type readAt struct {
+		index       bool
+		done, total int64
+	}
+	var reads []readAt
+	reading := func(index bool, done, total int64) { reads = append(reads, readAt{index, done, total}) }
 	// In chain order it is read twice; backwards, through an index.
 	for _, c := range []struct {
 		name string
 		read fileRead
 	}{{"long.jsonl", readInOrder}, {"backwards.jsonl", readIndexed}} {
 		path := filepath.Join(t.TempDir(), c.name)
-		if err := os.WriteFile(path, append(bytes.Join(lines, []byte("\n")), '\n'), 0o600); err != nil {
+		content := append(bytes.Join(lines, []byte("\n")), '\n')
+		if err := os.WriteFile(path, content, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		calls = nil
-		out, read, err := verifyExportFile(path, keys, VerifyOptions{Progress: progress})
+		calls, reads = nil, nil
+		out, read, err := verifyExportFile(path, keys, VerifyOptions{Progress: progress, Reading: reading})
 		if err != nil || read != c.read || out.Err() != nil || out.Report.Checked != n {
 			t.Fatalf("%s: read %v (want %v), %v, %v, %d checked", c.name, read, c.read, err, out.Err(), out.Report.Checked)
 		}
 		if len(calls) != 2 || calls[0][0] < progressEvery || calls[0][0] >= progressEvery+verify.FileWindow() || calls[1] != [2]int{n, n} || calls[0][1] != n {
 			t.Errorf("%s: progress %v; want one report at %d–%d of %d, then %d of %d", c.name, calls, progressEvery, progressEvery+verify.FileWindow(), n, n, n)
+		}
+		// Reports at the start, after each MiB read and at the end; the
+		// backwards file's first read stops at its second line, then it is
+		// indexed.
+		size, index := int64(len(content)), c.read == readIndexed
+		want := []readAt{{false, 0, size}}
+		if index {
+			want = append(want, readAt{true, 0, size})
+		}
+		steps := reads[len(want) : len(reads)-1]
+		if len(reads) < len(want)+1 || !slices.Equal(reads[:len(want)], want) || reads[len(reads)-1] != (readAt{index, size, size}) || len(steps) != int(size>>20) {
+			t.Fatalf("%s: reads reported %v; want %v, one per MiB, then %d of %d", c.name, reads, want, size, size)
+		}
+		for i, r := range steps {
+			if r.index != index || r.total != size || r.done < int64(i+1)<<20 || r.done >= int64(i+1)<<20+int64(len(lines[0]))+1 {
+				t.Errorf("%s: report %d is %+v; want the first line past %d MiB of %d", c.name, i, r, i+1, size)
+			}
 		}
 		slices.Reverse(lines)
 	}

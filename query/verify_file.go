@@ -98,6 +98,39 @@ func (f *exportFile) scan(fn func(raw []byte, off int64) error) error {
 	return f.same()
 }
 
+// readingEvery is how many bytes of a read VerifyOptions.Reading is told
+// of at a time (a variable for tests).
+var readingEvery int64 = 64 << 20
+
+// scanReporting is scan, telling report (nil: nobody) how far it got: at
+// its start, every readingEvery bytes and at its end, if the file is at
+// least that long.
+func (f *exportFile) scanReporting(report func(done, total int64), fn func(raw []byte, off int64) error) error {
+	if report == nil {
+		return f.scan(fn)
+	}
+	if err := f.same(); err != nil {
+		return err
+	}
+	size := f.first.Size()
+	if size < readingEvery {
+		return f.scan(fn)
+	}
+	report(0, size)
+	next := readingEvery
+	err := f.scan(func(raw []byte, off int64) error {
+		if end := off + int64(len(raw)); end >= next {
+			report(end, size)
+			next = (end/readingEvery + 1) * readingEvery
+		}
+		return fn(raw, off)
+	})
+	if err == nil {
+		report(size, size)
+	}
+	return err
+}
+
 // readAt calls fn with the event at each of spans, in their order; each
 // raw is a copy of its own.
 func (f *exportFile) readAt(spans iter.Seq[span], fn func(raw []byte)) error {

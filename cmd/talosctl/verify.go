@@ -46,12 +46,14 @@ func (c *verifyCmd) Run(g *Globals) error {
 			return err
 		}
 		defer done()
-		var bar *query.ProgressBar
+		o := query.VerifyOptions{Partial: c.Partial, BatchSignatures: c.BatchSignatures}
+		var bars *fileBars
 		if !g.JSON {
-			bar = query.NewProgressBar(os.Stderr, "verifying", "records")
+			bars = newFileBars()
+			o.Reading, o.Progress = bars.reading, bars.verifying
 		}
-		out, err = query.VerifyExportFile(path, keys, query.VerifyOptions{Partial: c.Partial, BatchSignatures: c.BatchSignatures, Progress: bar.Update})
-		bar.Done()
+		out, err = query.VerifyExportFile(path, keys, o)
+		bars.done()
 		if err != nil {
 			return usage("%v", c.named(err, path))
 		}
@@ -194,6 +196,52 @@ func writeOut(path string, b []byte) error {
 		return failed("%v", err)
 	}
 	return nil
+}
+
+// fileBars draws verify --file's progress on standard error: a bar in MiB
+// for each read of a large file before the last ("reading" for the order
+// and the checkpoints, "indexing" for a file out of chain order), then one
+// in records for the last, each on a line of its own. Each bar's clock
+// starts with its read; the last one's, when the read before it ends (or
+// at the start, for a file too short to report its reads).
+type fileBars struct {
+	bar  *query.ProgressBar
+	verb string
+}
+
+func newFileBars() *fileBars {
+	return &fileBars{bar: query.NewProgressBar(os.Stderr, "verifying", "records"), verb: "verifying"}
+}
+
+func (b *fileBars) to(verb, unit string) *query.ProgressBar {
+	if b.verb != verb {
+		b.bar.Done()
+		if verb == "indexing" && b.verb == "reading" {
+			fmt.Fprintln(os.Stderr, "talosctl: the file's receipts are not in chain order; indexing it")
+		}
+		b.bar, b.verb = query.NewProgressBar(os.Stderr, verb, unit), verb
+	}
+	return b.bar
+}
+
+func (b *fileBars) reading(index bool, done, total int64) {
+	verb := "reading"
+	if index {
+		verb = "indexing"
+	}
+	b.to(verb, "MiB").Update(int(done>>20), int(total>>20))
+	if done == total {
+		b.to("verifying", "records")
+	}
+}
+
+func (b *fileBars) verifying(done, total int) { b.to("verifying", "records").Update(done, total) }
+
+// done ends the last bar's line (nothing without bars).
+func (b *fileBars) done() {
+	if b != nil {
+		b.bar.Done()
+	}
 }
 
 // input is the path of the file to read for --file, and what to call when
