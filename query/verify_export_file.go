@@ -1,11 +1,14 @@
 package query
 
 import (
+	"bytes"
 	"cmp"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/google/uuid"
 
 	"github.com/talos-audit/talos/receipts/verify"
 )
@@ -121,41 +124,28 @@ func verifyInOrder(f *exportFile, keys verify.KeySet, o VerifyOptions) (*VerifyO
 // no chain in the file's order, then the receipts by chain, seq and id),
 // and verified as VerifyExport would.
 func verifyIndexed(f *exportFile, keys verify.KeySet, o VerifyOptions) (*VerifyOutcome, error) {
-	type placed struct {
-		chain, id string
-		seq       uint64
-		at        span
-	}
 	rej := rejections{keys: keys}
 	var (
 		loose   []span // the events of no chain
-		chained []placed
-		chains  = map[string]string{} // each chain id once
+		chained []indexed
+		ix      = newReceiptIndex()
 	)
 	err := f.scanReporting(o.reading(true), func(raw []byte, off int64) error {
 		if rej.take(raw) {
 			return nil
 		}
 		at := span{off: off, n: int32(len(raw))}
-		p := verify.PlaceOf(raw)
-		if p.ChainID == "" {
+		if p := verify.PlaceOf(raw); p.ChainID != "" {
+			chained = append(chained, ix.entry(p, at))
+		} else {
 			loose = append(loose, at)
-			return nil
 		}
-		chain, ok := chains[p.ChainID]
-		if !ok {
-			chain = p.ChainID
-			chains[chain] = chain
-		}
-		chained = append(chained, placed{chain: chain, id: p.ID, seq: p.Seq, at: at})
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	slices.SortStableFunc(chained, func(a, b placed) int {
-		return cmp.Or(strings.Compare(a.chain, b.chain), cmp.Compare(a.seq, b.seq), strings.Compare(a.id, b.id))
-	})
+	ix.sort(chained)
 	feed := newWindowFeed(keys, o, len(loose)+len(chained))
 	inOrder := func(yield func(span) bool) {
 		for _, s := range loose {
@@ -163,8 +153,8 @@ func verifyIndexed(f *exportFile, keys verify.KeySet, o VerifyOptions) (*VerifyO
 				return
 			}
 		}
-		for _, p := range chained {
-			if !yield(p.at) {
+		for _, e := range chained {
+			if !yield(e.at) {
 				return
 			}
 		}
@@ -173,6 +163,79 @@ func verifyIndexed(f *exportFile, keys verify.KeySet, o VerifyOptions) (*VerifyO
 		return nil, err
 	}
 	return exportOutcome(f.path, feed.finish(), rej.probs, rej.sum), nil
+}
+
+// indexed is one receipt of a file verifyIndexed reads: where it is, its
+// seq, its chain (an index into receiptIndex.chains) and its id, held as
+// 16 bytes when it is a UUID as uuid.UUID.String writes it (a Talos
+// receipt's always is), which order as the text does. 48 bytes.
+type indexed struct {
+	at    span
+	seq   uint64
+	id    uuid.UUID
+	chain uint32
+	text  bool // the id is not such a UUID: receiptIndex.ids has it
+}
+
+// receiptIndex holds what indexed entries share: the chain ids, and the
+// ids that are not UUIDs, by where their receipt is.
+type receiptIndex struct {
+	chains  []string
+	chainOf map[string]uint32
+	ids     map[int64]string
+}
+
+func newReceiptIndex() *receiptIndex {
+	return &receiptIndex{chainOf: map[string]uint32{}, ids: map[int64]string{}}
+}
+
+// entry is the indexed entry of the receipt p at at.
+func (x *receiptIndex) entry(p verify.Place, at span) indexed {
+	c, ok := x.chainOf[p.ChainID]
+	if !ok {
+		c = uint32(len(x.chains))
+		x.chains = append(x.chains, p.ChainID)
+		x.chainOf[p.ChainID] = c
+	}
+	e := indexed{at: at, seq: p.Seq, chain: c}
+	if u, err := uuid.Parse(p.ID); err == nil && len(p.ID) == 36 && u.String() == p.ID {
+		e.id = u
+	} else {
+		e.text = true
+		x.ids[at.off] = p.ID
+	}
+	return e
+}
+
+// idText is e's id as the file writes it.
+func (x *receiptIndex) idText(e *indexed) string {
+	if e.text {
+		return x.ids[e.at.off]
+	}
+	return e.id.String()
+}
+
+// sort orders entries as SortForVerify orders their receipts: by chain id,
+// seq, then id, the file's order among equals.
+func (x *receiptIndex) sort(entries []indexed) {
+	rank := make([]uint32, len(x.chains)) // chain index → place in chain id order
+	byID := make([]int, len(x.chains))
+	for i := range byID {
+		byID[i] = i
+	}
+	slices.SortFunc(byID, func(a, b int) int { return strings.Compare(x.chains[a], x.chains[b]) })
+	for r, c := range byID {
+		rank[c] = uint32(r)
+	}
+	slices.SortStableFunc(entries, func(a, b indexed) int {
+		if c := cmp.Or(cmp.Compare(rank[a.chain], rank[b.chain]), cmp.Compare(a.seq, b.seq)); c != 0 {
+			return c
+		}
+		if !a.text && !b.text {
+			return bytes.Compare(a.id[:], b.id[:])
+		}
+		return strings.Compare(x.idText(&a), x.idText(&b))
+	})
 }
 
 // reading is o.Reading for the read that indexes a file (index) or the

@@ -2,6 +2,7 @@ package query
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -352,5 +353,53 @@ func TestVerifyExportFileProgress(t *testing.T) {
 	calls = nil
 	if _, _, err := verifyExportFile(short, keys, VerifyOptions{Progress: progress, Partial: true}); err != nil || len(calls) != 0 {
 		t.Errorf("a short file: %v, progress %v; want none", err, calls)
+	}
+}
+
+// TestReceiptIndexSorts: the index orders receipts as SortForVerify orders
+// them (chain id, seq, then id as text, the file's order among equals),
+// whether their ids are UUIDs it holds as bytes or any other text.
+func TestReceiptIndexSorts(t *testing.T) {
+	type receipt struct {
+		chain string
+		seq   uint64
+		id    string
+	}
+	in := []receipt{
+		{"chain-b", 2, "0190f5b2-7c1e-7a3b-8d4e-00000000000a"},
+		{"chain-a", 7, "zz-not-a-uuid"},
+		{"chain-b", 1, "0190f5b2-7c1e-7a3b-8d4e-000000000001"},
+		{"chain-a", 7, "0190F5B2-7C1E-7A3B-8D4E-000000000002"}, // upper case: text
+		{"chain-a", 7, "0190f5b2-7c1e-7a3b-8d4e-000000000003"},
+		{"chain-a", 7, "0190f5b2-7c1e-7a3b-8d4e-00000000000f"},
+		{"chain-a", 7, ""},
+		{"chain-a", 3, "0190f5b2-7c1e-7a3b-8d4e-000000000009"},
+		{"chain-b", 2, "0190f5b2-7c1e-7a3b-8d4e-00000000000a"}, // the same again: after the first
+		{"Chain-c", 1, "a"},
+	}
+	x := newReceiptIndex()
+	var entries []indexed
+	for i, r := range in {
+		entries = append(entries, x.entry(verify.Place{Read: true, ChainID: r.chain, Seq: r.seq, ID: r.id}, span{off: int64(i)}))
+	}
+	x.sort(entries)
+	want := make([]int, len(in))
+	for i := range want {
+		want[i] = i
+	}
+	slices.SortStableFunc(want, func(a, b int) int {
+		ra, rb := in[a], in[b]
+		return cmp.Or(strings.Compare(ra.chain, rb.chain), cmp.Compare(ra.seq, rb.seq), strings.Compare(ra.id, rb.id))
+	})
+	for i, e := range entries {
+		if int(e.at.off) != want[i] {
+			t.Fatalf("position %d holds receipt %d %+v, want %d %+v", i, e.at.off, in[e.at.off], want[i], in[want[i]])
+		}
+		if got := x.idText(&e); got != in[e.at.off].id {
+			t.Errorf("receipt %d: id %q, want %q", e.at.off, got, in[e.at.off].id)
+		}
+	}
+	if uuids := len(in) - len(x.ids); uuids != 6 {
+		t.Errorf("%d ids held as UUIDs, want 6", uuids)
 	}
 }
