@@ -32,7 +32,7 @@ var errFileChanged = errors.New("the file changed while it was verified")
 // lines it cannot read, the rejections' positions and the problems. A
 // file in any other order is read once for where each event is, then
 // each event where it is, in chain order (memory holds that index too,
-// about a hundred bytes a receipt). The report is the same either way,
+// 48 bytes a receipt). The report is the same either way,
 // problems in the same order.
 //
 // Of o it takes Partial, BatchSignatures, Reading, which the reads
