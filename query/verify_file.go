@@ -81,9 +81,9 @@ func (f *exportFile) same() error {
 	return nil
 }
 
-// scan calls fn with each event of the file, in order, and where it is
-// (verify.ScanEventsAt).
-func (f *exportFile) scan(fn func(raw []byte, off int64) error) error {
+// read opens the file for use; it fails with errFileChanged unless the
+// file is the one the first read began with, before use and after it.
+func (f *exportFile) read(use func(r *os.File) error) error {
 	if err := f.same(); err != nil {
 		return err
 	}
@@ -92,10 +92,16 @@ func (f *exportFile) scan(fn func(raw []byte, off int64) error) error {
 		return err
 	}
 	defer r.Close()
-	if err := verify.ScanEventsAt(r, f.path, fn); err != nil {
+	if err := use(r); err != nil {
 		return err
 	}
 	return f.same()
+}
+
+// scan calls fn with each event of the file, in order, and where it is
+// (verify.ScanEventsAt).
+func (f *exportFile) scan(fn func(raw []byte, off int64) error) error {
+	return f.scanReporting(nil, fn)
 }
 
 // readingEvery is how many bytes of a read VerifyOptions.Reading is told
@@ -106,53 +112,43 @@ var readingEvery int64 = 64 << 20
 // its start, every readingEvery bytes and at its end, if the file is at
 // least that long.
 func (f *exportFile) scanReporting(report func(done, total int64), fn func(raw []byte, off int64) error) error {
-	if report == nil {
-		return f.scan(fn)
-	}
-	if err := f.same(); err != nil {
-		return err
-	}
-	size := f.first.Size()
-	if size < readingEvery {
-		return f.scan(fn)
-	}
-	report(0, size)
-	next := readingEvery
-	err := f.scan(func(raw []byte, off int64) error {
-		if end := off + int64(len(raw)); end >= next {
-			report(end, size)
-			next = (end/readingEvery + 1) * readingEvery
+	return f.read(func(r *os.File) error {
+		size := f.first.Size()
+		if report == nil || size < readingEvery {
+			return verify.ScanEventsAt(r, f.path, fn)
 		}
-		return fn(raw, off)
+		report(0, size)
+		next := readingEvery
+		err := verify.ScanEventsAt(r, f.path, func(raw []byte, off int64) error {
+			if end := off + int64(len(raw)); end >= next {
+				report(end, size)
+				next = (end/readingEvery + 1) * readingEvery
+			}
+			return fn(raw, off)
+		})
+		if err == nil {
+			report(size, size)
+		}
+		return err
 	})
-	if err == nil {
-		report(size, size)
-	}
-	return err
 }
 
 // readAt calls fn with the event at each of spans, in their order; each
 // raw is a copy of its own.
 func (f *exportFile) readAt(spans iter.Seq[span], fn func(raw []byte)) error {
-	if err := f.same(); err != nil {
-		return err
-	}
-	r, err := os.Open(f.path)
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	for s := range spans {
-		raw := make([]byte, s.n)
-		if _, err := r.ReadAt(raw, s.off); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = errFileChanged // shorter than when it was read
+	return f.read(func(r *os.File) error {
+		for s := range spans {
+			raw := make([]byte, s.n)
+			if _, err := r.ReadAt(raw, s.off); err != nil {
+				if errors.Is(err, io.EOF) {
+					err = errFileChanged // shorter than when it was read
+				}
+				return fmt.Errorf("%s: %w", f.path, err)
 			}
-			return fmt.Errorf("%s: %w", f.path, err)
+			fn(raw)
 		}
-		fn(raw)
-	}
-	return f.same()
+		return nil
+	})
 }
 
 // ProveFromEventsFile is ProveReceipt over the events of the file at path
