@@ -198,7 +198,9 @@ func (x *receiptIndex) entry(p verify.Place, at span) indexed {
 		x.chainOf[p.ChainID] = c
 	}
 	e := indexed{at: at, seq: p.Seq, chain: c}
-	if u, err := uuid.Parse(p.ID); err == nil && len(p.ID) == 36 && u.String() == p.ID {
+	// Of 36 characters, Parse takes only the hyphenated form, in either
+	// case: lower case is how String writes it.
+	if u, err := uuid.Parse(p.ID); err == nil && len(p.ID) == 36 && !strings.ContainsAny(p.ID, "ABCDEF") {
 		e.id = u
 	} else {
 		e.text = true
@@ -219,13 +221,8 @@ func (x *receiptIndex) idText(e *indexed) string {
 // seq, then id, the file's order among equals.
 func (x *receiptIndex) sort(entries []indexed) {
 	rank := make([]uint32, len(x.chains)) // chain index → place in chain id order
-	byID := make([]int, len(x.chains))
-	for i := range byID {
-		byID[i] = i
-	}
-	slices.SortFunc(byID, func(a, b int) int { return strings.Compare(x.chains[a], x.chains[b]) })
-	for r, c := range byID {
-		rank[c] = uint32(r)
+	for r, id := range slices.Sorted(slices.Values(x.chains)) {
+		rank[x.chainOf[id]] = uint32(r)
 	}
 	slices.SortStableFunc(entries, func(a, b indexed) int {
 		if c := cmp.Or(cmp.Compare(rank[a.chain], rank[b.chain]), cmp.Compare(a.seq, b.seq)); c != 0 {
