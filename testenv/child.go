@@ -33,10 +33,9 @@ func (c *child) start(t testing.TB, timeout time.Duration, addrs []string, bin s
 		t.Fatal(err)
 	}
 	defer logf.Close() // the child has its own descriptor
-	cmd := exec.Command(bin, args...)
+	cmd := Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	setPdeathsig(cmd.SysProcAttr)
+	cmd.SysProcAttr.Setpgid = true
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", c.name, err)
 	}
