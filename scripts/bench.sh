@@ -650,13 +650,11 @@ killswitch)
     n=0
     for o in $order; do
       n=$((n + 1))
-      if [ "$o" = with ]; then
-        bench --calls 30000 --concurrency 100 --rate "$rate" --killswitch 100 "${ks[@]}" --json-out "$work/ks.json" >/dev/null
-        label="100 kill-switch rounds" ksp="$(jf "$work/ks.json" after_ack_p99_ms) ms"
-      else
-        bench --calls 30000 --concurrency 100 --rate "$rate" --json-out "$work/ks.json" >/dev/null
-        label=none ksp=-
-      fi
+      rounds_flags=() label=none
+      [ "$o" = without ] || rounds_flags=(--killswitch 100 "${ks[@]}") label="100 kill-switch rounds"
+      bench --calls 30000 --concurrency 100 --rate "$rate" ${rounds_flags[@]+"${rounds_flags[@]}"} --json-out "$work/ks.json" >/dev/null
+      ksp=-
+      [ "$o" = without ] || ksp="$(jf "$work/ks.json" after_ack_p99_ms) ms"
       printf '   %-6s %-10s %-24s %12.0f %9.2f %9.2f %9.2f %10.2f %14s\n' "$i" "$n" "$label" "$(jf "$work/ks.json" decisions_per_sec)" \
         "$(jf "$work/ks.json" decision_p50_ms)" "$(jf "$work/ks.json" decision_p90_ms)" "$(jf "$work/ks.json" decision_p99_ms)" \
         "$(jf "$work/ks.json" decision_max_ms)" "$ksp"
