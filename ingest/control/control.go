@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -163,11 +164,12 @@ type ControlService struct {
 	maxRecord      int // largest receipt that fits a message of both streams
 
 	// mu serialises every use of o.Chain (seal → publish → commit) and
-	// every TALOS_CONTROL append; it guards lastSeq and appended. Lock
-	// order: mu, then StatusWatcher's own lock (via Live).
+	// every TALOS_CONTROL append; it guards lastSeq, appended and
+	// forgetAt. Lock order: mu, then StatusWatcher's own lock (via Live).
 	mu       sync.Mutex
 	lastSeq  uint64 // last TALOS_CONTROL seq read into appended
 	appended map[string]appendedCommand
+	forgetAt time.Time // when remember next looks for commands to forget
 }
 
 // appendedCommand is a command stored in TALOS_CONTROL, remembered while a
@@ -899,17 +901,23 @@ func eventCommand(m *jetstream.RawStreamMsg) (eventEntry, bool) {
 	return e, true
 }
 
-// remember adds a command to appended and forgets those that are too old
-// to be accepted again anyway (a retry keeps its issued_at, so it would be
-// refused as stale).
+// forgetEvery is how often remember looks through appended for commands
+// it may forget.
+const forgetEvery = 10 * time.Second
+
+// remember adds a command to appended. It forgets those too old to be
+// accepted again anyway (a retry keeps its issued_at, so it would be
+// refused as stale) in one pass at most every forgetEvery, so that each
+// command of a burst costs O(1) rather than a pass over all the others.
 func (s *ControlService) remember(id string, e appendedCommand) {
 	s.appended[id] = e
-	horizon := s.o.Now().Add(-s.o.Skew - time.Minute)
-	for k, v := range s.appended {
-		if v.issuedAt.Before(horizon) {
-			delete(s.appended, k)
-		}
+	now := s.o.Now()
+	if now.Before(s.forgetAt) {
+		return
 	}
+	s.forgetAt = now.Add(forgetEvery)
+	horizon := now.Add(-s.o.Skew - time.Minute)
+	maps.DeleteFunc(s.appended, func(_ string, v appendedCommand) bool { return v.issuedAt.Before(horizon) })
 }
 
 func issuedAt(cmd *schemas.ControlCommand, fallback time.Time) time.Time {
