@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/talos-audit/talos/receipts/internal/receipttest"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/schemas/jsonkit"
@@ -16,7 +17,7 @@ import (
 func benchReceipt(b *testing.B) (*Chain, Meta, int) {
 	c := NewChain("w1", testKey(b, 1))
 	m := testMeta(1)
-	s, err := c.Seal(m, sampleReceipt(1, 8))
+	s, err := c.Seal(m, receipttest.Receipt(1, 8))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -27,7 +28,7 @@ func benchReceipt(b *testing.B) (*Chain, Meta, int) {
 // Ed25519 signature for a 2 KB receipt.
 func BenchmarkSeal(b *testing.B) {
 	c, m, size := benchReceipt(b)
-	r := sampleReceipt(1, 8)
+	r := receipttest.Receipt(1, 8)
 	b.SetBytes(int64(size))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -42,7 +43,7 @@ func BenchmarkSealNewID(b *testing.B) {
 	c, m, size := benchReceipt(b)
 	m.ID = ""
 	m.Time = time.Time{}
-	r := sampleReceipt(1, 8)
+	r := receipttest.Receipt(1, 8)
 	b.SetBytes(int64(size))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -57,7 +58,7 @@ func BenchmarkSealNewID(b *testing.B) {
 func BenchmarkSignEvent(b *testing.B) {
 	c, m, size := benchReceipt(b)
 	m.Type = schemas.TypeToolCall
-	r := sampleReceipt(1, 8)
+	r := receipttest.Receipt(1, 8)
 	b.SetBytes(int64(size))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -69,7 +70,7 @@ func BenchmarkSignEvent(b *testing.B) {
 
 func BenchmarkVerify(b *testing.B) {
 	c, m, size := benchReceipt(b)
-	s, err := c.Seal(m, sampleReceipt(1, 8))
+	s, err := c.Seal(m, receipttest.Receipt(1, 8))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -87,7 +88,7 @@ func BenchmarkVerify(b *testing.B) {
 // BenchmarkMarshalCanonical and BenchmarkMarshalThenJCS compare the
 // one-pass encoder with the marshal → parse → canonicalize round trip.
 func BenchmarkMarshalCanonical(b *testing.B) {
-	r := sampleReceipt(1, 8)
+	r := receipttest.Receipt(1, 8)
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := jsonkit.MarshalCanonical(r); err != nil {
@@ -97,7 +98,7 @@ func BenchmarkMarshalCanonical(b *testing.B) {
 }
 
 func BenchmarkMarshalThenJCS(b *testing.B) {
-	r := sampleReceipt(1, 8)
+	r := receipttest.Receipt(1, 8)
 	b.ReportAllocs()
 	for b.Loop() {
 		j, err := json.Marshal(r)
@@ -119,7 +120,7 @@ func synthLikeEvents(b *testing.B, n int) (verify.KeySet, [][]byte) {
 	c := NewChain("synth-0", key)
 	raws := make([][]byte, n)
 	for i := range raws {
-		r := sampleReceipt(i, 0)
+		r := receipttest.Receipt(i, 0)
 		r.DocumentHashes = []schemas.DocumentHash{}
 		s, err := c.Seal(testMeta(i), r)
 		if err != nil {
@@ -245,7 +246,7 @@ func BenchmarkSignEventPayloads(b *testing.B) {
 // committed). Its B/op shows whether the buffers fit the first time.
 func BenchmarkSealFlight(b *testing.B) {
 	c, m, _ := benchReceipt(b)
-	pre, post := sampleReceipt(1, 8), sampleReceipt(1, 24)
+	pre, post := receipttest.Receipt(1, 8), receipttest.Receipt(1, 24)
 	post.Phase, post.EventType = schemas.PhasePost, schemas.KindEffect
 	ev := map[string]any{"tool_call_id": pre.ToolCallID, "args": strings.Repeat("a", 4500)}
 	em := m

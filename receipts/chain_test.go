@@ -13,6 +13,7 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
+	"github.com/talos-audit/talos/receipts/internal/receipttest"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/schemas/jsonkit"
@@ -25,7 +26,7 @@ func TestSealVerifyRoundTrip(t *testing.T) {
 	c := NewChain("w1-0", key)
 	prev := schemas.GenesisHash
 	for i := 1; i <= 3; i++ {
-		r := sampleReceipt(i, 8)
+		r := receipttest.Receipt(i, 8)
 		r.ContentHashAlg = ""
 		s, err := c.Seal(testMeta(i), r)
 		if err != nil {
@@ -95,7 +96,7 @@ func TestSealTimeFormat(t *testing.T) {
 	c := NewChain("w1", testKey(t, 1))
 	m := testMeta(1)
 	m.Time = time.Date(2025, 1, 2, 3, 4, 5, 0, time.FixedZone("x", 3600))
-	s, err := c.Seal(m, sampleReceipt(1, 0))
+	s, err := c.Seal(m, receipttest.Receipt(1, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +105,7 @@ func TestSealTimeFormat(t *testing.T) {
 	}
 	// Defaults: a UUIDv7 id and the current time.
 	m.ID, m.Time = "", time.Time{}
-	s, err = c.Seal(m, sampleReceipt(1, 0))
+	s, err = c.Seal(m, receipttest.Receipt(1, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,11 +119,11 @@ func TestSealTimeFormat(t *testing.T) {
 func TestSealDoesNotAdvance(t *testing.T) {
 	key := testKey(t, 1)
 	c := NewChain("w1", key)
-	a, err := c.Seal(testMeta(1), sampleReceipt(1, 1))
+	a, err := c.Seal(testMeta(1), receipttest.Receipt(1, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := c.Seal(testMeta(2), sampleReceipt(2, 1))
+	b, err := c.Seal(testMeta(2), receipttest.Receipt(2, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,11 +143,11 @@ func TestSealDoesNotAdvance(t *testing.T) {
 		t.Fatalf("double commit: %v", err)
 	}
 	other := NewChain("w2", key)
-	s, _ := other.Seal(testMeta(3), sampleReceipt(3, 1))
+	s, _ := other.Seal(testMeta(3), receipttest.Receipt(3, 1))
 	if err := c.Commit(s); !errors.Is(err, ErrNotNextLink) {
 		t.Fatalf("commit of other chain's link: %v", err)
 	}
-	next, err := c.Seal(testMeta(3), sampleReceipt(3, 1))
+	next, err := c.Seal(testMeta(3), receipttest.Receipt(3, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +176,7 @@ func TestResumeChain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := r.Seal(testMeta(3), sampleReceipt(3, 1))
+	s, err := r.Seal(testMeta(3), receipttest.Receipt(3, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +218,7 @@ func TestSealRejects(t *testing.T) {
 			if tc.meta != nil {
 				tc.meta(&m)
 			}
-			r := sampleReceipt(1, 1)
+			r := receipttest.Receipt(1, 1)
 			if name == "unsafe int" {
 				r.BatchTotalBytes = 1<<53 + 1
 			}
@@ -281,7 +282,7 @@ func TestChainConcurrentSealCommit(t *testing.T) {
 	for g := range 2 {
 		wg.Go(func() {
 			for i := range 30 {
-				s, err := c.Seal(testMeta(g*1000+i), sampleReceipt(i, 1))
+				s, err := c.Seal(testMeta(g*1000+i), receipttest.Receipt(i, 1))
 				if err != nil {
 					t.Error(err)
 					return

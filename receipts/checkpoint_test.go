@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/talos-audit/talos/receipts/internal/receipttest"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -16,7 +17,7 @@ import (
 func checkpointed(t *testing.T, c *Chain, n, every int, final bool) (recs, cps [][]byte) {
 	t.Helper()
 	for i := 1; i <= n; i++ {
-		s, err := c.Seal(testMeta(i), sampleReceipt(i, 1))
+		s, err := c.Seal(testMeta(i), receipttest.Receipt(i, 1))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -199,7 +200,7 @@ func TestCheckpointTamperCases(t *testing.T) {
 		c := NewChain("w1", key)
 		var forged [][]byte
 		for i := 1; i <= 20; i++ {
-			r := sampleReceipt(i, 1)
+			r := receipttest.Receipt(i, 1)
 			if i == 7 {
 				r.Decision, r.ResultCode = schemas.DecisionDeny, schemas.DecisionDeny
 			}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/talos-audit/talos/receipts/internal/receipttest"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/schemas/jsonkit"
 )
@@ -30,7 +31,7 @@ func sealedText(s *Sealed) string {
 
 func goldenCases() []goldenCase {
 	oddReceipt := func() *schemas.Receipt {
-		r := sampleReceipt(7, 2)
+		r := receipttest.Receipt(7, 2)
 		r.EventType, r.Phase = schemas.KindEffect, schemas.PhasePost
 		r.AgentID = "agent \"7\"\n\t\u00e9\u2028\U0001F600\x01\x7f"
 		r.Tool = "write<&>file"
@@ -73,7 +74,7 @@ func goldenCases() []goldenCase {
 			c := NewChain("w1-0", testKey(t, 1))
 			out := ""
 			for i := 1; i <= 3; i++ {
-				out += sealAt(t, c, testMeta(i), sampleReceipt(i, 8))
+				out += sealAt(t, c, testMeta(i), receipttest.Receipt(i, 8))
 			}
 			return out
 		}},
@@ -87,12 +88,12 @@ func goldenCases() []goldenCase {
 		{"checkpoint", func(t *testing.T) string {
 			c := NewChain("w3", testKey(t, 3))
 			buildLinks(t, c, 1, 5, 1)
-			s, err := c.Checkpoint(Meta{Source: "talos://enforce/w3", Time: testTime, ID: "0190f5d3-0000-7000-8000-0000000000c1"}, false)
+			s, err := c.Checkpoint(Meta{Source: "talos://enforce/w3", Time: receipttest.Time, ID: "0190f5d3-0000-7000-8000-0000000000c1"}, false)
 			if err != nil {
 				t.Fatal(err)
 			}
 			buildLinks(t, c, 6, 7, 1)
-			s2, err := c.Checkpoint(Meta{Source: "talos://enforce/w3", Time: testTime.Add(time.Second), ID: "0190f5d3-0000-7000-8000-0000000000c2"}, true)
+			s2, err := c.Checkpoint(Meta{Source: "talos://enforce/w3", Time: receipttest.Time.Add(time.Second), ID: "0190f5d3-0000-7000-8000-0000000000c2"}, true)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
+	"github.com/talos-audit/talos/receipts/internal/receipttest"
 	"github.com/talos-audit/talos/receipts/verify"
 )
 
@@ -53,7 +54,7 @@ func FuzzContextMatchesSDK(f *testing.F) {
 			id = "generated ids are not compared"
 		}
 		want, wantOK := sdkContext(id, source, typ, subject)
-		got, err := newContext(Meta{ID: id, Source: source, Type: typ, Subject: subject, Time: testTime})
+		got, err := newContext(Meta{ID: id, Source: source, Type: typ, Subject: subject, Time: receipttest.Time})
 		if (err == nil) != wantOK {
 			t.Fatalf("newContext(%q, %q, %q, %q) error %v; the SDK validates: %v", id, source, typ, subject, err, wantOK)
 		}

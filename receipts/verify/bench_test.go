@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/internal/receipttest"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 )
@@ -17,7 +18,7 @@ func synthLikeEvents(b *testing.B, n int) (verify.KeySet, [][]byte) {
 	c := receipts.NewChain("synth-0", key)
 	raws := make([][]byte, n)
 	for i := range raws {
-		r := sampleReceipt(i, 0)
+		r := receipttest.Receipt(i, 0)
 		r.DocumentHashes = []schemas.DocumentHash{}
 		s, err := c.Seal(testMeta(i), r)
 		if err != nil {

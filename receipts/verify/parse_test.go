@@ -12,6 +12,7 @@ import (
 	"github.com/gowebpki/jcs"
 
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/internal/receipttest"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/schemas/jsonkit"
@@ -25,7 +26,7 @@ func signedSamples(t testing.TB) (keys verify.KeySet, events [][]byte) {
 	keys.Add(key.Public())
 	c := receipts.NewChain("w1", key)
 	for i := 1; i <= 3; i++ {
-		r := sampleReceipt(i, i)
+		r := receipttest.Receipt(i, i)
 		if i == 2 {
 			r.Effect = &schemas.ToolEffect{EffectID: "e\u00e9", DocumentHashes: []schemas.DocumentHash{}, BatchTotalBytes: 7}
 			r.CapabilityIDs = []string{"a", "b\n\"c\""}
@@ -46,7 +47,7 @@ func signedSamples(t testing.TB) (keys verify.KeySet, events [][]byte) {
 		}
 		events = append(events, s.JSON)
 	}
-	cp, err := c.Checkpoint(receipts.Meta{Source: "talos://enforce/w1", Time: testTime, ID: "cp-1"}, false)
+	cp, err := c.Checkpoint(receipts.Meta{Source: "talos://enforce/w1", Time: receipttest.Time, ID: "cp-1"}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +280,7 @@ func FuzzVerifyEventValues(f *testing.F) {
 	keys := verify.KeySet{}
 	keys.Add(key.Public())
 	f.Fuzz(func(t *testing.T, agent, tool string, pos int, b byte, resign bool) {
-		r := sampleReceipt(1, 1)
+		r := receipttest.Receipt(1, 1)
 		r.AgentID, r.Tool, r.ReasonCodes = agent, tool, []string{tool, agent}
 		s, err := receipts.NewChain("w1", key).Seal(testMeta(1), r)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/talos-audit/talos/receipts"
+	"github.com/talos-audit/talos/receipts/internal/receipttest"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/schemas/jsonkit"
@@ -52,7 +53,7 @@ func TestVerifierTamper(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	foreign3, err := foreign.Seal(testMeta(3), sampleReceipt(3, 2))
+	foreign3, err := foreign.Seal(testMeta(3), receipttest.Receipt(3, 2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +61,7 @@ func TestVerifierTamper(t *testing.T) {
 	fork := receipts.NewChain("w1", key)
 	var forkLinks [][]byte
 	for i := 31; i <= 33; i++ {
-		s, err := fork.Seal(testMeta(i), sampleReceipt(i, 2))
+		s, err := fork.Seal(testMeta(i), receipttest.Receipt(i, 2))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -68,8 +69,8 @@ func TestVerifierTamper(t *testing.T) {
 		forkLinks = append(forkLinks, s.JSON)
 	}
 	// Wrong genesis: seq 1 whose prev_hash is not 64 zeros.
-	bgr := sampleReceipt(1, 2)
-	bgr.Chain = schemas.Chain{ChainID: "w1", Seq: 1, PrevHash: hexOf("not genesis")}
+	bgr := receipttest.Receipt(1, 2)
+	bgr.Chain = schemas.Chain{ChainID: "w1", Seq: 1, PrevHash: receipttest.Hash("not genesis")}
 	bg, err := receipts.SignEvent(key, testMeta(1), bgr)
 	if err != nil {
 		t.Fatal(err)
@@ -212,7 +213,7 @@ func TestSignatureContextConfusion(t *testing.T) {
 	keys := verify.KeySet{}
 	keys.Add(key.Public())
 	c := receipts.NewChain("w1", key)
-	r := sampleReceipt(1, 2)
+	r := receipttest.Receipt(1, 2)
 	dec, err := c.Seal(testMeta(1), r)
 	if err != nil {
 		t.Fatal(err)
@@ -228,7 +229,7 @@ func TestSignatureContextConfusion(t *testing.T) {
 	// not transfer to the decision event, nor the other way round.
 	m := testMeta(1)
 	m.Type = schemas.TypeReceiptControl
-	r2 := sampleReceipt(1, 2)
+	r2 := receipttest.Receipt(1, 2)
 	ctl, err := receipts.NewChain("w1", key).Seal(m, r2)
 	if err != nil {
 		t.Fatal(err)
@@ -250,7 +251,7 @@ func TestSignatureContextConfusion(t *testing.T) {
 	// A signature over JCS(data) alone (not the event) does not verify.
 	r.Signature = nil
 	dataOnly, _ := jsonkit.MarshalCanonical(r)
-	other, err := receipts.SignEvent(key, receipts.Meta{Type: schemas.TypeCheckpoint, Source: "talos://x/y", ID: "i", Time: testTime}, json.RawMessage(dataOnly))
+	other, err := receipts.SignEvent(key, receipts.Meta{Type: schemas.TypeCheckpoint, Source: "talos://x/y", ID: "i", Time: receipttest.Time}, json.RawMessage(dataOnly))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +264,7 @@ func TestVerifyEventErrors(t *testing.T) {
 	key := testKey(t, 1)
 	keys := verify.KeySet{}
 	keys.Add(key.Public())
-	s, err := receipts.NewChain("w1", key).Seal(testMeta(1), sampleReceipt(1, 1))
+	s, err := receipts.NewChain("w1", key).Seal(testMeta(1), receipttest.Receipt(1, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
