@@ -9,23 +9,13 @@ import (
 	"github.com/talos-audit/talos/schemas"
 )
 
-// exampleKey is a fixed key so the examples' output is deterministic.
-func exampleKey() *receipts.PrivateKey {
-	seed := make([]byte, 32)
-	for i := range seed {
-		seed[i] = byte(i)
-	}
-	k, err := receipts.NewKeyFromSeed(seed)
-	if err != nil {
-		panic(err)
-	}
-	return k
-}
-
 // A worker seals a receipt, publishes Sealed.JSON, and commits only once
 // the stream has stored it; an auditor verifies it with the public key.
 func ExampleChain() {
-	key := exampleKey()
+	key, err := receipts.GenerateKey()
+	if err != nil {
+		panic(err)
+	}
 	chain := receipts.NewChain("w1-0", key)
 
 	receipt := &schemas.Receipt{

@@ -10,17 +10,7 @@ import (
 )
 
 // exampleKey is a fixed key so the examples' output is deterministic.
-func exampleKey() *receipts.PrivateKey {
-	seed := make([]byte, 32)
-	for i := range seed {
-		seed[i] = byte(i)
-	}
-	k, err := receipts.NewKeyFromSeed(seed)
-	if err != nil {
-		panic(err)
-	}
-	return k
-}
+func exampleKey() *receipts.PrivateKey { return seededKey(0) }
 
 func ExampleKeyID() {
 	k := exampleKey()
