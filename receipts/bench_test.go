@@ -111,49 +111,6 @@ func BenchmarkMarshalThenJCS(b *testing.B) {
 	}
 }
 
-// synthLikeEvents are n sealed receipts shaped like talosctl synth's
-// (about 1.2 KB each), by one key.
-func synthLikeEvents(b *testing.B, n int) (verify.KeySet, [][]byte) {
-	key := testKey(b, 1)
-	keys := verify.KeySet{}
-	keys.Add(key.Public())
-	c := NewChain("synth-0", key)
-	raws := make([][]byte, n)
-	for i := range raws {
-		r := receipttest.Receipt(i, 0)
-		r.DocumentHashes = []schemas.DocumentHash{}
-		s, err := c.Seal(testMeta(i), r)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := c.Commit(s); err != nil {
-			b.Fatal(err)
-		}
-		raws[i] = s.JSON
-	}
-	return keys, raws
-}
-
-// BenchmarkVerifyEvents is per-receipt verification in batches of 256, as
-// the database verifier runs it, with each signature rule.
-func BenchmarkVerifyEvents(b *testing.B) {
-	keys, raws := synthLikeEvents(b, 256)
-	for _, f := range []struct {
-		name string
-		fn   func([][]byte, verify.KeySet) ([]*verify.Event, []error)
-	}{{"stdlib-rules", verify.VerifyEvents}, {"batch", verify.VerifyEventsBatch}} {
-		b.Run(f.name, func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, errs := f.fn(raws, keys); errs[0] != nil {
-					b.Fatal(errs[0])
-				}
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(raws))/1000, "µs/event")
-		})
-	}
-}
-
 // BenchmarkSign is the Ed25519 signature alone, over a 32-byte receipt
 // hash: the floor under BenchmarkSeal.
 func BenchmarkSign(b *testing.B) {

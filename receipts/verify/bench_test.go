@@ -32,6 +32,26 @@ func synthLikeEvents(b *testing.B, n int) (verify.KeySet, [][]byte) {
 	return keys, raws
 }
 
+// BenchmarkVerifyEvents is per-receipt verification in batches of 256, as
+// the database verifier runs it, with each signature rule.
+func BenchmarkVerifyEvents(b *testing.B) {
+	keys, raws := synthLikeEvents(b, 256)
+	for _, f := range []struct {
+		name string
+		fn   func([][]byte, verify.KeySet) ([]*verify.Event, []error)
+	}{{"stdlib-rules", verify.VerifyEvents}, {"batch", verify.VerifyEventsBatch}} {
+		b.Run(f.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, errs := f.fn(raws, keys); errs[0] != nil {
+					b.Fatal(errs[0])
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(raws))/1000, "µs/event")
+		})
+	}
+}
+
 // BenchmarkParseSigned is the verifier's one parse of a stored receipt,
 // everything but the signature check.
 func BenchmarkParseSigned(b *testing.B) {
