@@ -92,35 +92,7 @@ func (s *stack) httpsGateway(t *testing.T, client *http.Client, base string, env
 	cmd := testenv.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none", "--registry", registryDir,
 		"--log-level", "debug"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
-	logPath := filepath.Join(s.dir, fmt.Sprintf("gateway-https-%d.log", time.Now().UnixNano()))
-	logf, _ := os.Create(logPath)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("gateway log:\n%s", tail(string(b), 4000))
-		}
-	})
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := client.Get(base + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("gateway not healthy: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	s.serveGateway(t, cmd, client, base)
 }
 
 // TestHTTPAuthTLSJWT: the gateway's HTTP mode over TLS with JWTs from a

@@ -254,6 +254,45 @@ func (s *stack) connectGatewayWith(ctx context.Context, cmd *exec.Cmd, client *m
 	return g
 }
 
+// serveGateway starts cmd, a gateway in HTTP mode, with its output in a
+// log under the stack's directory, and waits up to 60 s for
+// base/healthz to answer 200 over client. The gateway stops with the
+// test; if the test failed, the tail of its log is logged.
+func (s *stack) serveGateway(t *testing.T, cmd *exec.Cmd, client *http.Client, base string) {
+	t.Helper()
+	logf, err := os.CreateTemp(s.dir, "gateway-http-*.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("gateway log (tail):\n%s", tail(string(b), 4000))
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := client.Get(base + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gateway not healthy: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // result is a tools/call outcome: the result, or the denial the gateway
 // answered with.
 type result struct {

@@ -230,40 +230,8 @@ func TestMCPConformanceThroughGateway(t *testing.T) {
 // base/healthz to answer 200.
 func (s *stack) httpGateway(t *testing.T, base string, args ...string) {
 	t.Helper()
-	gw := testenv.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none",
-		"--trusted-keys", filepath.Join(s.dir, "worker.pub")}, args...)...)
-	logf, err := os.CreateTemp(s.dir, "gateway-http-*.log")
-	if err != nil {
-		t.Fatal(err)
-	}
-	logPath := logf.Name()
-	gw.Stdout, gw.Stderr = logf, logf
-	if err := gw.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = gw.Process.Kill()
-		_ = gw.Wait()
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("gateway log (tail):\n%s", tail(string(b), 4000))
-		}
-	})
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := http.Get(base + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("gateway not healthy: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	s.serveGateway(t, testenv.Command(s.gateway, append([]string{"--nats-url", s.natsURL(), "--nats-auth", "none",
+		"--trusted-keys", filepath.Join(s.dir, "worker.pub")}, args...)...), http.DefaultClient, base)
 }
 
 func sortedNames(m map[string]scenarioResult) []string {

@@ -63,37 +63,10 @@ func TestToolsListPerPrincipal(t *testing.T) {
 		t.Fatal(err)
 	}
 	port := testenv.FreePort(t)
-	gw := testenv.Command(s.gateway, append(upstreams(t, t.TempDir()), "--ep-id", "gw-http", "--nats-url", s.natsURL(), "--nats-auth", "none",
-		"--registry", registryDir, "--listen", "127.0.0.1:"+strconv.Itoa(port), "--insecure-plain-http", "--principals", filepath.Join(d, "principals.json"))...)
-	logf, _ := os.Create(filepath.Join(d, "gateway-http.log"))
-	gw.Stdout, gw.Stderr = logf, logf
-	if err := gw.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = gw.Process.Kill()
-		_ = gw.Wait()
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(filepath.Join(d, "gateway-http.log"))
-			t.Logf("gateway log:\n%s", tail(string(b), 3000))
-		}
-	})
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := http.Get(base + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("gateway not healthy: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	s.serveGateway(t, testenv.Command(s.gateway, append(upstreams(t, t.TempDir()), "--ep-id", "gw-http", "--nats-url", s.natsURL(), "--nats-auth", "none",
+		"--registry", registryDir, "--listen", "127.0.0.1:"+strconv.Itoa(port), "--insecure-plain-http", "--principals", filepath.Join(d, "principals.json"))...),
+		http.DefaultClient, base)
 	resp, err := http.Post(base+"/mcp", "application/json", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +145,7 @@ func TestToolsListPerPrincipal(t *testing.T) {
 	}
 	defer conn.Close()
 	var codes []string
-	deadline = time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		err := conn.QueryRow(ctx, "SELECT reason_codes FROM receipts WHERE tool_call_id = ? AND kind = 'decision' LIMIT 1", den.ToolCallID).Scan(&codes)
 		if err == nil {
