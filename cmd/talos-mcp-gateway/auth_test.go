@@ -356,25 +356,9 @@ func checkRefusalReceipts(t *testing.T, ctx context.Context, s *stack, refused [
 	t.Helper()
 	conn := s.clickhouse(t, ctx)
 	defer conn.Close()
-	count := func(q string, args ...any) uint64 {
-		var n uint64
-		if err := conn.QueryRow(ctx, q, args...).Scan(&n); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-		return n
-	}
-	wait := func(what string, ok func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(90 * time.Second)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(300 * time.Millisecond)
-		}
-	}
+	count := rowCounter(ctx, t, conn)
 	for _, id := range refused {
-		wait("the refusal receipt of "+id, func() bool {
+		waitUntil(t, 90*time.Second, "the refusal receipt of "+id, func() bool {
 			return count(`SELECT count() FROM receipts WHERE tool_call_id = ? AND kind = 'decision' AND decision = 'deny'
 				AND server_id = ? AND reason_codes = ['DENY_UNAUTHENTICATED']`, id, schemas.ServerUnauthenticated) > 0 &&
 				count("SELECT count() FROM tool_calls WHERE tool_call_id = ?", id) > 0
@@ -383,7 +367,7 @@ func checkRefusalReceipts(t *testing.T, ctx context.Context, s *stack, refused [
 	if n := count("SELECT uniqExact(tool_call_id) FROM receipts WHERE server_id = ?", schemas.ServerUnauthenticated); n != uint64(len(refused)) {
 		t.Fatalf("%d refusals recorded, %d reported", n, len(refused))
 	}
-	wait("the allowed call's receipts", func() bool {
+	waitUntil(t, 90*time.Second, "the allowed call's receipts", func() bool {
 		return count("SELECT count() FROM receipts WHERE tool_call_id = ? AND kind = 'decision' AND decision = 'allow'", allowedID) > 0 &&
 			count("SELECT count() FROM receipts WHERE tool_call_id = ? AND kind = 'effect'", allowedID) > 0
 	})

@@ -141,6 +141,30 @@ func (s *stack) clickhouse(t *testing.T, ctx context.Context) driver.Conn {
 	}
 }
 
+// rowCounter runs a count query on conn; it fails the test if the query
+// does.
+func rowCounter(ctx context.Context, t *testing.T, conn driver.Conn) func(q string, args ...any) uint64 {
+	return func(q string, args ...any) uint64 {
+		t.Helper()
+		var n uint64
+		if err := conn.QueryRow(ctx, q, args...).Scan(&n); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		return n
+	}
+}
+
+// waitUntil polls ok every 300 ms for up to within; what names the
+// awaited thing in the failure.
+func waitUntil(t *testing.T, within time.Duration, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(within); !ok(); time.Sleep(300 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
 func (s *stack) natsURL() string { return "nats://127.0.0.1:" + strconv.Itoa(s.natsPort) }
 
 func (s *stack) startNATS() {
@@ -524,24 +548,8 @@ func TestGatewayEndToEnd(t *testing.T) {
 	// waited in the gateway's outbox).
 	conn := s.clickhouse(t, ctx)
 	defer conn.Close()
-	count := func(q string, args ...any) uint64 {
-		var n uint64
-		if err := conn.QueryRow(ctx, q, args...).Scan(&n); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-		return n
-	}
-	wait := func(what string, ok func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(60 * time.Second)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(300 * time.Millisecond)
-		}
-	}
-	wait("the NATS-down call's post event", func() bool {
+	count := rowCounter(ctx, t, conn)
+	waitUntil(t, 60*time.Second, "the NATS-down call's post event", func() bool {
 		return count("SELECT count() FROM tool_calls WHERE tool_call_id = ?", downID) > 0
 	})
 	var code string
@@ -553,7 +561,7 @@ func TestGatewayEndToEnd(t *testing.T) {
 	}
 	ids.Range(func(k, v any) bool {
 		id := k.(string)
-		wait("receipts of "+id, func() bool {
+		waitUntil(t, 60*time.Second, "receipts of "+id, func() bool {
 			return count("SELECT count() FROM receipts WHERE tool_call_id = ? AND kind = 'decision'", id) > 0 &&
 				count("SELECT count() FROM tool_calls WHERE tool_call_id = ?", id) > 0
 		})
@@ -565,7 +573,7 @@ func TestGatewayEndToEnd(t *testing.T) {
 	gw.forwarded.Range(func(k, v any) bool {
 		id := k.(string)
 		nForwarded++
-		wait("the records of forwarded call "+v.(string), func() bool {
+		waitUntil(t, 60*time.Second, "the records of forwarded call "+v.(string), func() bool {
 			return count("SELECT uniqExact(receipt_id) FROM receipts WHERE tool_call_id = ? AND kind = 'decision'", id) == 1 &&
 				count("SELECT uniqExact(receipt_id) FROM receipts WHERE tool_call_id = ? AND kind = 'effect'", id) == 1 &&
 				count("SELECT count() FROM tool_calls WHERE tool_call_id = ?", id) >= 1

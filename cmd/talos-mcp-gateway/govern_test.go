@@ -138,25 +138,9 @@ func TestGovernPromptsAndResources(t *testing.T) {
 
 	conn := s.clickhouse(t, ctx)
 	defer conn.Close()
-	count := func(q string, args ...any) uint64 {
-		var n uint64
-		if err := conn.QueryRow(ctx, q, args...).Scan(&n); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-		return n
-	}
-	waitFor := func(what string, ok func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(60 * time.Second)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(300 * time.Millisecond)
-		}
-	}
+	count := rowCounter(ctx, t, conn)
 	for id, name := range allowed {
-		waitFor("the records of "+name, func() bool {
+		waitUntil(t, 60*time.Second, "the records of "+name, func() bool {
 			return count("SELECT count() FROM v_decisions WHERE tool_call_id = ? AND kind = 'decision' AND decision = 'allow' AND tool_name = ?", id, name) == 1 &&
 				count("SELECT count() FROM v_decisions WHERE tool_call_id = ? AND kind = 'effect'", id) == 1 &&
 				count("SELECT count() FROM v_tool_calls WHERE tool_call_id = ? AND ok = 1 AND result_hash != ''", id) == 1
@@ -175,7 +159,7 @@ func TestGovernPromptsAndResources(t *testing.T) {
 		}
 	}
 	for what, d := range denied {
-		waitFor("the denial of "+what, func() bool {
+		waitUntil(t, 60*time.Second, "the denial of "+what, func() bool {
 			return count("SELECT count() FROM v_decisions WHERE tool_call_id = ? AND receipt_id = ? AND decision = 'deny' AND has(reason_codes, ?)",
 				d.ToolCallID, d.ReceiptID, schemas.CodeToolUnclassifiedDenied) == 1 &&
 				count("SELECT count() FROM v_tool_calls WHERE tool_call_id = ? AND ok = 0", d.ToolCallID) == 1

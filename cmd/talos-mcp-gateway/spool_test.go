@@ -95,13 +95,7 @@ func TestGatewaySpoolSurvivesKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	count := func(q, id string) uint64 {
-		var n uint64
-		if err := conn.QueryRow(ctx, q, id).Scan(&n); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-		return n
-	}
+	count := rowCounter(ctx, t, conn)
 	const (
 		events   = "SELECT count() FROM " + query.ViewToolCalls + " WHERE tool_call_id = ?"
 		receipts = "SELECT count() FROM " + query.ViewReceipts + " WHERE tool_call_id = ? AND phase = 'post'"
