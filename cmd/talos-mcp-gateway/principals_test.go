@@ -17,7 +17,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/talos-audit/talos/ingest/mcpup"
-	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -139,23 +138,7 @@ func TestToolsListPerPrincipal(t *testing.T) {
 	alice.call(ctx, "get-annotated-message", map[string]any{"messageType": "error"}).mustAllow(t, "alice, the same action")
 	bob.call(ctx, "write_file", map[string]any{"path": "/tmp/x", "content": "x"}).mustDeny(t, "bob, a tool he cannot see", schemas.CodeToolHidden)
 
-	conn, err := query.Open(ctx, s.chAddr, s.db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	var codes []string
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := conn.QueryRow(ctx, "SELECT reason_codes FROM receipts WHERE tool_call_id = ? AND kind = 'decision' LIMIT 1", den.ToolCallID).Scan(&codes)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no decision receipt for bob's hidden-action call: %v", err)
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+	_, codes := waitDecision(ctx, t, s, "bob's hidden-action call", "tool_call_id = ?", den.ToolCallID)
 	if !slices.Contains(codes, schemas.CodeToolClassMismatch) {
 		t.Fatalf("the worker's receipt for the hidden action: %v, want %s (the worker refuses it too)", codes, schemas.CodeToolClassMismatch)
 	}
