@@ -123,10 +123,10 @@ func TestSandboxFilesystem(t *testing.T) {
 	}
 }
 
-// withoutPathChecks is a copy of the shipped registry without the path
-// checks of the filesystem server's tools, so that a test sees what the
-// sandbox alone confines (CSP MUST 8), not Talos's own check (MUST 7).
-func withoutPathChecks(t *testing.T) string {
+// copyRegistry copies the shipped manifests of server-everything and
+// server-filesystem into a new directory, each as edit returns it, and
+// returns the directory.
+func copyRegistry(t *testing.T, edit func(manifest []byte) []byte) string {
 	t.Helper()
 	reg := t.TempDir()
 	for _, f := range []string{"everything.json", "filesystem.json"} {
@@ -134,6 +134,19 @@ func withoutPathChecks(t *testing.T) string {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if err := os.WriteFile(filepath.Join(reg, f), edit(b), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return reg
+}
+
+// withoutPathChecks is a copy of the shipped registry without the path
+// checks of the filesystem server's tools, so that a test sees what the
+// sandbox alone confines (CSP MUST 8), not Talos's own check (MUST 7).
+func withoutPathChecks(t *testing.T) string {
+	t.Helper()
+	return copyRegistry(t, func(b []byte) []byte {
 		var m map[string]any
 		if err := json.Unmarshal(b, &m); err != nil {
 			t.Fatal(err)
@@ -142,30 +155,19 @@ func withoutPathChecks(t *testing.T) string {
 			delete(tl.(map[string]any), "path_pointers")
 			delete(tl.(map[string]any), "workspace_root")
 		}
-		if b, err = json.Marshal(m); err != nil {
+		b, err := json.Marshal(m)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(reg, f), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return reg
+		return b
+	})
 }
 
 // registryWith is a copy of the shipped registry with manifests added
 // (server_id → manifest).
 func registryWith(t *testing.T, manifests map[string]string) string {
 	t.Helper()
-	reg := t.TempDir()
-	for _, f := range []string{"everything.json", "filesystem.json"} {
-		b, err := os.ReadFile(filepath.Join(registryDir, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(reg, f), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	reg := copyRegistry(t, func(b []byte) []byte { return b })
 	for id, m := range manifests {
 		if err := os.WriteFile(filepath.Join(reg, id+".json"), []byte(m), 0o644); err != nil {
 			t.Fatal(err)
