@@ -69,12 +69,19 @@ func ConnectJS(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
 // WaitFor polls ok every 20 ms and fails the test if it is not true within d.
 func WaitFor(t testing.TB, d time.Duration, ok func() bool) {
 	t.Helper()
+	WaitUntil(t, d, 20*time.Millisecond, "a condition", ok)
+}
+
+// WaitUntil polls ok every "every" (longer for a check that costs a query)
+// and fails the test, naming what it waited for, if ok is not true within d.
+func WaitUntil(t testing.TB, d, every time.Duration, what string, ok func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(d)
 	for !ok() {
 		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s", d)
+			t.Fatalf("timed out after %s waiting for %s", d, what)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(every)
 	}
 }
 

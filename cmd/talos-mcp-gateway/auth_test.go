@@ -358,7 +358,7 @@ func checkRefusalReceipts(t *testing.T, ctx context.Context, s *stack, refused [
 	defer conn.Close()
 	count := rowCounter(ctx, t, conn)
 	for _, id := range refused {
-		waitUntil(t, 90*time.Second, "the refusal receipt of "+id, func() bool {
+		testenv.WaitUntil(t, 90*time.Second, 300*time.Millisecond, "the refusal receipt of "+id, func() bool {
 			return count(`SELECT count() FROM receipts WHERE tool_call_id = ? AND kind = 'decision' AND decision = 'deny'
 				AND server_id = ? AND reason_codes = ['DENY_UNAUTHENTICATED']`, id, schemas.ServerUnauthenticated) > 0 &&
 				count("SELECT count() FROM tool_calls WHERE tool_call_id = ?", id) > 0
@@ -367,7 +367,7 @@ func checkRefusalReceipts(t *testing.T, ctx context.Context, s *stack, refused [
 	if n := count("SELECT uniqExact(tool_call_id) FROM receipts WHERE server_id = ?", schemas.ServerUnauthenticated); n != uint64(len(refused)) {
 		t.Fatalf("%d refusals recorded, %d reported", n, len(refused))
 	}
-	waitUntil(t, 90*time.Second, "the allowed call's receipts", func() bool {
+	testenv.WaitUntil(t, 90*time.Second, 300*time.Millisecond, "the allowed call's receipts", func() bool {
 		return count("SELECT count() FROM receipts WHERE tool_call_id = ? AND kind = 'decision' AND decision = 'allow'", allowedID) > 0 &&
 			count("SELECT count() FROM receipts WHERE tool_call_id = ? AND kind = 'effect'", allowedID) > 0
 	})

@@ -154,17 +154,6 @@ func rowCounter(ctx context.Context, t *testing.T, conn driver.Conn) func(q stri
 	}
 }
 
-// waitUntil polls ok every 300 ms for up to within; what names the
-// awaited thing in the failure.
-func waitUntil(t *testing.T, within time.Duration, what string, ok func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(within); !ok(); time.Sleep(300 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
-
 func (s *stack) natsURL() string { return "nats://127.0.0.1:" + strconv.Itoa(s.natsPort) }
 
 func (s *stack) startNATS() {
@@ -549,7 +538,7 @@ func TestGatewayEndToEnd(t *testing.T) {
 	conn := s.clickhouse(t, ctx)
 	defer conn.Close()
 	count := rowCounter(ctx, t, conn)
-	waitUntil(t, 60*time.Second, "the NATS-down call's post event", func() bool {
+	testenv.WaitUntil(t, 60*time.Second, 300*time.Millisecond, "the NATS-down call's post event", func() bool {
 		return count("SELECT count() FROM tool_calls WHERE tool_call_id = ?", downID) > 0
 	})
 	var code string
@@ -561,7 +550,7 @@ func TestGatewayEndToEnd(t *testing.T) {
 	}
 	ids.Range(func(k, v any) bool {
 		id := k.(string)
-		waitUntil(t, 60*time.Second, "receipts of "+id, func() bool {
+		testenv.WaitUntil(t, 60*time.Second, 300*time.Millisecond, "receipts of "+id, func() bool {
 			return count("SELECT count() FROM receipts WHERE tool_call_id = ? AND kind = 'decision'", id) > 0 &&
 				count("SELECT count() FROM tool_calls WHERE tool_call_id = ?", id) > 0
 		})
@@ -573,7 +562,7 @@ func TestGatewayEndToEnd(t *testing.T) {
 	gw.forwarded.Range(func(k, v any) bool {
 		id := k.(string)
 		nForwarded++
-		waitUntil(t, 60*time.Second, "the records of forwarded call "+v.(string), func() bool {
+		testenv.WaitUntil(t, 60*time.Second, 300*time.Millisecond, "the records of forwarded call "+v.(string), func() bool {
 			return count("SELECT uniqExact(receipt_id) FROM receipts WHERE tool_call_id = ? AND kind = 'decision'", id) == 1 &&
 				count("SELECT uniqExact(receipt_id) FROM receipts WHERE tool_call_id = ? AND kind = 'effect'", id) == 1 &&
 				count("SELECT count() FROM tool_calls WHERE tool_call_id = ?", id) >= 1

@@ -140,7 +140,7 @@ func TestGovernPromptsAndResources(t *testing.T) {
 	defer conn.Close()
 	count := rowCounter(ctx, t, conn)
 	for id, name := range allowed {
-		waitUntil(t, 60*time.Second, "the records of "+name, func() bool {
+		testenv.WaitUntil(t, 60*time.Second, 300*time.Millisecond, "the records of "+name, func() bool {
 			return count("SELECT count() FROM v_decisions WHERE tool_call_id = ? AND kind = 'decision' AND decision = 'allow' AND tool_name = ?", id, name) == 1 &&
 				count("SELECT count() FROM v_decisions WHERE tool_call_id = ? AND kind = 'effect'", id) == 1 &&
 				count("SELECT count() FROM v_tool_calls WHERE tool_call_id = ? AND ok = 1 AND result_hash != ''", id) == 1
@@ -159,7 +159,7 @@ func TestGovernPromptsAndResources(t *testing.T) {
 		}
 	}
 	for what, d := range denied {
-		waitUntil(t, 60*time.Second, "the denial of "+what, func() bool {
+		testenv.WaitUntil(t, 60*time.Second, 300*time.Millisecond, "the denial of "+what, func() bool {
 			return count("SELECT count() FROM v_decisions WHERE tool_call_id = ? AND receipt_id = ? AND decision = 'deny' AND has(reason_codes, ?)",
 				d.ToolCallID, d.ReceiptID, schemas.CodeToolUnclassifiedDenied) == 1 &&
 				count("SELECT count() FROM v_tool_calls WHERE tool_call_id = ? AND ok = 0", d.ToolCallID) == 1
