@@ -66,17 +66,9 @@ func LogEntryRowsOf(dst []LogEntryRow, data []byte) ([]LogEntryRow, error) {
 
 // InsertLogEntries stores rows in database.log_entries.
 func InsertLogEntries(ctx context.Context, conn driver.Conn, database string, rows []LogEntryRow) error {
-	if len(rows) == 0 {
-		return nil
-	}
-	tbl, err := table(database, TableLogEntries)
-	if err != nil {
-		return err
-	}
-	if err := insertRows(ctx, conn, tbl, logEntryColumns, rows); err != nil {
+	return insertTable(ctx, conn, database, TableLogEntries, logEntryColumns, rows, func(err error) error {
 		return fmt.Errorf("query: log entries: %w", err)
-	}
-	return nil
+	})
 }
 
 // LogEntriesOf is where the record eventID is in the transparency log

@@ -103,17 +103,9 @@ func (r *ReceiptRow) insertValues() []any { return rowValues(receiptColumns, r) 
 // by column. Inserting a row twice is harmless: readers dedupe by
 // receipt_id.
 func insertReceiptRows(ctx context.Context, conn driver.Conn, database string, rows []ReceiptRow) error {
-	if len(rows) == 0 {
-		return nil
-	}
-	tbl, err := table(database, TableReceipts)
-	if err != nil {
-		return err
-	}
-	if err := insertRows(ctx, conn, tbl, receiptColumns, rows); err != nil {
+	return insertTable(ctx, conn, database, TableReceipts, receiptColumns, rows, func(err error) error {
 		return fmt.Errorf("query: insert %d receipts: %w", len(rows), err)
-	}
-	return nil
+	})
 }
 
 // scanTargets matches receiptInsertColumns plus inserted_at.

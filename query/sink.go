@@ -605,6 +605,23 @@ func insertRows[R any](ctx context.Context, conn driver.Conn, tbl string, cols [
 	return b.Send()
 }
 
+// insertTable writes rows to database.name by insertRows, and nothing when
+// there are none. An error of the INSERT is returned wrapped by wrap; one
+// naming the table is returned as it is.
+func insertTable[R any](ctx context.Context, conn driver.Conn, database, name string, cols []insertColumn[R], rows []R, wrap func(error) error) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	tbl, err := table(database, name)
+	if err != nil {
+		return err
+	}
+	if err := insertRows(ctx, conn, tbl, cols, rows); err != nil {
+		return wrap(err)
+	}
+	return nil
+}
+
 // blockScratch holds one column's values while they are appended; the
 // driver copies them, so one scratch serves every column of an INSERT.
 type blockScratch struct {

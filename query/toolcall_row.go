@@ -1104,17 +1104,9 @@ func CompareToolCallColumns(row, fromEvent ToolCallRow) []string {
 // InsertToolCalls writes rows to database.tool_calls in one INSERT.
 // Inserting a row twice is harmless: v_tool_calls dedupes by tool_call_id.
 func InsertToolCalls(ctx context.Context, conn driver.Conn, database string, rows []ToolCallRow) error {
-	if len(rows) == 0 {
-		return nil
-	}
-	tbl, err := table(database, TableToolCalls)
-	if err != nil {
-		return err
-	}
-	if err := insertRows(ctx, conn, tbl, toolCallColumns, rows); err != nil {
+	return insertTable(ctx, conn, database, TableToolCalls, toolCallColumns, rows, func(err error) error {
 		return fmt.Errorf("query: insert %d tool calls: %w", len(rows), err)
-	}
-	return nil
+	})
 }
 
 // artifactColumns are the columns an artifact is inserted with.
@@ -1129,13 +1121,6 @@ var artifactColumns = []insertColumn[Artifact]{
 // artifact listed twice (the same payload in several calls) is written
 // once. Artifacts are content-addressed, so re-inserting one is harmless.
 func InsertArtifacts(ctx context.Context, conn driver.Conn, database string, arts []Artifact) error {
-	if len(arts) == 0 {
-		return nil
-	}
-	tbl, err := table(database, TableArtifacts)
-	if err != nil {
-		return err
-	}
 	seen := make(map[string]bool, len(arts))
 	once := make([]Artifact, 0, len(arts))
 	for _, a := range arts {
@@ -1144,10 +1129,9 @@ func InsertArtifacts(ctx context.Context, conn driver.Conn, database string, art
 			once = append(once, a)
 		}
 	}
-	if err := insertRows(ctx, conn, tbl, artifactColumns, once); err != nil {
+	return insertTable(ctx, conn, database, TableArtifacts, artifactColumns, once, func(err error) error {
 		return fmt.Errorf("query: insert %d artifacts: %w", len(once), err)
-	}
-	return nil
+	})
 }
 
 // Artifacts returns the stored artifacts with the given refs (each once).
