@@ -54,32 +54,12 @@ func controlRowFromReceipt(row *ReceiptRow, c *schemas.ControlRecord) (ControlEv
 
 // InsertControlEvents writes rows to database.control_events in one batch.
 func InsertControlEvents(ctx context.Context, conn driver.Conn, database string, rows []ControlEventRow) error {
-	if len(rows) == 0 {
-		return nil
-	}
-	tbl, err := table(database, TableControlEvents)
-	if err != nil {
-		return err
-	}
-	b, err := conn.PrepareBatch(ctx, "INSERT INTO "+tbl+" ("+controlColumnsSQL+")")
-	if err != nil {
-		return fmt.Errorf("query: insert control events: %w", err)
-	}
-	for _, r := range rows {
-		var accepted uint8
-		if r.Accepted {
-			accepted = 1
-		}
-		if err := b.Append(r.EventID, r.Type, r.Verb, r.Time.UTC(), r.TimeMS, r.StreamSeq, r.Actor, r.Target, r.Reason,
-			r.SignerKID, r.CommandID, accepted, r.Code, r.CommandHash, r.ResponderKID, r.ChainID, r.ChainSeq, r.CloudEvent); err != nil {
-			b.Abort()
-			return fmt.Errorf("query: insert control event %s: %w", r.EventID, err)
-		}
-	}
-	if err := b.Send(); err != nil {
-		return fmt.Errorf("query: insert %d control events: %w", len(rows), err)
-	}
-	return nil
+	return insertEach(ctx, conn, database, TableControlEvents, controlColumnsSQL, rows, "control event",
+		func(r *ControlEventRow) string { return r.EventID },
+		func(r *ControlEventRow) []any {
+			return []any{r.EventID, r.Type, r.Verb, r.Time.UTC(), r.TimeMS, r.StreamSeq, r.Actor, r.Target, r.Reason,
+				r.SignerKID, r.CommandID, boolByte(r.Accepted), r.Code, r.CommandHash, r.ResponderKID, r.ChainID, r.ChainSeq, r.CloudEvent}
+		})
 }
 
 // ControlEvents returns the control receipts of database, oldest first

@@ -622,6 +622,36 @@ func insertTable[R any](ctx context.Context, conn driver.Conn, database, name st
 	return nil
 }
 
+// insertEach writes rows to database.name in one INSERT of columnsSQL, row
+// by row (values gives a row's), and nothing when there are none. Its
+// errors say "query: insert" and what: the rows ("<noun>s", with their
+// number when the INSERT fails at the end), or the row the driver refused
+// ("<noun> <id>").
+func insertEach[R any](ctx context.Context, conn driver.Conn, database, name, columnsSQL string, rows []R, noun string,
+	id func(*R) string, values func(*R) []any) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	tbl, err := table(database, name)
+	if err != nil {
+		return err
+	}
+	b, err := conn.PrepareBatch(ctx, "INSERT INTO "+tbl+" ("+columnsSQL+")")
+	if err != nil {
+		return fmt.Errorf("query: insert %ss: %w", noun, err)
+	}
+	for i := range rows {
+		if err := b.Append(values(&rows[i])...); err != nil {
+			b.Abort()
+			return fmt.Errorf("query: insert %s %s: %w", noun, id(&rows[i]), err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("query: insert %d %ss: %w", len(rows), noun, err)
+	}
+	return nil
+}
+
 // blockScratch holds one column's values while they are appended; the
 // driver copies them, so one scratch serves every column of an INSERT.
 type blockScratch struct {

@@ -1247,27 +1247,11 @@ const rejectionColumnsSQL = "event_id, time, time_ms, subject, stream_seq, missi
 
 // InsertToolCallRejections writes rej to database.tool_call_rejections.
 func InsertToolCallRejections(ctx context.Context, conn driver.Conn, database string, rej []ToolCallRejection) error {
-	if len(rej) == 0 {
-		return nil
-	}
-	tbl, err := table(database, TableToolCallRejections)
-	if err != nil {
-		return err
-	}
-	b, err := conn.PrepareBatch(ctx, "INSERT INTO "+tbl+" ("+rejectionColumnsSQL+")")
-	if err != nil {
-		return fmt.Errorf("query: insert tool call rejections: %w", err)
-	}
-	for _, r := range rej {
-		if err := b.Append(r.EventID, r.Time.UTC(), r.TimeMS, r.Subject, r.StreamSeq, nonNil(r.Missing), r.Reason, r.CloudEvent); err != nil {
-			b.Abort()
-			return fmt.Errorf("query: insert tool call rejection %s: %w", r.EventID, err)
-		}
-	}
-	if err := b.Send(); err != nil {
-		return fmt.Errorf("query: insert %d tool call rejections: %w", len(rej), err)
-	}
-	return nil
+	return insertEach(ctx, conn, database, TableToolCallRejections, rejectionColumnsSQL, rej, "tool call rejection",
+		func(r *ToolCallRejection) string { return r.EventID },
+		func(r *ToolCallRejection) []any {
+			return []any{r.EventID, r.Time.UTC(), r.TimeMS, r.Subject, r.StreamSeq, nonNil(r.Missing), r.Reason, r.CloudEvent}
+		})
 }
 
 // ToolCallRejections returns the rejected ToolCallEvents of database
