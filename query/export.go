@@ -123,12 +123,15 @@ func (r *ExportRecord) CSVValues() []string {
 }
 
 // exportSource is how one kind is read: a SELECT whose columns scan into
-// an ExportRecord, ordered so that copies of one record are adjacent.
+// an ExportRecord, ordered so that copies of one record are adjacent. Each
+// SELECT has time_ms, which scan reads into ms; record is the Record of
+// every row, "" where scan reads it.
 type exportSource struct {
 	table   string
 	columns string
 	order   string
-	scan    func(driver.Rows, *ExportRecord) error
+	record  string
+	scan    func(rows driver.Rows, r *ExportRecord, ms *uint64) error
 }
 
 var exportSources = map[string]exportSource{
@@ -137,46 +140,39 @@ var exportSources = map[string]exportSource{
 		columns: "receipt_id, kind, time_ms, chain_id, chain_seq, tool_call_id, session_id, agent_id, server_id, tool_name, " +
 			"phase, decision, reason_codes, registry_digest, signer_kid, cloudevent",
 		order: "chain_id, chain_seq, receipt_id",
-		scan: func(rows driver.Rows, r *ExportRecord) error {
-			var ms uint64
-			err := rows.Scan(&r.ID, &r.Record, &ms, &r.ChainID, &r.ChainSeq, &r.ToolCallID, &r.SessionID, &r.AgentID,
+		scan: func(rows driver.Rows, r *ExportRecord, ms *uint64) error {
+			return rows.Scan(&r.ID, &r.Record, ms, &r.ChainID, &r.ChainSeq, &r.ToolCallID, &r.SessionID, &r.AgentID,
 				&r.ServerID, &r.ToolName, &r.Phase, &r.Decision, &r.ReasonCodes, &r.RegistryDigest, &r.SignerKID, &r.CloudEvent)
-			r.Time = time.UnixMilli(int64(ms)).UTC()
-			return err
 		},
 	},
 	ExportToolCalls: {
 		table: TableToolCalls,
 		columns: "event_id, time_ms, tool_call_id, session_id, agent_id, server_id, tool_name, phase, decision, " +
 			"reason_codes, signer_kid, cloudevent",
-		order: "time_ms, event_id",
-		scan: func(rows driver.Rows, r *ExportRecord) error {
-			var ms uint64
-			err := rows.Scan(&r.ID, &ms, &r.ToolCallID, &r.SessionID, &r.AgentID, &r.ServerID, &r.ToolName, &r.Phase,
+		order:  "time_ms, event_id",
+		record: "toolcall",
+		scan: func(rows driver.Rows, r *ExportRecord, ms *uint64) error {
+			return rows.Scan(&r.ID, ms, &r.ToolCallID, &r.SessionID, &r.AgentID, &r.ServerID, &r.ToolName, &r.Phase,
 				&r.Decision, &r.ReasonCodes, &r.SignerKID, &r.CloudEvent)
-			r.Record, r.Time = "toolcall", time.UnixMilli(int64(ms)).UTC()
-			return err
 		},
 	},
 	ExportRejected: {
 		table:   TableToolCallRejections,
 		columns: "event_id, time_ms, subject, stream_seq, missing, reason, cloudevent",
 		order:   "time_ms, event_id",
-		scan: func(rows driver.Rows, r *ExportRecord) error {
-			var ms uint64
-			err := rows.Scan(&r.ID, &ms, &r.Subject, &r.StreamSeq, &r.Missing, &r.Rejection, &r.CloudEvent)
-			r.Record, r.Time = RecordToolCallRejected, time.UnixMilli(int64(ms)).UTC()
-			return err
+		record:  RecordToolCallRejected,
+		scan: func(rows driver.Rows, r *ExportRecord, ms *uint64) error {
+			return rows.Scan(&r.ID, ms, &r.Subject, &r.StreamSeq, &r.Missing, &r.Rejection, &r.CloudEvent)
 		},
 	},
 	ExportCheckpoints: {
 		table:   TableCheckpoints,
 		columns: "checkpoint_id, time_ms, chain_id, from_seq, to_seq, signer_kid, cloudevent",
 		order:   "chain_id, checkpoint_seq, to_seq, checkpoint_id",
-		scan: func(rows driver.Rows, r *ExportRecord) error {
-			var ms, from uint64
-			err := rows.Scan(&r.ID, &ms, &r.ChainID, &from, &r.ChainSeq, &r.SignerKID, &r.CloudEvent)
-			r.Record, r.Time = "checkpoint", time.UnixMilli(int64(ms)).UTC()
+		record:  "checkpoint",
+		scan: func(rows driver.Rows, r *ExportRecord, ms *uint64) error {
+			var from uint64
+			err := rows.Scan(&r.ID, ms, &r.ChainID, &from, &r.ChainSeq, &r.SignerKID, &r.CloudEvent)
 			r.Target = fmt.Sprintf("%d..%d", from, r.ChainSeq)
 			return err
 		},
@@ -185,11 +181,9 @@ var exportSources = map[string]exportSource{
 		table:   TableControlEvents,
 		columns: "event_id, time_ms, chain_id, chain_seq, verb, target, actor, signer_kid, cloudevent",
 		order:   "chain_id, chain_seq, event_id",
-		scan: func(rows driver.Rows, r *ExportRecord) error {
-			var ms uint64
-			err := rows.Scan(&r.ID, &ms, &r.ChainID, &r.ChainSeq, &r.Verb, &r.Target, &r.Actor, &r.SignerKID, &r.CloudEvent)
-			r.Record, r.Time = schemas.KindControl, time.UnixMilli(int64(ms)).UTC()
-			return err
+		record:  schemas.KindControl,
+		scan: func(rows driver.Rows, r *ExportRecord, ms *uint64) error {
+			return rows.Scan(&r.ID, ms, &r.ChainID, &r.ChainSeq, &r.Verb, &r.Target, &r.Actor, &r.SignerKID, &r.CloudEvent)
 		},
 	},
 }
@@ -259,10 +253,12 @@ func exportKind(ctx context.Context, conn driver.Conn, database string, src expo
 		seen      []string // distinct signed JSON of lastID
 	)
 	for rows.Next() {
-		var r ExportRecord
-		if err := src.scan(rows, &r); err != nil {
+		r := ExportRecord{Record: src.record}
+		var ms uint64
+		if err := src.scan(rows, &r, &ms); err != nil {
 			return nil, fmt.Errorf("query: export %s: %w", src.table, err)
 		}
+		r.Time = time.UnixMilli(int64(ms)).UTC()
 		if r.ID != lastID {
 			lastID, seen = r.ID, seen[:0]
 		}
