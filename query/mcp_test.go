@@ -13,7 +13,6 @@ import (
 	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/schemas/jsonkit"
-	"github.com/talos-audit/talos/testenv"
 )
 
 // Calls of the MCP fixtures: a prompts/get, the tools/call during which a
@@ -110,20 +109,7 @@ func mcpFixtures(t *testing.T) ([]ReceiptRow, []ToolCallRow) {
 // arguments is not taken for them, and a fresh database gets the same
 // schema.
 func TestMigration8FromVersion7(t *testing.T) {
-	addr, db := testenv.NewDatabase(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	conn, err := Open(ctx, addr, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if err := migrate(ctx, conn, db, migrations[:7]); err != nil {
-		t.Fatal(err)
-	}
-	if v, err := AppliedVersion(ctx, conn, db); err != nil || v != 7 {
-		t.Fatalf("AppliedVersion = %d, %v; want 7", v, err)
-	}
+	ctx, conn, db := migratedTo(t, 7)
 	recs, calls := mcpFixtures(t)
 	insertOld(t, ctx, conn, db, TableReceipts, receiptColumns, recs)
 	insertOld(t, ctx, conn, db, TableToolCalls, toolCallColumns, calls)

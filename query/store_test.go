@@ -61,16 +61,7 @@ func TestMigrateTwice(t *testing.T) {
 // (one of the two calls hidden), keeps its rows and shows both once
 // migrated.
 func TestViewsKeyCallsByEnforcementPoint(t *testing.T) {
-	addr, db := testenv.NewDatabase(t)
-	ctx := context.Background()
-	conn, err := Open(ctx, addr, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if err := migrate(ctx, conn, db, migrations[:5]); err != nil {
-		t.Fatal(err)
-	}
+	ctx, conn, db := migratedTo(t, 5)
 	const pseudonym = "hmac-sha256:k1:shared"
 	var recs []ReceiptRow
 	var calls []ToolCallRow

@@ -22,7 +22,6 @@ import (
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/schemas/jsonkit"
-	"github.com/talos-audit/talos/testenv"
 )
 
 // pseudonymOf is the keyed pseudonym of a secret, computed here
@@ -705,20 +704,7 @@ func TestReceiptCapabilityColumns(t *testing.T) {
 // empty new columns), is idempotent, and leaves every table and view
 // queryable; a fresh database gets the same schema.
 func TestMigration3FromVersion2(t *testing.T) {
-	addr, db := testenv.NewDatabase(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	conn, err := Open(ctx, addr, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if err := migrate(ctx, conn, db, migrations[:2]); err != nil {
-		t.Fatal(err)
-	}
-	if v, err := AppliedVersion(ctx, conn, db); err != nil || v != 2 {
-		t.Fatalf("AppliedVersion = %d, %v; want 2", v, err)
-	}
+	ctx, conn, db := migratedTo(t, 2)
 	// A version-2 receipts row, written with version 2's columns.
 	_, rows := chainOf(t, "v2", 1, t0)
 	old := receiptInsertColumns[:slices.Index(receiptInsertColumns, "capability_hash")] // version 2's
