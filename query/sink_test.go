@@ -231,6 +231,41 @@ func mutations(t testing.TB, doc []byte) [][]byte {
 	return out
 }
 
+// checkFastPathVariants runs check, which holds a fast path to its general
+// path on one document and reports whether the fast path took it, on each
+// published document and on every mutation of it. The fast path must take
+// the published documents takes names, and the mutations must reach both
+// paths.
+func checkFastPathVariants(t *testing.T, published map[string][]byte, takes func(name string) bool, check func(*testing.T, []byte) bool) {
+	t.Helper()
+	taken, declined := 0, 0
+	for name, raw := range published {
+		if got, want := check(t, raw), takes(name); got != want {
+			t.Errorf("%s: fast path took it: %v, want %v\n%s", name, got, want, raw)
+		}
+		for _, m := range mutations(t, raw) {
+			if check(t, m) {
+				taken++
+			} else {
+				declined++
+			}
+		}
+	}
+	t.Logf("fast path took %d variants and left %d to the general path", taken, declined)
+	if taken == 0 || declined == 0 {
+		t.Fatalf("variants taken %d, declined %d: the comparison covers one side only", taken, declined)
+	}
+}
+
+// fuzzFastPath fuzzes check (as checkFastPathVariants) from the published
+// documents and whatever f already holds.
+func fuzzFastPath(f *testing.F, published map[string][]byte, check func(*testing.T, []byte) bool) {
+	for _, raw := range published {
+		f.Add(raw)
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) { check(t, raw) })
+}
+
 // The column tables name exactly the columns the DDL's column lists do, in
 // their order (toolCallColumnsSQL is also what reads select).
 func TestInsertColumnsMatchDDL(t *testing.T) {

@@ -858,30 +858,11 @@ func checkToolCallFastPath(t *testing.T, raw []byte) bool {
 // of them that the schema validator, the decoder or the payload checks
 // refuse, deriving the same row and artifacts from those it takes.
 func TestToolCallRowFastPathMatchesValidator(t *testing.T) {
-	taken, declined := 0, 0
-	for name, raw := range publishedToolCallEvents(t) {
-		if !checkToolCallFastPath(t, raw) {
-			t.Errorf("%s: a published event is not on the fast path:\n%s", name, raw)
-		}
-		for _, m := range mutations(t, raw) {
-			if checkToolCallFastPath(t, m) {
-				taken++
-			} else {
-				declined++
-			}
-		}
-	}
-	t.Logf("fast path took %d variants and left %d to the general path", taken, declined)
-	if taken == 0 || declined == 0 {
-		t.Fatalf("variants taken %d, declined %d: the comparison covers one side only", taken, declined)
-	}
+	checkFastPathVariants(t, publishedToolCallEvents(t), func(string) bool { return true }, checkToolCallFastPath)
 }
 
 func FuzzToolCallRowFastPath(f *testing.F) {
-	for _, raw := range publishedToolCallEvents(f) {
-		f.Add(raw)
-	}
-	f.Fuzz(func(t *testing.T, raw []byte) { checkToolCallFastPath(t, raw) })
+	fuzzFastPath(f, publishedToolCallEvents(f), checkToolCallFastPath)
 }
 
 // Each matcher of a schema pattern agrees with the pattern itself, read
