@@ -13,13 +13,7 @@ import (
 // merges of one do not land on the other.
 func BenchmarkInsertReceiptRows10k(b *testing.B) {
 	const n = 10_000
-	_, base := chainOf(b, "bench", 1, t0)
-	rows := make([]ReceiptRow, n)
-	for i := range rows {
-		rows[i] = base[0]
-		rows[i].ReceiptID = fmt.Sprintf("0190a1b2-0000-7000-8000-%012d", i)
-		rows[i].ChainSeq = uint64(i + 1)
-	}
+	rows := benchReceiptRows(b, n)
 	for _, path := range []struct {
 		name   string
 		insert func(b *testing.B) func() error
@@ -45,4 +39,18 @@ func BenchmarkInsertReceiptRows10k(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchReceiptRows are n receipts of one chain, copies of one with their
+// own ids and chain positions.
+func benchReceiptRows(b *testing.B, n int) []ReceiptRow {
+	b.Helper()
+	_, base := chainOf(b, "bench", 1, t0)
+	rows := make([]ReceiptRow, n)
+	for i := range rows {
+		rows[i] = base[0]
+		rows[i].ReceiptID = fmt.Sprintf("0190a1b2-0000-7000-8000-%012d", i)
+		rows[i].ChainSeq = uint64(i + 1)
+	}
+	return rows
 }

@@ -303,13 +303,7 @@ func TestStreamReportsConflictingDuplicate(t *testing.T) {
 func BenchmarkInsertReceipts10k(b *testing.B) {
 	ctx, conn, db := migrated(b)
 	const n = 10_000
-	_, base := chainOf(b, "bench", 1, t0)
-	rows := make([]ReceiptRow, n)
-	for i := range rows {
-		rows[i] = base[0]
-		rows[i].ReceiptID = fmt.Sprintf("0190a1b2-0000-7000-8000-%012d", i)
-		rows[i].ChainSeq = uint64(i + 1)
-	}
+	rows := benchReceiptRows(b, n)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if err := InsertReceipts(ctx, conn, db, rows); err != nil {
