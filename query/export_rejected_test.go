@@ -72,11 +72,11 @@ func newRejectedFixture(t *testing.T) *rejectedFixture {
 	return f
 }
 
-// jsonl writes recs as a JSON-lines export.
-func jsonl(t *testing.T, recs []ExportRecord) [][]byte {
+// writeExport writes recs as an export in format.
+func writeExport(t *testing.T, format string, recs []ExportRecord) *bytes.Buffer {
 	t.Helper()
 	var buf bytes.Buffer
-	w, err := NewExportWriter(&buf, ExportJSONL)
+	w, err := NewExportWriter(&buf, format)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +85,16 @@ func jsonl(t *testing.T, recs []ExportRecord) [][]byte {
 			t.Fatal(err)
 		}
 	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return &buf
+}
+
+// jsonl writes recs as a JSON-lines export.
+func jsonl(t *testing.T, recs []ExportRecord) [][]byte {
+	t.Helper()
+	buf := writeExport(t, ExportJSONL, recs)
 	var lines [][]byte
 	for _, l := range bytes.Split(bytes.TrimSuffix(buf.Bytes(), []byte("\n")), []byte("\n")) {
 		lines = append(lines, l)
@@ -128,17 +138,7 @@ func TestExportRejectedToolCalls(t *testing.T) {
 	if _, ok := ReadExportedRejection(f.good); ok {
 		t.Error("a ToolCallEvent read as a rejection")
 	}
-	var buf bytes.Buffer
-	cw, _ := NewExportWriter(&buf, ExportCSV)
-	for i := range rejected {
-		if err := cw.Write(&rejected[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := cw.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	table, err := csv.NewReader(&buf).ReadAll()
+	table, err := csv.NewReader(writeExport(t, ExportCSV, rejected)).ReadAll()
 	n := len(ExportColumns)
 	if err != nil || len(table) != 5 || table[1][0] != RecordToolCallRejected || table[1][n-3] != strings.Join(stored[0].Missing, ";") ||
 		table[1][n-2] != stored[0].Reason || table[1][n-1] != stored[0].CloudEvent {

@@ -124,19 +124,7 @@ func TestExportVerifiesOffline(t *testing.T) {
 		t.Fatalf("record columns: %+v", r)
 	}
 
-	var jsonl bytes.Buffer
-	ew, err := NewExportWriter(&jsonl, ExportJSONL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range got {
-		if err := ew.Write(&got[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := ew.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	jsonl := writeExport(t, ExportJSONL, got)
 	lines := strings.Split(strings.TrimSuffix(jsonl.String(), "\n"), "\n")
 	if len(lines) != len(got) {
 		t.Fatalf("%d JSON lines for %d records", len(lines), len(got))
@@ -166,20 +154,7 @@ func TestExportVerifiesOffline(t *testing.T) {
 
 	// CSV: the header, then one row per record with the signed JSON last,
 	// exactly (line breaks and quotes included).
-	var buf bytes.Buffer
-	cw, err := NewExportWriter(&buf, ExportCSV)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range got {
-		if err := cw.Write(&got[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := cw.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	table, err := csv.NewReader(&buf).ReadAll()
+	table, err := csv.NewReader(writeExport(t, ExportCSV, got)).ReadAll()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +194,7 @@ func TestExportVerifiesOffline(t *testing.T) {
 	if err := Export(ctx, conn, db, ExportOptions{Kind: "secrets"}, func(*ExportRecord) error { return nil }); err == nil {
 		t.Error("unknown kind accepted")
 	}
-	if _, err := NewExportWriter(&buf, "xml"); err == nil {
+	if _, err := NewExportWriter(new(bytes.Buffer), "xml"); err == nil {
 		t.Error("unknown format accepted")
 	}
 	stop := errors.New("stop")
