@@ -18,10 +18,7 @@ func TestServiceFlags(t *testing.T) {
 	var cli struct {
 		ServiceFlags
 	}
-	parser, err := kong.New(&cli, kong.DefaultEnvars("TALOS"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	parser := envParser(t, &cli)
 	if _, err := parser.Parse([]string{"--clickhouse-addr", "ch:9440"}); err != nil {
 		t.Fatal(err)
 	}
@@ -66,10 +63,7 @@ func TestServiceFlagsCluster(t *testing.T) {
 	var cli struct {
 		ServiceFlags
 	}
-	parser, err := kong.New(&cli, kong.DefaultEnvars("TALOS"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	parser := envParser(t, &cli)
 	if _, err := parser.Parse([]string{"--clickhouse-addr", "ch1:9440, ch2:9440", "--clickhouse-cluster", "talos", "--clickhouse-insert-quorum", "2"}); err != nil {
 		t.Fatal(err)
 	}
@@ -99,10 +93,7 @@ func TestClientFlags(t *testing.T) {
 	var cli struct {
 		ClientFlags
 	}
-	parser, err := kong.New(&cli, kong.DefaultEnvars("TALOS"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	parser := envParser(t, &cli)
 	if _, err := parser.Parse(nil); err != nil {
 		t.Fatal(err)
 	}
@@ -112,4 +103,15 @@ func TestClientFlags(t *testing.T) {
 	if _, err := parser.Parse([]string{"--clickhouse-cert", "client.pem"}); err == nil || !strings.Contains(err.Error(), "both its certificate and its key") {
 		t.Fatalf("a certificate without a key parsed: %v", err)
 	}
+}
+
+// envParser parses the flags of cli as talosd and talosctl do: each flag
+// also from TALOS_<FLAG>.
+func envParser(t *testing.T, cli any) *kong.Kong {
+	t.Helper()
+	parser, err := kong.New(cli, kong.DefaultEnvars("TALOS"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return parser
 }
