@@ -3,7 +3,6 @@ package query
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -34,8 +33,6 @@ type ControlEventRow struct {
 	ChainSeq     uint64
 	CloudEvent   string
 }
-
-var controlInsertColumns = strings.Split(controlColumnsSQL, ", ")
 
 // controlRowFromReceipt derives the control_events row of a control receipt
 // already turned into row (its receipts row) and c (its data.control).
