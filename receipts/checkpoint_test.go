@@ -59,17 +59,6 @@ func verifyAll(keys verify.KeySet, partial bool, sets ...[][]byte) verify.Report
 	return v.Finish()
 }
 
-func decodeCheckpoint(t *testing.T, raw []byte) schemas.Checkpoint {
-	t.Helper()
-	var ev struct {
-		Data schemas.Checkpoint `json:"data"`
-	}
-	if err := json.Unmarshal(raw, &ev); err != nil {
-		t.Fatal(err)
-	}
-	return ev.Data
-}
-
 func TestChainCheckpoints(t *testing.T) {
 	key := testKey(t, 1)
 	keys := verify.KeySet{}

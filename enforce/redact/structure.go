@@ -202,8 +202,9 @@ func (ps *pairScan) envFile(s string) bool {
 }
 
 // enclosing returns the quote of the string position p lies inside, on
-// its line, like enclosingQuote, continuing from the previous call when p
-// is further along the same line.
+// its line (0 when none: a pair written inside a quoted string ends where
+// that string ends), continuing from the previous call when p is further
+// along the same line.
 func (ps *pairScan) enclosing(s string, p int) byte {
 	t := &ps.quote
 	if p <= 0 {
@@ -880,28 +881,6 @@ var placeholderWords = map[string]bool{
 	"required": true, "optional": true, "empty": true, "redacted": true, "string": true,
 	"str": true, "bytes": true, "number": true, "int": true, "boolean": true, "bool": true,
 	"any": true, "unknown": true, `""`: true, `''`: true,
-}
-
-// enclosingQuote returns the quote character of the string the position
-// p lies inside, on its line (0 when none): a pair written inside a
-// quoted string ends where that string ends.
-func enclosingQuote(s string, p int) byte {
-	q, _ := enclosingQuoteAt(s, p)
-	return q
-}
-
-// enclosingQuoteAt is enclosingQuote with the offset of the opening
-// quote.
-func enclosingQuoteAt(s string, p int) (byte, int) {
-	if p <= 0 {
-		return 0, -1
-	}
-	ls, ok := lineStartWithin(s, p, maxLineScan)
-	if !ok {
-		return 0, -1
-	}
-	q, at, _ := scanQuotes(s, ls, ls, p, 0, -1)
-	return q, at
 }
 
 // scanQuotes follows the quoting of a line (starting at ls) from k to p,
