@@ -214,9 +214,7 @@ func resources(tool *schemas.Tool, args any) *schemas.ResourcesTouched {
 		}
 		switch x := v.(type) {
 		case string:
-			for _, u := range urlPattern.FindAllString(x, maxEventURLs-len(rt.URLs)) {
-				rt.URLs = append(rt.URLs, u)
-			}
+			rt.URLs = append(rt.URLs, urlPattern.FindAllString(x, maxEventURLs-len(rt.URLs))...)
 		case map[string]any:
 			for _, e := range x {
 				walk(e, depth+1)

@@ -95,11 +95,7 @@ func writeExport(t *testing.T, format string, recs []ExportRecord) *bytes.Buffer
 func jsonl(t *testing.T, recs []ExportRecord) [][]byte {
 	t.Helper()
 	buf := writeExport(t, ExportJSONL, recs)
-	var lines [][]byte
-	for _, l := range bytes.Split(bytes.TrimSuffix(buf.Bytes(), []byte("\n")), []byte("\n")) {
-		lines = append(lines, l)
-	}
-	return lines
+	return bytes.Split(bytes.TrimSuffix(buf.Bytes(), []byte("\n")), []byte("\n"))
 }
 
 // The rejected ToolCallEvents are exported as stored (kind rejected, and

@@ -173,6 +173,9 @@ func TestBenchDocument(t *testing.T) {
 	if err != nil || len(findings) != 0 {
 		t.Fatalf("64 KB clean document: %v %+v", err, findings)
 	}
+	if !bytes.Equal(mustMarshal(t, out), mustMarshal(t, big)) {
+		t.Fatal("64 KB clean document changed")
+	}
 	dirty := bigResult(true)
 	out, findings, err = r.Redact(dirty, "/result")
 	if err != nil {
