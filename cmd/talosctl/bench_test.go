@@ -24,11 +24,7 @@ func TestBenchSignedCalls(t *testing.T) {
 	ns := testenv.NATSForTest(t)
 	dir := t.TempDir()
 	p := func(name string) string { return filepath.Join(dir, name) }
-	for _, k := range []string{"worker", "issuer", "agent"} {
-		if out, code := run(t, talosctl, "keys", "gen", "--out", p(k)); code != 0 {
-			t.Fatalf("keys gen %s: exit %d\n%s", k, code, out)
-		}
-	}
+	genKeys(t, talosctl, dir, "worker", "issuer", "agent")
 	if out, code := run(t, talosctl, "cap", "issue", "--issuer-key", p("issuer.key"), "--subject", "bench-agent",
 		"--subject-key", p("agent.pub"), "--scope", "tool:files:*", "--ttl", "1h", "--out", p("cap.json")); code != 0 {
 		t.Fatalf("cap issue: exit %d\n%s", code, out)

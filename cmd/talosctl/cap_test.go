@@ -27,11 +27,7 @@ func TestCapCommands(t *testing.T) {
 	bin := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosctl")
 	dir := t.TempDir()
 	p := func(name string) string { return filepath.Join(dir, name) }
-	for _, k := range []string{"issuer", "agent0", "agent1", "other"} {
-		if out, code := run(t, bin, "keys", "gen", "--out", p(k)); code != 0 {
-			t.Fatalf("keys gen %s: exit %d\n%s", k, code, out)
-		}
-	}
+	genKeys(t, bin, dir, "issuer", "agent0", "agent1", "other")
 
 	out, code := run(t, bin, "cap", "issue", "--issuer-key", p("issuer.key"), "--subject", "agent-0", "--subject-key", p("agent0.pub"),
 		"--scope", "tool:files:*", "--scope", "tool:docs:*", "--ttl", "1h", "--id", "cap-root", "--out", p("root.json"))

@@ -23,11 +23,7 @@ func TestConformanceAgainstStack(t *testing.T) {
 	ns := testenv.NATSForTest(t)
 	dir := t.TempDir()
 	key := func(n string) string { return filepath.Join(dir, n) }
-	for _, k := range []string{"worker", "responder", "issuer", "agent"} {
-		if out, code := run(t, talosctl, "keys", "gen", "--out", key(k)); code != 0 {
-			t.Fatalf("keys gen %s: %s", k, out)
-		}
-	}
+	genKeys(t, talosctl, dir, "worker", "responder", "issuer", "agent")
 	if out, code := run(t, talosctl, "cap", "issue", "--issuer-key", key("issuer.key"), "--subject", "conformance-agent",
 		"--subject-key", key("agent.pub"), "--scope", "tool:files:*", "--out", key("agent.cap.json")); code != 0 {
 		t.Fatalf("cap issue: %s", out)

@@ -28,11 +28,7 @@ func TestControlCommandsCLI(t *testing.T) {
 	addr, db := testenv.NewDatabase(t)
 	ns := testenv.NATSForTest(t)
 	dir := t.TempDir()
-	for _, k := range []string{"worker", "responder", "stranger"} {
-		if out, code := run(t, talosctl, "keys", "gen", "--out", filepath.Join(dir, k)); code != 0 {
-			t.Fatalf("keys gen %s: %s", k, out)
-		}
-	}
+	genKeys(t, talosctl, dir, "worker", "responder", "stranger")
 	startTalosd(t, talosd, dir, "--nats-url", ns.URL(), "--clickhouse-addr", addr, "--clickhouse-database", db,
 		"--registry", "../talosd/demo/registry", "--signing-key", filepath.Join(dir, "worker.key"),
 		"--responder-keys", filepath.Join(dir, "responder.pub"), "--http-addr", "", "--chains", "1", "--instance", "cli-worker", "--capabilities", "optional")
@@ -194,11 +190,7 @@ func TestApproveRejectCommands(t *testing.T) {
 	talosctl := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosctl")
 	ns := testenv.NATSForTest(t)
 	dir := t.TempDir()
-	for _, k := range []string{"worker", "responder"} {
-		if out, code := run(t, talosctl, "keys", "gen", "--out", filepath.Join(dir, k)); code != 0 {
-			t.Fatalf("keys gen %s: %s", k, out)
-		}
-	}
+	genKeys(t, talosctl, dir, "worker", "responder")
 	reg := filepath.Join(dir, "registry")
 	if err := os.MkdirAll(reg, 0o700); err != nil {
 		t.Fatal(err)

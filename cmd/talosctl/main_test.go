@@ -27,6 +27,17 @@ func run(t *testing.T, bin string, args ...string) (string, int) {
 	return runWithStdin(t, "", bin, args...)
 }
 
+// genKeys runs talosctl keys gen for each name: dir/NAME.key and
+// dir/NAME.pub.
+func genKeys(t *testing.T, talosctl, dir string, names ...string) {
+	t.Helper()
+	for _, k := range names {
+		if out, code := run(t, talosctl, "keys", "gen", "--out", filepath.Join(dir, k)); code != 0 {
+			t.Fatalf("keys gen %s: exit %d\n%s", k, code, out)
+		}
+	}
+}
+
 // startTalosd runs the talosd binary with args, its log in dir/talosd.log,
 // until the test ends.
 func startTalosd(t *testing.T, bin, dir string, args ...string) {

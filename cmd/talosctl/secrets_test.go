@@ -125,9 +125,7 @@ func TestNoSecretsAtRest(t *testing.T) {
 	dir := t.TempDir()
 	dataDir := filepath.Join(dir, "talos-data")
 	g := []string{"--nats-url", ns.URL(), "--clickhouse-addr", addr, "--clickhouse-database", db}
-	if out, code := run(t, talosctl, "keys", "gen", "--out", filepath.Join(dir, "worker")); code != 0 {
-		t.Fatalf("keys gen: %s", out)
-	}
+	genKeys(t, talosctl, dir, "worker")
 	startTalosd(t, talosd, dir, "--nats-url", ns.URL(), "--clickhouse-addr", addr, "--clickhouse-database", db,
 		"--registry", "../talosd/demo/registry", "--signing-key", filepath.Join(dir, "worker.key"), "--http-addr", "",
 		"--chains", "1", "--capabilities", "optional", "--log-level", "debug")
