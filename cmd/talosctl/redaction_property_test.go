@@ -159,7 +159,7 @@ func TestRedactionPropertyPipeline(t *testing.T) {
 	// The probes, then the investigator's question for each: which calls
 	// used this value? `talosctl query secret-uses` must name the probe.
 	sendAll(t, ctx, client, seed, probes)
-	waitCalls(t, ctx, conn, db, len(probes))
+	waitCalls(t, ctx, conn, db, len(probes), 5*time.Minute)
 	key := filepath.Join(dir, "talos-data", "keys", "redaction.key")
 	for _, c := range probes {
 		v := c.cases[0].Lookup
@@ -178,31 +178,10 @@ func TestRedactionPropertyPipeline(t *testing.T) {
 	// The bulk.
 	sendAll(t, ctx, client, seed, calls)
 	calls = append(probes, calls...)
-	waitCalls(t, ctx, conn, db, len(calls))
+	waitCalls(t, ctx, conn, db, len(calls), 5*time.Minute)
 
 	// Every place a value could end up.
-	var haystacks []haystack
-	rows, err := conn.Query(ctx, fmt.Sprintf("SELECT name FROM system.tables WHERE database = '%s'", db))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tables []string
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			t.Fatal(err)
-		}
-		tables = append(tables, name)
-	}
-	rows.Close()
-	for _, tbl := range tables {
-		haystacks = append(haystacks, haystack{"clickhouse " + tbl, dumpTable(t, ctx, conn, db, tbl)})
-	}
-	for name := range js.StreamNames(ctx).Name() {
-		if name != schemas.StreamCalls {
-			haystacks = append(haystacks, haystack{"stream " + name, dumpStream(t, ctx, js, name)})
-		}
-	}
+	haystacks, tables := atRest(t, ctx, conn, db, js)
 	for _, format := range []string{"jsonl", "csv"} {
 		file := filepath.Join(dir, "export."+format)
 		if out, code := run(t, talosctl, append(clone(g), "export", "--format", format, "--kind", "all", "--out", file)...); code != 0 {
@@ -214,13 +193,9 @@ func TestRedactionPropertyPipeline(t *testing.T) {
 		}
 		haystacks = append(haystacks, haystack{"export " + format, b})
 	}
-	logBytes, err := os.ReadFile(filepath.Join(dir, "talosd.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	haystacks = append(haystacks, haystack{"talosd log", logBytes})
-	if len(tables) < 6 || len(haystacks) < len(tables)+4 {
-		t.Fatalf("searched only %d places (%d tables)", len(haystacks), len(tables))
+	haystacks = append(haystacks, talosdLog(t, dir))
+	if tables < 6 || len(haystacks) < tables+4 {
+		t.Fatalf("searched only %d places (%d tables)", len(haystacks), tables)
 	}
 	// The searches are not vacuous: the calls are where they must be.
 	for _, h := range haystacks {
@@ -427,10 +402,11 @@ func dropTables(t *testing.T, addr, db string) {
 	}
 }
 
-// waitCalls waits until v_tool_calls holds n calls.
-func waitCalls(t *testing.T, ctx context.Context, conn driver.Conn, db string, n int) {
+// waitCalls waits until v_tool_calls holds n calls, failing the test if
+// it does not within d.
+func waitCalls(t *testing.T, ctx context.Context, conn driver.Conn, db string, n int, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Minute)
+	deadline := time.Now().Add(d)
 	for {
 		var got uint64
 		_ = conn.QueryRow(ctx, fmt.Sprintf("SELECT count() FROM %s.%s", db, query.ViewToolCalls)).Scan(&got)

@@ -169,19 +169,7 @@ func TestNoSecretsAtRest(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	want := uint64(len(secrets) + 1)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		var n uint64
-		_ = conn.QueryRow(ctx, fmt.Sprintf("SELECT count() FROM %s.%s", db, query.ViewToolCalls)).Scan(&n)
-		if n >= want {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d tool_calls rows, want %d", n, want)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitCalls(t, ctx, conn, db, len(secrets)+1, 60*time.Second)
 
 	// Redaction happened: every call with a planted secret lists a
 	// redaction (so the searches below are not vacuous).
@@ -192,45 +180,17 @@ func TestNoSecretsAtRest(t *testing.T) {
 		}
 	}
 
-	// Every table and view of the database.
-	var haystacks []haystack
-	rows, err := conn.Query(ctx, fmt.Sprintf("SELECT name FROM system.tables WHERE database = '%s'", db))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tables []string
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			t.Fatal(err)
-		}
-		tables = append(tables, name)
-	}
-	rows.Close()
-	for _, tbl := range tables {
-		haystacks = append(haystacks, haystack{"clickhouse " + tbl, dumpTable(t, ctx, conn, db, tbl)})
-	}
-	// Every stream but TALOS_CALLS (audit, control, KV buckets).
+	// Every table and view of the database, every stream but TALOS_CALLS.
 	nc, err := nats.Connect(ns.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	names := js.StreamNames(ctx)
-	for name := range names.Name() {
-		if name == schemas.StreamCalls {
-			continue
-		}
-		haystacks = append(haystacks, haystack{"stream " + name, dumpStream(t, ctx, js, name)})
-	}
-	logBytes, err := os.ReadFile(filepath.Join(dir, "talosd.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	haystacks = append(haystacks, haystack{"talosd log", logBytes})
-	if len(tables) < 6 || len(haystacks) < len(tables)+3 {
-		t.Fatalf("searched only %d places (%d tables)", len(haystacks), len(tables))
+	haystacks, tables := atRest(t, ctx, conn, db, js)
+	haystacks = append(haystacks, talosdLog(t, dir))
+	if tables < 6 || len(haystacks) < tables+3 {
+		t.Fatalf("searched only %d places (%d tables)", len(haystacks), tables)
 	}
 	// The dumps are real: the calls' ids are found where they must be.
 	for _, h := range haystacks {
@@ -294,6 +254,36 @@ type haystack struct {
 }
 
 func clone(g []string) []string { return append([]string(nil), g...) }
+
+// atRest dumps every table and view of db and every stream but
+// TALOS_CALLS (audit, control, KV buckets), one haystack each, and says
+// how many tables and views there are.
+func atRest(t *testing.T, ctx context.Context, conn driver.Conn, db string, js jetstream.JetStream) (haystacks []haystack, tables int) {
+	t.Helper()
+	var names []string
+	if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT groupArray(name) FROM system.tables WHERE database = '%s'", db)).Scan(&names); err != nil {
+		t.Fatal(err)
+	}
+	for _, tbl := range names {
+		haystacks = append(haystacks, haystack{"clickhouse " + tbl, dumpTable(t, ctx, conn, db, tbl)})
+	}
+	for name := range js.StreamNames(ctx).Name() {
+		if name != schemas.StreamCalls {
+			haystacks = append(haystacks, haystack{"stream " + name, dumpStream(t, ctx, js, name)})
+		}
+	}
+	return haystacks, len(names)
+}
+
+// talosdLog is the log startTalosd writes in dir.
+func talosdLog(t *testing.T, dir string) haystack {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "talosd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return haystack{"talosd log", b}
+}
 
 // dumpTable returns every value of every column of a table or view, as
 // text (arrays joined), one row per line.
