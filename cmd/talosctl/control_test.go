@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/talos-audit/talos/ingest/loadgen"
-	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/testenv"
 )
 
@@ -129,11 +128,7 @@ func TestControlCommandsCLI(t *testing.T) {
 	// Every command above, accepted or refused, is a signed receipt in
 	// ClickHouse, and verify covers them.
 	ctx := context.Background()
-	conn, err := query.Open(ctx, addr, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := openClickHouse(t, ctx, addr, db)
 	deadline = time.Now().Add(60 * time.Second)
 	for {
 		var accepted, refused uint64

@@ -135,11 +135,7 @@ func TestCLIAgainstRunningStack(t *testing.T) {
 	}
 
 	ctx := context.Background()
-	conn, err := query.Open(ctx, addr, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := openClickHouse(t, ctx, addr, db)
 	waitCount(t, conn, db, 5)
 
 	out, code = run(t, talosctl, append(g, "verify", "--trusted-keys", dir)...)
@@ -214,6 +210,17 @@ func TestCLIAgainstRunningStack(t *testing.T) {
 	if br.Calls != 300 || br.Allowed != 300 || br.P99ms <= 0 || br.EventsPerSec <= 0 {
 		t.Fatalf("bench result: %+v", br)
 	}
+}
+
+// openClickHouse connects to db at addr until the test ends.
+func openClickHouse(t *testing.T, ctx context.Context, addr, db string) driver.Conn {
+	t.Helper()
+	conn, err := query.Open(ctx, addr, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 func waitCount(t *testing.T, conn driver.Conn, db string, n uint64) {

@@ -84,11 +84,7 @@ func TestQuerySecretUses(t *testing.T) {
 	addr, db := testenv.NewDatabase(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	conn, err := query.Open(ctx, addr, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := openClickHouse(t, ctx, addr, db)
 	if err := query.Migrate(ctx, conn, db); err != nil {
 		t.Fatal(err)
 	}

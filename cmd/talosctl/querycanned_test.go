@@ -128,11 +128,7 @@ func cliDB(t *testing.T) (context.Context, driver.Conn, string, string) {
 	addr, db := testenv.NewDatabase(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	conn, err := query.Open(ctx, addr, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := openClickHouse(t, ctx, addr, db)
 	if err := query.Migrate(ctx, conn, db); err != nil {
 		t.Fatal(err)
 	}

@@ -150,11 +150,7 @@ func TestRedactionPropertyPipeline(t *testing.T) {
 	}
 	defer client.Close()
 	ctx := context.Background()
-	conn, err := query.Open(ctx, addr, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := openClickHouse(t, ctx, addr, db)
 
 	// The probes, then the investigator's question for each: which calls
 	// used this value? `talosctl query secret-uses` must name the probe.

@@ -164,11 +164,7 @@ func TestNoSecretsAtRest(t *testing.T) {
 	}
 
 	ctx := context.Background()
-	conn, err := query.Open(ctx, addr, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := openClickHouse(t, ctx, addr, db)
 	waitCalls(t, ctx, conn, db, len(secrets)+1, 60*time.Second)
 
 	// Redaction happened: every call with a planted secret lists a

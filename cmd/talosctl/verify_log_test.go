@@ -140,10 +140,7 @@ func startLogStack(t *testing.T) *logStack {
 		"--no-chain-checkpoints", "--checkpoint-interval", "200ms")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
-	if s.conn, err = query.Open(ctx, addr, db); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.conn.Close() })
+	s.conn = openClickHouse(t, ctx, addr, db)
 	_, s.js = testenv.ConnectJS(t, s.natsURL)
 	return s
 }
