@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/talos-audit/talos/ingest/ep"
-	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -32,13 +31,7 @@ func TestReplicasOnCluster(t *testing.T) {
 	cluster := testenv.NATSClusterForTest(t, testenv.NATSClusterOptions{})
 	addr, db := testenv.NewDatabase(t)
 	dir := t.TempDir()
-	key, err := receipts.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := receipts.WriteKeyPair(key, filepath.Join(dir, "signer")); err != nil {
-		t.Fatal(err)
-	}
+	writeKeyPair(t, dir, "signer")
 	policy := filepath.Join(dir, "policy.json")
 	if err := os.WriteFile(policy, []byte(`{"rate_limits":[{"name":"per-agent","agents":["*"],"servers":["*"],"tools":["*"],"limit":100000,"window":"1m"}]}`), 0o600); err != nil {
 		t.Fatal(err)

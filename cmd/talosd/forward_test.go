@@ -21,7 +21,6 @@ import (
 
 	"github.com/talos-audit/talos/ingest/loadgen"
 	"github.com/talos-audit/talos/query"
-	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/receipts/verify"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
@@ -49,14 +48,7 @@ func startForwardStack(t *testing.T, alertAfter string) *fwdStack {
 	dir := t.TempDir()
 	certs := testenv.NewTLSFiles(t, t.TempDir())
 	s := &fwdStack{rs: testenv.StartRsyslog(t, testenv.RsyslogOptions{TLS: certs}), natsURL: ns.URL(), db: db, keys: verify.KeySet{}}
-	key, err := receipts.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.keys.Add(key.Public())
-	if err := receipts.WriteKeyPair(key, filepath.Join(dir, "signer")); err != nil {
-		t.Fatal(err)
-	}
+	s.keys.Add(writeKeyPair(t, dir, "signer").Public())
 	cfg := fmt.Sprintf(`{"destinations": [{"name": "rsyslog", "type": "syslog", "address": %q, "tls": {"ca_file": %q}, "alert_after": %q}]}`,
 		s.rs.Addr(), certs.CAFile, alertAfter)
 	if err := os.WriteFile(filepath.Join(dir, "forward.json"), []byte(cfg), 0o600); err != nil {
@@ -75,6 +67,7 @@ func startForwardStack(t *testing.T, alertAfter string) *fwdStack {
 	s.nc, _ = testenv.ConnectJS(t, ns.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	var err error
 	if s.conn, err = query.Open(ctx, addr, db); err != nil {
 		t.Fatal(err)
 	}

@@ -31,6 +31,19 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.RunWithClickHouse(m)) }
 
+// writeKeyPair writes a new signing key as dir/NAME.key and dir/NAME.pub.
+func writeKeyPair(t *testing.T, dir, name string) *receipts.PrivateKey {
+	t.Helper()
+	key, err := receipts.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := receipts.WriteKeyPair(key, filepath.Join(dir, name)); err != nil {
+		t.Fatal(err)
+	}
+	return key
+}
+
 // TestDevExitAfterDemo is README command 1, scripted: `talosd dev` brings up
 // embedded NATS and a private ClickHouse, sends the demo calls, and the
 // receipts verify.
@@ -126,13 +139,7 @@ func stopMidTraffic(t *testing.T, sig syscall.Signal) {
 	addr, db := testenv.NewDatabase(t)
 	ns := testenv.NATSForTest(t)
 	dir := t.TempDir()
-	key, err := receipts.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := receipts.WriteKeyPair(key, filepath.Join(dir, "signer")); err != nil {
-		t.Fatal(err)
-	}
+	key := writeKeyPair(t, dir, "signer")
 	args := []string{"--data-dir", filepath.Join(dir, "data"), "--nats-url", ns.URL(), "--clickhouse-addr", addr, "--clickhouse-database", db,
 		"--registry", "demo/registry", "--signing-key", filepath.Join(dir, "signer.key"),
 		"--http-addr", "", "--ack-wait", "2s", "--chains", "4", "--batch-rows", "200", "--batch-age", "50ms", "--log-format", "json"}
@@ -293,10 +300,7 @@ func stopMidTraffic(t *testing.T, sig syscall.Signal) {
 func TestEmbeddedNATSAndHTTP(t *testing.T) {
 	bin := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosd")
 	dir := t.TempDir()
-	key, _ := receipts.GenerateKey()
-	if err := receipts.WriteKeyPair(key, filepath.Join(dir, "k")); err != nil {
-		t.Fatal(err)
-	}
+	writeKeyPair(t, dir, "k")
 	httpAddr := testenv.FreeAddr(t)
 	cmd := testenv.Command(bin, "--roles", "enforce", "--registry", "demo/registry", "--signing-key", filepath.Join(dir, "k.key"),
 		"--data-dir", dir, "--nats-listen", "127.0.0.1:0", "--http-addr", httpAddr)

@@ -19,7 +19,6 @@ import (
 	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/ingest/natsauth"
 	"github.com/talos-audit/talos/ingest/natstls"
-	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -42,10 +41,7 @@ func mustUser(t *testing.T, a *natsauth.File, role, ep string) natsauth.User {
 func TestDaemonNATSAuth(t *testing.T) {
 	bin := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosd")
 	dir := t.TempDir()
-	key, _ := receipts.GenerateKey()
-	if err := receipts.WriteKeyPair(key, filepath.Join(dir, "k")); err != nil {
-		t.Fatal(err)
-	}
+	writeKeyPair(t, dir, "k")
 	path := filepath.Join(dir, "nats-auth.json")
 	args := []string{"--roles", "enforce", "--registry", "demo/registry", "--signing-key", filepath.Join(dir, "k.key"),
 		"--data-dir", dir, "--nats-listen", "127.0.0.1:0", "--http-addr", "", "--nats-eps", "talosctl,gw-1"}

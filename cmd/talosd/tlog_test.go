@@ -22,7 +22,6 @@ import (
 
 	"github.com/talos-audit/talos/ingest/loadgen"
 	"github.com/talos-audit/talos/query"
-	"github.com/talos-audit/talos/receipts"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
 )
@@ -43,13 +42,7 @@ func TestTransparencyLogChecksIndependently(t *testing.T) {
 	addr, db := testenv.NewDatabase(t)
 	ns := testenv.NATSForTest(t)
 	dir := t.TempDir()
-	key, err := receipts.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := receipts.WriteKeyPair(key, filepath.Join(dir, "signer")); err != nil {
-		t.Fatal(err)
-	}
+	writeKeyPair(t, dir, "signer")
 	httpAddr := testenv.FreeAddr(t)
 	data := filepath.Join(dir, "data")
 	_, stop := startTalosdLog(t, bin, filepath.Join(dir, "talosd.log"), "--data-dir", data, "--nats-url", ns.URL(),

@@ -198,15 +198,8 @@ func TestWebDashboardInChromium(t *testing.T) {
 	ns := testenv.NATSForTest(t)
 	dir := t.TempDir()
 	artifacts := artifactsDir(t)
-	for _, k := range []string{"worker", "responder"} {
-		key, err := receipts.GenerateKey()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := receipts.WriteKeyPair(key, filepath.Join(dir, k)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeKeyPair(t, dir, "worker")
+	writeKeyPair(t, dir, "responder")
 	webAddr := testenv.FreeAddr(t)
 	dataDir := filepath.Join(dir, "talos-data")
 	logPath := filepath.Join(dir, "talosd.log")
