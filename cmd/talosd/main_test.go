@@ -31,6 +31,18 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.RunWithClickHouse(m)) }
 
+// connectStreams connects to the NATS server at url until the test ends
+// and creates talosd's streams, so that calls can be queued before talosd
+// runs.
+func connectStreams(t *testing.T, ctx context.Context, url string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, js := testenv.ConnectJS(t, url)
+	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
 // writeKeyPair writes a new signing key as dir/NAME.key and dir/NAME.pub.
 func writeKeyPair(t *testing.T, dir, name string) *receipts.PrivateKey {
 	t.Helper()
@@ -158,19 +170,8 @@ func stopMidTraffic(t *testing.T, sig syscall.Signal) {
 		return cmd
 	}
 
-	nc, err := nats.Connect(ns.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	nc, js := connectStreams(t, ctx, ns.URL())
 	client, err := ep.NewClient(nc, js, "crash-ep")
 	if err != nil {
 		t.Fatal(err)

@@ -14,7 +14,6 @@ import (
 
 	"golang.org/x/mod/sumdb/tlog"
 
-	"github.com/talos-audit/talos/ingest"
 	tlogpkg "github.com/talos-audit/talos/ingest/tlog"
 	"github.com/talos-audit/talos/schemas"
 	"github.com/talos-audit/talos/testenv"
@@ -30,12 +29,9 @@ import (
 func TestLogStandbyTakesOver(t *testing.T) {
 	bin := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosd")
 	ns := testenv.NATSForTest(t)
-	_, js := testenv.ConnectJS(t, ns.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	_, js := connectStreams(t, ctx, ns.URL())
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
 	var procs []*exec.Cmd

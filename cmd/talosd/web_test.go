@@ -19,10 +19,7 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/talos-audit/talos/ingest"
 	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/query"
@@ -222,18 +219,7 @@ func TestWebDashboardInChromium(t *testing.T) {
 	// Traffic, as an enforcement point.
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	nc, err := nats.Connect(ns.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ingest.EnsureStreams(ctx, js, ingest.StreamOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	nc, js := connectStreams(t, ctx, ns.URL())
 	client, err := ep.NewClient(nc, js, "web-ep")
 	if err != nil {
 		t.Fatal(err)
