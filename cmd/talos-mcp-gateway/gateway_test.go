@@ -32,6 +32,9 @@ import (
 // their own: those without --spool-dir spool under it (DefaultSpoolDir),
 // never under the user's home.
 func TestMain(m *testing.M) {
+	if os.Getenv(lingerEnv) != "" {
+		lingeringUpstream()
+	}
 	state, err := os.MkdirTemp("", "talos-gateway-test-state-")
 	if err == nil {
 		err = os.Setenv("XDG_STATE_HOME", state)

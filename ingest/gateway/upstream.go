@@ -125,7 +125,7 @@ func ConnectUpstreams(ctx context.Context, specs []mcpup.Spec, client *mcp.Imple
 	var ups []*Upstream
 	for _, s := range specs {
 		u := &Upstream{spec: s, changed: make(chan struct{}, 1), impl: client}
-		u.opts = []mcpup.Option{mcpup.WithRejected(u.reject(log))}
+		u.opts = []mcpup.Option{mcpup.WithRejected(u.reject(log)), mcpup.WithTerminateWait(upstreamTerminateWait)}
 		transport := "pipe"
 		if s.URL != "" {
 			transport = "tcp"
@@ -172,12 +172,25 @@ func (u *Upstream) connect(ctx context.Context, log *slog.Logger) error {
 	return nil
 }
 
-// CloseUpstreams closes the sessions of ups (stopping stdio upstreams),
-// for a caller that keeps them without a Gateway to close them.
+// upstreamTerminateWait is how long closing a stdio upstream's session
+// waits for the process to exit once its stdin is closed, and again after
+// SIGTERM, before it is killed: short, so that the gateway exits promptly
+// when its client leaves (a client that waits less kills the gateway, and
+// an upstream left running would then be orphaned but for
+// mcpup.Connect's parent-death signal).
+const upstreamTerminateWait = time.Second
+
+// CloseUpstreams closes the sessions of ups (stopping stdio upstreams), all
+// at once, and returns when every one is closed: at most about twice
+// upstreamTerminateWait for a stdio upstream that ignores its stdin and
+// SIGTERM. A Gateway calls it from Close; a caller that keeps upstreams
+// without a Gateway calls it itself.
 func CloseUpstreams(ups []*Upstream) {
+	var wg sync.WaitGroup
 	for _, u := range ups {
-		_ = u.session.Close()
+		wg.Go(func() { _ = u.session.Close() })
 	}
+	wg.Wait()
 }
 
 // Report is, per principal name, the tools it would see and why the

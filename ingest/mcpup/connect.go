@@ -88,10 +88,12 @@ func (o *options) transport(t mcp.Transport, serverID string) mcp.Transport {
 // Connect starts or dials the upstream server s and completes the MCP
 // handshake as client. The caller owns the session and MUST Close it; for
 // stdio that ends the child process (stdin closed, then SIGTERM and SIGKILL
-// if it lingers). ctx bounds the connection and handshake only, not the
-// session's lifetime. Errors name the server_id and say whether the process
-// failed to start (ErrStart) or the handshake failed; they never repeat the
-// command's arguments or the URL's credentials.
+// if it lingers; WithTerminateWait). On Linux a stdio server is also
+// killed when the calling process dies, however it dies. ctx bounds the
+// connection and handshake only, not the session's lifetime. Errors name
+// the server_id and say whether the process failed to start (ErrStart) or
+// the handshake failed; they never repeat the command's arguments or the
+// URL's credentials.
 func Connect(ctx context.Context, s Spec, client *mcp.Implementation, opts ...Option) (*mcp.ClientSession, error) {
 	o := options{stderr: os.Stderr}
 	for _, opt := range opts {
@@ -144,6 +146,7 @@ func connectStdio(ctx context.Context, c *mcp.Client, s Spec, o options) (*mcp.C
 		cmd.Env = append(os.Environ(), s.Env...)
 	}
 	cmd.Stderr = o.stderr
+	dieWithParent(cmd)
 	cs, err := c.Connect(ctx, o.transport(&mcp.CommandTransport{Command: cmd, TerminateDuration: o.terminate}, s.ServerID), nil)
 	if err == nil {
 		return cs, nil
