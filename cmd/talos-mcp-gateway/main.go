@@ -13,7 +13,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -40,7 +39,7 @@ type cli struct {
 	NatsURL      string `name:"nats-url" default:"nats://127.0.0.1:4222" help:"NATS URL of the Talos stack."`
 	NatsUser     string `name:"nats-user" help:"NATS user (default: this enforcement point's user in --nats-auth)."`
 	NatsPassword string `name:"nats-password" help:"NATS password for --nats-user (prefer TALOS_NATS_PASSWORD)."`
-	NatsAuth     string `name:"nats-auth" help:"talosd's NATS users file; the gateway logs in as the user of --ep-id. 'none': no credentials."`
+	NatsAuth     string `name:"nats-auth" help:"talosd's NATS users file; the gateway logs in as the user of --ep-id. Default: talos-data/nats-auth.json when it exists (like talosctl). 'none': no credentials."`
 	NatsCA       string `name:"nats-ca" type:"path" help:"CA certificate (PEM) the NATS server's certificate must chain to; with it, a server without TLS is refused. Default: nats-tls/ca.pem beside --nats-auth when it exists, else the system's roots."`
 
 	EPID     string   `name:"ep-id" required:"" help:"This enforcement point's id (its decisions arrive on talos.decision.<ep-id>.>)."`
@@ -133,11 +132,16 @@ func main() {
 	}
 }
 
+// defaultNATSAuth is the users file read when --nats-auth is not given
+// and it exists: where `talosd dev` keeps it, relative to the repository
+// root (talosctl's default too).
+const defaultNATSAuth = "talos-data/nats-auth.json"
+
 // config is the gateway's configuration from the flags.
 func (c *cli) config(log *slog.Logger) gateway.Config {
 	return gateway.Config{
 		EPID: c.EPID, Registry: c.Registry, Upstreams: c.Upstream, Credentials: c.Credentials,
-		NATS:       natsauth.Login{URL: c.NatsURL, User: c.NatsUser, Password: c.NatsPassword, UsersFile: cmp.Or(c.NatsAuth, natsauth.None), CA: c.NatsCA},
+		NATS:       natsauth.Login{URL: c.NatsURL, User: c.NatsUser, Password: c.NatsPassword, UsersFile: c.NatsAuth, Default: defaultNATSAuth, CA: c.NatsCA},
 		Capability: c.Capability, AgentKey: c.AgentKey, AgentID: c.AgentID, SessionID: c.SessionID,
 		Principals: c.Principals, TrustedKeys: c.TrustedKeys,
 		HTTP: gateway.HTTPConfig{Listen: c.Listen, TLSCert: c.TLSCert, TLSKey: c.TLSKey, InsecurePlainHTTP: c.InsecurePlainHTTP,
@@ -181,10 +185,7 @@ func (c *cli) run(log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("NATS %s: %w", natsauth.Redact(c.NatsURL), err)
 	}
-	defer nc.Close()
-	if !nc.IsConnected() {
-		log.Warn("NATS not reachable yet; every call is denied until it is", "url", natsauth.Redact(c.NatsURL))
-	}
+	defer nc.Close() // the NATS options log why it is not connected
 	g, err := s.New(nc, ups)
 	if err != nil {
 		return err

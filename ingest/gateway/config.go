@@ -187,7 +187,7 @@ func (s *Setup) configure() error {
 	if err := refuseStaticSecrets(s.Principals, s.Credentials); err != nil {
 		return fmt.Errorf("--credentials %s: %w", c.Credentials, err)
 	}
-	if s.NATS, err = natsOptions(c.NATS, c.EPID); err != nil {
+	if s.NATS, err = natsOptions(c.NATS, c.EPID, c.Logger); err != nil {
 		return err
 	}
 	if s.SpoolDir = c.SpoolDir; s.SpoolDir == "" {
@@ -243,20 +243,21 @@ func DefaultSpoolDir(epID string, lookupEnv func(string) (string, bool)) (string
 	return "", errors.New("--spool-dir is required: neither $XDG_STATE_HOME nor $HOME names a directory for the default")
 }
 
-// natsOptions log in as enforcement point epID and keep reconnecting
-// forever.
-func natsOptions(l natsauth.Login, epID string) ([]nats.Option, error) {
+// natsOptions log in as enforcement point epID, keep reconnecting
+// forever, and log why they cannot connect (natsStatus).
+func natsOptions(l natsauth.Login, epID string, log *slog.Logger) ([]nats.Option, error) {
 	creds, err := l.Options(schemas.NATSRoleEnforcement, epID)
 	if err != nil {
 		return nil, fmt.Errorf("--nats-auth: %w", err)
 	}
-	return append([]nats.Option{
+	status := &natsStatus{log: log, url: natsauth.Redact(l.URL)}
+	return append(append([]nats.Option{
 		nats.Name("talos-mcp-gateway " + epID),
 		nats.RetryOnFailedConnect(true),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.Timeout(2 * time.Second),
-	}, creds...), nil
+	}, status.options()...), creds...), nil
 }
 
 // sandbox is the sandboxes of --sandbox; without it, no sandbox flag may
