@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -193,6 +194,32 @@ func (c *cli) run(log *slog.Logger) error {
 	owned = false
 	g.Start(ctx)
 	defer g.Close(c.DrainTimeout)
-	log.Info("talos-mcp-gateway ready", "ep_id", c.EPID, "upstreams", len(ups), "tools", g.Tools(), "registry_digest", s.Registry.Digest(), "spool", s.SpoolDir)
+	// Shutdown order: serving ends, then announce, then the gateway
+	// closes (its deferred Close), then NATS.
+	served, stopAnnounce := context.WithCancel(ctx)
+	var announcing sync.WaitGroup
+	announcing.Go(func() {
+		announce(served, log, g, "ep_id", c.EPID, "upstreams", len(ups), "tools", g.Tools(), "registry_digest", s.Registry.Digest(), "spool", s.SpoolDir)
+	})
+	defer announcing.Wait()
+	defer stopAnnounce()
 	return s.Serve(ctx, g)
+}
+
+// announce logs "talos-mcp-gateway ready" once g is connected to Talos
+// and answers MCP requests (gateway.Gateway.Ready). Until then it has
+// logged that the gateway waits for Talos, holding every request; it
+// returns early when ctx ends.
+func announce(ctx context.Context, log *slog.Logger, g *gateway.Gateway, attrs ...any) {
+	select {
+	case <-g.Ready():
+	default:
+		log.Warn("talos-mcp-gateway waiting for Talos: no MCP request is answered until NATS is reachable and the decisions are subscribed to", attrs...)
+		select {
+		case <-g.Ready():
+		case <-ctx.Done():
+			return
+		}
+	}
+	log.Info("talos-mcp-gateway ready", attrs...)
 }

@@ -49,8 +49,10 @@ func TestNoAnswerBeforeTalos(t *testing.T) {
 		}
 	})
 	// The gateway is up (its upstream listed) long before this ends; an
-	// answered handshake would arrive within it.
-	waitLog(t, logPath, `msg="talos-mcp-gateway ready"`)
+	// answered handshake would arrive within it. It says it waits, and
+	// why, and does not claim to be ready.
+	waitLog(t, logPath, `msg="talos-mcp-gateway waiting for Talos`)
+	waitLog(t, logPath, "connection refused")
 	select {
 	case c := <-done:
 		if c.cs != nil {
@@ -58,6 +60,9 @@ func TestNoAnswerBeforeTalos(t *testing.T) {
 		}
 		t.Fatalf("the handshake was answered while Talos was unreachable (err %v)", c.err)
 	case <-time.After(3 * time.Second):
+	}
+	if b, _ := os.ReadFile(logPath); strings.Contains(string(b), readyLine) {
+		t.Fatalf("the gateway logged %s while Talos was unreachable", readyLine)
 	}
 	s.startNATS()
 	var c connected
@@ -70,11 +75,15 @@ func TestNoAnswerBeforeTalos(t *testing.T) {
 		t.Fatal(c.err)
 	}
 	defer c.cs.Close()
+	waitLog(t, logPath, readyLine)
 	gw := &gatewaySession{cs: c.cs, log: logPath}
 	if got := text(gw.call(ctx, "echo", map[string]any{"message": "first"}).mustAllow(t, "the first call")); got != "Echo: first" {
 		t.Fatalf("echo: %q", got)
 	}
 }
+
+// readyLine is the gateway's log line once it answers requests.
+const readyLine = `msg="talos-mcp-gateway ready"`
 
 // waitLog waits up to 60 s for the log file at path to hold want.
 func waitLog(t *testing.T, path, want string) {
