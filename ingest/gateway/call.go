@@ -256,6 +256,7 @@ func (g *Gateway) resolve(ctx context.Context, c *pending, d *schemas.Decision, 
 	}
 	switch d.Decision {
 	case schemas.DecisionDeny:
+		g.registryMismatch(d)
 		c.log.Info("call denied", "codes", codes, "receipt_id", d.ReceiptID)
 		return nil, deny(Denial{Decision: d.Decision, ReasonCodes: codes, ToolCallID: c.pre.ToolCallID, ReceiptID: d.ReceiptID, Details: details})
 	case schemas.DecisionRequireApproval:
@@ -272,6 +273,23 @@ func (g *Gateway) resolve(ctx context.Context, c *pending, d *schemas.Decision, 
 	g.fail(c.p, c.pre, c.local[len(c.local)-1], c.localDetail, false)
 	c.log.Info("call denied by the gateway", "codes", codes)
 	return nil, deny(Denial{Decision: schemas.DecisionDeny, ReasonCodes: codes, ToolCallID: c.pre.ToolCallID, ReceiptID: d.ReceiptID, Details: details})
+}
+
+// registryMismatch says plainly, once per registry Talos enforces, that a
+// denial REGISTRY_VERSION_MISMATCH is not about the call: this gateway's
+// --registry is not the registry the workers enforce (their --registry
+// or its registry.pin), so every call is denied until the two agree. The
+// gateway cannot read the pin (its NATS user reads no more of
+// TALOS_CONTROL than approvals), so the first such denial tells.
+func (g *Gateway) registryMismatch(d *schemas.Decision) {
+	if !slices.Contains(d.ReasonCodes, schemas.CodeRegistryVersionMismatch) {
+		return
+	}
+	if _, seen := g.mismatched.LoadOrStore(d.RegistryDigest, true); seen {
+		return
+	}
+	g.log.Error("Talos enforces another registry than this gateway's --registry: every call is denied REGISTRY_VERSION_MISMATCH until they agree; start the gateway with the registry talosd enforces (talosctl registry show names a pinned one; without a pin, talosd's --registry)",
+		"gateway_registry_digest", g.o.Registry.Digest(), "enforced_registry_digest", d.RegistryDigest)
 }
 
 // awaitApproval parks a require_approval call until `talosctl approve` or

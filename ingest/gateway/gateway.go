@@ -174,6 +174,10 @@ type Gateway struct {
 	// session made for one HTTP client (sessionTools): the tool is then
 	// drifted for every client, for the gateway's life.
 	sessionDrift map[string]upstreamTool
+	// mismatched holds the registry digests Talos enforced in a
+	// REGISTRY_VERSION_MISMATCH denial, each logged once
+	// (registryMismatch).
+	mismatched sync.Map
 }
 
 // New builds a gateway over connected upstreams and a NATS connection
