@@ -111,6 +111,11 @@ func (s *State) Engine() *Engine { return s.engine }
 // registry while nothing is pinned.
 func (s *State) Registry() *Registry { return s.engine.Registry() }
 
+// Pinned is the digest of the pinned bundle and the control seq of the
+// registry.pin that pinned it; "" and 0 while nothing is pinned (the
+// bootstrap registry is in force).
+func (s *State) Pinned() (digest string, seq uint64) { return s.pinned, s.pinnedSeq }
+
 // Mode is the enforcement mode (fixed at NewState).
 func (s *State) Mode() Mode { return s.engine.Mode() }
 

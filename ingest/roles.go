@@ -129,6 +129,17 @@ func NewEnforceRole(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, 
 	return &EnforceRole{Enforcer: enf, WorkerID: id, ChainPrefix: base, Chains: len(chains), ledger: ledger, state: dec.State}, nil
 }
 
+// CaughtUpState waits until Run has replayed TALOS_CONTROL and returns
+// the role's enforcement state then: the registry it enforces
+// (State.Registry) and the pin that put it in force (State.Pinned). The
+// error is ctx's when ctx ends first.
+func (r *EnforceRole) CaughtUpState(ctx context.Context) (*enforce.State, error) {
+	if err := r.Follower().WaitCaughtUp(ctx); err != nil {
+		return nil, err
+	}
+	return r.state(), nil
+}
+
 // ControlRoleOptions configure NewControlRole. Instance, Key and Engine
 // are as for the enforce role; the rest are control.ControlPlaneOptions'.
 type ControlRoleOptions struct {

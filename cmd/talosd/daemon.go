@@ -33,10 +33,12 @@ import (
 
 // stack is what a running daemon exposes to `talosd dev`.
 type stack struct {
-	NatsURL  string
-	NC       *nats.Conn
-	JS       jetstream.JetStream
-	Registry *enforce.Registry
+	NatsURL string
+	NC      *nats.Conn
+	JS      jetstream.JetStream
+	// Registry is the registry the enforce role enforces, once it has
+	// replayed TALOS_CONTROL.
+	Registry registryState
 	// WebURL is the dashboard address with its ?token= (role web), for
 	// talosd dev's banner only: never log it.
 	WebURL string
@@ -114,15 +116,16 @@ func runDaemon(ctx context.Context, f *Flags, ready func(context.Context, *stack
 		return err
 	}
 	defer c.tracing.Close(5 * time.Second)
-	webURL, closeSink, err := startRoles(gctx, f, log, c, nc, js, metrics, roleStarter(g, gctx, log))
+	webURL, en, closeSink, err := startRoles(gctx, f, log, c, nc, js, metrics, roleStarter(g, gctx, log))
 	defer closeSink()
 	if err != nil {
 		stop()
 		return err
 	}
 	srv := telemetry.Serve(telemetry.Options{Addr: f.HTTPAddr, Metrics: metrics, NATS: nc, Pprof: f.Pprof, Logger: log, Routes: f.RoleFlags.Routes(f.has("log"), f.DataDir)})
-	if ready != nil {
-		if err := ready(gctx, &stack{NatsURL: natsURL, NC: nc, JS: js, Registry: c.reg, WebURL: webURL}); err != nil {
+	// enforcedRegistry fails only when gctx ends: the roles are stopping.
+	if reg, err := enforcedRegistry(gctx, f, log, c, en); err == nil && ready != nil {
+		if err := ready(gctx, &stack{NatsURL: natsURL, NC: nc, JS: js, Registry: reg, WebURL: webURL}); err != nil {
 			stop()
 			return err
 		}
@@ -158,8 +161,9 @@ func roleStarter(g *errgroup.Group, ctx context.Context, log *slog.Logger) func(
 	}
 }
 
-// loadCore loads the registry and the signing key for the enforce and
-// control roles and pins the registry in a new engine.
+// loadCore loads the bootstrap registry and the signing key for the
+// enforce and control roles and builds an engine over the registry (a
+// registry pin in TALOS_CONTROL overrides it: enforcedRegistry).
 func loadCore(f *Flags, log *slog.Logger) (*core, error) {
 	c := &core{}
 	if !f.has("enforce") && !f.has("control") {
@@ -186,7 +190,7 @@ func loadCore(f *Flags, log *slog.Logger) (*core, error) {
 	if c.engine, err = enforce.New(enforce.Config{Mode: mode, Registry: c.reg}); err != nil {
 		return nil, err
 	}
-	log.Info("registry pinned", "digest", c.reg.Digest(), "servers", len(c.reg.Manifests()))
+	log.Info("bootstrap registry loaded", "registry", f.Registry, "digest", c.reg.Digest(), "servers", len(c.reg.Manifests()))
 	return c, nil
 }
 
@@ -239,16 +243,15 @@ func startNATS(f *Flags, log *slog.Logger) (url string, creds []nats.Option, shu
 }
 
 // startRoles starts the configured roles in g: enforce, control, sink, then
-// web (after the sink, which creates the database). closeSink closes the
-// sink's ClickHouse connection; call it after g has stopped, also when err
-// is not nil.
+// web (after the sink, which creates the database). en is the enforce
+// role, nil without one. closeSink closes the sink's ClickHouse
+// connection; call it after g has stopped, also when err is not nil.
 func startRoles(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *nats.Conn, js jetstream.JetStream,
-	metrics *prometheus.Registry, start func(string, func(context.Context) error)) (webURL string, closeSink func(), err error) {
+	metrics *prometheus.Registry, start func(string, func(context.Context) error)) (webURL string, en *ingest.EnforceRole, closeSink func(), err error) {
 	closeSink = func() {}
-	var en *ingest.EnforceRole
 	if f.has("enforce") {
 		if en, err = startEnforce(ctx, f, log, c, nc, js); err != nil {
-			return "", closeSink, err
+			return "", nil, closeSink, err
 		}
 		telemetry.RegisterEnforcer(metrics, en.Enforcer)
 		start("enforce", en.Run)
@@ -256,14 +259,14 @@ func startRoles(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *na
 	if f.has("control") {
 		run, err := startControl(ctx, f, log.With("role", "control"), nc, js, c, en, metrics)
 		if err != nil {
-			return "", closeSink, err
+			return "", nil, closeSink, err
 		}
 		start("control", run)
 	}
 	if f.has("sink") {
 		run, conn, err := startSink(ctx, f, log, js, metrics)
 		if err != nil {
-			return "", closeSink, err
+			return "", nil, closeSink, err
 		}
 		closeSink = func() { conn.Close() }
 		start("sink", run)
@@ -271,7 +274,7 @@ func startRoles(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *na
 	if f.has("forward") {
 		fw, err := forward.Open(f.ForwardConfig, nc, js, forward.Options{Instance: f.instance(), AckWait: f.AckWait, Logger: log.With("role", "forward")})
 		if err != nil {
-			return "", closeSink, usagef("%v", err)
+			return "", nil, closeSink, usagef("%v", err)
 		}
 		telemetry.RegisterForwarder(metrics, fw)
 		start("forward", fw.Run)
@@ -279,23 +282,23 @@ func startRoles(ctx context.Context, f *Flags, log *slog.Logger, c *core, nc *na
 	if f.has("log") {
 		run, err := f.RoleFlags.Start(f.DataDir, f.instance(), js, tlog.RoleOptions{Logger: log.With("role", "log")}, metrics)
 		if err != nil {
-			return "", closeSink, usagef("%v", err)
+			return "", nil, closeSink, usagef("%v", err)
 		}
 		start("log", run)
 	}
 	if f.has("web") {
 		fwd, err := forward.Watch(nc, js) // the destinations of every forward role, for the incidents page
 		if err != nil {
-			return "", closeSink, err
+			return "", nil, closeSink, err
 		}
 		w, err := startWeb(ctx, f, log.With("role", "web"), c.key, fwd)
 		if err != nil {
-			return "", closeSink, err
+			return "", nil, closeSink, err
 		}
 		webURL = w.URL
 		start("web", w.run)
 	}
-	return webURL, closeSink, nil
+	return webURL, en, closeSink, nil
 }
 
 // startEnforce prepares the enforce role (ingest.NewEnforceRole) with the

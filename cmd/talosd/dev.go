@@ -92,10 +92,10 @@ var errExitAfterDemo = errors.New("exit after demo")
 func (d *devCmd) ready(f *Flags) func(context.Context, *stack) error {
 	return func(ctx context.Context, s *stack) error {
 		printBanner(f, s)
-		if !d.DemoCalls || s.Registry == nil {
+		if !d.DemoCalls || s.Registry.InForce == nil {
 			return nil
 		}
-		n, err := demo.Run(ctx, demo.RunOptions{URL: s.NatsURL, Login: f.natsLogin(), RegistryDigest: s.Registry.Digest(),
+		n, err := demo.Run(ctx, demo.RunOptions{URL: s.NatsURL, Login: f.natsLogin(), RegistryDigest: s.Registry.InForce.Digest(),
 			KeyDir: filepath.Join(f.DataDir, "keys"), Out: os.Stdout})
 		if err != nil {
 			return fmt.Errorf("demo traffic: %w", err)
@@ -176,8 +176,11 @@ func printBanner(f *Flags, s *stack) {
 			b.Dashboard = s.WebURL
 		}
 	}
-	if s.Registry != nil {
-		b.RegistryDigest = s.Registry.Digest()
+	if r := s.Registry; r.InForce != nil {
+		b.Registry, b.RegistryDigest = r.source(), r.InForce.Digest()
+		if r.overridden() {
+			b.RegistryNote = r.advice()
+		}
 	}
 	_ = b.Write(os.Stdout)
 }

@@ -20,7 +20,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest"
+	"github.com/talos-audit/talos/ingest/control"
 	"github.com/talos-audit/talos/ingest/ep"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/receipts"
@@ -344,4 +346,130 @@ func TestEmbeddedNATSAndHTTP(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("SIGTERM: %v\n%s", err, out.String())
 	}
+}
+
+// TestPinOverridesRegistryFlag is the README followed in order: a
+// responder publishes and pins the demo registry (the incident section),
+// then `talosd dev` restarts with --registry naming another registry (the
+// gateway section). The workers keep enforcing the pin, and talosd says
+// so: its log warns once with the pinned digest, its control seq and the
+// commands that would put --registry in force, "registry pinned" names
+// the pinned digest, and the banner shows it.
+func TestPinOverridesRegistryFlag(t *testing.T) {
+	bin := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosd")
+	addr, db := testenv.NewDatabase(t)
+	ns := testenv.NATSForTest(t)
+	dir := t.TempDir()
+	dataDir := filepath.Join(dir, "talos-data")
+	// The other registry: the demo's files server only.
+	other := filepath.Join(dir, "my-registry")
+	if err := os.MkdirAll(other, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile("demo/registry/files.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(other, "files.json"), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pinned, otherReg := loadRegistry(t, "demo/registry"), loadRegistry(t, other)
+	if pinned.Digest() == otherReg.Digest() {
+		t.Fatal("the two registries have one digest")
+	}
+	dev := func(extra ...string) (stop func(), out *testenv.SyncBuffer) {
+		t.Helper()
+		args := append([]string{"dev", "--no-demo", "--no-web", "--data-dir", dataDir, "--nats-url", ns.URL(),
+			"--clickhouse-addr", addr, "--clickhouse-database", db, "--http-addr", ""}, extra...)
+		cmd := testenv.Command(bin, args...)
+		out = &testenv.SyncBuffer{}
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		stop = func() {
+			t.Helper()
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			if err := <-exited; err != nil {
+				t.Fatalf("talosd dev: %v\n%s", err, out.String())
+			}
+		}
+		testenv.WaitUntil(t, 60*time.Second, 50*time.Millisecond, "the banner", func() bool {
+			return strings.Contains(out.String(), "Talos dev stack is up")
+		})
+		return stop, out
+	}
+
+	stop, _ := dev()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	nc, _ := connectStreams(t, ctx, ns.URL())
+	responder, err := receipts.LoadPrivateKey(filepath.Join(dataDir, "keys", "responder.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := control.NewControlClient(nc, responder, "alice")
+	publish := cc.NewCommand(schemas.VerbRegistryPublish)
+	files, err := enforce.ReadManifestFiles("demo/registry")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		publish.Manifests = append(publish.Manifests, f.Raw)
+	}
+	if rep, err := cc.Do(ctx, publish); err != nil || !rep.OK {
+		t.Fatalf("registry publish: %v %+v", err, rep)
+	}
+	pin := cc.NewCommand(schemas.VerbRegistryPin)
+	pin.Digest = pinned.Digest()
+	rep, _, err := cc.DoAndWait(ctx, pin, 20*time.Second)
+	if err != nil || !rep.OK {
+		t.Fatalf("registry pin: %v %+v", err, rep)
+	}
+	pinSeq := fmt.Sprint(rep.Seq)
+	stop()
+
+	stop, out := dev("--registry", other)
+	defer stop()
+	// The worker enforces the pin, as talosctl status shows it.
+	testenv.WaitUntil(t, 30*time.Second, 100*time.Millisecond, "the worker's status", func() bool {
+		rep, err := cc.Do(ctx, cc.NewCommand(schemas.VerbStatus))
+		return err == nil && rep.OK && len(rep.Status) == 1 && rep.Status[0].CaughtUp && rep.Status[0].RegistryDigest == pinned.Digest()
+	})
+	log := out.String()
+	var warnings []string
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, "level=WARN") && strings.Contains(line, "--registry") {
+			warnings = append(warnings, line)
+		}
+		if strings.Contains(line, `msg="registry pinned"`) && !strings.Contains(line, "digest="+pinned.Digest()) {
+			t.Errorf("registry pinned names another digest than the pinned one %s: %s", pinned.Digest(), line)
+		}
+	}
+	advice := "talosctl registry publish " + other + ", then talosctl registry pin " + otherReg.Digest() + " --wait"
+	if len(warnings) != 1 {
+		t.Fatalf("%d warnings about --registry, want 1:\n%s", len(warnings), log)
+	}
+	for _, want := range []string{"enforced_digest=" + pinned.Digest(), "control_seq=" + pinSeq, "only the bootstrap registry", advice} {
+		if !strings.Contains(warnings[0], want) {
+			t.Errorf("the warning lacks %q: %s", want, warnings[0])
+		}
+	}
+	for _, want := range []string{"registry:    registry pin at control seq " + pinSeq + " (" + pinned.Digest() + ")\n", advice} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the banner lacks %q:\n%s", want, log)
+		}
+	}
+}
+
+// loadRegistry is enforce.LoadRegistry of path, which must load.
+func loadRegistry(t *testing.T, path string) *enforce.Registry {
+	t.Helper()
+	reg, err := enforce.LoadRegistry(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg
 }

@@ -135,6 +135,8 @@ type Banner struct {
 	KeyDir, RedactionKey, ResponderKey      string
 	SignersDir                              string
 	CheckpointInterval                      time.Duration
+	// RegistryNote, if set, is a line printed under the registry's.
+	RegistryNote string
 }
 
 // Write writes the banner to w.
@@ -144,6 +146,10 @@ func (b Banner) Write(w io.Writer) error {
 		filepath.Join(b.KeyDir, CapabilityFile), filepath.Join(b.KeyDir, Agent+".key"))
 	talosctlCH := "go run ./cmd/talosctl --clickhouse-addr " + b.ClickhouseAddr
 	natsLine := b.NatsURL
+	note := ""
+	if b.RegistryNote != "" {
+		note = "\n               " + b.RegistryNote
+	}
 	if b.NatsCA != "" {
 		natsLine += "  (TLS; clients trust the CA " + b.NatsCA + ")"
 	}
@@ -152,7 +158,7 @@ Talos dev stack is up.
   NATS:        %s
   NATS users:  %s
   ClickHouse:  %s (database %s)
-  registry:    %s (%s)
+  registry:    %s (%s)%s
   signing key: %s
   mode:        %s (capabilities %s, issuers %s)
   dashboard:   %s
@@ -168,7 +174,7 @@ Try:
   %s verify --trusted-keys %s --receipt RECEIPT --out proof.json   # a checkpoint covers a receipt once it is %s old
   go run ./cmd/talosctl verify-proof --proof proof.json --trusted-keys %s
 
-`, natsLine, b.NatsUsers, b.ClickhouseAddr, b.Database, b.Registry, b.RegistryDigest, b.SigningKey, b.Mode,
+`, natsLine, b.NatsUsers, b.ClickhouseAddr, b.Database, b.Registry, b.RegistryDigest, note, b.SigningKey, b.Mode,
 		b.Capabilities, b.Issuers, b.Dashboard,
 		b.Talosctl, capFlags, talosctlCH, b.RedactionKey,
 		b.Talosctl, b.ResponderKey, b.Talosctl, b.ResponderKey,

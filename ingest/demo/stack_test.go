@@ -54,11 +54,13 @@ func TestKeysEnsure(t *testing.T) {
 }
 
 // TestBanner: the try-it commands carry the demo agent's capability, the
-// secret the demo plants, and the stack's addresses.
+// secret the demo plants, the stack's addresses, and the registry in force
+// with the note under it.
 func TestBanner(t *testing.T) {
 	var sb strings.Builder
 	err := Banner{NatsURL: "tls://127.0.0.1:4222", NatsCA: "/data/nats-tls/ca.pem", Talosctl: "talosctl --nats-url nats://127.0.0.1:4222",
-		ClickhouseAddr: "127.0.0.1:9000", Database: "talos", KeyDir: "/data/keys", SignersDir: "/data/keys/signers"}.Write(&sb)
+		ClickhouseAddr: "127.0.0.1:9000", Database: "talos", KeyDir: "/data/keys", SignersDir: "/data/keys/signers",
+		Registry: "registry pin at control seq 3", RegistryDigest: "sha256:aa", RegistryNote: "--registry is not enforced"}.Write(&sb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,6 +73,7 @@ func TestBanner(t *testing.T) {
 		"clickhouse-client --host 127.0.0.1 --port 9000",
 		"FROM talos.v_decisions",
 		"go run ./cmd/talosctl --clickhouse-addr 127.0.0.1:9000 verify --trusted-keys /data/keys/signers",
+		"  registry:    registry pin at control seq 3 (sha256:aa)\n               --registry is not enforced\n  signing key:",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("banner lacks %q:\n%s", want, out)
