@@ -24,7 +24,10 @@ const (
 	// once (control receipts are receipts).
 	ExportAll = "all"
 	// ExportReceipts is every receipt (decision, effect and control), in
-	// chain order: what `talosctl verify --file` checks link by link.
+	// chain order, then the checkpoints over them: what `talosctl verify
+	// --file` checks link by link, the checkpoints anchoring each chain's
+	// end (without them a receipt removed from the end of a chain, or a
+	// whole chain, would not show).
 	ExportReceipts = "receipts"
 	// ExportToolCalls is every ToolCallEvent, oldest first.
 	ExportToolCalls = "toolcalls"
@@ -192,8 +195,9 @@ var exportSources = map[string]exportSource{
 // time is in [opts.From, opts.To), as a stream: memory is bounded by one
 // record's stored copies (the server sorts on disk beyond 256 MiB).
 // Receipts, checkpoints and control receipts come in chain order (chain_id,
-// seq), tool calls and rejected ones oldest first; ExportAll is receipts,
-// then tool calls, then rejected tool calls, then checkpoints.
+// seq), tool calls and rejected ones oldest first; ExportReceipts is
+// receipts, then checkpoints; ExportAll is receipts, then tool calls, then
+// rejected tool calls, then checkpoints.
 //
 // Copies of a record stored more than once with the same signed JSON (a
 // sink redelivery) reach fn once. When one id is stored with different
@@ -205,6 +209,8 @@ func Export(ctx context.Context, conn driver.Conn, database string, opts ExportO
 	switch {
 	case opts.Kind == "" || opts.Kind == ExportAll:
 		kinds = []string{ExportReceipts, ExportToolCalls, ExportRejected, ExportCheckpoints}
+	case opts.Kind == ExportReceipts:
+		kinds = []string{ExportReceipts, ExportCheckpoints}
 	case !slices.Contains(ExportKinds, opts.Kind):
 		return fmt.Errorf("query: export: unknown kind %q (want one of %s)", opts.Kind, strings.Join(ExportKinds, ", "))
 	}

@@ -16,7 +16,7 @@ import (
 // stored, for an auditor to verify offline (verify --file) or to archive.
 type exportCmd struct {
 	Format string        `name:"format" default:"jsonl" enum:"jsonl,csv" help:"jsonl: one signed CloudEvent per line, the stored bytes (a rejected ToolCallEvent: a line with record toolcall_rejected, the reason and the stored event); csv: the useful columns and a cloudevent column with the signed JSON."`
-	Kind   string        `name:"kind" default:"receipts" enum:"receipts,toolcalls,rejected,checkpoints,control,all" help:"What to export: receipts (in chain order; control receipts included), toolcalls, rejected (the ToolCallEvents the flight recorder refused, as stored), checkpoints, control (the control receipts alone), or all (receipts, tool calls, rejected tool calls and checkpoints)."`
+	Kind   string        `name:"kind" default:"receipts" enum:"receipts,toolcalls,rejected,checkpoints,control,all" help:"What to export: receipts (in chain order; control receipts included; then the checkpoints over them, so that verify --file also catches a receipt removed from the end of a chain), toolcalls, rejected (the ToolCallEvents the flight recorder refused, as stored), checkpoints, control (the control receipts alone), or all (receipts, tool calls, rejected tool calls and checkpoints)."`
 	From   string        `name:"from" help:"Only records from this time on: RFC 3339, or a date (its midnight UTC). A partial chain verifies with verify --partial."`
 	To     string        `name:"to" help:"Only records before this time (exclusive): RFC 3339, or a date."`
 	Since  time.Duration `name:"since" help:"Only records of the last D (e.g. 24h), instead of --from."`

@@ -52,10 +52,11 @@ func TestExportVerifiesOffline(t *testing.T) {
 		return run(t, talosctl, append([]string{"verify", "--trusted-keys", fx.keyDir, "--file", file}, extra...)...)
 	}
 
-	// Receipts (the default kind) as JSON lines, to a file.
+	// Receipts (the default kind) as JSON lines, to a file, and the
+	// checkpoint over them.
 	file := filepath.Join(dir, "export.jsonl")
 	stdout, stderr := export("--out", file)
-	if stdout != "" || !strings.Contains(stderr, "exported 7 receipts records to "+file) {
+	if stdout != "" || !strings.Contains(stderr, "exported 8 receipts records to "+file) {
 		t.Fatalf("export --out: stdout %q, stderr %q", stdout, stderr)
 	}
 	data, err := os.ReadFile(file)
@@ -63,10 +64,10 @@ func TestExportVerifiesOffline(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
-	if len(lines) != 7 {
-		t.Fatalf("%d lines, want 7 (one per receipt, the redelivered copies once)", len(lines))
+	if len(lines) != 8 || !strings.Contains(lines[7], `"id":"`+fx.checkpoint+`"`) {
+		t.Fatalf("%d lines, want 8 (one per receipt, the redelivered copies once, then the checkpoint %s)", len(lines), fx.checkpoint)
 	}
-	for i, line := range lines {
+	for i, line := range lines[:7] {
 		var ev struct{ ID string }
 		if err := json.Unmarshal([]byte(line), &ev); err != nil || ev.ID != fx.ids[i] {
 			t.Fatalf("line %d is receipt %q (%v), want %s in chain order", i+1, ev.ID, err, fx.ids[i])
@@ -79,8 +80,15 @@ func TestExportVerifiesOffline(t *testing.T) {
 		t.Fatalf("temporary files left behind: %v", matches)
 	}
 	out, code := verify(file)
-	if code != 0 || !strings.HasPrefix(out, "OK: 7 ") {
+	if code != 0 || !strings.HasPrefix(out, "OK: 7 receipts in 1 chains, 1 checkpoints verified") {
 		t.Fatalf("verify --file of the export: exit %d\n%s", code, out)
+	}
+	// The checkpoint anchors the chain's end: the last receipt taken out
+	// of the file is caught.
+	cut := filepath.Join(dir, "cut.jsonl")
+	os.WriteFile(cut, []byte(strings.Join(append(lines[:6:6], lines[7]), "\n")+"\n"), 0o644)
+	if out, code := verify(cut); code != 1 || !strings.Contains(out, receiptverify.ProblemChainGap) || !strings.Contains(out, "seq 7 missing") {
+		t.Fatalf("verify --file of the export without its last receipt: exit %d, want 1 naming seq 7\n%s", code, out)
 	}
 	// To standard output: the same bytes, and no progress or summary.
 	stdout, stderr = export("--out", "-")
@@ -106,8 +114,8 @@ func TestExportVerifiesOffline(t *testing.T) {
 	part := filepath.Join(dir, "part.jsonl")
 	export("--from", at.Add(2*time.Second).Format(time.RFC3339Nano), "--out", part)
 	pdata, _ := os.ReadFile(part)
-	if n := strings.Count(string(pdata), "\n"); n != 4 {
-		t.Fatalf("export --from +2s: %d records, want 4 (seq 4..7)", n)
+	if n := strings.Count(string(pdata), "\n"); n != 5 {
+		t.Fatalf("export --from +2s: %d records, want 5 (seq 4..7 and the checkpoint)", n)
 	}
 	if out, code := verify(part); code != 1 || !strings.Contains(out, receiptverify.ProblemChainGap) {
 		t.Fatalf("verify of a partial export without --partial: exit %d\n%s", code, out)
@@ -142,10 +150,10 @@ func TestExportVerifiesOffline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(table) != 8 || !slices.Equal(table[0], query.ExportColumns) {
+	if len(table) != 9 || !slices.Equal(table[0], query.ExportColumns) || table[8][0] != "checkpoint" {
 		t.Fatalf("CSV: %d rows, header %v", len(table), table[0])
 	}
-	for i, row := range table[1:] {
+	for i, row := range table[1:8] {
 		if row[len(row)-1] != lines[i] || row[1] != fx.ids[i] {
 			t.Fatalf("CSV row %d does not carry receipt %s's signed JSON", i+1, fx.ids[i])
 		}
