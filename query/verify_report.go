@@ -27,7 +27,28 @@ type VerifyOutcome struct {
 	// File: the records came from a file (VerifyExport), which has no
 	// stored columns to check.
 	File bool
+	// unanchored: the file holds receipts and no checkpoint, and
+	// RequireCheckpoints was called.
+	unanchored bool
 }
+
+// RequireCheckpoints makes the outcome of a file (File) that holds
+// receipts but no checkpoint a failure (Err), whatever else it found:
+// nothing in such a file vouches for where its chains end, so a receipt
+// removed from the end of a chain, or a whole chain, would not show. A
+// caller that holds the file to a transparency log, which vouches for
+// every record, need not call it.
+func (o *VerifyOutcome) RequireCheckpoints() {
+	o.unanchored = o.File && o.Report.Checked > 0 && o.Report.CheckpointsSeen == 0
+}
+
+// noCheckpoints says why an unanchored file fails, and what to do.
+const noCheckpoints = "the file holds no checkpoint: without one, receipts removed from the end of a chain, or whole chains, " +
+	"cannot be detected; export a file that holds the checkpoints with talosctl export (its default --kind receipts, or --kind all)"
+
+// OK reports whether the outcome passes: no problem found, and a file
+// that RequireCheckpoints was called on holds checkpoints.
+func (o *VerifyOutcome) OK() bool { return o.Report.OK() && !o.unanchored }
 
 // AddLog adds the transparency log's check: its problems join the
 // report's.
@@ -50,11 +71,19 @@ func (o *VerifyOutcome) scope() string {
 	return fmt.Sprintf("%d receipts in %d chains, %d checkpoints", r.Checked, len(r.Chains), r.CheckpointsSeen)
 }
 
-// Err is nil when no problem was found, else the one-line verdict:
-// "FAILED: N problems (per category) in <scope> from <source>".
+// Err is nil when the outcome is OK, else the one-line verdict:
+// "FAILED: N problems (per category) in <scope> from <source>", and, for
+// a file without checkpoints (RequireCheckpoints), why that fails too.
 func (o *VerifyOutcome) Err() error {
-	if o.Report.OK() {
+	switch {
+	case o.OK():
 		return nil
+	case o.Report.OK():
+		return fmt.Errorf("FAILED: %s from %s: %s", o.scope(), o.Source, noCheckpoints)
+	}
+	tail := ""
+	if o.unanchored {
+		tail = "; and " + noCheckpoints
 	}
 	var parts []string
 	for _, cat := range Categories {
@@ -62,11 +91,11 @@ func (o *VerifyOutcome) Err() error {
 			parts = append(parts, fmt.Sprintf("%d %s", o.Counts[cat], cat))
 		}
 	}
-	return fmt.Errorf("FAILED: %d problems (%s) in %s from %s", len(o.Report.Problems), strings.Join(parts, ", "), o.scope(), o.Source)
+	return fmt.Errorf("FAILED: %d problems (%s) in %s from %s%s", len(o.Report.Problems), strings.Join(parts, ", "), o.scope(), o.Source, tail)
 }
 
 // WriteText writes one line per problem, its category first, and, when
-// there is none, the "OK: ..." line naming what was verified and what
+// the outcome is OK, the "OK: ..." line naming what was verified and what
 // could not be (receipts past the last checkpoint, unchecked checkpoints).
 func (o *VerifyOutcome) WriteText(w io.Writer) error {
 	r := &o.Report
@@ -80,11 +109,15 @@ func (o *VerifyOutcome) WriteText(w io.Writer) error {
 			return err
 		}
 	}
-	if !r.OK() {
+	if !o.OK() {
 		return nil
 	}
 	tail := ""
-	if r.Uncovered > 0 {
+	switch {
+	case r.Uncovered > 0 && o.File:
+		// A checkpoint the file does not hold may cover them.
+		tail = fmt.Sprintf("; %d receipts follow the last checkpoint of their chain in the file (hash-chained only)", r.Uncovered)
+	case r.Uncovered > 0:
 		tail = fmt.Sprintf("; %d receipts follow the last checkpoint of their chain (hash-chained, not yet checkpointed)", r.Uncovered)
 	}
 	if r.CheckpointsUnchecked > 0 {
@@ -117,12 +150,15 @@ func (o *VerifyOutcome) WriteJSON(w io.Writer) error {
 	for i, p := range r.Problems {
 		probs[i] = problem{p, Category(p.Kind)}
 	}
-	out := map[string]any{"source": o.Source, "ok": r.OK(), "checked": r.Checked, "chains": len(r.Chains),
+	out := map[string]any{"source": o.Source, "ok": o.OK(), "checked": r.Checked, "chains": len(r.Chains),
 		"checkpoints_seen": r.CheckpointsSeen, "checkpoints_verified": r.Checkpoints,
 		"checkpoints_unchecked": r.CheckpointsUnchecked, "uncheckpointed_receipts": r.Uncovered,
 		"categories": o.Counts, "problems": probs}
 	if o.Log != nil {
 		out["log"] = o.Log
+	}
+	if o.unanchored {
+		out["no_checkpoints"] = noCheckpoints
 	}
 	if o.Rejected != nil {
 		out["rejected"] = o.Rejected

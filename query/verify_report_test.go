@@ -62,3 +62,48 @@ func TestVerifyOutcome(t *testing.T) {
 		t.Fatalf("JSON %s (%v)", buf.String(), err)
 	}
 }
+
+// A file's OK line counts the receipts after their chain's last
+// checkpoint in the file, without claiming none covers them elsewhere; a
+// file of receipts without any checkpoint fails once RequireCheckpoints
+// is called, alone or after its problems, and says why.
+func TestVerifyOutcomeOfFile(t *testing.T) {
+	file := func(rep verify.Report) *VerifyOutcome {
+		o := NewVerifyOutcome("receipts.jsonl", rep)
+		o.File = true
+		o.RequireCheckpoints()
+		return o
+	}
+	chains := map[string]verify.ChainSummary{"w1": {}}
+	anchored := file(verify.Report{Checked: 24, CheckpointsSeen: 1, Checkpoints: 1, Uncovered: 4, Chains: chains})
+	var buf bytes.Buffer
+	if err := anchored.WriteText(&buf); err != nil || anchored.Err() != nil || buf.String() != "OK: 24 receipts in 1 chains, 1 checkpoints verified "+
+		"(signatures, chain links, 1 Merkle roots) from receipts.jsonl; 4 receipts follow the last checkpoint of their chain in the file (hash-chained only)\n" {
+		t.Fatalf("text %q (%v, %v)", buf.String(), err, anchored.Err())
+	}
+
+	bare := file(verify.Report{Checked: 24, Uncovered: 24, Chains: chains})
+	buf.Reset()
+	if err := bare.WriteText(&buf); err != nil || buf.Len() != 0 || bare.OK() {
+		t.Fatalf("text of a file without checkpoints %q (%v)", buf.String(), err)
+	}
+	if err := bare.Err(); err == nil || err.Error() != "FAILED: 24 receipts in 1 chains, 0 checkpoints from receipts.jsonl: "+noCheckpoints {
+		t.Fatalf("Err = %v", err)
+	}
+	if err := bare.WriteJSON(&buf); err != nil || !strings.Contains(buf.String(), `"ok":false`) || !strings.Contains(buf.String(), `"no_checkpoints":"the file holds no checkpoint`) {
+		t.Fatalf("JSON %s (%v)", buf.String(), err)
+	}
+	broken := file(verify.Report{Checked: 24, Chains: chains, Problems: []verify.Problem{{Kind: verify.ProblemChainGap, ReceiptID: "r2", ChainID: "w1", Seq: 2}}})
+	if err := broken.Err(); err == nil || !strings.HasPrefix(err.Error(), "FAILED: 1 problems (1 missing) in 24 receipts") ||
+		!strings.HasSuffix(err.Error(), "; and "+noCheckpoints) {
+		t.Fatalf("Err = %v", err)
+	}
+
+	// Nothing to anchor (no receipt), or a database: no such failure.
+	for _, o := range []*VerifyOutcome{file(verify.Report{Chains: map[string]verify.ChainSummary{}}), NewVerifyOutcome("ClickHouse db", verify.Report{Checked: 3, Chains: chains})} {
+		o.RequireCheckpoints()
+		if o.Err() != nil {
+			t.Fatalf("%s: %v", o.Source, o.Err())
+		}
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/csv"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -89,6 +90,24 @@ func TestExportVerifiesOffline(t *testing.T) {
 	os.WriteFile(cut, []byte(strings.Join(append(lines[:6:6], lines[7]), "\n")+"\n"), 0o644)
 	if out, code := verify(cut); code != 1 || !strings.Contains(out, receiptverify.ProblemChainGap) || !strings.Contains(out, "seq 7 missing") {
 		t.Fatalf("verify --file of the export without its last receipt: exit %d, want 1 naming seq 7\n%s", code, out)
+	}
+	// Without the checkpoint nothing anchors the chain's end: the file
+	// does not verify, whether or not its last receipt is there, and
+	// verify says why, in one line, rather than OK.
+	for _, n := range []int{7, 6} {
+		bare := filepath.Join(dir, fmt.Sprintf("bare-%d.jsonl", n))
+		os.WriteFile(bare, []byte(strings.Join(lines[:n], "\n")+"\n"), 0o644)
+		out, code := verify(bare)
+		if code != 1 || strings.Contains(out, "OK") || strings.Count(out, "\n") != 1 ||
+			!strings.Contains(out, "FAILED: "+fmt.Sprint(n)+" receipts in 1 chains, 0 checkpoints from "+bare+": the file holds no checkpoint") ||
+			!strings.Contains(out, "whole chains, cannot be detected") || !strings.Contains(out, "talosctl export") {
+			t.Fatalf("verify --file of %d receipts without their checkpoint: exit %d, want 1 and one line saying why\n%s", n, code, out)
+		}
+		stdout, code := runStdout(t, talosctl, "--json", "verify", "--trusted-keys", fx.keyDir, "--file", bare)
+		var rep map[string]any
+		if err := json.Unmarshal([]byte(stdout), &rep); err != nil || code != 1 || rep["ok"] != false || rep["no_checkpoints"] == nil {
+			t.Fatalf("verify --json --file of receipts without their checkpoint: exit %d, %v\n%s", code, err, stdout)
+		}
 	}
 	// To standard output: the same bytes, and no progress or summary.
 	stdout, stderr = export("--out", "-")

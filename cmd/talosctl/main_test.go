@@ -93,7 +93,7 @@ func TestCLIAgainstRunningStack(t *testing.T) {
 
 	startTalosd(t, talosd, dir, "--nats-url", ns.URL(), "--clickhouse-addr", addr, "--clickhouse-database", db,
 		"--registry", "../talosd/demo/registry", "--signing-key", filepath.Join(dir, "worker.key"), "--http-addr", "", "--chains", "1",
-		"--capabilities", "optional")
+		"--capabilities", "optional", "--checkpoint-interval", "1s")
 
 	// allow; an agent id with a quote and a backslash puts JSON escapes in
 	// the signed receipt, which the export below must carry unaltered
@@ -143,18 +143,40 @@ func TestCLIAgainstRunningStack(t *testing.T) {
 		t.Fatalf("verify untouched: exit %d\n%s", code, out)
 	}
 	// The same receipts as a file verify offline, exported with the
-	// README's clickhouse-client command.
+	// README's clickhouse-client commands: the receipts, then the
+	// checkpoints over them. Without the checkpoints nothing anchors the
+	// chain's end, and verify says so instead of OK.
 	host, port, _ := net.SplitHostPort(addr)
-	export := testenv.Command("clickhouse-client", "--host", host, "--port", port,
-		"--query", fmt.Sprintf("SELECT cloudevent FROM %s.v_receipts ORDER BY chain_id, chain_seq, receipt_id FORMAT TSVRaw", db))
-	exported, err := export.Output()
-	if err != nil {
-		t.Fatalf("clickhouse-client export: %v", err)
+	clickhouseClient := func(query string) []byte {
+		t.Helper()
+		b, err := testenv.Command("clickhouse-client", "--host", host, "--port", port, "--query", query).Output()
+		if err != nil {
+			t.Fatalf("clickhouse-client %q: %v", query, err)
+		}
+		return b
 	}
+	exported := clickhouseClient(fmt.Sprintf("SELECT cloudevent FROM %s.v_receipts ORDER BY chain_id, chain_seq, receipt_id FORMAT TSVRaw", db))
 	if !strings.Contains(string(exported), `"agent_id":"agent \"quoted\" \\ path"`) {
 		t.Fatalf("export lacks the escaped agent id:\n%s", exported)
 	}
 	file := filepath.Join(dir, "receipts.jsonl")
+	os.WriteFile(file, exported, 0o644)
+	if out, code := run(t, talosctl, "verify", "--trusted-keys", dir, "--file", file); code != 1 || !strings.Contains(out, "holds no checkpoint") || strings.Contains(out, "OK") {
+		t.Fatalf("verify --file of receipts without checkpoints: exit %d, want 1 saying it holds none\n%s", code, out)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		var n uint64
+		if err := conn.QueryRow(ctx, "SELECT count() FROM `"+db+"`.checkpoints").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("talosd cut no checkpoint in 30 s")
+		}
+	}
+	exported = append(exported, clickhouseClient(fmt.Sprintf("SELECT cloudevent FROM %s.checkpoints ORDER BY chain_id, checkpoint_seq FORMAT TSVRaw", db))...)
 	os.WriteFile(file, exported, 0o644)
 	if out, code := run(t, talosctl, "verify", "--trusted-keys", dir, "--file", file); code != 0 {
 		t.Fatalf("verify --file: exit %d\n%s", code, out)

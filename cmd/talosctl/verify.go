@@ -15,7 +15,7 @@ import (
 
 type verifyCmd struct {
 	TrustedKeys []string `name:"trusted-keys" required:"" type:"path" help:"Public keys (.pub files or directories of them) whose signatures are trusted: every key that ever signed, including rotated-out ones."`
-	File        string   `name:"file" type:"path" help:"Verify the CloudEvents in this file (JSON lines, or one JSON array; e.g. from talosctl export) instead of ClickHouse; '-' reads standard input (copied to a temporary file in $TMPDIR first). The file is not held in memory: one whose receipts are in chain order (as talosctl export writes them) is read twice as it goes, any other through an index of its records (a peak of about 210 MiB for a million receipts). With --log-url, held to the log (with --partial, only the file's records)."`
+	File        string   `name:"file" type:"path" help:"Verify the CloudEvents in this file (JSON lines, or one JSON array; e.g. from talosctl export) instead of ClickHouse; a file of receipts must hold the checkpoints over them (talosctl export writes them), unless held to the log with --log-url; '-' reads standard input (copied to a temporary file in $TMPDIR first). The file is not held in memory: one whose receipts are in chain order (as talosctl export writes them) is read twice as it goes, any other through an index of its records (a peak of about 210 MiB for a million receipts). With --log-url, held to the log (with --partial, only the file's records)."`
 	Partial     bool     `name:"partial" help:"Accept chains whose first receipt is not seq 1 (a range, e.g. after retention)."`
 	Receipt     string   `name:"receipt" placeholder:"ID" help:"Instead of verifying everything, print the inclusion proof of this receipt (JSON, on stdout or --out) against the checkpoint that covers it; check it anywhere with talosctl verify-proof."`
 	Out         string   `name:"out" type:"path" help:"With --receipt: write the proof to this file instead of standard output."`
@@ -60,6 +60,11 @@ func (c *verifyCmd) Run(g *Globals) error {
 		out.Source = c.source()
 		if err := c.Log.CheckFile(context.Background(), path, c.Partial, out); err != nil {
 			return failed("%v", c.named(err, path))
+		}
+		// Held to the log, every record is vouched for; else only the
+		// file's checkpoints vouch for where its chains end.
+		if out.Log == nil {
+			out.RequireCheckpoints()
 		}
 	} else if out, err = c.verifyDatabase(g, keys); err != nil {
 		return err
