@@ -21,6 +21,26 @@ var errOutOfChainOrder = errors.New("the file's receipts are not in chain order"
 // ProveFromEventsFile) changed between the reads.
 var errFileChanged = errors.New("the file changed while it was verified")
 
+// ErrEmptyExport: the file VerifyExportFile was given holds no record.
+var ErrEmptyExport = errors.New("nothing to verify: the file holds no record")
+
+// errHasRecord stops checkContent's read at the file's first record.
+var errHasRecord = errors.New("the file holds a record")
+
+// checkContent fails with ErrEmptyExport when the file holds no record
+// (it is empty, or white space): verifying it would find nothing wrong
+// with nothing. It reads up to the first record.
+func (f *exportFile) checkContent() error {
+	err := f.scan(func([]byte, int64) error { return errHasRecord })
+	switch {
+	case errors.Is(err, errHasRecord):
+		return nil
+	case err != nil:
+		return err
+	}
+	return fmt.Errorf("%s: %w", f.path, ErrEmptyExport)
+}
+
 // VerifyExportFile is VerifyExport over the file at path, without holding
 // the file in memory. A file whose receipts come in chain order (each
 // chain's by seq, then id; chains may interleave), as talosctl export
@@ -34,6 +54,8 @@ var errFileChanged = errors.New("the file changed while it was verified")
 // each event where it is, in chain order (memory holds that index too,
 // 48 bytes a receipt). The report is the same either way,
 // problems in the same order.
+//
+// A file that holds no record fails with ErrEmptyExport.
 //
 // Of o it takes Partial, BatchSignatures, Reading, which the reads
 // before the last follow, and Progress, which the last read calls as the
@@ -55,6 +77,9 @@ const (
 // verifyExportFile is VerifyExportFile, and how it read the file.
 func verifyExportFile(path string, keys verify.KeySet, o VerifyOptions) (*VerifyOutcome, fileRead, error) {
 	f := &exportFile{path: path}
+	if err := f.checkContent(); err != nil {
+		return nil, readInOrder, err
+	}
 	out, err := verifyInOrder(f, keys, o)
 	if errors.Is(err, errOutOfChainOrder) {
 		out, err = verifyIndexed(f, keys, o)

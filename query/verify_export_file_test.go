@@ -403,3 +403,25 @@ func TestReceiptIndexSorts(t *testing.T) {
 		t.Errorf("%d ids held as UUIDs, want 6", uuids)
 	}
 }
+
+// A file with nothing to verify is refused, not passed as OK.
+func TestVerifyExportFileRefusesEmpty(t *testing.T) {
+	key := testKey(t)
+	keys := verify.KeySet{key.KID: key.Public()}
+	for _, c := range []struct{ name, content string }{
+		{"empty", ""},
+		{"white space", " \n\t\r\n\n"},
+		{"empty array", "[ ]\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "export.jsonl")
+			if err := os.WriteFile(path, []byte(c.content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out, err := VerifyExportFile(path, keys, VerifyOptions{})
+			if !errors.Is(err, ErrEmptyExport) || out != nil || !strings.HasPrefix(err.Error(), path+": ") {
+				t.Fatalf("VerifyExportFile: %v, %+v; want %v naming the file", err, out, ErrEmptyExport)
+			}
+		})
+	}
+}

@@ -184,6 +184,14 @@ func TestExportVerifiesOffline(t *testing.T) {
 		t.Fatalf("CSV row 4: %v", row[:13])
 	}
 
+	// A file that holds nothing is not verified as OK.
+	empty := filepath.Join(dir, "empty.jsonl")
+	os.WriteFile(empty, nil, 0o644)
+	if out, code := verify(empty); code != 1 || strings.Contains(out, "OK") ||
+		out != "talosctl: "+empty+": nothing to verify: the file holds no record\n" {
+		t.Fatalf("verify --file of an empty file: exit %d, want 1 and one line saying it holds nothing\n%s", code, out)
+	}
+
 	// Usage errors exit 2; a database that cannot be reached exits 1.
 	for _, args := range [][]string{{"--format", "xml"}, {"--kind", "secrets"}, {"--from", "soon"}} {
 		if out, code := run(t, talosctl, append([]string{"--clickhouse-addr", "127.0.0.1:1", "export"}, args...)...); code != 2 {

@@ -54,7 +54,10 @@ func (c *verifyCmd) Run(g *Globals) error {
 		}
 		out, err = query.VerifyExportFile(path, keys, o)
 		bars.done()
-		if err != nil {
+		switch {
+		case errors.Is(err, query.ErrEmptyExport):
+			return failed("%v", c.named(err, path))
+		case err != nil:
 			return usage("%v", c.named(err, path))
 		}
 		out.Source = c.source()
