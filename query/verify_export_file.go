@@ -24,21 +24,48 @@ var errFileChanged = errors.New("the file changed while it was verified")
 // ErrEmptyExport: the file VerifyExportFile was given holds no record.
 var ErrEmptyExport = errors.New("nothing to verify: the file holds no record")
 
-// errHasRecord stops checkContent's read at the file's first record.
+// ErrNotExport: no record of the file VerifyExportFile was given reads
+// as JSON: it is not an export of signed records (a CSV export, or any
+// other file).
+var ErrNotExport = errors.New("not a JSON-lines (or JSON array) export of signed records")
+
+// errHasRecord stops checkContent's read at the file's first record that
+// reads as JSON.
 var errHasRecord = errors.New("the file holds a record")
 
 // checkContent fails with ErrEmptyExport when the file holds no record
 // (it is empty, or white space): verifying it would find nothing wrong
-// with nothing. It reads up to the first record.
+// with nothing; and with ErrNotExport when none of its records reads as
+// JSON, rather than naming every line of it malformed. A file with at
+// least one record that reads is verified, its other lines named
+// malformed. It reads up to that record, an export's first.
 func (f *exportFile) checkContent() error {
-	err := f.scan(func([]byte, int64) error { return errHasRecord })
+	var (
+		n     int
+		first []byte
+	)
+	err := f.scan(func(raw []byte, _ int64) error {
+		if n++; n == 1 {
+			first = raw
+		}
+		if _, ok := ReadExportedRejection(raw); ok || verify.PlaceOf(raw).Read {
+			return errHasRecord
+		}
+		return nil
+	})
 	switch {
 	case errors.Is(err, errHasRecord):
 		return nil
 	case err != nil:
 		return err
+	case n == 0:
+		return fmt.Errorf("%s: %w", f.path, ErrEmptyExport)
+	case bytes.HasPrefix(first, []byte(strings.Join(ExportColumns[:3], ",")+",")):
+		return fmt.Errorf("%s: %w: it is a CSV export (talosctl export --format csv); verify reads the JSON lines of "+
+			"talosctl export --format jsonl (the default)", f.path, ErrNotExport)
 	}
-	return fmt.Errorf("%s: %w", f.path, ErrEmptyExport)
+	return fmt.Errorf("%s: %w: none of its %d lines is a JSON event; talosctl export writes one (--format jsonl, the default)",
+		f.path, ErrNotExport, n)
 }
 
 // VerifyExportFile is VerifyExport over the file at path, without holding
@@ -55,7 +82,8 @@ func (f *exportFile) checkContent() error {
 // 48 bytes a receipt). The report is the same either way,
 // problems in the same order.
 //
-// A file that holds no record fails with ErrEmptyExport.
+// A file that holds no record fails with ErrEmptyExport, one none of
+// whose records reads as JSON with ErrNotExport.
 //
 // Of o it takes Partial, BatchSignatures, Reading, which the reads
 // before the last follow, and Progress, which the last read calls as the

@@ -425,3 +425,42 @@ func TestVerifyExportFileRefusesEmpty(t *testing.T) {
 		})
 	}
 }
+
+// A file none of whose records reads as JSON (a CSV export, a text) is
+// refused in one error, which says what verify reads; one record that
+// reads is enough for the rest to be verified and named malformed.
+func TestVerifyExportFileRefusesNonExports(t *testing.T) {
+	key := testKey(t)
+	keys := verify.KeySet{key.KID: key.Public()}
+	rec := &ExportRecord{Record: "decision", ID: "r1", CloudEvent: `{"id":"r1"}`}
+	var csvExport bytes.Buffer
+	w, err := NewExportWriter(&csvExport, ExportCSV)
+	if err != nil || w.Write(rec) != nil || w.Flush() != nil {
+		t.Fatal("writing a CSV export", err)
+	}
+	for _, c := range []struct{ name, content, want string }{
+		{"csv export", csvExport.String(), "it is a CSV export (talosctl export --format csv); verify reads the JSON lines of talosctl export --format jsonl"},
+		{"text", "# Talos\n\nAn audit pipeline.\n- one\n- two\n", "none of its 4 lines is a JSON event"},
+		{"array of numbers", "[1, 2]", "none of its 2 lines is a JSON event"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "export")
+			if err := os.WriteFile(path, []byte(c.content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out, err := VerifyExportFile(path, keys, VerifyOptions{})
+			if !errors.Is(err, ErrNotExport) || out != nil || !strings.HasPrefix(err.Error(), path+": ") || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("VerifyExportFile: %v, %+v; want %v saying %q", err, out, ErrNotExport, c.want)
+			}
+		})
+	}
+	// A text line before a JSON event: a tampered export, verified.
+	path := filepath.Join(t.TempDir(), "export.jsonl")
+	if err := os.WriteFile(path, []byte("not json\n{\"id\":\"x\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := VerifyExportFile(path, keys, VerifyOptions{})
+	if err != nil || out.Counts[verify.CategoryMalformed] != 2 {
+		t.Fatalf("VerifyExportFile of a text line and an event: %v, %+v", err, out)
+	}
+}

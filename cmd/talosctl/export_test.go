@@ -184,6 +184,23 @@ func TestExportVerifiesOffline(t *testing.T) {
 		t.Fatalf("CSV row 4: %v", row[:13])
 	}
 
+	// verify reads JSON lines: a CSV export, or any other text, is
+	// refused in one line saying so, not a line per row.
+	csvFile := filepath.Join(dir, "audit.csv")
+	os.WriteFile(csvFile, []byte(csvOut), 0o644)
+	text := filepath.Join(dir, "notes.md")
+	os.WriteFile(text, []byte(strings.Repeat("# Notes\nsome text, not JSON\n", 50)), 0o644)
+	for file, want := range map[string]string{
+		csvFile: ": not a JSON-lines (or JSON array) export of signed records: it is a CSV export (talosctl export --format csv); " +
+			"verify reads the JSON lines of talosctl export --format jsonl (the default)\n",
+		text: ": not a JSON-lines (or JSON array) export of signed records: none of its 100 lines is a JSON event; " +
+			"talosctl export writes one (--format jsonl, the default)\n",
+	} {
+		if out, code := verify(file); code != 1 || out != "talosctl: "+file+want {
+			t.Errorf("verify --file %s: exit %d, want 1 and the one line %q\n%s", filepath.Base(file), code, want, out)
+		}
+	}
+
 	// A file that holds nothing is not verified as OK.
 	empty := filepath.Join(dir, "empty.jsonl")
 	os.WriteFile(empty, nil, 0o644)

@@ -55,7 +55,7 @@ func (c *verifyCmd) Run(g *Globals) error {
 		out, err = query.VerifyExportFile(path, keys, o)
 		bars.done()
 		switch {
-		case errors.Is(err, query.ErrEmptyExport):
+		case errors.Is(err, query.ErrEmptyExport), errors.Is(err, query.ErrNotExport):
 			return failed("%v", c.named(err, path))
 		case err != nil:
 			return usage("%v", c.named(err, path))
