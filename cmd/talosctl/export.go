@@ -67,7 +67,11 @@ func (c *exportCmd) Run(g *Globals) error {
 		if g.JSON {
 			json.NewEncoder(os.Stdout).Encode(map[string]any{"out": c.Out, "kind": c.Kind, "format": c.Format, "records": n})
 		} else {
-			fmt.Fprintf(os.Stderr, "exported %d %s records to %s (%s)\n", n, c.Kind, c.Out, c.Format)
+			records := "records"
+			if n == 1 {
+				records = "record"
+			}
+			fmt.Fprintf(os.Stderr, "exported %d %s (%s) to %s (%s)\n", n, records, c.Kind, c.Out, c.Format)
 		}
 	}
 	if conflict != nil {

@@ -57,7 +57,7 @@ func TestExportVerifiesOffline(t *testing.T) {
 	// checkpoint over them.
 	file := filepath.Join(dir, "export.jsonl")
 	stdout, stderr := export("--out", file)
-	if stdout != "" || !strings.Contains(stderr, "exported 8 receipts records to "+file) {
+	if stdout != "" || stderr != "exported 8 records (receipts) to "+file+" (jsonl)\n" {
 		t.Fatalf("export --out: stdout %q, stderr %q", stdout, stderr)
 	}
 	data, err := os.ReadFile(file)
@@ -146,6 +146,10 @@ func TestExportVerifiesOffline(t *testing.T) {
 	// Everything (receipts, the tool call event and the checkpoint)
 	// verifies too; --json prints a summary.
 	all := filepath.Join(dir, "all.jsonl")
+	cpFile := filepath.Join(dir, "checkpoints.jsonl")
+	if _, stderr := export("--kind", "checkpoints", "--out", cpFile); stderr != "exported 1 record (checkpoints) to "+cpFile+" (jsonl)\n" {
+		t.Fatalf("export --kind checkpoints --out: stderr %q", stderr)
+	}
 	stdout, _ = runStdout(t, talosctl, append(append([]string{}, g...), "--json", "export", "--kind", "all", "--out", all)...)
 	var sum map[string]any
 	if err := json.Unmarshal([]byte(stdout), &sum); err != nil || sum["records"] != float64(9) || sum["kind"] != "all" {

@@ -456,7 +456,7 @@ func (s *logStack) checkExport(t *testing.T, size int64, rejected [2]string) {
 		t.Fatal("the export carries the payload the sink withheld")
 	}
 	only := filepath.Join(s.dir, "rejected.jsonl")
-	if out, code := run(t, s.talosctl, append(s.g, "export", "--kind", "rejected", "--out", only)...); code != 0 || !strings.Contains(out, "exported 2 rejected records") {
+	if out, code := run(t, s.talosctl, append(s.g, "export", "--kind", "rejected", "--out", only)...); code != 0 || !strings.Contains(out, "exported 2 records (rejected)") {
 		t.Fatalf("export --kind rejected: exit %d\n%s", code, out)
 	}
 	lines := strings.SplitAfter(strings.TrimSuffix(string(b), "\n"), "\n")
