@@ -76,17 +76,35 @@ type ExportFile struct {
 	path string
 }
 
-// CreateExportFile starts an export to path.
+// CreateExportFile starts an export to path. Its errors, and those of
+// Write and Commit, name path, never the temporary file.
 func CreateExportFile(path string) (*ExportFile, error) {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".partial-*")
 	if err != nil {
-		return nil, err
+		return nil, namedPath(err, path)
 	}
 	return &ExportFile{tmp: tmp, path: path}, nil
 }
 
+// namedPath is err with the file it names (an *os.PathError's or an
+// *os.LinkError's) replaced by path.
+func namedPath(err error, path string) error {
+	var pe *os.PathError
+	var le *os.LinkError
+	switch {
+	case errors.As(err, &pe):
+		return &os.PathError{Op: pe.Op, Path: path, Err: pe.Err}
+	case errors.As(err, &le):
+		return &os.PathError{Op: le.Op, Path: path, Err: le.Err}
+	}
+	return err
+}
+
 // Write writes to the temporary file.
-func (f *ExportFile) Write(p []byte) (int, error) { return f.tmp.Write(p) }
+func (f *ExportFile) Write(p []byte) (int, error) {
+	n, err := f.tmp.Write(p)
+	return n, namedPath(err, f.path)
+}
 
 // Commit syncs and closes the temporary file and renames it over the
 // path; on failure the temporary file is removed.
@@ -101,7 +119,7 @@ func (f *ExportFile) Commit() error {
 	if err != nil {
 		os.Remove(f.tmp.Name())
 	}
-	return err
+	return namedPath(err, f.path)
 }
 
 // Abort closes and removes the temporary file: path is left as it was.

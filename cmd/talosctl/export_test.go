@@ -225,4 +225,10 @@ func TestExportVerifiesOffline(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "never.jsonl")); !os.IsNotExist(err) {
 		t.Errorf("a failed export left its file: %v", err)
 	}
+	// A directory that does not exist: the error names the path given.
+	missing := filepath.Join(dir, "nonexistent", "x.jsonl")
+	if out, code := run(t, talosctl, append(append([]string{}, g...), "export", "--out", missing)...); code != 1 ||
+		out != "talosctl: export: open "+missing+": no such file or directory\n" {
+		t.Errorf("export --out into a missing directory: exit %d, want 1 naming %s\n%s", code, missing, out)
+	}
 }
