@@ -2,6 +2,7 @@ package query
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -156,6 +157,10 @@ func scanCheckpoints(ctx context.Context, conn driver.Conn, database, where stri
 // covers the receipt yet.
 var ErrNoCheckpoint = errors.New("query: no checkpoint covers this receipt yet")
 
+// ErrNoReceipt is returned by ProveReceipt when no stored receipt has
+// the id.
+var ErrNoReceipt = errors.New("query: no receipt has this id")
+
 // ProveReceipt builds the inclusion proof of one stored receipt: the
 // checkpoint of its chain whose range holds its seq, and the audit path
 // over the receipt hashes of that range (recomputed from the stored signed
@@ -167,7 +172,11 @@ func ProveReceipt(ctx context.Context, conn driver.Conn, database, receiptID str
 		return nil, nil, err
 	}
 	var ce string
-	if err := conn.QueryRow(ctx, "SELECT cloudevent FROM "+tbl+" WHERE receipt_id = ? ORDER BY inserted_at LIMIT 1", receiptID).Scan(&ce); err != nil {
+	err = conn.QueryRow(ctx, "SELECT cloudevent FROM "+tbl+" WHERE receipt_id = ? ORDER BY inserted_at LIMIT 1", receiptID).Scan(&ce)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil, nil, fmt.Errorf("receipt %s: %w", receiptID, ErrNoReceipt)
+	case err != nil:
 		return nil, nil, fmt.Errorf("query: receipt %s: %w", receiptID, err)
 	}
 	row, err := ReceiptRowFromEvent([]byte(ce))

@@ -146,7 +146,10 @@ func (c *verifyCmd) prove(g *Globals, keys verify.KeySet) error {
 		defer conn.Close()
 		proof, res, err = query.ProveReceipt(ctx, conn, g.ClickhouseDatabase, c.Receipt, keys)
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, query.ErrNoReceipt):
+		return failed("no receipt has id %s in ClickHouse %s database %s", c.Receipt, g.ClickhouseAddr, g.ClickhouseDatabase)
+	case err != nil:
 		return failed("no proof for receipt %s: %v", c.Receipt, err)
 	}
 	b, err := json.MarshalIndent(proof, "", "  ")

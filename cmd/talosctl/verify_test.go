@@ -197,6 +197,11 @@ func TestVerifyCLI(t *testing.T) {
 	if out, code := run(t, talosctl, append(g, "verify", "--trusted-keys", trusted, "--receipt", ids[22])...); code != 1 || !strings.Contains(out, "no checkpoint covers this receipt yet") {
 		t.Fatalf("receipt after the last checkpoint: exit %d\n%s", code, out)
 	}
+	// An id no receipt has, said plainly.
+	if out, code := run(t, talosctl, append(g, "verify", "--trusted-keys", trusted, "--receipt", "nonexistent-id")...); code != 1 ||
+		out != "talosctl: no receipt has id nonexistent-id in ClickHouse "+addr+" database "+db+"\n" {
+		t.Fatalf("verify --receipt of an unknown id: exit %d\n%s", code, out)
+	}
 
 	// Tamper: a column, a signed JSON, a deleted row, two rows' seq
 	// swapped, a forged row signed by an untrusted key.
