@@ -149,6 +149,12 @@ func (c *verifyCmd) prove(g *Globals, keys verify.KeySet) error {
 	switch {
 	case errors.Is(err, query.ErrNoReceipt):
 		return failed("no receipt has id %s in ClickHouse %s database %s", c.Receipt, g.ClickhouseAddr, g.ClickhouseDatabase)
+	case errors.Is(err, query.ErrNoCheckpoint) && c.File != "":
+		return failed("no proof for receipt %s: %v; export again once its chain's next checkpoint is stored "+
+			"(talosd cuts one within its --checkpoint-interval, 10 s by default)", c.Receipt, err)
+	case errors.Is(err, query.ErrNoCheckpoint):
+		return failed("no proof for receipt %s: %v; talosd cuts its chain's next checkpoint within its --checkpoint-interval "+
+			"(10 s by default): retry in a few seconds", c.Receipt, err)
 	case err != nil:
 		return failed("no proof for receipt %s: %v", c.Receipt, err)
 	}

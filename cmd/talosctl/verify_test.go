@@ -159,7 +159,8 @@ func TestVerifyCLI(t *testing.T) {
 	if out, code := run(t, talosctl, "verify-proof", "--proof", fileProof, "--trusted-keys", filepath.Join(offline, "talosd.pub")); code != 0 {
 		t.Fatalf("verify-proof of the proof from an export: exit %d\n%s", code, out)
 	}
-	if out, code := run(t, talosctl, "verify", "--trusted-keys", trusted, "--file", export, "--receipt", ids[22]); code != 1 || !strings.Contains(out, "no checkpoint covers this receipt yet") {
+	if out, code := run(t, talosctl, "verify", "--trusted-keys", trusted, "--file", export, "--receipt", ids[22]); code != 1 || !strings.Contains(out, "no checkpoint covers this receipt yet") ||
+		!strings.Contains(out, "export again once its chain's next checkpoint is stored") {
 		t.Fatalf("verify --file --receipt after the last checkpoint: exit %d\n%s", code, out)
 	}
 	// The same export on standard input: spooled to a file, read as one,
@@ -194,7 +195,8 @@ func TestVerifyCLI(t *testing.T) {
 		t.Fatalf("verify --file - of a broken array: exit %d (want 2, naming standard input, not the spooled file)\n%s", code, out)
 	}
 	// Seq 23 follows the last checkpoint: no proof yet, said plainly.
-	if out, code := run(t, talosctl, append(g, "verify", "--trusted-keys", trusted, "--receipt", ids[22])...); code != 1 || !strings.Contains(out, "no checkpoint covers this receipt yet") {
+	if out, code := run(t, talosctl, append(g, "verify", "--trusted-keys", trusted, "--receipt", ids[22])...); code != 1 || !strings.Contains(out, "no checkpoint covers this receipt yet") ||
+		!strings.HasSuffix(out, "within its --checkpoint-interval (10 s by default): retry in a few seconds\n") {
 		t.Fatalf("receipt after the last checkpoint: exit %d\n%s", code, out)
 	}
 	// An id no receipt has, said plainly.
