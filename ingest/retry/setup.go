@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/url"
 	"strings"
 	"time"
 
@@ -44,8 +46,12 @@ var ErrMisconfigured = errors.New("JetStream refuses this configuration")
 // backing off; a misconfiguration (replicas on a server without a cluster,
 // a stream that exists with another storage, missing permissions) is
 // returned at once, wrapped in ErrMisconfigured, and so is a placement
-// that still fails after the grace. nc may be nil (then a permission
-// violation shows as a timeout and is waited out).
+// that still fails after the grace. While nc is not connected to a
+// server, each failure is logged as NATS not reachable, with the servers
+// nc tries and why it cannot connect, and an error returned when ctx ends
+// says so. An attempt cut short by ctx ending is never taken for a
+// misconfiguration. nc may be nil (then a permission violation shows as a
+// timeout and is waited out).
 func Setup(ctx context.Context, nc *nats.Conn, o SetupOptions, what string, try func(context.Context) error) error {
 	if o.Attempt <= 0 {
 		o.Attempt = time.Second
@@ -75,10 +81,19 @@ func Setup(ctx context.Context, nc *nats.Conn, o SetupOptions, what string, try 
 			return nil
 		}
 		transient, graced := Transient(nc, err)
+		down := disconnected(nc)
 		switch {
 		case errors.Is(err, nats.ErrConnectionClosed) && nc != nil && nc.LastError() != nil:
 			// Closed for good (refused credentials, for one): say why.
 			return fmt.Errorf("%s: %w: %w", what, err, nc.LastError())
+		case ctx.Err() != nil && down != nil:
+			return fmt.Errorf("%s: %w: %w", what, down, err)
+		case ctx.Err() != nil:
+			// Shutting down: the attempt was cut short, nothing was refused.
+			return fmt.Errorf("%s: %w", what, err)
+		case down != nil:
+			// No server to ask: every request waits in nc's buffer.
+			o.Log.Warn("NATS not reachable; retrying: "+what, "err", down, "attempt", attempt, "backoff", backoff)
 		case !transient && deniedAPI(nc):
 			return fmt.Errorf("%w: %s: %w (%w)", ErrMisconfigured, what, err, nc.LastError())
 		case !transient:
@@ -86,13 +101,15 @@ func Setup(ctx context.Context, nc *nats.Conn, o SetupOptions, what string, try 
 		case graced && time.Since(began) > o.Grace:
 			return fmt.Errorf("%w: %s: %w (for %v: more replicas than the cluster has JetStream nodes, or JetStream off?)",
 				ErrMisconfigured, what, err, o.Grace)
-		case ctx.Err() != nil:
-			return fmt.Errorf("%s: %w", what, err)
+		default:
+			o.Log.Warn("JetStream not ready (cluster electing leaders or nodes joining); retrying: "+what,
+				"err", err, "attempt", attempt, "backoff", backoff)
 		}
-		o.Log.Warn("JetStream not ready (cluster electing leaders or nodes joining); retrying: "+what,
-			"err", err, "attempt", attempt, "backoff", backoff)
 		select {
 		case <-ctx.Done():
+			if down != nil {
+				return fmt.Errorf("%s: %w: %w", what, down, err)
+			}
 			return fmt.Errorf("%s: %w", what, err)
 		case <-time.After(backoff):
 		}
@@ -142,4 +159,36 @@ func deniedAPI(nc *nats.Conn) bool {
 	}
 	last := nc.LastError()
 	return last != nil && errors.Is(last, nats.ErrPermissionViolation) && strings.Contains(last.Error(), "$JS.API")
+}
+
+// disconnected says, when nc has no connection to a server, which servers
+// it tries and why it cannot connect: its last error (TLS, authorization),
+// else what dialling them answers now (refused, no route, timeout). It is
+// nil when nc is nil, connected or closed.
+func disconnected(nc *nats.Conn) error {
+	if nc == nil || nc.IsConnected() || nc.IsClosed() {
+		return nil
+	}
+	servers := nc.Servers()
+	where := strings.Join(servers, ", ")
+	if err := nc.LastError(); err != nil {
+		return fmt.Errorf("not connected to NATS at %s: %w", where, err)
+	}
+	var dials []error
+	for _, s := range servers {
+		u, err := url.Parse(s)
+		if err != nil {
+			continue
+		}
+		c, err := net.DialTimeout("tcp", u.Host, time.Second)
+		if err != nil {
+			dials = append(dials, err)
+			continue
+		}
+		c.Close()
+	}
+	if len(dials) == 0 {
+		return fmt.Errorf("not connected to NATS at %s yet (connecting)", where)
+	}
+	return fmt.Errorf("not connected to NATS at %s: %w", where, errors.Join(dials...))
 }
