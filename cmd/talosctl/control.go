@@ -49,7 +49,7 @@ func (f *ctlFlags) key() (*receipts.PrivateKey, error) {
 		return loadKey("responder key", f.ResponderKey)
 	}
 	if _, err := os.Stat(responderKeyDefault); err != nil {
-		return nil, usage("control commands are signed: pass --responder-key FILE (a key talosd trusts via --responder-keys)")
+		return nil, usage("control commands are signed: pass --responder-key FILE (a key talosd trusts via --responder-keys); there is no ./%s here, where talosd dev writes its responder key: run from the directory that holds talos-data, or pass --responder-key <data dir>/keys/responder.key", responderKeyDefault)
 	}
 	return loadKey("responder key", responderKeyDefault)
 }

@@ -112,7 +112,7 @@ func TestControlCommandsCLI(t *testing.T) {
 	if out, code := run(t, talosctl, append(g, "killswitch", "set", "global", "--reason", "x", "--responder-key", filepath.Join(dir, "stranger.key"))...); code != 1 || !strings.Contains(out, "CTL_UNTRUSTED_KEY") {
 		t.Fatalf("untrusted key: exit %d\n%s", code, out)
 	}
-	if out, code := run(t, talosctl, append(g, "killswitch", "set", "global", "--reason", "x")...); code != 2 || !strings.Contains(out, "--responder-key") {
+	if out, code := run(t, talosctl, append(g, "killswitch", "set", "global", "--reason", "x")...); code != 2 || !strings.Contains(out, "--responder-key") || !strings.Contains(out, responderKeyDefault) {
 		t.Fatalf("no key: exit %d\n%s", code, out)
 	}
 

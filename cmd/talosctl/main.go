@@ -134,7 +134,8 @@ const defaultNATSAuth = "talos-data/nats-auth.json"
 // enforcement; epID names the enforcement point), logging in as
 // natsauth.Login picks (the auth file defaults to talos-data/nats-auth.json
 // when it exists). Configuration mistakes are usage errors (exit 2), an
-// unreachable or refusing server is a failure (exit 1).
+// unreachable or refusing server is a failure (exit 1), its error with a
+// hint when the certificate or the user is refused (natsauth.Login.Explain).
 func (g *Globals) connect(role, epID string) (*nats.Conn, error) {
 	login := natsauth.Login{URL: g.NatsURL, User: g.NatsUser, Password: g.NatsPassword, UsersFile: g.NatsAuth, Default: defaultNATSAuth, CA: g.NatsCA}
 	creds, err := login.Options(role, epID)
@@ -144,7 +145,7 @@ func (g *Globals) connect(role, epID string) (*nats.Conn, error) {
 	opts := append([]nats.Option{nats.Name("talosctl " + role), nats.Timeout(5 * time.Second)}, creds...)
 	nc, err := nats.Connect(g.NatsURL, opts...)
 	if err != nil {
-		return nil, failed("connect %s: %v", natsauth.Redact(g.NatsURL), err)
+		return nil, failed("connect %s: %v", natsauth.Redact(g.NatsURL), login.Explain(err, role, epID))
 	}
 	return nc, nil
 }

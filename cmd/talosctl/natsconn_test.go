@@ -80,8 +80,12 @@ func TestCallWithNATSAuth(t *testing.T) {
 	if out, code := run(t, talosctl, append([]string{"--nats-url", natsURL, "--nats-auth", auth, "--nats-ca", otherCA}, call...)...); code != 1 || !strings.Contains(out, "certificate") {
 		t.Fatalf("call trusting another CA: exit %d, want 1 for the certificate\n%s", code, out)
 	}
-	if out, code := run(t, talosctl, append([]string{"--nats-url", natsURL, "--nats-auth", "none"}, call...)...); code != 1 || !strings.Contains(out, "certificate") {
-		t.Fatalf("call without the CA: exit %d, want 1 for the certificate\n%s", code, out)
+	if out, code := run(t, talosctl, append([]string{"--nats-url", natsURL, "--nats-auth", "none"}, call...)...); code != 1 || !strings.Contains(out, "certificate") || !strings.Contains(out, "pass --nats-ca") {
+		t.Fatalf("call without the CA: exit %d, want 1 for the certificate, with the flag that fixes it\n%s", code, out)
+	}
+	// Run elsewhere than beside talos-data: the hint names what is missing.
+	if out, code := run(t, talosctl, append([]string{"--nats-url", natsURL}, call...)...); code != 1 || !strings.Contains(out, "no ./talos-data/nats-auth.json here") || !strings.Contains(out, "pass --nats-auth <data dir>/nats-auth.json") {
+		t.Fatalf("call without talos-data: exit %d, want 1 naming the missing users file\n%s", code, out)
 	}
 	// From here on the CA comes from the environment, as the flags' default
 	// (talos-data/nats-auth.json here) has none beside it.
@@ -105,11 +109,20 @@ func TestCallWithNATSAuth(t *testing.T) {
 		t.Fatalf("call as talosctl with demo-ep's user: exit %d, want 1\n%s", code, out)
 	}
 	// No credentials, or wrong ones: refused.
-	if out, code := run(t, talosctl, append([]string{"--nats-url", natsURL, "--nats-auth", "none"}, call...)...); code != 1 || !strings.Contains(strings.ToLower(out), "authorization") {
+	if out, code := run(t, talosctl, append([]string{"--nats-url", natsURL, "--nats-auth", "none"}, call...)...); code != 1 || !strings.Contains(strings.ToLower(out), "authorization") || !strings.Contains(out, "no user was given") {
 		t.Fatalf("call without credentials: exit %d, want 1\n%s", code, out)
 	}
-	if out, code := run(t, talosctl, append([]string{"--nats-url", natsURL, "--nats-user", "ep-talosctl", "--nats-password", "wrong"}, call...)...); code != 1 || strings.Contains(out, pw["ep-talosctl"]) {
-		t.Fatalf("call with a wrong password: exit %d, want 1\n%s", code, out)
+	if out, code := run(t, talosctl, append([]string{"--nats-url", natsURL, "--nats-user", "ep-talosctl", "--nats-password", "wrong"}, call...)...); code != 1 || strings.Contains(out, pw["ep-talosctl"]) || !strings.Contains(out, "refused --nats-user ep-talosctl") {
+		t.Fatalf("call with a wrong password: exit %d, want 1 naming the user\n%s", code, out)
+	}
+	// Another talosd's users file: its user is refused, and the hint says
+	// where users come from.
+	stale := filepath.Join(t.TempDir(), "nats-auth.json")
+	if err := os.WriteFile(stale, bytes.ReplaceAll(b, []byte(pw["ep-talosctl"]), []byte("stale")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := run(t, talosctl, append([]string{"--nats-url", natsURL, "--nats-auth", stale}, call...)...); code != 1 || !strings.Contains(out, "refused user ep-talosctl of "+stale) || !strings.Contains(out, "talosd --nats-eps talosctl") {
+		t.Fatalf("call with another talosd's users file: exit %d, want 1 naming the user, the file and --nats-eps\n%s", code, out)
 	}
 	// A responder (the control commands' connection) can ask talos.ctl.>
 	// and get the reply on its own inbox; a worker answers here.

@@ -1,6 +1,7 @@
 package natsauth
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -137,7 +138,73 @@ func (l Login) caFile() (string, error) {
 // noUser says which user a users file lacks and how to add it.
 func noUser(path, role, epID string) error {
 	if role == schemas.NATSRoleEnforcement {
-		return fmt.Errorf("NATS users file %s has no user for enforcement point %q: add it with talosd --nats-eps %s (or 'talosd nats-auth --nats-eps %s'), or pass --nats-user/--nats-password", path, epID, epID, epID)
+		return fmt.Errorf("NATS users file %s has no user for enforcement point %q: %s, or pass --nats-user/--nats-password", path, epID, addEP(epID))
 	}
 	return fmt.Errorf("NATS users file %s has no user with role %s; pass --nats-user/--nats-password", path, role)
+}
+
+// addEP is how the user of enforcement point epID is added to talosd's
+// users file.
+func addEP(epID string) string {
+	return fmt.Sprintf("add it with talosd --nats-eps %s (or 'talosd nats-auth --nats-eps %s')", epID, epID)
+}
+
+// Explain adds to err, from nats.Connect with the options of
+// l.Options(role, epID), what a user needs to fix the two mistakes made
+// most: a server certificate the client cannot verify because no CA was
+// found (no users file here to find it beside), and a user the server
+// refuses (which one was tried, and where talosd's users come from).
+// Other errors are returned as they are; err stays in the chain.
+func (l Login) Explain(err error, role, epID string) error {
+	var unknownCA x509.UnknownAuthorityError
+	switch {
+	case errors.Is(err, nats.ErrAuthorization):
+		return fmt.Errorf("%w: %s", err, l.refused(role, epID))
+	case errors.As(err, &unknownCA):
+		return fmt.Errorf("%w: %s", err, l.untrusted())
+	}
+	return err
+}
+
+// untrusted says why no CA verified the server's certificate.
+func (l Login) untrusted() string {
+	ca, _ := l.caFile()
+	file, _ := l.usersFile()
+	switch {
+	case ca != "":
+		return fmt.Sprintf("%s did not sign the server's certificate: pass --nats-ca with the CA of the talosd that runs this server (<data dir>/%s/%s)", ca, TLSDir, CAFile)
+	case file == "" && l.UsersFile == "" && l.Default != "":
+		return fmt.Sprintf("there is no ./%s here, nor %s/%s beside it: pass --nats-auth <data dir>/%s of the talosd that runs this server (its CA is beside it), or --nats-ca <data dir>/%s/%s",
+			l.Default, TLSDir, CAFile, filepath.Base(l.Default), TLSDir, CAFile)
+	case file != "":
+		return fmt.Sprintf("there is no %s beside %s: pass --nats-ca with the CA that signed the server's certificate (<data dir>/%s/%s of talosd)", filepath.Join(TLSDir, CAFile), file, TLSDir, CAFile)
+	}
+	return fmt.Sprintf("the system's roots do not trust it: pass --nats-ca with the CA that signed it (<data dir>/%s/%s of talosd)", TLSDir, CAFile)
+}
+
+// refused says which user the server refused and where talosd's users
+// come from.
+func (l Login) refused(role, epID string) string {
+	from := "NATS users are those talosd writes to <data dir>/nats-auth.json (pass it with --nats-auth)"
+	if role == schemas.NATSRoleEnforcement {
+		from += "; for enforcement point " + epID + ", " + addEP(epID)
+	}
+	path, _ := l.usersFile()
+	switch {
+	case HasUser(l.URL):
+		return "the server refused the user in --nats-url; " + from
+	case l.User != "":
+		return fmt.Sprintf("the server refused --nats-user %s; %s", l.User, from)
+	case path != "":
+		user := "its user for role " + role
+		if users, err := ReadUsers(path); err == nil {
+			if u, ok := Find(users, role, epID); ok {
+				user = "user " + u.User
+			}
+		}
+		return fmt.Sprintf("the server refused %s of %s: is it the users file of the talosd that runs this server? %s", user, path, from)
+	case l.UsersFile == "" && l.Default != "":
+		return fmt.Sprintf("no user was given (there is no ./%s here); %s", l.Default, from)
+	}
+	return "no user was given; " + from
 }
