@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -181,7 +182,28 @@ func (e Endpoint) open(ctx context.Context, database string, settings clickhouse
 	}
 	if err := conn.Ping(ctx); err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("query: ping %s as %s: %w", e.Addr, e.user(), err)
+		return nil, fmt.Errorf("query: ping %s as %s: %w%s", e.Addr, e.user(), err, handshakeHint(err, database, e.user()))
 	}
 	return conn, nil
+}
+
+// handshakeHint explains the handshake errors of the commonest connection
+// mistakes, "" for any other error: an address that answers HTTP (a first
+// byte 'H', packet 72) or does not answer the native protocol's hello at
+// all (ClickHouse's own HTTP port waits for a request line), and a
+// connection the server closes during the handshake, which it does when
+// the database does not exist or the user may not use it.
+func handshakeHint(err error, database, user string) string {
+	const native = "talosctl and talosd speak ClickHouse's native protocol, on port 9000 by default (9440 with TLS), not its HTTP port (8123)"
+	msg := err.Error()
+	unanswered := strings.Contains(msg, "handshake: failed to read packet")
+	switch {
+	case strings.Contains(msg, "[handshake] unexpected packet [72]"):
+		return " (this looks like an HTTP port: " + native + ")"
+	case unanswered && errors.Is(err, os.ErrDeadlineExceeded):
+		return " (the server did not answer the handshake: " + native + ")"
+	case unanswered && errors.Is(err, io.EOF) && database != "":
+		return fmt.Sprintf(" (the server closed the connection: database %s may not exist, or user %s may not access it)", database, user)
+	}
+	return ""
 }

@@ -11,10 +11,12 @@ import (
 	"encoding/hex"
 	"encoding/pem"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -387,4 +389,64 @@ func otherCA(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// TestOpenHints: the commonest connection mistakes fail with the driver's
+// error and a hint that names the fix: ClickHouse's HTTP port given for
+// the native one (it leaves the native hello unanswered; an HTTP server
+// that rejects it at once answers 'H'), and a database that does not
+// exist, which a server limiting its users to some databases (as talosd
+// dev's does) answers by closing the connection.
+func TestOpenHints(t *testing.T) {
+	if _, err := testenv.FindClickHouse(); err != nil {
+		t.Skip(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	httpPort := testenv.FreePort(t)
+	srv, err := testenv.StartClickHouse(ctx, testenv.ClickHouseOptions{Dir: t.TempDir(), HTTPPort: httpPort, Databases: []string{"talos"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	for _, tc := range []struct {
+		name, addr, user, database string
+		driver, hint               string
+	}{
+		{"ClickHouse's HTTP port", net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort)), AdminUser, "", "i/o timeout", "did not answer the handshake: talosctl and talosd speak ClickHouse's native protocol, on port 9000"},
+		{"an HTTP server", badRequests(t), AdminUser, "", "unexpected packet [72]", "looks like an HTTP port: talosctl and talosd speak ClickHouse's native protocol, on port 9000"},
+		{"no such database", srv.Addr(), ReaderUser, "nosuchdb", "EOF", "database nosuchdb may not exist, or user talos_reader may not access it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := Endpoint{Addr: tc.addr, User: tc.user}.Open(ctx, tc.database)
+			if err == nil {
+				conn.Close()
+				t.Fatal("Open succeeded")
+			}
+			if !strings.Contains(err.Error(), tc.driver) || !strings.Contains(err.Error(), tc.hint) {
+				t.Fatalf("err %v: want the driver's %q and the hint %q", err, tc.driver, tc.hint)
+			}
+		})
+	}
+}
+
+// badRequests is the address of an HTTP server that, as most do, answers
+// a request it cannot parse with 400 at once; it stops when t ends.
+func badRequests(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n"))
+			c.Close()
+		}
+	}()
+	return ln.Addr().String()
 }
