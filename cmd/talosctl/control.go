@@ -227,7 +227,7 @@ type registryCmd struct {
 	Publish registryPublishCmd `cmd:"" help:"Validate and store a registry bundle (a manifest file or a directory of *.json manifests); prints its digest. Does not pin it."`
 	Pin     registryPinCmd     `cmd:"" help:"Pin a published bundle by digest: every worker switches to it atomically."`
 	Show    registryShowCmd    `cmd:"" help:"Show the pinned digest and the published bundles."`
-	Lint    registryLintCmd    `cmd:"" help:"Compare a server's manifest with the live tools/list of the upstream MCP server (CM-COMPLETE): exit 1 when tools or actions are missing from the registry."`
+	Lint    registryLintCmd    `cmd:"" help:"Compare a server's manifest with the live tools/list of the upstream MCP server, asked with the client capabilities the gateway declares (CM-COMPLETE): exit 1 when tools or actions are missing from the registry."`
 }
 
 type registryPublishCmd struct {

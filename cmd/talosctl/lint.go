@@ -100,13 +100,17 @@ func (c *registryLintCmd) check() (mcpup.Spec, string, error) {
 	return spec, manifestID, nil
 }
 
-// listTools connects to the server and lists its tools, noting its name
-// and version in rep.
+// listTools connects to the server, declaring the client capabilities
+// the gateway declares, and lists its tools (those the gateway sees),
+// noting its name and version in rep.
 func (c *registryLintCmd) listTools(spec mcpup.Spec, rep *registrylint.Report) ([]*mcp.Tool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
 	defer cancel()
 	live, info, err := mcpup.ListServer(ctx, spec, &mcp.Implementation{Name: "talosctl-registry-lint", Version: "1"},
-		mcpup.WithTerminateWait(time.Second), mcpup.WithRejected(func(r mcpup.Rejected) { rep.Reject(r.Kind, r.Name, r.Reason) }), mcpup.WithFeatures(rep.Features))
+		mcpup.WithTerminateWait(time.Second), mcpup.WithRejected(func(r mcpup.Rejected) { rep.Reject(r.Kind, r.Name, r.Reason) }), mcpup.WithFeatures(rep.Features),
+		// The gateway's capabilities: a server may list some tools only
+		// to a client that declares them.
+		mcpup.WithClientOptions(&mcp.ClientOptions{Capabilities: mcpup.ClientCapabilities()}))
 	if err != nil {
 		return nil, failed("registry lint: %v", err)
 	}

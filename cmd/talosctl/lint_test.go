@@ -121,6 +121,23 @@ func inspectorTools(t *testing.T, server ...string) []string {
 	return names
 }
 
+// everythingTools are the tools of mcp-server-everything the gateway sees:
+// those the inspector lists, and those the server lists only to a client
+// that declares sampling and elicitation, as the gateway does and the
+// inspector's CLI does not. registry lint must see them all.
+func everythingTools(t *testing.T, everything string) []string {
+	t.Helper()
+	live := inspectorTools(t, everything)
+	for _, gated := range []string{"trigger-elicitation-request", "trigger-sampling-request", "trigger-url-elicitation"} {
+		if slices.Contains(live, gated) {
+			t.Fatalf("the inspector lists %q, which the server should list only to a client declaring sampling and elicitation", gated)
+		}
+		live = append(live, gated)
+	}
+	sort.Strings(live)
+	return live
+}
+
 // writeManifest writes a manifest for serverID to dir/name.json.
 func writeManifest(t *testing.T, dir, name, serverID string, tools []schemas.Tool) string {
 	t.Helper()
@@ -186,10 +203,12 @@ func findingLines(out, kind string) []string {
 // one the server lacks fails with exactly those MISSING and STALE lines; a
 // complete one passes; an action_pointer on get-annotated-message's
 // messageType enum with one action left out fails with MISSING_ACTION.
+// lint sees what the gateway sees, the sampling and elicitation tools
+// included (everythingTools).
 func TestRegistryLintEverything(t *testing.T) {
 	talosctl := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosctl")
 	everything := testenv.MCPBin(t, testenv.MCPServerEverything)
-	live := inspectorTools(t, everything)
+	live := everythingTools(t, everything)
 	for _, want := range []string{"echo", "get-annotated-message", "get-sum"} {
 		if !slices.Contains(live, want) {
 			t.Fatalf("the inspector lists %q, without %q", live, want)
@@ -303,7 +322,7 @@ func TestRegistryLintEverything(t *testing.T) {
 func TestRegistryLintStreamableHTTP(t *testing.T) {
 	talosctl := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosctl")
 	everything := testenv.MCPBin(t, testenv.MCPServerEverything)
-	live := inspectorTools(t, everything)
+	live := everythingTools(t, everything)
 
 	base := testenv.StartEverythingHTTP(t)
 

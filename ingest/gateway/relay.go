@@ -56,18 +56,6 @@ type relay struct {
 // before the client's first request).
 var ErrNoClient = errors.New("gateway: no client session to relay this to")
 
-// relayCaps are the client capabilities every upstream session advertises:
-// what the gateway relays. A request the client itself cannot answer (no
-// sampling handler, no elicitation support, no roots) fails there, and its
-// error goes back to the upstream.
-func relayCaps() *mcp.ClientCapabilities {
-	return &mcp.ClientCapabilities{
-		RootsV2:     &mcp.RootCapabilities{},
-		Sampling:    &mcp.SamplingCapabilities{},
-		Elicitation: &mcp.ElicitationCapabilities{Form: &mcp.FormElicitationCapabilities{}, URL: &mcp.URLElicitationCapabilities{}},
-	}
-}
-
 // relayOptions are the options of an upstream session of serverID whose
 // server-to-client traffic goes to the client session of peer() (nil,
 // or a relay with no client session: requests are refused with
@@ -91,7 +79,10 @@ func relayOptions(serverID string, peer func() *relay, changed chan struct{}) []
 		}
 	}
 	o := &mcp.ClientOptions{
-		Capabilities: relayCaps(),
+		// What the gateway relays. A request the client itself cannot
+		// answer (no sampling handler, no elicitation support, no roots)
+		// fails there, and its error goes back to the upstream.
+		Capabilities: mcpup.ClientCapabilities(),
 		CreateMessageWithToolsHandler: func(ctx context.Context, req *mcp.CreateMessageWithToolsRequest) (*mcp.CreateMessageWithToolsResult, error) {
 			r, ss := client()
 			if ss == nil {

@@ -292,3 +292,17 @@ func ListFeatures(ctx context.Context, cs *mcp.ClientSession) (Features, error) 
 	}
 	return f, nil
 }
+
+// ClientCapabilities are the client capabilities Talos declares to an
+// upstream server: roots, sampling and elicitation (form and URL), which
+// the gateway relays to its own client. A server may offer some tools
+// only to a client that declares these, so every Talos client of an
+// upstream (the gateway, registry lint) declares the same and sees the
+// same tools.
+func ClientCapabilities() *mcp.ClientCapabilities {
+	return &mcp.ClientCapabilities{
+		RootsV2:     &mcp.RootCapabilities{},
+		Sampling:    &mcp.SamplingCapabilities{},
+		Elicitation: &mcp.ElicitationCapabilities{Form: &mcp.FormElicitationCapabilities{}, URL: &mcp.URLElicitationCapabilities{}},
+	}
+}
