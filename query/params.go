@@ -3,10 +3,47 @@ package query
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
+
+// ParseDuration is time.ParseDuration that also takes a number of days
+// first, a day being 24 h, as the dashboard's since=7d does: 7d, 1d12h,
+// 1.5d, 90m. talosctl reads its duration flags (--since) with it.
+func ParseDuration(s string) (time.Duration, error) {
+	bad := fmt.Errorf("%q is not a duration (e.g. 90m, 24h, 7d, 1d12h)", s)
+	days, rest, found := strings.Cut(s, "d")
+	if !found {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return 0, bad
+		}
+		return d, nil
+	}
+	if !dayCount.MatchString(days) {
+		return 0, bad
+	}
+	n, err := strconv.ParseFloat(days, 64)
+	if err != nil {
+		return 0, bad
+	}
+	d, more := time.Duration(n*float64(24*time.Hour)), time.Duration(0)
+	if rest != "" {
+		if more, err = time.ParseDuration(rest); err != nil || more < 0 || strings.HasPrefix(rest, "+") {
+			return 0, bad
+		}
+	}
+	if n < 0 {
+		return d - more, nil
+	}
+	return d + more, nil
+}
+
+// dayCount is the number before ParseDuration's "d".
+var dayCount = regexp.MustCompile(`^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)$`)
 
 // TimeRange reads a time range as talosctl's --from, --to and --since
 // give it (query and export): from and to are ParseTime's forms, since a

@@ -94,3 +94,40 @@ func TestReadFlags(t *testing.T) {
 		t.Fatalf("params %+v, %v", p, err)
 	}
 }
+
+// TestParseDuration: Go's durations, and days first as the dashboard's
+// since=7d takes them.
+func TestParseDuration(t *testing.T) {
+	day := 24 * time.Hour
+	for _, c := range []struct {
+		in   string
+		want time.Duration
+		err  bool
+	}{
+		{in: "90m", want: 90 * time.Minute},
+		{in: "24h", want: day},
+		{in: "7d", want: 7 * day},
+		{in: "30d", want: 30 * day},
+		{in: "1d12h", want: day + 12*time.Hour},
+		{in: "1.5d", want: day + 12*time.Hour},
+		{in: "2d30m15s", want: 2*day + 30*time.Minute + 15*time.Second},
+		{in: "-1d1h", want: -day - time.Hour},
+		{in: "0d", want: 0},
+		{in: "", err: true},
+		{in: "d", err: true},
+		{in: "7", err: true},
+		{in: "7days", err: true},
+		{in: "1d-1h", err: true},
+		{in: "1e3d", err: true},
+		{in: "Infd", err: true},
+		{in: "1h7d", err: true},
+	} {
+		got, err := ParseDuration(c.in)
+		switch {
+		case c.err && err == nil:
+			t.Errorf("ParseDuration(%q) = %v, want an error", c.in, got)
+		case !c.err && (err != nil || got != c.want):
+			t.Errorf("ParseDuration(%q) = %v, %v; want %v", c.in, got, err, c.want)
+		}
+	}
+}

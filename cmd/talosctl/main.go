@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"runtime/pprof"
 	"time"
 
@@ -73,11 +74,7 @@ func usage(format string, a ...any) error  { return exitError{2, fmt.Errorf(form
 
 func main() {
 	var c cli
-	parser, err := kong.New(&c,
-		kong.Name("talosctl"),
-		kong.Description("Talos control and audit tool. Exit codes: 0 ok, 1 the check or command failed, 2 usage. Every flag also reads TALOS_<FLAG>."),
-		kong.DefaultEnvars("TALOS"),
-	)
+	parser, err := newParser(&c)
 	if err != nil {
 		panic(err)
 	}
@@ -101,6 +98,33 @@ func main() {
 			os.Exit(ee.code)
 		}
 		os.Exit(1)
+	}
+}
+
+// newParser is talosctl's command line parser, filling c.
+func newParser(c *cli) (*kong.Kong, error) {
+	return kong.New(c,
+		kong.Name("talosctl"),
+		kong.Description("Talos control and audit tool. Exit codes: 0 ok, 1 the check or command failed, 2 usage. Every flag also reads TALOS_<FLAG>. Durations take days too (7d, 1d12h)."),
+		kong.DefaultEnvars("TALOS"),
+		kong.TypeMapper(reflect.TypeOf(time.Duration(0)), durationMapper()),
+	)
+}
+
+// durationMapper reads every duration flag with query.ParseDuration, so
+// --since takes days (7d) as the dashboard does.
+func durationMapper() kong.MapperFunc {
+	return func(ctx *kong.DecodeContext, target reflect.Value) error {
+		var s string
+		if err := ctx.Scan.PopValueInto("duration", &s); err != nil {
+			return err
+		}
+		d, err := query.ParseDuration(s)
+		if err != nil {
+			return err
+		}
+		target.SetInt(int64(d))
+		return nil
 	}
 }
 

@@ -75,7 +75,7 @@ type cannedCmd struct {
 	Name   string        `arg:"" optional:"" help:"The canned query (talosctl query list)."`
 	From   string        `name:"from" help:"Start of the time range: RFC 3339, or a date (its midnight UTC)."`
 	To     string        `name:"to" help:"End of the time range, exclusive: RFC 3339, or a date (its midnight UTC)."`
-	Since  time.Duration `name:"since" help:"Start the time range this long before now (e.g. 24h), instead of --from."`
+	Since  time.Duration `name:"since" help:"Start the time range this long before now (e.g. 24h, 7d, 1d12h), instead of --from."`
 	Agent  string        `name:"agent" help:"Only this agent id."`
 	Server string        `name:"server" help:"Only this server id."`
 	Tool   string        `name:"tool" help:"Only this tool name."`

@@ -189,3 +189,41 @@ func TestQuerySecretUses(t *testing.T) {
 		t.Errorf("query --help does not list secret-uses:\n%s", out)
 	}
 }
+
+// TestSinceTakesDays: --since takes days, as the dashboard's since=7d
+// does, for the canned queries and export alike; a bad one is a usage
+// error naming the forms.
+func TestSinceTakesDays(t *testing.T) {
+	day := 24 * time.Hour
+	for _, tc := range []struct {
+		args  []string
+		since func(*cli) time.Duration
+		want  time.Duration
+	}{
+		{[]string{"query", "denial-reasons", "--since", "7d"}, func(c *cli) time.Duration { return c.Query.Run.Since }, 7 * day},
+		{[]string{"query", "run", "denial-reasons", "--since", "1d12h"}, func(c *cli) time.Duration { return c.Query.Run.Since }, day + 12*time.Hour},
+		{[]string{"query", "denial-reasons", "--since", "24h"}, func(c *cli) time.Duration { return c.Query.Run.Since }, day},
+		{[]string{"export", "--since", "30d"}, func(c *cli) time.Duration { return c.Export.Since }, 30 * day},
+	} {
+		var c cli
+		parser, err := newParser(&c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := parser.Parse(tc.args); err != nil {
+			t.Errorf("%q: %v", tc.args, err)
+			continue
+		}
+		if got := tc.since(&c); got != tc.want {
+			t.Errorf("%q: --since %v, want %v", tc.args, got, tc.want)
+		}
+	}
+	var c cli
+	parser, err := newParser(&c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := parser.Parse([]string{"query", "denial-reasons", "--since", "7days"}); err == nil || !strings.Contains(err.Error(), "7d, 1d12h") {
+		t.Errorf("--since 7days: err %v, want one naming the forms", err)
+	}
+}
