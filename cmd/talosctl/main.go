@@ -22,14 +22,14 @@ import (
 
 // Globals are the flags every command shares; each also reads TALOS_<FLAG>.
 type Globals struct {
-	NatsURL           string `name:"nats-url" default:"nats://127.0.0.1:4222" help:"NATS URL (user:password@ in it wins over the flags below)."`
-	NatsUser          string `name:"nats-user" help:"NATS user (default: the user for the command's role in --nats-auth)."`
-	NatsPassword      string `name:"nats-password" help:"NATS password for --nats-user (prefer TALOS_NATS_PASSWORD: arguments are visible to other local users)."`
-	NatsAuth          string `name:"nats-auth" help:"talosd's NATS users file; talosctl logs in as the user for what it does (call: the enforcement point of --ep-id; bench: the worker). Default: talos-data/nats-auth.json when it exists. 'none': no credentials."`
-	NatsCA            string `name:"nats-ca" type:"path" help:"CA certificate (PEM) the NATS server's certificate must chain to; with it, a server without TLS is refused. Default: nats-tls/ca.pem beside --nats-auth (talosd's data dir, where it keeps its embedded server's CA) when it exists, else the system's roots."`
-	query.ClientFlags        // --clickhouse-*: address, database, user (a reader), TLS
-	JSON              bool   `name:"json" help:"Print JSON instead of human-readable output."`
-	CPUProfile        string `name:"cpuprofile" type:"path" help:"Write a CPU profile of the command to this file (for go tool pprof)."`
+	NatsURL           string               `group:"nats" name:"nats-url" default:"nats://127.0.0.1:4222" help:"NATS URL (user:password@ in it wins over the flags below)."`
+	NatsUser          string               `group:"nats" name:"nats-user" help:"NATS user (default: the user for the command's role in --nats-auth)."`
+	NatsPassword      string               `group:"nats" name:"nats-password" help:"NATS password for --nats-user (prefer TALOS_NATS_PASSWORD: arguments are visible to other local users)."`
+	NatsAuth          string               `group:"nats" name:"nats-auth" help:"talosd's NATS users file; talosctl logs in as the user for what it does (call: the enforcement point of --ep-id; bench: the worker). Default: talos-data/nats-auth.json when it exists. 'none': no credentials."`
+	NatsCA            string               `group:"nats" name:"nats-ca" type:"path" help:"CA certificate (PEM) the NATS server's certificate must chain to; with it, a server without TLS is refused. Default: nats-tls/ca.pem beside --nats-auth (talosd's data dir, where it keeps its embedded server's CA) when it exists, else the system's roots."`
+	query.ClientFlags `group:"clickhouse"` // --clickhouse-*: address, database, user (a reader), TLS
+	JSON              bool                 `name:"json" help:"Print JSON instead of human-readable output."`
+	CPUProfile        string               `name:"cpuprofile" type:"path" help:"Write a CPU profile of the command to this file (for go tool pprof)."`
 }
 
 type cli struct {
@@ -108,6 +108,11 @@ func newParser(c *cli) (*kong.Kong, error) {
 		kong.Description("Talos control and audit tool. Exit codes: 0 ok, 1 the check or command failed, 2 usage. Every flag also reads TALOS_<FLAG>. Durations take days too (7d, 1d12h)."),
 		kong.DefaultEnvars("TALOS"),
 		kong.TypeMapper(reflect.TypeOf(time.Duration(0)), durationMapper()),
+		// The connection flags every command shares come after its own.
+		kong.ExplicitGroups([]kong.Group{
+			{Key: "nats", Title: "NATS connection:"},
+			{Key: "clickhouse", Title: "ClickHouse connection:"},
+		}),
 	)
 }
 
