@@ -36,7 +36,7 @@ type cli struct {
 	Globals
 
 	Keys        keysCmd        `cmd:"" help:"Manage Ed25519 signing keys."`
-	Call        callCmd        `cmd:"" help:"Act as an enforcement point: send one tool call envelope and print the decision."`
+	Call        callCmd        `cmd:"" help:"Act as an enforcement point: send one tool call envelope and print the decision. Exit 0 for any decision (allow, deny, require_approval: read it from the output or --json), 1 when none came (which an enforcement point takes as a deny)."`
 	Verify      verifyCmd      `cmd:"" help:"Verify the audit trail (signatures, hash chains, checkpoints' Merkle roots, stored columns) in ClickHouse or in a file; exit 1 naming each missing, altered, reordered, duplicated or foreign record. --receipt ID prints an inclusion proof. A ClickHouse replica still fetching rows inserted through another is named first (WARNING)."`
 	VerifyProof verifyProofCmd `cmd:"" name:"verify-proof" help:"Check an inclusion proof (from verify --receipt) offline, with only the public keys."`
 	Query       queryCmd       `cmd:"" help:"Canned auditor questions."`
