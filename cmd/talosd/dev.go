@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/talos-audit/talos/enforce"
 	"github.com/talos-audit/talos/ingest/demo"
 	"github.com/talos-audit/talos/query"
 	"github.com/talos-audit/talos/query/chserver"
@@ -123,9 +124,13 @@ func devKeys(f *Flags, keyDir string) error {
 }
 
 // devRegistry installs the demo manifests in regDir, unless --registry
-// names one.
+// names one, which it loads once to refuse a bad one before ClickHouse
+// starts (about 10 s) rather than after.
 func devRegistry(f *Flags, regDir string) error {
 	if f.Registry != "" {
+		if _, err := enforce.LoadRegistry(f.Registry); err != nil {
+			return fmt.Errorf("registry: %w", err)
+		}
 		return nil
 	}
 	sub, _ := fs.Sub(demoRegistry, "demo/registry")

@@ -473,3 +473,21 @@ func loadRegistry(t *testing.T, path string) *enforce.Registry {
 	}
 	return reg
 }
+
+// TestDevRefusesBadRegistryFirst: talosd dev refuses a --registry it
+// cannot load before it starts its ClickHouse, naming the path.
+func TestDevRefusesBadRegistryFirst(t *testing.T) {
+	bin := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosd")
+	missing := filepath.Join(t.TempDir(), "no-such-registry")
+	cmd := testenv.Command(bin, "dev", "--data-dir", filepath.Join(t.TempDir(), "talos-data"), "--registry", missing)
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() == 0 {
+		t.Fatalf("talosd dev --registry %s: %v, want a failure\n%s", missing, err, out)
+	}
+	if !strings.Contains(string(out), "registry") || !strings.Contains(string(out), missing) {
+		t.Errorf("the error does not name the registry %s:\n%s", missing, out)
+	}
+	if strings.Contains(string(out), "clickhouse-server") {
+		t.Errorf("ClickHouse was started before the registry was checked:\n%s", out)
+	}
+}
