@@ -23,14 +23,16 @@ const lingerEnv = "GATEWAY_TEST_LINGERING_UPSTREAM"
 
 // lingeringUpstream serves MCP on stdin and stdout and, like some servers
 // with timers of their own, keeps running after its stdin closes, until
-// it is signalled.
+// it is killed, or for two minutes: long past what the test waits for,
+// short enough that a gateway which fails to end it leaves nothing behind
+// for long.
 func lingeringUpstream() {
 	s := mcp.NewServer(&mcp.Implementation{Name: "lingering", Version: "1"}, nil)
 	mcp.AddTool(s, &mcp.Tool{Name: "lingering_noop"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
 		return &mcp.CallToolResult{}, nil, nil
 	})
 	_ = s.Run(context.Background(), &mcp.StdioTransport{})
-	time.Sleep(time.Hour)
+	time.Sleep(2 * time.Minute)
 	os.Exit(0)
 }
 
