@@ -24,3 +24,22 @@ func TestHelpPutsCommandFlagsFirst(t *testing.T) {
 		t.Fatalf("keys gen --help: the connection flags are not under their titles\n%s", out)
 	}
 }
+
+// TestUsageErrorNamesCommandHelp: a usage error points at the --help of
+// the command it is about, or talosctl's own when no command was named.
+func TestUsageErrorNamesCommandHelp(t *testing.T) {
+	talosctl := testenv.BuildBinary(t, "github.com/talos-audit/talos/cmd/talosctl")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"keys", "gen", "--bogus"}, "run 'talosctl keys gen --help' for usage"},
+		{[]string{"approve"}, "run 'talosctl approve --help' for usage"},
+		{[]string{"bogus"}, "run 'talosctl --help' for usage"},
+	} {
+		out, code := run(t, talosctl, tc.args...)
+		if code != 2 || !strings.Contains(out, tc.want) {
+			t.Errorf("talosctl %v: exit %d, want 2 and %q\n%s", tc.args, code, tc.want, out)
+		}
+	}
+}

@@ -81,7 +81,7 @@ func main() {
 	k, err := parser.Parse(os.Args[1:])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "talosctl:", err)
-		fmt.Fprintln(os.Stderr, "run 'talosctl --help' for usage")
+		fmt.Fprintf(os.Stderr, "run '%s --help' for usage\n", commandOf(err))
 		os.Exit(2)
 	}
 	stop, err := startCPUProfile(c.CPUProfile)
@@ -114,6 +114,18 @@ func newParser(c *cli) (*kong.Kong, error) {
 			{Key: "clickhouse", Title: "ClickHouse connection:"},
 		}),
 	)
+}
+
+// commandOf is the command a parse error is about ("talosctl keys gen"),
+// for the usage hint: its own --help says what it takes.
+func commandOf(err error) string {
+	var pe *kong.ParseError
+	if errors.As(err, &pe) && pe.Context != nil {
+		if n := pe.Context.Selected(); n != nil {
+			return n.FullPath()
+		}
+	}
+	return "talosctl"
 }
 
 // durationMapper reads every duration flag with query.ParseDuration, so
