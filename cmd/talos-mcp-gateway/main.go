@@ -133,16 +133,11 @@ func main() {
 	}
 }
 
-// defaultNATSAuth is the users file read when --nats-auth is not given
-// and it exists: where `talosd dev` keeps it, relative to the repository
-// root (talosctl's default too).
-const defaultNATSAuth = "talos-data/nats-auth.json"
-
 // config is the gateway's configuration from the flags.
 func (c *cli) config(log *slog.Logger) gateway.Config {
 	return gateway.Config{
 		EPID: c.EPID, Registry: c.Registry, Upstreams: c.Upstream, Credentials: c.Credentials,
-		NATS:       natsauth.Login{URL: c.NatsURL, User: c.NatsUser, Password: c.NatsPassword, UsersFile: c.NatsAuth, Default: defaultNATSAuth, CA: c.NatsCA},
+		NATS:       natsauth.Login{URL: c.NatsURL, User: c.NatsUser, Password: c.NatsPassword, UsersFile: c.NatsAuth, Default: natsauth.DevUsersFile, CA: c.NatsCA},
 		Capability: c.Capability, AgentKey: c.AgentKey, AgentID: c.AgentID, SessionID: c.SessionID,
 		Principals: c.Principals, TrustedKeys: c.TrustedKeys,
 		HTTP: gateway.HTTPConfig{Listen: c.Listen, TLSCert: c.TLSCert, TLSKey: c.TLSKey, InsecurePlainHTTP: c.InsecurePlainHTTP,

@@ -167,10 +167,6 @@ func startCPUProfile(path string) (stop func(), err error) {
 	}, nil
 }
 
-// defaultNATSAuth is where `talosd dev` (scripts/dev.sh) keeps its auth
-// file, relative to the repository root.
-const defaultNATSAuth = "talos-data/nats-auth.json"
-
 // connect opens a NATS connection for work of role (worker, responder or
 // enforcement; epID names the enforcement point), logging in as
 // natsauth.Login picks (the auth file defaults to talos-data/nats-auth.json
@@ -178,7 +174,7 @@ const defaultNATSAuth = "talos-data/nats-auth.json"
 // unreachable or refusing server is a failure (exit 1), its error with a
 // hint when the certificate or the user is refused (natsauth.Login.Explain).
 func (g *Globals) connect(role, epID string) (*nats.Conn, error) {
-	login := natsauth.Login{URL: g.NatsURL, User: g.NatsUser, Password: g.NatsPassword, UsersFile: g.NatsAuth, Default: defaultNATSAuth, CA: g.NatsCA}
+	login := natsauth.Login{URL: g.NatsURL, User: g.NatsUser, Password: g.NatsPassword, UsersFile: g.NatsAuth, Default: natsauth.DevUsersFile, CA: g.NatsCA}
 	creds, err := login.Options(role, epID)
 	if err != nil {
 		return nil, usage("%v", err)

@@ -21,7 +21,7 @@ import (
 // (talosd writes it as <data-dir>/nats-auth.json), else ./talos-data, the
 // dev stack's.
 func DefaultTrustedKeys(usersFile string) string {
-	dataDir := "talos-data"
+	dataDir := filepath.Dir(natsauth.DevUsersFile)
 	if usersFile != "" && usersFile != natsauth.None {
 		dataDir = filepath.Dir(usersFile)
 	}

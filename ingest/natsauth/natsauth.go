@@ -42,6 +42,11 @@ import (
 // None is the --nats-auth value that disables authentication.
 const None = "none"
 
+// DevUsersFile is the users file `talosd dev` (scripts/dev.sh) writes,
+// relative to where it runs: what talosctl and the gateway read when
+// --nats-auth is not given and it exists (Login.Default).
+const DevUsersFile = "talos-data/nats-auth.json"
+
 // ErrBadEPID is what Ensure's error wraps when an ep id is no subject
 // token.
 var ErrBadEPID = errors.New("bad ep id")
